@@ -1,0 +1,198 @@
+"""Reading DFlash drafter checkpoints: the released HF layout and training ``.pt`` files.
+
+1. A directory with ``config.json`` and ``model.safetensors`` (or sharded, with ``model.safetensors.index.json``)
+   holding unprefixed keys ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``, ``layers.N....``.
+2. A training checkpoint ``.pt``: the state dict at the top level or under ``"model"`` / ``"state_dict"``, keys
+   optionally prefixed ``module.``; read with ``torch.load(weights_only=True)`` (never unpickling code). Its
+   config comes from ``config_path``, else an embedded ``"config"`` dict.
+
+Reading never fails on shape mismatches: :mod:`dflash_eval.validate` reports those one check at a time, and
+:func:`build_drafter` refuses to build from a checkpoint that fails them.
+
+Example::
+
+    ckpt = read_checkpoint("fixtures/drafter")
+    drafter = build_drafter(ckpt, spec=TargetSpec(num_layers=8, hidden_size=256, vocab_size=4096))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorsError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from dflash_eval.atomic import atomic_write_with
+from dflash_eval.config import DrafterConfig, load_config_file
+from dflash_eval.drafter import DFlashDrafter
+from dflash_eval.dtypes import parse_dtype
+from dflash_eval.errors import ArchitectureMismatch, CheckpointError, ConfigError
+
+__all__ = ["Checkpoint", "read_checkpoint", "build_drafter", "save_drafter", "expected_shapes"]
+
+_PREFIXES = ("module.", "model.", "draft_model.")
+
+
+@dataclass
+class Checkpoint:
+    """A drafter checkpoint as read from disk, before any validation."""
+
+    source: Path
+    config: DrafterConfig
+    state_dict: dict[str, Tensor]
+    fingerprint: str
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v.shape) for k, v in self.state_dict.items()}
+
+
+def _strip_prefix(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    for prefix in _PREFIXES:
+        if sd and all(k.startswith(prefix) for k in sd):
+            return {k[len(prefix):]: v for k, v in sd.items()}
+    return sd
+
+
+def _read_safetensors_dir(path: Path) -> dict[str, Tensor]:
+    single = path / "model.safetensors"
+    index = path / "model.safetensors.index.json"
+    try:
+        if single.is_file():
+            return load_file(str(single))
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            sd: dict[str, Tensor] = {}
+            for shard in sorted(set(weight_map.values())):
+                sd.update(load_file(str(path / shard)))
+            return sd
+    except (SafetensorsError, OSError, KeyError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read drafter weights ({type(exc).__name__}: {exc}); truncated file?") from exc
+    raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json in the drafter directory")
+
+
+def _read_pt(path: Path) -> tuple[dict[str, Tensor], dict[str, Any] | None]:
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - unpickling errors come in many types
+        raise CheckpointError(
+            f"{path}: cannot read as a weights-only torch checkpoint ({type(exc).__name__}: {exc}). "
+            "Only tensors, dicts, lists and plain values are allowed (weights_only=True)."
+        ) from exc
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: expected a dict at the top level, got {type(obj).__name__}")
+    embedded = obj.get("config") if isinstance(obj.get("config"), dict) else None
+    for key in ("model", "state_dict", "module"):
+        if isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    sd = {k: v for k, v in obj.items() if isinstance(v, Tensor)}
+    if not sd:
+        raise CheckpointError(f"{path}: no tensors found at the top level or under 'model'/'state_dict'")
+    return sd, embedded
+
+
+def _fingerprint(sd: dict[str, Tensor]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(sd):
+        t = sd[k].detach().contiguous().cpu()
+        h.update(k.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def read_checkpoint(
+    path: str | Path,
+    *,
+    config_path: str | Path | None = None,
+    num_target_layers: int | None = None,
+) -> Checkpoint:
+    """Read a drafter from a released directory or a ``.pt`` training checkpoint.
+
+    Raises:
+        CheckpointError: the path is missing or unreadable.
+        ConfigError: no usable config (give ``config_path`` for a bare ``.pt``).
+    """
+    path = Path(path)
+    embedded: dict[str, Any] | None = None
+    if path.is_dir():
+        sd = _read_safetensors_dir(path)
+        cfg_file = Path(config_path) if config_path else path / "config.json"
+    elif path.is_file():
+        if path.suffix == ".safetensors":
+            try:
+                sd = load_file(str(path))
+            except (SafetensorsError, OSError) as exc:
+                raise CheckpointError(f"{path}: cannot read safetensors ({exc})") from exc
+        else:
+            sd, embedded = _read_pt(path)
+        cfg_file = Path(config_path) if config_path else path.parent / "config.json"
+    else:
+        raise CheckpointError(f"drafter checkpoint not found: {path} (pass --drafter DIR or FILE.pt)")
+    sd = _strip_prefix(sd)
+    hidden = None
+    fc = sd.get("fc.weight")
+    num_features = None
+    if fc is not None and fc.dim() == 2:
+        hidden = fc.shape[0]
+        num_features = fc.shape[1] // hidden if fc.shape[1] % hidden == 0 else None
+    kwargs = {"num_target_layers": num_target_layers, "num_features": num_features}
+    if config_path is not None or (embedded is None and cfg_file.is_file()):
+        cfg = load_config_file(cfg_file, **kwargs)
+    elif embedded is not None:
+        cfg = DrafterConfig.from_dict(embedded, source=f"{path}['config']", **kwargs)
+    else:
+        raise ConfigError(
+            f"{path}: no drafter config: none embedded under 'config' and no {cfg_file}; pass --drafter-config FILE"
+        )
+    return Checkpoint(source=path, config=cfg, state_dict=sd, fingerprint=_fingerprint(sd))
+
+
+def expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of a drafter built from ``config`` (what a checkpoint must contain)."""
+    with torch.device("meta"):
+        model = DFlashDrafter(config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def build_drafter(
+    ckpt: Checkpoint,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "bf16",
+    spec: Any | None = None,
+) -> DFlashDrafter:
+    """Instantiate the drafter and load its weights; refuse on any failing validation check.
+
+    Args:
+        ckpt: from :func:`read_checkpoint`.
+        spec: a :class:`dflash_eval.validate.TargetSpec` to validate against (skipped when None: only the key
+            and shape checks that need no target run).
+    """
+    from dflash_eval.validate import run_checks
+
+    failures = [c for c in run_checks(ckpt, spec) if c.status == "fail"]
+    if failures:
+        lines = "\n".join(f"  - [{c.name}] {c.message}" for c in failures)
+        raise ArchitectureMismatch(f"drafter {ckpt.source} does not fit the target:\n{lines}")
+    model = DFlashDrafter(ckpt.config)
+    model.load_state_dict(ckpt.state_dict, strict=True)
+    return model.to(device=torch.device(device), dtype=parse_dtype(dtype)).eval()
+
+
+def save_drafter(model: DFlashDrafter, out_dir: str | Path, *, dtype: str | torch.dtype | None = None) -> None:
+    """Write the released layout (config.json + model.safetensors), each file atomically."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dt = parse_dtype(dtype) if dtype is not None else None
+    sd = {k: (v.to(dt) if dt is not None else v).detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    atomic_write_with(out / "model.safetensors", lambda p: save_file(sd, str(p), metadata={"format": "pt"}))
+    model.config.save(out / "config.json")

@@ -1,0 +1,189 @@
+"""The DFlash drafter in plain torch, exactly as described in ../shared/reference/dflash.md.
+
+Modules (unprefixed checkpoint keys): ``fc`` (Linear L*H -> H, no bias), ``hidden_norm``, ``layers.{i}``
+(Qwen3-style pre-norm decoder layers whose attention injects the projected target context as extra keys and
+values, non-causal within the block, absolute RoPE positions), final ``norm``. No embedding and no lm_head:
+the drafter borrows the target's (see :mod:`dflash_eval.head`).
+
+Shapes used throughout: ``N`` sequences, ``T`` context positions, ``R`` blocks per sequence, ``B`` block size,
+``H`` hidden size. One forward drafts R blocks per sequence at once; block r of sequence n sees the context
+positions ``j < context_len[n, r]`` and all B slots of its own block, nothing else. This makes batching over
+rounds exact: masked context positions contribute exactly zero attention weight.
+
+Quick check::
+
+    python -c "from dflash_eval.drafter import DFlashDrafter; help(DFlashDrafter.forward)"
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dflash_eval.config import DrafterConfig
+
+__all__ = ["DFlashDrafter", "RMSNorm", "rope_cos_sin"]
+
+
+class RMSNorm(nn.Module):
+    """Qwen3 RMSNorm: normalise in fp32, scale by ``weight`` in the input dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos/sin tables of shape ``positions.shape + (head_dim,)`` (HF rotate-half layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.to(torch.float32)[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def _apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+class DFlashAttention(nn.Module):
+    """Qwen3 attention with KV injection: keys/values = [proj(context); proj(block)], no causal mask."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        h, hd = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(h, self.num_heads * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * hd, h, bias=False)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: Tensor,
+        ctx: Tensor,
+        rope_ctx: tuple[Tensor, Tensor],
+        rope_blk: tuple[Tensor, Tensor],
+        mask: Tensor,
+    ) -> Tensor:
+        """x: [N,R,B,H] block stream; ctx: [N,T,H]; rope_ctx: [T,hd]; rope_blk: [N,R,B,hd]; mask: [N*R,1,B,T+B]."""
+        n, r, b, _ = x.shape
+        t = ctx.shape[1]
+        hd, nh, nkv = self.head_dim, self.num_heads, self.num_kv_heads
+        q = self.q_norm(self.q_proj(x).view(n, r, b, nh, hd))
+        q = _apply_rope(q, rope_blk[0][..., None, :], rope_blk[1][..., None, :])  # [N,R,B,nh,hd]
+        kb = self.k_norm(self.k_proj(x).view(n, r, b, nkv, hd))
+        kb = _apply_rope(kb, rope_blk[0][..., None, :], rope_blk[1][..., None, :])
+        vb = self.v_proj(x).view(n, r, b, nkv, hd)
+        kc = self.k_norm(self.k_proj(ctx).view(n, t, nkv, hd))
+        kc = _apply_rope(kc, rope_ctx[0][:, None, :], rope_ctx[1][:, None, :])  # [N,T,nkv,hd]
+        vc = self.v_proj(ctx).view(n, t, nkv, hd)
+        k = torch.cat([kc[:, None].expand(n, r, t, nkv, hd), kb], dim=2)  # [N,R,T+B,nkv,hd]
+        v = torch.cat([vc[:, None].expand(n, r, t, nkv, hd), vb], dim=2)
+        q = q.reshape(n * r, b, nh, hd).transpose(1, 2)
+        k = k.reshape(n * r, t + b, nkv, hd).transpose(1, 2)
+        v = v.reshape(n * r, t + b, nkv, hd).transpose(1, 2)
+        if nkv != nh:
+            k = k.repeat_interleave(nh // nkv, dim=1)
+            v = v.repeat_interleave(nh // nkv, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
+        out = out.transpose(1, 2).reshape(n, r, b, nh * hd)
+        return self.o_proj(out)
+
+
+class DFlashMLP(nn.Module):
+    """SwiGLU MLP (gate_proj, up_proj, down_proj)."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DFlashDecoderLayer(nn.Module):
+    """Pre-norm decoder layer; ``input_layernorm`` applies to the block stream only, never to the context."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DFlashAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DFlashMLP(cfg)
+
+    def forward(self, x: Tensor, ctx: Tensor, rope_ctx: tuple[Tensor, Tensor], rope_blk: tuple[Tensor, Tensor],
+                mask: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_ctx, rope_blk, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """A DFlash block-diffusion drafter. Borrow the target's embedding and lm_head to get tokens in and out."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.fc = nn.Linear(config.num_features * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def project_context(self, features: Tensor) -> Tensor:
+        """``hidden_norm(fc(concat(target features)))``: [..., T, L*H] -> [..., T, H]."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def forward(self, block_embeds: Tensor, context: Tensor, start: Tensor, context_len: Tensor | None = None) -> Tensor:
+        """Draft R blocks per sequence in one pass.
+
+        Args:
+            block_embeds: [N, R, B, H] target embeddings of each block ([bonus, MASK x (B-1)] at inference).
+            context: [N, T, H] projected context (:meth:`project_context`); context token j has RoPE position j.
+            start: [N, R] absolute position of slot 0 of each block; slot k has position start + k.
+            context_len: [N, R] number of visible context positions per block (default ``start``: strictly
+                before the block, as in the DFlash loop and training recipe).
+
+        Returns:
+            [N, R, B, H] hidden states after the final norm; apply the target's lm_head for logits.
+        """
+        n, r, b, _ = block_embeds.shape
+        t = context.shape[1]
+        if context_len is None:
+            context_len = start
+        dtype = self.fc.weight.dtype
+        x = block_embeds.to(dtype)
+        ctx = context.to(dtype)
+        dev = x.device
+        hd, theta = self.config.head_dim, self.config.rope_theta
+        rope_ctx = rope_cos_sin(torch.arange(t, device=dev), hd, theta, dtype)
+        blk_pos = start.to(dev)[..., None] + torch.arange(b, device=dev)
+        rope_blk = rope_cos_sin(blk_pos, hd, theta, dtype)
+        visible = torch.arange(t, device=dev) < context_len.to(dev)[..., None]  # [N,R,T]
+        mask = torch.cat([visible, torch.ones(n, r, b, dtype=torch.bool, device=dev)], dim=-1)
+        mask = mask.reshape(n * r, 1, 1, t + b).expand(n * r, 1, b, t + b)
+        for layer in self.layers:
+            x = layer(x, ctx, rope_ctx, rope_blk, mask)
+        return self.norm(x)

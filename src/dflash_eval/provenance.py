@@ -1,0 +1,53 @@
+"""Provenance of an extraction: backend actually used, dtype, device name and library versions."""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+from typing import Any
+
+import torch
+
+__all__ = ["library_versions", "device_name", "provenance"]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def library_versions() -> dict[str, str | None]:
+    """Versions of the libraries whose numerics the features depend on."""
+    return {
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "fla": _version("flash-linear-attention") or _version("fla-core"),
+        "python": platform.python_version(),
+    }
+
+
+def device_name(device: torch.device | str) -> str:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def device_kind(device: torch.device | str) -> str:
+    """A coarse device class for cache keys: 'cpu' or the CUDA device name."""
+    dev = torch.device(device)
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+
+
+def provenance(*, backend: str, dtype: torch.dtype, device: torch.device | str, **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "backend": backend,
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": device_name(device),
+        "device_kind": device_kind(device),
+        "versions": library_versions(),
+    }
+    out.update(extra)
+    return out

@@ -1,0 +1,171 @@
+"""Architecture checks of a drafter checkpoint against its target, one named check each.
+
+Each check returns a :class:`Check` with status ``pass`` / ``warn`` / ``fail`` and a message that names the key,
+the expected and the actual value. The eval suite turns each into its own test (tests_eval/test_checkpoint.py);
+:func:`dflash_eval.checkpoint.build_drafter` refuses a checkpoint with any failing check.
+
+The classic mistakes caught here: ``fc`` sized for a different number of target layers or transposed, a
+drafter hidden size that differs from the target's, a target layer id past the last layer (or pointing at the
+last layer, whose HF hidden_states entry is post-norm), a mask token outside the target vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from dflash_eval.checkpoint import Checkpoint
+
+__all__ = ["Check", "TargetSpec", "CHECKS", "run_checks", "compare_architectures"]
+
+Status = Literal["pass", "warn", "fail", "skip"]
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What the checks need to know about the target."""
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+
+    @classmethod
+    def from_target(cls, target: Any) -> TargetSpec:
+        return cls(num_layers=target.num_layers, hidden_size=target.hidden_size, vocab_size=target.vocab_size)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    message: str
+
+
+def _fc_shape(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+    cfg = ckpt.config
+    h = spec.hidden_size if spec else cfg.hidden_size
+    want = (h, cfg.num_features * h)
+    got = ckpt.shapes.get("fc.weight")
+    if got is None:
+        return Check("fc_shape", "fail", "key 'fc.weight' is missing from the checkpoint")
+    if got == want:
+        return Check("fc_shape", "pass", f"fc.weight {list(got)} == [H, {cfg.num_features} * H]")
+    hint = ""
+    if got == want[::-1]:
+        hint = " (transposed: stored as [in, out]; nn.Linear weights are [out, in])"
+    elif len(got) == 2 and got[0] == h and got[1] % h == 0:
+        hint = (f" (fc sized for {got[1] // h} target layers but target_layer_ids has {cfg.num_features}: "
+                f"{list(cfg.target_layer_ids)})")
+    return Check("fc_shape", "fail", f"key 'fc.weight': expected {list(want)}, got {list(got)}{hint}")
+
+
+def _hidden_size(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+    if spec is None:
+        return Check("hidden_size", "skip", "no target given")
+    got = ckpt.config.hidden_size
+    if got == spec.hidden_size:
+        return Check("hidden_size", "pass", f"drafter hidden_size {got} == target hidden_size")
+    return Check("hidden_size", "fail",
+                 f"config 'hidden_size': drafter {got} != target {spec.hidden_size} (drafter trained for another target?)")
+
+
+def _layer_ids_range(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+    ids = list(ckpt.config.target_layer_ids)
+    n = spec.num_layers if spec else ckpt.config.num_target_layers
+    if n is None:
+        return Check("target_layer_ids_range", "skip", "number of target layers unknown")
+    bad = [i for i in ids if not 0 <= i < n]
+    if bad:
+        return Check("target_layer_ids_range", "fail",
+                     f"'dflash_config.target_layer_ids' {ids}: ids {bad} are outside 0..{n - 1} (target has {n} layers)")
+    if ckpt.config.num_target_layers is not None and spec is not None and ckpt.config.num_target_layers != n:
+        return Check("target_layer_ids_range", "warn",
+                     f"config 'num_target_layers' is {ckpt.config.num_target_layers} but the target has {n} layers")
+    return Check("target_layer_ids_range", "pass", f"target_layer_ids {ids} within 0..{n - 1}")
+
+
+def _layer_ids_last(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+    n = spec.num_layers if spec else ckpt.config.num_target_layers
+    if n is None:
+        return Check("target_layer_ids_last_layer", "skip", "number of target layers unknown")
+    if (n - 1) in ckpt.config.target_layer_ids:
+        return Check("target_layer_ids_last_layer", "warn",
+                     f"target layer id {n - 1} is the last layer: its HF hidden_states entry is AFTER the final norm, "
+                     "not the raw layer output (check the +1 convention used in training)")
+    return Check("target_layer_ids_last_layer", "pass", "no target layer id points at the last (post-norm) layer")
+
+
+def _mask_token(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+    mask = ckpt.config.mask_token_id
+    vocab = spec.vocab_size if spec else ckpt.config.vocab_size
+    if 0 <= mask < vocab:
+        return Check("mask_token_id", "pass", f"mask_token_id {mask} < vocab size {vocab}")
+    return Check("mask_token_id", "fail",
+                 f"'dflash_config.mask_token_id' {mask} is outside the target vocabulary (size {vocab})")
+
+
+def _block_size(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+    b = ckpt.config.block_size
+    if b >= 2:
+        return Check("block_size", "pass", f"block_size {b} >= 2")
+    return Check("block_size", "fail", f"'block_size' {b}: must be >= 2 (one bonus slot plus at least one draft slot)")
+
+
+def _keys(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+    from dflash_eval.checkpoint import expected_shapes
+
+    want = expected_shapes(ckpt.config)
+    got = ckpt.shapes
+    missing = sorted(set(want) - set(got))
+    unexpected = sorted(set(got) - set(want))
+    wrong = sorted(k for k in set(want) & set(got) if want[k] != got[k] and k != "fc.weight")
+    if not (missing or unexpected or wrong):
+        return Check("state_dict_keys", "pass", f"all {len(want)} keys present with the expected shapes")
+    parts = []
+    if missing:
+        parts.append(f"missing keys {missing}")
+    if unexpected:
+        parts.append(f"unexpected keys {unexpected}")
+    if wrong:
+        parts.append("shape mismatches " + ", ".join(f"{k}: expected {list(want[k])}, got {list(got[k])}" for k in wrong))
+    return Check("state_dict_keys", "fail", f"{ckpt.source}: " + "; ".join(parts))
+
+
+CHECKS: dict[str, Callable[[Any, TargetSpec | None], Check]] = {
+    "fc_shape": _fc_shape,
+    "hidden_size": _hidden_size,
+    "target_layer_ids_range": _layer_ids_range,
+    "target_layer_ids_last_layer": _layer_ids_last,
+    "mask_token_id": _mask_token,
+    "block_size": _block_size,
+    "state_dict_keys": _keys,
+}
+
+
+def run_checks(ckpt: Checkpoint, spec: TargetSpec | None) -> list[Check]:
+    """Every check, in a fixed order."""
+    return [fn(ckpt, spec) for fn in CHECKS.values()]
+
+
+_ARCH_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "block_size", "rope_theta", "rms_norm_eps", "num_features")
+
+
+def compare_architectures(ours: Checkpoint, reference: Checkpoint) -> list[str]:
+    """Every difference in architecture fields and key shapes between two drafters (empty when they agree)."""
+    diffs = []
+    for f in _ARCH_FIELDS:
+        a, b = getattr(ours.config, f), getattr(reference.config, f)
+        if a != b:
+            diffs.append(f"config {f}: ours {a!r}, reference {b!r}")
+    sa, sb = ours.shapes, reference.shapes
+    for k in sorted(set(sa) | set(sb)):
+        if k not in sa:
+            diffs.append(f"key {k}: missing in ours (reference {list(sb[k])})")
+        elif k not in sb:
+            diffs.append(f"key {k}: not in reference (ours {list(sa[k])})")
+        elif sa[k] != sb[k]:
+            diffs.append(f"key {k}: ours {list(sa[k])}, reference {list(sb[k])}")
+    return diffs
