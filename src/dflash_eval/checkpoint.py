@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorsError
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -72,7 +72,7 @@ def _read_safetensors_dir(path: Path) -> dict[str, Tensor]:
             for shard in sorted(set(weight_map.values())):
                 sd.update(load_file(str(path / shard)))
             return sd
-    except (SafetensorsError, OSError, KeyError, json.JSONDecodeError) as exc:
+    except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: cannot read drafter weights ({type(exc).__name__}: {exc}); truncated file?") from exc
     raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json in the drafter directory")
 
@@ -130,7 +130,7 @@ def read_checkpoint(
         if path.suffix == ".safetensors":
             try:
                 sd = load_file(str(path))
-            except (SafetensorsError, OSError) as exc:
+            except (SafetensorError, OSError) as exc:
                 raise CheckpointError(f"{path}: cannot read safetensors ({exc})") from exc
         else:
             sd, embedded = _read_pt(path)

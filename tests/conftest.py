@@ -1,0 +1,51 @@
+"""Shared fixtures of the library's unit tests: a tiny random Qwen3.5 target and a matching random drafter.
+
+Run: ``pytest tests`` (all unit tests) or ``pytest tests -m 'not slow'``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_eval.checkpoint import save_drafter
+from dflash_eval.config import DrafterConfig
+from dflash_eval.drafter import DFlashDrafter
+from dflash_eval.head import TargetHead
+from dflash_eval.target import Target, load_target
+from dflash_eval.tiny import build_random_target, random_drafter_config
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_random_target(tmp_path_factory.mktemp("tiny_target"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_target_dir: Path) -> Target:
+    return load_target(tiny_target_dir, device="cpu", dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def tiny_head(tiny_target: Target) -> TargetHead:
+    return TargetHead.from_model(tiny_target.model)
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter_config(tiny_target_dir: Path) -> DrafterConfig:
+    return random_drafter_config(tiny_target_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter(tiny_drafter_config: DrafterConfig) -> DFlashDrafter:
+    torch.manual_seed(1)
+    return DFlashDrafter(tiny_drafter_config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter_dir(tiny_drafter: DFlashDrafter, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny_drafter")
+    save_drafter(tiny_drafter, out)
+    return out
