@@ -185,7 +185,7 @@ def happy(standins: Callable[..., StandIn]) -> HappyServer:
     wait_bound(s)
     health = requests.get(s.url + "/health_generate", timeout=2).status_code
     model_info = requests.get(s.url + "/model_info", timeout=2).status_code
-    waited = wait_until_ready(s.url, timeout_s=60, poll_interval_s=0.05, process=s.process, log_path=s.log_path)
+    waited = wait_until_ready(s.url, timeout_s=60, poll_interval_s=0.05, max_interval_s=0.25, process=s.process, log_path=s.log_path)
     return HappyServer(s, refused, health, model_info, waited)
 
 
@@ -408,7 +408,7 @@ def test_die_during_warmup_fails_at_once_with_exit_code_and_log(standins: Callab
 
 def test_generate_500_names_status_and_body(standins: Callable[..., StandIn]) -> None:
     s = standins("generate-500")
-    wait_until_ready(s.url, timeout_s=20, poll_interval_s=0.05, process=s.process)
+    wait_until_ready(s.url, timeout_s=20, poll_interval_s=0.05, max_interval_s=0.25, process=s.process)
     with pytest.raises(SGLangError) as err:
         generate_greedy(s.url, PROMPTS, max_new_tokens=4, timeout_s=5)
     msg = str(err.value)
@@ -417,7 +417,7 @@ def test_generate_500_names_status_and_body(standins: Callable[..., StandIn]) ->
 
 def test_malformed_json_is_an_error(standins: Callable[..., StandIn]) -> None:
     s = standins("malformed-json")
-    wait_until_ready(s.url, timeout_s=20, poll_interval_s=0.05, process=s.process)
+    wait_until_ready(s.url, timeout_s=20, poll_interval_s=0.05, max_interval_s=0.25, process=s.process)
     with pytest.raises(SGLangError, match="not valid JSON") as err:
         generate_greedy(s.url, PROMPTS, max_new_tokens=4, timeout_s=5)
     assert f"{s.url}/generate" in str(err.value)
@@ -425,7 +425,7 @@ def test_malformed_json_is_an_error(standins: Callable[..., StandIn]) -> None:
 
 def test_slow_generate_times_out_without_hanging(standins: Callable[..., StandIn]) -> None:
     s = standins("slow", extra=("--slow-s", "60"))
-    wait_until_ready(s.url, timeout_s=60, poll_interval_s=0.05, process=s.process, log_path=s.log_path)
+    wait_until_ready(s.url, timeout_s=60, poll_interval_s=0.05, max_interval_s=0.25, process=s.process, log_path=s.log_path)
     t0 = time.monotonic()
     with pytest.raises(SGLangError, match="timed out|timeout") as err:
         generate_greedy(s.url, PROMPTS[:1], max_new_tokens=4, timeout_s=1.0)
@@ -435,7 +435,7 @@ def test_slow_generate_times_out_without_hanging(standins: Callable[..., StandIn
 
 def test_wrong_model_info_fails_identity(standins: Callable[..., StandIn]) -> None:
     s = standins("wrong-model-info")
-    wait_until_ready(s.url, timeout_s=60, poll_interval_s=0.05, process=s.process, log_path=s.log_path)
+    wait_until_ready(s.url, timeout_s=60, poll_interval_s=0.05, max_interval_s=0.25, process=s.process, log_path=s.log_path)
     with pytest.raises(SGLangError) as err:
         check_identity(s.url, expected_name=MODEL_NAME, timeout_s=5)
     msg = str(err.value)

@@ -21,7 +21,9 @@ import logging
 import math
 import numbers
 import os
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -314,14 +316,52 @@ def _check_prompts(batch_input_ids: Sequence[Sequence[int]]) -> list[list[int]]:
     return prompts
 
 
-def _read_body(response: requests.Response, deadline: float, what: str) -> bytes:
-    """Read a streamed body, giving up at ``deadline`` even if the server trickles bytes."""
-    chunks = []
-    for chunk in response.iter_content(chunk_size=64 * 1024):
-        chunks.append(chunk)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: body still arriving at the deadline")
-    return b"".join(chunks)
+def _abort_response(response: requests.Response) -> None:
+    """Best effort: shut the socket under a streamed response so that a blocked read returns at once."""
+    raw = getattr(response, "raw", None)
+    conn = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    try:
+        response.close()
+    except Exception:  # pragma: no cover - already closed
+        pass
+
+
+def _post_json(endpoint: str, payload: Any, deadline: float) -> tuple[int, bytes]:
+    """POST ``payload`` and read the whole answer, returning by ``deadline`` whatever the server does.
+
+    A read timeout alone does not bound the total time (a server trickling one byte per second never trips it),
+    so the request runs in a daemon thread and the caller waits at most until ``deadline``; then the socket is
+    shut down and :class:`TimeoutError` raised.
+    """
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            remaining = max(0.05, deadline - time.monotonic())
+            with requests.post(endpoint, json=payload, timeout=(min(remaining, 10.0), remaining), stream=True) as r:
+                box["response"] = r
+                chunks = [chunk for chunk in r.iter_content(chunk_size=64 * 1024)]
+                box["result"] = (r.status_code, b"".join(chunks))
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name=f"sglang-post {endpoint}", daemon=True)
+    worker.start()
+    worker.join(timeout=max(0.0, deadline - time.monotonic()))
+    if worker.is_alive():
+        response = box.get("response")
+        if response is not None:
+            _abort_response(response)
+        raise TimeoutError("no complete answer by the deadline")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _parse_item(item: Any, *, index: int, where: str, max_new_tokens: int) -> Completion:
@@ -429,9 +469,7 @@ def generate_greedy(
             raise SGLangError(f"{where}: timed out after {time.monotonic() - start:.1f}s (timeout {timeout_s:g}s)")
         payload = {"input_ids": chunk, "sampling_params": sampling_params}
         try:
-            with requests.post(endpoint, json=payload, timeout=(min(remaining, 10.0), remaining), stream=True) as r:
-                status = r.status_code
-                body = _read_body(r, deadline, where)
+            status, body = _post_json(endpoint, payload, deadline)
         except (requests.exceptions.RequestException, TimeoutError) as exc:
             raise SGLangError(
                 f"{where}: no complete answer after {time.monotonic() - start:.1f}s (timeout {timeout_s:g}s): "
