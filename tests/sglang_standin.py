@@ -27,8 +27,10 @@ Modes (failure injection):
 * ``malformed-json`` - ready, but ``POST /generate`` answers 200 with a truncated JSON body;
 * ``wrong-model-info`` - ``/model_info`` claims another model (``/models/Some-Other-Model-7B``).
 
-Modes whose ``/generate`` can never succeed (``never-ready``, ``die-during-warmup``, ``generate-500``,
-``malformed-json``) skip loading the model (and importing torch), so they start in a fraction of a second.
+Only ``happy`` loads the model before binding (like SGLang). To keep tests fast, ``slow`` and
+``wrong-model-info`` load it on the first ``POST /generate``, and the modes whose ``/generate`` never succeeds
+(``never-ready``, ``die-during-warmup``, ``generate-500``, ``malformed-json``) never load it (nor import torch):
+they start in a fraction of a second.
 
 ``POST /generate`` accepts exactly one of ``input_ids`` (``list[int]`` -> one object, ``list[list[int]]`` -> a list
 in the same order) or ``text`` (needs a tokenizer in the folder), and ``sampling_params`` as one dict or a list of
@@ -58,7 +60,7 @@ MODES = (
     "malformed-json",
     "wrong-model-info",
 )
-GENERATING_MODES = frozenset({"happy", "slow", "wrong-model-info"})
+EAGER_LOAD_MODES = frozenset({"happy"})
 WRONG_MODEL_PATH = "/models/Some-Other-Model-7B"
 DIE_EXIT_CODE = 3
 
@@ -81,6 +83,7 @@ class StandIn:
         self.served_model_name = args.served_model_name or os.path.basename(self.model_path.rstrip("/"))
         self.ready = threading.Event()
         self.lock = threading.Lock()  # one generation at a time, like a scheduler
+        self.load_lock = threading.Lock()
         self.model = None
         self.tokenizer = None
         self.stop_ids: set[int] = set()
@@ -90,6 +93,11 @@ class StandIn:
 
     # -- model ----------------------------------------------------------------------------------------------
     def load(self) -> None:
+        with self.load_lock:
+            if self.model is None:
+                self._load()
+
+    def _load(self) -> None:
         import torch
         import transformers
         from transformers import AutoModelForCausalLM
@@ -97,23 +105,22 @@ class StandIn:
         transformers.logging.set_verbosity_error()
         torch.set_num_threads(1)
         log(f"loading model from {self.model_path}")
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, local_files_only=True, dtype=torch.float32
-        ).eval()
-        eos = self.model.generation_config.eos_token_id
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, local_files_only=True, dtype=torch.float32).eval()
+        eos = model.generation_config.eos_token_id
         if eos is None:
-            eos = self.model.config.eos_token_id
+            eos = model.config.eos_token_id
         self.stop_ids = set([eos] if isinstance(eos, int) else list(eos or []))
-        pad = self.model.generation_config.pad_token_id
+        pad = model.generation_config.pad_token_id
         self.pad_id = pad if isinstance(pad, int) else (min(self.stop_ids) if self.stop_ids else 0)
         # Stop tokens are passed per request; the generation config must not add its own.
-        self.model.generation_config.eos_token_id = None
+        model.generation_config.eos_token_id = None
         try:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
         except Exception as exc:  # no tokenizer in the folder: text is ""
             log(f"no tokenizer in {self.model_path} ({type(exc).__name__}); responses carry text ''")
+        self.model = model
         log("model loaded")
 
     def generate_one(self, prompt: list[int], params: dict[str, Any]) -> dict[str, Any]:
@@ -164,6 +171,7 @@ class StandIn:
         }
 
     def generate(self, request: Any) -> Any:
+        self.load()
         if not isinstance(request, dict):
             raise BadRequest("the request body must be a JSON object")
         if ("text" in request) == ("input_ids" in request):
@@ -192,7 +200,7 @@ class StandIn:
             per_prompt = [params] * len(prompts)
         else:
             raise BadRequest("'sampling_params' must be an object or a list of objects")
-        results = [self.generate_one(p, sp) for p, sp in zip(prompts, per_prompt)]
+        results = [self.generate_one(p, sp) for p, sp in zip(prompts, per_prompt, strict=True)]
         return results[0] if single else results
 
     # -- static info ----------------------------------------------------------------------------------------
@@ -324,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log(f"stand-in for SGLang (version {VERSION}, NOT SGLang), mode={args.mode}, pid={os.getpid()}")
     state = StandIn(args)
-    if args.mode in GENERATING_MODES:
+    if args.mode in EAGER_LOAD_MODES:
         state.load()
     time.sleep(max(0.0, t0 + args.warmup_refuse_s - time.monotonic()))
     try:

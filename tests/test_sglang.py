@@ -79,9 +79,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     transformers.Qwen3ForCausalLM(config).save_pretrained(out)
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", pad_token="w0", eos_token=f"w{EOS_ID}").save_pretrained(
-        out
-    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="w0", pad_token="w0", eos_token=f"w{EOS_ID}"
+    ).save_pretrained(out)
     return out
 
 
@@ -110,7 +110,9 @@ class StandIn:
         self.process.wait(timeout=10)
 
 
-def standin_argv(model_dir: Path, port: int, mode: str, refuse_s: float = 0.0, w503_s: float = 0.0, *extra: str) -> list[str]:
+def standin_argv(
+    model_dir: Path, port: int, mode: str, refuse_s: float = 0.0, w503_s: float = 0.0, *extra: str
+) -> list[str]:
     return [
         PYTHON, str(STANDIN), "--model-path", str(model_dir), "--port", str(port), "--mode", mode,
         "--warmup-refuse-s", str(refuse_s), "--warmup-503-s", str(w503_s), *extra,
@@ -164,6 +166,13 @@ def standins(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> 
         s.kill()
 
 
+def ready(s: StandIn, timeout_s: float = 60.0) -> float:
+    """Wait (polling often) until the stand-in is ready."""
+    return wait_until_ready(
+        s.url, timeout_s=timeout_s, poll_interval_s=0.05, max_interval_s=0.25, process=s.process, log_path=s.log_path
+    )
+
+
 @dataclass
 class HappyServer:
     standin: StandIn
@@ -176,7 +185,7 @@ class HappyServer:
 @pytest.fixture(scope="module")
 def happy(standins: Callable[..., StandIn]) -> HappyServer:
     """A happy stand-in, walked through its warm-up phases: refused -> 503 (model_info 200) -> ready."""
-    s = standins("happy", refuse_s=1.0, w503_s=1.5)
+    s = standins("happy", refuse_s=1.0, w503_s=2.0)
     try:
         requests.get(s.url + "/health_generate", timeout=2)
         refused = False
@@ -185,7 +194,7 @@ def happy(standins: Callable[..., StandIn]) -> HappyServer:
     wait_bound(s)
     health = requests.get(s.url + "/health_generate", timeout=2).status_code
     model_info = requests.get(s.url + "/model_info", timeout=2).status_code
-    waited = wait_until_ready(s.url, timeout_s=60, poll_interval_s=0.05, max_interval_s=0.25, process=s.process, log_path=s.log_path)
+    waited = ready(s)
     return HappyServer(s, refused, health, model_info, waited)
 
 
@@ -313,13 +322,15 @@ def test_warmup_phases_then_ready(happy: HappyServer) -> None:
     assert happy.refused_before_bind, "the port must refuse connections while the model loads"
     assert happy.health_during_warmup == 503
     assert happy.model_info_during_warmup == 200, "/model_info answers during warm-up (not a readiness signal)"
-    assert happy.waited_s > 0.5  # the 1.5 s of 503 were waited out
+    assert happy.waited_s > 0.5  # the 2 s of 503 were waited out
     assert requests.get(happy.standin.url + "/health_generate", timeout=2).status_code == 200
     # A second wait on a ready server returns at once.
     assert wait_until_ready(happy.standin.url + "/", timeout_s=5) < 1.0
 
 
-def test_wait_until_ready_polls_through_refused_and_503(standins: Callable[..., StandIn], caplog: pytest.LogCaptureFixture) -> None:
+def test_wait_until_ready_polls_through_refused_and_503(
+    standins: Callable[..., StandIn], caplog: pytest.LogCaptureFixture
+) -> None:
     s = standins("generate-500", refuse_s=0.6, w503_s=0.8)  # no model load: starts fast
     caplog.set_level(logging.DEBUG, logger="dflash_eval.sglang")
     waited = wait_until_ready(s.url, timeout_s=20, poll_interval_s=0.05, max_interval_s=0.2, process=s.process)
@@ -335,7 +346,7 @@ def test_completions_equal_model_generate(happy: HappyServer, reference_model: C
     n = 12
     got = generate_greedy(happy.standin.url, PROMPTS, max_new_tokens=n, timeout_s=30, batch_size=2)
     assert len(got) == len(PROMPTS)
-    for prompt, c in zip(PROMPTS, got):
+    for prompt, c in zip(PROMPTS, got, strict=True):
         assert isinstance(c, Completion)
         expected = reference_model(prompt, n)
         assert c.output_ids == expected, f"prompt {prompt}"
@@ -367,6 +378,32 @@ def test_identity_and_server_info(happy: HappyServer, tiny_model_dir: Path) -> N
         check_identity(happy.standin.url, expected_name="Qwen3.5-27B", timeout_s=5)
     assert "Qwen3.5-27B" in str(err.value) and MODEL_NAME in str(err.value) and happy.standin.url in str(err.value)
     assert server_info(happy.standin.url, timeout_s=5)["version"] == "dflash-eval-standin"
+
+
+@pytest.mark.parametrize(
+    ("model_path", "served", "expected", "ok"),
+    [
+        ("/root/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/0123abcd/", None, "Qwen3-8B", True),
+        ("/root/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/0123abcd", None, "Qwen/Qwen3-8B", True),
+        ("/models/0123abcd", "Qwen3-8B", "Qwen3-8B", True),  # served_model_name from /server_info
+        ("Qwen/Qwen3-8B", None, "Qwen3-8B", True),
+        ("/models/Qwen3-8B", "other", "Qwen3-4B", False),
+    ],
+)
+def test_identity_names(canned: Callable, model_path: str, served: str | None, expected: str, ok: bool) -> None:
+    def respond(path: str, req: Any) -> tuple[int, bytes]:
+        if path == "/model_info":
+            return 200, json.dumps({"model_path": model_path, "is_generation": True}).encode()
+        if path == "/server_info":
+            return 200, json.dumps({"served_model_name": served or model_path, "version": "x"}).encode()
+        return 404, b"{}"
+
+    server = canned(respond)
+    if ok:
+        assert check_identity(server.url, expected_name=expected, timeout_s=5)["model_path"] == model_path
+    else:
+        with pytest.raises(SGLangError, match=f"expected '{expected}'.*model_path='{model_path}'.*'{served}'"):
+            check_identity(server.url, expected_name=expected, timeout_s=5)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -408,7 +445,7 @@ def test_die_during_warmup_fails_at_once_with_exit_code_and_log(standins: Callab
 
 def test_generate_500_names_status_and_body(standins: Callable[..., StandIn]) -> None:
     s = standins("generate-500")
-    wait_until_ready(s.url, timeout_s=20, poll_interval_s=0.05, max_interval_s=0.25, process=s.process)
+    ready(s)
     with pytest.raises(SGLangError) as err:
         generate_greedy(s.url, PROMPTS, max_new_tokens=4, timeout_s=5)
     msg = str(err.value)
@@ -417,7 +454,7 @@ def test_generate_500_names_status_and_body(standins: Callable[..., StandIn]) ->
 
 def test_malformed_json_is_an_error(standins: Callable[..., StandIn]) -> None:
     s = standins("malformed-json")
-    wait_until_ready(s.url, timeout_s=20, poll_interval_s=0.05, max_interval_s=0.25, process=s.process)
+    ready(s)
     with pytest.raises(SGLangError, match="not valid JSON") as err:
         generate_greedy(s.url, PROMPTS, max_new_tokens=4, timeout_s=5)
     assert f"{s.url}/generate" in str(err.value)
@@ -425,7 +462,7 @@ def test_malformed_json_is_an_error(standins: Callable[..., StandIn]) -> None:
 
 def test_slow_generate_times_out_without_hanging(standins: Callable[..., StandIn]) -> None:
     s = standins("slow", extra=("--slow-s", "60"))
-    wait_until_ready(s.url, timeout_s=60, poll_interval_s=0.05, max_interval_s=0.25, process=s.process, log_path=s.log_path)
+    ready(s)
     t0 = time.monotonic()
     with pytest.raises(SGLangError, match="timed out|timeout") as err:
         generate_greedy(s.url, PROMPTS[:1], max_new_tokens=4, timeout_s=1.0)
@@ -435,7 +472,7 @@ def test_slow_generate_times_out_without_hanging(standins: Callable[..., StandIn
 
 def test_wrong_model_info_fails_identity(standins: Callable[..., StandIn]) -> None:
     s = standins("wrong-model-info")
-    wait_until_ready(s.url, timeout_s=60, poll_interval_s=0.05, max_interval_s=0.25, process=s.process, log_path=s.log_path)
+    ready(s)
     with pytest.raises(SGLangError) as err:
         check_identity(s.url, expected_name=MODEL_NAME, timeout_s=5)
     msg = str(err.value)
@@ -504,6 +541,11 @@ def test_trickling_body_is_bounded_by_total_timeout(canned: Callable) -> None:
     with pytest.raises(SGLangError, match="timeout 1s"):
         generate_greedy(server.url, [[1]], max_new_tokens=2, timeout_s=1.0)
     assert time.monotonic() - t0 < 3.0
+    # The reading thread was woken up (socket shut down) rather than left trickling.
+    deadline = time.monotonic() + 3.0
+    while any(t.name.startswith("sglang-post") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name.startswith("sglang-post") for t in threading.enumerate())
 
 
 def fetch_and_cache(url: str, prompts: list[list[int]], cache_file: Path, max_new_tokens: int) -> list[Completion]:
@@ -549,7 +591,9 @@ def test_input_validation(canned: Callable) -> None:
 # LaunchedServer: process-group teardown
 
 
-def wrapped_command(model_dir: Path, port: int, mode: str, pidfile: Path, *, ignore_term: bool = False, w503_s: float = 0.0) -> str:
+def wrapped_command(
+    model_dir: Path, port: int, mode: str, pidfile: Path, *, ignore_term: bool = False, w503_s: float = 0.0
+) -> str:
     """A shell that starts a background child (its pid in ``pidfile``) and then execs the stand-in."""
     inner = " ".join(shlex.quote(a) for a in standin_argv(model_dir, port, mode, 0.0, w503_s))
     trap = "trap '' TERM; " if ignore_term else ""
@@ -577,7 +621,9 @@ def assert_gone(*pids: int, within_s: float = 5.0) -> None:
 def test_launched_server_kills_whole_group(tiny_model_dir: Path, tmp_path: Path) -> None:
     port, pidfile = free_port(), tmp_path / "child.pid"
     cmd = wrapped_command(tiny_model_dir, port, "generate-500", pidfile)
-    server = LaunchedServer(cmd, url=f"http://127.0.0.1:{port}/", log_path=tmp_path / "logs" / "server.log", ready_timeout_s=30)
+    server = LaunchedServer(
+        cmd, url=f"http://127.0.0.1:{port}/", log_path=tmp_path / "logs" / "server.log", ready_timeout_s=30
+    )
     with server as s:
         leader, child = s.pid, wait_pidfile(pidfile)
         assert process_alive(leader) and process_alive(child)
@@ -601,7 +647,9 @@ def test_launched_server_teardown_when_body_raises(tiny_model_dir: Path, tmp_pat
 def test_launched_server_sigkills_a_group_ignoring_sigterm(tiny_model_dir: Path, tmp_path: Path) -> None:
     port, pidfile = free_port(), tmp_path / "child.pid"
     cmd = wrapped_command(tiny_model_dir, port, "generate-500", pidfile, ignore_term=True)
-    server = LaunchedServer(cmd, url=f"http://127.0.0.1:{port}", log_path=tmp_path / "s.log", ready_timeout_s=30, term_timeout_s=1.0)
+    server = LaunchedServer(
+        cmd, url=f"http://127.0.0.1:{port}", log_path=tmp_path / "s.log", ready_timeout_s=30, term_timeout_s=1.0
+    )
     with server as s:
         leader, child = s.pid, wait_pidfile(pidfile)
         t0 = time.monotonic()
@@ -634,7 +682,9 @@ def test_launched_server_not_ready_in_time_is_torn_down(tiny_model_dir: Path, tm
 
 def test_launch_missing_executable(tmp_path: Path) -> None:
     with pytest.raises(SGLangError, match="could not launch"):
-        LaunchedServer("/nonexistent/sglang-binary --port 1", url="http://127.0.0.1:1", log_path=tmp_path / "x.log").start()
+        LaunchedServer(
+            "/nonexistent/sglang-binary --port 1", url="http://127.0.0.1:1", log_path=tmp_path / "x.log"
+        ).start()
 
 
 def test_launched_server_atexit_teardown(tiny_model_dir: Path, tmp_path: Path) -> None:

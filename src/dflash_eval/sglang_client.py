@@ -25,7 +25,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,8 +90,7 @@ def normalize_url(url: str) -> str:
     parts = urlsplit(stripped)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise SGLangError(
-            f"SGLang URL {url!r} has no http:// or https:// scheme (or no host); "
-            f"write it like 'http://127.0.0.1:30000'"
+            f"SGLang URL {url!r} has no http:// or https:// scheme (or no host); write it like 'http://127.0.0.1:30000'"
         )
     if parts.query or parts.fragment:
         raise SGLangError(f"SGLang URL {url!r} must not carry a query or fragment; give the server root")
@@ -227,7 +226,8 @@ def wait_until_ready(
                 waited = time.monotonic() - start
                 logger.info("SGLang %s ready after %.1fs (%d polls)", base, waited, attempts)
                 return waited
-            last_seen = f"HTTP {response.status_code} {_excerpt(response.content, 200)!r}"
+            body = _excerpt(response.content, 200)
+            last_seen = f"HTTP {response.status_code}" + (f" {body!r}" if body else "")
         logger.debug("SGLang %s not ready after %.1fs: %s", base, time.monotonic() - start, last_seen)
         # Sleep in short slices so that a dying process is noticed at once.
         wake = min(deadline, time.monotonic() + interval)
@@ -267,30 +267,55 @@ def _basename(path: str) -> str:
     return os.path.basename(path.rstrip("/\\")) or path
 
 
+def _names_of(model_path: str) -> set[str]:
+    """Names a ``model_path`` answers to: itself, its basename, and for a Hugging Face cache snapshot
+    (``.../models--ORG--NAME/snapshots/<commit>``) also ``NAME`` and ``ORG/NAME``."""
+    names = {model_path, _basename(model_path)}
+    parts = model_path.replace("\\", "/").rstrip("/").split("/")
+    for i, part in enumerate(parts):
+        if part.startswith("models--") and i + 1 < len(parts) and parts[i + 1] == "snapshots":
+            repo = part[len("models--") :].split("--")
+            names.add(repo[-1])
+            names.add("/".join(repo))
+    return names
+
+
 def check_identity(url: str, *, expected_name: str, timeout_s: float = 10.0) -> dict:
     """Check that the server serves ``expected_name``; return its ``/model_info`` dict.
 
     The server matches when ``expected_name`` equals the basename of ``model_info["model_path"]`` (so
-    ``/models/Qwen3-8B`` and ``Qwen/Qwen3-8B`` both match ``"Qwen3-8B"``), the full ``model_path``, or
-    ``served_model_name`` (from ``/model_info`` when present). A mismatch raises :class:`SGLangError` naming both.
+    ``/models/Qwen3-8B`` and ``Qwen/Qwen3-8B`` both match ``"Qwen3-8B"``), the full ``model_path``, the repo name
+    of a Hugging Face cache snapshot path (``.../models--Qwen--Qwen3-8B/snapshots/<commit>``), or the
+    ``served_model_name`` (from ``/model_info``, else from ``/server_info``). A mismatch raises
+    :class:`SGLangError` naming both.
     """
     base = normalize_url(url)
+    if not isinstance(expected_name, str) or not expected_name:
+        raise SGLangError(f"check_identity({base!r}): expected_name must be a non-empty string")
     info = _get_json(base, "/model_info", timeout_s=timeout_s, what="model identity")
     if not isinstance(info, dict):
         raise SGLangError(f"GET {base}/model_info answered {type(info).__name__}, expected an object")
     model_path = info.get("model_path")
     if not isinstance(model_path, str) or not model_path:
         raise SGLangError(f"GET {base}/model_info has no string field 'model_path': {_excerpt(json.dumps(info))}")
-    served = info.get("served_model_name")
-    candidates = {model_path, _basename(model_path)}
-    if isinstance(served, str) and served:
-        candidates.add(served)
+    candidates = _names_of(model_path)
     if expected_name in candidates:
         return info
-    served_note = f", served_model_name={served!r}" if served else ""
+    served = info.get("served_model_name")
+    if not (isinstance(served, str) and served):
+        try:  # older and current SGLang report served_model_name only among the server args
+            served = server_info(base, timeout_s=timeout_s).get("served_model_name")
+        except SGLangError:
+            served = None
+    if isinstance(served, str) and served:
+        candidates.add(served)
+        if expected_name == served:
+            return info
+    served_note = f", served_model_name={served!r}" if isinstance(served, str) and served else ""
     raise SGLangError(
         f"SGLang server at {base} serves the wrong model: expected {expected_name!r}, "
-        f"but /model_info says model_path={model_path!r} (basename {_basename(model_path)!r}{served_note})"
+        f"but /model_info says model_path={model_path!r}{served_note} "
+        f"(names it answers to: {sorted(candidates)})"
     )
 
 
@@ -317,19 +342,22 @@ def _check_prompts(batch_input_ids: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 def _abort_response(response: requests.Response) -> None:
-    """Best effort: shut the socket under a streamed response so that a blocked read returns at once."""
+    """Best effort: shut down the socket under a streamed response so that a read blocked on it returns.
+
+    Only ``shutdown`` is used: ``close()`` would block on the lock the reading thread holds. The socket is found
+    on the pooled connection (keep-alive) or, for a connection that closes after the answer, on the file object
+    of ``http.client``'s response. If neither is there, the reading daemon thread simply runs out on its own.
+    """
     raw = getattr(response, "raw", None)
-    conn = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
-    sock = getattr(conn, "sock", None)
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-    try:
-        response.close()
-    except Exception:  # pragma: no cover - already closed
-        pass
+    candidates = [getattr(getattr(raw, "_connection", None), "sock", None)]
+    fp = getattr(getattr(raw, "_fp", None), "fp", None)  # BufferedReader over socket.SocketIO
+    candidates.append(getattr(getattr(fp, "raw", None), "_sock", None))
+    for sock in candidates:
+        if isinstance(sock, socket.socket):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 def _post_json(endpoint: str, payload: Any, deadline: float) -> tuple[int, bytes]:
@@ -375,9 +403,7 @@ def _parse_item(item: Any, *, index: int, where: str, max_new_tokens: int) -> Co
     if "output_ids" not in item:
         raise bad("output_ids", f"is missing (keys: {sorted(item)})")
     output_ids = item["output_ids"]
-    if not isinstance(output_ids, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in output_ids
-    ):
+    if not isinstance(output_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in output_ids):
         raise bad("output_ids", f"is not a list of ints: {_excerpt(json.dumps(output_ids), 200)}")
     meta = item.get("meta_info")
     if not isinstance(meta, dict):
@@ -433,10 +459,14 @@ def generate_greedy(
 
     Prompts go in requests of at most ``batch_size`` (SGLang answers a batch with a list in the same order),
     with ``temperature: 0`` (argmax), ``max_new_tokens`` and, when given, ``stop_token_ids``. ``timeout_s``
-    bounds the whole call (all requests together). The result is returned only after every item of every
-    request was validated: any HTTP error (the body excerpt is quoted), undecodable JSON, a list of the wrong
-    length, a missing/ill-typed ``output_ids`` or ``meta_info.finish_reason``, an aborted or empty completion
-    raises :class:`SGLangError` naming the field and the URL, and nothing is returned.
+    bounds each request (one batch, from sending it to the last byte of the answer, even if the server trickles
+    bytes), so a call takes at most ``ceil(len(batch_input_ids) / batch_size) * timeout_s``; requests go one
+    after another.
+
+    The result is returned only after every item of every request was validated: an HTTP error (the body
+    excerpt is quoted), undecodable JSON, a list of the wrong length, a missing or ill-typed ``output_ids`` or
+    ``meta_info.finish_reason``, an aborted or empty completion, more than ``max_new_tokens`` tokens, each
+    raise :class:`SGLangError` naming the field and the URL, and nothing is returned (so nothing can be cached).
     """
     base = normalize_url(url)
     endpoint = base + "/generate"
@@ -459,30 +489,27 @@ def generate_greedy(
         sampling_params["stop_token_ids"] = [int(t) for t in stop_token_ids]
 
     start = time.monotonic()
-    deadline = start + timeout_s
     results: list[Completion] = []
     for first in range(0, len(prompts), batch_size):
         chunk = prompts[first : first + batch_size]
         where = f"POST {endpoint} (prompts {first}..{first + len(chunk) - 1} of {len(prompts)})"
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise SGLangError(f"{where}: timed out after {time.monotonic() - start:.1f}s (timeout {timeout_s:g}s)")
         payload = {"input_ids": chunk, "sampling_params": sampling_params}
+        sent = time.monotonic()
         try:
-            status, body = _post_json(endpoint, payload, deadline)
+            status, body = _post_json(endpoint, payload, sent + timeout_s)
         except (requests.exceptions.RequestException, TimeoutError) as exc:
             raise SGLangError(
-                f"{where}: no complete answer after {time.monotonic() - start:.1f}s (timeout {timeout_s:g}s): "
-                f"{_describe_exception(exc)}"
+                f"{where}: no complete answer after {time.monotonic() - sent:.1f}s (timeout {timeout_s:g}s per "
+                f"request): {_describe_exception(exc)}"
             ) from exc
         if status != 200:
-            raise SGLangError(
-                f"{where}: HTTP {status} after {time.monotonic() - start:.1f}s; body: {_excerpt(body)!r}"
-            )
+            raise SGLangError(f"{where}: HTTP {status} after {time.monotonic() - sent:.1f}s; body: {_excerpt(body)!r}")
         try:
             decoded = json.loads(body)
         except ValueError as exc:
-            raise SGLangError(f"{where}: HTTP 200 but the body is not valid JSON ({exc}); body: {_excerpt(body)!r}") from exc
+            raise SGLangError(
+                f"{where}: HTTP 200 but the body is not valid JSON ({exc}); body: {_excerpt(body)!r}"
+            ) from exc
         if isinstance(decoded, dict) and len(chunk) == 1 and "output_ids" in decoded:
             decoded = [decoded]  # tolerate a single-prompt batch answered with a bare object
         if not isinstance(decoded, list):

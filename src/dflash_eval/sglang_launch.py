@@ -183,7 +183,9 @@ class LaunchedServer:
         else:
             logger.warning(
                 "SGLang server group %d (%s) still alive %.0fs after SIGTERM; sending SIGKILL",
-                pgid, self.url, self.term_timeout_s,
+                pgid,
+                self.url,
+                self.term_timeout_s,
             )
             self._signal_group(pgid, signal.SIGKILL)
             try:
