@@ -49,3 +49,15 @@ def test_concatenation_order_and_provenance(tiny_target: Target) -> None:
     torch.testing.assert_close(feats, torch.cat([per[2], per[0]], dim=-1))
     assert prov["backend"] == "torch" and prov["dtype"] == "float32"
     assert prov["versions"]["torch"] == torch.__version__ and "transformers" in prov["versions"]
+
+
+def test_head_read_selectively_equals_loaded_model(tiny_target: Target, tiny_target_dir) -> None:  # type: ignore[no-untyped-def]
+    from dflash_eval.head import TargetHead
+
+    full = TargetHead.from_model(tiny_target.model)
+    part = TargetHead.from_pretrained(tiny_target_dir, dtype="fp32")
+    assert torch.equal(part.embed_tokens.weight, full.embed_tokens.weight)
+    assert torch.equal(part.lm_head.weight, full.lm_head.weight)
+    ids = torch.tensor([1, 2, 3])
+    h = part.embed(ids)
+    torch.testing.assert_close(part.logits(h), full.logits(h))
