@@ -16,7 +16,6 @@ Everything here is deterministic given a seed and ``torch.set_num_threads`` (CPU
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -26,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dflash_eval.drafter import DFlashDrafter
-from dflash_eval.drafting import block_ids, draft_logits
+from dflash_eval.drafter import DFlashDrafter, rope_cos_sin
+from dflash_eval.drafting import block_ids
 from dflash_eval.head import TargetHead
 
 __all__ = [
@@ -40,13 +39,12 @@ __all__ = [
     "slot_weights",
     "sample_anchors",
     "dflash_loss",
+    "drafter_forward_shared_context",
     "train_target",
     "greedy_continuations",
     "target_features",
     "build_drafter_examples",
     "train_drafter",
-    "simulate_chain_tau",
-    "simulate_ddtree_tau",
 ]
 
 Log = Callable[[str], None]
@@ -200,6 +198,54 @@ def sample_anchors(lo: Tensor, hi: Tensor, num: int, generator: torch.Generator)
     return lo[:, None] + (u * span[:, None]).floor().long().clamp(max=(hi - lo).clamp(min=0)[:, None])
 
 
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def drafter_forward_shared_context(drafter: DFlashDrafter, block_embeds: Tensor, context: Tensor,
+                                   start: Tensor) -> Tensor:
+    """Same result as ``drafter(block_embeds, context, start)``, computed without copying the context per block.
+
+    :meth:`DFlashDrafter.forward` concatenates the context keys/values to every block's own; for training with
+    many anchors per sequence that copy dominates. Here the scores against the (shared) context and against the
+    block's own slots are computed separately and normalised by one joint softmax, which is the same attention.
+    Shapes as in :meth:`DFlashDrafter.forward`: block_embeds [N,R,B,H], context [N,T,H], start [N,R].
+    """
+    cfg = drafter.config
+    n, r, b, _ = block_embeds.shape
+    t = context.shape[1]
+    dtype = drafter.fc.weight.dtype
+    x = block_embeds.to(dtype)
+    ctx = context.to(dtype)
+    dev = x.device
+    hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    g = nh // nkv
+    cos_c, sin_c = rope_cos_sin(torch.arange(t, device=dev), hd, cfg.rope_theta, dtype)  # [T,hd]
+    cos_b, sin_b = rope_cos_sin(start.to(dev)[..., None] + torch.arange(b, device=dev), hd, cfg.rope_theta, dtype)
+    visible = torch.arange(t, device=dev) < start.to(dev)[..., None]  # [N,R,T]
+    ctx_bias = torch.zeros(n, 1, 1, r, 1, t, dtype=torch.float32, device=dev)
+    ctx_bias = ctx_bias.masked_fill(~visible[:, None, None, :, None, :], float("-inf"))
+    scale = hd ** -0.5
+    for layer in drafter.layers:
+        a = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = _rope(a.q_norm(a.q_proj(h).view(n, r, b, nh, hd)), cos_b[..., None, :], sin_b[..., None, :])
+        kb = _rope(a.k_norm(a.k_proj(h).view(n, r, b, nkv, hd)), cos_b[..., None, :], sin_b[..., None, :])
+        vb = a.v_proj(h).view(n, r, b, nkv, hd)
+        kc = _rope(a.k_norm(a.k_proj(ctx).view(n, t, nkv, hd)), cos_c[:, None, :], sin_c[:, None, :])
+        vc = a.v_proj(ctx).view(n, t, nkv, hd)
+        qg = q.view(n, r, b, nkv, g, hd).permute(0, 3, 4, 1, 2, 5)  # [N,kv,g,R,B,hd]
+        s_ctx = torch.einsum("nkgrbd,ntkd->nkgrbt", qg, kc).float() * scale + ctx_bias
+        s_blk = torch.einsum("nkgrbd,nrckd->nkgrbc", qg, kb).float() * scale
+        p = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1).to(dtype)
+        o = torch.einsum("nkgrbt,ntkd->nkgrbd", p[..., :t], vc) + torch.einsum("nkgrbc,nrckd->nkgrbd", p[..., t:], vb)
+        o = o.permute(0, 3, 4, 1, 2, 5).reshape(n, r, b, nh * hd)
+        x = x + a.o_proj(o)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return drafter.norm(x)
+
+
 def dflash_loss(
     drafter: DFlashDrafter,
     head: TargetHead,
@@ -226,9 +272,9 @@ def dflash_loss(
     ctx = drafter.project_context(features)
     first = torch.gather(tokens, 1, anchors)
     emb = head.embed(block_ids(first, b, drafter.config.mask_token_id))  # [N,R,B,H]
-    hidden = drafter(emb, ctx, anchors)
+    hidden = drafter_forward_shared_context(drafter, emb, ctx, anchors)
     logits = head.logits(hidden[:, :, 1:]).float()  # [N,R,B-1,V]
-    pos = anchors[..., None] + torch.arange(1, b)  # [N,R,B-1]
+    pos = anchors[..., None] + torch.arange(1, b, device=anchors.device)  # [N,R,B-1]
     valid = pos < lengths[:, None, None]
     labels = torch.gather(tokens, 1, pos.clamp(max=tokens.shape[1] - 1).reshape(n, -1)).reshape(n, r, b - 1)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none").view(n, r, b - 1)
@@ -264,7 +310,6 @@ def build_drafter_examples(
     Anchors go over the continuation (``prompt_len .. T-2``), the same starts the speculative loop drafts from;
     with ``corpus_anchor_share`` they may also fall in the prompt (``1 .. T-2``).
     """
-    out: list[DrafterExample] = []
     by_len: dict[int, list[int]] = {}
     for i, s in enumerate(sequences):
         by_len.setdefault(len(s), []).append(i)
@@ -278,15 +323,14 @@ def build_drafter_examples(
                 lo = 1 if corpus_anchor_share else max(1, int(prompt_lengths[i]))
                 result[i] = DrafterExample(tokens=ids[row].clone(), features=feats[row].clone(),
                                            anchor_lo=lo, anchor_hi=length - 2)
-    out = [e for e in result if e is not None]
-    return out
+    return [e for e in result if e is not None]
 
 
 @dataclass(frozen=True)
 class DrafterTrainConfig:
     """DFlash drafter training: N sequences x R random anchors per step."""
 
-    steps: int = 1500
+    steps: int = 600
     seqs_per_step: int = 8
     anchors_per_seq: int = 48
     lr: float = 2e-3
@@ -349,7 +393,8 @@ def train_drafter(
         pick = torch.randint(0, len(examples), (cfg.seqs_per_step,), generator=gen).tolist()
         tok, feat, lengths, lo, hi = _collate([examples[i] for i in pick])
         anchors = sample_anchors(lo, hi, cfg.anchors_per_seq, gen)
-        loss, acc = dflash_loss(drafter, head, feat, tok, lengths, anchors, weights)
+        dev = drafter.fc.weight.device
+        loss, acc = dflash_loss(drafter, head, feat.to(dev), tok.to(dev), lengths.to(dev), anchors.to(dev), weights)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -365,98 +410,3 @@ def train_drafter(
     mean_acc = torch.stack(accs[-k:]).mean(0)
     return TrainResult(steps=cfg.steps, seconds=time.time() - t0, losses=losses, final_loss=sum(tail) / len(tail),
                        extra={f"acc_slot{i + 1}": float(a) for i, a in enumerate(mean_acc)})
-
-
-# --------------------------------------------------------------------------------------------------- offline τ
-
-
-def _draft_for_reference(
-    drafter: DFlashDrafter, head: TargetHead, features: Tensor, seq: Tensor, prompt_len: int
-) -> Tensor:
-    """[C, B-1, V] log-probs of the blocks starting at every continuation position prompt_len .. T-1."""
-    starts = torch.arange(prompt_len, seq.numel())
-    return torch.log_softmax(draft_logits(drafter, head, features, seq[starts], starts), dim=-1)
-
-
-@torch.no_grad()
-def simulate_chain_tau(
-    drafter: DFlashDrafter, head: TargetHead, features: Tensor, seq: Tensor, prompt_len: int
-) -> list[int]:
-    """Acceptance lengths of the greedy DFlash chain loop, simulated offline against the reference ``seq``.
-
-    ``seq`` = prompt + the target's greedy continuation; ``features`` [T, L*H] from one causal forward over it.
-    A block starts at every committed bonus position (first: prompt_len); acc = leading draft slots equal to the
-    reference (matches only count inside the reference); the round commits acc + 1 tokens.
-    """
-    logp = _draft_for_reference(drafter, head, features, seq, prompt_len)
-    draft = logp.argmax(-1)  # [C, B-1]
-    end = seq.numel()
-    pos = prompt_len
-    out: list[int] = []
-    while pos < end:
-        acc = 0
-        for k in range(1, drafter.block_size):
-            if pos + k >= end or int(draft[pos - prompt_len, k - 1]) != int(seq[pos + k]):
-                break
-            acc += 1
-        out.append(acc + 1)
-        pos += acc + 1
-    return out
-
-
-def _ddtree_accept(logp: Tensor, ref: Sequence[int], budget: int) -> int:
-    """Accepted nodes (including the root) of a best-first DDTree of ``budget`` non-root nodes.
-
-    ``logp``: [D, V] per-depth log-probs (depth d+1 at row d); ``ref``: the reference tokens at depths 1..D.
-    """
-    depth_max = logp.shape[0]
-    k = min(budget, logp.shape[1])
-    top_lp, top_ix = logp.topk(k, dim=-1)
-    top_lp, top_ix = top_lp.tolist(), top_ix.tolist()
-    # node: (path of ranks); children keyed by parent path
-    children: dict[tuple[int, ...], dict[int, tuple[int, ...]]] = {}
-    heap: list[tuple[float, int, tuple[int, ...]]] = [(-top_lp[0][0], 0, (0,))]
-    counter = 1
-    added = 0
-    while heap and added < budget:
-        neg, _, path = heapq.heappop(heap)
-        score = -neg
-        d = len(path)
-        parent = path[:-1]
-        tok = top_ix[d - 1][path[-1]]
-        children.setdefault(parent, {})[tok] = path
-        added += 1
-        rank = path[-1]
-        if rank + 1 < k:
-            sib = parent + (rank + 1,)
-            heapq.heappush(heap, (-(score - top_lp[d - 1][rank] + top_lp[d - 1][rank + 1]), counter, sib))
-            counter += 1
-        if d < depth_max:
-            heapq.heappush(heap, (-(score + top_lp[d][0]), counter, path + (0,)))
-            counter += 1
-    node: tuple[int, ...] = ()
-    acc = 1
-    for d in range(len(ref)):
-        nxt = children.get(node, {}).get(int(ref[d]))
-        if nxt is None:
-            break
-        node = nxt
-        acc += 1
-    return acc
-
-
-@torch.no_grad()
-def simulate_ddtree_tau(
-    drafter: DFlashDrafter, head: TargetHead, features: Tensor, seq: Tensor, prompt_len: int, budget: int = 8
-) -> list[int]:
-    """Acceptance lengths of greedy DDTree-``budget`` decoding, simulated offline against the reference ``seq``."""
-    logp = _draft_for_reference(drafter, head, features, seq, prompt_len)
-    end = seq.numel()
-    pos = prompt_len
-    out: list[int] = []
-    while pos < end:
-        ref = seq[pos + 1:min(end, pos + drafter.block_size)].tolist()
-        acc = _ddtree_accept(logp[pos - prompt_len, :len(ref)] if ref else logp[pos - prompt_len, :1], ref, budget)
-        out.append(acc)
-        pos += acc
-    return out
