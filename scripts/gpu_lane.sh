@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The GPU lane (stages: drift, suite; default all), for the lent H200 (see README "GPU lane"). Writes everything under $OUT
+# (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
+# transformers 5.23.0, syrupy), carried to the machine:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d .whl flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.23.0 syrupy==7.0.2
+set -uo pipefail
+OUT="${OUT:-gpu_out}"; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH="/tmp/site:$PWD/src" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+{
+  nvidia-smi -L
+  python3 -c "import torch, transformers, fla; print('torch', torch.__version__, 'transformers', transformers.__version__, 'fla', fla.__version__, 'gpus', torch.cuda.device_count())"
+} 2>&1 | tee "$OUT/lane.log"
+step() { echo "=== $1 ($(date +%T))" | tee -a "$OUT/lane.log"; }
+STAGE="${1:-all}"
+if [ "$STAGE" = all ] || [ "$STAGE" = drift ]; then
+step "drift: bundled + 27B-width random model"
+timeout 420 python3 benchmarks/gpu_drift.py --out "$OUT/gpu_drift.json" >> "$OUT/lane.log" 2>&1 || echo "drift rc=$?" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = all ] || [ "$STAGE" = suite ]; then
+step "suite cold (fla eval backend, torch reference)"
+start=$(date +%s.%N)
+timeout 240 python3 -m pytest tests_eval -p no:cacheprovider -q --hidden-state-backend fla --reference-backend torch \
+  --cache-dir /tmp/gpucache --report-dir "$OUT/reports" > "$OUT/suite_cold.log" 2>&1; echo "cold rc=$? s=$(echo "$(date +%s.%N) - $start" | bc)" | tee -a "$OUT/lane.log"
+start=$(date +%s.%N)
+timeout 90 python3 -m pytest tests_eval -p no:cacheprovider -q -k tau --hidden-state-backend fla --reference-backend torch \
+  --cache-dir /tmp/gpucache --report-dir /tmp/warmreports > /tmp/suite_warm.log 2>&1; echo "warm -k tau rc=$? s=$(echo "$(date +%s.%N) - $start" | bc)" | tee -a "$OUT/lane.log"
+tail -n 25 /tmp/suite_warm.log >> "$OUT/lane.log"
+step "core benchmark: offline vs online, extraction tokens/s"
+timeout 180 python3 benchmarks/bench_core.py --dtype bf16 --backend fla --num-prompts 8 --json "$OUT/core.json" >> "$OUT/lane.log" 2>&1 || echo "core rc=$?" >> "$OUT/lane.log"
+fi
+step "done"
