@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 from filelock import FileLock, Timeout
-from safetensors import SafetensorsError
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from dflash_eval.atomic import atomic_write_text, atomic_write_with
@@ -182,7 +182,7 @@ class Cache:
                 return None
             try:
                 tensors = load_file(str(data))
-            except (SafetensorsError, OSError) as exc:
+            except (SafetensorError, OSError) as exc:
                 self._corrupt(kind, key, f"safetensors cannot read it: {exc}")
                 return None
             if count:

@@ -1,0 +1,1173 @@
+"""Orchestration behind the eval suite's session fixtures: settings, cached completions and features, results.
+
+The pytest plugin (:mod:`dflash_eval.pytest_plugin`) turns command-line / env / ini options into an
+:class:`EvalSettings` and creates one :class:`EvalSession` per process (per xdist worker). Everything expensive is
+lazy and memoised on the session, and every target computation goes through the content-addressed
+:class:`~dflash_eval.cache.Cache`:
+
+- reference completions: cache, else SGLang (``--completions sglang``) or the target's own greedy generation
+  (``local``); ``cache`` never computes completions;
+- target features: one cache entry per (sequence, target layer, backend, dtype, ...); missing layers of a
+  sequence are extracted in ONE target forward;
+- τ for every prompt from one batched :func:`dflash_eval.tau.draft_table` call;
+- drift (feature error and τ difference between backends / dtypes) and the teacher-forced argmax check.
+
+Under pytest-xdist each worker walks the prompts starting at a different offset and first only *tries* each
+entry's lock, so workers produce different entries in parallel; then it waits for the entries others hold.
+An entry is produced once per run (the re-check under the lock), whichever worker gets there first.
+
+Example (outside pytest)::
+
+    settings = EvalSettings.from_mapping({"target_model": "fixtures/target", "drafter": "fixtures/drafter",
+                                          "prompts": "fixtures/prompts.jsonl"})
+    session = EvalSession(settings)
+    for pid, r in session.tau_results.items():
+        print(pid, r.chain.tau, {b: t.tau for b, t in r.ddtree.items()})
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_eval.backends import BACKENDS, check_backend_device, fla_available, resolve_backend, use_backend
+from dflash_eval.cache import Cache, CacheEntry, cache_key, ids_digest
+from dflash_eval.drift import fingerprint as layer_fingerprint
+from dflash_eval.drift import layer_drift
+from dflash_eval.dtypes import parse_dtype
+from dflash_eval.errors import ConfigError, DFlashEvalError
+from dflash_eval.floors import Floors, load_floors
+from dflash_eval.prompts import Prompt, load_prompts
+from dflash_eval.provenance import device_kind, library_versions, provenance
+from dflash_eval.tau import TauResult, chain_tau, ddtree_tau, draft_table, macro_tau
+
+__all__ = [
+    "OPTIONS",
+    "OptionSpec",
+    "EvalSettings",
+    "EvalSession",
+    "CompletionRecord",
+    "PromptTau",
+    "Comparison",
+    "DriftStat",
+    "EvalError",
+    "FINGERPRINT_TEXT",
+]
+
+COMPLETION_SOURCES = ("local", "sglang", "cache")
+FINGERPRINT_TEXT = "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b\n"
+
+
+class EvalError(DFlashEvalError):
+    """An evaluation input is unusable (empty completion, unreachable server, ...)."""
+
+
+# ------------------------------------------------------------------------------------------------------ options
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One suite option: ``--name`` on the command line, ``DFLASH_EVAL_<NAME>`` in the environment and
+    ``dflash_<name>`` in the ini file ([tool.pytest.ini_options]); precedence CLI > env > ini > default."""
+
+    name: str  # python name, e.g. "target_model"
+    default: Any
+    help: str
+    kind: str = "str"  # str | path | int | float | bool | ints | choice
+    choices: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "DFLASH_EVAL_" + self.name.upper()
+
+    @property
+    def ini(self) -> str:
+        return "dflash_" + self.name
+
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec("target_model", "fixtures/target", "target model directory (transformers layout)", "path"),
+    OptionSpec("drafter", "fixtures/drafter", "drafter: a released directory (config.json + model.safetensors) "
+               "or a training .pt file", "path"),
+    OptionSpec("drafter_config", None, "config.json for a bare .pt drafter without an embedded config", "path"),
+    OptionSpec("reference_drafter", None, "a reference drafter directory: test_checkpoint lists every architecture "
+               "difference against it", "path"),
+    OptionSpec("prompts", "fixtures/prompts.jsonl", "prompts JSONL file (one {id, category, text} object a line)",
+               "path"),
+    OptionSpec("num_prompts", None, "use only the first N prompts", "int"),
+    OptionSpec("max_new_tokens", 128, "length of the reference completions (tokens)", "int"),
+    OptionSpec("max_blocks", None, "stop each τ simulation after this many speculative rounds", "int"),
+    OptionSpec("ddtree_budget", (8,), "DDTree node budget(s); repeat the option or give a comma list (e.g. 4,8)",
+               "ints"),
+    OptionSpec("device", "auto", "device for the target and drafter: auto (cuda if available, else cpu), cpu, "
+               "cuda, cuda:N", "str"),
+    OptionSpec("dtype", "auto", "dtype of the target and drafter: auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, "
+               "fp32", "str"),
+    OptionSpec("hidden_state_backend", "auto", "linear-attention kernels for the evaluation's target forwards",
+               "choice", tuple(BACKENDS)),
+    OptionSpec("reference_backend", "torch", "backend the drafter was trained on: the drift tests compare the "
+               "evaluation backend's features against it", "choice", tuple(BACKENDS)),
+    OptionSpec("completions", "local", "where reference completions come from on a cache miss: local (target's "
+               "greedy generation), sglang (--sglang-url), cache (never compute; fail on a miss)", "choice",
+               COMPLETION_SOURCES),
+    OptionSpec("sglang_url", None, "URL of a running SGLang server serving the target (for --completions sglang)",
+               "str"),
+    OptionSpec("cache_dir", ".dflash_cache", "content-addressed cache of completions and features", "path"),
+    OptionSpec("cache_only", False, "never compute: fail on any cache miss or corrupted entry", "bool"),
+    OptionSpec("tau_floor", None, "use this τ floor for every prompt and the mean (overrides golden/tau_floors.json)",
+               "float"),
+    OptionSpec("update_tau_floors", False, "rewrite golden/tau_floors.json from this run's τ minus --tau-margin",
+               "bool"),
+    OptionSpec("tau_margin", 0.25, "margin subtracted from measured τ by --update-tau-floors", "float"),
+    OptionSpec("floors_file", "golden/tau_floors.json", "τ floors file", "path"),
+    OptionSpec("golden_dir", "golden", "folder of golden files (floors, feature fingerprint, completion snapshots)",
+               "path"),
+    OptionSpec("update_fingerprints", False, "rewrite golden/feature_fingerprint.json from this run", "bool"),
+    OptionSpec("drift_rel_tol", None, "max relative L2 error of features between backends/dtypes (default: 5e-3 "
+               "for fp32 comparisons, 5e-2 when bf16/fp16 is involved)", "float"),
+    OptionSpec("drift_cos_tol", None, "min cosine similarity of features (default: 0.9999 fp32, 0.998 bf16)",
+               "float"),
+    OptionSpec("drift_accept_tol", 0.5, "max |τ(eval features) - τ(reference features)| per prompt", "float"),
+    OptionSpec("report_dir", "reports", "where eval.json, eval.md and eval.png are written", "path"),
+    OptionSpec("torch_threads", None, "torch intra-op threads on CPU (default: cpu_count // (2 * workers), at least "
+               "1; oversubscribed tiny models are far slower with more)", "int"),
+)
+OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def _parse_value(spec: OptionSpec, raw: Any, base: Path | None) -> Any:
+    if raw is None:
+        return None
+    if spec.kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        s = str(raw).strip().lower()
+        if s in ("1", "true", "yes", "on"):
+            return True
+        if s in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{spec.flag}: expected a boolean (1/0, true/false), got {raw!r}")
+    if spec.kind == "ints":
+        items: list[Any] = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+        out: list[int] = []
+        for it in items:
+            for part in str(it).replace(",", " ").split():
+                try:
+                    out.append(int(part))
+                except ValueError as exc:
+                    raise ConfigError(f"{spec.flag}: expected integers, got {part!r}") from exc
+        if not out or any(v < 1 for v in out):
+            raise ConfigError(f"{spec.flag}: expected one or more integers >= 1, got {raw!r}")
+        return tuple(dict.fromkeys(out))
+    if spec.kind == "int":
+        try:
+            return int(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{spec.flag}: expected an integer, got {raw!r}") from exc
+    if spec.kind == "float":
+        try:
+            return float(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{spec.flag}: expected a number, got {raw!r}") from exc
+    if spec.kind == "path":
+        p = Path(str(raw)).expanduser()
+        return p if p.is_absolute() or base is None else base / p
+    if spec.kind == "choice" and str(raw) not in spec.choices:
+        if spec.name.endswith("backend"):
+            raise ConfigError(f"{spec.flag}: unknown backend {raw!r}; choose one of {', '.join(spec.choices)}")
+        raise ConfigError(f"{spec.flag}: unknown value {raw!r}; choose one of {', '.join(spec.choices)}")
+    return str(raw)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Resolved suite settings (see :data:`OPTIONS` for each field's meaning)."""
+
+    target_model: Path
+    drafter: Path
+    prompts: Path
+    drafter_config: Path | None = None
+    reference_drafter: Path | None = None
+    num_prompts: int | None = None
+    max_new_tokens: int = 128
+    max_blocks: int | None = None
+    ddtree_budget: tuple[int, ...] = (8,)
+    device: str = "auto"
+    dtype: str = "auto"
+    hidden_state_backend: str = "auto"
+    reference_backend: str = "torch"
+    completions: str = "local"
+    sglang_url: str | None = None
+    cache_dir: Path = Path(".dflash_cache")
+    cache_only: bool = False
+    tau_floor: float | None = None
+    update_tau_floors: bool = False
+    tau_margin: float = 0.25
+    floors_file: Path = Path("golden/tau_floors.json")
+    golden_dir: Path = Path("golden")
+    update_fingerprints: bool = False
+    drift_rel_tol: float | None = None
+    drift_cos_tol: float | None = None
+    drift_accept_tol: float = 0.5
+    report_dir: Path = Path("reports")
+    torch_threads: int | None = None
+    origins: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_mapping(
+        cls,
+        values: dict[str, Any],
+        *,
+        base: Path | None = None,
+        origins: dict[str, str] | None = None,
+    ) -> EvalSettings:
+        """Build from raw option values (strings or typed); missing names take their defaults.
+
+        Relative paths are resolved against ``base`` when given (the plugin resolves each source itself).
+        """
+        unknown = set(values) - set(OPTIONS_BY_NAME)
+        if unknown:
+            raise ConfigError(f"unknown eval option(s): {sorted(unknown)}")
+        kwargs: dict[str, Any] = {}
+        for spec in OPTIONS:
+            raw = values.get(spec.name, spec.default)
+            kwargs[spec.name] = _parse_value(spec, raw, base)
+        s = cls(**{k: v for k, v in kwargs.items() if v is not None or k in _NULLABLE}, origins=dict(origins or {}))
+        s.validate()
+        return s
+
+    def validate(self) -> None:
+        """Cheap consistency checks that need no model (bad values raise ConfigError before anything runs)."""
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_blocks is not None and self.max_blocks < 1:
+            raise ConfigError(f"--max-blocks must be >= 1, got {self.max_blocks}")
+        if self.num_prompts is not None and self.num_prompts < 1:
+            raise ConfigError(f"--num-prompts must be >= 1, got {self.num_prompts}")
+        if self.completions == "sglang" and not self.sglang_url:
+            raise ConfigError("--completions sglang needs --sglang-url URL")
+        if self.tau_margin < 0:
+            raise ConfigError(f"--tau-margin must be >= 0, got {self.tau_margin}")
+        for name in ("hidden_state_backend", "reference_backend"):
+            if getattr(self, name) not in BACKENDS:
+                raise ConfigError(f"--{name.replace('_', '-')}: unknown backend {getattr(self, name)!r}; "
+                                  f"choose one of {', '.join(BACKENDS)}")
+        parse_dtype(self.dtype) if self.dtype != "auto" else None
+        self.torch_device  # noqa: B018 - validates the device string
+        self.eval_backend  # noqa: B018 - e.g. fla on a CPU-only machine: BackendError naming the fix
+
+    # ------------------------------------------------------------------------------------------- resolved
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            dev = torch.device(self.device)
+        except RuntimeError as exc:
+            raise ConfigError(f"--device: invalid device {self.device!r} ({exc})") from exc
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"--device {self.device}: CUDA is not available on this machine")
+        return dev
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+        return parse_dtype(self.dtype)
+
+    @property
+    def eval_backend(self) -> str:
+        """The concrete backend of the evaluation's target forwards (``auto`` resolved; fla checked)."""
+        return resolve_backend(self.hidden_state_backend, self.torch_device)
+
+    @property
+    def ref_backend(self) -> str:
+        name = resolve_backend(self.reference_backend, self.torch_device) if self.reference_backend != "fla" \
+            else "fla"
+        return name
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("origins")
+        return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+_NULLABLE = {"drafter_config", "reference_drafter", "num_prompts", "max_blocks", "sglang_url", "tau_floor",
+             "drift_rel_tol", "drift_cos_tol", "torch_threads"}
+
+
+# ------------------------------------------------------------------------------------------------------ records
+
+
+@dataclass
+class CompletionRecord:
+    """A reference completion: generated ids only (no prompt), decoded text, where it came from."""
+
+    prompt_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    text: str
+    source: str
+    finish_reason: Any = None
+
+    @property
+    def sequence(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+@dataclass
+class PromptTau:
+    """τ of one prompt: the chain loop and DDTree for each budget."""
+
+    prompt_id: str
+    category: str
+    chain: TauResult
+    ddtree: dict[int, TauResult]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a drift comparison: a backend and a dtype."""
+
+    backend: str
+    dtype: torch.dtype
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}/{str(self.dtype).removeprefix('torch.')}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Evaluation-side features ``a`` against reference-side features ``b``."""
+
+    name: str
+    a: Side
+    b: Side
+    rel_tol: float
+    cos_tol: float
+    accept_tol: float
+    skip_reason: str | None = None
+
+
+@dataclass
+class DriftStat:
+    comparison: str
+    prompt_id: str
+    layer: int
+    rel_err: float
+    cos: float
+    max_abs: float
+    rel_tol: float
+    cos_tol: float
+
+    @property
+    def passed(self) -> bool:
+        return self.rel_err <= self.rel_tol and self.cos >= self.cos_tol
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["passed"] = self.passed
+        return d
+
+
+def drift_stat(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
+    """(relative L2 error ||a-b||/||b||, cosine similarity, max |a-b|): :func:`dflash_eval.drift.layer_drift`."""
+    d = layer_drift(a, b)
+    return d.rel_err, d.cos, d.max_abs
+
+
+def _default_tols(a: Side, b: Side, s: EvalSettings) -> tuple[float, float]:
+    low = any(d in (torch.bfloat16, torch.float16) for d in (a.dtype, b.dtype))
+    rel = s.drift_rel_tol if s.drift_rel_tol is not None else (5e-2 if low else 5e-3)
+    cos = s.drift_cos_tol if s.drift_cos_tol is not None else (0.998 if low else 0.9999)
+    return rel, cos
+
+
+def drift_comparisons(s: EvalSettings) -> list[Comparison]:
+    """The drift comparisons this machine can run (a skipped one says what was not checked).
+
+    - eval backend != reference backend: ``<eval>-vs-<ref>`` in the eval dtype;
+    - otherwise (typically CPU, where fla cannot run): ``torch-vs-torch-recurrent`` (the chunked and the
+      step-by-step torch paths) and ``bf16-vs-fp32``, plus a skipped ``fla-vs-<ref>`` naming why fla was not checked.
+    """
+    dt = s.torch_dtype
+    ev = s.eval_backend
+    dev = s.torch_device
+    ref = s.reference_backend if s.reference_backend != "auto" else ev
+    out: list[Comparison] = []
+
+    def comp(name: str, a: Side, b: Side, skip: str | None = None) -> Comparison:
+        rel, cos = _default_tols(a, b, s)
+        return Comparison(name, a, b, rel, cos, s.drift_accept_tol, skip)
+
+    if ref == "fla" and ev != "fla":
+        try:
+            check_backend_device("fla", dev)
+        except DFlashEvalError as exc:
+            out.append(comp(f"{ev}-vs-fla", Side(ev, dt), Side("fla", dt),
+                            f"fla not checked: the reference backend fla cannot run here ({exc})"))
+            ref = None  # type: ignore[assignment]
+    if ref is not None and ref != ev:
+        out.append(comp(f"{ev}-vs-{ref}", Side(ev, dt), Side(ref, dt)))
+        return out
+    # Same backend on both sides: compare what this machine can.
+    other = "torch-recurrent" if ev != "torch-recurrent" else "torch"
+    out.append(comp(f"{ev}-vs-{other}", Side(ev, dt), Side(other, dt)))
+    out.append(comp("bf16-vs-fp32", Side(ev, torch.bfloat16), Side(ev, torch.float32),
+                    None if dev.type == "cpu" else "bf16 vs fp32 not checked on a GPU: it needs a second copy of "
+                    "the target in the other dtype (run it on a CPU with a small target)"))
+    if ev != "fla" and not any("fla" in c.name for c in out):
+        if dev.type != "cuda":
+            why = f"no CUDA device (running on {dev}); fla's Triton kernels cannot run on a CPU"
+        elif not fla_available():
+            why = "fla.ops.gated_delta_rule does not import (pip install flash-linear-attention fla-core)"
+        else:
+            why = f"--hidden-state-backend {s.hidden_state_backend} and --reference-backend {s.reference_backend}"
+        out.append(comp(f"fla-vs-{ev}", Side("fla", dt), Side(ev, dt), f"fla not checked: {why}"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ session
+
+
+def worker_info() -> tuple[str, int, int]:
+    """(worker id, worker index, worker count) from pytest-xdist's environment ("master", 0, 1 without xdist)."""
+    wid = os.environ.get("PYTEST_XDIST_WORKER", "master")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    idx = int(wid[2:]) if wid.startswith("gw") and wid[2:].isdigit() else 0
+    return wid, idx, count
+
+
+def _light_head(path: Path, device: torch.device, dtype: torch.dtype) -> Any:
+    """TargetHead from the target's safetensors (``*embed_tokens.weight`` and ``lm_head.weight``, tied when the
+    latter is absent); None when the weights are not in that layout (the caller then loads the model)."""
+    from safetensors import safe_open
+    from torch import nn
+
+    from dflash_eval.head import TargetHead
+
+    emb = head = None
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            for k in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                if emb is None and k.endswith("embed_tokens.weight") and "visual" not in k:
+                    emb = fh.get_tensor(k)
+                elif head is None and k.endswith("lm_head.weight"):
+                    head = fh.get_tensor(k)
+    if emb is None:
+        return None
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    tied = cfg.get("tie_word_embeddings", (cfg.get("text_config") or {}).get("tie_word_embeddings", False))
+    if head is None:
+        if not tied:
+            return None
+        head = emb
+    e = nn.Embedding(emb.shape[0], emb.shape[1])
+    e.weight = nn.Parameter(emb.to(dtype), requires_grad=False)
+    lm = nn.Linear(head.shape[1], head.shape[0], bias=False)
+    lm.weight = nn.Parameter(head.to(dtype), requires_grad=False)
+    return TargetHead(embed_tokens=e.to(device).eval(), lm_head=lm.to(device).eval())
+
+
+def _code_digest() -> str:
+    """sha256 of the source of the modules that decide τ (a code change invalidates memoised τ)."""
+    import hashlib
+
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for name in ("tau.py", "drafter.py", "drafting.py", "head.py", "checkpoint.py", "config.py"):
+        h.update(name.encode())
+        h.update((here / name).read_bytes())
+    return h.hexdigest()
+
+
+def _target_num_layers(path: Path) -> int | None:
+    try:
+        data = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    n = data.get("num_hidden_layers") or (data.get("text_config") or {}).get("num_hidden_layers")
+    return int(n) if n is not None else None
+
+
+class EvalSession:
+    """Per-process evaluation state; every property is computed once (see module docstring)."""
+
+    def __init__(self, settings: EvalSettings, *, worker: tuple[str, int, int] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.settings = settings
+        self.worker_id, self.worker_index, self.worker_count = worker or worker_info()
+        self.cache = Cache(settings.cache_dir, cache_only=settings.cache_only, worker=self.worker_id)
+        self.timings: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+        self.log = log or (lambda _m: None)
+        self._models: dict[torch.dtype, Any] = {}
+        self._completions: dict[str, CompletionRecord] = {}
+        self._features: dict[tuple[str, str, str], dict[int, torch.Tensor]] = {}
+        self._argmax: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.errors: list[str] = []
+        self._set_threads()
+
+    def preflight(self) -> None:
+        """Check every input path at once; ConfigError lists all that are missing or unreadable."""
+        s = self.settings
+        problems = []
+        if not (s.target_model / "config.json").is_file():
+            problems.append(f"--target-model {s.target_model}: " + (
+                "no config.json (not a transformers model directory)" if s.target_model.is_dir() else "not found"))
+        if not s.drafter.exists():
+            problems.append(f"--drafter {s.drafter}: not found (a drafter directory or a .pt file)")
+        for name in ("drafter_config", "reference_drafter"):
+            v = getattr(s, name)
+            if v is not None and not v.exists():
+                problems.append(f"--{name.replace('_', '-')} {v}: not found")
+        if not s.prompts.is_file():
+            problems.append(f"--prompts {s.prompts}: not found")
+        for label, path in (("--target-model", s.target_model / "config.json"), ("--prompts", s.prompts)):
+            if path.is_file() and not os.access(path, os.R_OK):
+                problems.append(f"{label} {path}: not readable")
+        if problems:
+            raise ConfigError("unusable inputs:\n  " + "\n  ".join(problems))
+
+    def _set_threads(self) -> None:
+        if self.settings.torch_device.type != "cpu":
+            return
+        n = self.settings.torch_threads or max(1, (os.cpu_count() or 1) // (2 * max(1, self.worker_count)))
+        torch.set_num_threads(n)
+        self.counts["torch_threads"] = n
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] += time.perf_counter() - t0
+
+    # --------------------------------------------------------------------------------------------- inputs
+    @cached_property
+    def prompts(self) -> list[Prompt]:
+        return load_prompts(self.settings.prompts, limit=self.settings.num_prompts)
+
+    @cached_property
+    def prompt_by_id(self) -> dict[str, Prompt]:
+        return {p.id: p for p in self.prompts}
+
+    @cached_property
+    def floors(self) -> Floors:
+        return load_floors(self.settings.floors_file, override=self.settings.tau_floor)
+
+    @cached_property
+    def checkpoint(self) -> Any:
+        from dflash_eval.checkpoint import read_checkpoint
+
+        with self.timed("drafter_load"):
+            return read_checkpoint(self.settings.drafter, config_path=self.settings.drafter_config,
+                                   num_target_layers=_target_num_layers(self.settings.target_model))
+
+    @cached_property
+    def reference_checkpoint(self) -> Any:
+        from dflash_eval.checkpoint import read_checkpoint
+
+        if self.settings.reference_drafter is None:
+            return None
+        return read_checkpoint(self.settings.reference_drafter,
+                               num_target_layers=_target_num_layers(self.settings.target_model))
+
+    @cached_property
+    def layer_ids(self) -> tuple[int, ...]:
+        return tuple(self.checkpoint.config.target_layer_ids)
+
+    @cached_property
+    def target(self) -> Any:
+        from dflash_eval.target import load_target
+
+        with self.timed("target_load"):
+            t = load_target(self.settings.target_model, device=self.settings.torch_device,
+                            dtype=self.settings.torch_dtype)
+        self._models[t.dtype] = t.model
+        return t
+
+    @cached_property
+    def target_identity(self) -> str:
+        """Content hash of the target's config + weights (no model load needed: see Target.identity)."""
+        from dflash_eval.target import target_fingerprint
+
+        if "target" in self.__dict__:
+            return self.target.identity()
+        with self.timed("target_hash"):
+            try:
+                return target_fingerprint(self.settings.target_model)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"cannot read the target model at {self.settings.target_model}: {exc} "
+                                  "(pass --target-model DIR)") from exc
+
+    @cached_property
+    def target_config(self) -> dict[str, Any]:
+        path = self.settings.target_model / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"target model directory not found or without config.json: {self.settings.target_model}"
+                              " (pass --target-model DIR)")
+        data = json.loads(path.read_text())
+        return data.get("text_config") or data if "num_hidden_layers" not in data else data
+
+    @cached_property
+    def spec(self) -> Any:
+        """What the drafter checks need about the target (read from config.json and the weights' head shape)."""
+        from dflash_eval.validate import TargetSpec
+
+        if "target" in self.__dict__:
+            return TargetSpec.from_target(self.target)
+        cfg = self.target_config
+        return TargetSpec(num_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]),
+                          vocab_size=self.head.vocab_size)
+
+    @cached_property
+    def drafter(self) -> Any:
+        """The drafter, validated against the target (ArchitectureMismatch names every failing check)."""
+        from dflash_eval.checkpoint import build_drafter
+
+        spec = self.spec
+        with self.timed("drafter_load"):
+            return build_drafter(self.checkpoint, device=self.settings.torch_device, dtype=self.settings.torch_dtype,
+                                 spec=spec)
+
+    @cached_property
+    def head(self) -> Any:
+        """The target's input embedding and lm_head. Without a loaded target (a warm cache), they are read
+        straight from the safetensors weights, so a warm run never imports transformers or builds the model."""
+        from dflash_eval.head import TargetHead
+
+        if "target" in self.__dict__:
+            return TargetHead.from_model(self.target.model)
+        light = _light_head(self.settings.target_model, self.settings.torch_device, self.settings.torch_dtype)
+        if light is None:
+            return TargetHead.from_model(self.target.model)
+        return light
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        if "target" in self.__dict__:
+            return self.target.tokenizer
+        from transformers import AutoTokenizer
+
+        with self.timed("target_load"):
+            try:
+                return AutoTokenizer.from_pretrained(self.settings.target_model, local_files_only=True)
+            except Exception as exc:  # noqa: BLE001
+                raise ConfigError(f"cannot load the tokenizer from {self.settings.target_model}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+
+    @cached_property
+    def tokenizer_digest(self) -> str:
+        import hashlib
+
+        h = hashlib.sha256()
+        files = sorted(f for f in self.settings.target_model.iterdir() if f.is_file() and f.name.startswith(
+            ("tokenizer", "vocab", "merges", "special_tokens_map", "added_tokens", "chat_template")))
+        for f in files:
+            h.update(f.name.encode())
+            h.update(hashlib.sha256(f.read_bytes()).hexdigest().encode())
+        return h.hexdigest()
+
+    def model_for(self, dtype: torch.dtype) -> Any:
+        """The target model in ``dtype`` (a cast copy, made once, for the bf16-vs-fp32 comparison)."""
+        if dtype not in self._models:
+            base = self.target.model
+            with self.timed("target_load"):
+                self._models[dtype] = copy.deepcopy(base).to(dtype=dtype).eval()
+        return self._models[dtype]
+
+    @cached_property
+    def prompt_ids(self) -> dict[str, list[int]]:
+        """Token ids of each prompt (raw text, no special tokens); cached by tokenizer files + text."""
+        out: dict[str, list[int]] = {}
+        missing = []
+        with self.timed("tokenize"):
+            for p in self.prompts:
+                fields = {"tokenizer": self.tokenizer_digest, "text": p.text, "add_special_tokens": False}
+                e = self.cache.read("prompt_ids", cache_key("prompt_ids", fields))
+                if e is not None:
+                    out[p.id] = e.tensors["ids"].tolist()
+                else:
+                    missing.append((p, fields))
+            for p, fields in missing:
+                key = cache_key("prompt_ids", fields)
+                if self.cache.cache_only:  # tokenizing is not "computing": do it, but write nothing
+                    out[p.id] = self._tokenize(p)
+                    continue
+                with self.cache.locked(f"prompt_ids-{key}"):
+                    e = self.cache.read("prompt_ids", key, count=False)
+                    if e is not None:
+                        out[p.id] = e.tensors["ids"].tolist()
+                        continue
+                    out[p.id] = self._tokenize(p)
+                    self.cache.write("prompt_ids", key, {"ids": torch.tensor(out[p.id])}, fields=fields,
+                                     meta={"prompt_id": p.id})
+        return {p.id: out[p.id] for p in self.prompts}
+
+    def _tokenize(self, p: Prompt) -> list[int]:
+        ids = list(self.tokenizer(p.text, add_special_tokens=False)["input_ids"])
+        if not ids:
+            raise EvalError(f"prompt {p.id!r} ({self.settings.prompts}:{p.line}) tokenizes to no tokens")
+        return ids
+
+    def _ordered(self, items: list[Any]) -> list[Any]:
+        """Rotate so that worker k starts k/n of the way in (parallel producers rarely collide)."""
+        if not items or self.worker_count <= 1:
+            return list(items)
+        k = (self.worker_index * len(items)) // self.worker_count
+        return items[k:] + items[:k]
+
+    def _produce_all(self, jobs: list[tuple[str, Callable[[], bool], Callable[[], None]]]) -> None:
+        """Run (lock name, present?, produce) jobs: try-lock pass in rotated order, then wait for the rest."""
+        deferred = []
+        for name, present, produce in self._ordered(jobs):
+            if present():
+                continue
+            with self.cache.locked(name, blocking=False) as got:
+                if not got:
+                    deferred.append((name, present, produce))
+                    continue
+                if not present():
+                    produce()
+        for name, present, produce in deferred:
+            if present():
+                continue
+            with self.cache.locked(name):
+                if not present():
+                    produce()
+
+    # --------------------------------------------------------------------------------------------- completions
+    def _completion_fields(self, pid: str, source: str) -> dict[str, Any]:
+        f: dict[str, Any] = {"target": self.target_identity, "prompt_ids": self.prompt_ids[pid],
+                             "max_new_tokens": self.settings.max_new_tokens, "source": source}
+        if source == "local":
+            f.update(backend=self.settings.eval_backend, dtype=str(self.settings.torch_dtype),
+                     device_kind=device_kind(self.settings.torch_device), versions=library_versions(),
+                     stop_at_eos=True)
+        return f
+
+    def _record(self, pid: str, entry: CacheEntry) -> CompletionRecord:
+        ids = entry.tensors["output_ids"].tolist()
+        return CompletionRecord(pid, self.prompt_ids[pid], ids, entry.meta.get("text", ""),
+                                entry.meta.get("source", entry.manifest.get("fields", {}).get("source", "?")),
+                                entry.meta.get("finish_reason"))
+
+    def _read_completion(self, pid: str) -> CompletionRecord | None:
+        sources = {"local": ["local"], "sglang": ["sglang"], "cache": ["local", "sglang"]}[self.settings.completions]
+        for src in sources:
+            entry = self.cache.read("completion", cache_key("completion", self._completion_fields(pid, src)))
+            if entry is not None:
+                return self._record(pid, entry)
+        return None
+
+    def _write_completion(self, pid: str, source: str, ids: list[int], text: str, finish: Any, seconds: float) -> None:
+        if not ids:
+            raise EvalError(f"empty completion for prompt {pid!r} from {source}: nothing to evaluate "
+                            "(the target emitted EOS at once?); no cache entry written")
+        fields = self._completion_fields(pid, source)
+        self.cache.write("completion", cache_key("completion", fields), {"output_ids": torch.tensor(ids)},
+                         fields=fields, meta={"text": text, "source": source, "finish_reason": finish,
+                                              "prompt_id": pid}, seconds=seconds)
+
+    def _generate_local(self, pid: str) -> None:
+        from dflash_eval.generation import greedy_generate
+
+        self.drafter  # noqa: B018 - a drafter that does not fit the target stops the run before any cache write
+        t0 = time.perf_counter()
+        with self.timed("generation"):
+            ids = greedy_generate(self.target, self.prompt_ids[pid], self.settings.max_new_tokens,
+                                  backend=self.settings.eval_backend)
+        self.counts["generated_tokens"] += len(ids)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)  # as SGLang returns it
+        self._write_completion(pid, "local", ids, text, None, time.perf_counter() - t0)
+
+    def _generate_sglang(self, pids: list[str]) -> None:
+        from dflash_eval.sglang import check_identity, generate_greedy, wait_until_ready
+
+        self.drafter  # noqa: B018
+        url = str(self.settings.sglang_url)
+        t0 = time.perf_counter()
+        with self.timed("sglang"):
+            wait_until_ready(url, timeout_s=600)
+            check_identity(url, expected_name=self.settings.target_model.name)
+            comps = generate_greedy(url, [self.prompt_ids[p] for p in pids],
+                                    max_new_tokens=self.settings.max_new_tokens)
+        dt = (time.perf_counter() - t0) / max(1, len(pids))
+        for pid, c in zip(pids, comps):
+            self._write_completion(pid, "sglang", list(c.output_ids), c.text, c.finish_reason, dt)
+
+    def completions(self) -> dict[str, CompletionRecord]:
+        """Every prompt's reference completion (cache, else produced per ``--completions``)."""
+        pids = [p.id for p in self.prompts]
+        missing = [p for p in pids if p not in self._completions]
+        if missing:
+            with self.timed("completions"):
+                self._ensure_completions(missing)
+        return {p: self._completions[p] for p in pids}
+
+    def _ensure_completions(self, pids: list[str]) -> None:
+        for pid in pids:
+            rec = self._read_completion(pid)
+            if rec is not None:
+                self._completions[pid] = rec
+        todo = [p for p in pids if p not in self._completions]
+        if not todo:
+            return
+        mode = self.settings.completions
+        for pid in todo:
+            self.cache.miss("completion", cache_key("completion", self._completion_fields(pid, "local")),
+                            f"the reference completion of prompt {pid!r}" + (
+                                " (--completions cache never generates)" if mode == "cache" else ""))
+        if mode == "cache":  # cache.miss raised already when cache_only; --completions cache alone also fails
+            raise EvalError(f"--completions cache: no cached completion for prompts {todo} "
+                            f"under {self.settings.cache_dir}; run once with --completions local or sglang")
+        if mode == "sglang":
+            name = "completion-sglang-" + cache_key("batch", {"keys": [self._completion_fields(p, "sglang")
+                                                                       for p in todo]})
+            with self.cache.locked(name):
+                still = [p for p in todo if self._read_completion(p) is None]
+                if still:
+                    self._generate_sglang(still)
+        else:
+            jobs = []
+            for pid in todo:
+                key = cache_key("completion", self._completion_fields(pid, "local"))
+                jobs.append((f"completion-{key}", lambda k=key: self.cache.exists("completion", k),
+                             lambda p=pid: self._generate_local(p)))
+            self._produce_all(jobs)
+        for pid in todo:
+            rec = self._read_completion(pid)
+            if rec is None:
+                raise EvalError(f"completion of prompt {pid!r} missing after production (cache dir unwritable?)")
+            self._completions[pid] = rec
+
+    # --------------------------------------------------------------------------------------------- features
+    def _feature_fields(self, seq: list[int], layer: int, side: Side) -> dict[str, Any]:
+        return {"target": self.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq), "layer": int(layer),
+                "backend": side.backend, "dtype": str(side.dtype), "device_kind": device_kind(self.settings.torch_device),
+                "versions": library_versions()}
+
+    def _read_layers(self, seq: list[int], layers: tuple[int, ...], side: Side) -> dict[int, torch.Tensor]:
+        out = {}
+        for i in layers:
+            e = self.cache.read("features", cache_key("features", self._feature_fields(seq, i, side)))
+            if e is not None:
+                out[i] = e.tensors["features"]
+        return out
+
+    def _extract(self, pid: str, seq: list[int], layers: tuple[int, ...], side: Side) -> None:
+        from dflash_eval.features import layer_features
+
+        self.drafter  # noqa: B018 - refuse before any cache write when the drafter does not fit
+        have = self._read_layers(seq, layers, side)
+        missing = tuple(i for i in layers if i not in have)
+        if not missing:
+            return
+        model = self.model_for(side.dtype)
+        t0 = time.perf_counter()
+        with self.timed("target_forward"), use_backend(side.backend, self.settings.torch_device) as info:
+            feats = layer_features(model, torch.tensor(seq, dtype=torch.long), list(missing))
+        self.counts["target_forwards"] += 1
+        dt = time.perf_counter() - t0
+        for i in missing:
+            fields = self._feature_fields(seq, i, side)
+            meta = {"prompt_id": pid, "provenance": provenance(backend=info.name, dtype=side.dtype,
+                                                               device=self.settings.torch_device,
+                                                               kernel=info.chunk_impl, layer_ids=[i])}
+            self.cache.write("features", cache_key("features", fields), {"features": feats[i]}, fields=fields,
+                             meta=meta, seconds=dt / len(missing))
+
+    def features(self, side: Side, layers: tuple[int, ...] | None = None) -> dict[str, dict[int, torch.Tensor]]:
+        """Per prompt, per target layer features [T, H] of prompt + completion under ``side``."""
+        layers = tuple(layers if layers is not None else self.layer_ids)
+        comps = self.completions()
+        out: dict[str, dict[int, torch.Tensor]] = {}
+        todo = []
+        with self.timed("features"):
+            for p in self.prompts:
+                memo = self._features.setdefault((p.id, side.backend, str(side.dtype)), {})
+                need = tuple(i for i in layers if i not in memo)
+                if need:
+                    memo.update(self._read_layers(comps[p.id].sequence, need, side))
+                if any(i not in memo for i in layers):
+                    todo.append(p.id)
+            if todo:
+                if side.backend == "fla":
+                    check_backend_device("fla", self.settings.torch_device)
+                jobs = []
+                for pid in todo:
+                    seq = comps[pid].sequence
+                    group = {k: v for k, v in self._feature_fields(seq, -1, side).items() if k != "layer"}
+                    name = "features-" + cache_key("featgroup", group)
+
+                    def present(pid: str = pid, seq: list[int] = seq) -> bool:
+                        return all(self.cache.exists("features", cache_key("features", self._feature_fields(seq, i, side)))
+                                   for i in layers)
+
+                    jobs.append((name, present, lambda pid=pid, seq=seq: self._extract(pid, seq, layers, side)))
+                for pid in todo:
+                    for i in layers:
+                        f = self._feature_fields(comps[pid].sequence, i, side)
+                        if not self.cache.exists("features", cache_key("features", f)):
+                            self.cache.miss("features", cache_key("features", f),
+                                            f"features of prompt {pid!r}, layer {i}, {side.label}")
+                self._produce_all(jobs)
+                for pid in todo:
+                    memo = self._features[(pid, side.backend, str(side.dtype))]
+                    memo.update(self._read_layers(comps[pid].sequence, tuple(i for i in layers if i not in memo), side))
+                    lost = [i for i in layers if i not in memo]
+                    if lost:
+                        raise EvalError(f"features of prompt {pid!r} layers {lost} missing after extraction")
+            for p in self.prompts:
+                memo = self._features[(p.id, side.backend, str(side.dtype))]
+                out[p.id] = {i: memo[i] for i in layers}
+        return out
+
+    @property
+    def eval_side(self) -> Side:
+        return Side(self.settings.eval_backend, self.settings.torch_dtype)
+
+    # --------------------------------------------------------------------------------------------- τ
+    def _tau_for(self, feats: dict[str, dict[int, torch.Tensor]], budgets: tuple[int, ...]) -> dict[str, PromptTau]:
+        comps = self.completions()
+        drafter = self.drafter
+        dt = next(drafter.parameters()).dtype
+        items = []
+        for p in self.prompts:
+            f = torch.cat([feats[p.id][i] for i in self.layer_ids], dim=-1).to(dt)
+            items.append((f, torch.tensor(comps[p.id].sequence, dtype=torch.long), len(comps[p.id].prompt_ids)))
+        with self.timed("drafting"):
+            tables = draft_table(drafter, self.head, items, top_k=max(budgets) if budgets else 1)
+        out = {}
+        mb = self.settings.max_blocks
+        for p, table in zip(self.prompts, tables):
+            out[p.id] = PromptTau(
+                p.id, p.category, chain_tau(table, max_blocks=mb),
+                {b: ddtree_tau(table, b, max_blocks=mb) for b in budgets},
+                len(comps[p.id].prompt_ids), len(comps[p.id].output_ids))
+        return out
+
+    def _tau_fields(self, side: Side, budgets: tuple[int, ...]) -> dict[str, Any]:
+        """Everything τ depends on: drafter weights + config, the code that drafts and simulates, the exact
+        feature entries (hence target, tokens, backend, dtype, versions), budgets and max_blocks."""
+        comps = self.completions()
+        return {
+            "drafter": self.checkpoint.fingerprint, "drafter_config": self.checkpoint.config.to_dict(),
+            "code": _code_digest(), "budgets": list(budgets), "max_blocks": self.settings.max_blocks,
+            "dtype": str(self.settings.torch_dtype), "device_kind": device_kind(self.settings.torch_device),
+            "versions": library_versions(),
+            "items": [{"prompt_len": len(comps[p.id].prompt_ids),
+                       "features": [cache_key("features", self._feature_fields(comps[p.id].sequence, i, side))
+                                    for i in self.layer_ids]} for p in self.prompts],
+        }
+
+    @cached_property
+    def tau_results(self) -> dict[str, PromptTau]:
+        """τ of every prompt on the evaluation backend's features (chain and every DDTree budget).
+
+        The per-round acceptance lengths are memoised in the cache under a key covering every input (see
+        :meth:`_tau_fields`), so a warm run does not even run the drafter; the drafter is still loaded and
+        validated against the target.
+        """
+        self.drafter  # noqa: B018 - fail fast (before producing anything) when the drafter does not fit
+        return self._memo_tau(self.eval_side, tuple(self.settings.ddtree_budget))
+
+    def _memo_tau(self, side: Side, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
+        fields = self._tau_fields(side, budgets)
+        key = cache_key("tau", fields)
+        entry = self.cache.read("tau", key)
+        if entry is None and not self.cache.cache_only:
+            with self.cache.locked(f"tau-{key}"):
+                entry = self.cache.read("tau", key, count=False)
+                if entry is None:
+                    t0 = time.perf_counter()
+                    res = self._tau_for(self.features(side), budgets)
+                    tensors = {}
+                    for n, p in enumerate(self.prompts):
+                        tensors[f"chain/{n}"] = torch.tensor(res[p.id].chain.accept_lengths, dtype=torch.int32)
+                        for b in budgets:
+                            tensors[f"ddtree{b}/{n}"] = torch.tensor(res[p.id].ddtree[b].accept_lengths,
+                                                                     dtype=torch.int32)
+                    self.cache.write("tau", key, tensors, fields=fields, seconds=time.perf_counter() - t0,
+                                     meta={"prompt_ids": [p.id for p in self.prompts], "side": side.label})
+                    return res
+        if entry is None:  # --cache-only: computing τ from cached features is allowed, writing is not
+            return self._tau_for(self.features(side), budgets)
+        comps = self.completions()
+        bs = self.checkpoint.config.block_size
+        out = {}
+        for n, p in enumerate(self.prompts):
+            out[p.id] = PromptTau(
+                p.id, p.category, TauResult(entry.tensors[f"chain/{n}"].tolist(), bs, "chain"),
+                {b: TauResult(entry.tensors[f"ddtree{b}/{n}"].tolist(), bs, f"ddtree-{b}") for b in budgets},
+                len(comps[p.id].prompt_ids), len(comps[p.id].output_ids))
+        return out
+
+    @cached_property
+    def mean_tau(self) -> dict[str, Any]:
+        res = list(self.tau_results.values())
+        return {"chain": macro_tau([r.chain for r in res]),
+                "ddtree": {b: macro_tau([r.ddtree[b] for r in res]) for b in self.settings.ddtree_budget}}
+
+    # --------------------------------------------------------------------------------------------- drift
+    @cached_property
+    def comparisons(self) -> list[Comparison]:
+        return drift_comparisons(self.settings)
+
+    def comparison(self, name: str) -> Comparison:
+        for c in self.comparisons:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def drift(self, name: str) -> dict[str, Any]:
+        """Per-prompt per-layer feature drift and per-prompt τ difference for comparison ``name``."""
+        memo = self.__dict__.setdefault("_drift", {})
+        if name in memo:
+            return memo[name]
+        c = self.comparison(name)
+        self.drafter  # noqa: B018
+        fa, fb = self.features(c.a), self.features(c.b)
+        stats: dict[str, dict[int, DriftStat]] = {}
+        for p in self.prompts:
+            stats[p.id] = {}
+            for i in self.layer_ids:
+                rel, cos, mx = drift_stat(fa[p.id][i], fb[p.id][i])
+                stats[p.id][i] = DriftStat(name, p.id, i, rel, cos, mx, c.rel_tol, c.cos_tol)
+        ta = self.tau_results if c.a == self.eval_side else self._memo_tau(c.a, ())
+        tb = self.tau_results if c.b == self.eval_side else self._memo_tau(c.b, ())
+        accept = {p.id: (ta[p.id].chain.tau, tb[p.id].chain.tau) for p in self.prompts}
+        memo[name] = {"stats": stats, "accept": accept, "comparison": c}
+        return memo[name]
+
+    # --------------------------------------------------------------------------------------------- consistency
+    def teacher_forced(self, pid: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(argmax, top1 - top2 logit margin) of the target at every position of prompt + completion."""
+        if pid in self._argmax:
+            return self._argmax[pid]
+        rec = self.completions()[pid]
+        seq = rec.sequence
+        side = self.eval_side
+        fields = {"target": self.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
+                  "backend": side.backend, "dtype": str(side.dtype),
+                  "device_kind": device_kind(self.settings.torch_device), "versions": library_versions()}
+
+        def produce() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+            with self.timed("target_forward"), use_backend(side.backend, self.settings.torch_device), \
+                    torch.no_grad():
+                logits = self.target.model(input_ids=torch.tensor([seq], device=self.target.device)).logits[0].float()
+            self.counts["target_forwards"] += 1
+            top = logits.topk(2, dim=-1)
+            return {"argmax": top.indices[:, 0].cpu(), "margin": (top.values[:, 0] - top.values[:, 1]).cpu()}, \
+                {"prompt_id": pid}
+
+        e = self.cache.get_or_produce("argmax", fields, produce, what=f"teacher-forced argmax of {pid!r}")
+        self._argmax[pid] = (e.tensors["argmax"], e.tensors["margin"])
+        return self._argmax[pid]
+
+    # --------------------------------------------------------------------------------------------- fingerprint
+    @cached_property
+    def fingerprint(self) -> dict[str, Any]:
+        """Summary statistics of every target layer's features of :data:`FINGERPRINT_TEXT` (torch backend, the
+        evaluation dtype and device: no second copy of the target is made)."""
+        from dflash_eval.features import layer_features
+
+        ids = list(self.tokenizer(FINGERPRINT_TEXT, add_special_tokens=False)["input_ids"])
+        model = self.target.model
+        layers = list(range(self.target.num_layers))
+        with self.timed("target_forward"), use_backend("torch", self.settings.torch_device):
+            feats = layer_features(model, torch.tensor(ids), layers)
+        stats = {str(i): layer_fingerprint(feats[i]) for i in layers}
+        return {"target": self.target_identity, "text": FINGERPRINT_TEXT, "tokens": ids_digest(ids),
+                "n_tokens": len(ids), "backend": "torch", "dtype": str(self.target.dtype).removeprefix("torch."),
+                "device_kind": device_kind(self.settings.torch_device), "layers": stats,
+                "versions": library_versions()}
+
+    # --------------------------------------------------------------------------------------------- report
+    def prompt_verdicts(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        fl = self.floors
+        for pid, r in self.tau_results.items():
+            floor = fl.for_prompt(pid)
+            dd_floor = {b: fl.for_prompt(pid, b) for b in r.ddtree}
+            ok = (floor is not None and r.chain.tau >= floor) and all(
+                f is not None and r.ddtree[b].tau >= f for b, f in dd_floor.items())
+            out[pid] = {
+                "category": r.category, "tau": r.chain.tau, "rounds": r.chain.rounds,
+                "accept_lengths": r.chain.accept_lengths, "histogram": r.chain.histogram,
+                "ddtree": {str(b): t.tau for b, t in r.ddtree.items()},
+                "ddtree_accept_lengths": {str(b): t.accept_lengths for b, t in r.ddtree.items()},
+                "floor": floor, "ddtree_floor": {str(b): f for b, f in dd_floor.items()},
+                "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+                "passed": bool(ok),
+            }
+        return out
+
+    def fragment(self) -> dict[str, Any]:
+        """Everything this process measured, JSON-ready (merged across xdist workers by the report)."""
+        out: dict[str, Any] = {"worker": self.worker_id, "settings": self.settings.to_dict(),
+                               "timings": {k: round(v, 4) for k, v in self.timings.items()},
+                               "counts": dict(self.counts), "cache": self.cache.stats.to_dict(),
+                               "errors": list(self.errors)}
+        if "target" in self.__dict__:
+            t = self.target
+            out["target"] = {"path": str(t.path), "identity": self.target_identity, "num_layers": t.num_layers,
+                             "hidden_size": t.hidden_size, "vocab_size": t.vocab_size, "layer_types": t.layer_types,
+                             "dtype": str(t.dtype), "device": str(t.device), "loaded": True}
+        elif "target_identity" in self.__dict__:
+            cfg = self.__dict__.get("target_config", {})
+            out["target"] = {"path": str(self.settings.target_model), "identity": self.target_identity,
+                             "num_layers": cfg.get("num_hidden_layers"), "hidden_size": cfg.get("hidden_size"),
+                             "vocab_size": cfg.get("vocab_size"), "layer_types": cfg.get("layer_types"),
+                             "dtype": str(self.settings.torch_dtype), "device": str(self.settings.torch_device),
+                             "loaded": False}
+        if "target" in out:
+            out["provenance"] = provenance(backend=self.settings.eval_backend, dtype=self.settings.torch_dtype,
+                                           device=self.settings.torch_device)
+        if "checkpoint" in self.__dict__:
+            ck = self.checkpoint
+            out["drafter"] = {"path": str(ck.source), "fingerprint": ck.fingerprint, "config": ck.config.to_dict()}
+        if "tau_results" in self.__dict__:
+            out["prompts"] = self.prompt_verdicts()
+            m = self.mean_tau
+            out["mean_tau"] = m["chain"]
+            out["mean_ddtree"] = {str(b): v for b, v in m["ddtree"].items()}
+            out["mean_floor"] = self.floors.for_mean()
+            out["mean_ddtree_floor"] = {str(b): self.floors.for_mean(b) for b in self.settings.ddtree_budget}
+        drift = self.__dict__.get("_drift", {})
+        if drift:
+            rows, acc = [], []
+            for name, d in drift.items():
+                c = d["comparison"]
+                for pid, per in d["stats"].items():
+                    rows.extend(s.to_dict() for s in per.values())
+                for pid, (a, b) in d["accept"].items():
+                    acc.append({"comparison": name, "prompt_id": pid, "tau_a": a, "tau_b": b, "diff": abs(a - b),
+                                "tol": c.accept_tol, "passed": abs(a - b) <= c.accept_tol,
+                                "a": c.a.label, "b": c.b.label})
+            out["drift"] = rows
+            out["drift_accept"] = acc
+        return out

@@ -1,0 +1,105 @@
+"""Unit tests of dflash_eval.report (merging xdist fragments, tables, files) and option resolution."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dflash_eval import report
+from dflash_eval.errors import ConfigError
+from dflash_eval.pytest_plugin import safe_id, settings_from_config
+from dflash_eval.session import OPTIONS, EvalSettings
+
+
+def fragment(worker, prompts, drift=()):
+    return {
+        "worker": worker, "settings": {"max_new_tokens": 8}, "target": {"path": "/t", "identity": "i" * 64},
+        "drafter": {"path": "/d", "fingerprint": "f" * 64},
+        "prompts": {p: {"category": "c", "tau": tau, "rounds": 3, "accept_lengths": [1, 2, 3],
+                        "histogram": [1, 1, 1], "ddtree": {"8": tau + 0.5}, "floor": 1.5,
+                        "ddtree_floor": {"8": 2.0}, "passed": tau >= 1.5} for p, tau in prompts.items()},
+        "mean_tau": 2.0, "mean_floor": 1.5, "mean_ddtree": {"8": 2.5}, "mean_ddtree_floor": {"8": 2.0},
+        "drift": [{"comparison": "c1", "prompt_id": p, "layer": 0, "rel_err": 1e-3, "cos": 0.9999, "max_abs": 0.1,
+                   "rel_tol": 5e-3, "cos_tol": 0.999, "passed": True} for p in drift],
+        "drift_accept": [{"comparison": "c1", "prompt_id": p, "tau_a": 2.0, "tau_b": 2.1, "diff": 0.1, "tol": 0.5,
+                          "passed": True, "a": "torch/float32", "b": "torch-recurrent/float32"} for p in drift],
+        "timings": {"generation": 1.0}, "cache": {"hits": 1},
+    }
+
+
+def test_merge_dedupes_workers_and_sums_timings():
+    data = report.merge([fragment("gw0", {"a": 2.0, "b": 1.0}, drift=["a"]),
+                         fragment("gw1", {"a": 2.0, "b": 1.0}, drift=["a", "b"])],
+                        outcomes={"x::t1": "passed", "x::t2": "failed"}, wall_s=3.0)
+    assert list(data["prompts"]) == ["a", "b"] and len(data["drift"]) == 2 and len(data["drift_accept"]) == 2
+    assert data["timings"]["sum"]["generation"] == 2.0 and set(data["timings"]["per_worker"]) == {"gw0", "gw1"}
+    assert data["tests"]["counts"] == {"passed": 1, "failed": 1}
+    assert data["mean_passed"] is True
+
+
+def test_render_and_write(tmp_path, monkeypatch):
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    data = report.merge([fragment("master", {"a": 2.0, "b": 1.0}, drift=["a"])])
+    text = report.render_terminal(data)
+    assert "DDTree-8 τ" in text and "FAIL" in text and "PASS" in text and "c1" in text
+    paths = report.write_reports(data, tmp_path / "reports")
+    assert json.loads(paths["json"].read_text())["prompts"]["b"]["passed"] is False
+    md = paths["md"].read_text()
+    assert "| a | 2.000 | 2.500 | 1.500 |" in md and "Hidden-state drift" in md
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert summary.read_text() == md + "\n"
+
+
+def test_safe_id_never_contains_tau():
+    assert "tau" not in safe_id("restaurant-Tau-3").lower()
+    assert safe_id("humaneval-3") == "humaneval-3"
+
+
+def fake_config(tmp_path, cli=None, ini=None):
+    cli, ini = cli or {}, ini or {}
+    return SimpleNamespace(
+        invocation_params=SimpleNamespace(dir=tmp_path / "cwd"), rootpath=tmp_path / "root",
+        inipath=tmp_path / "root" / "pyproject.toml",
+        getoption=lambda name, default=None: cli.get(name),
+        getini=lambda name: ini.get(name, ""),
+    )
+
+
+def test_precedence_cli_env_ini_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("DFLASH_EVAL_MAX_NEW_TOKENS", raising=False)
+    s = settings_from_config(fake_config(tmp_path))
+    assert s.max_new_tokens == 128 and s.target_model == tmp_path / "root" / "fixtures" / "target"
+    assert s.origins["max_new_tokens"] == "default"
+    s = settings_from_config(fake_config(tmp_path, ini={"dflash_max_new_tokens": "64", "dflash_prompts": "p.jsonl"}))
+    assert s.max_new_tokens == 64 and s.prompts == tmp_path / "root" / "p.jsonl" and s.origins["prompts"] == "ini"
+    monkeypatch.setenv("DFLASH_EVAL_MAX_NEW_TOKENS", "32")
+    monkeypatch.setenv("DFLASH_EVAL_DDTREE_BUDGET", "4,8")
+    s = settings_from_config(fake_config(tmp_path, ini={"dflash_max_new_tokens": "64"}))
+    assert s.max_new_tokens == 32 and s.ddtree_budget == (4, 8) and s.origins["max_new_tokens"] == "env"
+    s = settings_from_config(fake_config(tmp_path, cli={"max_new_tokens": "16", "ddtree_budget": ["2", "3,2"],
+                                                        "target_model": "t"}))
+    assert s.max_new_tokens == 16 and s.ddtree_budget == (2, 3) and s.target_model == tmp_path / "cwd" / "t"
+
+
+@pytest.mark.parametrize("values, needle", [
+    ({"hidden_state_backend": "nope"}, "unknown backend 'nope'"),
+    ({"reference_backend": "cuda"}, "unknown backend 'cuda'"),
+    ({"max_new_tokens": "0"}, "--max-new-tokens must be >= 1"),
+    ({"ddtree_budget": "x"}, "--ddtree-budget: expected integers"),
+    ({"completions": "sglang"}, "needs --sglang-url"),
+    ({"dtype": "int8"}, "unknown dtype"),
+])
+def test_bad_settings_are_clear_errors(values, needle):
+    with pytest.raises(ConfigError, match=needle):
+        EvalSettings.from_mapping(values)
+
+
+def test_every_option_has_help_env_and_ini():
+    for o in OPTIONS:
+        assert o.help and o.env.startswith("DFLASH_EVAL_") and o.ini.startswith("dflash_")
+        assert "tau" not in o.flag or o.name in ("tau_floor", "update_tau_floors", "tau_margin")
+    assert Path(EvalSettings.from_mapping({}).cache_dir) == Path(".dflash_cache")

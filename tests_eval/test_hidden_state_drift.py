@@ -1,0 +1,120 @@
+"""Hidden-state drift between the evaluation backend and the reference backend (the one the drafter was trained
+on), and its functional effect on the acceptance length.
+
+- ``test_hidden_state_drift[<comparison>-<prompt>-L<layer>]``: relative L2 error and cosine of the features
+  within tolerance (``--drift-rel-tol`` / ``--drift-cos-tol``).
+- ``test_functional_drift_accept_len[<comparison>-<prompt>]``: |acceptance length with eval features - with
+  reference features| within ``--drift-accept-tol``.
+- ``test_feature_fingerprint[L<layer>]``: summary statistics of every target layer's features of a fixed text
+  against ``golden/feature_fingerprint.json`` (catches drift across library upgrades); rewrite with
+  ``--update-fingerprints``.
+
+On a CPU-only machine (fla cannot run) the comparisons are torch chunked vs torch recurrent and bf16 vs fp32; the
+fla comparison is skipped with a reason saying fla was not checked. (No test name here contains "tau".)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
+
+
+def _drift_params(s):
+    out = []
+    for c in s.comparisons:
+        if c.skip_reason:
+            out.append(pytest.param(c.name, None, None, id=safe_id(c.name),
+                                    marks=pytest.mark.skip(reason=c.skip_reason)))
+            continue
+        for p in s.prompts:
+            for layer in s.layer_ids:
+                out.append(pytest.param(c.name, p.id, layer, id=safe_id(f"{c.name}-{p.id}-L{layer}")))
+    return out
+
+
+def _accept_params(s):
+    out = []
+    for c in s.comparisons:
+        if c.skip_reason:
+            out.append(pytest.param(c.name, None, id=safe_id(c.name), marks=pytest.mark.skip(reason=c.skip_reason)))
+            continue
+        out += [pytest.param(c.name, p.id, id=safe_id(f"{c.name}-{p.id}")) for p in s.prompts]
+    return out
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    config = metafunc.config
+    name = metafunc.function.__name__
+    if name == "test_hidden_state_drift":
+        params, err = collect(config, _drift_params)
+        metafunc.parametrize("comparison,prompt_id,layer",
+                             [pytest.param(SetupError(err), None, None, id="setup-error")] if err else params)
+    elif name == "test_functional_drift_accept_len":
+        params, err = collect(config, _accept_params)
+        metafunc.parametrize("comparison,prompt_id",
+                             [pytest.param(SetupError(err), None, id="setup-error")] if err else params)
+    elif name == "test_feature_fingerprint":
+        layers, err = collect(config, lambda s: _num_layers(s))
+        metafunc.parametrize("layer", [setup_error_param(err)] if err else
+                             [pytest.param(i, id=f"L{i}") for i in range(layers)])
+
+
+def _num_layers(s) -> int:
+    cfg = json.loads((s.settings.target_model / "config.json").read_text())
+    return int(cfg.get("num_hidden_layers") or cfg["text_config"]["num_hidden_layers"])
+
+
+def test_hidden_state_drift(comparison, prompt_id, layer, eval_session, reference_completions) -> None:
+    if isinstance(comparison, SetupError):
+        comparison.fail()
+    d = eval_session.drift(comparison)
+    st = d["stats"][prompt_id][layer]
+    c = d["comparison"]
+    msg = (f"{c.a.label} vs {c.b.label}, prompt {prompt_id!r}, target layer {layer}: rel_err {st.rel_err:.3e} "
+           f"(tol {st.rel_tol:.1e}), cos {st.cos:.6f} (tol {st.cos_tol}), max |diff| {st.max_abs:.3e}")
+    assert st.passed, msg
+
+
+def test_functional_drift_accept_len(comparison, prompt_id, eval_session, reference_completions) -> None:
+    if isinstance(comparison, SetupError):
+        comparison.fail()
+    d = eval_session.drift(comparison)
+    a, b = d["accept"][prompt_id]
+    c = d["comparison"]
+    assert not (math.isnan(a) or math.isnan(b)), f"prompt {prompt_id!r}: no speculative rounds to compare"
+    assert abs(a - b) <= c.accept_tol, (
+        f"prompt {prompt_id!r}: acceptance length with {c.a.label} features {a:.3f} vs with {c.b.label} features "
+        f"{b:.3f}: |diff| {abs(a - b):.3f} > tol {c.accept_tol}")
+
+
+def test_feature_fingerprint(layer, eval_session) -> None:
+    if isinstance(layer, SetupError):
+        layer.fail()
+    s = eval_session.settings
+    path = Path(s.golden_dir) / "feature_fingerprint.json"
+    if s.update_fingerprints:
+        eval_session.fingerprint  # noqa: B018 - computed here, written at the end of the session
+        return
+    if not path.is_file():
+        pytest.fail(f"no golden fingerprint {path}; record it with `pytest tests_eval -k fingerprint "
+                    "--update-fingerprints`", pytrace=False)
+    golden = json.loads(path.read_text())
+    if golden.get("target") != eval_session.target_identity:
+        pytest.skip(f"golden fingerprint {path} was recorded for target {str(golden.get('target'))[:12]}, "
+                    f"this target is {eval_session.target_identity[:12]}: not comparable")
+    fp = eval_session.fingerprint
+    for k in ("tokens", "dtype", "device_kind"):
+        if golden.get(k) != fp[k]:
+            pytest.skip(f"golden fingerprint recorded with {k}={golden.get(k)!r}, this run has {fp[k]!r}")
+    want, got = golden["layers"].get(str(layer)), fp["layers"][str(layer)]
+    assert want is not None, f"golden fingerprint has no layer {layer}"
+    bad = {k: (want[k], got.get(k)) for k in want
+           if got.get(k) is None or abs(got[k] - want[k]) > 1e-4 * max(1.0, abs(want[k]))}
+    assert not bad, (f"target layer {layer} features drifted from the golden fingerprint (recorded with "
+                     f"{golden.get('versions')}, now {fp['versions']}): " +
+                     ", ".join(f"{k}: golden {w:.6g}, now {g}" for k, (w, g) in bad.items()))
