@@ -116,6 +116,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "ints"),
     OptionSpec("device", "auto", "device for the target and drafter: auto (cuda if available, else cpu), cpu, "
                "cuda, cuda:N", "str"),
+    OptionSpec("device_map", None, "load the target across GPUs with accelerate (e.g. auto) when it does not fit on "
+               "one; inputs go to the first device (use with -n 0)", "str"),
     OptionSpec("dtype", "auto", "dtype of the target and drafter: auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, "
                "fp32", "str"),
     OptionSpec("hidden_state_backend", "auto", "linear-attention kernels for the evaluation's target forwards",
@@ -209,6 +211,7 @@ class EvalSettings:
     ddtree_budget: tuple[int, ...] = (8,)
     device: str = "auto"
     dtype: str = "auto"
+    device_map: str | None = None
     hidden_state_backend: str = "auto"
     reference_backend: str = "torch"
     completions: str = "local"
@@ -274,8 +277,14 @@ class EvalSettings:
     # ------------------------------------------------------------------------------------------- resolved
     @property
     def torch_device(self) -> torch.device:
+        """``auto``: CPU without CUDA; with N GPUs under pytest-xdist, worker gwK takes ``cuda:K % N`` (one GPU per
+        worker, all sharing the cache); otherwise the current CUDA device."""
         if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            if not torch.cuda.is_available():
+                return torch.device("cpu")
+            _, index, count = worker_info()
+            n = torch.cuda.device_count()
+            return torch.device(f"cuda:{index % n}") if count > 1 and n > 1 else torch.device("cuda")
         try:
             dev = torch.device(self.device)
         except RuntimeError as exc:
@@ -307,7 +316,7 @@ class EvalSettings:
         return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
 
 
-_NULLABLE = {"drafter_config", "reference_drafter", "num_prompts", "max_blocks", "sglang_url", "tau_floor",
+_NULLABLE = {"device_map", "drafter_config", "reference_drafter", "num_prompts", "max_blocks", "sglang_url", "tau_floor",
              "drift_rel_tol", "drift_cos_tol", "torch_threads"}
 
 
@@ -605,7 +614,7 @@ class EvalSession:
 
         with self.timed("target_load"):
             t = load_target(self.settings.target_model, device=self.settings.torch_device,
-                            dtype=self.settings.torch_dtype)
+                            dtype=self.settings.torch_dtype, device_map=self.settings.device_map)
         self._models[t.dtype] = t.model
         return t
 

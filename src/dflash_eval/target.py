@@ -121,8 +121,12 @@ def load_target(
     *,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype = "bf16",
+    device_map: str | dict[str, Any] | None = None,
 ) -> Target:
     """Load a causal LM and its tokenizer from a local directory.
+
+    ``device_map`` (e.g. ``"auto"``, needs accelerate) spreads a target too large for one GPU over all GPUs;
+    inputs then go to the device of its first parameters.
 
     Raises:
         ConfigError: the directory or its config.json is missing, or transformers cannot load it.
@@ -137,10 +141,17 @@ def load_target(
     dev = torch.device(device) if device is not None else default_device()
     dt = parse_dtype(dtype)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dt)
+        if device_map is not None:
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dt, device_map=device_map)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dt)
     except Exception as exc:  # noqa: BLE001 - re-raised with the path and the cause
         raise ConfigError(f"cannot load target model from {path}: {type(exc).__name__}: {exc}") from exc
-    model.to(dev).eval()
+    if device_map is None:
+        model.to(dev)
+    else:
+        dev = next(model.parameters()).device
+    model.eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # noqa: BLE001
