@@ -21,13 +21,27 @@ fi
 if [ "$STAGE" = all ] || [ "$STAGE" = suite ]; then
 step "suite cold (fla eval backend, torch reference)"
 start=$(date +%s.%N)
-timeout 240 python3 -m pytest tests_eval -p no:cacheprovider -q --hidden-state-backend fla --reference-backend torch \
-  --cache-dir /tmp/gpucache --report-dir "$OUT/reports" > "$OUT/suite_cold.log" 2>&1; echo "cold rc=$? s=$(echo "$(date +%s.%N) - $start" | bc)" | tee -a "$OUT/lane.log"
+timeout 200 python3 -m pytest tests_eval -p no:cacheprovider -q --hidden-state-backend fla --reference-backend torch \
+  --cache-dir /tmp/gpucache --report-dir "$OUT/reports" > "$OUT/suite_cold.log" 2>&1; echo "cold rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$OUT/lane.log"
 start=$(date +%s.%N)
 timeout 90 python3 -m pytest tests_eval -p no:cacheprovider -q -k tau --hidden-state-backend fla --reference-backend torch \
-  --cache-dir /tmp/gpucache --report-dir /tmp/warmreports > /tmp/suite_warm.log 2>&1; echo "warm -k tau rc=$? s=$(echo "$(date +%s.%N) - $start" | bc)" | tee -a "$OUT/lane.log"
+  --cache-dir /tmp/gpucache --report-dir /tmp/warmreports > /tmp/suite_warm.log 2>&1; echo "warm -k tau rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$OUT/lane.log"
 tail -n 25 /tmp/suite_warm.log >> "$OUT/lane.log"
+if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+  step "suite cold with -n 2 (one GPU per xdist worker, shared cache)"
+  ( for i in $(seq 1 60); do nvidia-smi --query-compute-apps=pid,gpu_bus_id --format=csv,noheader; sleep 2; done ) > /tmp/gpu_apps.log 2>&1 &
+  mon=$!
+  start=$(date +%s.%N)
+  timeout 200 python3 -m pytest tests_eval -p no:cacheprovider -q -n 2 --hidden-state-backend fla --reference-backend torch \
+    --cache-dir /tmp/gpucache2 --report-dir /tmp/reports2 > /tmp/suite_n2.log 2>&1; echo "n2 rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$OUT/lane.log"
+  kill $mon 2>/dev/null
+  echo "GPU bus ids used by pytest processes during -n 2 (count of samples):" >> "$OUT/lane.log"
+  awk -F, '{print $2}' /tmp/gpu_apps.log | sort | uniq -c >> "$OUT/lane.log"
+  echo "-n 0 summary: $(tail -n 1 "$OUT/suite_cold.log")" >> "$OUT/lane.log"
+  echo "-n 2 summary: $(tail -n 1 /tmp/suite_n2.log)" >> "$OUT/lane.log"
+  python3 -c "import json; a=json.load(open('$OUT/reports/eval.json')); b=json.load(open('/tmp/reports2/eval.json')); print('mean tau n0', a.get('mean_tau'), 'n2', b.get('mean_tau'))" >> "$OUT/lane.log" 2>&1
+fi
 step "core benchmark: offline vs online, extraction tokens/s"
-timeout 180 python3 benchmarks/bench_core.py --dtype bf16 --backend fla --num-prompts 8 --json "$OUT/core.json" >> "$OUT/lane.log" 2>&1 || echo "core rc=$?" >> "$OUT/lane.log"
+timeout 120 python3 benchmarks/bench_core.py --dtype bf16 --backend fla --num-prompts 8 --json "$OUT/core.json" >> "$OUT/lane.log" 2>&1 || echo "core rc=$?" >> "$OUT/lane.log"
 fi
 step "done"
