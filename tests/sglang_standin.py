@@ -27,6 +27,10 @@ Modes (failure injection):
 * ``malformed-json`` - ready, but ``POST /generate`` answers 200 with a truncated JSON body;
 * ``wrong-model-info`` - ``/model_info`` claims another model (``/models/Some-Other-Model-7B``).
 
+``--synthetic-spec-accept-length X`` (any mode) adds a SYNTHETIC ``meta_info.spec_accept_length`` (about X) and
+``spec_verify_ct`` to every completion, as a server running ``--speculative-algorithm`` would; no drafter runs, the
+number only exercises the suite's reporting of the server's accept length.
+
 Only ``happy`` loads the model before binding (like SGLang). To keep tests fast, ``slow`` and
 ``wrong-model-info`` load it on the first ``POST /generate``, and the modes whose ``/generate`` never succeeds
 (``never-ready``, ``die-during-warmup``, ``generate-500``, ``malformed-json``) never load it (nor import torch):
@@ -157,18 +161,19 @@ class StandIn:
         text = ""
         if self.tokenizer is not None:
             text = self.tokenizer.decode(gen, skip_special_tokens=bool(params.get("skip_special_tokens", True)))
-        return {
-            "text": text,
-            "output_ids": gen,
-            "meta_info": {
-                "id": uuid.uuid4().hex,
-                "finish_reason": finish,
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(gen),
-                "cached_tokens": 0,
-                "e2e_latency": time.perf_counter() - start,
-            },
+        meta: dict[str, Any] = {
+            "id": uuid.uuid4().hex,
+            "finish_reason": finish,
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(gen),
+            "cached_tokens": 0,
+            "e2e_latency": time.perf_counter() - start,
         }
+        synthetic = self.args.synthetic_spec_accept_length
+        if synthetic is not None:  # SYNTHETIC: no drafter runs here; only exercises the client's spec_* plumbing
+            meta["spec_verify_ct"] = max(1, round(len(gen) / synthetic))
+            meta["spec_accept_length"] = len(gen) / meta["spec_verify_ct"]
+        return {"text": text, "output_ids": gen, "meta_info": meta}
 
     def generate(self, request: Any) -> Any:
         self.load()
@@ -324,6 +329,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mode", choices=MODES, default="happy")
     parser.add_argument("--slow-s", type=float, default=30.0, help="delay of /generate in mode 'slow'")
     parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--synthetic-spec-accept-length", type=float, default=None, metavar="X",
+                        help="SYNTHETIC (no drafter runs): emit meta_info.spec_accept_length ~= X and spec_verify_ct, "
+                             "as a server with --speculative-algorithm would; for testing the reporting only")
     return parser.parse_args(argv)
 
 

@@ -38,3 +38,20 @@ def test_absent_file_is_empty_and_malformed_is_an_error(tmp_path):
         load_floors(bad)
     with pytest.raises(ConfigError, match="margin"):
         make_floors({}, {}, 1.0, {}, margin=-1)
+
+
+def test_category_floors_round_trip_and_previous_kept(tmp_path):
+    doc = make_floors({"a": 3.0}, {8: {"a": 4.0}}, 3.0, {8: 4.0}, margin=0.25,
+                      category_chain={"code": 3.5}, category_ddtree={8: {"code": 4.0}},
+                      previous={"categories": {"chat": 2.0, "code": 9.0}, "categories_ddtree": {"8": {"chat": 2.5}}})
+    assert doc["categories"] == {"chat": 2.0, "code": 3.25}
+    assert doc["categories_ddtree"] == {"8": {"chat": 2.5, "code": 3.75}}
+    path = tmp_path / "f.json"
+    write_floors(path, doc)
+    fl = load_floors(path)
+    assert fl.for_category("code") == 3.25 and fl.for_category("chat", 8) == 2.5
+    assert fl.for_category("code", 4) is None and fl.for_category("prose") is None
+    assert load_floors(path, override=1.2).for_category("prose", 8) == 1.2
+    old = tmp_path / "old.json"  # a floors file without category entries still loads
+    old.write_text('{"schema": 1, "chain": {"a": 2.0}, "mean": {"chain": 2.0}}')
+    assert load_floors(old).for_category("code") is None

@@ -75,7 +75,7 @@ def test_precedence_cli_env_ini_default(tmp_path, monkeypatch):
     assert s.max_new_tokens == 128 and s.target_model == tmp_path / "root" / "fixtures" / "target"
     assert s.origins["max_new_tokens"] == "default"
     s = settings_from_config(fake_config(tmp_path, ini={"dflash_max_new_tokens": "64", "dflash_prompts": "p.jsonl"}))
-    assert s.max_new_tokens == 64 and s.prompts == tmp_path / "root" / "p.jsonl" and s.origins["prompts"] == "ini"
+    assert s.max_new_tokens == 64 and s.prompts == str(tmp_path / "root" / "p.jsonl") and s.origins["prompts"] == "ini"
     monkeypatch.setenv("DFLASH_EVAL_MAX_NEW_TOKENS", "32")
     monkeypatch.setenv("DFLASH_EVAL_DDTREE_BUDGET", "4,8")
     s = settings_from_config(fake_config(tmp_path, ini={"dflash_max_new_tokens": "64"}))
@@ -83,6 +83,10 @@ def test_precedence_cli_env_ini_default(tmp_path, monkeypatch):
     s = settings_from_config(fake_config(tmp_path, cli={"max_new_tokens": "16", "ddtree_budget": ["2", "3,2"],
                                                         "target_model": "t"}))
     assert s.max_new_tokens == 16 and s.ddtree_budget == (2, 3) and s.target_model == tmp_path / "cwd" / "t"
+    assert s.prompts == f"humaneval:16,{tmp_path / 'root' / 'fixtures' / 'prompts.jsonl'}"  # default: rootdir
+    s = settings_from_config(fake_config(tmp_path, cli={"prompts": "humaneval:3, sub/p.jsonl,/abs/q.jsonl"}))
+    assert s.prompts == f"humaneval:3,{tmp_path / 'cwd' / 'sub' / 'p.jsonl'},/abs/q.jsonl"
+    assert s.chat_template == "auto"
 
 
 @pytest.mark.parametrize("values, needle", [
@@ -103,3 +107,45 @@ def test_every_option_has_help_env_and_ini():
         assert o.help and o.env.startswith("DFLASH_EVAL_") and o.ini.startswith("dflash_")
         assert "tau" not in o.flag or o.name in ("tau_floor", "update_tau_floors", "tau_margin")
     assert Path(EvalSettings.from_mapping({}).cache_dir) == Path(".dflash_cache")
+
+
+def test_category_stats_tables_and_floors(tmp_path):
+    from dflash_eval.floors import load_floors, make_floors, write_floors
+
+    frag = fragment("master", {"a": 2.0, "b": 1.0, "c": 4.0})
+    frag["prompts"]["c"]["category"] = "code"
+    data = report.merge([frag])
+    cats = data["categories"]
+    assert set(cats) == {"c", "code", "all"} and cats["c"]["n"] == 2 and cats["all"]["n"] == 3
+    assert cats["c"]["chain"]["mean"] == 1.5 and cats["c"]["chain"]["median"] == 1.5
+    lo, hi = cats["c"]["chain"]["ci95"]
+    assert 1.0 <= lo <= 1.5 <= hi <= 2.0 and cats["code"]["chain"]["ci95"] == [4.0, 4.0]
+    assert cats["c"]["ddtree"]["8"]["mean"] == 2.0 and cats["c"]["passed"] is None
+    header, rows = report.category_rows(data)
+    assert header[:5] == ["category", "n", "chain mean", "median", "CI95"] and [r[0] for r in rows] == ["c", "code", "all"]
+    assert "τ per category" in report.render_terminal(data) and "### τ per category" in report.render_markdown(data)
+    doc = make_floors({}, {}, 2.0, {}, margin=0.25, category_chain={"c": 1.5, "code": 4.0},
+                      category_ddtree={8: {"c": 2.0, "code": 4.5}}, previous={"categories": {"old": 3.0}})
+    assert doc["categories"] == {"c": 1.25, "code": 3.75, "old": 3.0}
+    assert doc["categories_ddtree"] == {"8": {"c": 1.75, "code": 4.25}}
+    path = tmp_path / "floors.json"
+    write_floors(path, doc)
+    fl = load_floors(path)
+    assert fl.for_category("code") == 3.75 and fl.for_category("c", 8) == 1.75 and fl.for_category("x") is None
+    assert load_floors(path, override=1.1).for_category("x", 8) == 1.1
+    report.apply_floors(data, fl)
+    assert data["categories"]["c"]["floor"] == 1.25 and data["categories"]["c"]["passed"] is True
+    assert data["categories"]["code"]["passed"] is True and data["categories"]["all"]["floor"] == 1.75
+
+
+def test_prompt_spec_resolution(tmp_path):
+    from dflash_eval.session import resolve_prompt_spec
+
+    (tmp_path / "here.jsonl").write_text('{"text": "x"}\n')
+    assert resolve_prompt_spec("humaneval:2, here.jsonl", tmp_path) == f"humaneval:2,{tmp_path / 'here.jsonl'}"
+    assert resolve_prompt_spec("mbpp", tmp_path) == "mbpp"  # an unknown set name stays a name (clear error later)
+    assert resolve_prompt_spec("d/p.jsonl", None) == "d/p.jsonl"
+    with pytest.raises(ConfigError, match="unknown prompt set 'mbpp'"):
+        from dflash_eval.prompt_sets import load_prompt_spec
+
+        load_prompt_spec("mbpp")

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from dflash_eval.pytest_plugin import SetupError, collect, setup_error_param
+from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -20,6 +20,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "prompt_id" in metafunc.fixturenames:
         ids, err = collect(config, lambda s: [p.id for p in s.prompts])
         metafunc.parametrize("prompt_id", [setup_error_param(err)] if err else [pytest.param(i, id=i) for i in ids])
+    if "category" in metafunc.fixturenames:
+        cats, err = collect(config, lambda s: sorted({p.category for p in s.prompts}))
+        metafunc.parametrize("category", [setup_error_param(err)] if err else
+                             [pytest.param(c, id=safe_id(c)) for c in cats])
     if "budget" in metafunc.fixturenames:
         budgets, err = collect(config, lambda s: list(s.settings.ddtree_budget))
         metafunc.parametrize("budget", [setup_error_param(err)] if err else
@@ -80,4 +84,25 @@ def test_mean_tau(tau_results, eval_session) -> None:
             problems.append(eval_session.floors.missing_message(f"the mean {label} τ") + f" (measured {value:.3f})")
         elif math.isnan(value) or value < floor:
             problems.append(f"mean {label} τ {value:.3f} < floor {floor} over {len(tau_results)} prompts")
+    assert not problems, "\n".join(problems)
+
+
+def test_category_mean_tau(category, tau_results, eval_session) -> None:
+    """Mean chain τ and DDTree-N τ over this category's prompts >= the category floors (golden "categories")."""
+    if isinstance(category, SetupError):
+        category.fail()
+    row = eval_session.category_tau[category]
+    if eval_session.settings.update_tau_floors:
+        return  # floors are rewritten from this run at the end of the session
+    fl = eval_session.floors
+    problems = []
+    checks = [("chain", row["chain"], fl.for_category(category))] + [
+        (f"DDTree-{b}", s, fl.for_category(category, int(b))) for b, s in row["ddtree"].items()]
+    for label, s, floor in checks:
+        ci = f"median {s['median']:.3f}, 95% CI [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}], n {s['n']}"
+        if floor is None:
+            problems.append(fl.missing_message(f"category {category!r} ({label})") + f" (measured mean "
+                            f"{s['mean']:.3f}, {ci})")
+        elif math.isnan(s["mean"]) or s["mean"] < floor:
+            problems.append(f"category {category!r} mean {label} τ {s['mean']:.3f} < floor {floor} ({ci})")
     assert not problems, "\n".join(problems)

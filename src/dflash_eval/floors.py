@@ -10,7 +10,11 @@ File layout (schema 1)::
      "target": "<identity>", "drafter": "<fingerprint>",
      "chain": {"<prompt id>": floor, ...},
      "ddtree": {"8": {"<prompt id>": floor, ...}},
-     "mean": {"chain": floor, "ddtree": {"8": floor}}}
+     "mean": {"chain": floor, "ddtree": {"8": floor}},
+     "categories": {"<category>": floor, ...},
+     "categories_ddtree": {"8": {"<category>": floor, ...}}}
+
+Category floors apply to the category's mean τ over its prompts (``test_category_mean_tau[<category>]``).
 
 A floor is ``max(1.0, measured - margin)`` rounded down to 3 decimals (τ is never below 1).
 """
@@ -47,6 +51,8 @@ class Floors:
     ddtree: dict[int, dict[str, float]] = field(default_factory=dict)
     mean_chain: float | None = None
     mean_ddtree: dict[int, float] = field(default_factory=dict)
+    categories: dict[str, float] = field(default_factory=dict)
+    categories_ddtree: dict[int, dict[str, float]] = field(default_factory=dict)
     margin: float | None = None
     path: Path | None = None
     raw: dict[str, Any] = field(default_factory=dict)
@@ -63,6 +69,14 @@ class Floors:
         if self.override is not None:
             return self.override
         return self.mean_chain if budget is None else self.mean_ddtree.get(int(budget))
+
+    def for_category(self, category: str, budget: int | None = None) -> float | None:
+        """Floor of the mean τ of ``category``'s prompts (chain, or DDTree-``budget``)."""
+        if self.override is not None:
+            return self.override
+        if budget is None:
+            return self.categories.get(category)
+        return self.categories_ddtree.get(int(budget), {}).get(category)
 
     def missing_message(self, what: str) -> str:
         where = self.path or "golden/tau_floors.json"
@@ -83,6 +97,9 @@ def load_floors(path: str | Path, *, override: float | None = None) -> Floors:
             ddtree={int(b): {str(k): float(v) for k, v in d.items()} for b, d in data.get("ddtree", {}).items()},
             mean_chain=None if mean.get("chain") is None else float(mean["chain"]),
             mean_ddtree={int(b): float(v) for b, v in (mean.get("ddtree") or {}).items()},
+            categories={str(k): float(v) for k, v in (data.get("categories") or {}).items()},
+            categories_ddtree={int(b): {str(k): float(v) for k, v in d.items()}
+                               for b, d in (data.get("categories_ddtree") or {}).items()},
             margin=data.get("margin"),
             path=path,
             raw=data,
@@ -102,8 +119,11 @@ def make_floors(
     margin: float,
     context: dict[str, Any] | None = None,
     previous: dict[str, Any] | None = None,
+    category_chain: dict[str, float] | None = None,
+    category_ddtree: dict[int, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """The floors document for measured τ values (per-prompt entries of ``previous`` not measured are kept)."""
+    """The floors document for measured τ values (per-prompt and per-category entries of ``previous`` not
+    measured are kept). ``category_chain`` / ``category_ddtree``: measured mean τ per category."""
     if margin < 0:
         raise ConfigError(f"--tau-margin must be >= 0, got {margin}")
     prev = previous or {}
@@ -112,6 +132,11 @@ def make_floors(
     ddtree = {str(b): dict(d) for b, d in prev.get("ddtree", {}).items()}
     for b, d in measured_ddtree.items():
         ddtree.setdefault(str(b), {}).update({k: floor_value(v, margin) for k, v in d.items()})
+    cats = dict(prev.get("categories", {}))
+    cats.update({k: floor_value(v, margin) for k, v in (category_chain or {}).items()})
+    cats_dd = {str(b): dict(d) for b, d in prev.get("categories_ddtree", {}).items()}
+    for b, d in (category_ddtree or {}).items():
+        cats_dd.setdefault(str(b), {}).update({k: floor_value(v, margin) for k, v in d.items()})
     doc = {
         "schema": SCHEMA,
         "margin": margin,
@@ -120,6 +145,8 @@ def make_floors(
         "ddtree": {b: dict(sorted(d.items())) for b, d in sorted(ddtree.items(), key=lambda x: int(x[0]))},
         "mean": {"chain": floor_value(mean_chain, margin),
                  "ddtree": {str(b): floor_value(v, margin) for b, v in sorted(mean_ddtree.items())}},
+        "categories": dict(sorted(cats.items())),
+        "categories_ddtree": {b: dict(sorted(d.items())) for b, d in sorted(cats_dd.items(), key=lambda x: int(x[0]))},
     }
     doc.update(context or {})
     return doc

@@ -86,8 +86,8 @@ class TargetHead:
         if head_key is None and not tied:
             raise CheckpointError(f"{path}: no lm_head among {list(HEAD_KEYS)} and tie_word_embeddings is false")
         head_w = emb_w if head_key is None else _read_tensor(head_key, files[head_key]).to(device=dev, dtype=dt)
-        embed = nn.Embedding(emb_w.shape[0], emb_w.shape[1], device="meta")
-        embed.weight = nn.Parameter(emb_w, requires_grad=False)
+        # from_pretrained skips the random init (normal_ on a meta tensor imports torch._refs: ~1 s per process)
+        embed = nn.Embedding.from_pretrained(emb_w, freeze=True)
         lm_head = nn.Linear(head_w.shape[1], head_w.shape[0], bias=False, device="meta")
         lm_head.weight = nn.Parameter(head_w, requires_grad=False)
         return cls(embed_tokens=embed, lm_head=lm_head)

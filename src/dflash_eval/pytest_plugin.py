@@ -8,7 +8,7 @@ precedence CLI > env > ini > default. Relative paths from the CLI or the environ
 directory pytest was started in; from the ini file or the defaults, from the rootdir.
 
 Fixtures (session scope, thin wrappers over :class:`dflash_eval.session.EvalSession`): ``eval_settings``,
-``eval_session``, ``target``, ``drafter``, ``reference_completions``, ``eval_features``, ``tau_results``.
+``eval_session``, ``target``, ``drafter``, ``reference_completions``, ``sglang``, ``eval_features``, ``tau_results``.
 
 Under pytest-xdist each worker has its own session (and loads the target once); workers share the cache
 directory (file locks, see :mod:`dflash_eval.cache`) and send their measurements to the controller through
@@ -35,6 +35,7 @@ _SETTINGS = pytest.StashKey["EvalSettings | Exception"]()
 _FRAGMENTS = pytest.StashKey[list]()
 _OUTCOMES = pytest.StashKey[dict]()
 _START = pytest.StashKey[float]()
+_SGLANG = pytest.StashKey[Any]()
 WORKEROUTPUT_KEY = "dflash_eval_fragment"
 
 
@@ -88,6 +89,10 @@ def settings_from_config(config: pytest.Config) -> EvalSettings:
         if spec.kind == "path" and raw is not None:
             p = Path(str(raw)).expanduser()
             raw = p if p.is_absolute() else base / p
+        elif spec.kind == "spec" and raw is not None:  # --prompts: file items resolved like paths
+            from dflash_eval.session import resolve_prompt_spec
+
+            raw = resolve_prompt_spec(raw, base)
         values[spec.name] = raw
         origins[spec.name] = origin
     return EvalSettings.from_mapping(values, origins=origins)
@@ -189,9 +194,55 @@ def drafter(eval_session: EvalSession) -> Any:
 
 
 @pytest.fixture(scope="session")
-def reference_completions(eval_session: EvalSession, drafter: Any) -> Any:
+def reference_completions(eval_session: EvalSession, drafter: Any, request: pytest.FixtureRequest) -> Any:
     """{prompt id: CompletionRecord}, from the cache, else produced (SGLang or the target's greedy generation)."""
+    s = eval_session.settings
+    if s.completions == "sglang" and not s.cache_only and not _guard(eval_session.completions_cached):
+        request.getfixturevalue("sglang")  # fetches them; no server: skip (--require-sglang: fail)
     return _guard(eval_session.completions)
+
+
+@pytest.fixture(scope="session")
+def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Any:
+    """The SGLang server (``--sglang-url``, or started by ``--sglang-launch``), used only when the reference
+    completions are not cached: waits for readiness (``--sglang-timeout``), checks ``/model_info`` names the target,
+    fetches and caches every completion, and at session end stops a launched server's whole process group.
+
+    No server ready in time: every completion-dependent test is skipped with a reason naming the URL, or fails
+    under ``--require-sglang``. A launch that fails, a wrong model or a bad answer always fails. Under xdist one
+    worker fetches (file lock); the others then find the cache warm. Yields the
+    :class:`dflash_eval.sglang_suite.SGLangService` (``None`` when another worker already fetched).
+    """
+    from dflash_eval.sglang_suite import SGLangService, SGLangUnavailable
+
+    svc = _guard(lambda: SGLangService(eval_session.settings))
+    pytestconfig.stash[_SGLANG] = svc
+    needed = False
+    msg = None
+    try:
+        with eval_session.cache.locked("sglang-server"):
+            if not eval_session.completions_cached():
+                needed = True
+                svc.start()
+                eval_session.sglang_info = svc.info()
+                eval_session.completions()  # fetched and cached while holding the lock
+    except SGLangUnavailable as exc:
+        svc.stop()
+        if not eval_session.settings.require_sglang:
+            pytest.skip(f"reference completions not cached and no SGLang server: {exc}")
+        msg = f"--require-sglang: reference completions not cached and no SGLang server: {exc}"
+    except DFlashEvalError as exc:
+        svc.stop()
+        msg = f"{type(exc).__name__}: {exc}"
+    except BaseException:  # KeyboardInterrupt etc.: never leave a launched server behind
+        svc.stop()
+        raise
+    if msg is not None:
+        pytest.fail(msg, pytrace=False)
+    try:
+        yield svc if needed else None
+    finally:
+        svc.stop()
 
 
 @pytest.fixture(scope="session")
@@ -258,6 +309,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    svc = config.stash.get(_SGLANG, None)
+    if svc is not None:  # also after failures and KeyboardInterrupt (the fixture's teardown normally did it)
+        try:
+            svc.stop()
+        except Exception as exc:  # noqa: BLE001
+            print(f"dflash-eval: could not stop the SGLang server: {exc}")
     try:
         _finish(config)
     except Exception as exc:  # noqa: BLE001 - reporting must never turn a test run into an internal error

@@ -13,6 +13,8 @@ eval.json (schema 1; documented in README.md)::
                       "ddtree_accept_lengths", "floor", "ddtree_floor": {budget: floor}, "prompt_tokens",
                       "completion_tokens", "passed"}},
      "mean_tau", "mean_floor", "mean_passed", "mean_ddtree": {budget: tau}, "mean_ddtree_floor": {budget: floor},
+     "categories": {category | "all": {"n", "chain": {"n", "mean", "median", "ci95": [lo, hi]},
+                    "ddtree": {budget: {...same...}}, "floor", "ddtree_floor": {budget: floor}, "passed"}},
      "drift": [{"comparison", "prompt_id", "layer", "rel_err", "cos", "max_abs", "rel_tol", "cos_tol", "passed"}],
      "drift_accept": [{"comparison", "prompt_id", "tau_a", "tau_b", "diff", "tol", "passed", "a", "b"}],
      "fingerprint": {...} (when computed), "timings": {"wall_s", "sum": {stage: s}, "per_worker": {w: {...}}},
@@ -33,7 +35,8 @@ from typing import Any
 
 from dflash_eval.atomic import atomic_write_text, atomic_write_with
 
-__all__ = ["merge", "finish", "render_terminal", "render_markdown", "write_plot", "write_reports"]
+__all__ = ["merge", "finish", "render_terminal", "render_markdown", "write_plot", "write_reports", "category_stats",
+           "category_rows"]
 
 SCHEMA = 1
 
@@ -46,7 +49,7 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
           wall_s: float | None = None) -> dict[str, Any]:
     """Merge per-process fragments (identical measurements from several workers are de-duplicated)."""
     out: dict[str, Any] = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    for key in ("settings", "target", "drafter", "provenance", "fingerprint"):
+    for key in ("settings", "target", "drafter", "provenance", "fingerprint", "sglang"):
         for f in fragments:
             if f.get(key):
                 out[key] = f[key]
@@ -67,6 +70,11 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
         out["mean_passed"] = floor is not None and mt is not None and not math.isnan(mt) and mt >= floor and all(
             out.get("mean_ddtree_floor", {}).get(b) is not None and v >= out["mean_ddtree_floor"][b]
             for b, v in out.get("mean_ddtree", {}).items())
+    cats = next((f["categories"] for f in fragments if f.get("categories")), None)
+    if cats is None and out["prompts"]:
+        cats = category_stats(out["prompts"])
+    if cats is not None:
+        out["categories"] = cats
     drift: dict[tuple, Any] = {}
     accept: dict[tuple, Any] = {}
     for f in fragments:
@@ -88,6 +96,66 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
     oc = dict(outcomes or {})
     out["tests"] = {"counts": dict(Counter(oc.values())), "outcomes": oc}
     return out
+
+
+def category_stats(prompts: dict[str, dict[str, Any]], floors: Any = None) -> dict[str, Any]:
+    """Per category (and ``"all"``): n, mean / median / bootstrap 95 % CI of chain τ and of each DDTree budget's τ,
+    floors (``floors.for_category``; ``for_mean`` for "all") and the verdict (mean >= floor for chain and every
+    budget; None without floors). ``prompts`` is eval.json's ``prompts`` mapping."""
+    from dflash_eval.stats import by_category
+
+    cat = {p: r.get("category", "prompt") for p, r in prompts.items()}
+    chain = by_category({p: r["tau"] for p, r in prompts.items() if _num(r.get("tau")) is not None}, cat)
+    bs = sorted({b for r in prompts.values() for b in r.get("ddtree", {})}, key=int)
+    dd = {b: by_category({p: r["ddtree"][b] for p, r in prompts.items()
+                          if _num(r.get("ddtree", {}).get(b)) is not None}, cat) for b in bs}
+    out: dict[str, Any] = {}
+    for c, summ in chain.items():
+        row: dict[str, Any] = {"n": summ.n, "chain": summ.to_dict(),
+                               "ddtree": {b: dd[b][c].to_dict() for b in bs if c in dd[b]}}
+        if floors is not None:
+            if c == "all":
+                row["floor"] = floors.for_mean()
+                row["ddtree_floor"] = {b: floors.for_mean(int(b)) for b in bs}
+            else:
+                row["floor"] = floors.for_category(c)
+                row["ddtree_floor"] = {b: floors.for_category(c, int(b)) for b in bs}
+            row["passed"] = bool(row["floor"] is not None and summ.mean >= row["floor"] and all(
+                f is not None and b in row["ddtree"] and row["ddtree"][b]["mean"] >= f
+                for b, f in row["ddtree_floor"].items()))
+        else:
+            row.update(floor=None, ddtree_floor={b: None for b in bs}, passed=None)
+        out[c] = row
+    return out
+
+
+def _ci(s: dict[str, Any] | None) -> str:
+    if not s or not s.get("ci95"):
+        return "-"
+    lo, hi = s["ci95"]
+    return f"{_fmt(lo, 2)}–{_fmt(hi, 2)}"
+
+
+def category_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-category table: n, chain τ mean / median / 95 % CI, the same per DDTree budget,
+    floors (chain/DDTree-N... in one cell), verdict; the overall ("all") row last."""
+    cats = data.get("categories") or {}
+    bs = _budgets(data)
+    header = ["category", "n", "chain mean", "median", "CI95"]
+    for b in bs:
+        header += [f"DDTree-{b} mean", "median", "CI95"]
+    header += ["floors", "verdict"]  # "chain/DDTree-N..." floors in one cell (keeps the table within 120 columns)
+    rows = []
+    for c in sorted(cats, key=lambda k: (k == "all", k)):
+        r = cats[c]
+        row = [c, str(r.get("n", "-")), _fmt(r["chain"]["mean"]), _fmt(r["chain"]["median"]), _ci(r["chain"])]
+        for b in bs:
+            s = r.get("ddtree", {}).get(b)
+            row += [_fmt(s["mean"]) if s else "-", _fmt(s["median"]) if s else "-", _ci(s)]
+        row.append("/".join([_fmt(r.get("floor"))] + [_fmt(r.get("ddtree_floor", {}).get(b)) for b in bs]))
+        row.append("-" if r.get("passed") is None else "PASS" if r["passed"] else "FAIL")
+        rows.append(row)
+    return header, rows
 
 
 def _fmt(x: Any, nd: int = 3) -> str:
@@ -121,6 +189,12 @@ def tau_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         rows.append(["MEAN", _fmt(data.get("mean_tau"))] + [_fmt(data.get("mean_ddtree", {}).get(b)) for b in bs]
                     + [_fmt(data.get("mean_floor"))] + [_fmt(data.get("mean_ddtree_floor", {}).get(b)) for b in bs]
                     + ["", "PASS" if data.get("mean_passed") else "FAIL"])
+    server = [r.get("server_accept_length") for r in data.get("prompts", {}).values()]
+    if any(v is not None for v in server):  # the SGLang server ran the drafter: its accept length beside offline τ
+        known = [v for v in server if v is not None]
+        header.insert(2, "server accept len")
+        for row, v in zip(rows, server + [sum(known) / len(known)]):
+            row.insert(2, _fmt(v))
     return header, rows
 
 
@@ -157,6 +231,15 @@ def render_terminal(data: dict[str, Any], *, width: int = 120) -> str:
         for h in header:
             t.add_column(h, justify="left" if h == "prompt" else "right")
         for r in rows:
+            t.add_row(*r)
+        console.print(t)
+    ch, crows = category_rows(data)
+    if crows:
+        t = Table(title="τ per category (mean over prompts, bootstrap 95 % CI of the mean; floors chain/"
+                  + "/".join(f"DDTree-{b}" for b in _budgets(data)) + ")")
+        for h in ch:
+            t.add_column(h, justify="left" if h == "category" else "right", no_wrap=True)
+        for r in crows:
             t.add_row(*r)
         console.print(t)
     dh, drows = drift_rows(data)
@@ -199,6 +282,10 @@ def render_markdown(data: dict[str, Any]) -> str:
     header, rows = tau_rows(data)
     if rows:
         parts += ["", "### τ per prompt", "", _md_table(header, rows)]
+    ch, crows = category_rows(data)
+    if crows:
+        parts += ["", "### τ per category (mean, median, bootstrap 95 % CI of the mean; floors chain/"
+                  + "/".join(f"DDTree-{b}" for b in _budgets(data)) + ")", "", _md_table(ch, crows)]
     dh, drows = drift_rows(data)
     if drows:
         parts += ["", "### Hidden-state drift", "", _md_table(dh, drows)]
@@ -289,6 +376,8 @@ def apply_floors(data: dict[str, Any], floors: Any) -> None:
         data["mean_passed"] = bool(data["mean_floor"] is not None and mt is not None and mt >= data["mean_floor"]
                                    and all(f is not None and data["mean_ddtree"][b] >= f
                                            for b, f in data["mean_ddtree_floor"].items()))
+    if data.get("prompts"):
+        data["categories"] = category_stats(data["prompts"], floors)
 
 
 def finish(data: dict[str, Any], settings: Any) -> list[str]:
@@ -299,12 +388,16 @@ def finish(data: dict[str, Any], settings: Any) -> list[str]:
 
         prev = load_floors(settings.floors_file).raw
         pr = data["prompts"]
+        cats = data.get("categories") or category_stats(pr)
         doc = make_floors(
             {p: r["tau"] for p, r in pr.items()},
             {int(b): {p: r["ddtree"][b] for p, r in pr.items() if b in r["ddtree"]} for b in _budgets(data)},
             data.get("mean_tau", float("nan")),
             {int(b): v for b, v in data.get("mean_ddtree", {}).items()},
             margin=settings.tau_margin,
+            category_chain={c: r["chain"]["mean"] for c, r in cats.items() if c != "all"},
+            category_ddtree={int(b): {c: r["ddtree"][b]["mean"] for c, r in cats.items()
+                                      if c != "all" and b in r.get("ddtree", {})} for b in _budgets(data)},
             context={"target": data.get("target", {}).get("identity"),
                      "drafter": data.get("drafter", {}).get("fingerprint"),
                      "settings": {k: data.get("settings", {}).get(k) for k in

@@ -48,7 +48,9 @@ from dflash_eval.drift import layer_drift
 from dflash_eval.dtypes import parse_dtype
 from dflash_eval.errors import ConfigError, DFlashEvalError
 from dflash_eval.floors import Floors, load_floors
-from dflash_eval.prompts import Prompt, load_prompts
+from dflash_eval.formatting import CHAT_TEMPLATE_MODES, encode_prompt
+from dflash_eval.prompt_sets import BUILTIN_SETS, load_prompt_spec
+from dflash_eval.prompts import Prompt
 from dflash_eval.provenance import device_kind, library_versions, provenance
 from dflash_eval.tau import TauResult, chain_tau, ddtree_tau, draft_table, macro_tau
 
@@ -66,6 +68,7 @@ __all__ = [
 ]
 
 COMPLETION_SOURCES = ("local", "sglang", "cache")
+DEFAULT_PROMPTS = "humaneval:16,fixtures/prompts.jsonl"
 FINGERPRINT_TEXT = "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b\n"
 
 
@@ -84,7 +87,7 @@ class OptionSpec:
     name: str  # python name, e.g. "target_model"
     default: Any
     help: str
-    kind: str = "str"  # str | path | int | float | bool | ints | choice
+    kind: str = "str"  # str | path | spec (--prompts: files resolved like paths) | int | float | bool | ints | choice
     choices: tuple[str, ...] = ()
 
     @property
@@ -107,8 +110,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("drafter_config", None, "config.json for a bare .pt drafter without an embedded config", "path"),
     OptionSpec("reference_drafter", None, "a reference drafter directory: test_checkpoint lists every architecture "
                "difference against it", "path"),
-    OptionSpec("prompts", "fixtures/prompts.jsonl", "prompts JSONL file (one {id, category, text} object a line)",
-               "path"),
+    OptionSpec("prompts", DEFAULT_PROMPTS, "prompt sets and/or JSONL files, comma-separated: built-in sets by "
+               "name (humaneval, humaneval:N for the first N) and JSONL files (one {id, category, text} object a "
+               "line)", "spec"),
+    OptionSpec("chat_template", "auto", "format prompts with the target tokenizer's chat template: auto (when it has "
+               "one; thinking disabled), on (required), off (raw text)", "choice", CHAT_TEMPLATE_MODES),
     OptionSpec("num_prompts", None, "use only the first N prompts", "int"),
     OptionSpec("max_new_tokens", 128, "length of the reference completions (tokens)", "int"),
     OptionSpec("max_blocks", None, "stop each τ simulation after this many speculative rounds", "int"),
@@ -127,8 +133,17 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("completions", "local", "where reference completions come from on a cache miss: local (target's "
                "greedy generation), sglang (--sglang-url), cache (never compute; fail on a miss)", "choice",
                COMPLETION_SOURCES),
-    OptionSpec("sglang_url", None, "URL of a running SGLang server serving the target (for --completions sglang)",
+    OptionSpec("sglang_url", None, "URL of a running SGLang server serving the target (for --completions sglang; "
+               "default http://127.0.0.1:30000 with --sglang-launch)", "str"),
+    OptionSpec("sglang_launch", None, "command that starts the SGLang server (own process group, log in the report "
+               "dir, stopped at session end); only run when completions are not cached", "str"),
+    OptionSpec("sglang_timeout", 600.0, "seconds to wait in all for the SGLang server to be ready (/health_generate "
+               "200)", "float"),
+    OptionSpec("sglang_request_timeout", 600.0, "seconds each POST /generate request may take", "float"),
+    OptionSpec("sglang_model_name", None, "name /model_info must match (default: the target directory's name)",
                "str"),
+    OptionSpec("require_sglang", False, "CI gate: no SGLang server with a cold completion cache is a failure (else "
+               "the completion-dependent tests are skipped)", "bool"),
     OptionSpec("cache_dir", ".dflash_cache", "content-addressed cache of completions and features", "path"),
     OptionSpec("cache_only", False, "never compute: fail on any cache miss or corrupted entry", "bool"),
     OptionSpec("tau_floor", None, "use this τ floor for every prompt and the mean (overrides golden/tau_floors.json)",
@@ -150,6 +165,23 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "1; oversubscribed tiny models are far slower with more)", "int"),
 )
 OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def resolve_prompt_spec(raw: Any, base: Path | None) -> str:
+    """``--prompts`` with every relative file item made absolute against ``base`` (built-in set names such as
+    ``humaneval:16`` stay as they are; so does a bare unknown name, which then fails as an unknown set)."""
+    items = [s.strip() for s in str(raw).split(",") if s.strip()]
+    out = []
+    for item in items:
+        if item.partition(":")[0] in BUILTIN_SETS:
+            out.append(item)
+            continue
+        p = Path(item).expanduser()
+        if not p.is_absolute() and base is not None and (
+                (base / p).exists() or item.endswith((".jsonl", ".json")) or "/" in item):
+            p = base / p
+        out.append(str(p))
+    return ",".join(out)
 
 
 def _parse_value(spec: OptionSpec, raw: Any, base: Path | None) -> Any:
@@ -189,6 +221,8 @@ def _parse_value(spec: OptionSpec, raw: Any, base: Path | None) -> Any:
     if spec.kind == "path":
         p = Path(str(raw)).expanduser()
         return p if p.is_absolute() or base is None else base / p
+    if spec.kind == "spec":
+        return resolve_prompt_spec(raw, base)
     if spec.kind == "choice" and str(raw) not in spec.choices:
         if spec.name.endswith("backend"):
             raise ConfigError(f"{spec.flag}: unknown backend {raw!r}; choose one of {', '.join(spec.choices)}")
@@ -202,10 +236,11 @@ class EvalSettings:
 
     target_model: Path
     drafter: Path
-    prompts: Path
+    prompts: str
     drafter_config: Path | None = None
     reference_drafter: Path | None = None
     num_prompts: int | None = None
+    chat_template: str = "auto"
     max_new_tokens: int = 128
     max_blocks: int | None = None
     ddtree_budget: tuple[int, ...] = (8,)
@@ -216,6 +251,11 @@ class EvalSettings:
     reference_backend: str = "torch"
     completions: str = "local"
     sglang_url: str | None = None
+    sglang_launch: str | None = None
+    sglang_timeout: float = 600.0
+    sglang_request_timeout: float = 600.0
+    sglang_model_name: str | None = None
+    require_sglang: bool = False
     cache_dir: Path = Path(".dflash_cache")
     cache_only: bool = False
     tau_floor: float | None = None
@@ -262,8 +302,13 @@ class EvalSettings:
             raise ConfigError(f"--max-blocks must be >= 1, got {self.max_blocks}")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise ConfigError(f"--num-prompts must be >= 1, got {self.num_prompts}")
-        if self.completions == "sglang" and not self.sglang_url:
-            raise ConfigError("--completions sglang needs --sglang-url URL")
+        if self.completions == "sglang" and not self.sglang_url and not self.sglang_launch:
+            raise ConfigError("--completions sglang needs --sglang-url URL (a running server) or --sglang-launch CMD")
+        if self.sglang_launch and self.completions != "sglang":
+            raise ConfigError(f"--sglang-launch needs --completions sglang (got --completions {self.completions})")
+        for name in ("sglang_timeout", "sglang_request_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
         if self.tau_margin < 0:
             raise ConfigError(f"--tau-margin must be >= 0, got {self.tau_margin}")
         for name in ("hidden_state_backend", "reference_backend"):
@@ -317,6 +362,7 @@ class EvalSettings:
 
 
 _NULLABLE = {"device_map", "drafter_config", "reference_drafter", "num_prompts", "max_blocks", "sglang_url", "tau_floor",
+             "sglang_launch", "sglang_model_name",
              "drift_rel_tol", "drift_cos_tol", "torch_threads"}
 
 
@@ -333,6 +379,7 @@ class CompletionRecord:
     text: str
     source: str
     finish_reason: Any = None
+    spec_accept_length: float | None = None  # meta_info.spec_accept_length of a speculative SGLang server
 
     @property
     def sequence(self) -> list[int]:
@@ -465,38 +512,45 @@ def worker_info() -> tuple[str, int, int]:
     return wid, idx, count
 
 
-def _light_head(path: Path, device: torch.device, dtype: torch.dtype) -> Any:
-    """TargetHead from the target's safetensors (``*embed_tokens.weight`` and ``lm_head.weight``, tied when the
-    latter is absent); None when the weights are not in that layout (the caller then loads the model)."""
-    from safetensors import safe_open
-    from torch import nn
+class Progress:
+    """Progress of a long production (prompts done / total, tokens/s): a log line per step, at most every
+    ``every_s`` seconds (and always for the last step). ``sink`` None: silent."""
 
-    from dflash_eval.head import TargetHead
+    def __init__(self, what: str, total: int, sink: Callable[[str], None] | None, every_s: float = 2.0) -> None:
+        self.what, self.total, self.sink, self.every_s = what, total, sink, every_s
+        self.done = self.tokens = 0
+        self.t0 = self._last = time.perf_counter()
 
-    emb = head = None
-    for f in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(str(f), "pt") as fh:
-            for k in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
-                if emb is None and k.endswith("embed_tokens.weight") and "visual" not in k:
-                    emb = fh.get_tensor(k)
-                elif head is None and k.endswith("lm_head.weight"):
-                    head = fh.get_tensor(k)
-    if emb is None:
+    def step(self, tokens: int) -> None:
+        self.done += 1
+        self.tokens += tokens
+        now = time.perf_counter()
+        if self.sink is None or (now - self._last < self.every_s and self.done < self.total):
+            return
+        self._last = now
+        dt = max(now - self.t0, 1e-9)
+        self.sink(f"[dflash-eval] {self.what}: {self.done}/{self.total} prompts, {self.tokens} tokens, "
+                  f"{self.tokens / dt:.1f} tokens/s, {dt:.1f} s")
+
+    def wrap(self, produce: Callable[[], Any], tokens: Callable[[], int]) -> Callable[[], None]:
+        def run() -> None:
+            produce()
+            self.step(tokens())
+        return run
+
+
+def _default_progress_sink(worker_count: int) -> Callable[[str], None] | None:
+    """Progress lines go to the real stderr (pytest's capture does not hide them) when it is a terminal and this
+    is not an xdist worker; DFLASH_EVAL_PROGRESS=1 / 0 forces them on / off."""
+    import sys
+
+    flag = os.environ.get("DFLASH_EVAL_PROGRESS", "").strip().lower()
+    stream = sys.__stderr__
+    if flag in ("0", "false", "no", "off") or stream is None:
         return None
-    try:
-        cfg = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    if flag not in ("1", "true", "yes", "on") and (worker_count > 1 or not stream.isatty()):
         return None
-    tied = cfg.get("tie_word_embeddings", (cfg.get("text_config") or {}).get("tie_word_embeddings", False))
-    if head is None:
-        if not tied:
-            return None
-        head = emb
-    e = nn.Embedding(emb.shape[0], emb.shape[1])
-    e.weight = nn.Parameter(emb.to(dtype), requires_grad=False)
-    lm = nn.Linear(head.shape[1], head.shape[0], bias=False)
-    lm.weight = nn.Parameter(head.to(dtype), requires_grad=False)
-    return TargetHead(embed_tokens=e.to(device).eval(), lm_head=lm.to(device).eval())
+    return lambda m: print(m, file=stream, flush=True)
 
 
 def _code_digest() -> str:
@@ -531,11 +585,14 @@ class EvalSession:
         self.timings: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
         self.log = log or (lambda _m: None)
+        # progress lines of long productions (None: silent); see _default_progress_sink
+        self.progress: Callable[[str], None] | None = _default_progress_sink(self.worker_count)
         self._models: dict[torch.dtype, Any] = {}
         self._completions: dict[str, CompletionRecord] = {}
         self._features: dict[tuple[str, str, str], dict[int, torch.Tensor]] = {}
         self._argmax: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.errors: list[str] = []
+        self.sglang_info: dict[str, Any] | None = None  # set by the plugin's ``sglang`` fixture (eval.json "sglang")
         self._set_threads()
 
     def preflight(self) -> None:
@@ -551,9 +608,11 @@ class EvalSession:
             v = getattr(s, name)
             if v is not None and not v.exists():
                 problems.append(f"--{name.replace('_', '-')} {v}: not found")
-        if not s.prompts.is_file():
-            problems.append(f"--prompts {s.prompts}: not found")
-        for label, path in (("--target-model", s.target_model / "config.json"), ("--prompts", s.prompts)):
+        try:
+            self.prompts  # noqa: B018 - loads every set/file of the spec (JSONL errors name the line)
+        except ConfigError as exc:
+            problems.append(f"--prompts {s.prompts}: {exc}")
+        for label, path in (("--target-model", s.target_model / "config.json"),):
             if path.is_file() and not os.access(path, os.R_OK):
                 problems.append(f"{label} {path}: not readable")
         if problems:
@@ -566,6 +625,28 @@ class EvalSession:
         torch.set_num_threads(n)
         self.counts["torch_threads"] = n
 
+    # What depends on the target, the prompts and the suite options but not on the drafter.
+    SHARED = ("prompts", "prompt_by_id", "floors", "target", "target_identity", "target_config", "spec", "head",
+              "tokenizer", "tokenizer_digest", "prompt_ids", "comparisons")
+
+    def share_from(self, other: EvalSession) -> EvalSession:
+        """Reuse ``other``'s drafter-independent pieces (target, head, tokenizer, prompts, completions, features,
+        cache handle): evaluating checkpoint after checkpoint then costs only drafter work. Both sessions must
+        differ only in the drafter options (ConfigError otherwise). Returns self."""
+        drafter_opts = {"drafter", "drafter_config", "reference_drafter"}
+        mine = {k: v for k, v in self.settings.to_dict().items() if k not in drafter_opts}
+        theirs = {k: v for k, v in other.settings.to_dict().items() if k not in drafter_opts}
+        if mine != theirs:
+            diff = sorted(k for k in mine if mine[k] != theirs.get(k))
+            raise ConfigError(f"cannot share target resources between sessions whose options differ in {diff}")
+        for name in self.SHARED:
+            if name in other.__dict__:
+                self.__dict__[name] = other.__dict__[name]
+        self.cache = other.cache
+        self._models, self._completions = other._models, other._completions
+        self._features, self._argmax = other._features, other._argmax
+        return self
+
     @contextmanager
     def timed(self, name: str) -> Iterator[None]:
         t0 = time.perf_counter()
@@ -577,7 +658,7 @@ class EvalSession:
     # --------------------------------------------------------------------------------------------- inputs
     @cached_property
     def prompts(self) -> list[Prompt]:
-        return load_prompts(self.settings.prompts, limit=self.settings.num_prompts)
+        return load_prompt_spec(self.settings.prompts, limit=self.settings.num_prompts)
 
     @cached_property
     def prompt_by_id(self) -> dict[str, Prompt]:
@@ -627,10 +708,37 @@ class EvalSession:
             return self.target.identity()
         with self.timed("target_hash"):
             try:
-                return target_fingerprint(self.settings.target_model)
+                return self._stat_memo("target_identity", self.settings.target_model,
+                                       lambda: target_fingerprint(self.settings.target_model))
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"cannot read the target model at {self.settings.target_model}: {exc} "
                                   "(pass --target-model DIR)") from exc
+
+    def _stat_memo(self, name: str, path: Path, compute: Callable[[], str]) -> str:
+        """``compute()`` memoised in ``<cache>/v1/<name>.json`` under the (name, size, mtime_ns) of config.json and
+        the weight files of ``path``: a warm run does not hash gigabytes of weights again (any rewrite of a file
+        changes its mtime). Not counted in the cache stats; nothing is written under --cache-only."""
+        from dflash_eval.atomic import atomic_write_text
+
+        files = [path / "config.json", *sorted(path.glob("*.safetensors")), *sorted(path.glob("*.bin"))]
+        stamp = cache_key(name, {"path": str(path.resolve()), "files": [
+            [f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]})
+        memo_file = self.cache.root / "v1" / f"{name}.json"
+        try:
+            memo = json.loads(memo_file.read_text())
+        except (OSError, ValueError):
+            memo = {}
+        if isinstance(memo, dict) and isinstance(memo.get(stamp), str):
+            return memo[stamp]
+        value = compute()
+        if not self.cache.cache_only:
+            try:
+                memo_file.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(memo_file, json.dumps({**(memo if isinstance(memo, dict) else {}),
+                                                         stamp: value}, indent=1, sort_keys=True) + "\n")
+            except OSError:
+                pass
+        return value
 
     @cached_property
     def target_config(self) -> dict[str, Any]:
@@ -670,10 +778,13 @@ class EvalSession:
 
         if "target" in self.__dict__:
             return TargetHead.from_model(self.target.model)
-        light = _light_head(self.settings.target_model, self.settings.torch_device, self.settings.torch_dtype)
-        if light is None:
+        try:
+            with self.timed("head_load"):
+                return TargetHead.from_pretrained(self.settings.target_model, device=self.settings.torch_device,
+                                                  dtype=self.settings.torch_dtype)
+        except DFlashEvalError as exc:  # weights not in a known safetensors layout: take them from the model
+            self.log(f"reading the target's embedding/lm_head from safetensors failed ({exc}); loading the model")
             return TargetHead.from_model(self.target.model)
-        return light
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -709,13 +820,49 @@ class EvalSession:
         return self._models[dtype]
 
     @cached_property
+    def chat_template_text(self) -> str | None:
+        """The target tokenizer's chat template, read from its files (tokenizer_config.json ``chat_template``,
+        chat_template.jinja, chat_template.json) without importing transformers; None when it has none."""
+        d = self.settings.target_model
+        for name in ("chat_template.jinja",):
+            if (d / name).is_file():
+                return (d / name).read_text(encoding="utf-8")
+        for name, key in (("chat_template.json", "chat_template"), ("tokenizer_config.json", "chat_template")):
+            try:
+                t = json.loads((d / name).read_text(encoding="utf-8")).get(key)
+            except (OSError, json.JSONDecodeError, AttributeError):
+                continue
+            if isinstance(t, list):  # named templates: [{"name": "default", "template": ...}, ...]
+                t = json.dumps(t, sort_keys=True)
+            if t:
+                return str(t)
+        return None
+
+    @cached_property
+    def prompt_format(self) -> dict[str, Any]:
+        """How prompt text becomes token ids: ``{"chat_template": "on"|"off", "template_sha256": ...}`` (``auto``
+        resolved); part of the prompt_ids cache key (completions and features key the resulting ids)."""
+        import hashlib
+
+        mode, tmpl = self.settings.chat_template, self.chat_template_text
+        if mode == "on" and tmpl is None:
+            raise ConfigError(f"--chat-template on, but the target tokenizer at {self.settings.target_model} has no "
+                              "chat template (tokenizer_config.json 'chat_template' or chat_template.jinja)")
+        use = mode == "on" or (mode == "auto" and tmpl is not None)
+        return {"chat_template": "on" if use else "off",
+                "template_sha256": hashlib.sha256(tmpl.encode()).hexdigest() if use and tmpl else None,
+                "enable_thinking": False if use else None}
+
+    @cached_property
     def prompt_ids(self) -> dict[str, list[int]]:
-        """Token ids of each prompt (raw text, no special tokens); cached by tokenizer files + text."""
+        """Token ids of each prompt (raw text or the chat template, see :attr:`prompt_format`; no other special
+        tokens); cached by tokenizer files + formatting + text."""
         out: dict[str, list[int]] = {}
         missing = []
         with self.timed("tokenize"):
             for p in self.prompts:
-                fields = {"tokenizer": self.tokenizer_digest, "text": p.text, "add_special_tokens": False}
+                fields = {"tokenizer": self.tokenizer_digest, "text": p.text, "add_special_tokens": False,
+                          **self.prompt_format}
                 e = self.cache.read("prompt_ids", cache_key("prompt_ids", fields))
                 if e is not None:
                     out[p.id] = e.tensors["ids"].tolist()
@@ -737,9 +884,10 @@ class EvalSession:
         return {p.id: out[p.id] for p in self.prompts}
 
     def _tokenize(self, p: Prompt) -> list[int]:
-        ids = list(self.tokenizer(p.text, add_special_tokens=False)["input_ids"])
+        ids = encode_prompt(self.tokenizer, p.text, chat_template=self.prompt_format["chat_template"])
         if not ids:
-            raise EvalError(f"prompt {p.id!r} ({self.settings.prompts}:{p.line}) tokenizes to no tokens")
+            raise EvalError(f"prompt {p.id!r} (line {p.line} of its set in --prompts {self.settings.prompts}) "
+                            "tokenizes to no tokens")
         return ids
 
     def _ordered(self, items: list[Any]) -> list[Any]:
@@ -782,7 +930,7 @@ class EvalSession:
         ids = entry.tensors["output_ids"].tolist()
         return CompletionRecord(pid, self.prompt_ids[pid], ids, entry.meta.get("text", ""),
                                 entry.meta.get("source", entry.manifest.get("fields", {}).get("source", "?")),
-                                entry.meta.get("finish_reason"))
+                                entry.meta.get("finish_reason"), entry.meta.get("spec_accept_length"))
 
     def _read_completion(self, pid: str) -> CompletionRecord | None:
         sources = {"local": ["local"], "sglang": ["sglang"], "cache": ["local", "sglang"]}[self.settings.completions]
@@ -792,14 +940,15 @@ class EvalSession:
                 return self._record(pid, entry)
         return None
 
-    def _write_completion(self, pid: str, source: str, ids: list[int], text: str, finish: Any, seconds: float) -> None:
+    def _write_completion(self, pid: str, source: str, ids: list[int], text: str, finish: Any, seconds: float,
+                          extra_meta: dict[str, Any] | None = None) -> None:
         if not ids:
             raise EvalError(f"empty completion for prompt {pid!r} from {source}: nothing to evaluate "
                             "(the target emitted EOS at once?); no cache entry written")
         fields = self._completion_fields(pid, source)
         self.cache.write("completion", cache_key("completion", fields), {"output_ids": torch.tensor(ids)},
                          fields=fields, meta={"text": text, "source": source, "finish_reason": finish,
-                                              "prompt_id": pid}, seconds=seconds)
+                                              "prompt_id": pid, **(extra_meta or {})}, seconds=seconds)
 
     def _generate_local(self, pid: str) -> None:
         from dflash_eval.generation import greedy_generate
@@ -814,19 +963,32 @@ class EvalSession:
         self._write_completion(pid, "local", ids, text, None, time.perf_counter() - t0)
 
     def _generate_sglang(self, pids: list[str]) -> None:
+        """Fetch greedy completions from the server (ready + identity re-checked first: cheap when the plugin's
+        ``sglang`` fixture already waited) and cache them; nothing is cached unless every answer is valid."""
         from dflash_eval.sglang import check_identity, generate_greedy, wait_until_ready
+        from dflash_eval.sglang_suite import DEFAULT_LAUNCH_URL
 
         self.drafter  # noqa: B018
-        url = str(self.settings.sglang_url)
+        s = self.settings
+        url = str(s.sglang_url or DEFAULT_LAUNCH_URL)
         t0 = time.perf_counter()
         with self.timed("sglang"):
-            wait_until_ready(url, timeout_s=600)
-            check_identity(url, expected_name=self.settings.target_model.name)
-            comps = generate_greedy(url, [self.prompt_ids[p] for p in pids],
-                                    max_new_tokens=self.settings.max_new_tokens)
+            wait_until_ready(url, timeout_s=s.sglang_timeout)
+            check_identity(url, expected_name=s.sglang_model_name or s.target_model.name)
+            comps = generate_greedy(url, [self.prompt_ids[p] for p in pids], max_new_tokens=s.max_new_tokens,
+                                    timeout_s=s.sglang_request_timeout)
         dt = (time.perf_counter() - t0) / max(1, len(pids))
         for pid, c in zip(pids, comps):
-            self._write_completion(pid, "sglang", list(c.output_ids), c.text, c.finish_reason, dt)
+            extra = {} if c.spec_accept_length is None else {"spec_accept_length": c.spec_accept_length,
+                                                             "spec_verify_ct": c.spec_verify_ct}
+            self._write_completion(pid, "sglang", list(c.output_ids), c.text, c.finish_reason, dt, extra)
+
+    def completions_cached(self) -> bool:
+        """Whether every prompt's completion is memoised or cached for the configured ``--completions`` source."""
+        sources = {"local": ["local"], "sglang": ["sglang"], "cache": ["local", "sglang"]}[self.settings.completions]
+        return all(pid in self._completions or any(
+            self.cache.exists("completion", cache_key("completion", self._completion_fields(pid, src)))
+            for src in sources) for pid in (p.id for p in self.prompts))
 
     def completions(self) -> dict[str, CompletionRecord]:
         """Every prompt's reference completion (cache, else produced per ``--completions``)."""
@@ -862,10 +1024,17 @@ class EvalSession:
                     self._generate_sglang(still)
         else:
             jobs = []
+            prog = Progress("reference completions (local generation)", len(todo), self.progress)
             for pid in todo:
                 key = cache_key("completion", self._completion_fields(pid, "local"))
+                before = [0]
+
+                def gen(p: str = pid, b: list[int] = before) -> None:
+                    b[0] = self.counts["generated_tokens"]
+                    self._generate_local(p)
+
                 jobs.append((f"completion-{key}", lambda k=key: self.cache.exists("completion", k),
-                             lambda p=pid: self._generate_local(p)))
+                             prog.wrap(gen, lambda b=before: self.counts["generated_tokens"] - b[0])))
             self._produce_all(jobs)
         for pid in todo:
             rec = self._read_completion(pid)
@@ -927,6 +1096,7 @@ class EvalSession:
                 if side.backend == "fla":
                     check_backend_device("fla", self.settings.torch_device)
                 jobs = []
+                prog = Progress(f"target features ({side.label}, layers {list(layers)})", len(todo), self.progress)
                 for pid in todo:
                     seq = comps[pid].sequence
                     group = {k: v for k, v in self._feature_fields(seq, -1, side).items() if k != "layer"}
@@ -936,7 +1106,8 @@ class EvalSession:
                         return all(self.cache.exists("features", cache_key("features", self._feature_fields(seq, i, side)))
                                    for i in layers)
 
-                    jobs.append((name, present, lambda pid=pid, seq=seq: self._extract(pid, seq, layers, side)))
+                    jobs.append((name, present, prog.wrap(lambda pid=pid, seq=seq: self._extract(pid, seq, layers, side),
+                                                          lambda seq=seq: len(seq))))
                 for pid in todo:
                     for i in layers:
                         f = self._feature_fields(comps[pid].sequence, i, side)
@@ -1041,6 +1212,14 @@ class EvalSession:
         return {"chain": macro_tau([r.chain for r in res]),
                 "ddtree": {b: macro_tau([r.ddtree[b] for r in res]) for b in self.settings.ddtree_budget}}
 
+    @cached_property
+    def category_tau(self) -> dict[str, Any]:
+        """Per category and ``"all"``: n, chain / DDTree τ mean, median and bootstrap 95 % CI, floors, verdict
+        (:func:`dflash_eval.report.category_stats`)."""
+        from dflash_eval.report import category_stats
+
+        return category_stats(self.prompt_verdicts(), self.floors)
+
     # --------------------------------------------------------------------------------------------- drift
     @cached_property
     def comparisons(self) -> list[Comparison]:
@@ -1133,6 +1312,10 @@ class EvalSession:
                 "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
                 "passed": bool(ok),
             }
+            rec = self._completions.get(pid)
+            server_accept = rec.spec_accept_length if rec is not None else None
+            if server_accept is not None:  # the SGLang server ran the drafter itself (--speculative-algorithm)
+                out[pid]["server_accept_length"] = server_accept
         return out
 
     def fragment(self) -> dict[str, Any]:
@@ -1141,6 +1324,8 @@ class EvalSession:
                                "timings": {k: round(v, 4) for k, v in self.timings.items()},
                                "counts": dict(self.counts), "cache": self.cache.stats.to_dict(),
                                "errors": list(self.errors)}
+        if self.sglang_info:
+            out["sglang"] = self.sglang_info
         if "target" in self.__dict__:
             t = self.target
             out["target"] = {"path": str(t.path), "identity": self.target_identity, "num_layers": t.num_layers,
@@ -1166,6 +1351,7 @@ class EvalSession:
             out["mean_ddtree"] = {str(b): v for b, v in m["ddtree"].items()}
             out["mean_floor"] = self.floors.for_mean()
             out["mean_ddtree_floor"] = {str(b): self.floors.for_mean(b) for b in self.settings.ddtree_budget}
+            out["categories"] = self.category_tau
         drift = self.__dict__.get("_drift", {})
         if drift:
             rows, acc = [], []

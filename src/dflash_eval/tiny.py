@@ -93,8 +93,11 @@ def qwen35_text_config(
 
 
 def build_random_target(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 300,
-                        dtype: torch.dtype = torch.float32, **config_kwargs: Any) -> Path:
-    """Save a randomly initialised Qwen3_5ForCausalLM + tokenizer to ``out_dir``; returns the path."""
+                        dtype: torch.dtype = torch.float32, max_shard_size: str | int | None = None,
+                        **config_kwargs: Any) -> Path:
+    """Save a randomly initialised Qwen3_5ForCausalLM + tokenizer to ``out_dir``; returns the path.
+
+    ``max_shard_size`` (e.g. ``"200KB"``): save sharded, with ``model.safetensors.index.json``."""
     from transformers import Qwen3_5ForCausalLM
 
     out = Path(out_dir)
@@ -104,7 +107,10 @@ def build_random_target(out_dir: str | Path, *, seed: int = 0, vocab_size: int =
                              **config_kwargs)
     torch.manual_seed(seed)
     model = Qwen3_5ForCausalLM(cfg).to(dtype)
-    model.save_pretrained(str(out))
+    if max_shard_size is None:
+        model.save_pretrained(str(out))
+    else:
+        model.save_pretrained(str(out), max_shard_size=max_shard_size)
     return out
 
 

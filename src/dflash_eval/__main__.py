@@ -1,0 +1,7 @@
+"""``python -m dflash_eval``: the ``dflash-eval`` command line (see :mod:`dflash_eval.cli`)."""
+
+import sys
+
+from dflash_eval.cli import main
+
+sys.exit(main())

@@ -1,0 +1,231 @@
+"""``dflash-eval`` console entry point (also ``python -m dflash_eval``).
+
+``dflash-eval gate --drafter A --drafter B ...`` evaluates one or more drafter checkpoints against the same target
+and prompts in ONE process: the target's embedding/lm_head, tokenizer, prompt ids, reference completions and
+features are loaded (or produced) once and shared by every checkpoint's :class:`~dflash_eval.session.EvalSession`
+(:meth:`~dflash_eval.session.EvalSession.share_from`), so each checkpoint after the first costs only drafter work.
+It prints a comparison table (checkpoint, mean τ, DDTree-N τ, worst prompt, verdict against the floors of
+``--floors-file`` or ``--tau-floor``).
+
+Exit status: 0 every checkpoint passes; 1 at least one fails (τ below a floor, a missing floor, a checkpoint that
+cannot be evaluated); 2 bad input (a path that does not exist, an invalid option value).
+
+Every suite option (``pytest --help``, group "dflash-eval") is accepted with the same name, and read from
+``DFLASH_EVAL_<NAME>`` when not given; relative paths are relative to the current directory (the defaults, e.g.
+``fixtures/target``, assume the repository root). Ini files are not read.
+
+Example::
+
+    dflash-eval gate --drafter ckpt/step_4000 --drafter ckpt/step_5000 --target-model /models/Qwen3-8B \\
+        --prompts prompts.jsonl --max-new-tokens 512 --tau-floor 3.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.errors import ConfigError, DFlashEvalError
+
+__all__ = ["main", "build_parser", "gate"]
+
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _add_suite_options(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    from dflash_eval.session import OPTIONS
+
+    g = p.add_argument_group("suite options (as in `pytest tests_eval`; env DFLASH_EVAL_<NAME> when not given)")
+    for spec in OPTIONS:
+        if spec.name in skip:
+            continue
+        h = f"{spec.help} [env {spec.env}]".replace("%", "%%")
+        if spec.kind == "bool":
+            g.add_argument(spec.flag, action="store_const", const=True, default=None, dest=spec.name, help=h)
+        elif spec.kind == "ints":
+            g.add_argument(spec.flag, action="append", default=None, dest=spec.name, metavar="N[,N...]", help=h)
+        elif spec.kind == "choice":
+            g.add_argument(spec.flag, default=None, dest=spec.name, choices=spec.choices, help=h)
+        else:
+            g.add_argument(spec.flag, default=None, dest=spec.name, help=h)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dflash-eval", description="Evaluate DFlash drafters (see docs/eval_suite.md).")
+    ap.add_argument("--version", action="version", version=_version())
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    g = sub.add_parser("gate", help="evaluate one or more drafter checkpoints in one process and compare them",
+                       description="Evaluate each --drafter against the same target and prompts, reusing the "
+                                   "target pieces, completions and features across checkpoints; print a comparison "
+                                   "table. Exit 0: all pass, 1: any fails, 2: bad input.")
+    g.add_argument("--drafter", action="append", required=True, metavar="CKPT",
+                   help="a drafter checkpoint (directory or training .pt); repeat for several")
+    g.add_argument("--json", dest="json_out", metavar="FILE", help="also write the comparison as JSON to FILE")
+    g.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    _add_suite_options(g, skip=("drafter",))
+    return ap
+
+
+def _version() -> str:
+    from dflash_eval import __version__
+
+    return f"dflash-eval {__version__}"
+
+
+def _values(ns: argparse.Namespace) -> dict[str, Any]:
+    """Suite option values: CLI > env > default; relative paths against the current directory."""
+    from dflash_eval.session import OPTIONS
+
+    cwd = Path.cwd()
+    values: dict[str, Any] = {}
+    for spec in OPTIONS:
+        if spec.name == "drafter":
+            continue
+        raw = getattr(ns, spec.name, None)
+        if raw is None:
+            env = os.environ.get(spec.env)
+            raw = env if env not in (None, "") else spec.default
+        if spec.kind == "path" and raw is not None:
+            p = Path(str(raw)).expanduser()
+            raw = p if p.is_absolute() else cwd / p
+        values[spec.name] = raw
+    return values
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+def _evaluate(session: Any) -> dict[str, Any]:
+    """One checkpoint's row: mean τ, DDTree τ, worst prompt, verdict and the reasons of a failure."""
+    verdicts = session.prompt_verdicts()
+    mean = session.mean_tau
+    fl = session.floors
+    reasons = []
+    below = [pid for pid, v in verdicts.items() if not v["passed"]]
+    missing = [pid for pid, v in verdicts.items() if v["floor"] is None or None in v["ddtree_floor"].values()]
+    if missing:
+        reasons.append(f"no floor for {len(missing)} prompt(s) (e.g. {missing[0]!r}; pass --tau-floor)")
+    if [p for p in below if p not in missing]:
+        reasons.append(f"{len([p for p in below if p not in missing])} prompt(s) below floor")
+    checks = [("chain", mean["chain"], fl.for_mean())] + [
+        (f"DDTree-{b}", v, fl.for_mean(b)) for b, v in mean["ddtree"].items()]
+    for label, value, floor in checks:
+        if floor is None:
+            reasons.append(f"no mean {label} floor")
+        elif not value >= floor:
+            reasons.append(f"mean {label} τ {value:.3f} < {floor}")
+    worst = min(verdicts.items(), key=lambda kv: kv[1]["tau"]) if verdicts else None
+    return {
+        "drafter": str(session.settings.drafter), "fingerprint": session.checkpoint.fingerprint,
+        "mean_tau": mean["chain"], "mean_ddtree": {str(b): v for b, v in mean["ddtree"].items()},
+        "mean_floor": fl.for_mean(), "worst_prompt": worst[0] if worst else None,
+        "worst_tau": worst[1]["tau"] if worst else None, "worst_floor": worst[1]["floor"] if worst else None,
+        "passed": not reasons, "reasons": reasons,
+        "prompts": {pid: {"tau": v["tau"], "ddtree": v["ddtree"], "floor": v["floor"], "passed": v["passed"]}
+                    for pid, v in verdicts.items()},
+    }
+
+
+def _render(rows: list[dict[str, Any]], budgets: list[int], stream: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="dflash-eval gate", show_lines=False)
+    t.add_column("checkpoint", overflow="fold")
+    t.add_column("mean τ", justify="right")
+    for b in budgets:
+        t.add_column(f"DDTree-{b} τ", justify="right")
+    t.add_column("worst prompt (τ / floor)", overflow="fold")
+    t.add_column("verdict", overflow="fold")
+    for r in rows:
+        if "error" in r:
+            t.add_row(r["drafter"], "-", *["-" for _ in budgets], "-", f"[red]ERROR[/red] {r['error']}")
+            continue
+        worst = f"{r['worst_prompt']} ({_fmt(r['worst_tau'])} / {_fmt(r['worst_floor'])})" \
+            if r["worst_prompt"] is not None else "-"
+        verdict = "[green]PASS[/green]" if r["passed"] else "[red]FAIL[/red] " + "; ".join(r["reasons"])
+        t.add_row(r["drafter"], _fmt(r["mean_tau"]), *[_fmt(r["mean_ddtree"].get(str(b))) for b in budgets],
+                  worst, verdict)
+    console = Console(file=stream, width=None if stream.isatty() else 160, highlight=False)
+    console.print(t)
+
+
+def gate(ns: argparse.Namespace) -> int:
+    from dflash_eval.session import EvalSession, EvalSettings
+
+    err = sys.stderr
+    values = _values(ns)
+    drafters = [Path(d).expanduser() for d in ns.drafter]
+    drafters = [d if d.is_absolute() else Path.cwd() / d for d in drafters]
+    problems, settings = [], []
+    for d in drafters:
+        if not d.exists():
+            problems.append(f"--drafter {d}: not found (a drafter directory or a .pt file)")
+    if problems:
+        print("dflash-eval gate: bad input:\n  " + "\n  ".join(problems), file=err)
+        return EXIT_BAD_INPUT
+    try:
+        for d in drafters:
+            settings.append(EvalSettings.from_mapping({**values, "drafter": d}))
+        EvalSession(settings[0], worker=("master", 0, 1)).preflight()
+    except DFlashEvalError as exc:
+        print(f"dflash-eval gate: bad input: {exc}", file=err)
+        return EXIT_BAD_INPUT
+
+    def say(m: str) -> None:
+        if not ns.quiet:
+            print(m, file=err, flush=True)
+
+    rows: list[dict[str, Any]] = []
+    prev = None
+    t_all = time.perf_counter()
+    for s in settings:
+        sess = EvalSession(s, worker=("master", 0, 1), log=say)
+        sess.progress = None if ns.quiet else say
+        if prev is not None:
+            sess.share_from(prev)
+        t0 = time.perf_counter()
+        try:
+            row = _evaluate(sess)
+        except DFlashEvalError as exc:
+            row = {"drafter": str(s.drafter), "passed": False, "error": f"{type(exc).__name__}: {exc}"}
+        row["seconds"] = round(time.perf_counter() - t0, 3)
+        say(f"[dflash-eval] {s.drafter}: {'PASS' if row['passed'] else 'FAIL'} in {row['seconds']:.2f} s")
+        rows.append(row)
+        prev = sess
+    _render(rows, list(settings[0].ddtree_budget), sys.stdout)
+    failed = [r for r in rows if not r["passed"]]
+    print(f"{len(rows) - len(failed)}/{len(rows)} checkpoint(s) passed in {time.perf_counter() - t_all:.1f} s")
+    if ns.json_out:
+        Path(ns.json_out).write_text(json.dumps({"checkpoints": rows, "passed": not failed}, indent=1) + "\n")
+    return EXIT_FAIL if failed else EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    try:
+        ns = ap.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    if ns.command is None:
+        ap.print_help()
+        return EXIT_BAD_INPUT
+    if ns.command == "gate":
+        try:
+            return gate(ns)
+        except ConfigError as exc:
+            print(f"dflash-eval gate: bad input: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    ap.error(f"unknown command {ns.command!r}")
+    return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The ``dflash-eval`` command line: ``gate`` over several checkpoints in one process, exit codes, --help.
+
+Run: ``pytest tests/test_cli.py -p no:cacheprovider``
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dflash_eval.target as target_mod
+from dflash_eval.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE_TARGET = ROOT / "fixtures" / "target"
+FIXTURE_DRAFTER = ROOT / "fixtures" / "drafter"
+
+
+@pytest.fixture
+def common(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "category": "code", "text": t}) + "\n" for i, t in
+                               enumerate(["def add(a, b):\n    return", "for i in range(10):\n    print("])))
+    return ["--target-model", str(FIXTURE_TARGET), "--prompts", str(prompts), "--max-new-tokens", "12",
+            "--cache-dir", str(tmp_path / "cache"), "--device", "cpu", "--torch-threads", "1", "--quiet"]
+
+
+def test_gate_two_checkpoints_then_failing_floor_then_bad_path(common, tmp_path, capsys, monkeypatch):
+    copy = tmp_path / "step_2"
+    shutil.copytree(FIXTURE_DRAFTER, copy)
+    out_json = tmp_path / "gate.json"
+    rc = main(["gate", "--drafter", str(FIXTURE_DRAFTER), "--drafter", str(copy), "--tau-floor", "1.0",
+               "--json", str(out_json), *common])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    for col in ("checkpoint", "mean τ", "DDTree-8 τ", "worst prompt", "verdict"):
+        assert col in out
+    assert out.count("PASS") == 2 and "2/2 checkpoint(s) passed" in out
+    rows = json.loads(out_json.read_text())["checkpoints"]
+    assert [r["drafter"] for r in rows] == [str(FIXTURE_DRAFTER), str(copy)]
+    assert rows[0]["mean_tau"] == rows[1]["mean_tau"] and rows[0]["worst_prompt"] in ("q0", "q1")
+
+    # Warm (same cache): the target is never built; a floor nobody reaches fails the gate with exit 1.
+    monkeypatch.setattr(target_mod, "load_target", lambda *a, **k: pytest.fail("warm gate loaded the target"))
+    rc = main(["gate", "--drafter", str(FIXTURE_DRAFTER), "--drafter", str(copy), "--tau-floor", "100", *common])
+    out = capsys.readouterr().out
+    assert rc == 1 and out.count("FAIL") == 2 and "below floor" in out and "0/2 checkpoint(s) passed" in out
+
+    # A path that does not exist: exit 2 before evaluating anything, naming the path.
+    missing = tmp_path / "nope" / "step_3"
+    rc = main(["gate", "--drafter", str(copy), "--drafter", str(missing), *common])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--drafter {missing}: not found" in err
+
+
+def test_bad_option_value_is_exit_2(common, capsys):
+    rc = main(["gate", "--drafter", str(FIXTURE_DRAFTER), *common, "--max-new-tokens", "0"])  # last one wins
+    assert rc == 2 and "--max-new-tokens must be >= 1" in capsys.readouterr().err
+
+
+def test_help_and_module_entry_point():
+    assert main(["--help"]) == 0
+    assert main(["gate", "--help"]) == 0
+    p = subprocess.run([sys.executable, "-m", "dflash_eval", "gate", "--help"], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert p.returncode == 0 and "--drafter" in p.stdout and "--tau-floor" in p.stdout

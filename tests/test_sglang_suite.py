@@ -1,0 +1,268 @@
+"""The eval suite (tests_eval/) with ``--completions sglang``, end to end, against the SGLang stand-in
+(``tests/sglang_standin.py``, NOT SGLang): launch mode, readiness, identity, caching, skip / ``--require-sglang``,
+teardown of the launched server's process group (also on SIGTERM and SIGINT).
+
+Each test runs the suite in a subprocess (``python -m pytest tests_eval ...``) on the bundled fixtures, on the
+first few prompts of ``fixtures/prompts.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDIN = "tests/sglang_standin.py"
+NUM_PROMPTS = 3
+SELECT = "tau or reference_completion"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def standin_cmd(port: int, *extra: str) -> str:
+    return shlex.join([sys.executable, STANDIN, "--model-path", "fixtures/target", "--port", str(port), *extra])
+
+
+def suite_argv(tmp: Path, *args: str, select: str = SELECT) -> list[str]:
+    return [sys.executable, "-m", "pytest", "tests_eval", "--completions", "sglang",
+            "--prompts", "fixtures/prompts.jsonl", "--num-prompts", str(NUM_PROMPTS), "--tau-floor", "1.0",
+            "--cache-dir", str(tmp / "cache"), "--report-dir", str(tmp / "reports"), "-k", select,
+            "-p", "no:cacheprovider", "--torch-threads", "1", "-p", "no:xdist", *args]
+
+
+def suite_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DFLASH_EVAL_", "PYTEST_"))}
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_suite(tmp: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(suite_argv(tmp, *args), cwd=ROOT, env=suite_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    # members may be zombies not yet reaped by their (dead) parent: count only live ones
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                text = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = text[text.rfind(")") + 2:].split()
+            if len(fields) >= 3 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+                return False
+    return True
+
+
+def standin_pids(port: int) -> list[int]:
+    """Live stand-in processes serving ``port`` (by command line)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X") and any(a.endswith(b"sglang_standin.py") for a in argv) \
+                and str(port).encode() in argv:
+            out.append(int(entry.name))
+    return out
+
+
+def cached_completions(cache: Path) -> dict[str, tuple[str, list[int]]]:
+    """{prompt id: (source, output ids)} of every completion entry in the cache."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for man in (cache / "v1" / "completion").glob("*/*/manifest.json"):
+        m = json.loads(man.read_text())
+        meta = m.get("meta", {})
+        out[meta["prompt_id"]] = (meta["source"], load_file(str(man.parent / "data.safetensors"))["output_ids"].tolist())
+    return out
+
+
+def outcomes(report_dir: Path) -> dict[str, str]:
+    return json.loads((report_dir / "eval.json").read_text())["tests"]["outcomes"]
+
+
+def show(proc: subprocess.CompletedProcess) -> str:
+    return f"rc={proc.returncode}\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+def test_launched_standin_gives_local_completions_then_warm_cache_needs_no_server(tmp_path: Path) -> None:
+    port = free_port()
+    launch = standin_cmd(port, "--warmup-refuse-s", "1", "--warmup-503-s", "1",
+                         "--synthetic-spec-accept-length", "3.5")
+    t0 = time.monotonic()
+    proc = run_suite(tmp_path, "--sglang-launch", launch, "--sglang-url", f"http://127.0.0.1:{port}")
+    cold_s = time.monotonic() - t0
+    assert proc.returncode == 0, show(proc)
+    reports = tmp_path / "reports"
+
+    # the server's log is in the report dir, and its process group is gone
+    log = reports / "sglang-server.log"
+    assert log.is_file(), show(proc)
+    log_text = log.read_text()
+    assert "NOT SGLang" in log_text and "POST /generate" in log_text
+    data = json.loads((reports / "eval.json").read_text())
+    info = data["sglang"]
+    assert info["url"] == f"http://127.0.0.1:{port}" and info["launch"] == launch and info["log"] == str(log)
+    assert group_gone(info["pid"]), f"process group {info['pid']} of the launched server still alive"
+    assert standin_pids(port) == []
+
+    # the completions are the target's own greedy ones: the snapshot tests (golden local generation) passed,
+    # and the cached token ids equal the golden snapshots'
+    oc = outcomes(reports)
+    ref = {k: v for k, v in oc.items() if "test_reference_completion[" in k}
+    assert len(ref) == NUM_PROMPTS and set(ref.values()) == {"passed"}, oc
+    cached = cached_completions(tmp_path / "cache")
+    assert len(cached) == NUM_PROMPTS
+    snap_dir = ROOT / "golden" / "snapshots" / "target" / "test_reference_completions"
+    for pid, (source, ids) in cached.items():
+        assert source == "sglang"
+        golden = json.loads((snap_dir / f"test_reference_completion[{pid}].json").read_text())
+        assert ids == golden["output_ids"], pid
+
+    # the server's (here SYNTHETIC) spec_accept_length is reported beside the offline τ
+    for pid, r in data["prompts"].items():
+        assert r["server_accept_length"] == pytest.approx(3.5, abs=1.0), pid
+    assert "server accept len" in (reports / "eval.md").read_text()
+
+    # a warm cache needs no server at all, even under --require-sglang
+    dead = free_port()
+    t0 = time.monotonic()
+    warm = run_suite(tmp_path, "--sglang-url", f"http://127.0.0.1:{dead}", "--sglang-timeout", "1",
+                     "--require-sglang", "--report-dir", str(tmp_path / "warm_reports"))
+    warm_s = time.monotonic() - t0
+    assert warm.returncode == 0, show(warm)
+    assert set(outcomes(tmp_path / "warm_reports").values()) == {"passed"}
+    assert not (tmp_path / "warm_reports" / "sglang-server.log").exists()
+    print(f"cold (launch + fetch) {cold_s:.1f}s, warm {warm_s:.1f}s")
+
+
+def test_cold_cache_without_server_skips_naming_the_url(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    proc = run_suite(tmp_path, "--sglang-url", url, "--sglang-timeout", "1", "-rs")
+    assert proc.returncode == 0, show(proc)
+    assert time.monotonic() - t0 < 120
+    assert re.search(r"\d+ skipped", proc.stdout) and " passed" not in proc.stdout.splitlines()[-1], show(proc)
+    skips = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert skips and all(url in line and "not cached" in line for line in skips), show(proc)
+    assert not list((tmp_path / "cache").glob("v1/completion/*/*/manifest.json"))
+
+
+def test_cold_cache_without_server_fails_under_require_sglang(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = run_suite(tmp_path, "--sglang-url", url, "--sglang-timeout", "1", "--require-sglang")
+    assert proc.returncode == 1, show(proc)
+    assert "--require-sglang" in proc.stdout and url in proc.stdout, show(proc)
+    assert "skipped" not in proc.stdout.splitlines()[-1] and "error" in proc.stdout.splitlines()[-1], show(proc)
+
+
+def test_wrong_model_fails_before_any_completion(tmp_path: Path) -> None:
+    port = free_port()
+    proc = run_suite(tmp_path, "--sglang-launch", standin_cmd(port, "--mode", "wrong-model-info"),
+                     "--sglang-url", f"http://127.0.0.1:{port}")
+    assert proc.returncode == 1, show(proc)
+    assert "serves the wrong model" in proc.stdout and "Some-Other-Model-7B" in proc.stdout, show(proc)
+    assert "POST /generate" not in (tmp_path / "reports" / "sglang-server.log").read_text()
+    assert not list((tmp_path / "cache").glob("v1/completion/*/*/manifest.json"))
+    assert standin_pids(port) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_interrupted_run_stops_the_launched_server(tmp_path: Path, sig: signal.Signals) -> None:
+    port = free_port()
+    argv = suite_argv(tmp_path, "--sglang-launch", standin_cmd(port, "--mode", "never-ready"),
+                      "--sglang-url", f"http://127.0.0.1:{port}", "--sglang-timeout", "120")
+    log = tmp_path / "reports" / "sglang-server.log"
+    proc = subprocess.Popen(argv, cwd=ROOT, env=suite_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (log.is_file() and "listening on" in log.read_text()):
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.2)
+        m = re.search(r"pid=(\d+)", log.read_text())
+        assert m, log.read_text()
+        server_pid = int(m.group(1))
+        assert not group_gone(server_pid)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0, out[-3000:]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not group_gone(server_pid):
+        time.sleep(0.1)
+    assert group_gone(server_pid), f"launched server group {server_pid} survived {sig.name} to pytest"
+    assert standin_pids(port) == []
+
+
+# ------------------------------------------------------------------------------------------------ settings (no server)
+
+
+def test_sglang_settings_validation(tmp_path: Path) -> None:
+    from dflash_eval.errors import DFlashEvalError
+    from dflash_eval.session import EvalSettings
+    from dflash_eval.sglang_suite import DEFAULT_LAUNCH_URL, SGLangService
+
+    s = EvalSettings.from_mapping({"completions": "sglang", "sglang_launch": "serve --port 30000"}, base=tmp_path)
+    svc = SGLangService(s)
+    assert svc.url == DEFAULT_LAUNCH_URL and svc.expected_name == "target"
+    assert svc.log_path == s.report_dir / "sglang-server.log" and s.sglang_timeout == 600 and not s.require_sglang
+    s = EvalSettings.from_mapping({"completions": "sglang", "sglang_url": "http://h:1/", "sglang_model_name": "Q",
+                                   "sglang_timeout": "5", "require_sglang": "1"}, base=tmp_path)
+    svc = SGLangService(s)
+    assert (svc.url, svc.expected_name, svc.timeout_s, svc.log_path, s.require_sglang) == ("http://h:1", "Q", 5.0,
+                                                                                          None, True)
+    for bad, needle in [({"completions": "sglang"}, "--sglang-url"),
+                        ({"sglang_launch": "serve"}, "--sglang-launch needs --completions sglang"),
+                        ({"completions": "sglang", "sglang_url": "http://h:1", "sglang_timeout": "0"},
+                         "--sglang-timeout"),
+                        ({"completions": "sglang", "sglang_url": "http://h:1", "sglang_request_timeout": "-1"},
+                         "--sglang-request-timeout")]:
+        with pytest.raises(DFlashEvalError, match=re.escape(needle)):
+            EvalSettings.from_mapping(bad, base=tmp_path)
+
+
+def test_tau_table_has_a_server_accept_column_only_when_reported() -> None:
+    from dflash_eval import report
+
+    data = {"prompts": {"a": {"tau": 2.0, "ddtree": {}, "floor": 1.0, "rounds": 3, "passed": True},
+                        "b": {"tau": 3.0, "ddtree": {}, "floor": 1.0, "rounds": 2, "passed": True}},
+            "mean_tau": 2.5, "mean_floor": 1.0, "mean_passed": True}
+    header, rows = report.tau_rows(data)
+    assert "server accept len" not in header
+    data["prompts"]["a"]["server_accept_length"] = 3.25
+    header, rows = report.tau_rows(data)
+    i = header.index("server accept len")
+    assert [r[i] for r in rows] == ["3.250", "-", "3.250"]
+    assert all(len(r) == len(header) for r in rows)

@@ -1,0 +1,224 @@
+"""Issue 7: checkpoint after checkpoint, a warm run loads only what it needs.
+
+- a warm session never builds the target (load_target is made to raise), reads exactly the embedding and lm_head
+  tensors from the safetensors files, and does not re-hash the weights;
+- the same with a sharded target (model.safetensors.index.json);
+- a drafter with other target_layer_ids extracts only the missing layers, in one forward per prompt;
+- an interrupted cold run keeps what it finished and the next run resumes;
+- progress lines (prompts done / total, tokens/s) on productions;
+- share_from: a second checkpoint reuses the first session's pieces.
+
+Run: ``pytest tests/test_warm_path.py -p no:cacheprovider --torch-threads 1``
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import dflash_eval.features as features_mod
+import dflash_eval.generation as generation_mod
+import dflash_eval.head as head_mod
+import dflash_eval.target as target_mod
+from dflash_eval.checkpoint import save_drafter
+from dflash_eval.drafter import DFlashDrafter
+from dflash_eval.errors import CheckpointError
+from dflash_eval.head import EMBED_KEYS, HEAD_KEYS, TargetHead
+from dflash_eval.session import EvalSession, EvalSettings
+from dflash_eval.tiny import build_random_target, random_drafter_config
+
+TEXTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):"]
+
+
+def _prompts(tmp_path: Path) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    p = tmp_path / "prompts.jsonl"
+    p.write_text("".join(json.dumps({"id": f"p{i}", "category": "code", "text": t}) + "\n"
+                         for i, t in enumerate(TEXTS)))
+    return p
+
+
+def _session(target: Path, drafter: Path, tmp_path: Path, **over) -> EvalSession:
+    values = {"target_model": target, "drafter": drafter, "prompts": _prompts(tmp_path),
+              "cache_dir": tmp_path / "cache", "max_new_tokens": 8, "device": "cpu", "torch_threads": 1,
+              "tau_floor": 1.0, **over}
+    s = EvalSession(EvalSettings.from_mapping(values), worker=("master", 0, 1))
+    s.progress = None
+    return s
+
+
+def _drafter(target: Path, out: Path, seed: int = 1, **over) -> Path:
+    torch.manual_seed(seed)
+    save_drafter(DFlashDrafter(random_drafter_config(target, **over)).eval(), out)
+    return out
+
+
+def _taus(session: EvalSession) -> dict[str, tuple[float, dict[int, float]]]:
+    return {p: (r.chain.tau, {b: t.tau for b, t in r.ddtree.items()}) for p, r in session.tau_results.items()}
+
+
+class _Spy:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, module, name: str, fail_after: int | None = None):
+        self.calls: list[tuple] = []
+        real = getattr(module, name)
+
+        def spy(*a, **k):
+            if fail_after is not None and len(self.calls) >= fail_after:
+                raise KeyboardInterrupt(f"interrupted after {fail_after} call(s) of {name}")
+            self.calls.append((a, k))
+            return real(*a, **k)
+
+        monkeypatch.setattr(module, name, spy)
+
+
+def _forbid_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*a, **k):
+        raise AssertionError("a warm run must not load the target model")
+
+    def boom_hash(*a, **k):
+        raise AssertionError("a warm run must not hash the target weights again")
+
+    monkeypatch.setattr(target_mod, "load_target", boom)
+    monkeypatch.setattr(target_mod, "target_fingerprint", boom_hash)
+
+
+def _warm_reads_only_head(target: Path, drafter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cold = _session(target, drafter, tmp_path)
+    expected = _taus(cold)
+    assert "target" in cold.__dict__ and cold.counts["target_forwards"] == len(TEXTS)
+
+    with monkeypatch.context() as m:
+        _forbid_target(m)
+        reads = _Spy(m, head_mod, "_read_tensor")
+        warm = _session(target, drafter, tmp_path)
+        assert _taus(warm) == expected
+        assert warm.mean_tau == cold.mean_tau
+        frag = warm.fragment()
+    keys = [a[0] for a, _ in reads.calls]
+    assert len(keys) == len(set(keys)) and keys, keys
+    assert keys[0] in EMBED_KEYS and all(k in EMBED_KEYS + HEAD_KEYS for k in keys), keys
+    for name in ("target", "tokenizer"):
+        assert name not in warm.__dict__, f"warm run built {name}"
+    assert warm.counts["target_forwards"] == 0 and warm.counts["generated_tokens"] == 0
+    assert frag["target"]["loaded"] is False and frag["prompts"]
+    # The head read from the files is the loaded model's.
+    full = TargetHead.from_model(cold.target.model)
+    ids = torch.tensor([1, 5, 7])
+    assert torch.equal(warm.head.embed(ids), full.embed(ids))
+    h = full.embed(ids)
+    assert torch.equal(warm.head.logits(h), full.logits(h))
+
+
+def test_warm_run_reads_only_embedding_and_head(tiny_target_dir, tiny_drafter_dir, tmp_path, monkeypatch):
+    _warm_reads_only_head(tiny_target_dir, tiny_drafter_dir, tmp_path, monkeypatch)
+
+
+def test_warm_run_with_a_sharded_target(tmp_path, monkeypatch):
+    target = build_random_target(tmp_path / "sharded", seed=3, max_shard_size="200KB")
+    index = json.loads((target / "model.safetensors.index.json").read_text())
+    shards = set(index["weight_map"].values())
+    assert len(shards) > 1 and not (target / "model.safetensors").exists()
+    drafter = _drafter(target, tmp_path / "drafter")
+    _warm_reads_only_head(target, drafter, tmp_path, monkeypatch)
+
+
+def test_other_layer_ids_extract_only_the_missing_layers_in_one_forward(tiny_target_dir, tiny_drafter_dir,
+                                                                        tmp_path, monkeypatch):
+    a = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
+    a.tau_results  # noqa: B018 - cold: completions + features of layers a.layer_ids
+    assert a.layer_ids == (0, 1, 2)
+    b_dir = _drafter(tiny_target_dir, tmp_path / "drafter_b", seed=7, num_features=2, target_layer_ids=(1, 3))
+    before = {(r["kind"]) for r in a.cache.productions()}
+    n_before = len(a.cache.productions())
+    assert "features" in before
+    with monkeypatch.context() as m:
+        forwards = _Spy(m, features_mod, "layer_features")
+        gen = _Spy(m, generation_mod, "greedy_generate")
+        b = _session(tiny_target_dir, b_dir, tmp_path)
+        b.tau_results  # noqa: B018
+    assert gen.calls == []
+    assert len(forwards.calls) == len(TEXTS)  # one target forward per prompt ...
+    assert all(list(a_[2]) == [3] for a_, _ in forwards.calls)  # ... for the missing layer only
+    assert b.counts["target_forwards"] == len(TEXTS)
+    new = a.cache.productions()[n_before:]
+    assert sorted(r["kind"] for r in new) == sorted(["features"] * len(TEXTS) + ["tau"])
+    # A third drafter on layers both saw: no forward at all.
+    c_dir = _drafter(tiny_target_dir, tmp_path / "drafter_c", seed=8, num_features=2, target_layer_ids=(0, 3))
+    with monkeypatch.context() as m:
+        _forbid_target(m)
+        c = _session(tiny_target_dir, c_dir, tmp_path)
+        c.tau_results  # noqa: B018
+    assert c.counts["target_forwards"] == 0 and "target" not in c.__dict__
+
+
+def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir, tiny_drafter_dir, tmp_path,
+                                                                 monkeypatch):
+    with monkeypatch.context() as m:
+        _Spy(m, generation_mod, "greedy_generate", fail_after=2)
+        s1 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
+        with pytest.raises(KeyboardInterrupt):
+            s1.tau_results  # noqa: B018
+    kinds = [r["kind"] for r in s1.cache.productions()]
+    assert kinds.count("completion") == 2  # written as soon as each was ready
+    with monkeypatch.context() as m:
+        gen = _Spy(m, generation_mod, "greedy_generate")
+        _Spy(m, features_mod, "layer_features", fail_after=1)
+        s2 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
+        with pytest.raises(KeyboardInterrupt):
+            s2.tau_results  # noqa: B018
+    assert len(gen.calls) == 1  # only the prompt the first run did not finish
+    kinds = [r["kind"] for r in s2.cache.productions()]
+    assert kinds.count("completion") == 3 and kinds.count("features") == 3  # one prompt's 3 layers
+    with monkeypatch.context() as m:
+        gen = _Spy(m, generation_mod, "greedy_generate")
+        forwards = _Spy(m, features_mod, "layer_features")
+        s3 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
+        res = _taus(s3)
+    assert gen.calls == [] and len(forwards.calls) == len(TEXTS) - 1 and set(res) == {"p0", "p1", "p2"}
+    fresh = _session(tiny_target_dir, tiny_drafter_dir, tmp_path / "fresh")
+    assert _taus(fresh) == res  # resuming gives what an uninterrupted run gives
+
+
+def test_progress_lines_on_productions(tiny_target_dir, tiny_drafter_dir, tmp_path):
+    s = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
+    lines: list[str] = []
+    s.progress = lines.append
+    s.tau_results  # noqa: B018
+    gen = [x for x in lines if "reference completions" in x]
+    feat = [x for x in lines if "target features" in x]
+    assert gen and feat, lines
+    assert f"{len(TEXTS)}/{len(TEXTS)} prompts" in gen[-1] and "tokens/s" in gen[-1]
+    assert f"{len(TEXTS)}/{len(TEXTS)} prompts" in feat[-1] and "tokens/s" in feat[-1]
+    warm = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
+    warm.progress = lines.append
+    n = len(lines)
+    warm.tau_results  # noqa: B018
+    assert len(lines) == n  # nothing produced, nothing shown
+
+
+def test_head_falls_back_to_the_model_when_the_weights_layout_is_unknown(tiny_target_dir, tiny_drafter_dir,
+                                                                          tmp_path, monkeypatch):
+    def unknown(*a, **k):
+        raise CheckpointError("no model.safetensors")
+
+    monkeypatch.setattr(TargetHead, "from_pretrained", classmethod(lambda cls, *a, **k: unknown()))
+    s = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
+    assert s.head.vocab_size == s.target.vocab_size and "target" in s.__dict__
+
+
+def test_share_from_reuses_the_first_sessions_pieces(tiny_target_dir, tiny_drafter_dir, tmp_path, monkeypatch):
+    a = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
+    ta = _taus(a)
+    b_dir = _drafter(tiny_target_dir, tmp_path / "drafter_b", seed=5)
+    with monkeypatch.context() as m:
+        _forbid_target(m)
+        reads = _Spy(m, head_mod, "_read_tensor")
+        b = _session(tiny_target_dir, b_dir, tmp_path).share_from(a)
+        tb = _taus(b)
+    assert reads.calls == [] and b.head is a.head and b.target is a.target
+    assert b.counts["target_forwards"] == 0 and set(tb) == set(ta)
+    with pytest.raises(Exception, match="max_new_tokens"):
+        _session(tiny_target_dir, b_dir, tmp_path, max_new_tokens=4).share_from(a)
