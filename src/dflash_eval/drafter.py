@@ -18,7 +18,7 @@ Quick check::
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from dflash_eval.config import DrafterConfig
@@ -80,31 +80,33 @@ class DFlashAttention(nn.Module):
         ctx: Tensor,
         rope_ctx: tuple[Tensor, Tensor],
         rope_blk: tuple[Tensor, Tensor],
-        mask: Tensor,
+        ctx_bias: Tensor,
     ) -> Tensor:
-        """x: [N,R,B,H] block stream; ctx: [N,T,H]; rope_ctx: [T,hd]; rope_blk: [N,R,B,hd]; mask: [N*R,1,B,T+B]."""
+        """x: [N,R,B,H] block stream; ctx: [N,T,H]; rope_ctx: [T,hd]; rope_blk: [N,R,B,hd];
+        ctx_bias: [N,1,1,R,1,T] additive mask (0 visible, -inf hidden) for the context keys.
+
+        Scores against the context (shared by the R blocks of a sequence, never copied per block) and against the
+        block's own slots are normalised by one joint softmax: exactly attention over [context; block] keys.
+        """
         n, r, b, _ = x.shape
         t = ctx.shape[1]
         hd, nh, nkv = self.head_dim, self.num_heads, self.num_kv_heads
-        q = self.q_norm(self.q_proj(x).view(n, r, b, nh, hd))
-        q = _apply_rope(q, rope_blk[0][..., None, :], rope_blk[1][..., None, :])  # [N,R,B,nh,hd]
-        kb = self.k_norm(self.k_proj(x).view(n, r, b, nkv, hd))
-        kb = _apply_rope(kb, rope_blk[0][..., None, :], rope_blk[1][..., None, :])
+        g = nh // nkv
+        dtype = x.dtype
+        cos_b, sin_b = rope_blk[0][..., None, :], rope_blk[1][..., None, :]
+        q = _apply_rope(self.q_norm(self.q_proj(x).view(n, r, b, nh, hd)), cos_b, sin_b)
+        kb = _apply_rope(self.k_norm(self.k_proj(x).view(n, r, b, nkv, hd)), cos_b, sin_b)
         vb = self.v_proj(x).view(n, r, b, nkv, hd)
-        kc = self.k_norm(self.k_proj(ctx).view(n, t, nkv, hd))
-        kc = _apply_rope(kc, rope_ctx[0][:, None, :], rope_ctx[1][:, None, :])  # [N,T,nkv,hd]
+        kc = _apply_rope(self.k_norm(self.k_proj(ctx).view(n, t, nkv, hd)), rope_ctx[0][:, None, :],
+                         rope_ctx[1][:, None, :])
         vc = self.v_proj(ctx).view(n, t, nkv, hd)
-        k = torch.cat([kc[:, None].expand(n, r, t, nkv, hd), kb], dim=2)  # [N,R,T+B,nkv,hd]
-        v = torch.cat([vc[:, None].expand(n, r, t, nkv, hd), vb], dim=2)
-        q = q.reshape(n * r, b, nh, hd).transpose(1, 2)
-        k = k.reshape(n * r, t + b, nkv, hd).transpose(1, 2)
-        v = v.reshape(n * r, t + b, nkv, hd).transpose(1, 2)
-        if nkv != nh:
-            k = k.repeat_interleave(nh // nkv, dim=1)
-            v = v.repeat_interleave(nh // nkv, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
-        out = out.transpose(1, 2).reshape(n, r, b, nh * hd)
-        return self.o_proj(out)
+        qg = q.view(n, r, b, nkv, g, hd).permute(0, 3, 4, 1, 2, 5)  # [N,kv,g,R,B,hd]
+        scale = hd ** -0.5
+        s_ctx = torch.einsum("nkgrbd,ntkd->nkgrbt", qg, kc).float() * scale + ctx_bias
+        s_blk = torch.einsum("nkgrbd,nrckd->nkgrbc", qg, kb).float() * scale
+        p = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1).to(dtype)
+        o = torch.einsum("nkgrbt,ntkd->nkgrbd", p[..., :t], vc) + torch.einsum("nkgrbc,nrckd->nkgrbd", p[..., t:], vb)
+        return self.o_proj(o.permute(0, 3, 4, 1, 2, 5).reshape(n, r, b, nh * hd))
 
 
 class DFlashMLP(nn.Module):
@@ -131,8 +133,8 @@ class DFlashDecoderLayer(nn.Module):
         self.mlp = DFlashMLP(cfg)
 
     def forward(self, x: Tensor, ctx: Tensor, rope_ctx: tuple[Tensor, Tensor], rope_blk: tuple[Tensor, Tensor],
-                mask: Tensor) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_ctx, rope_blk, mask)
+                ctx_bias: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_ctx, rope_blk, ctx_bias)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -182,8 +184,8 @@ class DFlashDrafter(nn.Module):
         blk_pos = start.to(dev)[..., None] + torch.arange(b, device=dev)
         rope_blk = rope_cos_sin(blk_pos, hd, theta, dtype)
         visible = torch.arange(t, device=dev) < context_len.to(dev)[..., None]  # [N,R,T]
-        mask = torch.cat([visible, torch.ones(n, r, b, dtype=torch.bool, device=dev)], dim=-1)
-        mask = mask.reshape(n * r, 1, 1, t + b).expand(n * r, 1, b, t + b)
+        ctx_bias = torch.zeros(n, 1, 1, r, 1, t, dtype=torch.float32, device=dev)
+        ctx_bias = ctx_bias.masked_fill(~visible[:, None, None, :, None, :], float("-inf"))
         for layer in self.layers:
-            x = layer(x, ctx, rope_ctx, rope_blk, mask)
+            x = layer(x, ctx, rope_ctx, rope_blk, ctx_bias)
         return self.norm(x)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dflash_eval.drafter import DFlashDrafter, rope_cos_sin
+from dflash_eval.drafter import DFlashDrafter
 from dflash_eval.drafting import block_ids
 from dflash_eval.head import TargetHead
 
@@ -39,7 +39,6 @@ __all__ = [
     "slot_weights",
     "sample_anchors",
     "dflash_loss",
-    "drafter_forward_shared_context",
     "train_target",
     "greedy_continuations",
     "target_features",
@@ -198,54 +197,6 @@ def sample_anchors(lo: Tensor, hi: Tensor, num: int, generator: torch.Generator)
     return lo[:, None] + (u * span[:, None]).floor().long().clamp(max=(hi - lo).clamp(min=0)[:, None])
 
 
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
-def drafter_forward_shared_context(drafter: DFlashDrafter, block_embeds: Tensor, context: Tensor,
-                                   start: Tensor) -> Tensor:
-    """Same result as ``drafter(block_embeds, context, start)``, computed without copying the context per block.
-
-    :meth:`DFlashDrafter.forward` concatenates the context keys/values to every block's own; for training with
-    many anchors per sequence that copy dominates. Here the scores against the (shared) context and against the
-    block's own slots are computed separately and normalised by one joint softmax, which is the same attention.
-    Shapes as in :meth:`DFlashDrafter.forward`: block_embeds [N,R,B,H], context [N,T,H], start [N,R].
-    """
-    cfg = drafter.config
-    n, r, b, _ = block_embeds.shape
-    t = context.shape[1]
-    dtype = drafter.fc.weight.dtype
-    x = block_embeds.to(dtype)
-    ctx = context.to(dtype)
-    dev = x.device
-    hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    g = nh // nkv
-    cos_c, sin_c = rope_cos_sin(torch.arange(t, device=dev), hd, cfg.rope_theta, dtype)  # [T,hd]
-    cos_b, sin_b = rope_cos_sin(start.to(dev)[..., None] + torch.arange(b, device=dev), hd, cfg.rope_theta, dtype)
-    visible = torch.arange(t, device=dev) < start.to(dev)[..., None]  # [N,R,T]
-    ctx_bias = torch.zeros(n, 1, 1, r, 1, t, dtype=torch.float32, device=dev)
-    ctx_bias = ctx_bias.masked_fill(~visible[:, None, None, :, None, :], float("-inf"))
-    scale = hd ** -0.5
-    for layer in drafter.layers:
-        a = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = _rope(a.q_norm(a.q_proj(h).view(n, r, b, nh, hd)), cos_b[..., None, :], sin_b[..., None, :])
-        kb = _rope(a.k_norm(a.k_proj(h).view(n, r, b, nkv, hd)), cos_b[..., None, :], sin_b[..., None, :])
-        vb = a.v_proj(h).view(n, r, b, nkv, hd)
-        kc = _rope(a.k_norm(a.k_proj(ctx).view(n, t, nkv, hd)), cos_c[:, None, :], sin_c[:, None, :])
-        vc = a.v_proj(ctx).view(n, t, nkv, hd)
-        qg = q.view(n, r, b, nkv, g, hd).permute(0, 3, 4, 1, 2, 5)  # [N,kv,g,R,B,hd]
-        s_ctx = torch.einsum("nkgrbd,ntkd->nkgrbt", qg, kc).float() * scale + ctx_bias
-        s_blk = torch.einsum("nkgrbd,nrckd->nkgrbc", qg, kb).float() * scale
-        p = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1).to(dtype)
-        o = torch.einsum("nkgrbt,ntkd->nkgrbd", p[..., :t], vc) + torch.einsum("nkgrbc,nrckd->nkgrbd", p[..., t:], vb)
-        o = o.permute(0, 3, 4, 1, 2, 5).reshape(n, r, b, nh * hd)
-        x = x + a.o_proj(o)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return drafter.norm(x)
-
-
 def dflash_loss(
     drafter: DFlashDrafter,
     head: TargetHead,
@@ -272,7 +223,7 @@ def dflash_loss(
     ctx = drafter.project_context(features)
     first = torch.gather(tokens, 1, anchors)
     emb = head.embed(block_ids(first, b, drafter.config.mask_token_id))  # [N,R,B,H]
-    hidden = drafter_forward_shared_context(drafter, emb, ctx, anchors)
+    hidden = drafter(emb, ctx, anchors)
     logits = head.logits(hidden[:, :, 1:]).float()  # [N,R,B-1,V]
     pos = anchors[..., None] + torch.arange(1, b, device=anchors.device)  # [N,R,B-1]
     valid = pos < lengths[:, None, None]
