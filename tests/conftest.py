@@ -49,3 +49,17 @@ def tiny_drafter_dir(tiny_drafter: DFlashDrafter, tmp_path_factory: pytest.TempP
     out = tmp_path_factory.mktemp("tiny_drafter")
     save_drafter(tiny_drafter, out)
     return out
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``gpu`` / ``fla`` tests where they cannot run, with a reason naming what was not checked."""
+    from dflash_eval.backends import fla_available
+
+    cuda = torch.cuda.is_available()
+    for item in items:
+        if item.get_closest_marker("gpu") and not cuda:
+            item.add_marker(pytest.mark.skip(reason=f"not checked: {item.name} needs a CUDA device (none here)"))
+        elif item.get_closest_marker("fla") and not (cuda and fla_available()):
+            item.add_marker(pytest.mark.skip(
+                reason=f"not checked: {item.name} needs fla's CUDA kernels (CUDA {cuda}, fla importable "
+                       f"{fla_available()})"))

@@ -1,0 +1,42 @@
+"""GPU-only checks of the fla backend (skipped on CPU machines with a reason naming what was not checked).
+
+Run on a CUDA machine with flash-linear-attention installed: ``pytest tests/test_gpu_kernels.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_eval.backends import use_backend
+from dflash_eval.drift import layer_drift
+from dflash_eval.features import layer_features
+from dflash_eval.target import load_target
+
+pytestmark = [pytest.mark.gpu, pytest.mark.fla]
+
+
+def test_fla_matches_torch_fallback_fp32(tiny_target_dir) -> None:  # type: ignore[no-untyped-def]
+    target = load_target(tiny_target_dir, device="cuda", dtype="fp32")
+    ids = torch.arange(2, 300) % 290
+    layers = list(range(target.num_layers))
+    with use_backend("fla", "cuda") as info:
+        assert info.name == "fla" and "fla" in info.chunk_impl
+        fla = layer_features(target.model, ids, layers)
+    with use_backend("torch", "cuda"):
+        ref = layer_features(target.model, ids, layers)
+    for i in layers:
+        d = layer_drift(fla[i], ref[i])
+        assert d.rel_err < 5e-3 and d.cos > 0.9999, (i, d)
+
+
+def test_fla_greedy_generation_runs_and_restores(tiny_target_dir) -> None:  # type: ignore[no-untyped-def]
+    from dflash_eval import backends
+    from dflash_eval.generation import greedy_generate
+
+    target = load_target(tiny_target_dir, device="cuda", dtype="bf16")
+    mod = backends.loaded_hybrid_modules()[0]
+    before = mod.torch_chunk_gated_delta_rule
+    out = greedy_generate(target, list(range(3, 40)), 16, backend="fla", stop_at_eos=False)
+    assert len(out) == 16
+    assert mod.torch_chunk_gated_delta_rule is before
