@@ -40,3 +40,19 @@ def test_fla_greedy_generation_runs_and_restores(tiny_target_dir) -> None:  # ty
     out = greedy_generate(target, list(range(3, 40)), 16, backend="fla", stop_at_eos=False)
     assert len(out) == 16
     assert mod.torch_chunk_gated_delta_rule is before
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="not checked: --device-map across GPUs needs >= 2 GPUs")
+def test_device_map_spreads_target_and_features_agree(tiny_target_dir) -> None:  # type: ignore[no-untyped-def]
+    from dflash_eval.features import extract_features
+
+    single = load_target(tiny_target_dir, device="cuda:0", dtype="fp32")
+    split = load_target(tiny_target_dir, dtype="fp32", device_map="balanced")
+    devices = {p.device for p in split.model.parameters()}
+    assert len(devices) >= 2, devices
+    ids = torch.arange(2, 200) % 290
+    layers = list(range(split.num_layers))
+    a, _ = extract_features(single, ids, layers, backend="fla")
+    b, _ = extract_features(split, ids, layers, backend="fla")
+    d = layer_drift(b.to(a.device), a)
+    assert d.rel_err < 1e-5, d

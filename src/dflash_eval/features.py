@@ -73,7 +73,9 @@ def layer_features(model: nn.Module, input_ids: Tensor, layer_ids: list[int] | t
     finally:
         for h in handles:
             h.remove()
-    return {i: (captured[i][0] if squeeze else captured[i]) for i in layer_ids}
+    # With a device_map the layers live on several GPUs: bring every feature to the first layer's device.
+    first = captured[wanted[0]].device
+    return {i: (captured[i][0] if squeeze else captured[i]).to(first) for i in layer_ids}
 
 
 def extract_features(

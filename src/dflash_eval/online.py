@@ -61,7 +61,8 @@ class _Capture:
         return hook
 
     def features(self) -> Tensor:
-        return torch.cat([self.out[i][0] for i in self.layer_ids], dim=-1)
+        dev = self.out[self.layer_ids[0]].device  # one device even when a device_map spreads the layers
+        return torch.cat([self.out[i][0].to(dev) for i in self.layer_ids], dim=-1)
 
     def close(self) -> None:
         for h in self.handles:
