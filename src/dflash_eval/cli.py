@@ -39,7 +39,7 @@ EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _add_suite_options(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
-    from dflash_eval.session import OPTIONS
+    from dflash_eval.settings import OPTIONS
 
     g = p.add_argument_group("suite options (as in `pytest tests_eval`; env DFLASH_EVAL_<NAME> when not given)")
     for spec in OPTIONS:
@@ -80,7 +80,7 @@ def _version() -> str:
 
 def _values(ns: argparse.Namespace) -> dict[str, Any]:
     """Suite option values: CLI > env > default; relative paths against the current directory."""
-    from dflash_eval.session import OPTIONS
+    from dflash_eval.settings import OPTIONS
 
     cwd = Path.cwd()
     values: dict[str, Any] = {}

@@ -2,7 +2,7 @@
 
 Registered by the repository's root ``conftest.py`` (``pytest_plugins = ["dflash_eval.pytest_plugin"]``).
 
-Every option of :data:`dflash_eval.session.OPTIONS` is available as ``--name`` on the command line, as the
+Every option of :data:`dflash_eval.settings.OPTIONS` is available as ``--name`` on the command line, as the
 environment variable ``DFLASH_EVAL_<NAME>`` and as the ini key ``dflash_<name>`` ([tool.pytest.ini_options]);
 precedence CLI > env > ini > default. Relative paths from the CLI or the environment are taken from the
 directory pytest was started in; from the ini file or the defaults, from the rootdir.
@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from dflash_eval.errors import DFlashEvalError
-from dflash_eval.session import OPTIONS, EvalSession, EvalSettings, OptionSpec
+from dflash_eval.session import EvalSession
+from dflash_eval.settings import OPTIONS, EvalSettings, OptionSpec
 
 __all__ = ["settings_from_config", "get_session", "setup_error_param", "safe_id"]
 
