@@ -97,7 +97,8 @@ def online_generate(
             cache = DynamicCache(config=model.config)
             out = model(prompt[None], past_key_values=cache, use_cache=True)
             forwards += 1
-            ctx_feats = cap.features()  # positions 0..P-1
+            # Projected context (fc + hidden_norm act per position): grown by the committed positions each round.
+            ctx = drafter.project_context(cap.features().to(drafter.fc.weight.device))[None]  # positions 0..P-1
             bonus = int(out.logits[0, -1].argmax())
             generated = [bonus]
             lens: list[int] = []
@@ -105,7 +106,6 @@ def online_generate(
             while not done and (max_blocks is None or len(lens) < max_blocks):
                 start = prompt.shape[0] + len(generated) - 1  # position of the bonus token
                 ids = block_ids(torch.tensor([bonus], device=dev), b, cfg.mask_token_id)  # [1,B]
-                ctx = drafter.project_context(ctx_feats.to(drafter.fc.weight.device))[None]
                 hidden = drafter(head.embed(ids)[None], ctx, torch.tensor([[start]], device=dev))
                 draft = head.logits(hidden[0, 0, 1:]).argmax(-1)  # [B-1]
                 block = ids[0].clone()
@@ -125,7 +125,8 @@ def online_generate(
                 cache = snapshot
                 model(block[None, : acc + 1], past_key_values=cache, use_cache=True)
                 forwards += 1
-                ctx_feats = torch.cat([ctx_feats, cap.features()], dim=0)
+                new = drafter.project_context(cap.features().to(drafter.fc.weight.device))[None]
+                ctx = torch.cat([ctx, new], dim=1)
                 generated.extend(int(t) for t in block[1: acc + 1])
                 generated.append(new_bonus)
                 lens.append(acc + 1)

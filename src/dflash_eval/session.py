@@ -180,15 +180,6 @@ def _code_digest() -> str:
     return h.hexdigest()
 
 
-def _target_num_layers(path: Path) -> int | None:
-    try:
-        data = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    n = data.get("num_hidden_layers") or (data.get("text_config") or {}).get("num_hidden_layers")
-    return int(n) if n is not None else None
-
-
 class EvalSession:
     """Per-process evaluation state; every property is computed once (see module docstring)."""
 
@@ -289,7 +280,7 @@ class EvalSession:
 
         with self.timed("drafter_load"):
             return read_checkpoint(self.settings.drafter, config_path=self.settings.drafter_config,
-                                   num_target_layers=_target_num_layers(self.settings.target_model))
+                                   num_target_layers=self.target_num_layers)
 
     @cached_property
     def reference_checkpoint(self) -> Any:
@@ -298,7 +289,7 @@ class EvalSession:
         if self.settings.reference_drafter is None:
             return None
         return read_checkpoint(self.settings.reference_drafter,
-                               num_target_layers=_target_num_layers(self.settings.target_model))
+                               num_target_layers=self.target_num_layers)
 
     @cached_property
     def layer_ids(self) -> tuple[int, ...]:
@@ -363,6 +354,15 @@ class EvalSession:
                               " (pass --target-model DIR)")
         data = json.loads(path.read_text())
         return data.get("text_config") or data if "num_hidden_layers" not in data else data
+
+    @cached_property
+    def target_num_layers(self) -> int | None:
+        """The target's layer count from config.json (None when unreadable: the input checks report that)."""
+        try:
+            n = self.target_config.get("num_hidden_layers")
+        except (ConfigError, OSError, json.JSONDecodeError):
+            return None
+        return int(n) if n is not None else None
 
     @cached_property
     def spec(self) -> Any:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dflash_eval.drafter import DFlashDrafter
+from dflash_eval.features import layer_features
 from dflash_eval.drafting import block_ids
 from dflash_eval.head import TargetHead
 
@@ -41,7 +42,6 @@ __all__ = [
     "dflash_loss",
     "train_target",
     "greedy_continuations",
-    "target_features",
     "build_drafter_examples",
     "train_drafter",
 ]
@@ -167,13 +167,6 @@ def greedy_continuations(
     return [o if o is not None else [] for o in out]
 
 
-@torch.no_grad()
-def target_features(model: nn.Module, input_ids: Tensor, layer_ids: Sequence[int]) -> Tensor:
-    """Concatenated target features [N, T, L*H]: HF ``hidden_states[i + 1]`` for i in ``layer_ids``."""
-    hs = model(input_ids=input_ids, output_hidden_states=True).hidden_states
-    return torch.cat([hs[i + 1] for i in layer_ids], dim=-1).float()
-
-
 # --------------------------------------------------------------------------------------------------- drafter
 
 
@@ -269,7 +262,8 @@ def build_drafter_examples(
         for j in range(0, len(idx), batch_size):
             chunk = idx[j:j + batch_size]
             ids = torch.tensor([list(sequences[i]) for i in chunk], dtype=torch.long)
-            feats = target_features(model, ids, layer_ids)
+            per_layer = layer_features(model, ids, list(layer_ids))  # HF hidden_states[i + 1], requested layers only
+            feats = torch.cat([per_layer[i] for i in layer_ids], dim=-1).float()
             for row, i in enumerate(chunk):
                 lo = 1 if corpus_anchor_share else max(1, int(prompt_lengths[i]))
                 result[i] = DrafterExample(tokens=ids[row].clone(), features=feats[row].clone(),
