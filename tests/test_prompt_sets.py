@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval import prompt_sets
+from dflash_eval import prompts as prompt_sets
 from dflash_eval.errors import ConfigError
-from dflash_eval.formatting import encode_prompt
-from dflash_eval.prompt_sets import load_prompt_spec
+from dflash_eval.prompts import encode_prompt
+from dflash_eval.prompts import load_prompt_spec
 from dflash_eval.stats import by_category, summarize
 
 

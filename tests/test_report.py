@@ -146,6 +146,6 @@ def test_prompt_spec_resolution(tmp_path):
     assert resolve_prompt_spec("mbpp", tmp_path) == "mbpp"  # an unknown set name stays a name (clear error later)
     assert resolve_prompt_spec("d/p.jsonl", None) == "d/p.jsonl"
     with pytest.raises(ConfigError, match="unknown prompt set 'mbpp'"):
-        from dflash_eval.prompt_sets import load_prompt_spec
+        from dflash_eval.prompts import load_prompt_spec
 
         load_prompt_spec("mbpp")

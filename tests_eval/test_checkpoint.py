@@ -17,12 +17,12 @@ from dflash_eval.validate import CHECKS
 @pytest.mark.parametrize("check", list(CHECKS))
 def test_architecture_check(check, eval_session) -> None:
     try:
-        ckpt = eval_session.checkpoint
+        ckpt = eval_session.evaluation.checkpoint
     except Exception as exc:  # noqa: BLE001 - an unreadable drafter fails every check with the cause
         pytest.fail(f"drafter {eval_session.settings.drafter} cannot be read: {type(exc).__name__}: {exc}",
                     pytrace=False)
     try:
-        spec = eval_session.spec  # from the target's config.json and weights; the model itself is not needed
+        spec = eval_session.inputs.spec  # from the target's config.json and weights; the model itself is not needed
     except Exception as exc:  # noqa: BLE001
         pytest.fail(f"target {eval_session.settings.target_model} cannot be read: {type(exc).__name__}: {exc}",
                     pytrace=False)
@@ -40,6 +40,7 @@ def test_matches_reference_drafter(eval_session) -> None:
         pytest.skip("no --reference-drafter given")
     from dflash_eval.validate import compare_architectures
 
-    diffs = compare_architectures(eval_session.checkpoint, eval_session.reference_checkpoint)
+    diffs = compare_architectures(eval_session.evaluation.checkpoint,
+                                  eval_session.evaluation.reference_checkpoint)
     assert not diffs, (f"{len(diffs)} architecture difference(s) between {eval_session.settings.drafter} and "
                        f"the reference {eval_session.settings.reference_drafter}:\n  " + "\n  ".join(diffs))

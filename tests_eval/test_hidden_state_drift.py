@@ -26,24 +26,24 @@ from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_
 
 def _drift_params(s):
     out = []
-    for c in s.comparisons:
+    for c in s.inputs.comparisons:
         if c.skip_reason:
             out.append(pytest.param(c.name, None, None, id=safe_id(c.name),
                                     marks=pytest.mark.skip(reason=c.skip_reason)))
             continue
-        for p in s.prompts:
-            for layer in s.layer_ids:
+        for p in s.inputs.prompts:
+            for layer in s.evaluation.layer_ids:
                 out.append(pytest.param(c.name, p.id, layer, id=safe_id(f"{c.name}-{p.id}-L{layer}")))
     return out
 
 
 def _accept_params(s):
     out = []
-    for c in s.comparisons:
+    for c in s.inputs.comparisons:
         if c.skip_reason:
             out.append(pytest.param(c.name, None, id=safe_id(c.name), marks=pytest.mark.skip(reason=c.skip_reason)))
             continue
-        out += [pytest.param(c.name, p.id, id=safe_id(f"{c.name}-{p.id}")) for p in s.prompts]
+        out += [pytest.param(c.name, p.id, id=safe_id(f"{c.name}-{p.id}")) for p in s.inputs.prompts]
     return out
 
 
@@ -73,8 +73,8 @@ def test_hidden_state_drift(comparison, prompt_id, layer, eval_session, referenc
     if isinstance(comparison, SetupError):
         comparison.fail()
     d = eval_session.drift(comparison)
-    st = d["stats"][prompt_id][layer]
-    c = d["comparison"]
+    st = d.stats[prompt_id][layer]
+    c = d.comparison
     msg = (f"{c.a.label} vs {c.b.label}, prompt {prompt_id!r}, target layer {layer}: rel_err {st.rel_err:.3e} "
            f"(tol {st.rel_tol:.1e}), cos {st.cos:.6f} (tol {st.cos_tol}), max |diff| {st.max_abs:.3e}")
     assert st.passed, msg
@@ -84,8 +84,8 @@ def test_functional_drift_accept_len(comparison, prompt_id, eval_session, refere
     if isinstance(comparison, SetupError):
         comparison.fail()
     d = eval_session.drift(comparison)
-    a, b = d["accept"][prompt_id]
-    c = d["comparison"]
+    a, b = d.accept[prompt_id]
+    c = d.comparison
     assert not (math.isnan(a) or math.isnan(b)), f"prompt {prompt_id!r}: no speculative rounds to compare"
     assert abs(a - b) <= c.accept_tol, (
         f"prompt {prompt_id!r}: acceptance length with {c.a.label} features {a:.3f} vs with {c.b.label} features "
@@ -98,16 +98,16 @@ def test_feature_fingerprint(layer, eval_session) -> None:
     s = eval_session.settings
     path = Path(s.golden_dir) / "feature_fingerprint.json"
     if s.update_fingerprints:
-        eval_session.fingerprint  # noqa: B018 - computed here, written at the end of the session
+        eval_session.store.fingerprint()  # computed here, written at the end of the session
         return
     if not path.is_file():
         pytest.fail(f"no golden fingerprint {path}; record it with `pytest tests_eval -k fingerprint "
                     "--update-fingerprints`", pytrace=False)
     golden = json.loads(path.read_text())
-    if golden.get("target") != eval_session.target_identity:
+    if golden.get("target") != eval_session.inputs.target_identity:
         pytest.skip(f"golden fingerprint {path} was recorded for target {str(golden.get('target'))[:12]}, "
-                    f"this target is {eval_session.target_identity[:12]}: not comparable")
-    fp = eval_session.fingerprint
+                    f"this target is {eval_session.inputs.target_identity[:12]}: not comparable")
+    fp = eval_session.store.fingerprint()
     for k in ("tokens", "dtype", "device_kind"):
         if golden.get(k) != fp[k]:
             pytest.skip(f"golden fingerprint recorded with {k}={golden.get(k)!r}, this run has {fp[k]!r}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
-from dflash_eval.snapshots import GoldenJSONExtension
+from dflash_eval.golden import GoldenJSONExtension
 
 NEAR_TIE = 1e-3  # logit margin below which a divergence is a numerical near-tie, not a disagreement
 
@@ -21,7 +21,7 @@ def snapshot(snapshot):
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "prompt_id" in metafunc.fixturenames:
-        ids, err = collect(metafunc.config, lambda s: [p.id for p in s.prompts])
+        ids, err = collect(metafunc.config, lambda s: [p.id for p in s.inputs.prompts])
         metafunc.parametrize("prompt_id", [setup_error_param(err)] if err else
                              [pytest.param(i, id=safe_id(i)) for i in ids])
 
@@ -40,15 +40,15 @@ def test_teacher_forced_agreement(prompt_id, reference_completions, eval_session
     if isinstance(prompt_id, SetupError):
         prompt_id.fail()
     rec = reference_completions[prompt_id]
-    argmax, margin = eval_session.teacher_forced(prompt_id)
+    argmax, margin = eval_session.references.teacher_forced(prompt_id)
     p = len(rec.prompt_ids)
     pred = argmax[p - 1:p - 1 + len(rec.output_ids)].tolist()
     for k, (want, got) in enumerate(zip(rec.output_ids, pred)):
         if want != got:
             m = float(margin[p - 1 + k])
             msg = (f"prompt {prompt_id!r}: first divergence at completion token {k} (position {p + k}): reference "
-                   f"{want} ({eval_session.target.tokenizer.decode([want])!r}), teacher-forced argmax {got} "
-                   f"({eval_session.target.tokenizer.decode([got])!r}), top-2 logit margin {m:.2e}")
+                   f"{want} ({eval_session.inputs.tokenizer.decode([want])!r}), teacher-forced argmax {got} "
+                   f"({eval_session.inputs.tokenizer.decode([got])!r}), top-2 logit margin {m:.2e}")
             if m < NEAR_TIE:
                 pytest.skip("near-tie, not a disagreement: " + msg)
             pytest.fail(msg, pytrace=False)

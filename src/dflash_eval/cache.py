@@ -15,8 +15,11 @@ entry without a manifest does not exist. On read the data file's size and sha256
 manifest; a truncated or corrupted entry is reported (:class:`CacheCorruption` warning) and treated as a miss
 (recomputed), or raises :class:`~dflash_eval.errors.CacheError` in ``cache_only`` mode.
 
-Concurrency (pytest-xdist workers, or parallel runs sharing a cache dir): :meth:`Cache.produce_locked` takes the
-entry's file lock, re-checks, and only then produces, so one entry is produced once per run; waiters read it.
+Concurrency (pytest-xdist workers, or parallel runs sharing a cache dir): every producer goes through one of two
+methods. :meth:`Cache.get_or_produce` (one entry) takes the entry's file lock, re-checks, and only then produces,
+so an entry is produced once per run; waiters read it. :meth:`Cache.produce_many` (many jobs, e.g. one target
+forward per prompt) rotates each worker's starting point and try-locks first, so workers produce different jobs
+in parallel. :meth:`Cache.memo` memoises a small JSON value under a stamp (the target's content hash).
 
 Example::
 
@@ -47,7 +50,7 @@ from safetensors.torch import load_file, save_file
 from dflash_eval.atomic import atomic_write_text, atomic_write_with
 from dflash_eval.errors import CacheError
 
-__all__ = ["Cache", "CacheEntry", "CacheCorruption", "cache_key", "canonical_json", "ids_digest"]
+__all__ = ["Cache", "CacheEntry", "CacheCorruption", "Job", "cache_key", "canonical_json", "ids_digest"]
 
 SCHEMA = 1
 _DATA = "data.safetensors"
@@ -270,19 +273,85 @@ class Cache:
         produce: Callable[[], tuple[dict[str, torch.Tensor], dict[str, Any]]],
         *,
         what: str = "",
+        derived: bool = False,
     ) -> CacheEntry:
-        """Read the entry for ``fields``; on a miss take its lock, re-check, produce, write and return it."""
+        """Read the entry for ``fields``; on a miss take its lock, re-check, produce, write and return it.
+
+        ``derived``: the entry is cheap to recompute from other entries or inputs (prompt ids, memoised τ): a
+        miss is not counted as one, and under ``cache_only`` it is produced but not written.
+        """
         key = cache_key(kind, fields)
         entry = self.read(kind, key)
         if entry is not None:
             return entry
-        self.miss(kind, key, what or kind)
+        if derived and self.cache_only:
+            tensors, meta = produce()
+            return CacheEntry(kind, key, tensors, meta, {"fields": fields}, produced=True)
+        if not derived:
+            self.miss(kind, key, what or kind)
         with self.locked(f"{kind}-{key}"):
             entry = self.read(kind, key, count=False)
             if entry is not None:  # produced by another worker while we waited
-                self.stats.misses -= 1
-                self.stats.hits += 1
+                if not derived:
+                    self.stats.misses -= 1
+                    self.stats.hits += 1
                 return entry
             t0 = time.perf_counter()
             tensors, meta = produce()
             return self.write(kind, key, tensors, fields=fields, meta=meta, seconds=time.perf_counter() - t0)
+
+    def produce_many(self, jobs: list[Job], *, worker_index: int = 0, worker_count: int = 1) -> None:
+        """Run every job whose artifact is not present, each under its own lock, at most once across processes.
+
+        Worker ``k`` of ``n`` starts ``k/n`` of the way into ``jobs`` and first only *tries* each lock, so parallel
+        workers produce different jobs; then it waits for the jobs other processes held, re-checking each before
+        producing it.
+        """
+        k = (worker_index * len(jobs)) // worker_count if jobs and worker_count > 1 else 0
+        deferred = []
+        for job in jobs[k:] + jobs[:k]:
+            if job.present():
+                continue
+            with self.locked(job.lock, blocking=False) as got:
+                if not got:
+                    deferred.append(job)
+                    continue
+                if not job.present():
+                    job.produce()
+        for job in deferred:
+            if job.present():
+                continue
+            with self.locked(job.lock):
+                if not job.present():
+                    job.produce()
+
+    def memo(self, name: str, stamp: dict[str, Any], compute: Callable[[], str]) -> str:
+        """``compute()`` memoised in ``<root>/v1/<name>.json`` under ``stamp`` (e.g. the sizes and mtimes of the files
+        it reads). For values that are slow to compute but cheap to check (the target's content hash). Not counted
+        in the cache stats; nothing is written under ``cache_only``; an unwritable cache only costs the memo."""
+        key = cache_key(name, stamp)
+        path = self.base / f"{name}.json"
+        try:
+            memo = json.loads(path.read_text())
+        except (OSError, ValueError):
+            memo = {}
+        memo = memo if isinstance(memo, dict) else {}
+        if isinstance(memo.get(key), str):
+            return memo[key]
+        value = compute()
+        if not self.cache_only:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(path, json.dumps({**memo, key: value}, indent=1, sort_keys=True) + "\n")
+            except OSError:
+                pass
+        return value
+
+
+@dataclass(frozen=True)
+class Job:
+    """One artifact to produce with :meth:`Cache.produce_many`: its lock name, a presence test, the producer."""
+
+    lock: str
+    present: Callable[[], bool]
+    produce: Callable[[], None]

@@ -3,7 +3,7 @@
 ``dflash-eval gate --drafter A --drafter B ...`` evaluates one or more drafter checkpoints against the same target
 and prompts in ONE process: the target's embedding/lm_head, tokenizer, prompt ids, reference completions and
 features are loaded (or produced) once and shared by every checkpoint's :class:`~dflash_eval.session.EvalSession`
-(:meth:`~dflash_eval.session.EvalSession.share_from`), so each checkpoint after the first costs only drafter work.
+(``EvalSession(..., shared=first)``), so each checkpoint after the first costs only drafter work.
 It prints a comparison table (checkpoint, mean τ, DDTree-N τ, worst prompt, verdict against the floors of
 ``--floors-file`` or ``--tau-floor``).
 
@@ -104,28 +104,16 @@ def _fmt(x: float | None) -> str:
 
 def _evaluate(session: Any) -> dict[str, Any]:
     """One checkpoint's row: mean τ, DDTree τ, worst prompt, verdict and the reasons of a failure."""
-    verdicts = session.prompt_verdicts()
-    mean = session.mean_tau
-    fl = session.floors
-    reasons = []
-    below = [pid for pid, v in verdicts.items() if not v["passed"]]
-    missing = [pid for pid, v in verdicts.items() if v["floor"] is None or None in v["ddtree_floor"].values()]
-    if missing:
-        reasons.append(f"no floor for {len(missing)} prompt(s) (e.g. {missing[0]!r}; pass --tau-floor)")
-    if [p for p in below if p not in missing]:
-        reasons.append(f"{len([p for p in below if p not in missing])} prompt(s) below floor")
-    checks = [("chain", mean["chain"], fl.for_mean())] + [
-        (f"DDTree-{b}", v, fl.for_mean(b)) for b, v in mean["ddtree"].items()]
-    for label, value, floor in checks:
-        if floor is None:
-            reasons.append(f"no mean {label} floor")
-        elif not value >= floor:
-            reasons.append(f"mean {label} τ {value:.3f} < {floor}")
+    from dflash_eval.verdict import gate_reasons, mean_thresholds
+
+    summary = session.tau_summary()
+    verdicts = summary.prompts
+    reasons = gate_reasons(verdicts, mean_thresholds(summary.mean_tau, summary.mean_ddtree, session.inputs.floors))
     worst = min(verdicts.items(), key=lambda kv: kv[1]["tau"]) if verdicts else None
     return {
-        "drafter": str(session.settings.drafter), "fingerprint": session.checkpoint.fingerprint,
-        "mean_tau": mean["chain"], "mean_ddtree": {str(b): v for b, v in mean["ddtree"].items()},
-        "mean_floor": fl.for_mean(), "worst_prompt": worst[0] if worst else None,
+        "drafter": str(session.settings.drafter), "fingerprint": session.evaluation.checkpoint.fingerprint,
+        "mean_tau": summary.mean_tau, "mean_ddtree": summary.mean_ddtree,
+        "mean_floor": summary.mean_floor, "worst_prompt": worst[0] if worst else None,
         "worst_tau": worst[1]["tau"] if worst else None, "worst_floor": worst[1]["floor"] if worst else None,
         "passed": not reasons, "reasons": reasons,
         "prompts": {pid: {"tau": v["tau"], "ddtree": v["ddtree"], "floor": v["floor"], "passed": v["passed"]}
@@ -174,7 +162,7 @@ def gate(ns: argparse.Namespace) -> int:
     try:
         for d in drafters:
             settings.append(EvalSettings.from_mapping({**values, "drafter": d}))
-        EvalSession(settings[0], worker=("master", 0, 1)).preflight()
+        EvalSession(settings[0], worker=("master", 0, 1)).inputs.preflight()
     except DFlashEvalError as exc:
         print(f"dflash-eval gate: bad input: {exc}", file=err)
         return EXIT_BAD_INPUT
@@ -187,10 +175,8 @@ def gate(ns: argparse.Namespace) -> int:
     prev = None
     t_all = time.perf_counter()
     for s in settings:
-        sess = EvalSession(s, worker=("master", 0, 1), log=say)
-        sess.progress = None if ns.quiet else say
-        if prev is not None:
-            sess.share_from(prev)
+        sess = EvalSession(s, worker=("master", 0, 1), log=say, shared=prev)
+        sess.inputs.progress = None if ns.quiet else say
         t0 = time.perf_counter()
         try:
             row = _evaluate(sess)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DFlashEvalError", "ConfigError", "CheckpointError", "ArchitectureMismatch", "BackendError", "CacheError"]
+__all__ = ["DFlashEvalError", "ConfigError", "CheckpointError", "ArchitectureMismatch", "BackendError", "CacheError", "EvalError"]
 
 
 class DFlashEvalError(Exception):
@@ -27,3 +27,7 @@ class BackendError(DFlashEvalError):
 
 class CacheError(DFlashEvalError):
     """A cache entry is missing (with --cache-only), truncated or corrupted."""
+
+
+class EvalError(DFlashEvalError):
+    """An evaluation input is unusable (empty completion, unreachable server, ...)."""

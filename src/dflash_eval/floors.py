@@ -1,4 +1,5 @@
-"""τ floors: the minimum acceptable τ per prompt and on average, kept in ``golden/tau_floors.json``.
+"""τ floors: the minimum acceptable τ per prompt and on average, kept in ``golden/tau_floors.json`` (read here;
+written only by :mod:`dflash_eval.golden`; judged only by :mod:`dflash_eval.verdict`).
 
 Floors are written from a measured run minus a stated margin, by the documented command::
 
@@ -27,10 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.atomic import atomic_write_text
 from dflash_eval.errors import ConfigError
 
-__all__ = ["Floors", "load_floors", "make_floors", "write_floors", "floor_value"]
+__all__ = ["Floors", "load_floors", "make_floors", "floor_value", "UPDATE_COMMAND"]
 
 SCHEMA = 1
 UPDATE_COMMAND = "pytest tests_eval -k tau --update-tau-floors --tau-margin 0.25"
@@ -150,7 +150,3 @@ def make_floors(
     }
     doc.update(context or {})
     return doc
-
-
-def write_floors(path: str | Path, doc: dict[str, Any]) -> None:
-    atomic_write_text(Path(path), json.dumps(doc, indent=2, sort_keys=False) + "\n")

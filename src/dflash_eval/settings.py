@@ -17,8 +17,8 @@ import torch
 from dflash_eval.backends import BACKENDS, resolve_backend
 from dflash_eval.dtypes import parse_dtype
 from dflash_eval.errors import ConfigError
-from dflash_eval.formatting import CHAT_TEMPLATE_MODES
-from dflash_eval.prompt_sets import BUILTIN_SETS
+from dflash_eval.prompts import CHAT_TEMPLATE_MODES
+from dflash_eval.prompts import BUILTIN_SETS
 
 __all__ = ["COMPLETION_SOURCES", "DEFAULT_PROMPTS", "OPTIONS", "OPTIONS_BY_NAME", "OptionSpec", "EvalSettings",
            "resolve_prompt_spec", "worker_info"]

@@ -1,13 +1,16 @@
-"""Summary statistics of per-prompt τ: mean, median and a percentile-bootstrap 95 % confidence interval."""
+"""Summary statistics of per-prompt τ: mean, median and a percentile-bootstrap 95 % confidence interval, per
+category and over all prompts."""
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Summary", "summarize", "by_category"]
+__all__ = ["Summary", "summarize", "by_category", "category_table", "ddtree_budgets"]
 
 
 @dataclass(frozen=True)
@@ -47,3 +50,25 @@ def by_category(values: Mapping[str, float], categories: Mapping[str, str]) -> d
     out = {cat: summarize(vs) for cat, vs in sorted(groups.items())}
     out["all"] = summarize(list(values.values()))
     return out
+
+
+def _num(x: Any) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def ddtree_budgets(prompts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The DDTree budgets (eval.json's string keys) found in any prompt row, ascending."""
+    return sorted({b for r in prompts.values() for b in r.get("ddtree", {})}, key=int)
+
+
+def category_table(prompts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per category (and ``"all"``): n, and mean / median / bootstrap 95 % CI of chain τ and of each DDTree
+    budget's τ, from eval.json's ``prompts`` rows (prompts whose τ is NaN are left out). Verdicts are added by
+    :func:`dflash_eval.verdict.judge_categories`."""
+    cat = {p: r.get("category", "prompt") for p, r in prompts.items()}
+    chain = by_category({p: r["tau"] for p, r in prompts.items() if _num(r.get("tau"))}, cat)
+    bs = ddtree_budgets(prompts)
+    dd = {b: by_category({p: r["ddtree"][b] for p, r in prompts.items() if _num(r.get("ddtree", {}).get(b))}, cat)
+          for b in bs}
+    return {c: {"n": summ.n, "chain": summ.to_dict(), "ddtree": {b: dd[b][c].to_dict() for b in bs if c in dd[b]}}
+            for c, summ in chain.items()}

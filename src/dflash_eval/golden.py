@@ -1,0 +1,79 @@
+"""The only writer of the golden folder: τ floors, the feature fingerprint, and (through syrupy) the reference
+completion snapshots.
+
+- ``--update-tau-floors`` rewrites the floors file from a finished run's τ minus ``--tau-margin``
+  (:func:`update_floors`);
+- ``--update-fingerprints`` rewrites ``<golden>/feature_fingerprint.json`` (:func:`update_fingerprint`);
+- ``--snapshot-update`` lets syrupy rewrite ``<golden>/snapshots/<target dir name>/<test module>/<test>.json``
+  through :class:`GoldenJSONExtension` (one sorted JSON file per assertion; the target's folder name keeps the
+  snapshots of different targets apart).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from syrupy.extensions.json import JSONSnapshotExtension
+
+from dflash_eval.atomic import atomic_write_text
+from dflash_eval.floors import load_floors, make_floors
+from dflash_eval.stats import category_table, ddtree_budgets
+
+__all__ = ["GoldenJSONExtension", "configure_snapshots", "update_floors", "update_fingerprint", "write_floors",
+           "FINGERPRINT_FILE"]
+
+FINGERPRINT_FILE = "feature_fingerprint.json"
+_SNAPSHOTS = {"golden_dir": Path(__file__).resolve().parents[2] / "golden", "target_name": "target"}
+
+
+def configure_snapshots(golden_dir: Path, target_name: str) -> None:
+    """Where :class:`GoldenJSONExtension` keeps snapshots (set once by the plugin from --golden-dir and
+    --target-model)."""
+    _SNAPSHOTS.update(golden_dir=Path(golden_dir), target_name=target_name or "target")
+
+
+class GoldenJSONExtension(JSONSnapshotExtension):
+    """JSON snapshots stored under the golden folder (not ``__snapshots__``)."""
+
+    @classmethod
+    def dirname(cls, *, test_location: Any) -> str:
+        return str(Path(_SNAPSHOTS["golden_dir"]) / "snapshots" / str(_SNAPSHOTS["target_name"])
+                   / test_location.basename)
+
+
+def write_floors(path: str | Path, doc: dict[str, Any]) -> None:
+    atomic_write_text(Path(path), json.dumps(doc, indent=2, sort_keys=False) + "\n")
+
+
+def update_floors(data: dict[str, Any], settings: Any) -> Path:
+    """Rewrite the floors file from merged eval.json ``data`` (measured τ minus ``settings.tau_margin``)."""
+    prev = load_floors(settings.floors_file).raw
+    pr = data["prompts"]
+    bs = ddtree_budgets(pr)
+    cats = data.get("categories") or category_table(pr)
+    doc = make_floors(
+        {p: r["tau"] for p, r in pr.items()},
+        {int(b): {p: r["ddtree"][b] for p, r in pr.items() if b in r["ddtree"]} for b in bs},
+        data.get("mean_tau", float("nan")),
+        {int(b): v for b, v in data.get("mean_ddtree", {}).items()},
+        margin=settings.tau_margin,
+        category_chain={c: r["chain"]["mean"] for c, r in cats.items() if c != "all"},
+        category_ddtree={int(b): {c: r["ddtree"][b]["mean"] for c, r in cats.items()
+                                  if c != "all" and b in r.get("ddtree", {})} for b in bs},
+        context={"target": data.get("target", {}).get("identity"),
+                 "drafter": data.get("drafter", {}).get("fingerprint"),
+                 "settings": {k: data.get("settings", {}).get(k) for k in
+                              ("max_new_tokens", "max_blocks", "num_prompts", "dtype", "hidden_state_backend")}},
+        previous=prev,
+    )
+    write_floors(settings.floors_file, doc)
+    return Path(settings.floors_file)
+
+
+def update_fingerprint(fingerprint: dict[str, Any], golden_dir: Path) -> Path:
+    """Rewrite the golden feature fingerprint."""
+    path = Path(golden_dir) / FINGERPRINT_FILE
+    atomic_write_text(path, json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
+    return path

@@ -1,0 +1,122 @@
+"""The suite's session fixtures: thin wrappers over the stages of :class:`dflash_eval.session.EvalSession`.
+
+``eval_settings``, ``eval_session``, ``target``, ``drafter``, ``reference_completions``, ``sglang``,
+``eval_features``, ``tau_results``. A :class:`~dflash_eval.errors.DFlashEvalError` fails the test with its
+message only (no traceback).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from dflash_eval.errors import DFlashEvalError
+from dflash_eval.options import EvalSettings
+from dflash_eval.pytest_plugin.state import SGLANG, get_session, get_settings
+from dflash_eval.session import EvalSession
+
+__all__ = ["eval_settings", "eval_session", "target", "drafter", "reference_completions", "sglang", "eval_features",
+           "tau_results", "guard"]
+
+T = TypeVar("T")
+
+
+def guard(fn: Callable[[], T]) -> T:
+    """Call ``fn``; a DFlashEvalError fails the test with its message only (no traceback, no chained context)."""
+    try:
+        return fn()
+    except DFlashEvalError as exc:
+        msg = f"{type(exc).__name__}: {exc}"
+    pytest.fail(msg, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def eval_settings(pytestconfig: pytest.Config) -> EvalSettings:
+    return guard(lambda: get_settings(pytestconfig))
+
+
+@pytest.fixture(scope="session")
+def eval_session(pytestconfig: pytest.Config, eval_settings: EvalSettings) -> EvalSession:
+    """The process's EvalSession, after checking that every input path exists (all problems in one message)."""
+    session = guard(lambda: get_session(pytestconfig))
+    guard(session.inputs.preflight)
+    return session
+
+
+@pytest.fixture(scope="session")
+def target(eval_session: EvalSession) -> Any:
+    """The target model, loaded once per process (on the GPU when there is one)."""
+    return guard(lambda: eval_session.inputs.target)
+
+
+@pytest.fixture(scope="session")
+def drafter(eval_session: EvalSession) -> Any:
+    """The drafter, loaded and validated against the target once."""
+    return guard(lambda: eval_session.evaluation.drafter)
+
+
+@pytest.fixture(scope="session")
+def reference_completions(eval_session: EvalSession, drafter: Any, request: pytest.FixtureRequest) -> Any:
+    """{prompt id: CompletionRecord}, from the cache, else produced (SGLang or the target's greedy generation)."""
+    s = eval_session.settings
+    if s.completions == "sglang" and not s.cache_only and not guard(eval_session.references.cached):
+        request.getfixturevalue("sglang")  # fetches them; no server: skip (--require-sglang: fail)
+    return guard(eval_session.completions)
+
+
+@pytest.fixture(scope="session")
+def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[Any]:
+    """The SGLang server (``--sglang-url``, or started by ``--sglang-launch``), used only when the reference
+    completions are not cached: the service waits for readiness (``--sglang-timeout``) and checks ``/model_info``
+    names the target, then hands its ready client to the completions stage, which fetches and caches every
+    completion; at session end a launched server's whole process group is stopped.
+
+    No server ready in time: every completion-dependent test is skipped with a reason naming the URL, or fails
+    under ``--require-sglang``. A launch that fails, a wrong model or a bad answer always fails. Under xdist one
+    worker fetches (file lock); the others then find the cache warm. Yields the
+    :class:`dflash_eval.sglang.SGLangService` (``None`` when another worker already fetched).
+    """
+    from dflash_eval.sglang import SGLangService, SGLangUnavailable
+
+    svc = guard(lambda: SGLangService(eval_session.settings))
+    pytestconfig.stash[SGLANG] = svc
+    needed = False
+    msg = None
+    try:
+        with eval_session.inputs.cache.locked("sglang-server"):
+            if not eval_session.references.cached():
+                needed = True
+                eval_session.references.sglang_client = svc.start()
+                eval_session.sglang_info = svc.info()
+                eval_session.completions()  # fetched and cached while holding the lock
+    except SGLangUnavailable as exc:
+        svc.stop()
+        if not eval_session.settings.require_sglang:
+            pytest.skip(f"reference completions not cached and no SGLang server: {exc}")
+        msg = f"--require-sglang: reference completions not cached and no SGLang server: {exc}"
+    except DFlashEvalError as exc:
+        svc.stop()
+        msg = f"{type(exc).__name__}: {exc}"
+    except BaseException:  # KeyboardInterrupt etc.: never leave a launched server behind
+        svc.stop()
+        raise
+    if msg is not None:
+        pytest.fail(msg, pytrace=False)
+    try:
+        yield svc if needed else None
+    finally:
+        svc.stop()
+
+
+@pytest.fixture(scope="session")
+def eval_features(eval_session: EvalSession, reference_completions: Any) -> Any:
+    """{prompt id: {layer id: [T, H]}} on the evaluation backend (cache, else one target forward per prompt)."""
+    return guard(lambda: eval_session.evaluation.features(eval_session.inputs.eval_side))
+
+
+@pytest.fixture(scope="session")
+def tau_results(eval_session: EvalSession, reference_completions: Any) -> Any:
+    """{prompt id: PromptTau} for every prompt (one batched draft pass)."""
+    return guard(lambda: eval_session.tau_results)

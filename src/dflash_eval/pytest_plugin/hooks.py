@@ -1,0 +1,119 @@
+"""The plugin's pytest hooks; each delegates: options to :mod:`dflash_eval.options`, results to
+:mod:`dflash_eval.session`, reports to :mod:`dflash_eval.report`.
+
+Under pytest-xdist each worker sends its result to the controller through ``workeroutput``; the controller merges
+them and writes ``reports/`` in ``pytest_sessionfinish``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from dflash_eval.errors import DFlashEvalError
+from dflash_eval.options import add_pytest_options
+from dflash_eval.pytest_plugin.state import (FRAGMENTS, MERGED, MESSAGES, OUTCOMES, SESSION, SGLANG, START,
+                                             get_settings, is_controller)
+
+__all__ = ["pytest_addoption", "pytest_configure", "pytest_testnodedown", "pytest_runtest_logreport",
+           "pytest_sessionstart", "pytest_sessionfinish", "pytest_terminal_summary"]
+
+WORKEROUTPUT_KEY = "dflash_eval_fragment"
+_CONFIG: dict[str, pytest.Config] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_pytest_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from dflash_eval.golden import configure_snapshots
+
+    config.stash[FRAGMENTS] = []
+    config.stash[OUTCOMES] = {}
+    config.stash[START] = time.time()
+    try:
+        settings = get_settings(config)
+    except DFlashEvalError:
+        return
+    configure_snapshots(settings.golden_dir, settings.target_model.name)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    raw = (getattr(node, "workeroutput", {}) or {}).get(WORKEROUTPUT_KEY)
+    if raw:
+        node.config.stash[FRAGMENTS].append(json.loads(raw))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    cfg = _CONFIG.get("config")
+    if cfg is None or "tests_eval" not in report.nodeid.replace("\\", "/"):
+        return
+    outcomes = cfg.stash[OUTCOMES]
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        outcomes[report.nodeid] = report.outcome
+    elif report.when == "teardown" and report.outcome == "failed":
+        outcomes[report.nodeid] = "error"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CONFIG["config"] = session.config
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    svc = config.stash.get(SGLANG, None)
+    if svc is not None:  # also after failures and KeyboardInterrupt (the fixture's teardown normally did it)
+        try:
+            svc.stop()
+        except Exception as exc:  # noqa: BLE001
+            print(f"dflash-eval: could not stop the SGLang server: {exc}")
+    try:
+        _finish(config)
+    except Exception as exc:  # noqa: BLE001 - reporting must never turn a test run into an internal error
+        config.stash[MESSAGES] = [f"dflash-eval: could not write the reports: {type(exc).__name__}: {exc}"]
+        if is_controller(config):
+            config.stash.setdefault(MERGED, {})
+
+
+def _finish(config: pytest.Config) -> None:
+    sess = config.stash.get(SESSION, None)
+    if sess is not None:
+        frag = sess.result().to_json()
+        if not is_controller(config):
+            config.workeroutput[WORKEROUTPUT_KEY] = json.dumps(frag)  # type: ignore[attr-defined]
+            return
+        config.stash[FRAGMENTS].append(frag)
+    if not is_controller(config):
+        return
+    frags = config.stash[FRAGMENTS]
+    if not frags or not any(("prompts" in f or "drift" in f or "fingerprint" in f) for f in frags):
+        return
+    from dflash_eval import report
+
+    try:
+        settings = get_settings(config)
+    except DFlashEvalError:
+        return
+    data = report.merge(frags, outcomes=config.stash[OUTCOMES], wall_s=time.time() - config.stash[START])
+    config.stash[MERGED] = data
+    config.stash[MESSAGES] = report.finish(data, settings)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    data = config.stash.get(MERGED, None)
+    if data is None:
+        return
+    from dflash_eval import report
+
+    terminalreporter.section("dflash-eval")
+    if data:
+        width = getattr(terminalreporter, "_tw", None)
+        terminalreporter.write(report.render_terminal(data, width=getattr(width, "fullwidth", 120)))
+    for m in config.stash.get(MESSAGES, []):
+        terminalreporter.write_line(m)

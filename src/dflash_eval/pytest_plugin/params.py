@@ -1,0 +1,50 @@
+"""Parametrization helpers for the suite's test modules: test ids that keep ``-k tau`` exact, and errors met at
+collection time turned into one failing test (instead of a collection error) whose message names the cause."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from dflash_eval.errors import DFlashEvalError
+from dflash_eval.pytest_plugin.state import get_session
+
+__all__ = ["SetupError", "setup_error_param", "safe_id", "collect"]
+
+
+class SetupError:
+    """Parametrize value standing for an error met while collecting (the test fails with it)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def fail(self) -> None:
+        pytest.fail(f"{type(self.exc).__name__}: {self.exc}", pytrace=False)
+
+
+def setup_error_param(exc: BaseException) -> Any:
+    return pytest.param(SetupError(exc), id="setup-error")
+
+
+def safe_id(text: str) -> str:
+    """A test-id part that never contains 'tau' (so ``-k tau`` selects only the τ tests)."""
+    low = text.lower()
+    out, i = [], 0
+    while i < len(text):
+        if low.startswith("tau", i):
+            out.append(text[i:i + 2] + "_" + text[i + 2])
+            i += 3
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def collect(config: pytest.Config, fn: Callable[[Any], Any]) -> tuple[Any, BaseException | None]:
+    """Run ``fn(session)`` at collection; return (value, None) or (None, error)."""
+    try:
+        return fn(get_session(config)), None
+    except (DFlashEvalError, OSError, ValueError) as exc:
+        return None, exc

@@ -1,0 +1,48 @@
+"""The plugin's per-process state in ``config.stash``: resolved settings (or the error resolving them), the
+session, the SGLang service, the results of workers and the test outcomes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dflash_eval.errors import DFlashEvalError
+from dflash_eval.options import EvalSettings, settings_from_pytest
+from dflash_eval.session import EvalSession
+
+__all__ = ["get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES", "START", "SGLANG",
+           "MERGED", "MESSAGES", "is_controller"]
+
+SESSION = pytest.StashKey[EvalSession]()
+SETTINGS = pytest.StashKey["EvalSettings | Exception"]()
+FRAGMENTS = pytest.StashKey[list]()
+OUTCOMES = pytest.StashKey[dict]()
+START = pytest.StashKey[float]()
+SGLANG = pytest.StashKey[Any]()
+MERGED = pytest.StashKey[dict]()
+MESSAGES = pytest.StashKey[list]()
+
+
+def get_settings(config: pytest.Config) -> EvalSettings:
+    """The run's settings (CLI > env > ini > default), resolved once; raises the resolution error every time."""
+    if SETTINGS not in config.stash:
+        try:
+            config.stash[SETTINGS] = settings_from_pytest(config)
+        except DFlashEvalError as exc:
+            config.stash[SETTINGS] = exc
+    s = config.stash[SETTINGS]
+    if isinstance(s, Exception):
+        raise s
+    return s
+
+
+def get_session(config: pytest.Config) -> EvalSession:
+    """The process's EvalSession (created on first use)."""
+    if SESSION not in config.stash:
+        config.stash[SESSION] = EvalSession(get_settings(config))
+    return config.stash[SESSION]
+
+
+def is_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput")

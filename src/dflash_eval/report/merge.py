@@ -1,0 +1,82 @@
+"""Merging the per-process results of a run (the controller's and every xdist worker's) into eval.json's data.
+
+eval.json (schema 1; documented in README.md)::
+
+    {"schema": 1, "created": ISO time, "settings": {...},
+     "target": {"path", "identity", "num_layers", "hidden_size", "vocab_size", "layer_types", "dtype", "device"},
+     "drafter": {"path", "fingerprint", "config"}, "provenance": {"backend", "dtype", "device", "versions", ...},
+     "prompts": {id: {"category", "tau", "rounds", "accept_lengths", "histogram", "ddtree": {budget: tau},
+                      "ddtree_accept_lengths", "floor", "ddtree_floor": {budget: floor}, "prompt_tokens",
+                      "completion_tokens", "passed"}},
+     "mean_tau", "mean_floor", "mean_passed", "mean_ddtree": {budget: tau}, "mean_ddtree_floor": {budget: floor},
+     "categories": {category | "all": {"n", "chain": {"n", "mean", "median", "ci95": [lo, hi]},
+                    "ddtree": {budget: {...same...}}, "floor", "ddtree_floor": {budget: floor}, "passed"}},
+     "drift": [{"comparison", "prompt_id", "layer", "rel_err", "cos", "max_abs", "rel_tol", "cos_tol", "passed"}],
+     "drift_accept": [{"comparison", "prompt_id", "tau_a", "tau_b", "diff", "tol", "passed", "a", "b"}],
+     "fingerprint": {...} (when computed), "timings": {"wall_s", "sum": {stage: s}, "per_worker": {w: {...}}},
+     "cache": {worker: {"hits", "misses", "produced", "corrupted", ...}},
+     "tests": {"counts": {outcome: n}, "outcomes": {nodeid: outcome}}}
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+from dflash_eval.stats import category_table, ddtree_budgets
+from dflash_eval.verdict import judge_categories, mean_passed
+
+__all__ = ["SCHEMA", "merge"]
+
+SCHEMA = 1
+
+
+def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = None,
+          wall_s: float | None = None) -> dict[str, Any]:
+    """Merge per-process fragments (identical measurements from several workers are de-duplicated)."""
+    out: dict[str, Any] = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    for key in ("settings", "target", "drafter", "provenance", "fingerprint", "sglang"):
+        for f in fragments:
+            if f.get(key):
+                out[key] = f[key]
+                break
+    prompts: dict[str, Any] = {}
+    for f in fragments:
+        prompts.update(f.get("prompts", {}))
+    order = [p for f in fragments for p in f.get("prompts", {})]
+    out["prompts"] = {p: prompts[p] for p in dict.fromkeys(order)}
+    for key in ("mean_tau", "mean_floor", "mean_ddtree", "mean_ddtree_floor"):
+        for f in fragments:
+            if key in f:
+                out[key] = f[key]
+                break
+    if "mean_tau" in out:
+        out["mean_passed"] = mean_passed(out)
+    cats = next((f["categories"] for f in fragments if f.get("categories")), None)
+    if cats is None and out["prompts"]:
+        cats = category_table(out["prompts"])
+        judge_categories(cats, None, ddtree_budgets(out["prompts"]))
+    if cats is not None:
+        out["categories"] = cats
+    drift: dict[tuple, Any] = {}
+    accept: dict[tuple, Any] = {}
+    for f in fragments:
+        for r in f.get("drift", []):
+            drift[(r["comparison"], r["prompt_id"], r["layer"])] = r
+        for r in f.get("drift_accept", []):
+            accept[(r["comparison"], r["prompt_id"])] = r
+    out["drift"] = list(drift.values())
+    out["drift_accept"] = list(accept.values())
+    total: dict[str, float] = defaultdict(float)
+    for f in fragments:
+        for k, v in f.get("timings", {}).items():
+            total[k] += v
+    out["timings"] = {"wall_s": None if wall_s is None else round(wall_s, 3),
+                      "sum": {k: round(v, 3) for k, v in sorted(total.items())},
+                      "per_worker": {f.get("worker", "?"): f.get("timings", {}) for f in fragments}}
+    out["counts"] = {f.get("worker", "?"): f.get("counts", {}) for f in fragments}
+    out["cache"] = {f.get("worker", "?"): f.get("cache", {}) for f in fragments}
+    oc = dict(outcomes or {})
+    out["tests"] = {"counts": dict(Counter(oc.values())), "outcomes": oc}
+    return out

@@ -1,0 +1,179 @@
+"""eval.json's data as text: the τ table, the per-category table and the drift summary, for the terminal (rich)
+and as markdown (eval.md, $GITHUB_STEP_SUMMARY). The row builders are shared by both and by the gate CLI."""
+
+from __future__ import annotations
+
+import io
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.stats import ddtree_budgets
+
+__all__ = ["tau_rows", "category_rows", "drift_rows", "render_terminal", "render_markdown", "fmt"]
+
+
+def _ci(s: dict[str, Any] | None) -> str:
+    if not s or not s.get("ci95"):
+        return "-"
+    lo, hi = s["ci95"]
+    return f"{_fmt(lo, 2)}–{_fmt(hi, 2)}"
+
+
+def category_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-category table: n, chain τ mean / median / 95 % CI, the same per DDTree budget,
+    floors (chain/DDTree-N... in one cell), verdict; the overall ("all") row last."""
+    cats = data.get("categories") or {}
+    bs = _budgets(data)
+    header = ["category", "n", "chain mean", "median", "CI95"]
+    for b in bs:
+        header += [f"DDTree-{b} mean", "median", "CI95"]
+    header += ["floors", "verdict"]  # "chain/DDTree-N..." floors in one cell (keeps the table within 120 columns)
+    rows = []
+    for c in sorted(cats, key=lambda k: (k == "all", k)):
+        r = cats[c]
+        row = [c, str(r.get("n", "-")), _fmt(r["chain"]["mean"]), _fmt(r["chain"]["median"]), _ci(r["chain"])]
+        for b in bs:
+            s = r.get("ddtree", {}).get(b)
+            row += [_fmt(s["mean"]) if s else "-", _fmt(s["median"]) if s else "-", _ci(s)]
+        row.append("/".join([_fmt(r.get("floor"))] + [_fmt(r.get("ddtree_floor", {}).get(b)) for b in bs]))
+        row.append("-" if r.get("passed") is None else "PASS" if r["passed"] else "FAIL")
+        rows.append(row)
+    return header, rows
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return "nan" if math.isnan(x) else f"{x:.{nd}f}"
+    return str(x)
+
+
+def _budgets(data: dict[str, Any]) -> list[str]:
+    return ddtree_budgets(data.get("prompts", {}))
+
+
+def tau_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the τ table (prompt, chain τ, DDTree-N τ..., floor, verdict) plus a mean row."""
+    bs = _budgets(data)
+    header = ["prompt", "chain τ"] + [f"DDTree-{b} τ" for b in bs] + ["floor"] + [f"DDTree-{b} floor" for b in bs] \
+        + ["rounds", "verdict"]
+    rows = []
+    for pid, r in data.get("prompts", {}).items():
+        rows.append([pid, _fmt(r.get("tau"))] + [_fmt(r["ddtree"].get(b)) for b in bs] + [_fmt(r.get("floor"))]
+                    + [_fmt(r.get("ddtree_floor", {}).get(b)) for b in bs] + [str(r.get("rounds", "-")),
+                                                                              "PASS" if r.get("passed") else "FAIL"])
+    if "mean_tau" in data:
+        rows.append(["MEAN", _fmt(data.get("mean_tau"))] + [_fmt(data.get("mean_ddtree", {}).get(b)) for b in bs]
+                    + [_fmt(data.get("mean_floor"))] + [_fmt(data.get("mean_ddtree_floor", {}).get(b)) for b in bs]
+                    + ["", "PASS" if data.get("mean_passed") else "FAIL"])
+    server = [r.get("server_accept_length") for r in data.get("prompts", {}).values()]
+    if any(v is not None for v in server):  # the SGLang server ran the drafter: its accept length beside offline τ
+        known = [v for v in server if v is not None]
+        header.insert(2, "server accept len")
+        for row, v in zip(rows, server + [sum(known) / len(known)]):
+            row.insert(2, _fmt(v))
+    return header, rows
+
+
+def drift_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """One row per comparison x layer: worst rel_err / cos over prompts against tolerance, τ difference."""
+    header = ["comparison", "layer", "max rel_err", "rel tol", "min cos", "cos tol", "max |Δτ|", "Δτ tol", "verdict"]
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in data.get("drift", []):
+        groups[(r["comparison"], r["layer"])].append(r)
+    acc: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in data.get("drift_accept", []):
+        acc[r["comparison"]].append(r)
+    rows = []
+    for (comp, layer), rs in groups.items():
+        a = acc.get(comp, [])
+        dmax = max((x["diff"] for x in a if not math.isnan(x["diff"])), default=None)
+        ok = all(x["passed"] for x in rs) and all(x["passed"] for x in a)
+        rows.append([comp, str(layer), f"{max(x['rel_err'] for x in rs):.2e}", f"{rs[0]['rel_tol']:.1e}",
+                     f"{min(x['cos'] for x in rs):.6f}", f"{rs[0]['cos_tol']}", _fmt(dmax),
+                     _fmt(a[0]["tol"]) if a else "-", "PASS" if ok else "FAIL"])
+    return header, rows
+
+
+def render_terminal(data: dict[str, Any], *, width: int = 120) -> str:
+    """The τ table and the drift summary as text (rich tables, no colour codes)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=max(120, width), force_terminal=False, color_system=None, highlight=False)
+    header, rows = tau_rows(data)
+    if rows:
+        t = Table(title=_title(data), show_lines=False)
+        for h in header:
+            t.add_column(h, justify="left" if h == "prompt" else "right")
+        for r in rows:
+            t.add_row(*r)
+        console.print(t)
+    ch, crows = category_rows(data)
+    if crows:
+        t = Table(title="τ per category (mean over prompts, bootstrap 95 % CI of the mean; floors chain/"
+                  + "/".join(f"DDTree-{b}" for b in _budgets(data)) + ")")
+        for h in ch:
+            t.add_column(h, justify="left" if h == "category" else "right", no_wrap=True)
+        for r in crows:
+            t.add_row(*r)
+        console.print(t)
+    dh, drows = drift_rows(data)
+    if drows:
+        t = Table(title="hidden-state drift (worst prompt per layer)")
+        for h in dh:
+            t.add_column(h, justify="left" if h == "comparison" else "right")
+        for r in drows:
+            t.add_row(*r)
+        console.print(t)
+    tm = data.get("timings", {}).get("sum", {})
+    if tm:
+        console.print("timings (s, summed over processes): " + ", ".join(f"{k} {v:.2f}" for k, v in tm.items()))
+    return buf.getvalue()
+
+
+def _title(data: dict[str, Any]) -> str:
+    t = data.get("target", {})
+    d = data.get("drafter", {})
+    return (f"τ per prompt — target {Path(t.get('path', '?')).name} ({str(t.get('identity', '?'))[:12]}), "
+            f"drafter {Path(d.get('path', '?')).name} ({str(d.get('fingerprint', '?'))[:12]})")
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    parts = ["## DFlash drafter evaluation", ""]
+    t, d, p = data.get("target", {}), data.get("drafter", {}), data.get("provenance", {})
+    parts.append(f"- target: `{t.get('path', '?')}` identity `{str(t.get('identity', '?'))[:16]}`, "
+                 f"{t.get('num_layers', '?')} layers, dtype {t.get('dtype', '?')}, device {t.get('device', '?')}")
+    parts.append(f"- drafter: `{d.get('path', '?')}` fingerprint `{str(d.get('fingerprint', '?'))[:16]}`")
+    parts.append(f"- backend {p.get('backend', '?')}, versions {p.get('versions', {})}")
+    tc = data.get("tests", {}).get("counts", {})
+    if tc:
+        parts.append("- tests: " + ", ".join(f"{k} {v}" for k, v in sorted(tc.items())))
+    header, rows = tau_rows(data)
+    if rows:
+        parts += ["", "### τ per prompt", "", _md_table(header, rows)]
+    ch, crows = category_rows(data)
+    if crows:
+        parts += ["", "### τ per category (mean, median, bootstrap 95 % CI of the mean; floors chain/"
+                  + "/".join(f"DDTree-{b}" for b in _budgets(data)) + ")", "", _md_table(ch, crows)]
+    dh, drows = drift_rows(data)
+    if drows:
+        parts += ["", "### Hidden-state drift", "", _md_table(dh, drows)]
+    tm = data.get("timings", {})
+    if tm.get("sum"):
+        parts += ["", "### Timings (s)", "", f"wall {tm.get('wall_s')}; summed over processes: "
+                  + ", ".join(f"{k} {v}" for k, v in tm["sum"].items())]
+    return "\n".join(parts) + "\n"
+
+
+fmt = _fmt

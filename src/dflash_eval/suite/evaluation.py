@@ -1,0 +1,204 @@
+"""The fourth stage: one drafter checkpoint evaluated on the references and features of the earlier stages.
+
+The checkpoint is read once and validated against the target before anything is produced for it; τ of every
+prompt (chain and each DDTree budget) comes from one batched draft pass and is memoised in the cache under a key
+that covers every input (drafter weights and config, the code that drafts and simulates, the exact feature
+entries, budgets, max_blocks), so a warm run does not even run the drafter; drift compares the features of two
+sides of a :class:`~dflash_eval.drift.Comparison` and the τ each gives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_eval.options import EvalSettings
+from dflash_eval.drift import Comparison, DriftStat, Side, drift_stat
+from dflash_eval.provenance import device_kind, library_versions
+from dflash_eval.suite.feature_store import Features, FeatureStore
+from dflash_eval.suite.inputs import Inputs
+from dflash_eval.suite.references import CompletionRecord, References
+from dflash_eval.tau import TauResult, chain_tau, ddtree_tau, draft_table
+
+__all__ = ["DrafterEvaluation", "PromptTau", "Drift"]
+
+def _code_digest() -> str:
+    """sha256 of the source of the modules that decide τ (tau, head, the drafter package): a change to any of
+    them invalidates memoised τ."""
+    here = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in [here / "tau.py", here / "head.py", *sorted((here / "drafter").glob("*.py"))]:
+        h.update(path.relative_to(here).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass
+class PromptTau:
+    """τ of one prompt: the chain loop and DDTree for each budget."""
+
+    prompt_id: str
+    category: str
+    chain: TauResult
+    ddtree: dict[int, TauResult]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Drift:
+    """Per-prompt, per-layer feature drift of one comparison and the chain τ each side gives."""
+
+    comparison: Comparison
+    stats: dict[str, dict[int, DriftStat]]
+    accept: dict[str, tuple[float, float]]
+
+
+class DrafterEvaluation:
+    """One drafter (``settings.drafter``) against the shared earlier stages."""
+
+    def __init__(self, inputs: Inputs, references: References, store: FeatureStore,
+                 settings: EvalSettings | None = None) -> None:
+        self.inputs, self.references, self.store = inputs, references, store
+        self.settings = settings or inputs.settings  # differs from the inputs' only in the drafter options
+        self._tau: dict[tuple[Side, tuple[int, ...]], dict[str, PromptTau]] = {}
+        self._drift: dict[str, Drift] = {}
+        self._checkpoint: Any = None
+
+    # ------------------------------------------------------------------------------------------------ drafter
+    @property
+    def checkpoint(self) -> Any:
+        """The checkpoint as read from disk (weights, config, fingerprint), before validation."""
+        if self._checkpoint is None:
+            from dflash_eval.drafter import read_checkpoint
+
+            with self.inputs.meter.timed("drafter_load"):
+                self._checkpoint = read_checkpoint(self.settings.drafter, config_path=self.settings.drafter_config,
+                                                   num_target_layers=self.inputs.num_layers)
+        return self._checkpoint
+
+    @cached_property
+    def reference_checkpoint(self) -> Any:
+        from dflash_eval.drafter import read_checkpoint
+
+        if self.settings.reference_drafter is None:
+            return None
+        return read_checkpoint(self.settings.reference_drafter, num_target_layers=self.inputs.num_layers)
+
+    @property
+    def checkpoint_read(self) -> bool:
+        return self._checkpoint is not None
+
+    @cached_property
+    def layer_ids(self) -> tuple[int, ...]:
+        return tuple(self.checkpoint.config.target_layer_ids)
+
+    @cached_property
+    def drafter(self) -> Any:
+        """The drafter, validated against the target (ArchitectureMismatch names every failing check)."""
+        from dflash_eval.drafter import build_drafter
+
+        spec = self.inputs.spec
+        with self.inputs.meter.timed("drafter_load"):
+            return build_drafter(self.checkpoint, device=self.settings.torch_device, dtype=self.settings.torch_dtype,
+                                 spec=spec)
+
+    # ------------------------------------------------------------------------------------------------ inputs
+    def completions(self) -> dict[str, CompletionRecord]:
+        """The reference completions, after the drafter was validated (a drafter that does not fit the target stops
+        the run before anything is produced for it)."""
+        self.drafter  # noqa: B018
+        return self.references.completions()
+
+    def features(self, side: Side, layers: tuple[int, ...] | None = None) -> Features:
+        comps = self.completions()
+        return self.store.features(comps, side, tuple(layers if layers is not None else self.layer_ids))
+
+    # ------------------------------------------------------------------------------------------------ τ
+    @property
+    def tau_computed(self) -> bool:
+        return (self.inputs.eval_side, tuple(self.settings.ddtree_budget)) in self._tau
+
+    @property
+    def tau_results(self) -> dict[str, PromptTau]:
+        """τ of every prompt on the evaluation backend's features (chain and every DDTree budget)."""
+        return self.tau_for(self.inputs.eval_side, tuple(self.settings.ddtree_budget))
+
+    def tau_for(self, side: Side, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
+        if (side, budgets) not in self._tau:
+            self.drafter  # noqa: B018 - fail fast (before producing anything) when the drafter does not fit
+            self._tau[(side, budgets)] = self._memo_tau(side, budgets)
+        return self._tau[(side, budgets)]
+
+    def _tau_fields(self, side: Side, budgets: tuple[int, ...]) -> dict[str, Any]:
+        comps = self.completions()
+        return {
+            "drafter": self.checkpoint.fingerprint, "drafter_config": self.checkpoint.config.to_dict(),
+            "code": _code_digest(), "budgets": list(budgets), "max_blocks": self.settings.max_blocks,
+            "dtype": str(self.settings.torch_dtype), "device_kind": device_kind(self.settings.torch_device),
+            "versions": library_versions(),
+            "items": [{"prompt_len": len(comps[p.id].prompt_ids),
+                       "features": [self.store.key(comps[p.id].sequence, i, side) for i in self.layer_ids]}
+                      for p in self.inputs.prompts],
+        }
+
+    def _memo_tau(self, side: Side, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
+        prompts = self.inputs.prompts
+
+        def produce() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+            res = self._simulate(self.features(side), budgets)
+            tensors = {}
+            for n, p in enumerate(prompts):
+                tensors[f"chain/{n}"] = torch.tensor(res[p.id].chain.accept_lengths, dtype=torch.int32)
+                for b in budgets:
+                    tensors[f"ddtree{b}/{n}"] = torch.tensor(res[p.id].ddtree[b].accept_lengths, dtype=torch.int32)
+            return tensors, {"prompt_ids": [p.id for p in prompts], "side": side.label}
+
+        entry = self.inputs.cache.get_or_produce("tau", self._tau_fields(side, budgets), produce, derived=True)
+        comps = self.completions()
+        bs = self.checkpoint.config.block_size
+        return {p.id: PromptTau(
+            p.id, p.category, TauResult(entry.tensors[f"chain/{n}"].tolist(), bs, "chain"),
+            {b: TauResult(entry.tensors[f"ddtree{b}/{n}"].tolist(), bs, f"ddtree-{b}") for b in budgets},
+            len(comps[p.id].prompt_ids), len(comps[p.id].output_ids)) for n, p in enumerate(prompts)}
+
+    def _simulate(self, feats: Features, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
+        comps = self.completions()
+        drafter = self.drafter
+        dt = next(drafter.parameters()).dtype
+        items = []
+        for p in self.inputs.prompts:
+            f = torch.cat([feats[p.id][i] for i in self.layer_ids], dim=-1).to(dt)
+            items.append((f, torch.tensor(comps[p.id].sequence, dtype=torch.long), len(comps[p.id].prompt_ids)))
+        with self.inputs.meter.timed("drafting"):
+            tables = draft_table(drafter, self.inputs.head, items, top_k=max(budgets) if budgets else 1)
+        mb = self.settings.max_blocks
+        return {p.id: PromptTau(p.id, p.category, chain_tau(table, max_blocks=mb),
+                                {b: ddtree_tau(table, b, max_blocks=mb) for b in budgets},
+                                len(comps[p.id].prompt_ids), len(comps[p.id].output_ids))
+                for p, table in zip(self.inputs.prompts, tables)}
+
+    # ------------------------------------------------------------------------------------------------ drift
+    def drift(self, name: str) -> Drift:
+        """Per-prompt per-layer feature drift and per-prompt τ on each side for comparison ``name``."""
+        if name not in self._drift:
+            c = self.inputs.comparison(name)
+            fa, fb = self.features(c.a), self.features(c.b)
+            stats = {p.id: {i: DriftStat(name, p.id, i, *drift_stat(fa[p.id][i], fb[p.id][i]), c.rel_tol, c.cos_tol)
+                            for i in self.layer_ids} for p in self.inputs.prompts}
+            ev = self.inputs.eval_side
+            ta = self.tau_results if c.a == ev else self.tau_for(c.a, ())
+            tb = self.tau_results if c.b == ev else self.tau_for(c.b, ())
+            accept = {p.id: (ta[p.id].chain.tau, tb[p.id].chain.tau) for p in self.inputs.prompts}
+            self._drift[name] = Drift(c, stats, accept)
+        return self._drift[name]
+
+    @property
+    def drifts(self) -> dict[str, Drift]:
+        """The comparisons computed so far."""
+        return dict(self._drift)

@@ -1,0 +1,151 @@
+"""The third stage: target features ``hidden_states[i + 1]`` per prompt, target layer and side (backend, dtype).
+
+One cache entry per (sequence, layer, backend, dtype, device kind, library versions): a drafter reading other
+target layers reuses the layers already cached and extracts only the missing ones, all in ONE target forward per
+prompt (one cache job per prompt, spread over xdist workers). Also the per-layer fingerprint of a fixed text
+(regression detection across library upgrades).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from dflash_eval.backends import check_backend_device, use_backend
+from dflash_eval.cache import Job, cache_key, ids_digest
+from dflash_eval.drift import Side, fingerprint as layer_fingerprint
+from dflash_eval.errors import EvalError
+from dflash_eval.provenance import device_kind, library_versions, provenance
+from dflash_eval.suite.inputs import Inputs
+from dflash_eval.suite.progress import Progress
+from dflash_eval.suite.references import CompletionRecord
+
+__all__ = ["FeatureStore", "FINGERPRINT_TEXT"]
+
+FINGERPRINT_TEXT = "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b\n"
+
+Features = dict[str, dict[int, torch.Tensor]]
+
+
+class FeatureStore:
+    """Cached target features (see module docstring), memoised in memory per (prompt, backend, dtype)."""
+
+    def __init__(self, inputs: Inputs) -> None:
+        self.inputs = inputs
+        self._memo: dict[tuple[str, str, str], dict[int, torch.Tensor]] = {}
+        self._fingerprint: dict[str, Any] | None = None
+
+    def fields(self, seq: list[int], layer: int, side: Side) -> dict[str, Any]:
+        s = self.inputs.settings
+        return {"target": self.inputs.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
+                "layer": int(layer), "backend": side.backend, "dtype": str(side.dtype),
+                "device_kind": device_kind(s.torch_device), "versions": library_versions()}
+
+    def key(self, seq: list[int], layer: int, side: Side) -> str:
+        return cache_key("features", self.fields(seq, layer, side))
+
+    def _read_layers(self, seq: list[int], layers: tuple[int, ...], side: Side) -> dict[int, torch.Tensor]:
+        out = {}
+        for i in layers:
+            e = self.inputs.cache.read("features", self.key(seq, i, side))
+            if e is not None:
+                out[i] = e.tensors["features"]
+        return out
+
+    def features(self, completions: dict[str, CompletionRecord], side: Side, layers: tuple[int, ...]) -> Features:
+        """Per prompt, per target layer features [T, H] of prompt + completion under ``side``."""
+        inp = self.inputs
+        out: Features = {}
+        todo = []
+        with inp.meter.timed("features"):
+            for p in inp.prompts:
+                memo = self._memo.setdefault((p.id, side.backend, str(side.dtype)), {})
+                need = tuple(i for i in layers if i not in memo)
+                if need:
+                    memo.update(self._read_layers(completions[p.id].sequence, need, side))
+                if any(i not in memo for i in layers):
+                    todo.append(p.id)
+            if todo:
+                self._produce(completions, todo, side, layers)
+            for p in inp.prompts:
+                memo = self._memo[(p.id, side.backend, str(side.dtype))]
+                out[p.id] = {i: memo[i] for i in layers}
+        return out
+
+    def _produce(self, completions: dict[str, CompletionRecord], todo: list[str], side: Side,
+                 layers: tuple[int, ...]) -> None:
+        inp = self.inputs
+        if side.backend == "fla":
+            check_backend_device("fla", inp.settings.torch_device)
+        prog = Progress(f"target features ({side.label}, layers {list(layers)})", len(todo), inp.progress)
+        jobs = []
+        for pid in todo:
+            seq = completions[pid].sequence
+            group = {k: v for k, v in self.fields(seq, -1, side).items() if k != "layer"}
+            jobs.append(Job("features-" + cache_key("featgroup", group),
+                            lambda seq=seq: all(inp.cache.exists("features", self.key(seq, i, side)) for i in layers),
+                            prog.wrap(lambda pid=pid, seq=seq: self._extract(pid, seq, layers, side),
+                                      lambda seq=seq: len(seq))))
+        for pid in todo:
+            seq = completions[pid].sequence
+            for i in layers:
+                if not inp.cache.exists("features", self.key(seq, i, side)):
+                    inp.cache.miss("features", self.key(seq, i, side),
+                                   f"features of prompt {pid!r}, layer {i}, {side.label}")
+        inp.cache.produce_many(jobs, worker_index=inp.worker_index, worker_count=inp.worker_count)
+        for pid in todo:
+            seq = completions[pid].sequence
+            memo = self._memo[(pid, side.backend, str(side.dtype))]
+            memo.update(self._read_layers(seq, tuple(i for i in layers if i not in memo), side))
+            lost = [i for i in layers if i not in memo]
+            if lost:
+                raise EvalError(f"features of prompt {pid!r} layers {lost} missing after extraction")
+
+    def _extract(self, pid: str, seq: list[int], layers: tuple[int, ...], side: Side) -> None:
+        """One target forward for every layer of ``layers`` not cached yet; each layer written as its own entry."""
+        from dflash_eval.features import layer_features
+
+        inp = self.inputs
+        have = self._read_layers(seq, layers, side)
+        missing = tuple(i for i in layers if i not in have)
+        if not missing:
+            return
+        model = inp.model_for(side.dtype)
+        t0 = time.perf_counter()
+        with inp.meter.timed("target_forward"), use_backend(side.backend, inp.settings.torch_device) as info:
+            feats = layer_features(model, torch.tensor(seq, dtype=torch.long), list(missing))
+        inp.meter.counts["target_forwards"] += 1
+        dt = time.perf_counter() - t0
+        for i in missing:
+            fields = self.fields(seq, i, side)
+            meta = {"prompt_id": pid, "provenance": provenance(backend=info.name, dtype=side.dtype,
+                                                               device=inp.settings.torch_device,
+                                                               kernel=info.chunk_impl, layer_ids=[i])}
+            inp.cache.write("features", cache_key("features", fields), {"features": feats[i]}, fields=fields,
+                            meta=meta, seconds=dt / len(missing))
+
+    # ------------------------------------------------------------------------------------------------ fingerprint
+    @property
+    def fingerprint_computed(self) -> bool:
+        return self._fingerprint is not None
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Summary statistics of every target layer's features of :data:`FINGERPRINT_TEXT` (torch backend, the
+        evaluation dtype and device: no second copy of the target is made)."""
+        if self._fingerprint is None:
+            from dflash_eval.features import layer_features
+
+            inp = self.inputs
+            ids = list(inp.tokenizer(FINGERPRINT_TEXT, add_special_tokens=False)["input_ids"])
+            target = inp.target
+            layers = list(range(target.num_layers))
+            with inp.meter.timed("target_forward"), use_backend("torch", inp.settings.torch_device):
+                feats = layer_features(target.model, torch.tensor(ids), layers)
+            self._fingerprint = {
+                "target": inp.target_identity, "text": FINGERPRINT_TEXT, "tokens": ids_digest(ids),
+                "n_tokens": len(ids), "backend": "torch", "dtype": str(target.dtype).removeprefix("torch."),
+                "device_kind": device_kind(inp.settings.torch_device),
+                "layers": {str(i): layer_fingerprint(feats[i]) for i in layers}, "versions": library_versions()}
+        return self._fingerprint

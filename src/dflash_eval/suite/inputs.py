@@ -1,0 +1,267 @@
+"""The first stage: everything an evaluation needs that does not depend on the drafter.
+
+Settings, the cache handle, the prompts, the τ floors, the target directory (config, identity, tokenizer, chat
+template), each prompt's token ids, the target's borrowed embedding / lm_head and, only when something has to be
+computed, the loaded target model. A second drafter in the same process (``dflash-eval gate``) reuses this object
+as it is: :meth:`Inputs.check_shareable` refuses settings that differ in anything but the drafter.
+
+Nothing here loads the model on a warm cache: the head is read straight from the safetensors weights and the
+target's content hash is memoised under the weight files' sizes and modification times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from dflash_eval.cache import Cache
+from dflash_eval.drift import Comparison, Side, drift_comparisons
+from dflash_eval.errors import ConfigError, DFlashEvalError, EvalError
+from dflash_eval.floors import Floors, load_floors
+from dflash_eval.options import EvalSettings, worker_info
+from dflash_eval.prompts import Prompt, encode_prompt, load_prompt_spec
+from dflash_eval.suite.progress import Meter, default_progress_sink
+from dflash_eval.target import TargetDir
+
+__all__ = ["Inputs", "DRAFTER_OPTIONS"]
+
+DRAFTER_OPTIONS = frozenset({"drafter", "drafter_config", "reference_drafter"})
+
+
+class Inputs:
+    """Drafter-independent inputs of one process (see module docstring)."""
+
+    def __init__(self, settings: EvalSettings, *, worker: tuple[str, int, int] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.settings = settings
+        self.worker_id, self.worker_index, self.worker_count = worker or worker_info()
+        self.cache = Cache(settings.cache_dir, cache_only=settings.cache_only, worker=self.worker_id)
+        self.meter = Meter()
+        self.log = log or (lambda _m: None)
+        self.progress = default_progress_sink(self.worker_count)
+        self.target_dir = TargetDir(settings.target_model)
+        self._target: Any = None
+        self._identity: str | None = None
+        self._models: dict[torch.dtype, Any] = {}
+        self._set_threads()
+
+    def _set_threads(self) -> None:
+        if self.settings.torch_device.type != "cpu":
+            return
+        n = self.settings.torch_threads or max(1, (os.cpu_count() or 1) // (2 * max(1, self.worker_count)))
+        torch.set_num_threads(n)
+        self.meter.counts["torch_threads"] = n
+
+    def check_shareable(self, settings: EvalSettings) -> None:
+        """Raise ConfigError unless ``settings`` differ from ours only in the drafter options."""
+        mine = {k: v for k, v in self.settings.to_dict().items() if k not in DRAFTER_OPTIONS}
+        theirs = {k: v for k, v in settings.to_dict().items() if k not in DRAFTER_OPTIONS}
+        if mine != theirs:
+            diff = sorted(k for k in mine if mine[k] != theirs.get(k))
+            raise ConfigError(f"cannot share target resources between sessions whose options differ in {diff}")
+
+    def preflight(self) -> None:
+        """Check every input path at once; ConfigError lists all that are missing or unreadable."""
+        s = self.settings
+        problems = []
+        cfg = s.target_model / "config.json"
+        if not cfg.is_file():
+            problems.append(f"--target-model {s.target_model}: " + (
+                "no config.json (not a transformers model directory)" if s.target_model.is_dir() else "not found"))
+        elif not os.access(cfg, os.R_OK):
+            problems.append(f"--target-model {cfg}: not readable")
+        if not s.drafter.exists():
+            problems.append(f"--drafter {s.drafter}: not found (a drafter directory or a .pt file)")
+        for name in ("drafter_config", "reference_drafter"):
+            v = getattr(s, name)
+            if v is not None and not v.exists():
+                problems.append(f"--{name.replace('_', '-')} {v}: not found")
+        try:
+            self.prompts  # noqa: B018 - loads every set/file of the spec (JSONL errors name the line)
+        except ConfigError as exc:
+            problems.append(f"--prompts {s.prompts}: {exc}")
+        if problems:
+            raise ConfigError("unusable inputs:\n  " + "\n  ".join(problems))
+
+    # ------------------------------------------------------------------------------------------------ prompts
+    @cached_property
+    def prompts(self) -> list[Prompt]:
+        return load_prompt_spec(self.settings.prompts, limit=self.settings.num_prompts)
+
+    @cached_property
+    def prompt_by_id(self) -> dict[str, Prompt]:
+        return {p.id: p for p in self.prompts}
+
+    @cached_property
+    def floors(self) -> Floors:
+        return load_floors(self.settings.floors_file, override=self.settings.tau_floor)
+
+    @cached_property
+    def comparisons(self) -> list[Comparison]:
+        s = self.settings
+        return drift_comparisons(eval_backend=s.eval_backend, reference_backend=s.reference_backend,
+                                 requested_backend=s.hidden_state_backend, device=s.torch_device,
+                                 dtype=s.torch_dtype, rel_tol=s.drift_rel_tol, cos_tol=s.drift_cos_tol,
+                                 accept_tol=s.drift_accept_tol)
+
+    def comparison(self, name: str) -> Comparison:
+        for c in self.comparisons:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    @property
+    def eval_side(self) -> Side:
+        return Side(self.settings.eval_backend, self.settings.torch_dtype)
+
+    # ------------------------------------------------------------------------------------------------ target
+    @property
+    def target_loaded(self) -> bool:
+        return self._target is not None
+
+    @property
+    def target(self) -> Any:
+        """The loaded target model and tokenizer (loaded on first use only)."""
+        if self._target is None:
+            from dflash_eval.target import load_target
+
+            s = self.settings
+            with self.meter.timed("target_load"):
+                self._target = load_target(s.target_model, device=s.torch_device, dtype=s.torch_dtype,
+                                           device_map=s.device_map)
+            self._models[self._target.dtype] = self._target.model
+        return self._target
+
+    def model_for(self, dtype: torch.dtype) -> Any:
+        """The target model in ``dtype`` (a cast copy, made once, for the bf16-vs-fp32 comparison)."""
+        if dtype not in self._models:
+            import copy
+
+            base = self.target.model
+            with self.meter.timed("target_load"):
+                self._models[dtype] = copy.deepcopy(base).to(dtype=dtype).eval()
+        return self._models[dtype]
+
+    @property
+    def target_identity(self) -> str:
+        """Content hash of the target's config + weights, memoised under the files' sizes and mtimes."""
+        if self._identity is None:
+            self._identity = self.target.identity() if self.target_loaded else self._memoised_identity()
+        return self._identity
+
+    def _memoised_identity(self) -> str:
+        d = self.target_dir
+        with self.meter.timed("target_hash"):
+            try:
+                files = [d.path / "config.json", *d.weight_files()]
+                stamp = {"path": str(d.path.resolve()), "files": [
+                    [f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]}
+                return self.cache.memo("target_identity", stamp, d.fingerprint)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"cannot read the target model at {d.path}: {exc} (pass --target-model DIR)") from exc
+
+    @cached_property
+    def num_layers(self) -> int | None:
+        """The target's layer count from config.json (None when unreadable: the input checks report that)."""
+        try:
+            return self.target_dir.num_layers
+        except (DFlashEvalError, OSError, ValueError, KeyError, TypeError):
+            return None
+
+    @cached_property
+    def spec(self) -> Any:
+        """What the drafter checks need about the target (config.json and the weights' head shape)."""
+        from dflash_eval.drafter import TargetSpec
+
+        if self.target_loaded:
+            return TargetSpec.from_target(self.target)
+        d = self.target_dir
+        return TargetSpec(num_layers=d.num_layers, hidden_size=d.hidden_size, vocab_size=self.head.vocab_size)
+
+    @cached_property
+    def head(self) -> Any:
+        """The target's input embedding and lm_head; without a loaded target (a warm cache) read straight from the
+        safetensors weights, so a warm run never imports transformers or builds the model."""
+        from dflash_eval.head import TargetHead
+
+        if self.target_loaded:
+            return TargetHead.from_model(self.target.model)
+        try:
+            with self.meter.timed("head_load"):
+                return TargetHead.from_pretrained(self.settings.target_model, device=self.settings.torch_device,
+                                                  dtype=self.settings.torch_dtype)
+        except DFlashEvalError as exc:  # weights not in a known safetensors layout: take them from the model
+            self.log(f"reading the target's embedding/lm_head from safetensors failed ({exc}); loading the model")
+            return TargetHead.from_model(self.target.model)
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        if self.target_loaded:
+            return self.target.tokenizer
+        from transformers import AutoTokenizer
+
+        with self.meter.timed("target_load"):
+            try:
+                return AutoTokenizer.from_pretrained(self.settings.target_model, local_files_only=True)
+            except Exception as exc:  # noqa: BLE001
+                raise ConfigError(f"cannot load the tokenizer from {self.settings.target_model}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+
+    # ------------------------------------------------------------------------------------------------ prompt ids
+    @cached_property
+    def prompt_format(self) -> dict[str, Any]:
+        """How prompt text becomes token ids: ``{"chat_template": "on"|"off", "template_sha256": ...}`` (``auto``
+        resolved); part of the prompt ids' cache key (completions and features key the resulting ids)."""
+        mode, tmpl = self.settings.chat_template, self.target_dir.chat_template_text()
+        if mode == "on" and tmpl is None:
+            raise ConfigError(f"--chat-template on, but the target tokenizer at {self.settings.target_model} has no "
+                              "chat template (tokenizer_config.json 'chat_template' or chat_template.jinja)")
+        use = mode == "on" or (mode == "auto" and tmpl is not None)
+        return {"chat_template": "on" if use else "off",
+                "template_sha256": hashlib.sha256(tmpl.encode()).hexdigest() if use and tmpl else None,
+                "enable_thinking": False if use else None}
+
+    @cached_property
+    def prompt_ids(self) -> dict[str, list[int]]:
+        """Token ids of each prompt (raw text or the chat template, see :attr:`prompt_format`; no other special
+        tokens); cached by tokenizer files + formatting + text (tokenizing is not computing: under --cache-only a
+        miss is tokenized, not written)."""
+        digest = self.target_dir.tokenizer_digest()
+        out: dict[str, list[int]] = {}
+        with self.meter.timed("tokenize"):
+            for p in self.prompts:
+                fields = {"tokenizer": digest, "text": p.text, "add_special_tokens": False, **self.prompt_format}
+                e = self.cache.get_or_produce("prompt_ids", fields, lambda p=p: (
+                    {"ids": torch.tensor(self._tokenize(p))}, {"prompt_id": p.id}), derived=True)
+                out[p.id] = e.tensors["ids"].tolist()
+        return out
+
+    def _tokenize(self, p: Prompt) -> list[int]:
+        ids = encode_prompt(self.tokenizer, p.text, chat_template=self.prompt_format["chat_template"])
+        if not ids:
+            raise EvalError(f"prompt {p.id!r} (line {p.line} of its set in --prompts {self.settings.prompts}) "
+                            "tokenizes to no tokens")
+        return ids
+
+    def describe_target(self) -> dict[str, Any] | None:
+        """The ``target`` block of eval.json (None when nothing about the target was needed)."""
+        if self.target_loaded:
+            t = self.target
+            return {"path": str(t.path), "identity": self.target_identity, "num_layers": t.num_layers,
+                    "hidden_size": t.hidden_size, "vocab_size": t.vocab_size, "layer_types": t.layer_types,
+                    "dtype": str(t.dtype), "device": str(t.device), "loaded": True}
+        if self._identity is None:
+            return None
+        try:
+            cfg = self.target_dir.config
+        except (DFlashEvalError, OSError, ValueError):
+            cfg = {}
+        return {"path": str(self.settings.target_model), "identity": self.target_identity,
+                "num_layers": cfg.get("num_hidden_layers"), "hidden_size": cfg.get("hidden_size"),
+                "vocab_size": cfg.get("vocab_size"), "layer_types": cfg.get("layer_types"),
+                "dtype": str(self.settings.torch_dtype), "device": str(self.settings.torch_device), "loaded": False}

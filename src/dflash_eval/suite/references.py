@@ -1,0 +1,204 @@
+"""The second stage: each prompt's reference completion, and the target's teacher-forced check of it.
+
+A completion comes from the cache, else from its source (``--completions``): ``local`` is the target's own greedy
+generation (one cache job per prompt, spread over xdist workers), ``sglang`` a batch of greedy ``/generate``
+requests to a server whose readiness and identity the SGLang service already checked (it hands this stage a
+ready client), ``cache`` never computes. Nothing is cached unless every answer of a batch is valid, and an empty
+completion is an error, never an entry.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dflash_eval.backends import use_backend
+from dflash_eval.cache import CacheEntry, Job, cache_key, ids_digest
+from dflash_eval.errors import EvalError
+from dflash_eval.provenance import device_kind, library_versions
+from dflash_eval.suite.inputs import Inputs
+from dflash_eval.suite.progress import Progress
+
+__all__ = ["CompletionRecord", "References"]
+
+_SOURCES = {"local": ("local",), "sglang": ("sglang",), "cache": ("local", "sglang")}
+
+
+@dataclass
+class CompletionRecord:
+    """A reference completion: generated ids only (no prompt), decoded text, where it came from."""
+
+    prompt_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    text: str
+    source: str
+    finish_reason: Any = None
+    spec_accept_length: float | None = None  # meta_info.spec_accept_length of a speculative SGLang server
+
+    @property
+    def sequence(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+class References:
+    """Reference completions of :attr:`Inputs.prompts` (see module docstring).
+
+    ``sglang_client``: a ready :class:`dflash_eval.sglang.SGLangClient`, needed only for ``--completions sglang``
+    on a cold cache (set by whoever started the service, before :meth:`completions`).
+    """
+
+    def __init__(self, inputs: Inputs, sglang_client: Any = None) -> None:
+        self.inputs = inputs
+        self.sglang_client = sglang_client
+        self._records: dict[str, CompletionRecord] = {}
+        self._argmax: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ------------------------------------------------------------------------------------------------ keys
+    def fields(self, pid: str, source: str) -> dict[str, Any]:
+        s, inp = self.inputs.settings, self.inputs
+        f: dict[str, Any] = {"target": inp.target_identity, "prompt_ids": inp.prompt_ids[pid],
+                             "max_new_tokens": s.max_new_tokens, "source": source}
+        if source == "local":
+            f.update(backend=s.eval_backend, dtype=str(s.torch_dtype), device_kind=device_kind(s.torch_device),
+                     versions=library_versions(), stop_at_eos=True)
+        return f
+
+    def _key(self, pid: str, source: str) -> str:
+        return cache_key("completion", self.fields(pid, source))
+
+    def _read(self, pid: str) -> CompletionRecord | None:
+        for src in _SOURCES[self.inputs.settings.completions]:
+            entry = self.inputs.cache.read("completion", self._key(pid, src))
+            if entry is not None:
+                return self._record(pid, entry)
+        return None
+
+    def _record(self, pid: str, entry: CacheEntry) -> CompletionRecord:
+        return CompletionRecord(pid, self.inputs.prompt_ids[pid], entry.tensors["output_ids"].tolist(),
+                                entry.meta.get("text", ""),
+                                entry.meta.get("source", entry.manifest.get("fields", {}).get("source", "?")),
+                                entry.meta.get("finish_reason"), entry.meta.get("spec_accept_length"))
+
+    def cached(self) -> bool:
+        """Whether every prompt's completion is memoised or cached for the configured ``--completions`` source."""
+        cache = self.inputs.cache
+        return all(p.id in self._records or any(cache.exists("completion", self._key(p.id, src))
+                                                 for src in _SOURCES[self.inputs.settings.completions])
+                   for p in self.inputs.prompts)
+
+    def known(self, pid: str) -> CompletionRecord | None:
+        """The completion of ``pid`` if this process already has it (never produces)."""
+        return self._records.get(pid)
+
+    # ------------------------------------------------------------------------------------------------ produce
+    def completions(self) -> dict[str, CompletionRecord]:
+        """Every prompt's reference completion (cache, else produced per ``--completions``)."""
+        pids = [p.id for p in self.inputs.prompts]
+        missing = [p for p in pids if p not in self._records]
+        if missing:
+            with self.inputs.meter.timed("completions"):
+                self._ensure(missing)
+        return {p: self._records[p] for p in pids}
+
+    def _ensure(self, pids: list[str]) -> None:
+        inp = self.inputs
+        for pid in pids:
+            rec = self._read(pid)
+            if rec is not None:
+                self._records[pid] = rec
+        todo = [p for p in pids if p not in self._records]
+        if not todo:
+            return
+        mode = inp.settings.completions
+        for pid in todo:
+            inp.cache.miss("completion", self._key(pid, "local"), f"the reference completion of prompt {pid!r}" + (
+                " (--completions cache never generates)" if mode == "cache" else ""))
+        if mode == "cache":  # cache.miss raised already when cache_only; --completions cache alone also fails
+            raise EvalError(f"--completions cache: no cached completion for prompts {todo} "
+                            f"under {inp.settings.cache_dir}; run once with --completions local or sglang")
+        if mode == "sglang":
+            lock = "completion-sglang-" + cache_key("batch", {"keys": [self.fields(p, "sglang") for p in todo]})
+            inp.cache.produce_many([Job(lock, lambda: all(self._read(p) is not None for p in todo),
+                                        lambda: self._fetch_sglang([p for p in todo if self._read(p) is None]))])
+        else:
+            prog = Progress("reference completions (local generation)", len(todo), inp.progress)
+            jobs = [Job(f"completion-{self._key(pid, 'local')}",
+                        lambda k=self._key(pid, "local"): inp.cache.exists("completion", k),
+                        lambda pid=pid: prog.step(self._generate_local(pid))) for pid in todo]
+            inp.cache.produce_many(jobs, worker_index=inp.worker_index, worker_count=inp.worker_count)
+        for pid in todo:
+            rec = self._read(pid)
+            if rec is None:
+                raise EvalError(f"completion of prompt {pid!r} missing after production (cache dir unwritable?)")
+            self._records[pid] = rec
+
+    def _write(self, pid: str, source: str, ids: list[int], text: str, finish: Any, seconds: float,
+               extra_meta: dict[str, Any] | None = None) -> None:
+        if not ids:
+            raise EvalError(f"empty completion for prompt {pid!r} from {source}: nothing to evaluate "
+                            "(the target emitted EOS at once?); no cache entry written")
+        fields = self.fields(pid, source)
+        self.inputs.cache.write("completion", cache_key("completion", fields), {"output_ids": torch.tensor(ids)},
+                                fields=fields, meta={"text": text, "source": source, "finish_reason": finish,
+                                                     "prompt_id": pid, **(extra_meta or {})}, seconds=seconds)
+
+    def _generate_local(self, pid: str) -> int:
+        """Greedy-generate and cache ``pid``'s completion; returns the number of tokens generated."""
+        from dflash_eval.generation import greedy_generate
+
+        inp = self.inputs
+        t0 = time.perf_counter()
+        with inp.meter.timed("generation"):
+            ids = greedy_generate(inp.target, inp.prompt_ids[pid], inp.settings.max_new_tokens,
+                                  backend=inp.settings.eval_backend)
+        inp.meter.counts["generated_tokens"] += len(ids)
+        text = inp.tokenizer.decode(ids, skip_special_tokens=True)  # as SGLang returns it
+        self._write(pid, "local", ids, text, None, time.perf_counter() - t0)
+        return len(ids)
+
+    def _fetch_sglang(self, pids: list[str]) -> None:
+        """Fetch greedy completions from the ready server and cache them; nothing is cached unless every answer
+        is valid."""
+        if not pids:
+            return
+        if self.sglang_client is None:
+            raise EvalError("--completions sglang: reference completions are not cached and no SGLang server was "
+                            "started (the suite's sglang fixture starts it; outside pytest pass a ready client)")
+        inp = self.inputs
+        t0 = time.perf_counter()
+        with inp.meter.timed("sglang"):
+            comps = self.sglang_client.generate_greedy([inp.prompt_ids[p] for p in pids],
+                                                       max_new_tokens=inp.settings.max_new_tokens)
+        dt = (time.perf_counter() - t0) / max(1, len(pids))
+        for pid, c in zip(pids, comps):
+            extra = {} if c.spec_accept_length is None else {"spec_accept_length": c.spec_accept_length,
+                                                             "spec_verify_ct": c.spec_verify_ct}
+            self._write(pid, "sglang", list(c.output_ids), c.text, c.finish_reason, dt, extra)
+
+    # ------------------------------------------------------------------------------------------------ consistency
+    def teacher_forced(self, pid: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(argmax, top1 - top2 logit margin) of the target at every position of prompt + completion."""
+        if pid in self._argmax:
+            return self._argmax[pid]
+        inp = self.inputs
+        seq = self.completions()[pid].sequence
+        s = inp.settings
+        fields = {"target": inp.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
+                  "backend": s.eval_backend, "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
+                  "versions": library_versions()}
+
+        def produce() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+            with inp.meter.timed("target_forward"), use_backend(s.eval_backend, s.torch_device), torch.no_grad():
+                logits = inp.target.model(input_ids=torch.tensor([seq], device=inp.target.device)).logits[0].float()
+            inp.meter.counts["target_forwards"] += 1
+            top = logits.topk(2, dim=-1)
+            return {"argmax": top.indices[:, 0].cpu(), "margin": (top.values[:, 0] - top.values[:, 1]).cpu()}, \
+                {"prompt_id": pid}
+
+        e = inp.cache.get_or_produce("argmax", fields, produce, what=f"teacher-forced argmax of {pid!r}")
+        self._argmax[pid] = (e.tensors["argmax"], e.tensors["margin"])
+        return self._argmax[pid]

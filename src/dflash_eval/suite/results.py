@@ -1,0 +1,138 @@
+"""The fifth stage: everything one process measured, as one typed object that turns into eval.json's fields.
+
+:func:`build_result` reads the earlier stages (it never computes: what was not asked for during the run is left
+out) and judges τ through :mod:`dflash_eval.verdict`. Under pytest-xdist each worker sends its
+:meth:`EvalResult.to_json` to the controller, which merges them (:func:`dflash_eval.report.merge`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflash_eval.provenance import provenance
+from dflash_eval.stats import category_table, ddtree_budgets
+from dflash_eval.suite.evaluation import DrafterEvaluation, PromptTau
+from dflash_eval.suite.references import CompletionRecord
+from dflash_eval.tau import macro_tau
+from dflash_eval.verdict import judge_categories, judge_prompts, mean_thresholds
+
+__all__ = ["EvalResult", "TauSummary", "build_result", "prompt_rows", "tau_summary"]
+
+
+@dataclass
+class TauSummary:
+    """τ of a run: judged per-prompt rows (eval.json's ``prompts``), the macro means and their floors, and the
+    per-category table."""
+
+    prompts: dict[str, dict[str, Any]]
+    mean_tau: float
+    mean_ddtree: dict[str, float]
+    mean_floor: float | None
+    mean_ddtree_floor: dict[str, float | None]
+    categories: dict[str, dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prompts": self.prompts, "mean_tau": self.mean_tau, "mean_ddtree": self.mean_ddtree,
+                "mean_floor": self.mean_floor, "mean_ddtree_floor": self.mean_ddtree_floor,
+                "categories": self.categories}
+
+
+@dataclass
+class EvalResult:
+    """What one process measured (see module docstring); optional parts are None when not computed."""
+
+    worker: str
+    settings: dict[str, Any]
+    timings: dict[str, float]
+    counts: dict[str, int]
+    cache: dict[str, Any]
+    errors: list[str] = field(default_factory=list)
+    sglang: dict[str, Any] | None = None
+    target: dict[str, Any] | None = None
+    provenance: dict[str, Any] | None = None
+    drafter: dict[str, Any] | None = None
+    tau: TauSummary | None = None
+    drift: list[dict[str, Any]] | None = None
+    drift_accept: list[dict[str, Any]] | None = None
+    fingerprint: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """eval.json's fields for this process (a fragment, before merging across workers)."""
+        out: dict[str, Any] = {"worker": self.worker, "settings": self.settings, "timings": self.timings,
+                               "counts": self.counts, "cache": self.cache, "errors": list(self.errors)}
+        for key in ("sglang", "target", "provenance", "drafter"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
+        if self.tau is not None:
+            out.update(self.tau.to_json())
+        if self.drift is not None:
+            out["drift"], out["drift_accept"] = self.drift, self.drift_accept
+        if self.fingerprint is not None:
+            out["fingerprint"] = self.fingerprint
+        return out
+
+
+def prompt_rows(results: dict[str, PromptTau], floors: Any,
+                completions: dict[str, CompletionRecord] | None = None) -> dict[str, dict[str, Any]]:
+    """eval.json's judged ``prompts`` rows; ``completions`` adds an SGLang server's own accept length."""
+    out = {}
+    for pid, r in results.items():
+        out[pid] = {
+            "category": r.category, "tau": r.chain.tau, "rounds": r.chain.rounds,
+            "accept_lengths": r.chain.accept_lengths, "histogram": r.chain.histogram,
+            "ddtree": {str(b): t.tau for b, t in r.ddtree.items()},
+            "ddtree_accept_lengths": {str(b): t.accept_lengths for b, t in r.ddtree.items()},
+            "floor": None, "ddtree_floor": {}, "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens, "passed": False,
+        }
+        rec = (completions or {}).get(pid)
+        if rec is not None and rec.spec_accept_length is not None:  # the server ran the drafter itself
+            out[pid]["server_accept_length"] = rec.spec_accept_length
+    judge_prompts(out, floors)
+    return out
+
+
+def tau_summary(ev: DrafterEvaluation) -> TauSummary:
+    """Judge ``ev``'s τ against the run's floors."""
+    floors = ev.inputs.floors
+    res = ev.tau_results
+    rows = prompt_rows(res, floors, {p: r for p in res if (r := ev.references.known(p)) is not None})
+    budgets = tuple(ev.settings.ddtree_budget)
+    means = mean_thresholds(macro_tau([r.chain for r in res.values()]),
+                            {str(b): macro_tau([r.ddtree[b] for r in res.values()]) for b in budgets}, floors)
+    cats = category_table(rows)
+    judge_categories(cats, floors, ddtree_budgets(rows))
+    return TauSummary(rows, means[0].value, {t.label.removeprefix("DDTree-"): t.value for t in means[1:]},
+                      means[0].floor, {t.label.removeprefix("DDTree-"): t.floor for t in means[1:]}, cats)
+
+
+def _drift_rows(ev: DrafterEvaluation) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rows, acc = [], []
+    for name, d in ev.drifts.items():
+        c = d.comparison
+        for per in d.stats.values():
+            rows.extend(s.to_dict() for s in per.values())
+        for pid, (a, b) in d.accept.items():
+            acc.append({"comparison": name, "prompt_id": pid, "tau_a": a, "tau_b": b, "diff": abs(a - b),
+                        "tol": c.accept_tol, "passed": abs(a - b) <= c.accept_tol, "a": c.a.label, "b": c.b.label})
+    return rows, acc
+
+
+def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang: dict[str, Any] | None = None,
+                 fingerprint: dict[str, Any] | None = None) -> EvalResult:
+    """The result of one process from what its stages computed (``tau``: the judged τ, when computed)."""
+    inp = ev.inputs
+    s = inp.settings
+    target = inp.describe_target()
+    result = EvalResult(
+        worker=inp.worker_id, settings=s.to_dict(), timings={k: round(v, 4) for k, v in inp.meter.timings.items()},
+        counts=dict(inp.meter.counts), cache=inp.cache.stats.to_dict(), sglang=sglang or None, target=target,
+        provenance=provenance(backend=s.eval_backend, dtype=s.torch_dtype, device=s.torch_device) if target else None,
+        tau=tau, fingerprint=fingerprint)
+    if ev.checkpoint_read:
+        ck = ev.checkpoint
+        result.drafter = {"path": str(ck.source), "fingerprint": ck.fingerprint, "config": ck.config.to_dict()}
+    if ev.drifts:
+        result.drift, result.drift_accept = _drift_rows(ev)
+    return result

@@ -1,0 +1,144 @@
+"""The verdict: τ against its floors. The only place a floor is judged; the τ tests, the reports and the gate CLI
+all ask this module.
+
+The rule: a τ passes its floor when the floor exists, the τ is a number (a prompt with no speculative round has
+τ NaN) and τ >= floor. A prompt passes when its chain τ and its τ for every DDTree budget pass; the mean and each
+category likewise (their τ is the mean over their prompts). A missing floor is a failure, never a pass.
+
+The functions that fill verdicts work on eval.json's rows (plain dicts), so the same code judges a fresh run, a
+merge of xdist workers and a report re-judged against rewritten floors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_eval.floors import Floors
+
+__all__ = ["passes", "Threshold", "prompt_threshold", "prompt_thresholds", "mean_thresholds", "category_thresholds", "judge_prompts",
+           "judge_mean", "judge_categories", "judge_run", "mean_passed", "gate_reasons"]
+
+
+def passes(value: float | None, floor: float | None) -> bool:
+    """τ ``value`` passes ``floor`` (see module docstring)."""
+    return floor is not None and value is not None and not math.isnan(value) and value >= floor
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One τ against one floor: ``label`` is "chain" or "DDTree-<budget>"."""
+
+    label: str
+    value: float | None
+    floor: float | None
+
+    @property
+    def passed(self) -> bool:
+        return passes(self.value, self.floor)
+
+    @property
+    def missing(self) -> bool:
+        return self.floor is None
+
+
+def _budget_items(ddtree: Mapping[Any, float]) -> list[tuple[int, float]]:
+    return [(int(b), v) for b, v in ddtree.items()]
+
+
+def prompt_threshold(pid: str, value: float, floors: Floors, budget: int | None = None) -> Threshold:
+    """Prompt ``pid``'s chain τ (``budget`` None) or DDTree-``budget`` τ against its per-prompt floor."""
+    return Threshold("chain" if budget is None else f"DDTree-{budget}", value, floors.for_prompt(pid, budget))
+
+
+def prompt_thresholds(pid: str, chain: float, ddtree: Mapping[Any, float], floors: Floors) -> list[Threshold]:
+    """Chain τ and each DDTree budget's τ of prompt ``pid`` against their per-prompt floors."""
+    return [prompt_threshold(pid, chain, floors)] + [prompt_threshold(pid, v, floors, b)
+                                                     for b, v in _budget_items(ddtree)]
+
+
+def mean_thresholds(chain: float, ddtree: Mapping[Any, float], floors: Floors) -> list[Threshold]:
+    """The macro-averaged τ (chain and each budget) against the mean floors."""
+    return [Threshold("chain", chain, floors.for_mean())] + [
+        Threshold(f"DDTree-{b}", v, floors.for_mean(b)) for b, v in _budget_items(ddtree)]
+
+
+def category_thresholds(category: str, chain: float, ddtree: Mapping[Any, float],
+                        floors: Floors) -> list[Threshold]:
+    """A category's mean τ (chain and each budget) against its floors ("all" uses the mean floors)."""
+    if category == "all":
+        return mean_thresholds(chain, ddtree, floors)
+    return [Threshold("chain", chain, floors.for_category(category))] + [
+        Threshold(f"DDTree-{b}", v, floors.for_category(category, b)) for b, v in _budget_items(ddtree)]
+
+
+def judge_prompts(prompts: dict[str, dict[str, Any]], floors: Floors) -> None:
+    """Fill ``floor``, ``ddtree_floor`` and ``passed`` of every eval.json prompt row (``tau``, ``ddtree``)."""
+    for pid, r in prompts.items():
+        ts = prompt_thresholds(pid, r["tau"], r.get("ddtree", {}), floors)
+        r["floor"] = ts[0].floor
+        r["ddtree_floor"] = {b: t.floor for b, t in zip(r.get("ddtree", {}), ts[1:])}
+        r["passed"] = all(t.passed for t in ts)
+
+
+def judge_mean(data: dict[str, Any], floors: Floors) -> None:
+    """Fill ``mean_floor``, ``mean_ddtree_floor`` and ``mean_passed`` of eval.json data (``mean_tau``,
+    ``mean_ddtree``)."""
+    ts = mean_thresholds(data["mean_tau"], data.get("mean_ddtree", {}), floors)
+    data["mean_floor"] = ts[0].floor
+    data["mean_ddtree_floor"] = {b: t.floor for b, t in zip(data.get("mean_ddtree", {}), ts[1:])}
+    data["mean_passed"] = all(t.passed for t in ts)
+
+
+def mean_passed(data: dict[str, Any]) -> bool:
+    """The mean's verdict from the floors recorded in eval.json data (``mean_floor``, ``mean_ddtree_floor``)."""
+    fl = data.get("mean_ddtree_floor", {})
+    return passes(data.get("mean_tau"), data.get("mean_floor")) and all(
+        passes(v, fl.get(b)) for b, v in data.get("mean_ddtree", {}).items())
+
+
+def judge_categories(categories: dict[str, dict[str, Any]], floors: Floors | None, budgets: list[str]) -> None:
+    """Fill ``floor``, ``ddtree_floor`` and ``passed`` of every per-category row (``chain`` and ``ddtree`` hold
+    summaries with a ``mean``; a category may lack a budget's summary, which then fails) for the DDTree
+    ``budgets`` of the run; without floors they are None."""
+    for c, row in categories.items():
+        if floors is None:
+            row.update(floor=None, ddtree_floor={b: None for b in budgets}, passed=None)
+            continue
+        means = {b: row["ddtree"][b]["mean"] if b in row.get("ddtree", {}) else None for b in budgets}
+        ts = category_thresholds(c, row["chain"]["mean"], means, floors)
+        row["floor"] = ts[0].floor
+        row["ddtree_floor"] = {b: t.floor for b, t in zip(budgets, ts[1:])}
+        row["passed"] = all(t.passed for t in ts)
+
+
+def judge_run(data: dict[str, Any], floors: Floors) -> None:
+    """Re-judge merged eval.json data against ``floors``: every prompt, the mean and every category."""
+    from dflash_eval.stats import category_table, ddtree_budgets
+
+    judge_prompts(data.get("prompts", {}), floors)
+    if "mean_tau" in data:
+        judge_mean(data, floors)
+    if data.get("prompts"):
+        data["categories"] = category_table(data["prompts"])
+        judge_categories(data["categories"], floors, ddtree_budgets(data["prompts"]))
+
+
+def gate_reasons(prompts: dict[str, dict[str, Any]], means: list[Threshold]) -> list[str]:
+    """Why a checkpoint fails the gate (empty when it passes): missing prompt floors, prompts below their floor,
+    missing or failed mean floors. ``prompts`` are judged eval.json rows."""
+    reasons = []
+    missing = [pid for pid, v in prompts.items() if v["floor"] is None or None in v["ddtree_floor"].values()]
+    if missing:
+        reasons.append(f"no floor for {len(missing)} prompt(s) (e.g. {missing[0]!r}; pass --tau-floor)")
+    below = [p for p, v in prompts.items() if not v["passed"] and p not in missing]
+    if below:
+        reasons.append(f"{len(below)} prompt(s) below floor")
+    for t in means:
+        if t.missing:
+            reasons.append(f"no mean {t.label} floor")
+        elif not t.passed:
+            reasons.append(f"mean {t.label} τ {t.value:.3f} < {t.floor}")
+    return reasons
