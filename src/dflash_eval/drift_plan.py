@@ -15,7 +15,7 @@ import torch
 from dflash_eval.backends import check_backend_device, fla_available
 from dflash_eval.drift import layer_drift
 from dflash_eval.errors import DFlashEvalError
-from dflash_eval.settings import EvalSettings
+from dflash_eval.options import EvalSettings
 
 __all__ = ["Side", "Comparison", "DriftStat", "drift_stat", "drift_comparisons"]
 

@@ -2,7 +2,7 @@
 
 Registered by the repository's root ``conftest.py`` (``pytest_plugins = ["dflash_eval.pytest_plugin"]``).
 
-Every option of :data:`dflash_eval.settings.OPTIONS` is available as ``--name`` on the command line, as the
+Every option of :data:`dflash_eval.options.OPTIONS` is available as ``--name`` on the command line, as the
 environment variable ``DFLASH_EVAL_<NAME>`` and as the ini key ``dflash_<name>`` ([tool.pytest.ini_options]);
 precedence CLI > env > ini > default. Relative paths from the CLI or the environment are taken from the
 directory pytest was started in; from the ini file or the defaults, from the rootdir.
@@ -27,7 +27,7 @@ import pytest
 
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.session import EvalSession
-from dflash_eval.settings import OPTIONS, EvalSettings, OptionSpec
+from dflash_eval.options import EvalSettings, add_options, resolve
 
 __all__ = ["settings_from_config", "get_session", "setup_error_param", "safe_id"]
 
@@ -46,57 +46,15 @@ WORKEROUTPUT_KEY = "dflash_eval_fragment"
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("dflash-eval", "DFlash drafter evaluation (tests_eval/); each option also reads "
                             "env DFLASH_EVAL_<NAME> and ini dflash_<name>; precedence CLI > env > ini > default")
-    for spec in OPTIONS:
-        helptext = f"{spec.help} [env {spec.env}, ini {spec.ini}; default: {_show_default(spec)}]"
-        if spec.kind == "bool":
-            group.addoption(spec.flag, action="store_const", const=True, default=None, dest=spec.name, help=helptext)
-        elif spec.kind == "ints":
-            group.addoption(spec.flag, action="append", default=None, dest=spec.name, metavar="N[,N...]",
-                            help=helptext)
-        elif spec.kind == "choice":
-            group.addoption(spec.flag, default=None, dest=spec.name, metavar="{" + ",".join(spec.choices) + "}",
-                            help=helptext)
-        else:
-            group.addoption(spec.flag, default=None, dest=spec.name, help=helptext)
-        parser.addini(spec.ini, help=f"{spec.help} (same as {spec.flag})", type="string", default="")
-
-
-def _show_default(spec: OptionSpec) -> str:
-    if spec.default is None:
-        return "unset"
-    if isinstance(spec.default, tuple):
-        return ",".join(map(str, spec.default))
-    return str(spec.default)
+    add_options(group.addoption, add_ini=parser.addini)
 
 
 def settings_from_config(config: pytest.Config) -> EvalSettings:
     """Resolve every option (CLI > env > ini > default) into :class:`EvalSettings` (raises ConfigError)."""
-    invocation = Path(config.invocation_params.dir)
     root = Path(config.rootpath)
-    values: dict[str, Any] = {}
-    origins: dict[str, str] = {}
-    for spec in OPTIONS:
-        cli = config.getoption(spec.name, default=None)
-        env = os.environ.get(spec.env)
-        ini = config.getini(spec.ini)
-        if cli is not None:
-            raw, base, origin = cli, invocation, "cli"
-        elif env is not None and env != "":
-            raw, base, origin = env, invocation, "env"
-        elif ini not in (None, "", []):
-            raw, base, origin = ini, Path(config.inipath).parent if config.inipath else root, "ini"
-        else:
-            raw, base, origin = spec.default, root, "default"
-        if spec.kind == "path" and raw is not None:
-            p = Path(str(raw)).expanduser()
-            raw = p if p.is_absolute() else base / p
-        elif spec.kind == "spec" and raw is not None:  # --prompts: file items resolved like paths
-            from dflash_eval.session import resolve_prompt_spec
-
-            raw = resolve_prompt_spec(raw, base)
-        values[spec.name] = raw
-        origins[spec.name] = origin
-    return EvalSettings.from_mapping(values, origins=origins)
+    return resolve(lambda name: config.getoption(name, default=None), environ=os.environ, ini=config.getini,
+                   invocation_dir=Path(config.invocation_params.dir), root=root,
+                   ini_dir=Path(config.inipath).parent if config.inipath else root)
 
 
 def get_settings(config: pytest.Config) -> EvalSettings:

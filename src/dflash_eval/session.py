@@ -60,7 +60,7 @@ from dflash_eval.formatting import encode_prompt
 from dflash_eval.prompt_sets import load_prompt_spec
 from dflash_eval.prompts import Prompt
 from dflash_eval.provenance import device_kind, library_versions, provenance
-from dflash_eval.settings import (  # noqa: F401 - re-exported: the plugin and tests import them from here
+from dflash_eval.options import (  # noqa: F401 - re-exported: the plugin and tests import them from here
     COMPLETION_SOURCES,
     DEFAULT_PROMPTS,
     OPTIONS,
