@@ -17,6 +17,8 @@ from dflash_eval.head import TargetHead
 from dflash_eval.target import Target, load_target
 from dflash_eval.tiny import build_random_target, random_drafter_config
 
+pytest_plugins = ["pytester"]  # tests/test_options.py runs the eval-suite plugin in a pytest of its own
+
 
 @pytest.fixture(scope="session")
 def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

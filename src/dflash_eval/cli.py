@@ -29,9 +29,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.errors import ConfigError, DFlashEvalError
+
+if TYPE_CHECKING:
+    from dflash_eval.options import EvalSettings
 
 __all__ = ["main", "build_parser", "gate"]
 
@@ -39,21 +42,10 @@ EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _add_suite_options(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
-    from dflash_eval.settings import OPTIONS
+    from dflash_eval.options import add_options
 
     g = p.add_argument_group("suite options (as in `pytest tests_eval`; env DFLASH_EVAL_<NAME> when not given)")
-    for spec in OPTIONS:
-        if spec.name in skip:
-            continue
-        h = f"{spec.help} [env {spec.env}]".replace("%", "%%")
-        if spec.kind == "bool":
-            g.add_argument(spec.flag, action="store_const", const=True, default=None, dest=spec.name, help=h)
-        elif spec.kind == "ints":
-            g.add_argument(spec.flag, action="append", default=None, dest=spec.name, metavar="N[,N...]", help=h)
-        elif spec.kind == "choice":
-            g.add_argument(spec.flag, default=None, dest=spec.name, choices=spec.choices, help=h)
-        else:
-            g.add_argument(spec.flag, default=None, dest=spec.name, help=h)
+    add_options(g.add_argument, skip=skip, strict_choices=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,24 +70,14 @@ def _version() -> str:
     return f"dflash-eval {__version__}"
 
 
-def _values(ns: argparse.Namespace) -> dict[str, Any]:
-    """Suite option values: CLI > env > default; relative paths against the current directory."""
-    from dflash_eval.settings import OPTIONS
+def _settings(ns: argparse.Namespace, drafter: Path) -> EvalSettings:
+    """One checkpoint's EvalSettings: CLI > env > default (no ini file); relative paths against the current
+    directory."""
+    from dflash_eval.options import resolve
 
     cwd = Path.cwd()
-    values: dict[str, Any] = {}
-    for spec in OPTIONS:
-        if spec.name == "drafter":
-            continue
-        raw = getattr(ns, spec.name, None)
-        if raw is None:
-            env = os.environ.get(spec.env)
-            raw = env if env not in (None, "") else spec.default
-        if spec.kind == "path" and raw is not None:
-            p = Path(str(raw)).expanduser()
-            raw = p if p.is_absolute() else cwd / p
-        values[spec.name] = raw
-    return values
+    return resolve(lambda name: drafter if name == "drafter" else getattr(ns, name, None), environ=os.environ,
+                   invocation_dir=cwd, root=cwd)
 
 
 def _fmt(x: float | None) -> str:
@@ -146,10 +128,9 @@ def _render(rows: list[dict[str, Any]], budgets: list[int], stream: Any) -> None
 
 
 def gate(ns: argparse.Namespace) -> int:
-    from dflash_eval.session import EvalSession, EvalSettings
+    from dflash_eval.session import EvalSession
 
     err = sys.stderr
-    values = _values(ns)
     drafters = [Path(d).expanduser() for d in ns.drafter]
     drafters = [d if d.is_absolute() else Path.cwd() / d for d in drafters]
     problems, settings = [], []
@@ -161,7 +142,7 @@ def gate(ns: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     try:
         for d in drafters:
-            settings.append(EvalSettings.from_mapping({**values, "drafter": d}))
+            settings.append(_settings(ns, d))
         EvalSession(settings[0], worker=("master", 0, 1)).inputs.preflight()
     except DFlashEvalError as exc:
         print(f"dflash-eval gate: bad input: {exc}", file=err)

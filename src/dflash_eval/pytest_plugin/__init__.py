@@ -17,9 +17,9 @@ from dflash_eval.pytest_plugin.hooks import (pytest_addoption, pytest_configure,
                                              pytest_sessionfinish, pytest_sessionstart, pytest_terminal_summary,
                                              pytest_testnodedown)
 from dflash_eval.pytest_plugin.params import SetupError, collect, safe_id, setup_error_param
-from dflash_eval.pytest_plugin.state import get_session, get_settings
+from dflash_eval.pytest_plugin.state import get_session, get_settings, settings_from_config
 
-__all__ = ["SetupError", "collect", "safe_id", "setup_error_param", "get_session", "get_settings",
+__all__ = ["SetupError", "collect", "safe_id", "setup_error_param", "get_session", "get_settings", "settings_from_config",
            "drafter", "eval_features", "eval_session", "eval_settings", "reference_completions", "sglang", "target",
            "tau_results", "pytest_addoption", "pytest_configure", "pytest_runtest_logreport", "pytest_sessionfinish",
            "pytest_sessionstart", "pytest_terminal_summary", "pytest_testnodedown"]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dflash_eval.errors import DFlashEvalError
-from dflash_eval.options import add_pytest_options
+from dflash_eval.options import add_options
 from dflash_eval.pytest_plugin.state import (FRAGMENTS, MERGED, MESSAGES, OUTCOMES, SESSION, SGLANG, START,
                                              get_settings, is_controller)
 
@@ -26,7 +26,9 @@ _CONFIG: dict[str, pytest.Config] = {}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    add_pytest_options(parser)
+    group = parser.getgroup("dflash-eval", "DFlash drafter evaluation (tests_eval/); each option also reads "
+                            "env DFLASH_EVAL_<NAME> and ini dflash_<name>; precedence CLI > env > ini > default")
+    add_options(group.addoption, add_ini=parser.addini)
 
 
 def pytest_configure(config: pytest.Config) -> None:

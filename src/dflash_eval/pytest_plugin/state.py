@@ -3,15 +3,17 @@ session, the SGLang service, the results of workers and the test outcomes."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dflash_eval.errors import DFlashEvalError
-from dflash_eval.options import EvalSettings, settings_from_pytest
+from dflash_eval.options import EvalSettings, resolve
 from dflash_eval.session import EvalSession
 
-__all__ = ["get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES", "START", "SGLANG",
+__all__ = ["settings_from_config", "get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES", "START", "SGLANG",
            "MERGED", "MESSAGES", "is_controller"]
 
 SESSION = pytest.StashKey[EvalSession]()
@@ -24,11 +26,19 @@ MERGED = pytest.StashKey[dict]()
 MESSAGES = pytest.StashKey[list]()
 
 
+def settings_from_config(config: pytest.Config) -> EvalSettings:
+    """Resolve every option (CLI > env > ini > default) into :class:`EvalSettings` (raises ConfigError)."""
+    root = Path(config.rootpath)
+    return resolve(lambda name: config.getoption(name, default=None), environ=os.environ, ini=config.getini,
+                   invocation_dir=Path(config.invocation_params.dir), root=root,
+                   ini_dir=Path(config.inipath).parent if config.inipath else root)
+
+
 def get_settings(config: pytest.Config) -> EvalSettings:
     """The run's settings (CLI > env > ini > default), resolved once; raises the resolution error every time."""
     if SETTINGS not in config.stash:
         try:
-            config.stash[SETTINGS] = settings_from_pytest(config)
+            config.stash[SETTINGS] = settings_from_config(config)
         except DFlashEvalError as exc:
             config.stash[SETTINGS] = exc
     s = config.stash[SETTINGS]

@@ -1,0 +1,412 @@
+"""The eval suite's options: each declared once, as a field of :class:`EvalSettings`, and everything derived from it.
+
+A field's metadata holds the option's help, kind and choices; from it come ``--name`` on the command line,
+``DFLASH_EVAL_<NAME>`` in the environment and ``dflash_<name>`` in the ini file ([tool.pytest.ini_options]).
+:func:`add_options` registers them (pytest's ``group.addoption`` and argparse's ``add_argument`` alike),
+:func:`resolve` is the one resolver (precedence CLI > env > ini > default; relative paths and ``--prompts`` file
+items made absolute there) and :func:`render_option_table` writes the table in ``docs/eval_suite.md``
+(``python -m dflash_eval.options --write-docs docs/eval_suite.md``). :class:`EvalSettings` also resolves ``auto``
+device, dtype and backends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_eval.backends import BACKENDS, resolve_backend
+from dflash_eval.dtypes import parse_dtype
+from dflash_eval.errors import ConfigError
+from dflash_eval.prompts import BUILTIN_SETS, CHAT_TEMPLATE_MODES
+
+__all__ = ["COMPLETION_SOURCES", "DEFAULT_PROMPTS", "OPTIONS", "OPTIONS_BY_NAME", "OptionSpec", "EvalSettings",
+           "add_options", "resolve", "render_option_table", "with_option_table", "resolve_prompt_spec",
+           "worker_info", "DOCS_COMMAND"]
+
+COMPLETION_SOURCES = ("local", "sglang", "cache")
+DEFAULT_PROMPTS = "humaneval:16,fixtures/prompts.jsonl"
+TABLE_START, TABLE_END = "<!-- options-table:start -->", "<!-- options-table:end -->"
+DOCS_COMMAND = "python -m dflash_eval.options --write-docs docs/eval_suite.md"
+
+
+def worker_info() -> tuple[str, int, int]:
+    """(worker id, worker index, worker count) from pytest-xdist's environment ("master", 0, 1 without xdist)."""
+    wid = os.environ.get("PYTEST_XDIST_WORKER", "master")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    idx = int(wid[2:]) if wid.startswith("gw") and wid[2:].isdigit() else 0
+    return wid, idx, count
+
+
+def opt(default: Any, help: str, kind: str = "str", choices: Iterable[str] = ()) -> Any:  # noqa: A002
+    """One option's field. ``kind``: str | path | spec (--prompts: file items resolved like paths) | int | float |
+    bool | ints | choice. A ``None`` default makes the option nullable (unset)."""
+    return field(default=default, metadata={"help": help, "kind": kind, "choices": tuple(choices)})
+
+
+# ------------------------------------------------------------------------------------------------------ settings
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Resolved suite settings; each field but ``origins`` is one option (its help: ``pytest --help``)."""
+
+    target_model: Path = opt(Path("fixtures/target"), "target model directory (transformers layout)", "path")
+    drafter: Path = opt(Path("fixtures/drafter"), "drafter: a released directory (config.json + model.safetensors) "
+                        "or a training .pt file", "path")
+    drafter_config: Path | None = opt(None, "config.json for a bare .pt drafter without an embedded config", "path")
+    reference_drafter: Path | None = opt(None, "a reference drafter directory: test_checkpoint lists every "
+                                         "architecture difference against it", "path")
+    prompts: str = opt(DEFAULT_PROMPTS, "prompt sets and/or JSONL files, comma-separated: built-in sets by name "
+                       "(humaneval, humaneval:N for the first N) and JSONL files (one {id, category, text} object a "
+                       "line)", "spec")
+    chat_template: str = opt("auto", "format prompts with the target tokenizer's chat template: auto (when it has "
+                             "one; thinking disabled), on (required), off (raw text)", "choice", CHAT_TEMPLATE_MODES)
+    num_prompts: int | None = opt(None, "use only the first N prompts", "int")
+    max_new_tokens: int = opt(128, "length of the reference completions (tokens)", "int")
+    max_blocks: int | None = opt(None, "stop each τ simulation after this many speculative rounds", "int")
+    ddtree_budget: tuple[int, ...] = opt((8,), "DDTree node budget(s); repeat the option or give a comma list "
+                                         "(e.g. 4,8)", "ints")
+    device: str = opt("auto", "device for the target and drafter: auto (cuda if available, else cpu), cpu, cuda, "
+                      "cuda:N")
+    device_map: str | None = opt(None, "load the target across GPUs with accelerate (e.g. auto) when it does not fit "
+                                 "on one; inputs go to the first device (use with -n 0)")
+    dtype: str = opt("auto", "dtype of the target and drafter: auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32")
+    hidden_state_backend: str = opt("auto", "linear-attention kernels for the evaluation's target forwards",
+                                    "choice", BACKENDS)
+    reference_backend: str = opt("torch", "backend the drafter was trained on: the drift tests compare the "
+                                 "evaluation backend's features against it", "choice", BACKENDS)
+    completions: str = opt("local", "where reference completions come from on a cache miss: local (target's greedy "
+                           "generation), sglang (--sglang-url), cache (never compute; fail on a miss)", "choice",
+                           COMPLETION_SOURCES)
+    sglang_url: str | None = opt(None, "URL of a running SGLang server serving the target (for --completions "
+                                 "sglang; default http://127.0.0.1:30000 with --sglang-launch)")
+    sglang_launch: str | None = opt(None, "command that starts the SGLang server (own process group, log in the "
+                                    "report dir, stopped at session end); only run when completions are not cached")
+    sglang_timeout: float = opt(600.0, "seconds to wait in all for the SGLang server to be ready (/health_generate "
+                                "200)", "float")
+    sglang_request_timeout: float = opt(600.0, "seconds each POST /generate request may take", "float")
+    sglang_model_name: str | None = opt(None, "name /model_info must match (default: the target directory's name)")
+    require_sglang: bool = opt(False, "CI gate: no SGLang server with a cold completion cache is a failure (else the "
+                               "completion-dependent tests are skipped)", "bool")
+    cache_dir: Path = opt(Path(".dflash_cache"), "content-addressed cache of completions and features", "path")
+    cache_only: bool = opt(False, "never compute: fail on any cache miss or corrupted entry", "bool")
+    tau_floor: float | None = opt(None, "use this τ floor for every prompt and the mean (overrides "
+                                  "golden/tau_floors.json)", "float")
+    update_tau_floors: bool = opt(False, "rewrite golden/tau_floors.json from this run's τ minus --tau-margin", "bool")
+    tau_margin: float = opt(0.25, "margin subtracted from measured τ by --update-tau-floors", "float")
+    floors_file: Path = opt(Path("golden/tau_floors.json"), "τ floors file", "path")
+    golden_dir: Path = opt(Path("golden"), "folder of golden files (floors, feature fingerprint, completion "
+                           "snapshots)", "path")
+    update_fingerprints: bool = opt(False, "rewrite golden/feature_fingerprint.json from this run", "bool")
+    drift_rel_tol: float | None = opt(None, "max relative L2 error of features between backends/dtypes (default: "
+                                      "5e-3 for fp32 comparisons, 5e-2 when bf16/fp16 is involved)", "float")
+    drift_cos_tol: float | None = opt(None, "min cosine similarity of features (default: 0.9999 fp32, 0.998 bf16)",
+                                      "float")
+    drift_accept_tol: float = opt(0.5, "max |τ(eval features) - τ(reference features)| per prompt", "float")
+    report_dir: Path = opt(Path("reports"), "where eval.json, eval.md and eval.png are written", "path")
+    torch_threads: int | None = opt(None, "torch intra-op threads on CPU (default: cpu_count // (2 * workers), at "
+                                    "least 1; oversubscribed tiny models are far slower with more)", "int")
+    origins: dict[str, str] = field(default_factory=dict, compare=False)  # option name -> cli | env | ini | default
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any], *, base: Path | None = None,
+                     origins: dict[str, str] | None = None) -> EvalSettings:
+        """Build from raw option values (strings or typed); missing names take their defaults.
+
+        Relative paths are resolved against ``base`` when given (:func:`resolve` gives each source its own base).
+        """
+        unknown = set(values) - set(OPTIONS_BY_NAME)
+        if unknown:
+            raise ConfigError(f"unknown eval option(s): {sorted(unknown)}")
+        return cls._build({o.name: _parse_value(o, values.get(o.name, o.default), base) for o in OPTIONS}, origins)
+
+    @classmethod
+    def _build(cls, parsed: dict[str, Any], origins: dict[str, str] | None) -> EvalSettings:
+        """From parsed values; ``None`` for a non-nullable option means its default."""
+        kwargs = {o.name: parsed[o.name] for o in OPTIONS if parsed[o.name] is not None or o.nullable}
+        s = cls(**kwargs, origins=dict(origins or {}))
+        s.validate()
+        return s
+
+    def validate(self) -> None:
+        """Cheap consistency checks that need no model (bad values raise ConfigError before anything runs)."""
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_blocks is not None and self.max_blocks < 1:
+            raise ConfigError(f"--max-blocks must be >= 1, got {self.max_blocks}")
+        if self.num_prompts is not None and self.num_prompts < 1:
+            raise ConfigError(f"--num-prompts must be >= 1, got {self.num_prompts}")
+        if self.completions == "sglang" and not self.sglang_url and not self.sglang_launch:
+            raise ConfigError("--completions sglang needs --sglang-url URL (a running server) or --sglang-launch CMD")
+        if self.sglang_launch and self.completions != "sglang":
+            raise ConfigError(f"--sglang-launch needs --completions sglang (got --completions {self.completions})")
+        for name in ("sglang_timeout", "sglang_request_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
+        if self.tau_margin < 0:
+            raise ConfigError(f"--tau-margin must be >= 0, got {self.tau_margin}")
+        for name in ("hidden_state_backend", "reference_backend"):
+            if getattr(self, name) not in BACKENDS:
+                raise ConfigError(f"--{name.replace('_', '-')}: unknown backend {getattr(self, name)!r}; "
+                                  f"choose one of {', '.join(BACKENDS)}")
+        parse_dtype(self.dtype) if self.dtype != "auto" else None
+        self.torch_device  # noqa: B018 - validates the device string
+        self.eval_backend  # noqa: B018 - e.g. fla on a CPU-only machine: BackendError naming the fix
+
+    # ------------------------------------------------------------------------------------------- resolved
+    @property
+    def torch_device(self) -> torch.device:
+        """``auto``: CPU without CUDA; with N GPUs under pytest-xdist, worker gwK takes ``cuda:K % N`` (one GPU per
+        worker, all sharing the cache); otherwise the current CUDA device."""
+        if self.device == "auto":
+            if not torch.cuda.is_available():
+                return torch.device("cpu")
+            _, index, count = worker_info()
+            n = torch.cuda.device_count()
+            return torch.device(f"cuda:{index % n}") if count > 1 and n > 1 else torch.device("cuda")
+        try:
+            dev = torch.device(self.device)
+        except RuntimeError as exc:
+            raise ConfigError(f"--device: invalid device {self.device!r} ({exc})") from exc
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"--device {self.device}: CUDA is not available on this machine")
+        return dev
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+        return parse_dtype(self.dtype)
+
+    @property
+    def eval_backend(self) -> str:
+        """The concrete backend of the evaluation's target forwards (``auto`` resolved; fla checked)."""
+        return resolve_backend(self.hidden_state_backend, self.torch_device)
+
+    @property
+    def ref_backend(self) -> str:
+        name = resolve_backend(self.reference_backend, self.torch_device) if self.reference_backend != "fla" \
+            else "fla"
+        return name
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("origins")
+        return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+# ------------------------------------------------------------------------------------------------------ options
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One suite option (derived from an :class:`EvalSettings` field): ``--name`` on the command line,
+    ``DFLASH_EVAL_<NAME>`` in the environment and ``dflash_<name>`` in the ini file ([tool.pytest.ini_options]);
+    precedence CLI > env > ini > default."""
+
+    name: str  # python name, e.g. "target_model"
+    default: Any
+    help: str
+    kind: str = "str"  # str | path | spec (--prompts: files resolved like paths) | int | float | bool | ints | choice
+    choices: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "DFLASH_EVAL_" + self.name.upper()
+
+    @property
+    def ini(self) -> str:
+        return "dflash_" + self.name
+
+    @property
+    def nullable(self) -> bool:
+        """Unset is a valid value (the default is ``None``)."""
+        return self.default is None
+
+    @property
+    def shown_default(self) -> str:
+        """The default as ``pytest --help`` and the docs show it."""
+        if self.default is None:
+            return "unset"
+        if isinstance(self.default, tuple):
+            return ",".join(map(str, self.default))
+        return str(self.default)
+
+
+OPTIONS: tuple[OptionSpec, ...] = tuple(OptionSpec(f.name, f.default, **f.metadata)
+                                        for f in fields(EvalSettings) if "help" in f.metadata)
+OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def add_options(add_argument: Callable[..., Any], *, add_ini: Callable[..., Any] | None = None,
+                skip: Iterable[str] = (), strict_choices: bool = False) -> None:
+    """Register every option (but those in ``skip``) through ``add_argument`` (argparse's ``add_argument`` or
+    pytest's ``group.addoption``) and, given ``add_ini`` (pytest's ``parser.addini``), its ini key.
+
+    Every option's CLI value defaults to ``None`` (unset: :func:`resolve` falls back to env, ini, default). With
+    ``add_ini`` the help names env and ini keys and the default; without, the env key only. ``strict_choices``:
+    argparse rejects a value outside a choice option's choices (else :func:`resolve` raises ConfigError).
+    """
+    skip = set(skip)
+    for spec in OPTIONS:
+        if spec.name in skip:
+            continue
+        where = f"env {spec.env}, ini {spec.ini}; default: {spec.shown_default}" if add_ini else f"env {spec.env}"
+        kw: dict[str, Any] = {"default": None, "dest": spec.name, "help": f"{spec.help} [{where}]".replace("%", "%%")}
+        if spec.kind == "bool":
+            kw.update(action="store_const", const=True)
+        elif spec.kind == "ints":
+            kw.update(action="append", metavar="N[,N...]")
+        elif spec.kind == "choice" and strict_choices:
+            kw.update(choices=spec.choices)
+        elif spec.kind == "choice":
+            kw.update(metavar="{" + ",".join(spec.choices) + "}")
+        add_argument(spec.flag, **kw)
+        if add_ini is not None:
+            add_ini(spec.ini, help=f"{spec.help} (same as {spec.flag})", type="string", default="")
+
+
+def resolve(cli: Callable[[str], Any], *, environ: Mapping[str, str], invocation_dir: Path, root: Path,
+            ini: Callable[[str], Any] | None = None, ini_dir: Path | None = None) -> EvalSettings:
+    """Every option's value, CLI > env > ini > default, parsed and validated into :class:`EvalSettings` (with
+    ``origins``); raises ConfigError naming the option's flag.
+
+    ``cli(name)`` is the command line's value of an option (``None``: not given), ``ini(ini_key)`` the ini file's
+    (``None``/empty: not set). Relative paths and ``--prompts`` file items are made absolute against the source's
+    directory: ``invocation_dir`` for CLI and env, ``ini_dir`` (default ``root``) for the ini file, ``root`` for
+    the defaults.
+    """
+    parsed: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for spec in OPTIONS:
+        raw, env = cli(spec.name), environ.get(spec.env)
+        ini_raw = ini(spec.ini) if ini is not None else None
+        if raw is not None:
+            base, origins[spec.name] = invocation_dir, "cli"
+        elif env is not None and env != "":
+            raw, base, origins[spec.name] = env, invocation_dir, "env"
+        elif ini_raw not in (None, "", []):
+            raw, base, origins[spec.name] = ini_raw, ini_dir or root, "ini"
+        else:
+            raw, base, origins[spec.name] = spec.default, root, "default"
+        parsed[spec.name] = _parse_value(spec, raw, base)
+    return EvalSettings._build(parsed, origins)
+
+
+def resolve_prompt_spec(raw: Any, base: Path | None) -> str:
+    """``--prompts`` with every relative file item made absolute against ``base`` (built-in set names such as
+    ``humaneval:16`` stay as they are; so does a bare unknown name, which then fails as an unknown set)."""
+    items = [s.strip() for s in str(raw).split(",") if s.strip()]
+    out = []
+    for item in items:
+        if item.partition(":")[0] in BUILTIN_SETS:
+            out.append(item)
+            continue
+        p = Path(item).expanduser()
+        if not p.is_absolute() and base is not None and (
+                (base / p).exists() or item.endswith((".jsonl", ".json")) or "/" in item):
+            p = base / p
+        out.append(str(p))
+    return ",".join(out)
+
+
+def _parse_value(spec: OptionSpec, raw: Any, base: Path | None) -> Any:
+    if raw is None:
+        return None
+    if spec.kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        s = str(raw).strip().lower()
+        if s in ("1", "true", "yes", "on"):
+            return True
+        if s in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{spec.flag}: expected a boolean (1/0, true/false), got {raw!r}")
+    if spec.kind == "ints":
+        items: list[Any] = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+        out: list[int] = []
+        for it in items:
+            for part in str(it).replace(",", " ").split():
+                try:
+                    out.append(int(part))
+                except ValueError as exc:
+                    raise ConfigError(f"{spec.flag}: expected integers, got {part!r}") from exc
+        if not out or any(v < 1 for v in out):
+            raise ConfigError(f"{spec.flag}: expected one or more integers >= 1, got {raw!r}")
+        return tuple(dict.fromkeys(out))
+    if spec.kind == "int":
+        try:
+            return int(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{spec.flag}: expected an integer, got {raw!r}") from exc
+    if spec.kind == "float":
+        try:
+            return float(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{spec.flag}: expected a number, got {raw!r}") from exc
+    if spec.kind == "path":
+        p = Path(str(raw)).expanduser()
+        return p if p.is_absolute() or base is None else base / p
+    if spec.kind == "spec":
+        return resolve_prompt_spec(raw, base)
+    if spec.kind == "choice" and str(raw) not in spec.choices:
+        if spec.name.endswith("backend"):
+            raise ConfigError(f"{spec.flag}: unknown backend {raw!r}; choose one of {', '.join(spec.choices)}")
+        raise ConfigError(f"{spec.flag}: unknown value {raw!r}; choose one of {', '.join(spec.choices)}")
+    return str(raw)
+
+
+# ---------------------------------------------------------------------------------------------------------- docs
+
+
+def render_option_table() -> str:
+    """The markdown table of every option (flag, env, ini, default, meaning) kept in ``docs/eval_suite.md``."""
+    rows = ["| option | env | ini | default | meaning |", "|---|---|---|---|---|"]
+    for o in OPTIONS:
+        flag = o.flag + (" {" + ",".join(o.choices) + "}" if o.choices else "")
+        cells = [f"`{flag}`", f"`{o.env}`", f"`{o.ini}`", f"`{o.shown_default}`", o.help]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def with_option_table(doc: str) -> str:
+    """``doc`` with the lines between its ``<!-- options-table:start/end -->`` markers replaced by the table."""
+    start, end = doc.find(TABLE_START), doc.find(TABLE_END)
+    if start < 0 or end < start:
+        raise ValueError(f"no {TABLE_START} ... {TABLE_END} block")
+    return doc[:start + len(TABLE_START)] + "\n" + render_option_table() + doc[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dflash_eval.options``: print the option table, or rewrite/check it in a markdown file."""
+    ap = argparse.ArgumentParser(prog="python -m dflash_eval.options", description=main.__doc__)
+    act = ap.add_mutually_exclusive_group()
+    act.add_argument("--write-docs", metavar="MD", type=Path, help="rewrite the table between the markers of MD")
+    act.add_argument("--check-docs", metavar="MD", type=Path, help="exit 1 when the table in MD is stale")
+    ns = ap.parse_args(argv)
+    path = ns.write_docs or ns.check_docs
+    if path is None:
+        sys.stdout.write(render_option_table())
+        return 0
+    text = path.read_text(encoding="utf-8")
+    fresh = with_option_table(text)
+    if fresh != text and ns.check_docs:
+        print(f"{path}: option table is stale; run: {DOCS_COMMAND}", file=sys.stderr)
+    elif fresh != text:
+        path.write_text(fresh, encoding="utf-8")
+    return int(fresh != text and bool(ns.check_docs))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
