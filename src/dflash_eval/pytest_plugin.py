@@ -212,9 +212,11 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Any:
     No server ready in time: every completion-dependent test is skipped with a reason naming the URL, or fails
     under ``--require-sglang``. A launch that fails, a wrong model or a bad answer always fails. Under xdist one
     worker fetches (file lock); the others then find the cache warm. Yields the
-    :class:`dflash_eval.sglang_suite.SGLangService` (``None`` when another worker already fetched).
+    :class:`dflash_eval.sglang.SGLangService` (``None`` when another worker already fetched). Readiness and identity
+    are checked once, by :meth:`~dflash_eval.sglang.SGLangService.start`, whose ready client is handed to the session
+    (``eval_session.sglang_client``) for fetching the completions.
     """
-    from dflash_eval.sglang_suite import SGLangService, SGLangUnavailable
+    from dflash_eval.sglang import SGLangService, SGLangUnavailable
 
     svc = _guard(lambda: SGLangService(eval_session.settings))
     pytestconfig.stash[_SGLANG] = svc
@@ -224,7 +226,7 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Any:
         with eval_session.cache.locked("sglang-server"):
             if not eval_session.completions_cached():
                 needed = True
-                svc.start()
+                eval_session.sglang_client = svc.start()
                 eval_session.sglang_info = svc.info()
                 eval_session.completions()  # fetched and cached while holding the lock
     except SGLangUnavailable as exc:
@@ -243,6 +245,7 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Any:
     try:
         yield svc if needed else None
     finally:
+        eval_session.sglang_client = None
         svc.stop()
 
 

@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -71,6 +71,9 @@ from dflash_eval.settings import (  # noqa: F401 - re-exported: the plugin and t
     worker_info,
 )
 from dflash_eval.tau import TauResult, chain_tau, ddtree_tau, draft_table, macro_tau
+
+if TYPE_CHECKING:
+    from dflash_eval.sglang import SGLangClient
 
 __all__ = [
     "OPTIONS",
@@ -199,6 +202,8 @@ class EvalSession:
         self._argmax: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.errors: list[str] = []
         self.sglang_info: dict[str, Any] | None = None  # set by the plugin's ``sglang`` fixture (eval.json "sglang")
+        # the ready SGLang server (readiness and identity already checked), handed over by the ``sglang`` fixture
+        self.sglang_client: SGLangClient | None = None
         self._set_threads()
 
     def preflight(self) -> None:
@@ -578,20 +583,19 @@ class EvalSession:
         self._write_completion(pid, "local", ids, text, None, time.perf_counter() - t0)
 
     def _generate_sglang(self, pids: list[str]) -> None:
-        """Fetch greedy completions from the server (ready + identity re-checked first: cheap when the plugin's
-        ``sglang`` fixture already waited) and cache them; nothing is cached unless every answer is valid."""
-        from dflash_eval.sglang import check_identity, generate_greedy, wait_until_ready
-        from dflash_eval.sglang_suite import DEFAULT_LAUNCH_URL
-
+        """Fetch greedy completions from the SGLang server handed over in ``sglang_client`` (found ready and serving
+        the target by the plugin's ``sglang`` fixture) and cache them; nothing is cached unless every answer is
+        valid."""
         self.drafter  # noqa: B018
+        client = self.sglang_client
+        if client is None:
+            raise EvalError(f"--completions sglang: the reference completions of {len(pids)} prompt(s) are not "
+                            "cached and no SGLang server was handed over (sglang_client is set by the pytest "
+                            "plugin's `sglang` fixture from SGLangService.start())")
         s = self.settings
-        url = str(s.sglang_url or DEFAULT_LAUNCH_URL)
         t0 = time.perf_counter()
         with self.timed("sglang"):
-            wait_until_ready(url, timeout_s=s.sglang_timeout)
-            check_identity(url, expected_name=s.sglang_model_name or s.target_model.name)
-            comps = generate_greedy(url, [self.prompt_ids[p] for p in pids], max_new_tokens=s.max_new_tokens,
-                                    timeout_s=s.sglang_request_timeout)
+            comps = client.generate_greedy([self.prompt_ids[p] for p in pids], max_new_tokens=s.max_new_tokens)
         dt = (time.perf_counter() - t0) / max(1, len(pids))
         for pid, c in zip(pids, comps):
             extra = {} if c.spec_accept_length is None else {"spec_accept_length": c.spec_accept_length,
