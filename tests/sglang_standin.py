@@ -39,6 +39,9 @@ they start in a fraction of a second.
 ``POST /generate`` accepts exactly one of ``input_ids`` (``list[int]`` -> one object, ``list[list[int]]`` -> a list
 in the same order) or ``text`` (needs a tokenizer in the folder), and ``sampling_params`` as one dict or a list of
 dicts (one per prompt). Only greedy decoding (``temperature`` < 1e-6) is supported; anything else answers 400.
+
+Every answered request is logged as ``"METHOD PATH HTTP/1.1" STATUS``; :func:`request_counts` tallies a log's
+requests per path (how tests check that a client asked for readiness or identity only once).
 """
 
 from __future__ import annotations
@@ -46,10 +49,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -71,6 +76,21 @@ DIE_EXIT_CODE = 3
 
 def log(msg: str) -> None:
     print(f"[standin {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+#: How every answered request appears in the log: ``"GET /model_info HTTP/1.1" 200``.
+REQUEST_LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d{3})')
+
+
+def request_counts(log_text: str, *, status: int | None = None) -> Counter[str]:
+    """``{"GET /model_info": n, "POST /generate": m, ...}``: the requests a stand-in answered, read from its log
+    (only those answered with ``status`` when given). Each request is logged before its answer is sent, so a
+    client that got an answer finds its request counted."""
+    counts: Counter[str] = Counter()
+    for m in REQUEST_LINE.finditer(log_text):
+        if status is None or int(m["status"]) == status:
+            counts[f"{m['method']} {m['path']}"] += 1
+    return counts
 
 
 class BadRequest(Exception):

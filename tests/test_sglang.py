@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -32,7 +33,10 @@ import dflash_eval
 from dflash_eval.sglang import (
     Completion,
     LaunchedServer,
+    SGLangClient,
     SGLangError,
+    SGLangService,
+    SGLangUnavailable,
     check_identity,
     generate_greedy,
     normalize_url,
@@ -40,6 +44,7 @@ from dflash_eval.sglang import (
     server_info,
     wait_until_ready,
 )
+from sglang_standin import request_counts
 
 pytestmark = pytest.mark.sglang
 
@@ -234,7 +239,8 @@ Responder = Callable[[str, Any], tuple]  # (path, request json) -> (status, body
 @dataclass
 class Canned:
     url: str
-    received: list[tuple[str, Any]] = field(default_factory=list)
+    received: list[tuple[str, Any]] = field(default_factory=list)  # POSTs: (path, request json)
+    gets: list[str] = field(default_factory=list)  # paths of GETs, in order
 
 
 @pytest.fixture
@@ -265,6 +271,7 @@ def canned() -> Iterator[Callable[[Responder], Canned]]:
                     pass
 
             def do_GET(self) -> None:  # noqa: N802
+                state.gets.append(self.path)
                 self._answer(*responder(self.path, None))
 
             def do_POST(self) -> None:  # noqa: N802
@@ -483,23 +490,23 @@ def test_wrong_model_info_fails_identity(standins: Callable[..., StandIn]) -> No
 # validation of /generate answers (canned server)
 
 
-@pytest.mark.parametrize(
-    ("body", "needle"),
-    [
-        ([item([1, 1])], "list has 1 items for a batch of 2"),
-        ({"error": "boom"}, "expected a JSON list"),
-        ([{"text": "", "meta_info": {"finish_reason": {"type": "length"}}}] * 2, "'output_ids' is missing"),
-        ([item(["a", "b"]), item([1])], "'output_ids' is not a list of ints"),
-        ([item([1, 2]), item([1.5])], "'output_ids' is not a list of ints"),
-        ([item([1, 2]), {"output_ids": [3]}], "'meta_info' is missing"),
-        ([item([1, 2]), {"output_ids": [3], "meta_info": {}}], "'meta_info.finish_reason'"),
-        ([item([1, 2]), item([], {"type": "stop", "matched": 2})], "empty output_ids"),
-        ([item([1, 2]), item([4], {"type": "abort", "message": "oom"})], "aborted"),
-        ([item([1, 2]), item([1, 2, 3])], "more than max_new_tokens=2"),
-        ([item([1, 2]), {**item([1, 2]), "text": 7}], "'text'"),
-        ([item([1, 2]), item([1, 2], spec_accept_length="x")], "spec_accept_length"),
-    ],
-)
+MALFORMED_ITEMS = [  # (body of a /generate answer for the prompts [[1], [2]], max_new_tokens=2; needle)
+    ([item([1, 1])], "list has 1 items for a batch of 2"),
+    ({"error": "boom"}, "expected a JSON list"),
+    ([{"text": "", "meta_info": {"finish_reason": {"type": "length"}}}] * 2, "'output_ids' is missing"),
+    ([item(["a", "b"]), item([1])], "'output_ids' is not a list of ints"),
+    ([item([1, 2]), item([1.5])], "'output_ids' is not a list of ints"),
+    ([item([1, 2]), {"output_ids": [3]}], "'meta_info' is missing"),
+    ([item([1, 2]), {"output_ids": [3], "meta_info": {}}], "'meta_info.finish_reason'"),
+    ([item([1, 2]), item([], {"type": "stop", "matched": 2})], "empty output_ids"),
+    ([item([1, 2]), item([4], {"type": "abort", "message": "oom"})], "aborted"),
+    ([item([1, 2]), item([1, 2, 3])], "more than max_new_tokens=2"),
+    ([item([1, 2]), {**item([1, 2]), "text": 7}], "'text'"),
+    ([item([1, 2]), item([1, 2], spec_accept_length="x")], "spec_accept_length"),
+]
+
+
+@pytest.mark.parametrize(("body", "needle"), MALFORMED_ITEMS)
 def test_malformed_items_name_the_field(canned: Callable, body: Any, needle: str) -> None:
     server = canned(lambda path, req: (200, json.dumps(body).encode()))
     with pytest.raises(SGLangError) as err:
@@ -585,6 +592,122 @@ def test_input_validation(canned: Callable) -> None:
     with pytest.raises(SGLangError, match="expected int"):
         generate_greedy(server.url, [[1, "x"]], max_new_tokens=1)
     assert server.received == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SGLangService and SGLangClient: readiness and identity checked once, then a ready client is handed over
+
+
+def service_settings(url: str, tmp_path: Path, **overrides: Any) -> SimpleNamespace:
+    """The settings fields SGLangService reads (external server at ``url``, the target named MODEL_NAME)."""
+    fields = {"sglang_url": url, "sglang_launch": None, "sglang_timeout": 30.0, "sglang_request_timeout": 30.0,
+              "sglang_model_name": None, "target_model": Path("/models") / MODEL_NAME, "report_dir": tmp_path}
+    return SimpleNamespace(**{**fields, **overrides})
+
+
+def ready_and_serving(model_path: str) -> Responder:
+    """A canned server that is ready, serves ``model_path`` and answers /generate like :func:`echo_batch`."""
+
+    def respond(path: str, req: Any) -> tuple[int, bytes]:
+        if path == "/health_generate":
+            return 200, b""
+        if path == "/model_info":
+            return 200, json.dumps({"model_path": model_path, "is_generation": True}).encode()
+        if path == "/generate":
+            return echo_batch(path, req)
+        return 404, b"{}"
+
+    return respond
+
+
+def test_service_start_checks_readiness_and_identity_once_then_hands_over_a_client(
+    happy: HappyServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    s = happy.standin
+    before = request_counts(s.log())
+    svc = SGLangService(service_settings(s.url + "/", tmp_path))
+    client = svc.start()
+    started = request_counts(s.log())
+    assert isinstance(client, SGLangClient) and svc.client is client
+    assert client.url == s.url and client.request_timeout_s == 30.0
+    assert client.model_info["model_path"] == str(tiny_model_dir) == svc.info()["model_path"]
+    assert started - before == {"GET /health_generate": 1, "GET /model_info": 1}
+
+    got = client.generate_greedy(PROMPTS, max_new_tokens=6)
+    assert got == generate_greedy(s.url, PROMPTS, max_new_tokens=6, timeout_s=30)
+    assert all(isinstance(c, Completion) for c in got)
+    assert client.info()["version"] == "dflash-eval-standin"
+    # fetching completions asked neither for readiness nor for identity again
+    assert request_counts(s.log()) - started == {"POST /generate": 2, "GET /server_info": 1}
+    svc.stop()  # an external server is left running
+    assert requests.get(s.url + "/health_generate", timeout=5).status_code == 200
+
+
+def test_service_waits_through_warmup_once(canned: Callable, tmp_path: Path) -> None:
+    polls = {"n": 0}
+    serving = ready_and_serving(f"/models/{MODEL_NAME}")
+
+    def respond(path: str, req: Any) -> tuple[int, bytes]:
+        if path == "/health_generate":
+            polls["n"] += 1
+            return (503, b"") if polls["n"] < 3 else (200, b"")
+        return serving(path, req)
+
+    server = canned(respond)
+    client = SGLangService(service_settings(server.url, tmp_path, sglang_request_timeout=7.5)).start()
+    assert server.gets == ["/health_generate"] * 3 + ["/model_info"]
+    assert client.request_timeout_s == 7.5
+    assert [c.output_ids for c in client.generate_greedy([[4], [5]], max_new_tokens=3)] == [[4, 4, 4], [5, 5, 5]]
+    assert server.gets == ["/health_generate"] * 3 + ["/model_info"]
+    assert [path for path, _ in server.received] == ["/generate"]
+
+
+def test_service_without_server_is_unavailable_and_wrong_model_is_an_error(canned: Callable, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    svc = SGLangService(service_settings(url, tmp_path, sglang_timeout=1.0))
+    with pytest.raises(SGLangUnavailable, match="no SGLang server ready at") as err:
+        svc.start()
+    assert url in str(err.value) and "--sglang-timeout 1s" in str(err.value) and svc.client is None
+
+    wrong = canned(ready_and_serving("/models/Some-Other-Model-7B"))
+    svc = SGLangService(service_settings(wrong.url, tmp_path))
+    with pytest.raises(SGLangError, match="serves the wrong model") as err:
+        svc.start()
+    assert not isinstance(err.value, SGLangUnavailable) and svc.client is None
+    assert wrong.received == []
+
+
+def test_client_connect_checks_readiness_and_identity(canned: Callable) -> None:
+    server = canned(ready_and_serving(f"/models/{MODEL_NAME}"))
+    client = SGLangClient.connect(server.url + "/", expected_name=MODEL_NAME, ready_timeout_s=30, request_timeout_s=9)
+    assert (client.url, client.request_timeout_s) == (server.url, 9.0)
+    assert client.model_info["model_path"] == f"/models/{MODEL_NAME}"
+    assert server.gets == ["/health_generate", "/model_info"]
+    with pytest.raises(SGLangError, match="expected 'Qwen3-8B'"):
+        SGLangClient.connect(server.url, expected_name="Qwen3-8B", ready_timeout_s=30)
+    with pytest.raises(SGLangError, match="request_timeout_s must be > 0"):
+        SGLangClient(server.url, model_info={"model_path": "/m"}, request_timeout_s=0)
+
+
+@pytest.mark.parametrize(("body", "needle"), MALFORMED_ITEMS)
+def test_client_validates_answers_like_generate_greedy(canned: Callable, body: Any, needle: str) -> None:
+    server = canned(lambda path, req: (200, json.dumps(body).encode()))
+    client = SGLangClient(server.url, model_info={"model_path": f"/models/{MODEL_NAME}"}, request_timeout_s=5)
+    with pytest.raises(SGLangError) as err:
+        client.generate_greedy([[1], [2]], max_new_tokens=2)
+    assert needle in str(err.value)
+    assert f"{server.url}/generate" in str(err.value)
+    assert server.gets == []  # a ready client asks for completions only
+
+
+def test_client_requests_are_bounded_by_its_request_timeout(canned: Callable) -> None:
+    body = json.dumps([item([1, 2])]).encode() * 20
+    server = canned(lambda path, req: (200, body, 0.05))  # one byte every 50 ms: never a read timeout
+    client = SGLangClient(server.url, model_info={"model_path": "/m"}, request_timeout_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(SGLangError, match="timeout 1s"):
+        client.generate_greedy([[1]], max_new_tokens=2)
+    assert time.monotonic() - t0 < 10.0  # the whole trickle would take over a minute
 
 
 # ---------------------------------------------------------------------------------------------------------------

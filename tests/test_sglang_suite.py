@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sglang_standin import request_counts
 
 pytestmark = pytest.mark.sglang
 
@@ -128,6 +129,9 @@ def test_launched_standin_gives_local_completions_then_warm_cache_needs_no_serve
     assert log.is_file(), show(proc)
     log_text = log.read_text()
     assert "NOT SGLang" in log_text and "POST /generate" in log_text
+    # readiness and identity were checked once (SGLangService.start), not again before fetching the completions
+    answered = request_counts(log_text, status=200)
+    assert answered["GET /health_generate"] == 1 and request_counts(log_text)["GET /model_info"] == 1, answered
     data = json.loads((reports / "eval.json").read_text())
     info = data["sglang"]
     assert info["url"] == f"http://127.0.0.1:{port}" and info["launch"] == launch and info["log"] == str(log)
@@ -232,7 +236,7 @@ def test_interrupted_run_stops_the_launched_server(tmp_path: Path, sig: signal.S
 def test_sglang_settings_validation(tmp_path: Path) -> None:
     from dflash_eval.errors import DFlashEvalError
     from dflash_eval.session import EvalSettings
-    from dflash_eval.sglang_suite import DEFAULT_LAUNCH_URL, SGLangService
+    from dflash_eval.sglang import DEFAULT_LAUNCH_URL, SGLangService
 
     s = EvalSettings.from_mapping({"completions": "sglang", "sglang_launch": "serve --port 30000"}, base=tmp_path)
     svc = SGLangService(s)

@@ -84,6 +84,15 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
 
 
+def _sglang_client(s: EvalSettings) -> Any:
+    """A ready client of the running SGLang server (readiness and identity checked once; nothing is launched)."""
+    from dflash_eval.sglang import DEFAULT_LAUNCH_URL, SGLangClient
+
+    return SGLangClient.connect(s.sglang_url or DEFAULT_LAUNCH_URL,
+                                expected_name=s.sglang_model_name or s.target_model.name,
+                                ready_timeout_s=s.sglang_timeout, request_timeout_s=s.sglang_request_timeout)
+
+
 def _evaluate(session: Any) -> dict[str, Any]:
     """One checkpoint's row: mean τ, DDTree τ, worst prompt, verdict and the reasons of a failure."""
     from dflash_eval.verdict import gate_reasons, mean_thresholds
@@ -160,6 +169,8 @@ def gate(ns: argparse.Namespace) -> int:
         sess.inputs.progress = None if ns.quiet else say
         t0 = time.perf_counter()
         try:
+            if s.completions == "sglang" and not s.cache_only and not sess.references.cached():
+                sess.references.sglang_client = _sglang_client(s)
             row = _evaluate(sess)
         except DFlashEvalError as exc:
             row = {"drafter": str(s.drafter), "passed": False, "error": f"{type(exc).__name__}: {exc}"}

@@ -107,6 +107,7 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[A
     try:
         yield svc if needed else None
     finally:
+        eval_session.references.sglang_client = None
         svc.stop()
 
 

@@ -258,7 +258,7 @@ class Inputs:
         if self._identity is None:
             return None
         try:
-            cfg = self.target_dir.config
+            cfg = self.target_dir.text
         except (DFlashEvalError, OSError, ValueError):
             cfg = {}
         return {"path": str(self.settings.target_model), "identity": self.target_identity,

@@ -1,4 +1,5 @@
-"""The eval suite's SGLang server: connect to (or launch) it, check it serves the target, tear it down.
+"""The eval suite's SGLang server: connect to (or launch) it, check once that it serves the target, and hand a
+ready :class:`~dflash_eval.sglang.client.SGLangClient` to whoever fetches the reference completions; tear it down.
 
 Used by the ``sglang`` session fixture of :mod:`dflash_eval.pytest_plugin`, and only when reference completions
 are not cached yet (``--completions sglang``):
@@ -13,6 +14,10 @@ are not cached yet (``--completions sglang``):
   the handler stops the server, then re-raises the signal with the previous handler).
 * either way, ``GET /model_info`` must name the target (``--sglang-model-name`` or the target directory's
   basename) before any completion is requested: a mismatch is an :class:`SGLangError` (a failure, never a skip).
+
+Readiness and identity are checked here, once: :meth:`SGLangService.start` returns the
+:class:`~dflash_eval.sglang.client.SGLangClient` (its requests bounded by ``--sglang-request-timeout``), and the
+completion stage only asks it for completions.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.sglang_client import SGLangError, check_identity, normalize_url, wait_until_ready
-from dflash_eval.sglang_launch import LaunchedServer
+from dflash_eval.sglang.client import SGLangClient, check_identity, wait_until_ready
+from dflash_eval.sglang.launch import LaunchedServer
+from dflash_eval.sglang.transport import SGLangError, normalize_url
 
 __all__ = ["DEFAULT_LAUNCH_URL", "SERVER_LOG_NAME", "SGLangUnavailable", "SGLangService"]
 
@@ -49,19 +55,22 @@ class SGLangService:
             raise SGLangError("--completions sglang needs --sglang-url URL or --sglang-launch CMD")
         self.url = normalize_url(raw_url)
         self.timeout_s = float(getattr(settings, "sglang_timeout", 600.0))
+        self.request_timeout_s = float(getattr(settings, "sglang_request_timeout", 600.0))
         self.expected_name = getattr(settings, "sglang_model_name", None) or Path(settings.target_model).name
         self.log_path: Path | None = Path(settings.report_dir) / SERVER_LOG_NAME if self.launch_cmd else None
         self.server: LaunchedServer | None = None
         self.model_info: dict | None = None
         self.ready_after_s: float | None = None
+        self.client: SGLangClient | None = None
         self._previous_handlers: dict[int, Any] = {}
 
     # ------------------------------------------------------------------------------------------------ start
-    def start(self) -> SGLangService:
-        """Launch (if configured) or wait for the server, then check its identity.
+    def start(self) -> SGLangClient:
+        """Launch (if configured) or wait for the server, check its identity, and return a client bound to it.
 
-        Raises :class:`SGLangUnavailable` when an external server is not ready in time, :class:`SGLangError`
-        for a launch that failed, a wrong model or a bad answer.
+        Readiness and identity are checked here and nowhere else; the returned client's requests are bounded by
+        ``--sglang-request-timeout``. Raises :class:`SGLangUnavailable` when an external server is not ready in
+        time, :class:`SGLangError` for a launch that failed, a wrong model or a bad answer.
         """
         if self.launch_cmd:
             self.server = LaunchedServer(self.launch_cmd, url=self.url, log_path=self.log_path,
@@ -76,7 +85,8 @@ class SGLangService:
                 raise SGLangUnavailable(
                     f"no SGLang server ready at {self.url} within --sglang-timeout {self.timeout_s:g}s: {exc}") from None
         self.model_info = check_identity(self.url, expected_name=self.expected_name)
-        return self
+        self.client = SGLangClient(self.url, model_info=self.model_info, request_timeout_s=self.request_timeout_s)
+        return self.client
 
     # ------------------------------------------------------------------------------------------------ stop
     def stop(self) -> None:

@@ -2,7 +2,7 @@
 
 :class:`LaunchedServer` starts ``command`` in a new session (so the server and every worker it forks share one
 process group), sends its stdout and stderr to a log file, and waits for ``GET /health_generate`` to answer 200
-(:func:`dflash_eval.sglang_client.wait_until_ready`, which fails at once if the process exits). On exit - also
+(:func:`dflash_eval.sglang.client.wait_until_ready`, which fails at once if the process exits). On exit - also
 when the body raised, and via ``atexit`` when the interpreter exits without leaving the ``with`` block - it sends
 SIGTERM to the group, waits up to ``term_timeout_s`` (10 s) for every member to go, then SIGKILLs the group.
 """
@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from dflash_eval.sglang_client import SGLangError, log_tail, normalize_url, wait_until_ready
+from dflash_eval.sglang.client import wait_until_ready
+from dflash_eval.sglang.transport import SGLangError, log_tail, normalize_url
 
 __all__ = ["LaunchedServer", "process_alive"]
 
