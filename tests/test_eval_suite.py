@@ -1,9 +1,12 @@
-"""End-to-end tests of the eval suite (tests_eval/) on a tiny random model, run as pytest subprocesses.
+"""End-to-end tests of the eval suite (tests_eval/) on a tiny random model, run in-process with pytest's
+``pytester`` (the suite's modules copied into a fresh directory with a conftest that loads the plugin).
 
-Covers: a cold run under ``-n 2`` produces every cache entry exactly once; a warm ``--cache-only`` run computes
-nothing and reaches the same verdicts; a corrupted entry is reported and recomputed; ``--cache-only`` on an empty
-cache fails with the cause; a drafter that does not fit the target fails with the cause and writes no cache entry;
-``-k tau`` selects exactly the τ tests.
+Covers: a cold run under ``-n 2`` produces every cache entry exactly once and both workers' results reach the
+report; a warm ``--cache-only`` run computes nothing and reaches the same verdicts; a corrupted entry is reported
+and recomputed; ``--cache-only`` on an empty cache fails with the cause; a drafter that does not fit the target
+fails with the cause and writes no cache entry; ``-k tau`` selects exactly the τ tests.
+
+Run: ``pytest tests/test_eval_suite.py -p no:cacheprovider``
 """
 
 from __future__ import annotations
@@ -11,13 +14,12 @@ from __future__ import annotations
 import collections
 import json
 import os
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 
 import pytest
 
-from dflash_eval.config import load_config_file
+from dflash_eval.drafter import load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -34,16 +36,27 @@ def env_dirs(tiny_target_dir, tiny_drafter_dir, tmp_path_factory):
     return {"target": tiny_target_dir, "drafter": tiny_drafter_dir, "prompts": prompts, "root": d}
 
 
-def run_suite(dirs, cache, *args, name="run"):
-    out = dirs["root"] / name
-    cmd = [sys.executable, "-m", "pytest", "tests_eval", "-p", "no:cacheprovider", "-q",
-           "--target-model", str(dirs["target"]), "--drafter", str(dirs.get("drafter_override", dirs["drafter"])),
-           "--prompts", str(dirs["prompts"]), "--max-new-tokens", "24", "--cache-dir", str(cache),
-           "--report-dir", str(out / "reports"), "--golden-dir", str(dirs["root"] / "golden"),
-           "--floors-file", str(dirs["root"] / "golden" / "tau_floors.json"), *args]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DFLASH_EVAL_", "PYTEST_"))}
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    return p.returncode, p.stdout + p.stderr, out / "reports" / "eval.json"
+@pytest.fixture
+def suite(pytester, env_dirs, monkeypatch):
+    """A directory holding the suite's test modules; ``suite(cache, *args, name=...)`` runs it in-process and
+    returns (RunResult, eval.json path)."""
+    shutil.copytree(ROOT / "tests_eval", pytester.path / "tests_eval")
+    pytester.makeconftest('pytest_plugins = ["dflash_eval.pytest_plugin"]')
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider --snapshot-warn-unused\n")
+    for k in [k for k in os.environ if k.startswith("DFLASH_EVAL_")]:
+        monkeypatch.delenv(k)
+
+    def run(cache: Path, *args: str, name: str = "run", drafter: Path | None = None):
+        out = env_dirs["root"] / name
+        res = pytester.runpytest_inprocess(
+            "tests_eval", "-q", "--target-model", str(env_dirs["target"]),
+            "--drafter", str(drafter or env_dirs["drafter"]), "--prompts", str(env_dirs["prompts"]),
+            "--max-new-tokens", "24", "--cache-dir", str(cache), "--report-dir", str(out / "reports"),
+            "--golden-dir", str(env_dirs["root"] / "golden"),
+            "--floors-file", str(env_dirs["root"] / "golden" / "tau_floors.json"), *args)
+        return res, out / "reports" / "eval.json"
+
+    return run
 
 
 def productions(cache):
@@ -56,11 +69,11 @@ def verdicts(eval_json):
     return {p: (r["tau"], r["passed"]) for p, r in d["prompts"].items()}, d
 
 
-def test_cold_xdist_then_warm_cache_only(env_dirs):
+def test_cold_xdist_then_warm_cache_only(suite, env_dirs):
     cache = env_dirs["root"] / "cache"
-    rc, out, ej = run_suite(env_dirs, cache, "-n", "2", "--update-tau-floors", "--update-fingerprints",
-                            "--snapshot-update", name="cold")
-    assert rc == 0, out
+    res, ej = suite(cache, "-n", "2", "--update-tau-floors", "--update-fingerprints", "--snapshot-update",
+                    name="cold")
+    assert res.ret == 0, res.stdout.str()
     prods = productions(cache)
     dup = [k for k, n in collections.Counter((p["kind"], p["key"]) for p in prods).items() if n > 1]
     assert prods and not dup, f"entries produced twice: {dup}"
@@ -69,33 +82,36 @@ def test_cold_xdist_then_warm_cache_only(env_dirs):
     assert list(cold) == ["p-0", "p-1", "code-tau-2"] and data["drift"] and data["tests"]["counts"].get("passed")
     assert len(data["timings"]["per_worker"]) == 2  # both workers' results reached the controller
 
-    rc, out, ej = run_suite(env_dirs, cache, "-n", "0", "--cache-only", name="warm")
-    assert rc == 0, out
+    res, ej = suite(cache, "-n", "0", "--cache-only", name="warm")
+    assert res.ret == 0, res.stdout.str()
     assert len(productions(cache)) == len(prods), "a warm --cache-only run produced entries"
     warm, _ = verdicts(ej)
     assert warm == cold
 
 
-def test_corrupted_entry_is_recomputed_and_cache_only_miss_fails(env_dirs):
+def test_corrupted_entry_is_recomputed_and_cache_only_miss_fails(suite, env_dirs):
     cache = env_dirs["root"] / "cache2"
-    rc, out, _ = run_suite(env_dirs, cache, "-k", "tau", "--tau-floor", "1.0", name="fill")
-    assert rc == 0, out
+    res, _ = suite(cache, "-k", "tau", "--tau-floor", "1.0", name="fill")
+    assert res.ret == 0, res.stdout.str()
     n = len(productions(cache))
     victim = next((cache / "v1" / "completion").rglob("data.safetensors"))
     victim.write_bytes(victim.read_bytes()[:100])
-    rc, out, _ = run_suite(env_dirs, cache, "-k", "tau", "--tau-floor", "1.0", "--cache-only", name="co")
-    assert rc != 0 and "corrupted" in out and "--cache-only" in out
-    rc, out, _ = run_suite(env_dirs, cache, "-k", "tau", "--tau-floor", "1.0", "-W", "default", name="fix")
-    assert rc == 0, out
+    res, _ = suite(cache, "-k", "tau", "--tau-floor", "1.0", "--cache-only", name="co")
+    out = res.stdout.str()
+    assert res.ret != 0 and "corrupted" in out and "--cache-only" in out
+    res, _ = suite(cache, "-k", "tau", "--tau-floor", "1.0", "-W", "default", name="fix")
+    out = res.stdout.str()
+    assert res.ret == 0, out
     assert "corrupted" in out and len(productions(cache)) == n + 1
 
     empty = env_dirs["root"] / "empty-cache"
-    rc, out, _ = run_suite(env_dirs, empty, "-k", "tau", "--tau-floor", "1.0", "--cache-only", name="miss")
-    assert rc != 0 and "cache miss" in out and "--cache-only" in out
+    res, _ = suite(empty, "-k", "tau", "--tau-floor", "1.0", "--cache-only", name="miss")
+    out = res.stdout.str()
+    assert res.ret != 0 and "cache miss" in out and "--cache-only" in out
     assert not list(empty.rglob("manifest.json"))
 
 
-def test_drafter_that_does_not_fit_fails_with_cause_and_writes_nothing(env_dirs, tmp_path):
+def test_drafter_that_does_not_fit_fails_with_cause_and_writes_nothing(suite, env_dirs, tmp_path):
     bad = tmp_path / "bad_drafter"
     bad.mkdir()
     (bad / "model.safetensors").write_bytes((env_dirs["drafter"] / "model.safetensors").read_bytes())
@@ -103,18 +119,21 @@ def test_drafter_that_does_not_fit_fails_with_cause_and_writes_nothing(env_dirs,
     cfg["dflash_config"]["target_layer_ids"] = [0, 1, 99]
     (bad / "config.json").write_text(json.dumps(cfg))
     cache = tmp_path / "cache"
-    rc, out, _ = run_suite({**env_dirs, "drafter_override": bad}, cache, "-k", "tau or architecture",
-                           "--tau-floor", "1.0", name="bad")
-    assert rc != 0
-    assert "test_architecture_check[target_layer_ids_range]" in out and "99" in out and "does not fit" in out
+    res, _ = suite(cache, "-k", "tau or architecture", "--tau-floor", "1.0", name="bad", drafter=bad)
+    out = res.stdout.str()
+    assert res.ret != 0
+    failed = {r.nodeid for r in res.reprec.getreports("pytest_runtest_logreport") if r.failed}
+    assert "tests_eval/test_checkpoint.py::test_architecture_check[target_layer_ids_range]" in failed
+    assert "99" in out and "does not fit" in out
     assert not list(cache.rglob("manifest.json")), "a cache entry was written for an unusable drafter"
 
 
-def test_k_tau_selects_exactly_the_tau_tests(env_dirs):
-    rc, out, _ = run_suite(env_dirs, env_dirs["root"] / "c", "--collect-only", "-k", "tau", name="collect")
-    assert rc == 0, out
-    ids = [line for line in out.splitlines() if "::" in line]
-    assert ids and all(line.startswith("tests_eval/test_tau.py::") for line in ids), ids
-    rc, out, _ = run_suite(env_dirs, env_dirs["root"] / "c", "--collect-only", name="collect-all")
-    all_ids = [line for line in out.splitlines() if "::" in line]
-    assert [i for i in all_ids if "tau" in i.lower()] == ids
+def test_k_tau_selects_exactly_the_tau_tests(suite, env_dirs):
+    def collected(*args: str) -> list[str]:
+        res, _ = suite(env_dirs["root"] / "c", "--collect-only", *args, name="collect")
+        assert res.ret == 0, res.stdout.str()
+        return [item.nodeid for item in res.reprec.getcalls("pytest_collection_finish")[0].session.items]
+
+    ids = collected("-k", "tau")
+    assert ids and all(i.startswith("tests_eval/test_tau.py::") for i in ids), ids
+    assert [i for i in collected() if "tau" in i.lower()] == ids
