@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.config import load_config_file
+from dflash_eval.drafter import load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

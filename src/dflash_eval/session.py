@@ -174,7 +174,7 @@ def _code_digest() -> str:
 
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for name in ("tau.py", "drafter.py", "drafting.py", "head.py", "checkpoint.py", "config.py"):
+    for name in ("tau.py", *sorted(f"drafter/{f.name}" for f in (here / "drafter").glob("*.py")), "head.py"):
         h.update(name.encode())
         h.update((here / name).read_bytes())
     return h.hexdigest()
@@ -276,7 +276,7 @@ class EvalSession:
 
     @cached_property
     def checkpoint(self) -> Any:
-        from dflash_eval.checkpoint import read_checkpoint
+        from dflash_eval.drafter import read_checkpoint
 
         with self.timed("drafter_load"):
             return read_checkpoint(self.settings.drafter, config_path=self.settings.drafter_config,
@@ -284,7 +284,7 @@ class EvalSession:
 
     @cached_property
     def reference_checkpoint(self) -> Any:
-        from dflash_eval.checkpoint import read_checkpoint
+        from dflash_eval.drafter import read_checkpoint
 
         if self.settings.reference_drafter is None:
             return None
@@ -308,14 +308,14 @@ class EvalSession:
     @cached_property
     def target_identity(self) -> str:
         """Content hash of the target's config + weights (no model load needed: see Target.identity)."""
-        from dflash_eval.target import target_fingerprint
+        from dflash_eval.target import TargetDir
 
         if "target" in self.__dict__:
             return self.target.identity()
         with self.timed("target_hash"):
             try:
                 return self._stat_memo("target_identity", self.settings.target_model,
-                                       lambda: target_fingerprint(self.settings.target_model))
+                                       lambda: TargetDir(self.settings.target_model).fingerprint())
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"cannot read the target model at {self.settings.target_model}: {exc} "
                                   "(pass --target-model DIR)") from exc
@@ -348,12 +348,9 @@ class EvalSession:
 
     @cached_property
     def target_config(self) -> dict[str, Any]:
-        path = self.settings.target_model / "config.json"
-        if not path.is_file():
-            raise ConfigError(f"target model directory not found or without config.json: {self.settings.target_model}"
-                              " (pass --target-model DIR)")
-        data = json.loads(path.read_text())
-        return data.get("text_config") or data if "num_hidden_layers" not in data else data
+        from dflash_eval.target import TargetDir
+
+        return TargetDir(self.settings.target_model).text
 
     @cached_property
     def target_num_layers(self) -> int | None:
@@ -367,7 +364,7 @@ class EvalSession:
     @cached_property
     def spec(self) -> Any:
         """What the drafter checks need about the target (read from config.json and the weights' head shape)."""
-        from dflash_eval.validate import TargetSpec
+        from dflash_eval.drafter import TargetSpec
 
         if "target" in self.__dict__:
             return TargetSpec.from_target(self.target)
@@ -378,7 +375,7 @@ class EvalSession:
     @cached_property
     def drafter(self) -> Any:
         """The drafter, validated against the target (ArchitectureMismatch names every failing check)."""
-        from dflash_eval.checkpoint import build_drafter
+        from dflash_eval.drafter import build_drafter
 
         spec = self.spec
         with self.timed("drafter_load"):
@@ -416,15 +413,9 @@ class EvalSession:
 
     @cached_property
     def tokenizer_digest(self) -> str:
-        import hashlib
+        from dflash_eval.target import TargetDir
 
-        h = hashlib.sha256()
-        files = sorted(f for f in self.settings.target_model.iterdir() if f.is_file() and f.name.startswith(
-            ("tokenizer", "vocab", "merges", "special_tokens_map", "added_tokens", "chat_template")))
-        for f in files:
-            h.update(f.name.encode())
-            h.update(hashlib.sha256(f.read_bytes()).hexdigest().encode())
-        return h.hexdigest()
+        return TargetDir(self.settings.target_model).tokenizer_digest()
 
     def model_for(self, dtype: torch.dtype) -> Any:
         """The target model in ``dtype`` (a cast copy, made once, for the bf16-vs-fp32 comparison)."""
@@ -438,20 +429,9 @@ class EvalSession:
     def chat_template_text(self) -> str | None:
         """The target tokenizer's chat template, read from its files (tokenizer_config.json ``chat_template``,
         chat_template.jinja, chat_template.json) without importing transformers; None when it has none."""
-        d = self.settings.target_model
-        for name in ("chat_template.jinja",):
-            if (d / name).is_file():
-                return (d / name).read_text(encoding="utf-8")
-        for name, key in (("chat_template.json", "chat_template"), ("tokenizer_config.json", "chat_template")):
-            try:
-                t = json.loads((d / name).read_text(encoding="utf-8")).get(key)
-            except (OSError, json.JSONDecodeError, AttributeError):
-                continue
-            if isinstance(t, list):  # named templates: [{"name": "default", "template": ...}, ...]
-                t = json.dumps(t, sort_keys=True)
-            if t:
-                return str(t)
-        return None
+        from dflash_eval.target import TargetDir
+
+        return TargetDir(self.settings.target_model).chat_template_text()
 
     @cached_property
     def prompt_format(self) -> dict[str, Any]:
