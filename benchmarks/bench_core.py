@@ -18,14 +18,13 @@ from pathlib import Path
 
 import torch
 
-from dflash_eval.checkpoint import build_drafter, read_checkpoint
+from dflash_eval.drafter import TargetSpec, build_drafter, read_checkpoint
 from dflash_eval.features import extract_features
 from dflash_eval.generation import greedy_generate
 from dflash_eval.head import TargetHead
 from dflash_eval.online import online_generate
 from dflash_eval.tau import chain_tau, draft_table, macro_tau
 from dflash_eval.target import load_target
-from dflash_eval.validate import TargetSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -86,8 +86,7 @@ def build_targets(work: Path, a: argparse.Namespace) -> tuple[Path, Path, float]
 def make_drafter(target: Path, out: Path, seed: int, layer_ids: tuple[int, ...]) -> Path:
     import torch
 
-    from dflash_eval.checkpoint import save_drafter
-    from dflash_eval.drafter import DFlashDrafter
+    from dflash_eval.drafter import DFlashDrafter, save_drafter
     from dflash_eval.tiny import random_drafter_config
 
     torch.manual_seed(seed)

@@ -74,9 +74,7 @@ def make_target(out: Path, *, seed: int = 0, hidden: int = 64, layers: int = 4, 
 
 def make_drafter(out: Path, target_cfg, mask_token_id: int, *, seed: int = 1, block_size: int = 8,
                  target_layer_ids=(0, 2)):
-    from dflash_eval.checkpoint import save_drafter
-    from dflash_eval.config import DrafterConfig
-    from dflash_eval.drafter import DFlashDrafter
+    from dflash_eval.drafter import DFlashDrafter, DrafterConfig, save_drafter
 
     cfg = DrafterConfig(
         hidden_size=target_cfg.hidden_size, intermediate_size=2 * target_cfg.hidden_size, num_hidden_layers=1,

@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_eval.checkpoint import save_drafter
-from dflash_eval.config import DrafterConfig
-from dflash_eval.drafter import DFlashDrafter
+from dflash_eval.drafter import DFlashDrafter, DrafterConfig, save_drafter
 from dflash_eval.head import TargetHead
 from dflash_eval.target import Target, load_target
 from dflash_eval.tiny import build_random_target, random_drafter_config

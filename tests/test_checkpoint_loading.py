@@ -10,10 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_eval.checkpoint import build_drafter, read_checkpoint
-from dflash_eval.drafter import DFlashDrafter
+from dflash_eval.drafter import (
+    DFlashDrafter,
+    TargetSpec,
+    build_drafter,
+    compare_architectures,
+    read_checkpoint,
+    run_checks,
+)
 from dflash_eval.errors import ArchitectureMismatch, CheckpointError, ConfigError
-from dflash_eval.validate import TargetSpec, compare_architectures, run_checks
 
 
 def _status(checks, name):  # type: ignore[no-untyped-def]

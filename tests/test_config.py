@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_eval.config import DrafterConfig, default_target_layer_ids
+from dflash_eval.drafter import DrafterConfig, default_target_layer_ids
 from dflash_eval.errors import ConfigError
 
 BASE = {

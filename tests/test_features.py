@@ -61,3 +61,61 @@ def test_head_read_selectively_equals_loaded_model(tiny_target: Target, tiny_tar
     ids = torch.tensor([1, 2, 3])
     h = part.embed(ids)
     torch.testing.assert_close(part.logits(h), full.logits(h))
+
+
+def test_layer_capture_on_a_cached_forward_equals_layer_features(tiny_target: Target) -> None:
+    """The capture the online loop keeps on its cached forwards gives exactly what layer_features gives."""
+    from transformers import DynamicCache
+
+    from dflash_eval.features import LayerCapture
+
+    ids = torch.arange(3, 30)
+    layers = [2, 0, tiny_target.num_layers - 1]
+    ref = layer_features(tiny_target.model, ids, layers)
+    with torch.no_grad(), LayerCapture(tiny_target.model, layers) as cap:
+        tiny_target.model(ids[None], past_key_values=DynamicCache(config=tiny_target.model.config), use_cache=True)
+        per = cap.per_layer()
+        feats = cap.features()
+    assert list(per) == layers
+    for i in layers:
+        assert torch.equal(per[i][0], ref[i])
+    assert torch.equal(feats[0], torch.cat([ref[i] for i in layers], dim=-1))
+
+
+def test_online_loop_captures_the_same_prefill_features_as_layer_features(  # type: ignore[no-untyped-def]
+        tiny_target: Target, tiny_drafter, tiny_head, monkeypatch) -> None:
+    from dflash_eval.features import LayerCapture
+    from dflash_eval.online import online_generate
+
+    seen: list[torch.Tensor] = []
+    real = LayerCapture.features
+
+    def spy(self: LayerCapture) -> torch.Tensor:
+        out = real(self)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(LayerCapture, "features", spy)
+    prompt = list(range(3, 23))
+    online_generate(tiny_target, tiny_drafter, tiny_head, prompt, max_new_tokens=4, backend="torch")
+    layers = list(tiny_drafter.config.target_layer_ids)
+    ref = layer_features(tiny_target.model, torch.tensor(prompt), layers)
+    assert seen, "the online loop took no features through LayerCapture"
+    assert torch.equal(seen[0][0], torch.cat([ref[i] for i in layers], dim=-1))
+
+
+def test_layer_capture_removes_its_hooks_and_checks_layer_ids(tiny_target: Target) -> None:
+    import pytest
+
+    from dflash_eval.errors import ArchitectureMismatch
+    from dflash_eval.features import LayerCapture
+
+    ids = torch.arange(3, 10)
+    with LayerCapture(tiny_target.model, [1]) as cap, torch.no_grad():
+        tiny_target.model(ids[None])
+    first = cap.per_layer()[1]
+    with torch.no_grad():
+        tiny_target.model(ids[None] + 1)  # hooks are gone: nothing is recorded any more
+    assert torch.equal(cap.per_layer()[1], first)
+    with pytest.raises(ArchitectureMismatch, match="out of range"):
+        LayerCapture(tiny_target.model, [tiny_target.num_layers])

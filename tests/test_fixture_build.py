@@ -31,8 +31,7 @@ def test_mini_build_runs_and_loads(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_eval.config import load_config_file
-    from dflash_eval.drafter import DFlashDrafter
+    from dflash_eval.drafter import DFlashDrafter, load_config_file
     from safetensors.torch import load_file
 
     before = _snapshot(FIXTURES)
@@ -78,15 +77,17 @@ def test_mini_build_runs_and_loads(tmp_path: Path) -> None:
     assert "sha256" in readme and "τ" in readme
 
     # one draft pass through the borrowed head works end to end
-    from dflash_eval.drafting import draft_logits
+    from dflash_eval.drafter import block_ids, draft_logits
     from dflash_eval.head import TargetHead
 
     ids = torch.tensor(tok.encode(prompts[0]["text"]))
     with torch.no_grad():
         hs = model(input_ids=ids[None], output_hidden_states=True).hidden_states
-    feats = torch.cat([hs[i + 1][0] for i in cfg.target_layer_ids], dim=-1)
-    logits = draft_logits(drafter, TargetHead.from_model(model), feats, ids[-2:], torch.tensor([ids.numel() - 2,
-                                                                                                ids.numel() - 1]))
+        feats = torch.cat([hs[i + 1][0] for i in cfg.target_layer_ids], dim=-1)
+        blocks = block_ids(ids[-2:], cfg.block_size, cfg.mask_token_id)[None]
+        starts = torch.tensor([[ids.numel() - 2, ids.numel() - 1]])
+        logits = draft_logits(drafter, TargetHead.from_model(model), drafter.project_context(feats)[None], blocks,
+                              starts)[0]
     assert logits.shape == (2, 7, model.config.vocab_size)
 
 

@@ -74,8 +74,7 @@ def test_tau_memo_is_reused_and_keyed_on_settings(session):
 
 def test_other_layer_ids_reuse_shared_layers(session, tmp_path):
     """A drafter with different target_layer_ids extracts only the layers not cached yet, in one forward each."""
-    from dflash_eval.checkpoint import save_drafter
-    from dflash_eval.drafter import DFlashDrafter
+    from dflash_eval.drafter import DFlashDrafter, save_drafter
     import dataclasses
 
     session.features(session.eval_side)

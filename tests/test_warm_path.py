@@ -23,8 +23,7 @@ import dflash_eval.features as features_mod
 import dflash_eval.generation as generation_mod
 import dflash_eval.head as head_mod
 import dflash_eval.target as target_mod
-from dflash_eval.checkpoint import save_drafter
-from dflash_eval.drafter import DFlashDrafter
+from dflash_eval.drafter import DFlashDrafter, save_drafter
 from dflash_eval.errors import CheckpointError
 from dflash_eval.head import EMBED_KEYS, HEAD_KEYS, TargetHead
 from dflash_eval.session import EvalSession, EvalSettings
@@ -82,7 +81,7 @@ def _forbid_target(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a warm run must not hash the target weights again")
 
     monkeypatch.setattr(target_mod, "load_target", boom)
-    monkeypatch.setattr(target_mod, "target_fingerprint", boom_hash)
+    monkeypatch.setattr(target_mod.TargetDir, "fingerprint", boom_hash)
 
 
 def _warm_reads_only_head(target: Path, drafter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Architecture checks of the drafter against the target, one test per check (dflash_eval.validate.CHECKS).
+"""Architecture checks of the drafter against the target, one test per check (dflash_eval.drafter.checks.CHECKS).
 
 A check with status 'warn' passes with a warning, 'skip' skips, 'fail' fails with the check's message (the key,
 the expected and the actual value). With ``--reference-drafter DIR`` one more test lists every difference in
@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from dflash_eval.validate import CHECKS
+from dflash_eval.drafter import CHECKS
 
 
 @pytest.mark.parametrize("check", list(CHECKS))
@@ -38,7 +38,7 @@ def test_architecture_check(check, eval_session) -> None:
 def test_matches_reference_drafter(eval_session) -> None:
     if eval_session.settings.reference_drafter is None:
         pytest.skip("no --reference-drafter given")
-    from dflash_eval.validate import compare_architectures
+    from dflash_eval.drafter import compare_architectures
 
     diffs = compare_architectures(eval_session.evaluation.checkpoint,
                                   eval_session.evaluation.reference_checkpoint)

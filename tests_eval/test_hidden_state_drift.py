@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
+from dflash_eval.target import TargetDir
 
 
 def _drift_params(s):
@@ -65,8 +66,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _num_layers(s) -> int:
-    cfg = json.loads((s.settings.target_model / "config.json").read_text())
-    return int(cfg.get("num_hidden_layers") or cfg["text_config"]["num_hidden_layers"])
+    return TargetDir(s.settings.target_model).num_layers
 
 
 def test_hidden_state_drift(comparison, prompt_id, layer, eval_session, reference_completions) -> None:

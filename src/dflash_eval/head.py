@@ -16,7 +16,8 @@ from safetensors import safe_open
 from torch import Tensor, nn
 
 from dflash_eval.dtypes import parse_dtype
-from dflash_eval.errors import CheckpointError, ConfigError
+from dflash_eval.errors import CheckpointError
+from dflash_eval.target import TargetDir
 
 __all__ = ["TargetHead", "EMBED_KEYS", "HEAD_KEYS"]
 
@@ -70,12 +71,7 @@ class TargetHead:
                         dtype: str | torch.dtype = "bf16") -> TargetHead:
         """Read only the input embedding and lm_head of the target saved in ``path`` (tied heads supported)."""
         path = Path(path)
-        cfg_file = path / "config.json"
-        if not cfg_file.is_file():
-            raise ConfigError(f"target model directory {path} has no config.json")
-        cfg = json.loads(cfg_file.read_text())
-        text_cfg = cfg.get("text_config") or cfg
-        tied = bool(text_cfg.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)))
+        tied = TargetDir(path).tie_word_embeddings
         files = _key_to_file(path)
         emb_key = next((k for k in EMBED_KEYS if k in files), None)
         if emb_key is None:

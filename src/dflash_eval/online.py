@@ -1,6 +1,6 @@
 """Online speculative decoding: the target verifies each drafted block (greedy), no reference needed.
 
-The loop of ../shared/reference/dflash.md with a real target cache. A hybrid target's linear-attention state
+The DFlash speculative loop with a real target cache. A hybrid target's linear-attention state
 (conv + recurrent) cannot be cropped after a rejection, so each round snapshots the cache, verifies the block
 on top of it, restores the snapshot and re-runs only the committed tokens (which also yields their features
 for the drafter's context). Correct for any mix of attention and linear-attention layers; costs one extra
@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from dflash_eval.backends import use_backend
-from dflash_eval.drafter import DFlashDrafter
-from dflash_eval.drafting import block_ids
-from dflash_eval.features import decoder_parts
+from dflash_eval.drafter.model import DFlashDrafter, block_ids, draft_logits
+from dflash_eval.features import LayerCapture
 from dflash_eval.head import TargetHead
 from dflash_eval.tau import TauResult
 
@@ -40,33 +39,6 @@ class OnlineResult:
     tokens: list[int]  # generated tokens (the completion)
     tau: TauResult
     target_forwards: int
-
-
-class _Capture:
-    """Forward hooks that record hidden_states[i + 1] for the drafter's target layers on every forward."""
-
-    def __init__(self, model: nn.Module, layer_ids: tuple[int, ...]) -> None:
-        _, layers, norm = decoder_parts(model)
-        self.layer_ids = layer_ids
-        self.out: dict[int, Tensor] = {}
-        self.handles = []
-        for i in layer_ids:
-            mod = norm if i == len(layers) - 1 else layers[i]
-            self.handles.append(mod.register_forward_hook(self._hook(i)))
-
-    def _hook(self, i: int) -> Any:
-        def hook(_m: nn.Module, _inp: Any, out: Any) -> None:
-            self.out[i] = (out[0] if isinstance(out, tuple) else out).detach()
-
-        return hook
-
-    def features(self) -> Tensor:
-        dev = self.out[self.layer_ids[0]].device  # one device even when a device_map spreads the layers
-        return torch.cat([self.out[i][0].to(dev) for i in self.layer_ids], dim=-1)
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
 
 
 @torch.no_grad()
@@ -88,50 +60,47 @@ def online_generate(
     b = cfg.block_size
     eos = target.eos_token_id if stop_at_eos else None
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=dev)
-    cap = _Capture(model, tuple(cfg.target_layer_ids))
     forwards = 0
-    try:
-        with use_backend(backend, dev):
-            from transformers import DynamicCache
+    # Features of every target forward (prefill, verify, commit) are captured; the context takes the commits'.
+    with LayerCapture(model, tuple(cfg.target_layer_ids)) as cap, use_backend(backend, dev):
+        from transformers import DynamicCache
 
-            cache = DynamicCache(config=model.config)
-            out = model(prompt[None], past_key_values=cache, use_cache=True)
+        cache = DynamicCache(config=model.config)
+        out = model(prompt[None], past_key_values=cache, use_cache=True)
+        forwards += 1
+        # Projected context (fc + hidden_norm act per position): grown by the committed positions each round.
+        ctx = drafter.project_context(cap.features()[0].to(drafter.fc.weight.device))[None]  # positions 0..P-1
+        bonus = int(out.logits[0, -1].argmax())
+        generated = [bonus]
+        lens: list[int] = []
+        done = (eos is not None and bonus == eos) or max_new_tokens <= 1
+        while not done and (max_blocks is None or len(lens) < max_blocks):
+            start = prompt.shape[0] + len(generated) - 1  # position of the bonus token
+            ids = block_ids(torch.tensor([bonus], device=dev), b, cfg.mask_token_id)  # [1,B]
+            logits = draft_logits(drafter, head, ctx, ids[None], torch.tensor([[start]], device=dev))
+            draft = logits[0, 0].argmax(-1)  # [B-1]
+            block = ids[0].clone()
+            block[1:] = draft
+            snapshot = copy.deepcopy(cache)
+            ver = model(block[None], past_key_values=cache, use_cache=True)
             forwards += 1
-            # Projected context (fc + hidden_norm act per position): grown by the committed positions each round.
-            ctx = drafter.project_context(cap.features().to(drafter.fc.weight.device))[None]  # positions 0..P-1
-            bonus = int(out.logits[0, -1].argmax())
-            generated = [bonus]
-            lens: list[int] = []
-            done = (eos is not None and bonus == eos) or max_new_tokens <= 1
-            while not done and (max_blocks is None or len(lens) < max_blocks):
-                start = prompt.shape[0] + len(generated) - 1  # position of the bonus token
-                ids = block_ids(torch.tensor([bonus], device=dev), b, cfg.mask_token_id)  # [1,B]
-                hidden = drafter(head.embed(ids)[None], ctx, torch.tensor([[start]], device=dev))
-                draft = head.logits(hidden[0, 0, 1:]).argmax(-1)  # [B-1]
-                block = ids[0].clone()
-                block[1:] = draft
-                snapshot = copy.deepcopy(cache)
-                ver = model(block[None], past_key_values=cache, use_cache=True)
-                forwards += 1
-                post = ver.logits[0].argmax(-1)  # posterior[k] = target's token after block[:k+1]
-                limit = min(b - 1, max_new_tokens - 1 - len(generated))
-                acc = 0
-                while acc < limit and int(draft[acc]) == int(post[acc]):
-                    if eos is not None and int(draft[acc]) == eos:
-                        break  # EOS becomes the new bonus below and ends the generation
-                    acc += 1
-                new_bonus = int(post[acc])
-                # Restore the pre-verify state and commit block[:acc+1] for real (features for the context).
-                cache = snapshot
-                model(block[None, : acc + 1], past_key_values=cache, use_cache=True)
-                forwards += 1
-                new = drafter.project_context(cap.features().to(drafter.fc.weight.device))[None]
-                ctx = torch.cat([ctx, new], dim=1)
-                generated.extend(int(t) for t in block[1: acc + 1])
-                generated.append(new_bonus)
-                lens.append(acc + 1)
-                bonus = new_bonus
-                done = len(generated) >= max_new_tokens or (eos is not None and new_bonus == eos)
-    finally:
-        cap.close()
+            post = ver.logits[0].argmax(-1)  # posterior[k] = target's token after block[:k+1]
+            limit = min(b - 1, max_new_tokens - 1 - len(generated))
+            acc = 0
+            while acc < limit and int(draft[acc]) == int(post[acc]):
+                if eos is not None and int(draft[acc]) == eos:
+                    break  # EOS becomes the new bonus below and ends the generation
+                acc += 1
+            new_bonus = int(post[acc])
+            # Restore the pre-verify state and commit block[:acc+1] for real (features for the context).
+            cache = snapshot
+            model(block[None, : acc + 1], past_key_values=cache, use_cache=True)
+            forwards += 1
+            new = drafter.project_context(cap.features()[0].to(drafter.fc.weight.device))[None]
+            ctx = torch.cat([ctx, new], dim=1)
+            generated.extend(int(t) for t in block[1: acc + 1])
+            generated.append(new_bonus)
+            lens.append(acc + 1)
+            bonus = new_bonus
+            done = len(generated) >= max_new_tokens or (eos is not None and new_bonus == eos)
     return OnlineResult(tokens=generated, tau=TauResult(lens, b, "online-chain"), target_forwards=forwards)

@@ -1,11 +1,15 @@
-"""Loading the target causal LM and its tokenizer from a local directory (transformers, local files only).
+"""The target model directory and the loaded target causal LM (transformers, local files only).
 
-The model goes to CUDA when available (else CPU), in bf16 by default. Nothing is ever fetched from a hub:
-``local_files_only=True`` everywhere, and a missing directory is a clear error naming the path.
+:class:`TargetDir` is the one reader of a target directory without loading the model: config.json (parsed once,
+multimodal configs read through their ``text_config``), the weight files and their fingerprint, the tokenizer
+files' digest and the chat template. :func:`load_target` loads the model and tokenizer: to CUDA when available
+(else CPU), in bf16 by default. Nothing is ever fetched from a hub: ``local_files_only=True`` everywhere, and a
+missing directory is a clear error naming the path.
 
 Example::
 
-    from dflash_eval.target import load_target
+    from dflash_eval.target import TargetDir, load_target
+    print(TargetDir("fixtures/target").num_layers)
     target = load_target("fixtures/target", dtype="fp32")
     print(target.num_layers, target.hidden_size, target.identity()[:12])
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +29,7 @@ from torch import nn
 from dflash_eval.dtypes import parse_dtype
 from dflash_eval.errors import ConfigError
 
-__all__ = ["Target", "load_target", "default_device", "target_fingerprint", "text_config"]
+__all__ = ["TargetDir", "Target", "load_target", "default_device", "text_config"]
 
 _FULL_HASH_LIMIT = 512 * 1024 * 1024  # files above this are fingerprinted by header + sampled chunks
 
@@ -55,22 +60,133 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def target_fingerprint(path: Path) -> str:
-    """sha256 over config.json and the weight files (full hash up to 512 MiB per file, sampled beyond)."""
-    path = Path(path)
-    h = hashlib.sha256()
-    cfg = path / "config.json"
-    h.update(json.dumps(json.loads(cfg.read_text()), sort_keys=True).encode())
-    weights = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
-    for w in weights:
-        h.update(w.name.encode())
-        h.update(_file_digest(w).encode())
-    return h.hexdigest()
+_TOKENIZER_FILE_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens_map", "added_tokens", "chat_template")
+
+
+@dataclass(frozen=True)
+class TargetDir:
+    """A target model directory, read without loading the model; config.json is parsed once, on first use.
+
+    Config properties read the text part of the config: ``text_config`` when the file nests one (multimodal
+    checkpoints), else the top level. Reading raises :class:`~dflash_eval.errors.ConfigError` naming the file
+    when the directory or config.json is missing, or config.json is not a JSON object.
+    """
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / "config.json"
+
+    @cached_property
+    def raw(self) -> dict[str, Any]:
+        """The parsed config.json as written."""
+        if not self.path.is_dir():
+            raise ConfigError(f"target model directory not found: {self.path} (pass --target-model DIR)")
+        if not self.config_file.is_file():
+            raise ConfigError(f"{self.path} has no config.json: not a transformers model directory")
+        try:
+            data = json.loads(self.config_file.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{self.config_file}: cannot read ({exc})") from exc
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{self.config_file}: not valid JSON ({exc})") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{self.config_file}: expected a JSON object, got {type(data).__name__}")
+        return data
+
+    @property
+    def text(self) -> dict[str, Any]:
+        """The text model's config: ``text_config`` when present (multimodal checkpoints), else the top level."""
+        nested = self.raw.get("text_config")
+        return nested if isinstance(nested, dict) and nested else self.raw
+
+    def _field(self, key: str) -> Any:
+        if key not in self.text:
+            raise ConfigError(f"{self.config_file}: no {key!r}" + (" in 'text_config'" if self.text is not self.raw
+                                                                   else ""))
+        return self.text[key]
+
+    @property
+    def num_layers(self) -> int:
+        return int(self._field("num_hidden_layers"))
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self._field("hidden_size"))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._field("vocab_size"))
+
+    @property
+    def layer_types(self) -> list[str]:
+        """Per-layer attention kind; all ``full_attention`` when the config does not say."""
+        types = self.text.get("layer_types")
+        return list(types) if types else ["full_attention"] * self.num_layers
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The config's EOS id (text part first, then the top level); the first one when it lists several."""
+        eos = self.text.get("eos_token_id", self.raw.get("eos_token_id"))
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        return None if eos is None else int(eos)
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        return bool(self.text.get("tie_word_embeddings", self.raw.get("tie_word_embeddings", False)))
+
+    def weight_files(self) -> list[Path]:
+        """``*.safetensors`` then ``*.bin`` files, each group sorted by name."""
+        return sorted(self.path.glob("*.safetensors")) + sorted(self.path.glob("*.bin"))
+
+    def fingerprint(self) -> str:
+        """sha256 over config.json and the weight files (full hash up to 512 MiB per file, sampled beyond)."""
+        h = hashlib.sha256()
+        h.update(json.dumps(self.raw, sort_keys=True).encode())
+        for w in self.weight_files():
+            h.update(w.name.encode())
+            h.update(_file_digest(w).encode())
+        return h.hexdigest()
+
+    def tokenizer_digest(self) -> str:
+        """sha256 over the tokenizer files (tokenizer*, vocab*, merges*, special tokens, chat template)."""
+        h = hashlib.sha256()
+        files = sorted(f for f in self.path.iterdir() if f.is_file() and f.name.startswith(_TOKENIZER_FILE_PREFIXES))
+        for f in files:
+            h.update(f.name.encode())
+            h.update(hashlib.sha256(f.read_bytes()).hexdigest().encode())
+        return h.hexdigest()
+
+    def chat_template_text(self) -> str | None:
+        """The tokenizer's chat template, read from its files (chat_template.jinja, chat_template.json,
+        tokenizer_config.json ``chat_template``) without importing transformers; None when it has none."""
+        jinja = self.path / "chat_template.jinja"
+        if jinja.is_file():
+            return jinja.read_text(encoding="utf-8")
+        for name, key in (("chat_template.json", "chat_template"), ("tokenizer_config.json", "chat_template")):
+            try:
+                t = json.loads((self.path / name).read_text(encoding="utf-8")).get(key)
+            except (OSError, json.JSONDecodeError, AttributeError):
+                continue
+            if isinstance(t, list):  # named templates: [{"name": "default", "template": ...}, ...]
+                t = json.dumps(t, sort_keys=True)
+            if t:
+                return str(t)
+        return None
 
 
 @dataclass
 class Target:
-    """A loaded target model with its tokenizer and where it came from."""
+    """A loaded target model with its tokenizer and where it came from.
+
+    Layer count and hidden size come from the directory's config.json (:attr:`dir`); the vocabulary size from
+    the loaded lm_head; the layer types from the loaded config (transformers may derive them), else config.json.
+    """
 
     model: nn.Module
     tokenizer: Any
@@ -78,18 +194,24 @@ class Target:
     device: torch.device
     dtype: torch.dtype
     _identity: str | None = field(default=None, repr=False)
+    dir: TargetDir = field(default=None, repr=False, compare=False)  # type: ignore[assignment] - set below
+
+    def __post_init__(self) -> None:
+        if self.dir is None:
+            self.dir = TargetDir(self.path)
 
     @property
     def config(self) -> Any:
+        """The loaded model's (text) config object."""
         return text_config(self.model.config)
 
     @property
     def num_layers(self) -> int:
-        return int(self.config.num_hidden_layers)
+        return self.dir.num_layers
 
     @property
     def hidden_size(self) -> int:
-        return int(self.config.hidden_size)
+        return self.dir.hidden_size
 
     @property
     def vocab_size(self) -> int:
@@ -98,21 +220,20 @@ class Target:
     @property
     def layer_types(self) -> list[str]:
         types = getattr(self.config, "layer_types", None)
-        return list(types) if types else ["full_attention"] * self.num_layers
+        return list(types) if types else self.dir.layer_types
 
     @property
     def eos_token_id(self) -> int | None:
+        """The tokenizer's EOS id, else the config's (:attr:`TargetDir.eos_token_id`)."""
         eos = getattr(self.tokenizer, "eos_token_id", None)
-        if eos is None:
-            eos = getattr(self.config, "eos_token_id", None)
         if isinstance(eos, list):
             eos = eos[0] if eos else None
-        return eos
+        return self.dir.eos_token_id if eos is None else eos
 
     def identity(self) -> str:
-        """Content hash of config + weights (cached on the object)."""
+        """Content hash of config + weights (:meth:`TargetDir.fingerprint`, cached on the object)."""
         if self._identity is None:
-            self._identity = target_fingerprint(self.path)
+            self._identity = self.dir.fingerprint()
         return self._identity
 
 
@@ -134,10 +255,8 @@ def load_target(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
-    if not path.is_dir():
-        raise ConfigError(f"target model directory not found: {path} (pass --target-model DIR)")
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"{path} has no config.json: not a transformers model directory")
+    tdir = TargetDir(path)
+    tdir.raw  # noqa: B018 - a missing directory or an unreadable config.json is a ConfigError naming it
     dev = torch.device(device) if device is not None else default_device()
     dt = parse_dtype(dtype)
     try:
@@ -156,4 +275,4 @@ def load_target(
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # noqa: BLE001
         raise ConfigError(f"cannot load tokenizer from {path}: {type(exc).__name__}: {exc}") from exc
-    return Target(model=model, tokenizer=tokenizer, path=path, device=dev, dtype=dt)
+    return Target(model=model, tokenizer=tokenizer, path=path, device=dev, dtype=dt, dir=tdir)

@@ -1,6 +1,6 @@
 """Offline τ (mean acceptance length): the DFlash chain loop and DDTree, simulated on a greedy reference.
 
-Conventions (../shared/reference/dflash.md, pinned by tests/test_tau.py):
+Conventions (pinned by tests/test_tau.py):
 
 - The sequence is ``prompt (P tokens) + greedy reference completion (N tokens)``; features come from one causal
   target forward over all of it, feature of position j = target ``hidden_states[i + 1]`` at j.
@@ -35,8 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dflash_eval.drafter import DFlashDrafter
-from dflash_eval.drafting import block_ids
+from dflash_eval.drafter.model import DFlashDrafter, block_ids, draft_logits
 from dflash_eval.head import TargetHead
 
 __all__ = ["TauResult", "DraftTable", "draft_table", "chain_tau", "ddtree_tau", "build_ddtree", "macro_tau"]
@@ -144,9 +143,8 @@ def draft_table(
             starts[n, :len(ss)] = torch.tensor(ss)
             starts[n, len(ss):] = ss[-1]  # padding rows: duplicates, discarded below
             firsts[n] = items[i][1].to(torch.long)[starts[n]]
-        ids = block_ids(firsts.to(dev), b, cfg.mask_token_id)
-        hidden = drafter(head.embed(ids), ctx[order], starts.to(dev))  # [n, r, B, H]
-        logp = torch.log_softmax(head.logits(hidden[:, :, 1:]).float(), dim=-1)
+        blocks = block_ids(firsts.to(dev), b, cfg.mask_token_id)
+        logp = torch.log_softmax(draft_logits(drafter, head, ctx[order], blocks, starts.to(dev)), dim=-1)
         top_lp, top_ids = logp.topk(k_eff, dim=-1)
         for n, i in enumerate(order):
             m = len(by_item[i])

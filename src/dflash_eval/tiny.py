@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from dflash_eval.config import DrafterConfig, default_target_layer_ids
+from dflash_eval.drafter.config import DrafterConfig, default_target_layer_ids
+from dflash_eval.target import TargetDir
 
 __all__ = ["build_tokenizer", "build_random_target", "random_drafter_config", "qwen35_text_config"]
 
@@ -118,8 +119,7 @@ def random_drafter_config(target_dir: str | Path, *, num_features: int = 3, num_
                           block_size: int = 8, **overrides: Any) -> DrafterConfig:
     """A drafter config matching the target saved in ``target_dir`` (Qwen3 fields copied from the target)."""
     tdir = Path(target_dir)
-    tcfg = json.loads((tdir / "config.json").read_text())
-    tcfg = tcfg.get("text_config", tcfg)
+    tcfg = TargetDir(tdir).text
     tok = json.loads((tdir / "tokenizer.json").read_text())
     mask_id = next(t["id"] for t in tok["added_tokens"] if t["content"] == MASK_TOKEN)
     n = int(tcfg["num_hidden_layers"])

@@ -1,12 +1,12 @@
 """Training recipes for the bundled fixtures: a tiny causal-LM target and a DFlash drafter.
 
-The drafter recipe follows SpecForge's public DFlash trainer as summarised in ../shared/reference/dflash.md:
+The drafter recipe follows SpecForge's public DFlash trainer:
 
 - random anchors per sequence; an anchor ``a`` gives the block ``[token at a, MASK x (B-1)]`` at positions
   ``a .. a+B-1``;
 - each block sees the target features of the context positions strictly before ``a`` and every slot of its own
   block (bidirectional inside the block), never another block: R anchors of one sequence are batched as R
-  blocks of one :class:`~dflash_eval.drafter.DFlashDrafter` forward with ``context_len = start = a``;
+  blocks of one :class:`~dflash_eval.drafter.model.DFlashDrafter` forward with ``context_len = start = a``;
 - slot ``k`` (1 <= k < B) predicts the token at ``a + k``; slot 0 has no loss; the cross-entropy of slot ``k`` is
   weighted by ``exp(-(k - 1) / gamma)`` (gamma = 4 for B = 8, 7 for B = 16);
 - the drafter borrows the target's (frozen) input embedding and lm_head (:class:`~dflash_eval.head.TargetHead`).
@@ -25,9 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dflash_eval.drafter import DFlashDrafter
+from dflash_eval.drafter.model import DFlashDrafter, block_ids, draft_logits
 from dflash_eval.features import layer_features
-from dflash_eval.drafting import block_ids
 from dflash_eval.head import TargetHead
 
 __all__ = [
@@ -215,9 +214,8 @@ def dflash_loss(
     n, r = anchors.shape
     ctx = drafter.project_context(features)
     first = torch.gather(tokens, 1, anchors)
-    emb = head.embed(block_ids(first, b, drafter.config.mask_token_id))  # [N,R,B,H]
-    hidden = drafter(emb, ctx, anchors)
-    logits = head.logits(hidden[:, :, 1:]).float()  # [N,R,B-1,V]
+    blocks = block_ids(first, b, drafter.config.mask_token_id)  # [N,R,B]
+    logits = draft_logits(drafter, head, ctx, blocks, anchors)  # [N,R,B-1,V]
     pos = anchors[..., None] + torch.arange(1, b, device=anchors.device)  # [N,R,B-1]
     valid = pos < lengths[:, None, None]
     labels = torch.gather(tokens, 1, pos.clamp(max=tokens.shape[1] - 1).reshape(n, -1)).reshape(n, r, b - 1)

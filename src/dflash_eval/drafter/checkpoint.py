@@ -6,8 +6,8 @@
    optionally prefixed ``module.``; read with ``torch.load(weights_only=True)`` (never unpickling code). Its
    config comes from ``config_path``, else an embedded ``"config"`` dict.
 
-Reading never fails on shape mismatches: :mod:`dflash_eval.validate` reports those one check at a time, and
-:func:`build_drafter` refuses to build from a checkpoint that fails them.
+Reading never fails on shape mismatches: :mod:`dflash_eval.drafter.checks` reports those one check at a time,
+and :func:`build_drafter` refuses to build from a checkpoint that fails them.
 
 Example::
 
@@ -29,12 +29,13 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from dflash_eval.atomic import atomic_write_with
-from dflash_eval.config import DrafterConfig, load_config_file
-from dflash_eval.drafter import DFlashDrafter
+from dflash_eval.drafter.checks import TargetSpec, run_checks
+from dflash_eval.drafter.config import DrafterConfig, load_config_file
+from dflash_eval.drafter.model import DFlashDrafter
 from dflash_eval.dtypes import parse_dtype
 from dflash_eval.errors import ArchitectureMismatch, CheckpointError, ConfigError
 
-__all__ = ["Checkpoint", "read_checkpoint", "build_drafter", "save_drafter", "expected_shapes"]
+__all__ = ["Checkpoint", "read_checkpoint", "build_drafter", "save_drafter"]
 
 _PREFIXES = ("module.", "model.", "draft_model.")
 
@@ -156,29 +157,19 @@ def read_checkpoint(
     return Checkpoint(source=path, config=cfg, state_dict=sd, fingerprint=_fingerprint(sd))
 
 
-def expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
-    """Key -> shape of a drafter built from ``config`` (what a checkpoint must contain)."""
-    with torch.device("meta"):
-        model = DFlashDrafter(config)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
 def build_drafter(
     ckpt: Checkpoint,
     *,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "bf16",
-    spec: Any | None = None,
+    spec: TargetSpec | None = None,
 ) -> DFlashDrafter:
     """Instantiate the drafter and load its weights; refuse on any failing validation check.
 
     Args:
         ckpt: from :func:`read_checkpoint`.
-        spec: a :class:`dflash_eval.validate.TargetSpec` to validate against (skipped when None: only the key
-            and shape checks that need no target run).
+        spec: the target to validate against (when None, the checks compare with the drafter's own config).
     """
-    from dflash_eval.validate import run_checks
-
     failures = [c for c in run_checks(ckpt, spec) if c.status == "fail"]
     if failures:
         lines = "\n".join(f"  - [{c.name}] {c.message}" for c in failures)

@@ -1,4 +1,4 @@
-"""The DFlash drafter in plain torch, exactly as described in ../shared/reference/dflash.md.
+"""The DFlash drafter in plain torch, and THE drafting primitive (block ids -> draft logits).
 
 Modules (unprefixed checkpoint keys): ``fc`` (Linear L*H -> H, no bias), ``hidden_norm``, ``layers.{i}``
 (Qwen3-style pre-norm decoder layers whose attention injects the projected target context as extra keys and
@@ -10,6 +10,11 @@ Shapes used throughout: ``N`` sequences, ``T`` context positions, ``R`` blocks p
 positions ``j < context_len[n, r]`` and all B slots of its own block, nothing else. This makes batching over
 rounds exact: masked context positions contribute exactly zero attention weight.
 
+A block at ``start`` is ``[token at start, MASK x (B-1)]`` (:func:`block_ids`) at positions ``start ..
+start+B-1`` and sees the context features strictly before ``start``. :func:`draft_logits` turns blocks into
+logits through the target's borrowed embedding and lm_head; offline τ (:func:`dflash_eval.tau.draft_table`),
+the online loop and training all draft through it.
+
 Quick check::
 
     python -c "from dflash_eval.drafter import DFlashDrafter; help(DFlashDrafter.forward)"
@@ -17,13 +22,18 @@ Quick check::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from dflash_eval.config import DrafterConfig
+from dflash_eval.drafter.config import DrafterConfig
 
-__all__ = ["DFlashDrafter", "RMSNorm", "rope_cos_sin"]
+if TYPE_CHECKING:
+    from dflash_eval.head import TargetHead
+
+__all__ = ["DFlashDrafter", "RMSNorm", "rope_cos_sin", "expected_shapes", "block_ids", "draft_logits"]
 
 
 class RMSNorm(nn.Module):
@@ -189,3 +199,35 @@ class DFlashDrafter(nn.Module):
         for layer in self.layers:
             x = layer(x, ctx, rope_ctx, rope_blk, ctx_bias)
         return self.norm(x)
+
+
+def expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of a drafter built from ``config`` (what a checkpoint must contain)."""
+    with torch.device("meta"):
+        model = DFlashDrafter(config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def block_ids(first_tokens: Tensor, block_size: int, mask_token_id: int) -> Tensor:
+    """[...] first tokens -> [..., B] blocks ``[first, MASK x (B-1)]``."""
+    out = torch.full((*first_tokens.shape, block_size), mask_token_id, dtype=torch.long, device=first_tokens.device)
+    out[..., 0] = first_tokens
+    return out
+
+
+def draft_logits(drafter: DFlashDrafter, head: TargetHead, context: Tensor, blocks: Tensor, starts: Tensor) -> Tensor:
+    """Draft logits of R blocks per sequence: embed the block ids, run the drafter, apply the target's lm_head.
+
+    Args:
+        drafter: the drafter.
+        head: the target's borrowed input embedding and lm_head.
+        context: [N, T, H] projected context (:meth:`DFlashDrafter.project_context`).
+        blocks: [N, R, B] block token ids (:func:`block_ids`).
+        starts: [N, R] absolute position of each block's slot 0; the block sees context positions < start.
+
+    Returns:
+        [N, R, B-1, V] float32 logits of slots 1..B-1 (slot k predicts the token at start + k). Gradients flow
+        (training); callers that only draft wrap it in ``torch.no_grad()``.
+    """
+    hidden = drafter(head.embed(blocks), context, starts)  # [N,R,B,H]
+    return head.logits(hidden[:, :, 1:]).float()

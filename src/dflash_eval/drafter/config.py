@@ -1,13 +1,13 @@
 """DFlash drafter configuration: parsing the released HF ``config.json`` layout and writing it back.
 
-A released drafter's config.json looks like (see ../shared/reference/dflash.md)::
+A released drafter's config.json looks like::
 
     {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16,
      "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
      "num_target_layers": 36, "num_hidden_layers": 5, "hidden_size": 4096, ...}
 
 ``block_size`` may sit at the top level or inside ``dflash_config``. When ``target_layer_ids`` is absent
-the default rule of dflash.md is applied (:func:`default_target_layer_ids`).
+the upstream default rule is applied (:func:`default_target_layer_ids`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Each check returns a :class:`Check` with status ``pass`` / ``warn`` / ``fail`` and a message that names the key,
 the expected and the actual value. The eval suite turns each into its own test (tests_eval/test_checkpoint.py);
-:func:`dflash_eval.checkpoint.build_drafter` refuses a checkpoint with any failing check.
+:func:`dflash_eval.drafter.checkpoint.build_drafter` refuses a checkpoint with any failing check. The checks
+read a checkpoint only through :class:`CheckedCheckpoint` (source, config, key shapes), so this module needs
+the model (for the expected key shapes) but never the checkpoint reader.
 
 The classic mistakes caught here: ``fc`` sized for a different number of target layers or transposed, a
 drafter hidden size that differs from the target's, a target layer id past the last layer (or pointing at the
@@ -13,14 +15,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from dflash_eval.checkpoint import Checkpoint
+from dflash_eval.drafter.config import DrafterConfig
+from dflash_eval.drafter.model import expected_shapes
 
-__all__ = ["Check", "TargetSpec", "CHECKS", "run_checks", "compare_architectures"]
+__all__ = ["Check", "CheckedCheckpoint", "TargetSpec", "CHECKS", "run_checks", "compare_architectures"]
 
 Status = Literal["pass", "warn", "fail", "skip"]
+
+
+class CheckedCheckpoint(Protocol):
+    """What the checks read of a checkpoint (:class:`dflash_eval.drafter.checkpoint.Checkpoint` has it)."""
+
+    source: Path
+    config: DrafterConfig
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]: ...
 
 
 @dataclass(frozen=True)
@@ -43,7 +56,7 @@ class Check:
     message: str
 
 
-def _fc_shape(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+def _fc_shape(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     cfg = ckpt.config
     h = spec.hidden_size if spec else cfg.hidden_size
     want = (h, cfg.num_features * h)
@@ -61,7 +74,7 @@ def _fc_shape(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
     return Check("fc_shape", "fail", f"key 'fc.weight': expected {list(want)}, got {list(got)}{hint}")
 
 
-def _hidden_size(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+def _hidden_size(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     if spec is None:
         return Check("hidden_size", "skip", "no target given")
     got = ckpt.config.hidden_size
@@ -71,7 +84,7 @@ def _hidden_size(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
                  f"config 'hidden_size': drafter {got} != target {spec.hidden_size} (drafter trained for another target?)")
 
 
-def _layer_ids_range(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+def _layer_ids_range(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     ids = list(ckpt.config.target_layer_ids)
     n = spec.num_layers if spec else ckpt.config.num_target_layers
     if n is None:
@@ -86,7 +99,7 @@ def _layer_ids_range(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
     return Check("target_layer_ids_range", "pass", f"target_layer_ids {ids} within 0..{n - 1}")
 
 
-def _layer_ids_last(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+def _layer_ids_last(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     n = spec.num_layers if spec else ckpt.config.num_target_layers
     if n is None:
         return Check("target_layer_ids_last_layer", "skip", "number of target layers unknown")
@@ -97,7 +110,7 @@ def _layer_ids_last(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
     return Check("target_layer_ids_last_layer", "pass", "no target layer id points at the last (post-norm) layer")
 
 
-def _mask_token(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+def _mask_token(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     mask = ckpt.config.mask_token_id
     vocab = spec.vocab_size if spec else ckpt.config.vocab_size
     if 0 <= mask < vocab:
@@ -106,16 +119,14 @@ def _mask_token(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
                  f"'dflash_config.mask_token_id' {mask} is outside the target vocabulary (size {vocab})")
 
 
-def _block_size(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
+def _block_size(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     b = ckpt.config.block_size
     if b >= 2:
         return Check("block_size", "pass", f"block_size {b} >= 2")
     return Check("block_size", "fail", f"'block_size' {b}: must be >= 2 (one bonus slot plus at least one draft slot)")
 
 
-def _keys(ckpt: Checkpoint, spec: TargetSpec | None) -> Check:
-    from dflash_eval.checkpoint import expected_shapes
-
+def _keys(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     want = expected_shapes(ckpt.config)
     got = ckpt.shapes
     missing = sorted(set(want) - set(got))
@@ -144,7 +155,7 @@ CHECKS: dict[str, Callable[[Any, TargetSpec | None], Check]] = {
 }
 
 
-def run_checks(ckpt: Checkpoint, spec: TargetSpec | None) -> list[Check]:
+def run_checks(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> list[Check]:
     """Every check, in a fixed order."""
     return [fn(ckpt, spec) for fn in CHECKS.values()]
 
@@ -153,7 +164,7 @@ _ARCH_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_at
                 "num_key_value_heads", "head_dim", "block_size", "rope_theta", "rms_norm_eps", "num_features")
 
 
-def compare_architectures(ours: Checkpoint, reference: Checkpoint) -> list[str]:
+def compare_architectures(ours: CheckedCheckpoint, reference: CheckedCheckpoint) -> list[str]:
     """Every difference in architecture fields and key shapes between two drafters (empty when they agree)."""
     diffs = []
     for f in _ARCH_FIELDS:
