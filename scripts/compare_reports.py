@@ -1,0 +1,70 @@
+"""Compare two reports/eval.json files field by field, ignoring what legitimately differs between runs (creation
+time, timings, cache read/write seconds).
+
+Used to check that a refactor preserves behaviour: run the full default suite before and after on a cold cache
+and compare the two reports. Exit 0 when they are equal, 1 with one line per differing field otherwise.
+
+Run: ``python scripts/compare_reports.py before/eval.json after/eval.json [--ignore settings.cache_dir ...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+IGNORED = ("created", "timings", "cache.*.read_s", "cache.*.write_s")
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    parts = path.split(".")
+    for pat in patterns:
+        pp = pat.split(".")
+        if len(parts) >= len(pp) and all(a == "*" or a == b for a, b in zip(pp, parts)):
+            return True
+    return False
+
+
+def diff(a: Any, b: Any, path: str = "", ignore: list[str] | None = None) -> list[str]:
+    """Every field where ``a`` and ``b`` differ, as ``path: a != b`` lines (NaN equals NaN; dict order ignored)."""
+    ignore = list(IGNORED) + list(ignore or [])
+    if path and _ignored(path, ignore):
+        return []
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            p = f"{path}.{k}" if path else str(k)
+            if k not in a or k not in b:
+                if not _ignored(p, ignore):
+                    out.append(f"{p}: only in {'after' if k not in a else 'before'}")
+                continue
+            out += diff(a[k], b[k], p, ignore)
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: length {len(a)} != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diff(x, y, f"{path}[{i}]", ignore)]
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return []
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before", type=Path)
+    ap.add_argument("after", type=Path)
+    ap.add_argument("--ignore", action="append", default=[], metavar="FIELD",
+                    help="a dotted field to ignore (``*`` matches one level), e.g. settings.cache_dir")
+    ns = ap.parse_args(argv)
+    lines = diff(json.loads(ns.before.read_text()), json.loads(ns.after.read_text()), ignore=ns.ignore)
+    for line in lines:
+        print(line)
+    print(f"{len(lines)} differing field(s) (ignored: {', '.join(IGNORED + tuple(ns.ignore))})")
+    return 1 if lines else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
