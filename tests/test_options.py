@@ -16,16 +16,8 @@ import pytest
 
 from dflash_eval.cli import build_parser, main
 from dflash_eval.errors import ConfigError
-from dflash_eval.options import (
-    DOCS_COMMAND,
-    OPTIONS,
-    OPTIONS_BY_NAME,
-    EvalSettings,
-    add_options,
-    render_option_table,
-    resolve,
-    with_option_table,
-)
+from dflash_eval.option_table import DOCS_COMMAND, render_option_table, with_option_table
+from dflash_eval.options import OPTIONS, OPTIONS_BY_NAME, EvalSettings, add_options, resolve
 from dflash_eval.pytest_plugin import settings_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,7 +210,7 @@ def test_option_table_rows_and_regeneration():
 
 
 def test_options_command_checks_and_writes_docs(tmp_path, capsys):
-    from dflash_eval.options import main as options_main
+    from dflash_eval.option_table import main as options_main
 
     md = tmp_path / "doc.md"
     md.write_text("<!-- options-table:start -->\n<!-- options-table:end -->\n")

@@ -4,16 +4,14 @@ A field's metadata holds the option's help, kind and choices; from it come ``--n
 ``DFLASH_EVAL_<NAME>`` in the environment and ``dflash_<name>`` in the ini file ([tool.pytest.ini_options]).
 :func:`add_options` registers them (pytest's ``group.addoption`` and argparse's ``add_argument`` alike),
 :func:`resolve` is the one resolver (precedence CLI > env > ini > default; relative paths and ``--prompts`` file
-items made absolute there) and :func:`render_option_table` writes the table in ``docs/eval_suite.md``
-(``python -m dflash_eval.options --write-docs docs/eval_suite.md``). :class:`EvalSettings` also resolves ``auto``
+items made absolute there) and :mod:`dflash_eval.option_table` writes the table in ``docs/eval_suite.md``
+(``python -m dflash_eval.option_table --write-docs docs/eval_suite.md``). :class:`EvalSettings` also resolves ``auto``
 device, dtype and backends.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -27,13 +25,10 @@ from dflash_eval.errors import ConfigError
 from dflash_eval.prompts import BUILTIN_SETS, CHAT_TEMPLATE_MODES
 
 __all__ = ["COMPLETION_SOURCES", "DEFAULT_PROMPTS", "OPTIONS", "OPTIONS_BY_NAME", "OptionSpec", "EvalSettings",
-           "add_options", "resolve", "render_option_table", "with_option_table", "resolve_prompt_spec",
-           "worker_info", "DOCS_COMMAND"]
+           "add_options", "resolve", "resolve_prompt_spec", "worker_info"]
 
 COMPLETION_SOURCES = ("local", "sglang", "cache")
 DEFAULT_PROMPTS = "humaneval:16,fixtures/prompts.jsonl"
-TABLE_START, TABLE_END = "<!-- options-table:start -->", "<!-- options-table:end -->"
-DOCS_COMMAND = "python -m dflash_eval.options --write-docs docs/eval_suite.md"
 
 
 def worker_info() -> tuple[str, int, int]:
@@ -365,48 +360,3 @@ def _parse_value(spec: OptionSpec, raw: Any, base: Path | None) -> Any:
             raise ConfigError(f"{spec.flag}: unknown backend {raw!r}; choose one of {', '.join(spec.choices)}")
         raise ConfigError(f"{spec.flag}: unknown value {raw!r}; choose one of {', '.join(spec.choices)}")
     return str(raw)
-
-
-# ---------------------------------------------------------------------------------------------------------- docs
-
-
-def render_option_table() -> str:
-    """The markdown table of every option (flag, env, ini, default, meaning) kept in ``docs/eval_suite.md``."""
-    rows = ["| option | env | ini | default | meaning |", "|---|---|---|---|---|"]
-    for o in OPTIONS:
-        flag = o.flag + (" {" + ",".join(o.choices) + "}" if o.choices else "")
-        cells = [f"`{flag}`", f"`{o.env}`", f"`{o.ini}`", f"`{o.shown_default}`", o.help]
-        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(rows) + "\n"
-
-
-def with_option_table(doc: str) -> str:
-    """``doc`` with the lines between its ``<!-- options-table:start/end -->`` markers replaced by the table."""
-    start, end = doc.find(TABLE_START), doc.find(TABLE_END)
-    if start < 0 or end < start:
-        raise ValueError(f"no {TABLE_START} ... {TABLE_END} block")
-    return doc[:start + len(TABLE_START)] + "\n" + render_option_table() + doc[end:]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m dflash_eval.options``: print the option table, or rewrite/check it in a markdown file."""
-    ap = argparse.ArgumentParser(prog="python -m dflash_eval.options", description=main.__doc__)
-    act = ap.add_mutually_exclusive_group()
-    act.add_argument("--write-docs", metavar="MD", type=Path, help="rewrite the table between the markers of MD")
-    act.add_argument("--check-docs", metavar="MD", type=Path, help="exit 1 when the table in MD is stale")
-    ns = ap.parse_args(argv)
-    path = ns.write_docs or ns.check_docs
-    if path is None:
-        sys.stdout.write(render_option_table())
-        return 0
-    text = path.read_text(encoding="utf-8")
-    fresh = with_option_table(text)
-    if fresh != text and ns.check_docs:
-        print(f"{path}: option table is stale; run: {DOCS_COMMAND}", file=sys.stderr)
-    elif fresh != text:
-        path.write_text(fresh, encoding="utf-8")
-    return int(fresh != text and bool(ns.check_docs))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
