@@ -1,4 +1,4 @@
-"""Benchmark of issue 7: a warm evaluation costs only drafter work, whatever the target's depth.
+"""Benchmark: a warm evaluation costs only drafter work, whatever the target's depth.
 
 1. Builds (in a temp dir, deleted afterwards unless --keep DIR) a random Qwen3.5 target at a realistic width
    (default hidden 2048, 16 layers, vocab 32000, intermediate 6144, bf16: ~2.1 GB of weights, saved sharded with

@@ -1,4 +1,5 @@
-"""Unit tests of dflash_eval.cache: round trip, key separation, corruption detection, --cache-only, locking."""
+"""Unit tests of dflash_eval.cache: round trip, key separation, corruption detection, --cache-only, derived entries,
+locking, the order in which produce_many runs jobs, and memo."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from dflash_eval.cache import Cache, CacheCorruption, cache_key, ids_digest
+from dflash_eval.cache import Cache, CacheCorruption, Job, cache_key, ids_digest
 from dflash_eval.errors import CacheError
 
 FIELDS = {"target": "abc", "tokens": ids_digest([1, 2, 3]), "layer": 1, "backend": "torch", "dtype": "float32"}
@@ -40,7 +41,7 @@ def test_round_trip_and_single_production(tmp_path):
 
 def test_keys_separate_backends_dtypes_and_tokens(tmp_path):
     cache = Cache(tmp_path)
-    calls, produce = produce_counter()
+    _, produce = produce_counter()
     cache.get_or_produce("features", FIELDS, produce)
     for change in ({"backend": "fla"}, {"backend": "torch-recurrent"}, {"dtype": "bfloat16"},
                    {"tokens": ids_digest([1, 2, 4])}, {"layer": 2}):
@@ -115,3 +116,101 @@ def test_concurrent_processes_produce_once(tmp_path):
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert sorted(outs) == ["produced", "read", "read", "read"], outs
     assert len(Cache(tmp_path).productions()) == 1
+
+
+def test_derived_entry_under_cache_only_is_produced_not_written_not_a_miss(tmp_path):
+    only = Cache(tmp_path, cache_only=True)
+    calls, produce = produce_counter()
+    e = only.get_or_produce("prompt_ids", FIELDS, produce, derived=True)
+    assert len(calls) == 1 and e.produced
+    assert torch.equal(e.tensors["features"], torch.arange(12, dtype=torch.float32).view(3, 4))
+    assert e.meta == {"note": "x"}
+    assert not (tmp_path / "v1").exists() and only.productions() == []
+    assert only.stats.misses == 0 and only.stats.produced == 0
+    # Without cache_only a derived entry is written (still not counted a miss) and read back next time.
+    rw = Cache(tmp_path)
+    assert rw.get_or_produce("prompt_ids", FIELDS, produce, derived=True).produced
+    assert rw.stats.misses == 0 and rw.stats.produced == 1
+    again = Cache(tmp_path, cache_only=True).get_or_produce("prompt_ids", FIELDS, produce, derived=True)
+    assert not again.produced and len(calls) == 2
+
+
+def _jobs(n, order, present=()):
+    return [Job(f"job-{i}", lambda i=i: i in present or i in order, lambda i=i: order.append(i)) for i in range(n)]
+
+
+@pytest.mark.parametrize("index, count, expected", [(0, 1, [0, 1, 2, 3]), (0, 2, [0, 1, 2, 3]),
+                                                    (1, 2, [2, 3, 0, 1]), (2, 4, [2, 3, 0, 1]),
+                                                    (3, 4, [3, 0, 1, 2]), (1, 3, [1, 2, 3, 0])])
+def test_produce_many_rotates_each_workers_start(tmp_path, index, count, expected):
+    order: list[int] = []
+    Cache(tmp_path).produce_many(_jobs(4, order), worker_index=index, worker_count=count)
+    assert order == expected
+
+
+def test_produce_many_skips_present_jobs_and_defers_busy_ones(tmp_path):
+    cache = Cache(tmp_path)
+    order: list[int] = []
+    other = cache.lock("job-2")  # another process is producing job 2
+    other.acquire()
+    jobs = _jobs(5, order, present={4})
+
+    def last_then_release():
+        order.append(1)
+        other.release()  # the other process gave up: this worker produces job 2 after all
+
+    jobs[1] = Job("job-1", lambda: 1 in order, last_then_release)
+    cache.produce_many(jobs, worker_index=1, worker_count=2)
+    assert order == [3, 0, 1, 2]  # starts at 2 (busy: deferred), 4 already present, 2 last
+    order.clear()
+    cache.produce_many(_jobs(3, order, present={0, 1, 2}))
+    assert order == []
+
+
+def test_produce_many_does_not_produce_a_busy_job_another_process_finished(tmp_path):
+    cache = Cache(tmp_path)
+    order: list[int] = []
+    other = cache.lock("job-0")
+    other.acquire()
+    done_elsewhere: set[int] = set()
+
+    def produce_1():
+        order.append(1)
+        done_elsewhere.add(0)  # the other process wrote job 0 ...
+        other.release()  # ... and released its lock
+
+    jobs = [Job("job-0", lambda: 0 in done_elsewhere, lambda: order.append(0)),
+            Job("job-1", lambda: 1 in order, produce_1)]
+    cache.produce_many(jobs)
+    assert order == [1]
+
+
+def test_memo_computes_once_per_stamp_and_is_not_cache_stats(tmp_path):
+    cache = Cache(tmp_path)
+    calls: list[int] = []
+
+    def compute(v="v1"):
+        calls.append(1)
+        return v
+
+    assert cache.memo("target_identity", {"size": 1}, compute) == "v1"
+    assert Cache(tmp_path).memo("target_identity", {"size": 1}, lambda: compute("other")) == "v1"
+    assert len(calls) == 1  # memoised across processes, in <root>/v1/<name>.json
+    assert (tmp_path / "v1" / "target_identity.json").is_file()
+    assert cache.memo("target_identity", {"size": 2}, lambda: compute("v2")) == "v2" and len(calls) == 2
+    assert cache.memo("target_identity", {"size": 1}, compute) == "v1" and len(calls) == 2  # both stamps kept
+    assert cache.stats.to_dict()["hits"] == 0 and cache.stats.misses == 0 and cache.stats.produced == 0
+    assert cache.productions() == []
+
+
+def test_memo_writes_nothing_under_cache_only_and_survives_an_unwritable_cache(tmp_path):
+    only = Cache(tmp_path / "c", cache_only=True)
+    assert only.memo("target_identity", {"size": 1}, lambda: "v") == "v"
+    assert not (tmp_path / "c").exists()
+    Cache(tmp_path / "c").memo("target_identity", {"size": 1}, lambda: "v")
+    assert only.memo("target_identity", {"size": 1}, lambda: pytest.fail("recomputed a memoised value")) == "v"
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    assert Cache(blocked).memo("target_identity", {"size": 1}, lambda: "w") == "w"
+    (tmp_path / "c" / "v1" / "target_identity.json").write_text("{broken")
+    assert Cache(tmp_path / "c").memo("target_identity", {"size": 1}, lambda: "again") == "again"

@@ -1,4 +1,5 @@
-"""Unit tests of dflash_eval.floors: floor arithmetic, the file round trip, overrides, malformed files."""
+"""Unit tests of dflash_eval.floors (floor arithmetic, overrides, malformed files) and the floors file round trip
+through dflash_eval.golden.write_floors."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import math
 import pytest
 
 from dflash_eval.errors import ConfigError
-from dflash_eval.floors import UPDATE_COMMAND, floor_value, load_floors, make_floors, write_floors
+from dflash_eval.floors import UPDATE_COMMAND, floor_value, load_floors, make_floors
+from dflash_eval.golden import write_floors
 
 
 def test_floor_value_rounds_down_and_never_below_one():

@@ -1,5 +1,5 @@
-"""Unit tests of prompt formatting in the session: --chat-template auto/on/off, the prompt_ids cache key, --prompts
-specs (built-in sets + JSONL files) and their errors."""
+"""Unit tests of prompt formatting in the session's inputs stage: --chat-template auto/on/off, the prompt_ids cache
+key, --prompts specs (built-in sets + JSONL files) and their errors."""
 
 from __future__ import annotations
 
@@ -9,18 +9,20 @@ import shutil
 import pytest
 
 from dflash_eval.errors import ConfigError
-from dflash_eval.session import EvalSession, EvalSettings
+from dflash_eval.options import EvalSettings
+from dflash_eval.session import EvalSession
+from dflash_eval.suite.inputs import Inputs
 
 TEMPLATE = ("{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def make(target, tmp_path, **kw):
+def make(target, tmp_path, **kw) -> Inputs:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "a", "text": "def add(a, b):"}) + "\n")
     values = {"target_model": target, "drafter": target, "prompts": prompts, "cache_dir": tmp_path / "cache",
               "device": "cpu"} | kw
-    return EvalSession(EvalSettings.from_mapping(values), worker=("master", 0, 1))
+    return EvalSession(EvalSettings.from_mapping(values), worker=("master", 0, 1)).inputs
 
 
 def test_raw_text_without_a_template_and_on_is_an_error(tiny_target_dir, tmp_path):

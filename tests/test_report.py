@@ -1,4 +1,5 @@
-"""Unit tests of dflash_eval.report (merging xdist fragments, tables, files) and option resolution."""
+"""Unit tests of dflash_eval.report (merging xdist fragments, tables, files, re-judging against rewritten floors)
+and option resolution."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 
 from dflash_eval import report
 from dflash_eval.errors import ConfigError
+from dflash_eval.options import OPTIONS, EvalSettings
 from dflash_eval.pytest_plugin import safe_id, settings_from_config
-from dflash_eval.session import OPTIONS, EvalSettings
 
 
 def fragment(worker, prompts, drift=()):
@@ -109,8 +110,10 @@ def test_every_option_has_help_env_and_ini():
     assert Path(EvalSettings.from_mapping({}).cache_dir) == Path(".dflash_cache")
 
 
-def test_category_stats_tables_and_floors(tmp_path):
-    from dflash_eval.floors import load_floors, make_floors, write_floors
+def test_category_tables_and_floors(tmp_path):
+    from dflash_eval.floors import load_floors, make_floors
+    from dflash_eval.golden import write_floors
+    from dflash_eval.verdict import judge_run
 
     frag = fragment("master", {"a": 2.0, "b": 1.0, "c": 4.0})
     frag["prompts"]["c"]["category"] = "code"
@@ -133,13 +136,13 @@ def test_category_stats_tables_and_floors(tmp_path):
     fl = load_floors(path)
     assert fl.for_category("code") == 3.75 and fl.for_category("c", 8) == 1.75 and fl.for_category("x") is None
     assert load_floors(path, override=1.1).for_category("x", 8) == 1.1
-    report.apply_floors(data, fl)
+    judge_run(data, fl)
     assert data["categories"]["c"]["floor"] == 1.25 and data["categories"]["c"]["passed"] is True
     assert data["categories"]["code"]["passed"] is True and data["categories"]["all"]["floor"] == 1.75
 
 
 def test_prompt_spec_resolution(tmp_path):
-    from dflash_eval.session import resolve_prompt_spec
+    from dflash_eval.options import resolve_prompt_spec
 
     (tmp_path / "here.jsonl").write_text('{"text": "x"}\n')
     assert resolve_prompt_spec("humaneval:2, here.jsonl", tmp_path) == f"humaneval:2,{tmp_path / 'here.jsonl'}"

@@ -1,13 +1,18 @@
-"""Unit tests of dflash_eval.session: drift comparisons, the light head, empty completions, worker ordering."""
+"""Unit tests of dflash_eval.session and its stages: drift comparisons, the light head, empty completions, the τ
+memo, layer reuse across drafters."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
-from dflash_eval.session import EvalError, EvalSession, EvalSettings, drift_comparisons
+import dflash_eval.generation as generation_mod
+from dflash_eval.errors import EvalError
+from dflash_eval.options import EvalSettings
+from dflash_eval.session import EvalSession
 
 
 @pytest.fixture
@@ -20,37 +25,32 @@ def session(tiny_target_dir, tiny_drafter_dir, tmp_path):
     return EvalSession(s, worker=("master", 0, 1))
 
 
-def test_cpu_comparisons_say_fla_was_not_checked():
-    s = EvalSettings.from_mapping({"device": "cpu"})
-    comps = {c.name: c for c in drift_comparisons(s)}
+def test_cpu_comparisons_say_fla_was_not_checked(session):
+    comps = {c.name: c for c in session.inputs.comparisons}
     assert set(comps) == {"torch-vs-torch-recurrent", "bf16-vs-fp32", "fla-vs-torch"}
     assert "fla not checked" in comps["fla-vs-torch"].skip_reason
     assert comps["bf16-vs-fp32"].a.dtype == torch.bfloat16 and comps["bf16-vs-fp32"].rel_tol > \
         comps["torch-vs-torch-recurrent"].rel_tol
-    ref = {c.name: c for c in drift_comparisons(EvalSettings.from_mapping({"device": "cpu",
-                                                                          "reference_backend": "fla"}))}
+    ref_fla = EvalSession(dataclasses.replace(session.settings, reference_backend="fla"), worker=("master", 0, 1))
+    ref = {c.name: c for c in ref_fla.inputs.comparisons}
     assert "fla not checked" in ref["torch-vs-fla"].skip_reason
 
 
 def test_light_head_matches_the_loaded_model(session):
-    light = session.head  # read from safetensors, no model
-    assert "target" not in session.__dict__
+    light = session.inputs.head  # read from safetensors, no model
+    assert not session.inputs.target_loaded
     ids = torch.tensor([1, 5, 7])
-    full = type(light).from_model(session.target.model)
+    full = type(light).from_model(session.inputs.target.model)
     h = full.embed(ids)
     assert torch.equal(light.embed(ids), h) and torch.equal(light.logits(h), full.logits(h))
-    assert session.spec.vocab_size == session.target.vocab_size
+    assert session.inputs.spec.vocab_size == session.inputs.target.vocab_size
 
 
-def test_empty_completion_is_an_error_and_not_cached(session):
+def test_empty_completion_is_an_error_and_not_cached(session, monkeypatch):
+    monkeypatch.setattr(generation_mod, "greedy_generate", lambda *a, **k: [])
     with pytest.raises(EvalError, match="empty completion for prompt 'a'"):
-        session._write_completion("a", "local", [], "", None, 0.0)
+        session.completions()
     assert not list((session.settings.cache_dir / "v1").glob("completion/**/manifest.json"))
-
-
-def test_worker_rotation_spreads_start_points(session):
-    session.worker_index, session.worker_count = 1, 2
-    assert session._ordered([0, 1, 2, 3]) == [2, 3, 0, 1]
 
 
 def test_tau_results_end_to_end(session):
@@ -65,30 +65,29 @@ def test_tau_memo_is_reused_and_keyed_on_settings(session):
     first = {p: r.chain.accept_lengths for p, r in session.tau_results.items()}
     again = EvalSession(session.settings, worker=("master", 0, 1))
     assert {p: r.chain.accept_lengths for p, r in again.tau_results.items()} == first
-    assert "drafting" not in again.timings  # read from the cache, the drafter did not run
-    import dataclasses
+    assert "drafting" not in again.inputs.meter.timings  # read from the cache, the drafter did not run
 
     capped = EvalSession(dataclasses.replace(session.settings, max_blocks=2), worker=("master", 0, 1))
-    assert all(r.chain.rounds <= 2 for r in capped.tau_results.values()) and "drafting" in capped.timings
+    assert all(r.chain.rounds <= 2 for r in capped.tau_results.values()) and "drafting" in capped.inputs.meter.timings
 
 
 def test_other_layer_ids_reuse_shared_layers(session, tmp_path):
     """A drafter with different target_layer_ids extracts only the layers not cached yet, in one forward each."""
     from dflash_eval.drafter import DFlashDrafter, save_drafter
-    import dataclasses
 
-    session.features(session.eval_side)
-    old = set(session.layer_ids)
-    n_layers = session.spec.num_layers
+    session.evaluation.features(session.inputs.eval_side)
+    old = set(session.evaluation.layer_ids)
+    n_layers = session.inputs.spec.num_layers
     new_ids = tuple(sorted({min(old), *[i for i in range(n_layers) if i not in old][:1]}))
     assert len(new_ids) == 2, (old, n_layers)
-    cfg = dataclasses.replace(session.checkpoint.config, target_layer_ids=new_ids)
+    cfg = dataclasses.replace(session.evaluation.checkpoint.config, target_layer_ids=new_ids)
     torch.manual_seed(3)
     save_drafter(DFlashDrafter(cfg), tmp_path / "d2")
     other = EvalSession(dataclasses.replace(session.settings, drafter=tmp_path / "d2"), worker=("master", 0, 1))
-    before = len(other.cache.productions())
-    feats = other.features(other.eval_side)
-    made = other.cache.productions()[before:]
-    assert [m["kind"] for m in made] == ["features"] * len(session.prompts)  # one new layer per prompt
-    assert other.counts["target_forwards"] == len(session.prompts)
+    before = len(other.inputs.cache.productions())
+    feats = other.evaluation.features(other.inputs.eval_side)
+    made = other.inputs.cache.productions()[before:]
+    n_prompts = len(session.inputs.prompts)
+    assert [m["kind"] for m in made] == ["features"] * n_prompts  # one new layer per prompt
+    assert other.inputs.meter.counts["target_forwards"] == n_prompts
     assert all(set(f) == set(new_ids) for f in feats.values())

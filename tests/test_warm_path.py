@@ -1,12 +1,12 @@
-"""Issue 7: checkpoint after checkpoint, a warm run loads only what it needs.
+"""Checkpoint after checkpoint, a warm run loads only what it needs.
 
-- a warm session never builds the target (load_target is made to raise), reads exactly the embedding and lm_head
-  tensors from the safetensors files, and does not re-hash the weights;
+- a warm session never builds the target (load_target is made to raise) nor the tokenizer, reads exactly the
+  embedding and lm_head tensors from the safetensors files, and does not re-hash the weights;
 - the same with a sharded target (model.safetensors.index.json);
 - a drafter with other target_layer_ids extracts only the missing layers, in one forward per prompt;
 - an interrupted cold run keeps what it finished and the next run resumes;
 - progress lines (prompts done / total, tokens/s) on productions;
-- share_from: a second checkpoint reuses the first session's pieces.
+- ``EvalSession(..., shared=first)``: a second checkpoint reuses the first session's stages.
 
 Run: ``pytest tests/test_warm_path.py -p no:cacheprovider --torch-threads 1``
 """
@@ -18,15 +18,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 import dflash_eval.features as features_mod
 import dflash_eval.generation as generation_mod
 import dflash_eval.head as head_mod
 import dflash_eval.target as target_mod
 from dflash_eval.drafter import DFlashDrafter, save_drafter
-from dflash_eval.errors import CheckpointError
+from dflash_eval.errors import CheckpointError, ConfigError
 from dflash_eval.head import EMBED_KEYS, HEAD_KEYS, TargetHead
-from dflash_eval.session import EvalSession, EvalSettings
+from dflash_eval.options import EvalSettings
+from dflash_eval.session import EvalSession
 from dflash_eval.tiny import build_random_target, random_drafter_config
 
 TEXTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):"]
@@ -40,12 +42,12 @@ def _prompts(tmp_path: Path) -> Path:
     return p
 
 
-def _session(target: Path, drafter: Path, tmp_path: Path, **over) -> EvalSession:
+def _session(target: Path, drafter: Path, tmp_path: Path, shared: EvalSession | None = None, **over) -> EvalSession:
     values = {"target_model": target, "drafter": drafter, "prompts": _prompts(tmp_path),
               "cache_dir": tmp_path / "cache", "max_new_tokens": 8, "device": "cpu", "torch_threads": 1,
               "tau_floor": 1.0, **over}
-    s = EvalSession(EvalSettings.from_mapping(values), worker=("master", 0, 1))
-    s.progress = None
+    s = EvalSession(EvalSettings.from_mapping(values), worker=("master", 0, 1), shared=shared)
+    s.inputs.progress = None
     return s
 
 
@@ -84,31 +86,39 @@ def _forbid_target(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(target_mod.TargetDir, "fingerprint", boom_hash)
 
 
+def _forbid_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*a, **k):
+        raise AssertionError("a warm run must not build the tokenizer")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", boom)
+
+
 def _warm_reads_only_head(target: Path, drafter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cold = _session(target, drafter, tmp_path)
     expected = _taus(cold)
-    assert "target" in cold.__dict__ and cold.counts["target_forwards"] == len(TEXTS)
+    assert cold.inputs.target_loaded and cold.inputs.meter.counts["target_forwards"] == len(TEXTS)
 
     with monkeypatch.context() as m:
         _forbid_target(m)
+        _forbid_tokenizer(m)
         reads = _Spy(m, head_mod, "_read_tensor")
         warm = _session(target, drafter, tmp_path)
         assert _taus(warm) == expected
-        assert warm.mean_tau == cold.mean_tau
-        frag = warm.fragment()
+        assert warm.tau_summary().mean_tau == cold.tau_summary().mean_tau
+        frag = warm.result().to_json()
     keys = [a[0] for a, _ in reads.calls]
     assert len(keys) == len(set(keys)) and keys, keys
     assert keys[0] in EMBED_KEYS and all(k in EMBED_KEYS + HEAD_KEYS for k in keys), keys
-    for name in ("target", "tokenizer"):
-        assert name not in warm.__dict__, f"warm run built {name}"
-    assert warm.counts["target_forwards"] == 0 and warm.counts["generated_tokens"] == 0
+    assert not warm.inputs.target_loaded, "warm run built the target"
+    counts = warm.inputs.meter.counts
+    assert counts["target_forwards"] == 0 and counts["generated_tokens"] == 0
     assert frag["target"]["loaded"] is False and frag["prompts"]
     # The head read from the files is the loaded model's.
-    full = TargetHead.from_model(cold.target.model)
+    full = TargetHead.from_model(cold.inputs.target.model)
     ids = torch.tensor([1, 5, 7])
-    assert torch.equal(warm.head.embed(ids), full.embed(ids))
+    assert torch.equal(warm.inputs.head.embed(ids), full.embed(ids))
     h = full.embed(ids)
-    assert torch.equal(warm.head.logits(h), full.logits(h))
+    assert torch.equal(warm.inputs.head.logits(h), full.logits(h))
 
 
 def test_warm_run_reads_only_embedding_and_head(tiny_target_dir, tiny_drafter_dir, tmp_path, monkeypatch):
@@ -127,11 +137,11 @@ def test_warm_run_with_a_sharded_target(tmp_path, monkeypatch):
 def test_other_layer_ids_extract_only_the_missing_layers_in_one_forward(tiny_target_dir, tiny_drafter_dir,
                                                                         tmp_path, monkeypatch):
     a = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
-    a.tau_results  # noqa: B018 - cold: completions + features of layers a.layer_ids
-    assert a.layer_ids == (0, 1, 2)
+    a.tau_results  # noqa: B018 - cold: completions + features of layers a.evaluation.layer_ids
+    assert a.evaluation.layer_ids == (0, 1, 2)
     b_dir = _drafter(tiny_target_dir, tmp_path / "drafter_b", seed=7, num_features=2, target_layer_ids=(1, 3))
-    before = {(r["kind"]) for r in a.cache.productions()}
-    n_before = len(a.cache.productions())
+    before = {(r["kind"]) for r in a.inputs.cache.productions()}
+    n_before = len(a.inputs.cache.productions())
     assert "features" in before
     with monkeypatch.context() as m:
         forwards = _Spy(m, features_mod, "layer_features")
@@ -141,8 +151,8 @@ def test_other_layer_ids_extract_only_the_missing_layers_in_one_forward(tiny_tar
     assert gen.calls == []
     assert len(forwards.calls) == len(TEXTS)  # one target forward per prompt ...
     assert all(list(a_[2]) == [3] for a_, _ in forwards.calls)  # ... for the missing layer only
-    assert b.counts["target_forwards"] == len(TEXTS)
-    new = a.cache.productions()[n_before:]
+    assert b.inputs.meter.counts["target_forwards"] == len(TEXTS)
+    new = a.inputs.cache.productions()[n_before:]
     assert sorted(r["kind"] for r in new) == sorted(["features"] * len(TEXTS) + ["tau"])
     # A third drafter on layers both saw: no forward at all.
     c_dir = _drafter(tiny_target_dir, tmp_path / "drafter_c", seed=8, num_features=2, target_layer_ids=(0, 3))
@@ -150,7 +160,7 @@ def test_other_layer_ids_extract_only_the_missing_layers_in_one_forward(tiny_tar
         _forbid_target(m)
         c = _session(tiny_target_dir, c_dir, tmp_path)
         c.tau_results  # noqa: B018
-    assert c.counts["target_forwards"] == 0 and "target" not in c.__dict__
+    assert c.inputs.meter.counts["target_forwards"] == 0 and not c.inputs.target_loaded
 
 
 def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir, tiny_drafter_dir, tmp_path,
@@ -160,7 +170,7 @@ def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir
         s1 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
         with pytest.raises(KeyboardInterrupt):
             s1.tau_results  # noqa: B018
-    kinds = [r["kind"] for r in s1.cache.productions()]
+    kinds = [r["kind"] for r in s1.inputs.cache.productions()]
     assert kinds.count("completion") == 2  # written as soon as each was ready
     with monkeypatch.context() as m:
         gen = _Spy(m, generation_mod, "greedy_generate")
@@ -169,7 +179,7 @@ def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir
         with pytest.raises(KeyboardInterrupt):
             s2.tau_results  # noqa: B018
     assert len(gen.calls) == 1  # only the prompt the first run did not finish
-    kinds = [r["kind"] for r in s2.cache.productions()]
+    kinds = [r["kind"] for r in s2.inputs.cache.productions()]
     assert kinds.count("completion") == 3 and kinds.count("features") == 3  # one prompt's 3 layers
     with monkeypatch.context() as m:
         gen = _Spy(m, generation_mod, "greedy_generate")
@@ -184,7 +194,7 @@ def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir
 def test_progress_lines_on_productions(tiny_target_dir, tiny_drafter_dir, tmp_path):
     s = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
     lines: list[str] = []
-    s.progress = lines.append
+    s.inputs.progress = lines.append
     s.tau_results  # noqa: B018
     gen = [x for x in lines if "reference completions" in x]
     feat = [x for x in lines if "target features" in x]
@@ -192,7 +202,7 @@ def test_progress_lines_on_productions(tiny_target_dir, tiny_drafter_dir, tmp_pa
     assert f"{len(TEXTS)}/{len(TEXTS)} prompts" in gen[-1] and "tokens/s" in gen[-1]
     assert f"{len(TEXTS)}/{len(TEXTS)} prompts" in feat[-1] and "tokens/s" in feat[-1]
     warm = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
-    warm.progress = lines.append
+    warm.inputs.progress = lines.append
     n = len(lines)
     warm.tau_results  # noqa: B018
     assert len(lines) == n  # nothing produced, nothing shown
@@ -205,19 +215,27 @@ def test_head_falls_back_to_the_model_when_the_weights_layout_is_unknown(tiny_ta
 
     monkeypatch.setattr(TargetHead, "from_pretrained", classmethod(lambda cls, *a, **k: unknown()))
     s = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
-    assert s.head.vocab_size == s.target.vocab_size and "target" in s.__dict__
+    head = s.inputs.head
+    assert s.inputs.target_loaded  # the head came from the loaded model
+    assert head.vocab_size == s.inputs.target.vocab_size
 
 
-def test_share_from_reuses_the_first_sessions_pieces(tiny_target_dir, tiny_drafter_dir, tmp_path, monkeypatch):
+def test_shared_session_reuses_the_first_sessions_stages(tiny_target_dir, tiny_drafter_dir, tmp_path, monkeypatch):
     a = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
     ta = _taus(a)
+    forwards = a.inputs.meter.counts["target_forwards"]
     b_dir = _drafter(tiny_target_dir, tmp_path / "drafter_b", seed=5)
     with monkeypatch.context() as m:
         _forbid_target(m)
+        _forbid_tokenizer(m)
         reads = _Spy(m, head_mod, "_read_tensor")
-        b = _session(tiny_target_dir, b_dir, tmp_path).share_from(a)
+        feats = _Spy(m, features_mod, "layer_features")
+        gen = _Spy(m, generation_mod, "greedy_generate")
+        b = _session(tiny_target_dir, b_dir, tmp_path, shared=a)
         tb = _taus(b)
-    assert reads.calls == [] and b.head is a.head and b.target is a.target
-    assert b.counts["target_forwards"] == 0 and set(tb) == set(ta)
-    with pytest.raises(Exception, match="max_new_tokens"):
-        _session(tiny_target_dir, b_dir, tmp_path, max_new_tokens=4).share_from(a)
+    assert reads.calls == [] and feats.calls == [] and gen.calls == []
+    assert b.inputs.head is a.inputs.head and b.inputs.target is a.inputs.target
+    assert b.inputs.meter.counts["target_forwards"] == forwards and set(tb) == set(ta)
+    assert b.result().to_json()["drafter"]["path"] == str(b_dir) != a.result().to_json()["drafter"]["path"]
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        _session(tiny_target_dir, b_dir, tmp_path, shared=a, max_new_tokens=4)

@@ -1,0 +1,206 @@
+"""Unit tests of dflash_eval.verdict: the floor rule, judging eval.json's prompt rows, means and categories, the
+gate's reasons, and re-judging a run against rewritten floors (no model)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+from dflash_eval.floors import Floors
+from dflash_eval.stats import category_table
+from dflash_eval.verdict import (
+    Threshold,
+    category_thresholds,
+    gate_reasons,
+    judge_categories,
+    judge_mean,
+    judge_prompts,
+    judge_run,
+    mean_passed,
+    mean_thresholds,
+    passes,
+    prompt_thresholds,
+)
+
+NAN = float("nan")
+
+
+def row(tau: float, ddtree: dict[str, float], category: str = "code") -> dict:
+    return {"category": category, "tau": tau, "ddtree": dict(ddtree), "floor": None, "ddtree_floor": {},
+            "passed": False}
+
+
+@pytest.mark.parametrize("value, floor, expected", [
+    (2.0, None, False),  # a missing floor fails, never passes
+    (None, 1.0, False),
+    (NAN, 1.0, False),  # no speculative round: τ NaN fails
+    (NAN, None, False),
+    (1.5, 1.5, True),  # equality passes
+    (1.4999, 1.5, False),
+    (3.0, 1.0, True),
+])
+def test_passes(value, floor, expected):
+    assert passes(value, floor) is expected
+    t = Threshold("chain", value, floor)
+    assert t.passed is expected and t.missing is (floor is None)
+
+
+def test_thresholds_label_and_pick_their_floors():
+    fl = Floors(chain={"a": 1.5}, ddtree={8: {"a": 2.0}}, mean_chain=1.25, mean_ddtree={8: 1.75},
+                categories={"code": 1.1}, categories_ddtree={8: {"code": 1.2}})
+    ts = prompt_thresholds("a", 2.0, {"8": 2.5, "4": 2.2}, fl)
+    assert [(t.label, t.value, t.floor) for t in ts] == [("chain", 2.0, 1.5), ("DDTree-8", 2.5, 2.0),
+                                                         ("DDTree-4", 2.2, None)]
+    assert [(t.label, t.floor) for t in mean_thresholds(2.0, {"8": 2.5}, fl)] == [("chain", 1.25), ("DDTree-8", 1.75)]
+    assert [t.floor for t in category_thresholds("code", 2.0, {"8": 2.5}, fl)] == [1.1, 1.2]
+    assert [t.floor for t in category_thresholds("all", 2.0, {"8": 2.5}, fl)] == [1.25, 1.75]  # "all": mean floors
+    assert [t.floor for t in category_thresholds("chat", 2.0, {"8": 2.5}, fl)] == [None, None]
+    over = Floors(override=1.3)
+    assert {t.floor for t in prompt_thresholds("x", 2.0, {"8": 2.5}, over)} == {1.3}
+    assert {t.floor for t in category_thresholds("chat", 2.0, {"8": 2.5}, over)} == {1.3}
+
+
+def test_judge_prompts_fills_floor_ddtree_floor_and_passed():
+    fl = Floors(chain={"a": 1.5, "b": 1.5, "c": 1.5, "d": 1.5, "e": 1.5},
+                ddtree={8: {"a": 2.0, "c": 2.0, "d": 2.0, "e": 2.0}})
+    prompts = {"a": row(1.5, {"8": 2.0}),  # both exactly at their floor
+               "b": row(3.0, {"8": 3.0}),  # no DDTree-8 floor
+               "c": row(3.0, {"8": 1.9}),  # DDTree below its floor
+               "d": row(1.4, {"8": 3.0}),  # chain below its floor
+               "e": row(NAN, {"8": NAN}),  # no speculative round
+               "f": row(3.0, {"8": 3.0})}  # no floor at all
+    judge_prompts(prompts, fl)
+    assert {p: r["passed"] for p, r in prompts.items()} == {"a": True, "b": False, "c": False, "d": False,
+                                                           "e": False, "f": False}
+    assert prompts["a"]["floor"] == 1.5 and prompts["a"]["ddtree_floor"] == {"8": 2.0}
+    assert prompts["b"]["ddtree_floor"] == {"8": None}
+    assert prompts["f"]["floor"] is None and prompts["f"]["ddtree_floor"] == {"8": None}
+    chain_only = {"g": {"tau": 2.0}}  # a row without DDTree budgets
+    judge_prompts(chain_only, Floors(chain={"g": 2.0}))
+    assert chain_only["g"]["passed"] is True and chain_only["g"]["ddtree_floor"] == {}
+
+
+def test_judge_mean_and_mean_passed():
+    data = {"mean_tau": 2.0, "mean_ddtree": {"8": 2.5}}
+    judge_mean(data, Floors(mean_chain=2.0, mean_ddtree={8: 2.5}))
+    assert data["mean_floor"] == 2.0 and data["mean_ddtree_floor"] == {"8": 2.5} and data["mean_passed"] is True
+    assert mean_passed(data) is True
+    judge_mean(data, Floors(mean_chain=2.0))  # no DDTree-8 mean floor
+    assert data["mean_ddtree_floor"] == {"8": None} and data["mean_passed"] is False and mean_passed(data) is False
+    judge_mean(data, Floors(mean_chain=2.1, mean_ddtree={8: 1.0}))
+    assert data["mean_passed"] is False and mean_passed(data) is False
+    assert mean_passed({"mean_tau": NAN, "mean_floor": 1.0}) is False
+
+
+def _categories() -> dict:
+    return {"code": {"n": 2, "chain": {"mean": 2.0}, "ddtree": {"8": {"mean": 2.5}}},
+            "chat": {"n": 1, "chain": {"mean": 1.5}, "ddtree": {}},  # lacks the DDTree-8 summary
+            "all": {"n": 3, "chain": {"mean": 1.8}, "ddtree": {"8": {"mean": 2.4}}}}
+
+
+def test_judge_categories_without_floors_has_no_verdict():
+    cats = _categories()
+    judge_categories(cats, None, ["8"])
+    for r in cats.values():
+        assert r["floor"] is None and r["ddtree_floor"] == {"8": None} and r["passed"] is None
+
+
+def test_judge_categories_with_floors():
+    cats = _categories()
+    fl = Floors(categories={"code": 2.0, "chat": 1.0}, categories_ddtree={8: {"code": 2.5, "chat": 1.0}},
+                mean_chain=1.8, mean_ddtree={8: 2.5})
+    judge_categories(cats, fl, ["8"])
+    assert cats["code"]["floor"] == 2.0 and cats["code"]["ddtree_floor"] == {"8": 2.5}
+    assert cats["code"]["passed"] is True  # equal to both floors
+    assert cats["chat"]["passed"] is False  # no DDTree-8 summary: fails even with a floor
+    assert cats["all"]["floor"] == 1.8 and cats["all"]["ddtree_floor"] == {"8": 2.5}  # the mean floors
+    assert cats["all"]["passed"] is False  # DDTree-8 2.4 < 2.5
+    cats = _categories()
+    judge_categories(cats, Floors(mean_chain=1.0, mean_ddtree={8: 1.0}), ["8"])
+    assert cats["code"]["floor"] is None and cats["code"]["passed"] is False  # a missing floor fails
+    assert cats["all"]["passed"] is True
+
+
+def test_gate_reasons():
+    fl = Floors(chain={"a": 1.5, "b": 1.5, "c": 1.5}, ddtree={8: {"a": 2.0, "c": 2.0}})
+    ok = Floors(chain={"a": 1.5}, ddtree={8: {"a": 2.0}})
+    prompts = {"a": row(2.0, {"8": 2.5})}
+    judge_prompts(prompts, ok)
+    assert gate_reasons(prompts, mean_thresholds(2.0, {"8": 2.5}, Floors(mean_chain=1.0, mean_ddtree={8: 1.0}))) == []
+    prompts = {"a": row(2.0, {"8": 2.5}), "b": row(2.0, {"8": 2.5}), "c": row(1.0, {"8": 2.5}),
+               "d": row(1.0, {"8": 1.0})}
+    judge_prompts(prompts, fl)
+    means = [Threshold("chain", 2.0, None), Threshold("DDTree-8", 1.9, 2.0), Threshold("DDTree-4", 3.0, 2.0)]
+    assert gate_reasons(prompts, means) == [
+        "no floor for 2 prompt(s) (e.g. 'b'; pass --tau-floor)",  # b lacks DDTree-8, d every floor
+        "1 prompt(s) below floor",  # c; b and d are counted as missing, not as below
+        "no mean chain floor",
+        "mean DDTree-8 τ 1.900 < 2.0",
+    ]
+
+
+def _run_data() -> dict:
+    prompts = {"a": row(2.0, {"8": 2.5}), "b": row(3.0, {"8": 3.5}, "chat"), "c": row(NAN, {"8": NAN})}
+    return {"prompts": prompts, "mean_tau": 2.5, "mean_ddtree": {"8": 3.0}}
+
+
+def test_judge_run_rejudges_after_floors_change():
+    data = _run_data()
+    lenient = Floors(override=1.0)
+    judge_run(data, lenient)
+    assert [r["passed"] for r in data["prompts"].values()] == [True, True, False]  # NaN fails whatever the floor
+    assert data["mean_passed"] is True and data["mean_floor"] == 1.0
+    assert set(data["categories"]) == {"code", "chat", "all"}
+    assert data["categories"]["code"]["n"] == 1  # the NaN prompt is left out of the statistics
+    assert data["categories"]["code"]["passed"] is True and data["categories"]["all"]["floor"] == 1.0
+    first = copy.deepcopy(data)
+
+    strict = Floors(chain={"a": 2.5, "b": 3.0, "c": 1.0}, ddtree={8: {"a": 2.5, "b": 3.5, "c": 1.0}},
+                    mean_chain=2.6, mean_ddtree={8: 3.0}, categories={"code": 2.0, "chat": 3.0},
+                    categories_ddtree={8: {"code": 2.6, "chat": 3.5}})
+    judge_run(data, strict)
+    assert {p: r["passed"] for p, r in data["prompts"].items()} == {"a": False, "b": True, "c": False}
+    assert data["prompts"]["a"]["floor"] == 2.5 and data["prompts"]["a"]["ddtree_floor"] == {"8": 2.5}
+    assert data["mean_floor"] == 2.6 and data["mean_ddtree_floor"] == {"8": 3.0} and data["mean_passed"] is False
+    cats = data["categories"]
+    assert cats["code"]["floor"] == 2.0 and cats["code"]["ddtree_floor"] == {"8": 2.6}
+    assert cats["code"]["passed"] is False and cats["chat"]["passed"] is True
+    assert cats["all"]["floor"] == 2.6 and cats["all"]["passed"] is False
+
+    judge_run(data, lenient)  # back to the first floors: the first verdicts again
+    assert _same(data, first)
+
+
+def _same(a: dict, b: dict) -> bool:
+    """Equality where NaN equals NaN (rows of prompts without a speculative round)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def test_judge_run_without_a_mean_or_prompts():
+    data = {"prompts": {"a": row(2.0, {"8": 2.5})}}
+    judge_run(data, Floors(override=1.0))
+    assert "mean_passed" not in data and "mean_floor" not in data and data["prompts"]["a"]["passed"] is True
+    assert data["categories"]["all"]["floor"] == 1.0 and data["categories"]["all"]["passed"] is True
+    empty: dict = {"prompts": {}}
+    judge_run(empty, Floors(override=1.0))
+    assert "categories" not in empty
+
+
+def test_category_table_then_judge_matches_judge_run():
+    data = _run_data()
+    fl = Floors(categories={"code": 1.5, "chat": 4.0}, categories_ddtree={8: {"code": 2.0, "chat": 3.0}},
+                mean_chain=2.0, mean_ddtree={8: 2.0})
+    judge_prompts(data["prompts"], fl)
+    cats = category_table(data["prompts"])
+    judge_categories(cats, fl, ["8"])
+    judge_run(data, fl)
+    assert _same(cats, data["categories"])
+    assert cats["code"]["passed"] is True and cats["chat"]["passed"] is False
