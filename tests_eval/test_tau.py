@@ -1,7 +1,8 @@
-"""τ (mean acceptance length) of the drafter per prompt and on average, against floors in golden/tau_floors.json.
+"""τ (mean acceptance length) of the drafter per prompt, per category and on average, against floors in
+golden/tau_floors.json (aggregate floors follow the selected prompts), and against a ``--baseline`` eval.json.
 
 Every test here has "tau" in its name, and no other test of the suite does: ``pytest tests_eval -k tau`` runs
-exactly these. Rewrite the floors from a measured run minus a margin with::
+exactly these. Rewrite the floors from a measured run minus a margin with (the τ tests then skip as "recorded")::
 
     pytest tests_eval -k tau --update-tau-floors --tau-margin 0.25
 """
@@ -36,14 +37,21 @@ def _describe(r, floor) -> str:
             f"{' ...' if r.rounds > 40 else ''}")
 
 
+def _skip_when_recording(eval_session) -> None:
+    if eval_session.settings.update_tau_floors:
+        pytest.skip(f"recorded: --update-tau-floors writes {eval_session.settings.floors_file} from this run's τ at "
+                    "the end of the session; nothing was checked")
+
+
 def _check(r, t: Threshold, what: str, eval_session, record_property) -> None:
     record_property("tau", round(r.tau, 4))  # shows up in --junitxml as <property>
     record_property("floor", t.floor)
     record_property("rounds", r.rounds)
-    if eval_session.settings.update_tau_floors:
-        return  # floors are rewritten from this run at the end of the session
+    _skip_when_recording(eval_session)
+    if not t.gated:
+        pytest.skip(f"{what}: no per-prompt floor; only the mean is gated (--tau-floor); {_describe(r, None)}")
     if t.missing:
-        pytest.fail(eval_session.inputs.floors.missing_message(what) + f"; {_describe(r, None)}", pytrace=False)
+        pytest.fail(eval_session.floors.missing_message(what) + f"; {_describe(r, None)}", pytrace=False)
     if r.rounds == 0:
         pytest.fail(f"{what}: no speculative round (completion too short: nothing after the first token)",
                     pytrace=False)
@@ -55,7 +63,7 @@ def test_tau(prompt_id, tau_results, eval_session, record_property) -> None:
     if isinstance(prompt_id, SetupError):
         prompt_id.fail()
     r = tau_results[prompt_id].chain
-    t = prompt_threshold(prompt_id, r.tau, eval_session.inputs.floors)
+    t = prompt_threshold(prompt_id, r.tau, eval_session.floors)
     _check(r, t, f"prompt {prompt_id!r} chain", eval_session, record_property)
 
 
@@ -65,20 +73,20 @@ def test_ddtree_tau(prompt_id, budget, tau_results, eval_session, record_propert
         if isinstance(v, SetupError):
             v.fail()
     r = tau_results[prompt_id].ddtree[budget]
-    t = prompt_threshold(prompt_id, r.tau, eval_session.inputs.floors, budget)
+    t = prompt_threshold(prompt_id, r.tau, eval_session.floors, budget)
     _check(r, t, f"prompt {prompt_id!r} DDTree-{budget}", eval_session, record_property)
 
 
 def test_mean_tau(tau_results, eval_session) -> None:
     """Macro-averaged chain τ and DDTree-N τ over all prompts >= the aggregate floors."""
     summary = eval_session.tau_summary()
-    if eval_session.settings.update_tau_floors:
-        return  # floors are rewritten from this run at the end of the session
-    floors = eval_session.inputs.floors
+    _skip_when_recording(eval_session)
+    floors = eval_session.floors
     problems = []
     for t in mean_thresholds(summary.mean_tau, summary.mean_ddtree, floors):
         if t.missing:
-            problems.append(floors.missing_message(f"the mean {t.label} τ") + f" (measured {t.value:.3f})")
+            problems.append(floors.missing_message(f"the mean {t.label} τ", floors.missing()) +
+                            f" (measured {t.value:.3f})")
         elif not t.passed:
             problems.append(f"mean {t.label} τ {t.value:.3f} < floor {t.floor} over {len(tau_results)} prompts")
     assert not problems, "\n".join(problems)
@@ -89,18 +97,48 @@ def test_category_mean_tau(category, tau_results, eval_session) -> None:
     if isinstance(category, SetupError):
         category.fail()
     row = eval_session.tau_summary().categories[category]
-    if eval_session.settings.update_tau_floors:
-        return  # floors are rewritten from this run at the end of the session
-    floors = eval_session.inputs.floors
+    _skip_when_recording(eval_session)
+    floors = eval_session.floors
     stats = {"chain": row["chain"], **{f"DDTree-{b}": s for b, s in row["ddtree"].items()}}
+    ts = category_thresholds(category, row["chain"]["mean"], {b: s["mean"] for b, s in row["ddtree"].items()},
+                             floors)
+    if not any(t.gated for t in ts):
+        pytest.skip(f"category {category!r}: no per-prompt floors to derive its floor from; only the mean is gated "
+                    "(--tau-floor)")
+    ids = [p for p, c in floors.selection.items() if c == category]
     problems = []
-    for t in category_thresholds(category, row["chain"]["mean"], {b: s["mean"] for b, s in row["ddtree"].items()},
-                                 floors):
+    for t in ts:
         s = stats[t.label]
         ci = f"median {s['median']:.3f}, 95% CI [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}], n {s['n']}"
         if t.missing:
-            problems.append(floors.missing_message(f"category {category!r} ({t.label})") + f" (measured mean "
-                            f"{s['mean']:.3f}, {ci})")
+            problems.append(floors.missing_message(f"category {category!r} ({t.label})", floors.missing(ids)) +
+                            f" (measured mean {s['mean']:.3f}, {ci})")
         elif not t.passed:
             problems.append(f"category {category!r} mean {t.label} τ {s['mean']:.3f} < floor {t.floor} ({ci})")
     assert not problems, "\n".join(problems)
+
+
+def _baseline(eval_session):
+    if eval_session.settings.baseline is None:
+        pytest.skip("no --baseline given (an earlier reports/eval.json to compare τ with)")
+    cmp = eval_session.tau_summary().baseline
+    if cmp.n == 0:
+        pytest.fail(f"--baseline {cmp.path} has none of this run's prompts: nothing to compare", pytrace=False)
+    return cmp
+
+
+def test_baseline_tau_drop(tau_results, eval_session) -> None:
+    """Paired mean chain τ against --baseline fell by no more than --baseline-drop-tol (relative)."""
+    cmp = _baseline(eval_session)
+    worst = sorted(cmp.deltas.items(), key=lambda kv: kv[1][1] - kv[1][0])[:3]
+    assert cmp.drop_passed, (f"τ dropped against the baseline: {cmp.describe()}; largest drops: " +
+                             ", ".join(f"{p} {b:.3f}->{a:.3f}" for p, (b, a) in worst))
+
+
+def test_baseline_tau_ceiling(tau_results, eval_session) -> None:
+    """Paired mean chain τ against --baseline rose by no more than --baseline-rise-tol (relative)."""
+    cmp = _baseline(eval_session)
+    assert cmp.rise_passed, (f"τ rose by {100 * cmp.rel_change:.1f} % against the baseline, more than "
+                             f"--baseline-rise-tol {100 * cmp.rise_tol:g} %: check the drafter for a future-token "
+                             f"leak (a drafter that sees the tokens it predicts scores near the block size); "
+                             f"{cmp.describe()}")

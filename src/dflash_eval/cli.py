@@ -7,8 +7,10 @@ features are loaded (or produced) once and shared by every checkpoint's :class:`
 It prints a comparison table (checkpoint, mean τ, DDTree-N τ, worst prompt, verdict against the floors of
 ``--floors-file`` or ``--tau-floor``).
 
-Exit status: 0 every checkpoint passes; 1 at least one fails (τ below a floor, a missing floor, a checkpoint that
-cannot be evaluated); 2 bad input (a path that does not exist, an invalid option value).
+Exit status: 0 every checkpoint passes; 1 at least one fails (τ below a floor, a missing floor, τ dropped or rose
+beyond the ``--baseline`` tolerances, a drafter that does not fit the target); 2 bad input, reported once before any
+work (a path that does not exist, an invalid option value, an unreadable config.json, a floors file or baseline
+recorded with other τ-relevant settings).
 
 Every suite option (``pytest --help``, group "dflash-eval") is accepted with the same name, and read from
 ``DFLASH_EVAL_<NAME>`` when not given; relative paths are relative to the current directory (the defaults, e.g.
@@ -99,14 +101,21 @@ def _evaluate(session: Any) -> dict[str, Any]:
 
     summary = session.tau_summary()
     verdicts = summary.prompts
-    reasons = gate_reasons(verdicts, mean_thresholds(summary.mean_tau, summary.mean_ddtree, session.inputs.floors))
+    reasons = gate_reasons(verdicts, mean_thresholds(summary.mean_tau, summary.mean_ddtree, session.floors))
+    cmp = summary.baseline
+    if cmp is not None and not cmp.drop_passed:
+        reasons.append(f"τ dropped against the baseline: {100 * cmp.rel_change:+.2f} % "
+                       f"(allowed -{100 * cmp.drop_tol:g} %)")
+    if cmp is not None and not cmp.rise_passed:
+        reasons.append(f"τ rose {100 * cmp.rel_change:+.2f} % against the baseline (allowed +{100 * cmp.rise_tol:g} "
+                       "%): check the drafter for a future-token leak")
     worst = min(verdicts.items(), key=lambda kv: kv[1]["tau"]) if verdicts else None
     return {
         "drafter": str(session.settings.drafter), "fingerprint": session.evaluation.checkpoint.fingerprint,
         "mean_tau": summary.mean_tau, "mean_ddtree": summary.mean_ddtree,
         "mean_floor": summary.mean_floor, "worst_prompt": worst[0] if worst else None,
         "worst_tau": worst[1]["tau"] if worst else None, "worst_floor": worst[1]["floor"] if worst else None,
-        "passed": not reasons, "reasons": reasons,
+        "passed": not reasons, "reasons": reasons, "baseline": cmp.to_json() if cmp is not None else None,
         "prompts": {pid: {"tau": v["tau"], "ddtree": v["ddtree"], "floor": v["floor"], "passed": v["passed"]}
                     for pid, v in verdicts.items()},
     }
@@ -149,23 +158,25 @@ def gate(ns: argparse.Namespace) -> int:
     if problems:
         print("dflash-eval gate: bad input:\n  " + "\n  ".join(problems), file=err)
         return EXIT_BAD_INPUT
-    try:
-        for d in drafters:
-            settings.append(_settings(ns, d))
-        EvalSession(settings[0], worker=("master", 0, 1)).inputs.preflight()
-    except DFlashEvalError as exc:
-        print(f"dflash-eval gate: bad input: {exc}", file=err)
-        return EXIT_BAD_INPUT
 
     def say(m: str) -> None:
         if not ns.quiet:
             print(m, file=err, flush=True)
 
+    sessions: list[EvalSession] = []
+    try:  # every input of every checkpoint checked before any work: bad input is exit 2
+        for d in drafters:
+            settings.append(_settings(ns, d))
+            sessions.append(EvalSession(settings[-1], worker=("master", 0, 1), log=say,
+                                        shared=sessions[0] if sessions else None))
+            sessions[-1].check_inputs()
+    except DFlashEvalError as exc:
+        print(f"dflash-eval gate: bad input: {exc}", file=err)
+        return EXIT_BAD_INPUT
+
     rows: list[dict[str, Any]] = []
-    prev = None
     t_all = time.perf_counter()
-    for s in settings:
-        sess = EvalSession(s, worker=("master", 0, 1), log=say, shared=prev)
+    for s, sess in zip(settings, sessions):
         sess.inputs.progress = None if ns.quiet else say
         t0 = time.perf_counter()
         try:
@@ -177,12 +188,13 @@ def gate(ns: argparse.Namespace) -> int:
         row["seconds"] = round(time.perf_counter() - t0, 3)
         say(f"[dflash-eval] {s.drafter}: {'PASS' if row['passed'] else 'FAIL'} in {row['seconds']:.2f} s")
         rows.append(row)
-        prev = sess
     _render(rows, list(settings[0].ddtree_budget), sys.stdout)
     failed = [r for r in rows if not r["passed"]]
     print(f"{len(rows) - len(failed)}/{len(rows)} checkpoint(s) passed in {time.perf_counter() - t_all:.1f} s")
     if ns.json_out:
-        Path(ns.json_out).write_text(json.dumps({"checkpoints": rows, "passed": not failed}, indent=1) + "\n")
+        from dflash_eval.atomic import atomic_write_text
+
+        atomic_write_text(Path(ns.json_out), json.dumps({"checkpoints": rows, "passed": not failed}, indent=1) + "\n")
     return EXIT_FAIL if failed else EXIT_OK
 
 

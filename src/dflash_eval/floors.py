@@ -1,29 +1,40 @@
-"""τ floors: the minimum acceptable τ per prompt and on average, kept in ``golden/tau_floors.json`` (read here;
-written only by :mod:`dflash_eval.golden`; judged only by :mod:`dflash_eval.verdict`).
+"""τ floors: the minimum acceptable τ per prompt, kept in ``golden/tau_floors.json`` (read here; written only by
+:mod:`dflash_eval.golden`; judged only by :mod:`dflash_eval.verdict`).
 
 Floors are written from a measured run minus a stated margin, by the documented command::
 
     pytest tests_eval -k tau --update-tau-floors --tau-margin 0.25
 
-File layout (schema 1)::
+File layout (schema 2)::
 
-    {"schema": 1, "margin": 0.25, "note": "...", "settings": {...run settings...},
-     "target": "<identity>", "drafter": "<fingerprint>",
+    {"schema": 2, "margin": 0.25, "note": "...", "drafter": "<fingerprint it was recorded with>",
+     "context": {"target", "max_new_tokens", "max_blocks", "block_size", "chat_template", "dtype", "backend"},
      "chain": {"<prompt id>": floor, ...},
-     "ddtree": {"8": {"<prompt id>": floor, ...}},
-     "mean": {"chain": floor, "ddtree": {"8": floor}},
-     "categories": {"<category>": floor, ...},
-     "categories_ddtree": {"8": {"<category>": floor, ...}}}
-
-Category floors apply to the category's mean τ over its prompts (``test_category_mean_tau[<category>]``).
+     "ddtree": {"8": {"<prompt id>": floor, ...}}}
 
 A floor is ``max(1.0, measured - margin)`` rounded down to 3 decimals (τ is never below 1).
+
+Aggregate floors follow the selection: the floor of the mean τ of a run, and of each category's mean τ, is the
+mean of the per-prompt floors of the prompts actually selected (``--num-prompts``, ``--prompts``), so any subset
+of a recorded set passes with the drafter the floors were recorded from and fails with a worse one. A selected
+prompt without a floor is reported as missing; no aggregate floor is invented around it.
+
+Explicit thresholds replace the file's: ``--tau-floor`` is the floor of the MEAN τ (chain and every DDTree
+budget), ``--tau-floor-prompt`` the floor of every prompt's τ. With ``--tau-floor`` alone, prompts without a floor
+are not gated one by one (only the mean is).
+
+The file's ``context`` must match the run (:mod:`dflash_eval.run_context`): otherwise it is an error, unless
+explicit thresholds are given (the file is then ignored, with a warning) or ``--allow-settings-mismatch`` (used
+anyway, with a warning). Schema-1 files (``target`` and ``settings`` at the top, recorded mean and category
+floors) are read too; their recorded aggregates are ignored.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +43,7 @@ from dflash_eval.errors import ConfigError
 
 __all__ = ["Floors", "load_floors", "make_floors", "floor_value", "UPDATE_COMMAND"]
 
-SCHEMA = 1
+SCHEMA = 2
 UPDATE_COMMAND = "pytest tests_eval -k tau --update-tau-floors --tau-margin 0.25"
 
 
@@ -43,67 +54,104 @@ def floor_value(measured: float, margin: float) -> float:
     return max(1.0, math.floor((measured - margin) * 1000) / 1000)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Floors:
-    """Loaded floors; ``override`` (``--tau-floor``) replaces every per-prompt and mean floor."""
+    """Floors of one run: the file's per-prompt floors (when it applies), the explicit thresholds, and the selected
+    prompts (id -> category) that aggregate floors are derived from."""
 
     chain: dict[str, float] = field(default_factory=dict)
     ddtree: dict[int, dict[str, float]] = field(default_factory=dict)
-    mean_chain: float | None = None
-    mean_ddtree: dict[int, float] = field(default_factory=dict)
-    categories: dict[str, float] = field(default_factory=dict)
-    categories_ddtree: dict[int, dict[str, float]] = field(default_factory=dict)
     margin: float | None = None
     path: Path | None = None
     raw: dict[str, Any] = field(default_factory=dict)
-    override: float | None = None
+    context: dict[str, Any] = field(default_factory=dict)
+    mean_override: float | None = None  # --tau-floor
+    prompt_override: float | None = None  # --tau-floor-prompt
+    selection: dict[str, str] = field(default_factory=dict)
+
+    def select(self, selection: dict[str, str]) -> Floors:
+        """These floors for the selected prompts ``{prompt id: category}``."""
+        return dataclasses.replace(self, selection=dict(selection))
+
+    def without_file(self) -> Floors:
+        """Only the explicit thresholds (the file does not apply to this run)."""
+        return dataclasses.replace(self, chain={}, ddtree={})
+
+    @property
+    def explicit(self) -> bool:
+        """Whether explicit thresholds were given (--tau-floor / --tau-floor-prompt)."""
+        return self.mean_override is not None or self.prompt_override is not None
+
+    @property
+    def prompt_floors_required(self) -> bool:
+        """A prompt without a floor fails, unless only the mean is gated (--tau-floor alone)."""
+        return self.mean_override is None
 
     def for_prompt(self, prompt_id: str, budget: int | None = None) -> float | None:
-        if self.override is not None:
-            return self.override
+        if self.prompt_override is not None:
+            return self.prompt_override
         if budget is None:
             return self.chain.get(prompt_id)
         return self.ddtree.get(int(budget), {}).get(prompt_id)
 
+    def missing(self, ids: list[str] | None = None, budget: int | None = None) -> list[str]:
+        """The selected prompts (or ``ids``) without a floor."""
+        return [i for i in (ids if ids is not None else list(self.selection)) if self.for_prompt(i, budget) is None]
+
+    def _derived(self, ids: list[str], budget: int | None) -> float | None:
+        vals = [self.for_prompt(i, budget) for i in ids]
+        if not vals or any(v is None for v in vals):
+            return None
+        return statistics.fmean(vals)  # type: ignore[arg-type]
+
     def for_mean(self, budget: int | None = None) -> float | None:
-        if self.override is not None:
-            return self.override
-        return self.mean_chain if budget is None else self.mean_ddtree.get(int(budget))
+        """Floor of the mean τ over the selected prompts (chain, or DDTree-``budget``)."""
+        if self.mean_override is not None:
+            return self.mean_override
+        return self._derived(list(self.selection), budget)
 
     def for_category(self, category: str, budget: int | None = None) -> float | None:
-        """Floor of the mean τ of ``category``'s prompts (chain, or DDTree-``budget``)."""
-        if self.override is not None:
-            return self.override
-        if budget is None:
-            return self.categories.get(category)
-        return self.categories_ddtree.get(int(budget), {}).get(category)
+        """Floor of the mean τ of the selected prompts of ``category`` (chain, or DDTree-``budget``)."""
+        return self._derived([i for i, c in self.selection.items() if c == category], budget)
 
-    def missing_message(self, what: str) -> str:
+    def missing_message(self, what: str, ids: list[str] | None = None) -> str:
         where = self.path or "golden/tau_floors.json"
-        return (f"no τ floor for {what} in {where}; record floors with `{UPDATE_COMMAND}` "
-                "or pass --tau-floor VALUE")
+        lacking = f" (no floor for prompts {ids[:5]}{' ...' if len(ids) > 5 else ''})" if ids else ""
+        return (f"no τ floor for {what} in {where}{lacking}; record floors with `{UPDATE_COMMAND}`, or pass "
+                "--tau-floor VALUE (the mean) / --tau-floor-prompt VALUE (every prompt)")
 
 
-def load_floors(path: str | Path, *, override: float | None = None) -> Floors:
-    """Read the floors file (an absent file gives empty floors; a malformed one is a ConfigError)."""
+def _context(data: dict[str, Any]) -> dict[str, Any]:
+    """The recorded run context (schema 2 ``context``; schema 1: ``target`` and resolved ``settings``)."""
+    if isinstance(data.get("context"), dict):
+        return dict(data["context"])
+    out: dict[str, Any] = {}
+    if data.get("target"):
+        out["target"] = data["target"]
+    settings = data.get("settings") or {}
+    for k in ("max_new_tokens", "max_blocks"):
+        if k in settings:
+            out[k] = settings[k]
+    return out
+
+
+def load_floors(path: str | Path, *, mean_override: float | None = None,
+                prompt_override: float | None = None) -> Floors:
+    """Read the floors file (an absent file gives no file floors; a malformed one is a ConfigError)."""
     path = Path(path)
     if not path.is_file():
-        return Floors(path=path, override=override)
+        return Floors(path=path, mean_override=mean_override, prompt_override=prompt_override)
     try:
         data = json.loads(path.read_text())
-        mean = data.get("mean", {})
         return Floors(
             chain={str(k): float(v) for k, v in data.get("chain", {}).items()},
             ddtree={int(b): {str(k): float(v) for k, v in d.items()} for b, d in data.get("ddtree", {}).items()},
-            mean_chain=None if mean.get("chain") is None else float(mean["chain"]),
-            mean_ddtree={int(b): float(v) for b, v in (mean.get("ddtree") or {}).items()},
-            categories={str(k): float(v) for k, v in (data.get("categories") or {}).items()},
-            categories_ddtree={int(b): {str(k): float(v) for k, v in d.items()}
-                               for b, d in (data.get("categories_ddtree") or {}).items()},
             margin=data.get("margin"),
             path=path,
             raw=data,
-            override=override,
+            context=_context(data),
+            mean_override=mean_override,
+            prompt_override=prompt_override,
         )
     except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: malformed τ floors file ({type(exc).__name__}: {exc}); "
@@ -113,40 +161,30 @@ def load_floors(path: str | Path, *, override: float | None = None) -> Floors:
 def make_floors(
     measured_chain: dict[str, float],
     measured_ddtree: dict[int, dict[str, float]],
-    mean_chain: float,
-    mean_ddtree: dict[int, float],
     *,
     margin: float,
-    context: dict[str, Any] | None = None,
+    context: dict[str, Any],
+    drafter: str | None = None,
     previous: dict[str, Any] | None = None,
-    category_chain: dict[str, float] | None = None,
-    category_ddtree: dict[int, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """The floors document for measured τ values (per-prompt and per-category entries of ``previous`` not
-    measured are kept). ``category_chain`` / ``category_ddtree``: measured mean τ per category."""
+    """The floors document for measured per-prompt τ (entries of ``previous`` for prompts not measured are kept
+    when it was recorded in the same context)."""
     if margin < 0:
         raise ConfigError(f"--tau-margin must be >= 0, got {margin}")
     prev = previous or {}
+    if _context(prev) and any(_context(prev).get(k) != v for k, v in context.items() if k in _context(prev)):
+        prev = {}  # floors of another context are not kept beside these
     chain = dict(prev.get("chain", {}))
     chain.update({k: floor_value(v, margin) for k, v in measured_chain.items()})
     ddtree = {str(b): dict(d) for b, d in prev.get("ddtree", {}).items()}
     for b, d in measured_ddtree.items():
         ddtree.setdefault(str(b), {}).update({k: floor_value(v, margin) for k, v in d.items()})
-    cats = dict(prev.get("categories", {}))
-    cats.update({k: floor_value(v, margin) for k, v in (category_chain or {}).items()})
-    cats_dd = {str(b): dict(d) for b, d in prev.get("categories_ddtree", {}).items()}
-    for b, d in (category_ddtree or {}).items():
-        cats_dd.setdefault(str(b), {}).update({k: floor_value(v, margin) for k, v in d.items()})
-    doc = {
+    return {
         "schema": SCHEMA,
         "margin": margin,
         "note": f"measured τ minus margin, floored at 1.0; regenerate with `{UPDATE_COMMAND}`",
+        "drafter": drafter,
+        "context": context,
         "chain": dict(sorted(chain.items())),
         "ddtree": {b: dict(sorted(d.items())) for b, d in sorted(ddtree.items(), key=lambda x: int(x[0]))},
-        "mean": {"chain": floor_value(mean_chain, margin),
-                 "ddtree": {str(b): floor_value(v, margin) for b, v in sorted(mean_ddtree.items())}},
-        "categories": dict(sorted(cats.items())),
-        "categories_ddtree": {b: dict(sorted(d.items())) for b, d in sorted(cats_dd.items(), key=lambda x: int(x[0]))},
     }
-    doc.update(context or {})
-    return doc

@@ -19,7 +19,7 @@ from syrupy.extensions.json import JSONSnapshotExtension
 
 from dflash_eval.atomic import atomic_write_text
 from dflash_eval.floors import load_floors, make_floors
-from dflash_eval.stats import category_table, ddtree_budgets
+from dflash_eval.stats import ddtree_budgets
 
 __all__ = ["GoldenJSONExtension", "configure_snapshots", "update_floors", "update_fingerprint", "write_floors",
            "FINGERPRINT_FILE"]
@@ -48,26 +48,15 @@ def write_floors(path: str | Path, doc: dict[str, Any]) -> None:
 
 
 def update_floors(data: dict[str, Any], settings: Any) -> Path:
-    """Rewrite the floors file from merged eval.json ``data`` (measured τ minus ``settings.tau_margin``)."""
+    """Rewrite the floors file from merged eval.json ``data`` (measured τ minus ``settings.tau_margin``), with the
+    run's τ-relevant settings as its context."""
     prev = load_floors(settings.floors_file).raw
     pr = data["prompts"]
-    bs = ddtree_budgets(pr)
-    cats = data.get("categories") or category_table(pr)
     doc = make_floors(
         {p: r["tau"] for p, r in pr.items()},
-        {int(b): {p: r["ddtree"][b] for p, r in pr.items() if b in r["ddtree"]} for b in bs},
-        data.get("mean_tau", float("nan")),
-        {int(b): v for b, v in data.get("mean_ddtree", {}).items()},
-        margin=settings.tau_margin,
-        category_chain={c: r["chain"]["mean"] for c, r in cats.items() if c != "all"},
-        category_ddtree={int(b): {c: r["ddtree"][b]["mean"] for c, r in cats.items()
-                                  if c != "all" and b in r.get("ddtree", {})} for b in bs},
-        context={"target": data.get("target", {}).get("identity"),
-                 "drafter": data.get("drafter", {}).get("fingerprint"),
-                 "settings": {k: data.get("settings", {}).get(k) for k in
-                              ("max_new_tokens", "max_blocks", "num_prompts", "dtype", "hidden_state_backend")}},
-        previous=prev,
-    )
+        {int(b): {p: r["ddtree"][b] for p, r in pr.items() if b in r["ddtree"]} for b in ddtree_budgets(pr)},
+        margin=settings.tau_margin, context=data.get("context") or {},
+        drafter=data.get("drafter", {}).get("fingerprint"), previous=prev)
     write_floors(settings.floors_file, doc)
     return Path(settings.floors_file)
 

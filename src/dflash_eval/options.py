@@ -92,8 +92,21 @@ class EvalSettings:
                                "completion-dependent tests are skipped)", "bool")
     cache_dir: Path = opt(Path(".dflash_cache"), "content-addressed cache of completions and features", "path")
     cache_only: bool = opt(False, "never compute: fail on any cache miss or corrupted entry", "bool")
-    tau_floor: float | None = opt(None, "use this τ floor for every prompt and the mean (overrides "
-                                  "golden/tau_floors.json)", "float")
+    tau_floor: float | None = opt(None, "floor of the MEAN τ over the selected prompts, chain and every DDTree "
+                                  "budget (replaces the mean floor derived from the floors file; prompts without a "
+                                  "per-prompt floor are then not gated one by one)", "float")
+    tau_floor_prompt: float | None = opt(None, "floor of EVERY prompt's chain and DDTree τ (replaces the floors "
+                                         "file's per-prompt floors)", "float")
+    allow_settings_mismatch: bool = opt(False, "use a floors file or --baseline recorded with other τ-relevant "
+                                        "settings (target, max_new_tokens, block size, chat template, dtype, "
+                                        "backend) with a warning instead of refusing it", "bool")
+    baseline: Path | None = opt(None, "an earlier reports/eval.json: compare this run's chain τ prompt by prompt "
+                                "(paired, bootstrap CI); test_baseline_tau_drop / test_baseline_tau_ceiling",
+                                "path")
+    baseline_drop_tol: float = opt(0.02, "largest relative drop of the paired mean chain τ against --baseline that "
+                                   "still passes", "float")
+    baseline_rise_tol: float = opt(0.25, "largest relative rise of the paired mean chain τ against --baseline that "
+                                   "still passes (a bigger jump suggests a future-token leak)", "float")
     update_tau_floors: bool = opt(False, "rewrite golden/tau_floors.json from this run's τ minus --tau-margin", "bool")
     tau_margin: float = opt(0.25, "margin subtracted from measured τ by --update-tau-floors", "float")
     floors_file: Path = opt(Path("golden/tau_floors.json"), "τ floors file", "path")
@@ -147,6 +160,9 @@ class EvalSettings:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
         if self.tau_margin < 0:
             raise ConfigError(f"--tau-margin must be >= 0, got {self.tau_margin}")
+        for name in ("baseline_drop_tol", "baseline_rise_tol"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         for name in ("hidden_state_backend", "reference_backend"):
             if getattr(self, name) not in BACKENDS:
                 raise ConfigError(f"--{name.replace('_', '-')}: unknown backend {getattr(self, name)!r}; "

@@ -18,10 +18,15 @@ Example (outside pytest)::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+from dflash_eval.baseline import Baseline, BaselineComparison, compare, load_baseline
+from dflash_eval.errors import ConfigError
+from dflash_eval.floors import Floors
 from dflash_eval.options import EvalSettings
+from dflash_eval.run_context import describe, mismatches
 from dflash_eval.suite.evaluation import DrafterEvaluation, Drift, PromptTau
 from dflash_eval.suite.feature_store import FeatureStore
 from dflash_eval.suite.inputs import Inputs
@@ -47,6 +52,8 @@ class EvalSession:
         self.evaluation = DrafterEvaluation(self.inputs, self.references, self.store, settings)
         self.sglang_info: dict[str, Any] | None = None  # the SGLang service's description (eval.json "sglang")
         self._tau_summary: TauSummary | None = None
+        self._floors: Floors | None = None
+        self._baseline: Baseline | None = None
 
     # The questions the suite's tests and the CLI ask, each answered by one stage.
     @property
@@ -59,14 +66,80 @@ class EvalSession:
     def drift(self, name: str) -> Drift:
         return self.evaluation.drift(name)
 
+    # ------------------------------------------------------------------------------------------------ goldens
+    def run_context(self) -> dict[str, Any]:
+        """The settings that change τ (:mod:`dflash_eval.run_context`), recorded with floors and reports."""
+        s, inp = self.settings, self.inputs
+        return {"target": inp.target_identity, "max_new_tokens": s.max_new_tokens, "max_blocks": s.max_blocks,
+                "block_size": self.evaluation.checkpoint.config.block_size,
+                "chat_template": inp.prompt_format["chat_template"],
+                "dtype": str(s.torch_dtype).removeprefix("torch."), "backend": s.eval_backend}
+
+    def _refuse_or_warn(self, what: str, path: Any, recorded: dict[str, Any], *, explicit: bool) -> bool:
+        """Check a recorded context against this run: True when it matches (or mismatches are allowed, with a
+        warning); False when explicit thresholds make the file unnecessary (warning); ConfigError otherwise."""
+        diffs = mismatches(recorded, self.run_context())
+        if not diffs:
+            return True
+        lines = "\n  ".join(diffs)
+        if self.settings.allow_settings_mismatch:
+            warnings.warn(f"{what} {path} was recorded with other τ-relevant settings (used anyway: "
+                          f"--allow-settings-mismatch):\n  {lines}", UserWarning, stacklevel=2)
+            return True
+        if explicit:
+            warnings.warn(f"{what} {path} ignored: it was recorded with other τ-relevant settings and explicit "
+                          f"thresholds were given:\n  {lines}", UserWarning, stacklevel=2)
+            return False
+        raise ConfigError(f"{what} {path} was recorded with other τ-relevant settings than this run:\n  {lines}\n"
+                          f"(this run: {describe(self.run_context())}). Record floors for these settings "
+                          "(--update-tau-floors), pass --floors-file / --baseline files recorded with them, give "
+                          "explicit thresholds (--tau-floor, --tau-floor-prompt), or --allow-settings-mismatch")
+
+    @property
+    def floors(self) -> Floors:
+        """The run's floors: the floors file when it was recorded with this run's settings (checked once), and the
+        explicit thresholds."""
+        if self._floors is None:
+            fl = self.inputs.floors
+            if fl.raw and fl.context and not self.settings.update_tau_floors and not self._refuse_or_warn(
+                    "floors file", fl.path, fl.context, explicit=fl.explicit):
+                fl = fl.without_file()
+            self._floors = fl
+        return self._floors
+
+    @property
+    def baseline(self) -> Baseline | None:
+        """The --baseline eval.json, checked against this run's settings (None without --baseline)."""
+        if self._baseline is None and self.settings.baseline is not None:
+            b = load_baseline(self.settings.baseline)
+            self._refuse_or_warn("--baseline", b.path, b.context, explicit=False)
+            self._baseline = b
+        return self._baseline
+
+    def check_inputs(self) -> None:
+        """Everything that can be wrong with the inputs, checked before any work: paths, prompts, the target's
+        config.json, the floors file and the baseline against this run's settings (ConfigError naming the file)."""
+        self.inputs.preflight()
+        self.inputs.target_dir.num_layers  # noqa: B018 - config.json readable, valid JSON, with the layer count
+        self.floors  # noqa: B018
+        self.baseline  # noqa: B018
+
+    def baseline_comparison(self) -> BaselineComparison | None:
+        b = self.baseline
+        if b is None:
+            return None
+        return compare({p: r.chain.tau for p, r in self.tau_results.items()}, b,
+                       drop_tol=self.settings.baseline_drop_tol, rise_tol=self.settings.baseline_rise_tol)
+
     def tau_summary(self) -> TauSummary:
         """τ of every prompt judged against the floors, the means and the per-category table."""
         if self._tau_summary is None:
-            self._tau_summary = tau_summary(self.evaluation)
+            self._tau_summary = tau_summary(self.evaluation, self.floors, self.baseline_comparison())
         return self._tau_summary
 
     def result(self) -> EvalResult:
         """What this process measured, judged (never computes anything new)."""
         fp = self.store.fingerprint() if self.store.fingerprint_computed else None
         tau = self.tau_summary() if self.evaluation.tau_computed else None
-        return build_result(self.evaluation, tau=tau, sglang=self.sglang_info, fingerprint=fp)
+        context = self.run_context() if self.evaluation.checkpoint_read and self.inputs.identity_known else None
+        return build_result(self.evaluation, tau=tau, sglang=self.sglang_info, fingerprint=fp, context=context)

@@ -3,7 +3,9 @@ all ask this module.
 
 The rule: a τ passes its floor when the floor exists, the τ is a number (a prompt with no speculative round has
 τ NaN) and τ >= floor. A prompt passes when its chain τ and its τ for every DDTree budget pass; the mean and each
-category likewise (their τ is the mean over their prompts). A missing floor is a failure, never a pass.
+category likewise (their τ is the mean over their prompts; their floors follow the selection, see
+:mod:`dflash_eval.floors`). A missing floor is a failure, never a pass, except where only the mean is gated
+(``--tau-floor`` without per-prompt floors): a prompt or category without a floor is then not judged (None).
 
 The functions that fill verdicts work on eval.json's rows (plain dicts), so the same code judges a fresh run, a
 merge of xdist workers and a report re-judged against rewritten floors.
@@ -18,7 +20,7 @@ from typing import Any
 
 from dflash_eval.floors import Floors
 
-__all__ = ["passes", "Threshold", "prompt_threshold", "prompt_thresholds", "mean_thresholds", "category_thresholds", "judge_prompts",
+__all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresholds", "mean_thresholds", "category_thresholds", "judge_prompts",
            "judge_mean", "judge_categories", "judge_run", "mean_passed", "gate_reasons"]
 
 
@@ -29,11 +31,16 @@ def passes(value: float | None, floor: float | None) -> bool:
 
 @dataclass(frozen=True)
 class Threshold:
-    """One τ against one floor: ``label`` is "chain" or "DDTree-<budget>"."""
+    """One τ against one floor: ``label`` is "chain" or "DDTree-<budget>"; ``required``: a missing floor fails."""
 
     label: str
     value: float | None
     floor: float | None
+    required: bool = True
+
+    @property
+    def gated(self) -> bool:
+        return self.floor is not None or self.required
 
     @property
     def passed(self) -> bool:
@@ -44,13 +51,20 @@ class Threshold:
         return self.floor is None
 
 
+def overall(thresholds: list[Threshold]) -> bool | None:
+    """All gated thresholds pass (None when none is gated)."""
+    gated = [t for t in thresholds if t.gated]
+    return all(t.passed for t in gated) if gated else None
+
+
 def _budget_items(ddtree: Mapping[Any, float]) -> list[tuple[int, float]]:
     return [(int(b), v) for b, v in ddtree.items()]
 
 
 def prompt_threshold(pid: str, value: float, floors: Floors, budget: int | None = None) -> Threshold:
     """Prompt ``pid``'s chain τ (``budget`` None) or DDTree-``budget`` τ against its per-prompt floor."""
-    return Threshold("chain" if budget is None else f"DDTree-{budget}", value, floors.for_prompt(pid, budget))
+    return Threshold("chain" if budget is None else f"DDTree-{budget}", value, floors.for_prompt(pid, budget),
+                     floors.prompt_floors_required)
 
 
 def prompt_thresholds(pid: str, chain: float, ddtree: Mapping[Any, float], floors: Floors) -> list[Threshold]:
@@ -70,8 +84,9 @@ def category_thresholds(category: str, chain: float, ddtree: Mapping[Any, float]
     """A category's mean τ (chain and each budget) against its floors ("all" uses the mean floors)."""
     if category == "all":
         return mean_thresholds(chain, ddtree, floors)
-    return [Threshold("chain", chain, floors.for_category(category))] + [
-        Threshold(f"DDTree-{b}", v, floors.for_category(category, b)) for b, v in _budget_items(ddtree)]
+    req = floors.prompt_floors_required
+    return [Threshold("chain", chain, floors.for_category(category), req)] + [
+        Threshold(f"DDTree-{b}", v, floors.for_category(category, b), req) for b, v in _budget_items(ddtree)]
 
 
 def judge_prompts(prompts: dict[str, dict[str, Any]], floors: Floors) -> None:
@@ -80,7 +95,7 @@ def judge_prompts(prompts: dict[str, dict[str, Any]], floors: Floors) -> None:
         ts = prompt_thresholds(pid, r["tau"], r.get("ddtree", {}), floors)
         r["floor"] = ts[0].floor
         r["ddtree_floor"] = {b: t.floor for b, t in zip(r.get("ddtree", {}), ts[1:])}
-        r["passed"] = all(t.passed for t in ts)
+        r["passed"] = overall(ts)
 
 
 def judge_mean(data: dict[str, Any], floors: Floors) -> None:
@@ -111,13 +126,15 @@ def judge_categories(categories: dict[str, dict[str, Any]], floors: Floors | Non
         ts = category_thresholds(c, row["chain"]["mean"], means, floors)
         row["floor"] = ts[0].floor
         row["ddtree_floor"] = {b: t.floor for b, t in zip(budgets, ts[1:])}
-        row["passed"] = all(t.passed for t in ts)
+        row["passed"] = overall(ts)
 
 
 def judge_run(data: dict[str, Any], floors: Floors) -> None:
-    """Re-judge merged eval.json data against ``floors``: every prompt, the mean and every category."""
+    """Re-judge merged eval.json data against ``floors`` (selected: the run's prompts): every prompt, the mean and
+    every category."""
     from dflash_eval.stats import category_table, ddtree_budgets
 
+    floors = floors.select({p: r.get("category", "prompt") for p, r in data.get("prompts", {}).items()})
     judge_prompts(data.get("prompts", {}), floors)
     if "mean_tau" in data:
         judge_mean(data, floors)
@@ -128,12 +145,13 @@ def judge_run(data: dict[str, Any], floors: Floors) -> None:
 
 def gate_reasons(prompts: dict[str, dict[str, Any]], means: list[Threshold]) -> list[str]:
     """Why a checkpoint fails the gate (empty when it passes): missing prompt floors, prompts below their floor,
-    missing or failed mean floors. ``prompts`` are judged eval.json rows."""
+    missing or failed mean floors. ``prompts`` are judged eval.json rows (``passed`` None: not gated)."""
     reasons = []
-    missing = [pid for pid, v in prompts.items() if v["floor"] is None or None in v["ddtree_floor"].values()]
+    missing = [pid for pid, v in prompts.items() if v["passed"] is not None and (
+        v["floor"] is None or None in v["ddtree_floor"].values())]
     if missing:
-        reasons.append(f"no floor for {len(missing)} prompt(s) (e.g. {missing[0]!r}; pass --tau-floor)")
-    below = [p for p, v in prompts.items() if not v["passed"] and p not in missing]
+        reasons.append(f"no floor for {len(missing)} prompt(s) (e.g. {missing[0]!r}; pass --tau-floor-prompt)")
+    below = [p for p, v in prompts.items() if v["passed"] is False and p not in missing]
     if below:
         reasons.append(f"{len(below)} prompt(s) below floor")
     for t in means:

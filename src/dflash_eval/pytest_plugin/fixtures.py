@@ -39,9 +39,10 @@ def eval_settings(pytestconfig: pytest.Config) -> EvalSettings:
 
 @pytest.fixture(scope="session")
 def eval_session(pytestconfig: pytest.Config, eval_settings: EvalSettings) -> EvalSession:
-    """The process's EvalSession, after checking that every input path exists (all problems in one message)."""
+    """The process's EvalSession, after checking its inputs (all problems in one message; normally already done
+    before collection, where a problem is a usage error)."""
     session = guard(lambda: get_session(pytestconfig))
-    guard(session.inputs.preflight)
+    guard(session.check_inputs)
     return session
 
 

@@ -16,7 +16,7 @@ import pytest
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.options import add_options
 from dflash_eval.pytest_plugin.state import (FRAGMENTS, MERGED, MESSAGES, OUTCOMES, SESSION, SGLANG, START,
-                                             get_settings, is_controller)
+                                             get_session, get_settings, is_controller)
 
 __all__ = ["pytest_addoption", "pytest_configure", "pytest_testnodedown", "pytest_runtest_logreport",
            "pytest_sessionstart", "pytest_sessionfinish", "pytest_terminal_summary"]
@@ -64,7 +64,27 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
+    """Bad options or inputs are one usage error (exit 4) before collection, when the run includes the suite."""
     _CONFIG["config"] = session.config
+    config = session.config
+    if not is_controller(config) or not _runs_suite(config) or config.option.collectonly:
+        return
+    try:
+        get_session(config).check_inputs()
+    except DFlashEvalError as exc:
+        raise pytest.UsageError(f"dflash-eval: {exc}") from None
+
+
+def _runs_suite(config: pytest.Config) -> bool:
+    """Whether the run collects the eval suite: an argument is (or contains) a folder holding test_tau.py."""
+    from pathlib import Path
+
+    for arg in config.args:
+        p = Path(config.invocation_params.dir, str(arg).split("::")[0])
+        d = p.parent if p.is_file() else p
+        if (d / "test_tau.py").is_file() or any(d.glob("*/test_tau.py")):
+            return True
+    return False
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -5,12 +5,15 @@ eval.json (schema 1; documented in README.md)::
     {"schema": 1, "created": ISO time, "settings": {...},
      "target": {"path", "identity", "num_layers", "hidden_size", "vocab_size", "layer_types", "dtype", "device"},
      "drafter": {"path", "fingerprint", "config"}, "provenance": {"backend", "dtype", "device", "versions", ...},
+     "context": {"target", "max_new_tokens", "max_blocks", "block_size", "chat_template", "dtype", "backend"},
      "prompts": {id: {"category", "tau", "rounds", "accept_lengths", "histogram", "ddtree": {budget: tau},
                       "ddtree_accept_lengths", "floor", "ddtree_floor": {budget: floor}, "prompt_tokens",
-                      "completion_tokens", "passed"}},
+                      "completion_tokens", "passed" (true / false / null: not gated), "baseline_tau"}},
      "mean_tau", "mean_floor", "mean_passed", "mean_ddtree": {budget: tau}, "mean_ddtree_floor": {budget: floor},
      "categories": {category | "all": {"n", "chain": {"n", "mean", "median", "ci95": [lo, hi]},
                     "ddtree": {budget: {...same...}}, "floor", "ddtree_floor": {budget: floor}, "passed"}},
+     "baseline": {"path", "n", "missing", "mean_baseline", "mean_run", "mean_diff", "ci95", "rel_change",
+                  "drop_tol", "rise_tol", "drop_passed", "rise_passed", "prompts": {id: {"baseline", "run", "delta"}}},
      "drift": [{"comparison", "prompt_id", "layer", "rel_err", "cos", "max_abs", "rel_tol", "cos_tol", "passed"}],
      "drift_accept": [{"comparison", "prompt_id", "tau_a", "tau_b", "diff", "tol", "passed", "a", "b"}],
      "fingerprint": {...} (when computed), "timings": {"wall_s", "sum": {stage: s}, "per_worker": {w: {...}}},
@@ -36,7 +39,7 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
           wall_s: float | None = None) -> dict[str, Any]:
     """Merge per-process fragments (identical measurements from several workers are de-duplicated)."""
     out: dict[str, Any] = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    for key in ("settings", "target", "drafter", "provenance", "fingerprint", "sglang"):
+    for key in ("settings", "target", "drafter", "provenance", "context", "fingerprint", "sglang", "baseline"):
         for f in fragments:
             if f.get(key):
                 out[key] = f[key]

@@ -11,7 +11,7 @@ from typing import Any
 
 from dflash_eval.stats import ddtree_budgets
 
-__all__ = ["tau_rows", "category_rows", "drift_rows", "render_terminal", "render_markdown", "fmt"]
+__all__ = ["tau_rows", "category_rows", "drift_rows", "baseline_line", "render_terminal", "render_markdown", "fmt"]
 
 
 def _ci(s: dict[str, Any] | None) -> str:
@@ -38,7 +38,7 @@ def category_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             s = r.get("ddtree", {}).get(b)
             row += [_fmt(s["mean"]) if s else "-", _fmt(s["median"]) if s else "-", _ci(s)]
         row.append("/".join([_fmt(r.get("floor"))] + [_fmt(r.get("ddtree_floor", {}).get(b)) for b in bs]))
-        row.append("-" if r.get("passed") is None else "PASS" if r["passed"] else "FAIL")
+        row.append(_verdict(r.get("passed")))
         rows.append(row)
     return header, rows
 
@@ -64,7 +64,7 @@ def tau_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for pid, r in data.get("prompts", {}).items():
         rows.append([pid, _fmt(r.get("tau"))] + [_fmt(r["ddtree"].get(b)) for b in bs] + [_fmt(r.get("floor"))]
                     + [_fmt(r.get("ddtree_floor", {}).get(b)) for b in bs] + [str(r.get("rounds", "-")),
-                                                                              "PASS" if r.get("passed") else "FAIL"])
+                                                                              _verdict(r.get("passed"))])
     if "mean_tau" in data:
         rows.append(["MEAN", _fmt(data.get("mean_tau"))] + [_fmt(data.get("mean_ddtree", {}).get(b)) for b in bs]
                     + [_fmt(data.get("mean_floor"))] + [_fmt(data.get("mean_ddtree_floor", {}).get(b)) for b in bs]
@@ -75,7 +75,31 @@ def tau_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         header.insert(2, "server accept len")
         for row, v in zip(rows, server + [sum(known) / len(known)]):
             row.insert(2, _fmt(v))
+    base = data.get("baseline")
+    if base:  # per-prompt baseline τ and delta beside this run's
+        header[2:2] = ["baseline τ", "Δτ"]
+        for pid, row in zip(list(data.get("prompts", {})) + ["MEAN"], rows):
+            b = base["prompts"].get(pid, {}) if pid != "MEAN" else {"baseline": base["mean_baseline"],
+                                                                       "delta": base["mean_diff"]}
+            row[2:2] = [_fmt(b.get("baseline")), "-" if b.get("delta") is None else f"{b['delta']:+.3f}"]
     return header, rows
+
+
+def _verdict(passed: bool | None) -> str:
+    return "-" if passed is None else "PASS" if passed else "FAIL"
+
+
+def baseline_line(data: dict[str, Any]) -> str | None:
+    """One line on the --baseline comparison (None without one)."""
+    b = data.get("baseline")
+    if not b:
+        return None
+    lo, hi = b["ci95"]
+    ok = "PASS" if b["drop_passed"] and b["rise_passed"] else "FAIL"
+    return (f"baseline {b['path']}: mean chain τ {_fmt(b['mean_baseline'])} -> {_fmt(b['mean_run'])} over {b['n']} "
+            f"paired prompts, Δ {b['mean_diff']:+.3f} (95 % CI {lo:+.3f}..{hi:+.3f}), {100 * b['rel_change']:+.2f} % "
+            f"(allowed -{100 * b['drop_tol']:g} % .. +{100 * b['rise_tol']:g} %): {ok}"
+            + (f"; {len(b['missing'])} prompt(s) not in the baseline" if b["missing"] else ""))
 
 
 def drift_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -113,6 +137,8 @@ def render_terminal(data: dict[str, Any], *, width: int = 120) -> str:
         for r in rows:
             t.add_row(*r)
         console.print(t)
+    if baseline_line(data):
+        console.print(baseline_line(data))
     ch, crows = category_rows(data)
     if crows:
         t = Table(title="τ per category (mean over prompts, bootstrap 95 % CI of the mean; floors chain/"
@@ -162,6 +188,8 @@ def render_markdown(data: dict[str, Any]) -> str:
     header, rows = tau_rows(data)
     if rows:
         parts += ["", "### τ per prompt", "", _md_table(header, rows)]
+        if baseline_line(data):
+            parts += ["", baseline_line(data)]
     ch, crows = category_rows(data)
     if crows:
         parts += ["", "### τ per category (mean, median, bootstrap 95 % CI of the mean; floors chain/"

@@ -41,7 +41,7 @@ def finish(data: dict[str, Any], settings: Any) -> list[str]:
     msgs = []
     if settings.update_tau_floors and data.get("prompts"):
         path = golden.update_floors(data, settings)
-        judge_run(data, load_floors(path, override=settings.tau_floor))
+        judge_run(data, load_floors(path, mean_override=settings.tau_floor, prompt_override=settings.tau_floor_prompt))
         msgs.append(f"τ floors written to {settings.floors_file} (measured - {settings.tau_margin})")
     if settings.update_fingerprints and data.get("fingerprint"):
         fp = golden.update_fingerprint(data["fingerprint"], settings.golden_dir)

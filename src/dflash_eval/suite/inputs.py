@@ -99,7 +99,11 @@ class Inputs:
 
     @cached_property
     def floors(self) -> Floors:
-        return load_floors(self.settings.floors_file, override=self.settings.tau_floor)
+        """The floors file and the explicit thresholds, for the selected prompts (not yet checked against the run's
+        context: :meth:`dflash_eval.session.EvalSession.floors` does that)."""
+        s = self.settings
+        return load_floors(s.floors_file, mean_override=s.tau_floor, prompt_override=s.tau_floor_prompt).select(
+            {p.id: p.category for p in self.prompts})
 
     @cached_property
     def comparisons(self) -> list[Comparison]:
@@ -153,6 +157,11 @@ class Inputs:
         if self._identity is None:
             self._identity = self.target.identity() if self.target_loaded else self._memoised_identity()
         return self._identity
+
+    @property
+    def identity_known(self) -> bool:
+        """Whether the target's identity was needed (and computed) in this run."""
+        return self._identity is not None
 
     def _memoised_identity(self) -> str:
         d = self.target_dir

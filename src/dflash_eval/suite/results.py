@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_eval.baseline import BaselineComparison
+from dflash_eval.floors import Floors
 from dflash_eval.provenance import provenance
 from dflash_eval.stats import category_table, ddtree_budgets
 from dflash_eval.suite.evaluation import DrafterEvaluation, PromptTau
@@ -31,11 +33,15 @@ class TauSummary:
     mean_floor: float | None
     mean_ddtree_floor: dict[str, float | None]
     categories: dict[str, dict[str, Any]]
+    baseline: BaselineComparison | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"prompts": self.prompts, "mean_tau": self.mean_tau, "mean_ddtree": self.mean_ddtree,
-                "mean_floor": self.mean_floor, "mean_ddtree_floor": self.mean_ddtree_floor,
-                "categories": self.categories}
+        out = {"prompts": self.prompts, "mean_tau": self.mean_tau, "mean_ddtree": self.mean_ddtree,
+               "mean_floor": self.mean_floor, "mean_ddtree_floor": self.mean_ddtree_floor,
+               "categories": self.categories}
+        if self.baseline is not None:
+            out["baseline"] = self.baseline.to_json()
+        return out
 
 
 @dataclass
@@ -52,6 +58,7 @@ class EvalResult:
     target: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
     drafter: dict[str, Any] | None = None
+    context: dict[str, Any] | None = None
     tau: TauSummary | None = None
     drift: list[dict[str, Any]] | None = None
     drift_accept: list[dict[str, Any]] | None = None
@@ -61,7 +68,7 @@ class EvalResult:
         """eval.json's fields for this process (a fragment, before merging across workers)."""
         out: dict[str, Any] = {"worker": self.worker, "settings": self.settings, "timings": self.timings,
                                "counts": self.counts, "cache": self.cache, "errors": list(self.errors)}
-        for key in ("sglang", "target", "provenance", "drafter"):
+        for key in ("sglang", "target", "provenance", "drafter", "context"):
             if getattr(self, key):
                 out[key] = getattr(self, key)
         if self.tau is not None:
@@ -73,9 +80,11 @@ class EvalResult:
         return out
 
 
-def prompt_rows(results: dict[str, PromptTau], floors: Any,
-                completions: dict[str, CompletionRecord] | None = None) -> dict[str, dict[str, Any]]:
-    """eval.json's judged ``prompts`` rows; ``completions`` adds an SGLang server's own accept length."""
+def prompt_rows(results: dict[str, PromptTau], floors: Floors,
+                completions: dict[str, CompletionRecord] | None = None,
+                baseline: BaselineComparison | None = None) -> dict[str, dict[str, Any]]:
+    """eval.json's judged ``prompts`` rows; ``completions`` adds an SGLang server's own accept length, ``baseline``
+    the baseline's τ of the prompt."""
     out = {}
     for pid, r in results.items():
         out[pid] = {
@@ -89,22 +98,24 @@ def prompt_rows(results: dict[str, PromptTau], floors: Any,
         rec = (completions or {}).get(pid)
         if rec is not None and rec.spec_accept_length is not None:  # the server ran the drafter itself
             out[pid]["server_accept_length"] = rec.spec_accept_length
+        if baseline is not None and pid in baseline.deltas:
+            out[pid]["baseline_tau"] = baseline.deltas[pid][0]
     judge_prompts(out, floors)
     return out
 
 
-def tau_summary(ev: DrafterEvaluation) -> TauSummary:
-    """Judge ``ev``'s τ against the run's floors."""
-    floors = ev.inputs.floors
+def tau_summary(ev: DrafterEvaluation, floors: Floors, baseline: BaselineComparison | None = None) -> TauSummary:
+    """Judge ``ev``'s τ against ``floors`` (and note each prompt's baseline τ)."""
     res = ev.tau_results
-    rows = prompt_rows(res, floors, {p: r for p in res if (r := ev.references.known(p)) is not None})
+    rows = prompt_rows(res, floors, {p: r for p in res if (r := ev.references.known(p)) is not None}, baseline)
     budgets = tuple(ev.settings.ddtree_budget)
     means = mean_thresholds(macro_tau([r.chain for r in res.values()]),
                             {str(b): macro_tau([r.ddtree[b] for r in res.values()]) for b in budgets}, floors)
     cats = category_table(rows)
     judge_categories(cats, floors, ddtree_budgets(rows))
     return TauSummary(rows, means[0].value, {t.label.removeprefix("DDTree-"): t.value for t in means[1:]},
-                      means[0].floor, {t.label.removeprefix("DDTree-"): t.floor for t in means[1:]}, cats)
+                      means[0].floor, {t.label.removeprefix("DDTree-"): t.floor for t in means[1:]}, cats,
+                      baseline)
 
 
 def _drift_rows(ev: DrafterEvaluation) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -120,8 +131,9 @@ def _drift_rows(ev: DrafterEvaluation) -> tuple[list[dict[str, Any]], list[dict[
 
 
 def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang: dict[str, Any] | None = None,
-                 fingerprint: dict[str, Any] | None = None) -> EvalResult:
-    """The result of one process from what its stages computed (``tau``: the judged τ, when computed)."""
+                 fingerprint: dict[str, Any] | None = None, context: dict[str, Any] | None = None) -> EvalResult:
+    """The result of one process from what its stages computed (``tau``: the judged τ, when computed;
+    ``context``: the τ-relevant settings, when known)."""
     inp = ev.inputs
     s = inp.settings
     target = inp.describe_target()
@@ -129,7 +141,7 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
         worker=inp.worker_id, settings=s.to_dict(), timings={k: round(v, 4) for k, v in inp.meter.timings.items()},
         counts=dict(inp.meter.counts), cache=inp.cache.stats.to_dict(), sglang=sglang or None, target=target,
         provenance=provenance(backend=s.eval_backend, dtype=s.torch_dtype, device=s.torch_device) if target else None,
-        tau=tau, fingerprint=fingerprint)
+        tau=tau, fingerprint=fingerprint, context=context)
     if ev.checkpoint_read:
         ck = ev.checkpoint
         result.drafter = {"path": str(ck.source), "fingerprint": ck.fingerprint, "config": ck.config.to_dict()}
