@@ -21,10 +21,10 @@ fi
 if [ "$STAGE" = all ] || [ "$STAGE" = suite ]; then
 step "suite cold (fla eval backend, torch reference)"
 start=$(date +%s.%N)
-timeout 200 python3 -m pytest tests_eval -p no:cacheprovider -q --hidden-state-backend fla --reference-backend torch \
+timeout 200 python3 -m pytest tests_eval -p no:cacheprovider -q --allow-settings-mismatch --hidden-state-backend fla --reference-backend torch \
   --cache-dir /tmp/gpucache --report-dir "$OUT/reports" > "$OUT/suite_cold.log" 2>&1; echo "cold rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$OUT/lane.log"
 start=$(date +%s.%N)
-timeout 90 python3 -m pytest tests_eval -p no:cacheprovider -q -k tau --hidden-state-backend fla --reference-backend torch \
+timeout 90 python3 -m pytest tests_eval -p no:cacheprovider -q -k tau --allow-settings-mismatch --hidden-state-backend fla --reference-backend torch \
   --cache-dir /tmp/gpucache --report-dir /tmp/warmreports > /tmp/suite_warm.log 2>&1; echo "warm -k tau rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$OUT/lane.log"
 tail -n 25 /tmp/suite_warm.log >> "$OUT/lane.log"
 if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
@@ -32,7 +32,7 @@ if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; t
   ( for i in $(seq 1 60); do nvidia-smi --query-compute-apps=pid,gpu_bus_id --format=csv,noheader; sleep 2; done ) > /tmp/gpu_apps.log 2>&1 &
   mon=$!
   start=$(date +%s.%N)
-  timeout 200 python3 -m pytest tests_eval -p no:cacheprovider -q -n 2 --hidden-state-backend fla --reference-backend torch \
+  timeout 200 python3 -m pytest tests_eval -p no:cacheprovider -q -n 2 --allow-settings-mismatch --hidden-state-backend fla --reference-backend torch \
     --cache-dir /tmp/gpucache2 --report-dir /tmp/reports2 > /tmp/suite_n2.log 2>&1; echo "n2 rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$OUT/lane.log"
   kill $mon 2>/dev/null
   echo "GPU bus ids used by pytest processes during -n 2 (count of samples):" >> "$OUT/lane.log"
@@ -47,7 +47,7 @@ fi
 if [ "$STAGE" = fp32 ]; then
 step "suite in fp32 (the dtype the goldens were recorded in), fla eval backend, torch reference, -n 2"
 start=$(python3 -c "import time; print(time.time())")
-timeout 420 python3 -m pytest tests_eval -p no:cacheprovider -q -n 2 --dtype fp32 --hidden-state-backend fla \
+timeout 420 python3 -m pytest tests_eval -p no:cacheprovider -q -n 2 --dtype fp32 --allow-settings-mismatch --hidden-state-backend fla \
   --reference-backend torch --cache-dir /tmp/gpucache32 --report-dir "$OUT/reports32" > "$OUT/suite_fp32.log" 2>&1
 echo "fp32 rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$OUT/lane.log"
 tail -n 40 "$OUT/suite_fp32.log" >> "$OUT/lane.log"
