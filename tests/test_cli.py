@@ -19,6 +19,7 @@ from dflash_eval.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_TARGET = ROOT / "fixtures" / "target"
 FIXTURE_DRAFTER = ROOT / "fixtures" / "drafter"
+FLOORS = ROOT / "golden" / "tau_floors.json"  # the bundled floors file (recorded with --max-new-tokens 128)
 
 
 @pytest.fixture
@@ -34,8 +35,11 @@ def test_gate_two_checkpoints_then_failing_floor_then_bad_path(common, tmp_path,
     copy = tmp_path / "step_2"
     shutil.copytree(FIXTURE_DRAFTER, copy)
     out_json = tmp_path / "gate.json"
-    rc = main(["gate", "--drafter", str(FIXTURE_DRAFTER), "--drafter", str(copy), "--tau-floor", "1.0",
-               "--json", str(out_json), *common])
+    # --tau-floor is the floor of the MEAN only: the bundled floors file (recorded with 128 new tokens, this run
+    # has 12) is ignored with a warning, and prompts without a floor are not gated one by one.
+    with pytest.warns(UserWarning, match=r"(?s)floors file .* ignored: .*max_new_tokens .*recorded 128, this run 12"):
+        rc = main(["gate", "--drafter", str(FIXTURE_DRAFTER), "--drafter", str(copy), "--tau-floor", "1.0",
+                   "--floors-file", str(FLOORS), "--json", str(out_json), *common])
     out = capsys.readouterr().out
     assert rc == 0, out
     for col in ("checkpoint", "mean τ", "DDTree-8 τ", "worst prompt", "verdict"):
@@ -44,12 +48,24 @@ def test_gate_two_checkpoints_then_failing_floor_then_bad_path(common, tmp_path,
     rows = json.loads(out_json.read_text())["checkpoints"]
     assert [r["drafter"] for r in rows] == [str(FIXTURE_DRAFTER), str(copy)]
     assert rows[0]["mean_tau"] == rows[1]["mean_tau"] and rows[0]["worst_prompt"] in ("q0", "q1")
+    assert rows[0]["mean_floor"] == 1.0 and rows[0]["reasons"] == []
+    assert {pid: r["floor"] for pid, r in rows[0]["prompts"].items()} == {"q0": None, "q1": None}
+    assert {pid: r["passed"] for pid, r in rows[0]["prompts"].items()} == {"q0": None, "q1": None}  # not gated
 
     # Warm (same cache): the target is never built; a floor nobody reaches fails the gate with exit 1.
     monkeypatch.setattr(target_mod, "load_target", lambda *a, **k: pytest.fail("warm gate loaded the target"))
-    rc = main(["gate", "--drafter", str(FIXTURE_DRAFTER), "--drafter", str(copy), "--tau-floor", "100", *common])
+    with pytest.warns(UserWarning, match="ignored"):
+        rc = main(["gate", "--drafter", str(FIXTURE_DRAFTER), "--drafter", str(copy), "--tau-floor", "100",
+                   "--floors-file", str(FLOORS), "--json", str(out_json), *common])
     out = capsys.readouterr().out
-    assert rc == 1 and out.count("FAIL") == 2 and "below floor" in out and "0/2 checkpoint(s) passed" in out
+    assert rc == 1 and out.count("FAIL") == 2 and "0/2 checkpoint(s) passed" in out
+    assert "mean chain τ" in out and "below floor" not in out  # only the mean is gated
+    rows = json.loads(out_json.read_text())["checkpoints"]
+    for r in rows:
+        assert r["passed"] is False and r["mean_floor"] == 100.0
+        assert r["reasons"][0] == f"mean chain τ {r['mean_tau']:.3f} < 100.0"
+        assert all(x.startswith("mean ") and x.endswith("< 100.0") for x in r["reasons"])  # chain and DDTree-8
+        assert not any("below floor" in x or "no floor" in x for x in r["reasons"])
 
     # A path that does not exist: exit 2 before evaluating anything, naming the path.
     missing = tmp_path / "nope" / "step_3"
@@ -69,3 +85,4 @@ def test_help_and_module_entry_point():
     p = subprocess.run([sys.executable, "-m", "dflash_eval", "gate", "--help"], capture_output=True, text=True,
                        cwd=ROOT)
     assert p.returncode == 0 and "--drafter" in p.stdout and "--tau-floor" in p.stdout
+    assert "--tau-floor-prompt" in p.stdout and "--allow-settings-mismatch" in p.stdout and "--baseline" in p.stdout

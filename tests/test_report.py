@@ -11,7 +11,7 @@ import pytest
 
 from dflash_eval import report
 from dflash_eval.errors import ConfigError
-from dflash_eval.options import OPTIONS, EvalSettings
+from dflash_eval.options import OPTIONS, OPTIONS_BY_NAME, EvalSettings
 from dflash_eval.pytest_plugin import safe_id, settings_from_config
 
 
@@ -106,7 +106,11 @@ def test_bad_settings_are_clear_errors(values, needle):
 def test_every_option_has_help_env_and_ini():
     for o in OPTIONS:
         assert o.help and o.env.startswith("DFLASH_EVAL_") and o.ini.startswith("dflash_")
-        assert "tau" not in o.flag or o.name in ("tau_floor", "update_tau_floors", "tau_margin")
+    # the options with "tau" in their flag, listed on purpose (a new one is added here deliberately)
+    assert {o.name for o in OPTIONS if "tau" in o.flag} == {"tau_floor", "tau_floor_prompt", "update_tau_floors",
+                                                            "tau_margin"}
+    for name in ("tau_floor_prompt", "allow_settings_mismatch", "baseline", "baseline_drop_tol", "baseline_rise_tol"):
+        assert name in OPTIONS_BY_NAME, name
     assert Path(EvalSettings.from_mapping({}).cache_dir) == Path(".dflash_cache")
 
 
@@ -127,19 +131,22 @@ def test_category_tables_and_floors(tmp_path):
     header, rows = report.category_rows(data)
     assert header[:5] == ["category", "n", "chain mean", "median", "CI95"] and [r[0] for r in rows] == ["c", "code", "all"]
     assert "τ per category" in report.render_terminal(data) and "### τ per category" in report.render_markdown(data)
-    doc = make_floors({}, {}, 2.0, {}, margin=0.25, category_chain={"c": 1.5, "code": 4.0},
-                      category_ddtree={8: {"c": 2.0, "code": 4.5}}, previous={"categories": {"old": 3.0}})
-    assert doc["categories"] == {"c": 1.25, "code": 3.75, "old": 3.0}
-    assert doc["categories_ddtree"] == {"8": {"c": 1.75, "code": 4.25}}
+    # category floors: the mean of the per-prompt floors of the category's prompts in the run
+    doc = make_floors({"a": 1.75, "b": 1.25, "c": 4.25}, {8: {"a": 2.25, "b": 1.75, "c": 4.75}}, margin=0.25,
+                      context={"max_new_tokens": 8}, previous={"chain": {"old": 3.0}})
+    assert doc["chain"] == {"a": 1.5, "b": 1.0, "c": 4.0, "old": 3.0}
+    assert doc["ddtree"] == {"8": {"a": 2.0, "b": 1.5, "c": 4.5}} and "categories" not in doc
     path = tmp_path / "floors.json"
     write_floors(path, doc)
-    fl = load_floors(path)
-    assert fl.for_category("code") == 3.75 and fl.for_category("c", 8) == 1.75 and fl.for_category("x") is None
-    assert load_floors(path, override=1.1).for_category("x", 8) == 1.1
-    judge_run(data, fl)
+    fl = load_floors(path).select({p: r["category"] for p, r in data["prompts"].items()})
+    assert fl.for_category("code") == 4.0 and fl.for_category("c", 8) == 1.75 and fl.for_category("x") is None
+    assert load_floors(path, prompt_override=1.1).select({"y": "x"}).for_category("x", 8) == 1.1
+    assert load_floors(path, mean_override=1.1).select({"y": "x"}).for_category("x", 8) is None
+    judge_run(data, load_floors(path))  # selects the run's prompts itself
     assert data["categories"]["c"]["floor"] == 1.25 and data["categories"]["c"]["passed"] is True
-    assert data["categories"]["code"]["passed"] is True and data["categories"]["all"]["floor"] == 1.75
-
+    assert data["categories"]["code"]["passed"] is True
+    assert data["categories"]["all"]["floor"] == pytest.approx(6.5 / 3) and data["categories"]["all"]["passed"] is True
+    assert data["mean_floor"] == pytest.approx(6.5 / 3)
 
 def test_prompt_spec_resolution(tmp_path):
     from dflash_eval.options import resolve_prompt_spec

@@ -1,5 +1,6 @@
-"""Unit tests of dflash_eval.verdict: the floor rule, judging eval.json's prompt rows, means and categories, the
-gate's reasons, and re-judging a run against rewritten floors (no model)."""
+"""Unit tests of dflash_eval.verdict: the floor rule, judging eval.json's prompt rows, means and categories (their
+floors derived from the selected prompts' floors), explicit thresholds (--tau-floor: the mean only;
+--tau-floor-prompt: every prompt), the gate's reasons, and re-judging a run against rewritten floors (no model)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dflash_eval.verdict import (
     judge_run,
     mean_passed,
     mean_thresholds,
+    overall,
     passes,
     prompt_thresholds,
 )
@@ -45,21 +47,45 @@ def test_passes(value, floor, expected):
     assert passes(value, floor) is expected
     t = Threshold("chain", value, floor)
     assert t.passed is expected and t.missing is (floor is None)
+    assert t.required and t.gated  # required by default: a missing floor is gated (and fails)
+    optional = Threshold("chain", value, floor, required=False)
+    assert optional.gated is (floor is not None) and optional.passed is expected
+
+
+def test_overall_judges_only_gated_thresholds():
+    ok, low = Threshold("chain", 2.0, 1.0), Threshold("DDTree-8", 1.0, 2.0)
+    free = Threshold("DDTree-4", 9.0, None, required=False)  # not gated: neither passes nor fails the whole
+    assert overall([ok]) is True and overall([ok, low]) is False and overall([ok, free]) is True
+    assert overall([low, free]) is False
+    assert overall([free]) is None and overall([]) is None  # nothing gated: no verdict
+    assert overall([ok, Threshold("DDTree-4", 9.0, None)]) is False  # a required missing floor fails
 
 
 def test_thresholds_label_and_pick_their_floors():
-    fl = Floors(chain={"a": 1.5}, ddtree={8: {"a": 2.0}}, mean_chain=1.25, mean_ddtree={8: 1.75},
-                categories={"code": 1.1}, categories_ddtree={8: {"code": 1.2}})
+    fl = Floors(chain={"a": 1.5, "b": 1.0}, ddtree={8: {"a": 2.0, "b": 1.5}}).select({"a": "code", "b": "code"})
     ts = prompt_thresholds("a", 2.0, {"8": 2.5, "4": 2.2}, fl)
     assert [(t.label, t.value, t.floor) for t in ts] == [("chain", 2.0, 1.5), ("DDTree-8", 2.5, 2.0),
                                                          ("DDTree-4", 2.2, None)]
+    assert all(t.required for t in ts)
     assert [(t.label, t.floor) for t in mean_thresholds(2.0, {"8": 2.5}, fl)] == [("chain", 1.25), ("DDTree-8", 1.75)]
-    assert [t.floor for t in category_thresholds("code", 2.0, {"8": 2.5}, fl)] == [1.1, 1.2]
+    assert [t.floor for t in category_thresholds("code", 2.0, {"8": 2.5}, fl)] == [1.25, 1.75]
     assert [t.floor for t in category_thresholds("all", 2.0, {"8": 2.5}, fl)] == [1.25, 1.75]  # "all": mean floors
     assert [t.floor for t in category_thresholds("chat", 2.0, {"8": 2.5}, fl)] == [None, None]
-    over = Floors(override=1.3)
-    assert {t.floor for t in prompt_thresholds("x", 2.0, {"8": 2.5}, over)} == {1.3}
-    assert {t.floor for t in category_thresholds("chat", 2.0, {"8": 2.5}, over)} == {1.3}
+    assert [t.floor for t in mean_thresholds(2.0, {"8": 2.5}, fl.select({"a": "code"}))] == [1.5, 2.0]  # a subset
+
+    per_prompt = Floors(prompt_override=1.3).select({"x": "chat"})  # --tau-floor-prompt
+    assert {t.floor for t in prompt_thresholds("x", 2.0, {"8": 2.5}, per_prompt)} == {1.3}
+    assert {t.floor for t in category_thresholds("chat", 2.0, {"8": 2.5}, per_prompt)} == {1.3}
+    assert {t.floor for t in mean_thresholds(2.0, {"8": 2.5}, per_prompt)} == {1.3}  # the derived mean
+
+    mean_only = Floors(mean_override=1.3).select({"x": "chat"})  # --tau-floor alone
+    ts = prompt_thresholds("x", 2.0, {"8": 2.5}, mean_only)
+    assert {t.floor for t in ts} == {None} and not any(t.required or t.gated for t in ts)
+    ts = category_thresholds("chat", 2.0, {"8": 2.5}, mean_only)
+    assert {t.floor for t in ts} == {None} and not any(t.gated for t in ts)
+    ts = mean_thresholds(2.0, {"8": 2.5}, mean_only)
+    assert {t.floor for t in ts} == {1.3} and all(t.gated and t.passed for t in ts)
+    assert [t.floor for t in category_thresholds("all", 2.0, {"8": 2.5}, mean_only)] == [1.3, 1.3]
 
 
 def test_judge_prompts_fills_floor_ddtree_floor_and_passed():
@@ -82,15 +108,41 @@ def test_judge_prompts_fills_floor_ddtree_floor_and_passed():
     assert chain_only["g"]["passed"] is True and chain_only["g"]["ddtree_floor"] == {}
 
 
+def test_judge_prompts_with_tau_floor_alone_gates_only_prompts_that_have_a_floor():
+    fl = Floors(chain={"a": 1.5, "b": 1.5, "c": 1.5}, ddtree={8: {"a": 2.0, "c": 2.0}}, mean_override=1.0)
+    prompts = {"a": row(2.0, {"8": 2.5}),  # has both floors: judged
+               "b": row(2.0, {"8": 2.5}),  # chain floor only: judged on the chain, DDTree-8 not gated
+               "c": row(1.0, {"8": 2.5}),  # below its chain floor: still fails
+               "f": row(0.5, {"8": 0.5})}  # no floor at all: not gated, whatever its τ
+    judge_prompts(prompts, fl)
+    assert {p: r["passed"] for p, r in prompts.items()} == {"a": True, "b": True, "c": False, "f": None}
+    assert prompts["f"]["floor"] is None and prompts["f"]["ddtree_floor"] == {"8": None}
+    prompts = {"f": row(0.5, {"8": 0.5})}
+    judge_prompts(prompts, Floors(mean_override=1.0, prompt_override=1.0))  # both: every prompt judged again
+    assert prompts["f"]["passed"] is False and prompts["f"]["floor"] == 1.0
+
+
 def test_judge_mean_and_mean_passed():
     data = {"mean_tau": 2.0, "mean_ddtree": {"8": 2.5}}
-    judge_mean(data, Floors(mean_chain=2.0, mean_ddtree={8: 2.5}))
+    sel = {"a": "code", "b": "chat"}
+    judge_mean(data, Floors(chain={"a": 1.5, "b": 2.5}, ddtree={8: {"a": 2.0, "b": 3.0}}).select(sel))
     assert data["mean_floor"] == 2.0 and data["mean_ddtree_floor"] == {"8": 2.5} and data["mean_passed"] is True
     assert mean_passed(data) is True
-    judge_mean(data, Floors(mean_chain=2.0))  # no DDTree-8 mean floor
-    assert data["mean_ddtree_floor"] == {"8": None} and data["mean_passed"] is False and mean_passed(data) is False
-    judge_mean(data, Floors(mean_chain=2.1, mean_ddtree={8: 1.0}))
+    judge_mean(data, Floors(chain={"a": 1.5, "b": 2.5}).select(sel))  # no DDTree-8 prompt floors: no mean floor
+    assert data["mean_floor"] == 2.0 and data["mean_ddtree_floor"] == {"8": None}
     assert data["mean_passed"] is False and mean_passed(data) is False
+    judge_mean(data, Floors(chain={"a": 1.5, "b": 2.5}, ddtree={8: {"a": 2.0}}).select(sel))  # b lacks DDTree-8
+    assert data["mean_ddtree_floor"] == {"8": None} and data["mean_passed"] is False
+    judge_mean(data, Floors(chain={"a": 1.7, "b": 2.5}, ddtree={8: {"a": 1.0, "b": 1.0}}).select(sel))
+    assert data["mean_floor"] == pytest.approx(2.1) and data["mean_passed"] is False and mean_passed(data) is False
+    judge_mean(data, Floors(chain={"a": 1.5}).select({}))  # nothing selected: no mean floor
+    assert data["mean_floor"] is None and data["mean_passed"] is False
+    judge_mean(data, Floors(mean_override=2.0).select(sel))  # --tau-floor: the mean floor, chain and every budget
+    assert data["mean_floor"] == 2.0 and data["mean_ddtree_floor"] == {"8": 2.0} and data["mean_passed"] is True
+    judge_mean(data, Floors(mean_override=2.1))
+    assert data["mean_passed"] is False and mean_passed(data) is False
+    judge_mean(data, Floors(prompt_override=1.5).select(sel))  # --tau-floor-prompt: the derived mean
+    assert data["mean_floor"] == 1.5 and data["mean_ddtree_floor"] == {"8": 1.5} and data["mean_passed"] is True
     assert mean_passed({"mean_tau": NAN, "mean_floor": 1.0}) is False
 
 
@@ -98,6 +150,9 @@ def _categories() -> dict:
     return {"code": {"n": 2, "chain": {"mean": 2.0}, "ddtree": {"8": {"mean": 2.5}}},
             "chat": {"n": 1, "chain": {"mean": 1.5}, "ddtree": {}},  # lacks the DDTree-8 summary
             "all": {"n": 3, "chain": {"mean": 1.8}, "ddtree": {"8": {"mean": 2.4}}}}
+
+
+SELECTION = {"p1": "code", "p2": "code", "c1": "chat"}
 
 
 def test_judge_categories_without_floors_has_no_verdict():
@@ -109,18 +164,29 @@ def test_judge_categories_without_floors_has_no_verdict():
 
 def test_judge_categories_with_floors():
     cats = _categories()
-    fl = Floors(categories={"code": 2.0, "chat": 1.0}, categories_ddtree={8: {"code": 2.5, "chat": 1.0}},
-                mean_chain=1.8, mean_ddtree={8: 2.5})
+    fl = Floors(chain={"p1": 1.5, "p2": 2.5, "c1": 1.0}, ddtree={8: {"p1": 2.0, "p2": 3.0, "c1": 2.6}}).select(
+        SELECTION)
     judge_categories(cats, fl, ["8"])
-    assert cats["code"]["floor"] == 2.0 and cats["code"]["ddtree_floor"] == {"8": 2.5}
+    assert cats["code"]["floor"] == 2.0 and cats["code"]["ddtree_floor"] == {"8": 2.5}  # mean of p1, p2's floors
     assert cats["code"]["passed"] is True  # equal to both floors
+    assert cats["chat"]["floor"] == 1.0 and cats["chat"]["ddtree_floor"] == {"8": 2.6}
     assert cats["chat"]["passed"] is False  # no DDTree-8 summary: fails even with a floor
-    assert cats["all"]["floor"] == 1.8 and cats["all"]["ddtree_floor"] == {"8": 2.5}  # the mean floors
-    assert cats["all"]["passed"] is False  # DDTree-8 2.4 < 2.5
-    cats = _categories()
-    judge_categories(cats, Floors(mean_chain=1.0, mean_ddtree={8: 1.0}), ["8"])
-    assert cats["code"]["floor"] is None and cats["code"]["passed"] is False  # a missing floor fails
-    assert cats["all"]["passed"] is True
+    assert cats["all"]["floor"] == pytest.approx(5 / 3)  # "all": the mean floors over every selected prompt
+    assert cats["all"]["ddtree_floor"]["8"] == pytest.approx(7.6 / 3)
+    assert cats["all"]["passed"] is False  # DDTree-8 2.4 < 2.533
+
+    cats = _categories()  # a selected prompt of "code" without a floor: "code" and "all" have no floor, and fail
+    judge_categories(cats, Floors(chain={"p1": 1.0, "c1": 1.0}, ddtree={8: {"p1": 1.0, "c1": 1.0}}).select(
+        SELECTION), ["8"])
+    assert cats["code"]["floor"] is None and cats["code"]["passed"] is False
+    assert cats["all"]["floor"] is None and cats["all"]["passed"] is False
+    assert cats["chat"]["floor"] == 1.0 and cats["chat"]["passed"] is False  # still lacks its DDTree-8 summary
+
+    cats = _categories()  # --tau-floor alone: categories without prompt floors are not gated, the mean is
+    judge_categories(cats, Floors(mean_override=1.0).select(SELECTION), ["8"])
+    assert cats["code"]["floor"] is None and cats["code"]["passed"] is None
+    assert cats["chat"]["passed"] is None
+    assert cats["all"]["floor"] == 1.0 and cats["all"]["ddtree_floor"] == {"8": 1.0} and cats["all"]["passed"] is True
 
 
 def test_gate_reasons():
@@ -128,17 +194,42 @@ def test_gate_reasons():
     ok = Floors(chain={"a": 1.5}, ddtree={8: {"a": 2.0}})
     prompts = {"a": row(2.0, {"8": 2.5})}
     judge_prompts(prompts, ok)
-    assert gate_reasons(prompts, mean_thresholds(2.0, {"8": 2.5}, Floors(mean_chain=1.0, mean_ddtree={8: 1.0}))) == []
+    assert gate_reasons(prompts, mean_thresholds(2.0, {"8": 2.5}, Floors(mean_override=1.0))) == []
     prompts = {"a": row(2.0, {"8": 2.5}), "b": row(2.0, {"8": 2.5}), "c": row(1.0, {"8": 2.5}),
                "d": row(1.0, {"8": 1.0})}
     judge_prompts(prompts, fl)
     means = [Threshold("chain", 2.0, None), Threshold("DDTree-8", 1.9, 2.0), Threshold("DDTree-4", 3.0, 2.0)]
     assert gate_reasons(prompts, means) == [
-        "no floor for 2 prompt(s) (e.g. 'b'; pass --tau-floor)",  # b lacks DDTree-8, d every floor
+        "no floor for 2 prompt(s) (e.g. 'b'; pass --tau-floor-prompt)",  # b lacks DDTree-8, d every floor
         "1 prompt(s) below floor",  # c; b and d are counted as missing, not as below
         "no mean chain floor",
         "mean DDTree-8 τ 1.900 < 2.0",
     ]
+
+
+def test_gate_reasons_with_tau_floor_alone():
+    mean_only = Floors(mean_override=2.0).select({"a": "code", "b": "code"})
+    prompts = {"a": row(1.0, {"8": 1.0}), "b": row(3.0, {"8": 3.0})}
+    judge_prompts(prompts, mean_only)
+    assert [r["passed"] for r in prompts.values()] == [None, None]  # not gated: neither missing nor below
+    assert gate_reasons(prompts, mean_thresholds(2.0, {"8": 2.0}, mean_only)) == []
+    assert gate_reasons(prompts, mean_thresholds(1.5, {"8": 2.5}, mean_only)) == ["mean chain τ 1.500 < 2.0"]
+    with_file = Floors(chain={"a": 1.5}, ddtree={8: {"a": 1.5}}, mean_override=2.0).select({"a": "code", "b": "code"})
+    judge_prompts(prompts, with_file)  # the prompts that have floors are still judged against them
+    assert prompts["a"]["passed"] is False and prompts["b"]["passed"] is None
+    assert gate_reasons(prompts, mean_thresholds(2.0, {"8": 2.0}, with_file)) == ["1 prompt(s) below floor"]
+
+
+def test_gate_reasons_ignore_ungated_missing_budget_floors():
+    fl = Floors(chain={"a": 1.5}, mean_override=1.0).select({"a": "code"})  # no DDTree-8 floor for "a"
+    prompts = {"a": row(2.0, {"8": 2.5})}
+    judge_prompts(prompts, fl)
+    assert prompts["a"]["passed"] is True  # judged on its chain floor; DDTree-8 is not gated
+    means = mean_thresholds(2.0, {"8": 2.5}, fl)
+    assert gate_reasons(prompts, means, prompt_floors_required=fl.prompt_floors_required) == []
+    prompts["a"]["tau"] = 1.0
+    judge_prompts(prompts, fl)
+    assert gate_reasons(prompts, means, prompt_floors_required=False) == ["1 prompt(s) below floor"]
 
 
 def _run_data() -> dict:
@@ -148,7 +239,7 @@ def _run_data() -> dict:
 
 def test_judge_run_rejudges_after_floors_change():
     data = _run_data()
-    lenient = Floors(override=1.0)
+    lenient = Floors(prompt_override=1.0)
     judge_run(data, lenient)
     assert [r["passed"] for r in data["prompts"].values()] == [True, True, False]  # NaN fails whatever the floor
     assert data["mean_passed"] is True and data["mean_floor"] == 1.0
@@ -157,20 +248,37 @@ def test_judge_run_rejudges_after_floors_change():
     assert data["categories"]["code"]["passed"] is True and data["categories"]["all"]["floor"] == 1.0
     first = copy.deepcopy(data)
 
-    strict = Floors(chain={"a": 2.5, "b": 3.0, "c": 1.0}, ddtree={8: {"a": 2.5, "b": 3.5, "c": 1.0}},
-                    mean_chain=2.6, mean_ddtree={8: 3.0}, categories={"code": 2.0, "chat": 3.0},
-                    categories_ddtree={8: {"code": 2.6, "chat": 3.5}})
+    # floors selected for other prompts: judge_run selects the run's own prompts
+    strict = Floors(chain={"a": 2.5, "b": 3.0, "c": 2.5}, ddtree={8: {"a": 2.5, "b": 3.5, "c": 1.0}}).select(
+        {"zz": "code"})
     judge_run(data, strict)
     assert {p: r["passed"] for p, r in data["prompts"].items()} == {"a": False, "b": True, "c": False}
     assert data["prompts"]["a"]["floor"] == 2.5 and data["prompts"]["a"]["ddtree_floor"] == {"8": 2.5}
-    assert data["mean_floor"] == 2.6 and data["mean_ddtree_floor"] == {"8": 3.0} and data["mean_passed"] is False
+    assert data["mean_floor"] == pytest.approx(8 / 3) and data["mean_ddtree_floor"]["8"] == pytest.approx(7 / 3)
+    assert data["mean_passed"] is False  # chain 2.5 < 2.667
     cats = data["categories"]
-    assert cats["code"]["floor"] == 2.0 and cats["code"]["ddtree_floor"] == {"8": 2.6}
+    assert cats["code"]["floor"] == 2.5 and cats["code"]["ddtree_floor"] == {"8": 1.75}  # a and c
     assert cats["code"]["passed"] is False and cats["chat"]["passed"] is True
-    assert cats["all"]["floor"] == 2.6 and cats["all"]["passed"] is False
+    assert cats["all"]["floor"] == pytest.approx(8 / 3) and cats["all"]["passed"] is False
 
     judge_run(data, lenient)  # back to the first floors: the first verdicts again
     assert _same(data, first)
+
+
+def test_judge_run_with_tau_floor_alone_judges_only_the_mean():
+    data = _run_data()
+    judge_run(data, Floors(mean_override=2.0))
+    assert [r["passed"] for r in data["prompts"].values()] == [None, None, None]  # NaN prompt too: not gated
+    assert all(r["floor"] is None for r in data["prompts"].values())
+    assert data["mean_floor"] == 2.0 and data["mean_ddtree_floor"] == {"8": 2.0} and data["mean_passed"] is True
+    cats = data["categories"]
+    assert cats["code"]["passed"] is None and cats["chat"]["passed"] is None
+    assert cats["all"]["floor"] == 2.0 and cats["all"]["passed"] is True
+    judge_run(data, Floors(mean_override=2.6))
+    assert data["mean_passed"] is False and data["categories"]["all"]["passed"] is False
+    reasons = gate_reasons(data["prompts"], mean_thresholds(data["mean_tau"], data["mean_ddtree"],
+                                                            Floors(mean_override=2.6)))
+    assert reasons == ["mean chain τ 2.500 < 2.6"]
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -186,21 +294,21 @@ def _same(a: dict, b: dict) -> bool:
 
 def test_judge_run_without_a_mean_or_prompts():
     data = {"prompts": {"a": row(2.0, {"8": 2.5})}}
-    judge_run(data, Floors(override=1.0))
+    judge_run(data, Floors(prompt_override=1.0))
     assert "mean_passed" not in data and "mean_floor" not in data and data["prompts"]["a"]["passed"] is True
     assert data["categories"]["all"]["floor"] == 1.0 and data["categories"]["all"]["passed"] is True
     empty: dict = {"prompts": {}}
-    judge_run(empty, Floors(override=1.0))
+    judge_run(empty, Floors(prompt_override=1.0))
     assert "categories" not in empty
 
 
 def test_category_table_then_judge_matches_judge_run():
     data = _run_data()
-    fl = Floors(categories={"code": 1.5, "chat": 4.0}, categories_ddtree={8: {"code": 2.0, "chat": 3.0}},
-                mean_chain=2.0, mean_ddtree={8: 2.0})
+    fl = Floors(chain={"a": 1.5, "b": 4.0, "c": 1.0}, ddtree={8: {"a": 2.0, "b": 3.0, "c": 2.0}}).select(
+        {p: r["category"] for p, r in data["prompts"].items()})
     judge_prompts(data["prompts"], fl)
     cats = category_table(data["prompts"])
     judge_categories(cats, fl, ["8"])
     judge_run(data, fl)
     assert _same(cats, data["categories"])
-    assert cats["code"]["passed"] is True and cats["chat"]["passed"] is False
+    assert cats["code"]["floor"] == 1.25 and cats["code"]["passed"] is True and cats["chat"]["passed"] is False

@@ -101,7 +101,8 @@ def _evaluate(session: Any) -> dict[str, Any]:
 
     summary = session.tau_summary()
     verdicts = summary.prompts
-    reasons = gate_reasons(verdicts, mean_thresholds(summary.mean_tau, summary.mean_ddtree, session.floors))
+    reasons = gate_reasons(verdicts, mean_thresholds(summary.mean_tau, summary.mean_ddtree, session.floors),
+                           prompt_floors_required=session.floors.prompt_floors_required)
     cmp = summary.baseline
     if cmp is not None and not cmp.drop_passed:
         reasons.append(f"τ dropped against the baseline: {100 * cmp.rel_change:+.2f} % "

@@ -143,11 +143,13 @@ def judge_run(data: dict[str, Any], floors: Floors) -> None:
         judge_categories(data["categories"], floors, ddtree_budgets(data["prompts"]))
 
 
-def gate_reasons(prompts: dict[str, dict[str, Any]], means: list[Threshold]) -> list[str]:
-    """Why a checkpoint fails the gate (empty when it passes): missing prompt floors, prompts below their floor,
-    missing or failed mean floors. ``prompts`` are judged eval.json rows (``passed`` None: not gated)."""
+def gate_reasons(prompts: dict[str, dict[str, Any]], means: list[Threshold], *,
+                 prompt_floors_required: bool = True) -> list[str]:
+    """Why a checkpoint fails the gate (empty when it passes): missing prompt floors (only where they are required:
+    not under ``--tau-floor`` alone), prompts below their floor, missing or failed mean floors. ``prompts`` are
+    judged eval.json rows (``passed`` None: not gated)."""
     reasons = []
-    missing = [pid for pid, v in prompts.items() if v["passed"] is not None and (
+    missing = [pid for pid, v in prompts.items() if prompt_floors_required and v["passed"] is not None and (
         v["floor"] is None or None in v["ddtree_floor"].values())]
     if missing:
         reasons.append(f"no floor for {len(missing)} prompt(s) (e.g. {missing[0]!r}; pass --tau-floor-prompt)")
