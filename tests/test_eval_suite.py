@@ -42,7 +42,7 @@ def suite(pytester, env_dirs, monkeypatch):
     returns (RunResult, eval.json path)."""
     shutil.copytree(ROOT / "tests_eval", pytester.path / "tests_eval")
     pytester.makeconftest('pytest_plugins = ["dflash_eval.pytest_plugin"]')
-    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider --snapshot-warn-unused\n")
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider --import-mode=importlib --snapshot-warn-unused\n")
     for k in [k for k in os.environ if k.startswith("DFLASH_EVAL_")]:
         monkeypatch.delenv(k)
 

@@ -46,7 +46,7 @@ def dirs(tmp_path_factory):
 def suite(pytester, dirs, monkeypatch):
     shutil.copytree(ROOT / "tests_eval", pytester.path / "tests_eval")
     pytester.makeconftest('pytest_plugins = ["dflash_eval.pytest_plugin"]')
-    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider --import-mode=importlib\n")
     for k in [k for k in os.environ if k.startswith("DFLASH_EVAL_")]:
         monkeypatch.delenv(k)
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 import pytest
 
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
-from dflash_eval.golden import GoldenJSONExtension
+from dflash_eval.golden import golden_extension
 
 NEAR_TIE = 1e-3  # logit margin below which a divergence is a numerical near-tie, not a disagreement
 
 
 @pytest.fixture
-def snapshot(snapshot):
-    return snapshot.use_extension(GoldenJSONExtension)
+def snapshot(snapshot, eval_settings):
+    """Snapshots under --golden-dir, in a folder named after the target directory."""
+    return snapshot.use_extension(golden_extension(eval_settings.golden_dir, eval_settings.target_model.name))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -11,6 +11,7 @@ completion snapshots.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -21,26 +22,30 @@ from dflash_eval.atomic import atomic_write_text
 from dflash_eval.floors import load_floors, make_floors
 from dflash_eval.stats import ddtree_budgets
 
-__all__ = ["GoldenJSONExtension", "configure_snapshots", "update_floors", "update_fingerprint", "write_floors",
+__all__ = ["GoldenJSONExtension", "golden_extension", "update_floors", "update_fingerprint", "write_floors",
            "FINGERPRINT_FILE"]
 
 FINGERPRINT_FILE = "feature_fingerprint.json"
-_SNAPSHOTS = {"golden_dir": Path(__file__).resolve().parents[2] / "golden", "target_name": "target"}
-
-
-def configure_snapshots(golden_dir: Path, target_name: str) -> None:
-    """Where :class:`GoldenJSONExtension` keeps snapshots (set once by the plugin from --golden-dir and
-    --target-model)."""
-    _SNAPSHOTS.update(golden_dir=Path(golden_dir), target_name=target_name or "target")
 
 
 class GoldenJSONExtension(JSONSnapshotExtension):
-    """JSON snapshots stored under the golden folder (not ``__snapshots__``)."""
+    """JSON snapshots stored under ``<golden_dir>/snapshots/<target_name>/`` (not ``__snapshots__``); use the
+    subclass that :func:`golden_extension` makes for a run's folders."""
+
+    golden_dir: Path = Path("golden")
+    target_name: str = "target"
 
     @classmethod
     def dirname(cls, *, test_location: Any) -> str:
-        return str(Path(_SNAPSHOTS["golden_dir"]) / "snapshots" / str(_SNAPSHOTS["target_name"])
-                   / test_location.basename)
+        return str(Path(cls.golden_dir) / "snapshots" / cls.target_name / test_location.basename)
+
+
+@functools.lru_cache(maxsize=None)
+def golden_extension(golden_dir: Path, target_name: str) -> type[GoldenJSONExtension]:
+    """The snapshot extension for one run's golden folder and target (one class per pair, so syrupy sees one
+    extension per location; no process-wide state, so runs in one process do not leak into each other)."""
+    return type("GoldenJSONExtension", (GoldenJSONExtension,),
+                {"golden_dir": Path(golden_dir), "target_name": target_name or "target"})
 
 
 def write_floors(path: str | Path, doc: dict[str, Any]) -> None:

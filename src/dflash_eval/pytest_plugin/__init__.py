@@ -13,7 +13,7 @@ Hooks live in :mod:`.hooks`, fixtures in :mod:`.fixtures` (session scope, thin w
 
 from dflash_eval.pytest_plugin.fixtures import (drafter, eval_features, eval_session, eval_settings,
                                                 reference_completions, sglang, target, tau_results)
-from dflash_eval.pytest_plugin.hooks import (pytest_addoption, pytest_configure, pytest_runtest_logreport,
+from dflash_eval.pytest_plugin.hooks import (pytest_addoption, pytest_configure,
                                              pytest_sessionfinish, pytest_sessionstart, pytest_terminal_summary,
                                              pytest_testnodedown)
 from dflash_eval.pytest_plugin.params import SetupError, collect, safe_id, setup_error_param
@@ -21,5 +21,5 @@ from dflash_eval.pytest_plugin.state import get_session, get_settings, settings_
 
 __all__ = ["SetupError", "collect", "safe_id", "setup_error_param", "get_session", "get_settings", "settings_from_config",
            "drafter", "eval_features", "eval_session", "eval_settings", "reference_completions", "sglang", "target",
-           "tau_results", "pytest_addoption", "pytest_configure", "pytest_runtest_logreport", "pytest_sessionfinish",
+           "tau_results", "pytest_addoption", "pytest_configure", "pytest_sessionfinish",
            "pytest_sessionstart", "pytest_terminal_summary", "pytest_testnodedown"]

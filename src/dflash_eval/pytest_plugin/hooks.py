@@ -18,11 +18,10 @@ from dflash_eval.options import add_options
 from dflash_eval.pytest_plugin.state import (FRAGMENTS, MERGED, MESSAGES, OUTCOMES, SESSION, SGLANG, START,
                                              get_session, get_settings, is_controller)
 
-__all__ = ["pytest_addoption", "pytest_configure", "pytest_testnodedown", "pytest_runtest_logreport",
-           "pytest_sessionstart", "pytest_sessionfinish", "pytest_terminal_summary"]
+__all__ = ["pytest_addoption", "pytest_configure", "pytest_testnodedown", "pytest_sessionstart",
+           "pytest_sessionfinish", "pytest_terminal_summary"]
 
 WORKEROUTPUT_KEY = "dflash_eval_fragment"
-_CONFIG: dict[str, pytest.Config] = {}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,16 +31,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from dflash_eval.golden import configure_snapshots
-
     config.stash[FRAGMENTS] = []
     config.stash[OUTCOMES] = {}
     config.stash[START] = time.time()
-    try:
-        settings = get_settings(config)
-    except DFlashEvalError:
-        return
-    configure_snapshots(settings.golden_dir, settings.target_model.name)
+    config.pluginmanager.register(_OutcomeRecorder(config), "dflash-eval-outcomes")
+
+
+class _OutcomeRecorder:
+    """Records each suite test's outcome in its own config's stash (eval.json "tests"); an object per config, so
+    pytest runs inside one process (pytester) do not share it."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.outcomes: dict[str, str] = config.stash[OUTCOMES]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if "tests_eval" not in report.nodeid.replace("\\", "/"):
+            return
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            self.outcomes[report.nodeid] = report.outcome
+        elif report.when == "teardown" and report.outcome == "failed":
+            self.outcomes[report.nodeid] = "error"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -51,21 +60,9 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         node.config.stash[FRAGMENTS].append(json.loads(raw))
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    cfg = _CONFIG.get("config")
-    if cfg is None or "tests_eval" not in report.nodeid.replace("\\", "/"):
-        return
-    outcomes = cfg.stash[OUTCOMES]
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        outcomes[report.nodeid] = report.outcome
-    elif report.when == "teardown" and report.outcome == "failed":
-        outcomes[report.nodeid] = "error"
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Bad options or inputs are one usage error (exit 4) before collection, when the run includes the suite."""
-    _CONFIG["config"] = session.config
     config = session.config
     if not is_controller(config) or not _runs_suite(config) or config.option.collectonly:
         return
