@@ -5,9 +5,9 @@ on), and its functional effect on the acceptance length.
   within tolerance (``--drift-rel-tol`` / ``--drift-cos-tol``).
 - ``test_functional_drift_accept_len[<comparison>-<prompt>]``: |acceptance length with eval features - with
   reference features| within ``--drift-accept-tol``.
-- ``test_feature_fingerprint[L<layer>]``: summary statistics of every target layer's features of a fixed text
-  against ``golden/feature_fingerprint.json`` (catches drift across library upgrades); rewrite with
-  ``--update-fingerprints``.
+- ``test_feature_fingerprint[L<layer>]``: summary statistics of every target layer's features of a fixed text on
+  the evaluation backend against ``golden/fingerprints/<device kind>-<backend>-<dtype>.json`` (catches drift across
+  library upgrades); record with ``--update-fingerprints``; without a golden for the run's kind it skips.
 
 On a CPU-only machine (fla cannot run) the comparisons are torch chunked vs torch recurrent and bf16 vs fp32; the
 fla comparison is skipped with a reason saying fla was not checked. (No test name here contains "tau".)
@@ -92,29 +92,45 @@ def test_functional_drift_accept_len(comparison, prompt_id, eval_session, refere
         f"{b:.3f}: |diff| {abs(a - b):.3f} > tol {c.accept_tol}")
 
 
+def _moved(want: dict, got: dict) -> dict[str, tuple[float, float | None]]:
+    """The statistics of one layer that differ from the golden by more than 1e-4 relative."""
+    return {k: (want[k], got.get(k)) for k in want
+            if got.get(k) is None or abs(got[k] - want[k]) > 1e-4 * max(1.0, abs(want[k]))}
+
+
 def test_feature_fingerprint(layer, eval_session) -> None:
+    """Regression detection: the features of a fixed text, per target layer, equal the golden recorded for this
+    run's device kind, evaluation backend and dtype (catches numerics that change with torch, triton, fla or
+    transformers)."""
     if isinstance(layer, SetupError):
         layer.fail()
+    from dflash_eval.golden import FINGERPRINT_DIR, fingerprint_path
+
     s = eval_session.settings
-    path = Path(s.golden_dir) / "feature_fingerprint.json"
+    fp = eval_session.store.fingerprint()
+    path = fingerprint_path(s.golden_dir, fp["device_kind"], fp["backend"], fp["dtype"])
+    record = ("`pytest tests_eval -k fingerprint --update-fingerprints` with this run's --device, "
+              "--hidden-state-backend and --dtype")
     if s.update_fingerprints:
-        eval_session.store.fingerprint()  # computed here, written at the end of the session
         pytest.skip(f"recorded: --update-fingerprints writes {path} at the end of the session; nothing was checked")
     if not path.is_file():
-        pytest.fail(f"no golden fingerprint {path}; record it with `pytest tests_eval -k fingerprint "
-                    "--update-fingerprints`", pytrace=False)
+        have = sorted(p.name for p in (Path(s.golden_dir) / FINGERPRINT_DIR).glob("*.json"))
+        pytest.skip(f"no golden fingerprint for device kind {fp['device_kind']!r}, backend {fp['backend']!r}, dtype "
+                    f"{fp['dtype']!r} ({path}; goldens here: {have}): not checked; record it with {record}")
     golden = json.loads(path.read_text())
     if golden.get("target") != eval_session.inputs.target_identity:
         pytest.skip(f"golden fingerprint {path} was recorded for target {str(golden.get('target'))[:12]}, "
                     f"this target is {eval_session.inputs.target_identity[:12]}: not comparable")
-    fp = eval_session.store.fingerprint()
-    for k in ("tokens", "dtype", "device_kind"):
-        if golden.get(k) != fp[k]:
-            pytest.skip(f"golden fingerprint recorded with {k}={golden.get(k)!r}, this run has {fp[k]!r}")
+    if golden.get("tokens") != fp["tokens"]:
+        pytest.skip(f"golden fingerprint {path} was recorded with other token ids of its text (another tokenizer?)")
     want, got = golden["layers"].get(str(layer)), fp["layers"][str(layer)]
-    assert want is not None, f"golden fingerprint has no layer {layer}"
-    bad = {k: (want[k], got.get(k)) for k in want
-           if got.get(k) is None or abs(got[k] - want[k]) > 1e-4 * max(1.0, abs(want[k]))}
-    assert not bad, (f"target layer {layer} features drifted from the golden fingerprint (recorded with "
-                     f"{golden.get('versions')}, now {fp['versions']}): " +
-                     ", ".join(f"{k}: golden {w:.6g}, now {g}" for k, (w, g) in bad.items()))
+    assert want is not None, f"golden fingerprint {path} has no layer {layer}"
+    bad = _moved(want, got)
+    if bad:
+        moved = [int(i) for i, w in golden["layers"].items() if _moved(w, fp["layers"].get(i, {}))]
+        keys = ("torch", "triton", "fla", "transformers")
+        was = {k: golden.get("versions", {}).get(k) for k in keys}
+        now = {k: fp["versions"].get(k) for k in keys}
+        pytest.fail(f"target layer {layer} features changed since the golden {path} was recorded: "
+                    + ", ".join(f"{k}: golden {w:.6g}, now {g}" for k, (w, g) in bad.items())
+                    + f"; layers that moved: {sorted(moved)}; versions at recording {was}, now {now}", pytrace=False)

@@ -3,7 +3,8 @@ completion snapshots.
 
 - ``--update-tau-floors`` rewrites the floors file from a finished run's τ minus ``--tau-margin``
   (:func:`update_floors`);
-- ``--update-fingerprints`` rewrites ``<golden>/feature_fingerprint.json`` (:func:`update_fingerprint`);
+- ``--update-fingerprints`` rewrites ``<golden>/fingerprints/<device kind>-<backend>-<dtype>.json``, the golden
+  per-layer fingerprint of the run's device kind, evaluation backend and dtype (:func:`update_fingerprint`);
 - ``--snapshot-update`` lets syrupy rewrite ``<golden>/snapshots/<target dir name>/<test module>/<test>.json``
   through :class:`GoldenJSONExtension` (one sorted JSON file per assertion; the target's folder name keeps the
   snapshots of different targets apart).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,9 @@ from dflash_eval.floors import load_floors, make_floors
 from dflash_eval.stats import ddtree_budgets
 
 __all__ = ["GoldenJSONExtension", "golden_extension", "update_floors", "update_fingerprint", "write_floors",
-           "FINGERPRINT_FILE"]
+           "fingerprint_path", "FINGERPRINT_DIR"]
 
-FINGERPRINT_FILE = "feature_fingerprint.json"
+FINGERPRINT_DIR = "fingerprints"
 
 
 class GoldenJSONExtension(JSONSnapshotExtension):
@@ -66,8 +68,16 @@ def update_floors(data: dict[str, Any], settings: Any) -> Path:
     return Path(settings.floors_file)
 
 
+def fingerprint_path(golden_dir: Path, device_kind: str, backend: str, dtype: str) -> Path:
+    """Where the golden fingerprint of one (device kind, backend, dtype) lives, e.g.
+    ``golden/fingerprints/nvidia-h200-fla-bfloat16.json``."""
+    slug = re.sub(r"[^a-z0-9.]+", "-", f"{device_kind}-{backend}-{dtype}".lower()).strip("-")
+    return Path(golden_dir) / FINGERPRINT_DIR / f"{slug}.json"
+
+
 def update_fingerprint(fingerprint: dict[str, Any], golden_dir: Path) -> Path:
-    """Rewrite the golden feature fingerprint."""
-    path = Path(golden_dir) / FINGERPRINT_FILE
+    """Rewrite the golden fingerprint of the fingerprint's own device kind, backend and dtype."""
+    path = fingerprint_path(golden_dir, fingerprint["device_kind"], fingerprint["backend"], fingerprint["dtype"])
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
     return path

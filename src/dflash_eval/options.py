@@ -112,7 +112,8 @@ class EvalSettings:
     floors_file: Path = opt(Path("golden/tau_floors.json"), "τ floors file", "path")
     golden_dir: Path = opt(Path("golden"), "folder of golden files (floors, feature fingerprint, completion "
                            "snapshots)", "path")
-    update_fingerprints: bool = opt(False, "rewrite golden/feature_fingerprint.json from this run", "bool")
+    update_fingerprints: bool = opt(False, "rewrite the golden fingerprint of this run's device kind, backend and dtype "
+                                    "(golden/fingerprints/<kind>-<backend>-<dtype>.json)", "bool")
     drift_rel_tol: float | None = opt(None, "max relative L2 error of features between backends/dtypes (default: "
                                       "5e-3 for fp32 comparisons, 5e-2 when bf16/fp16 is involved)", "float")
     drift_cos_tol: float | None = opt(None, "min cosine similarity of features (default: 0.9999 fp32, 0.998 bf16)",

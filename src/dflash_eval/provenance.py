@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["library_versions", "device_name", "provenance"]
+__all__ = ["library_versions", "kernel_versions", "device_name", "device_kind", "provenance"]
 
 
 def _version(dist: str) -> str | None:
@@ -26,6 +26,11 @@ def library_versions() -> dict[str, str | None]:
         "fla": _version("flash-linear-attention") or _version("fla-core"),
         "python": platform.python_version(),
     }
+
+
+def kernel_versions() -> dict[str, str | None]:
+    """:func:`library_versions` plus triton (the compiler of fla's kernels; None where it is not installed)."""
+    return {**library_versions(), "triton": _version("triton")}
 
 
 def device_name(device: torch.device | str) -> str:

@@ -17,7 +17,7 @@ from dflash_eval.backends import check_backend_device, use_backend
 from dflash_eval.cache import Job, cache_key, ids_digest
 from dflash_eval.drift import Side, fingerprint as layer_fingerprint
 from dflash_eval.errors import EvalError
-from dflash_eval.provenance import device_kind, library_versions, provenance
+from dflash_eval.provenance import device_kind, kernel_versions, library_versions, provenance
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
 from dflash_eval.suite.references import CompletionRecord
@@ -132,20 +132,22 @@ class FeatureStore:
         return self._fingerprint is not None
 
     def fingerprint(self) -> dict[str, Any]:
-        """Summary statistics of every target layer's features of :data:`FINGERPRINT_TEXT` (torch backend, the
-        evaluation dtype and device: no second copy of the target is made)."""
+        """Summary statistics of every target layer's features of :data:`FINGERPRINT_TEXT` on the evaluation
+        backend, dtype and device (no second copy of the target is made), with the versions of the libraries whose
+        numerics they depend on (torch, triton, fla, transformers)."""
         if self._fingerprint is None:
             from dflash_eval.features import layer_features
 
             inp = self.inputs
+            s = inp.settings
             ids = list(inp.tokenizer(FINGERPRINT_TEXT, add_special_tokens=False)["input_ids"])
             target = inp.target
             layers = list(range(target.num_layers))
-            with inp.meter.timed("target_forward"), use_backend("torch", inp.settings.torch_device):
+            with inp.meter.timed("target_forward"), use_backend(s.eval_backend, s.torch_device):
                 feats = layer_features(target.model, torch.tensor(ids), layers)
             self._fingerprint = {
                 "target": inp.target_identity, "text": FINGERPRINT_TEXT, "tokens": ids_digest(ids),
-                "n_tokens": len(ids), "backend": "torch", "dtype": str(target.dtype).removeprefix("torch."),
-                "device_kind": device_kind(inp.settings.torch_device),
-                "layers": {str(i): layer_fingerprint(feats[i]) for i in layers}, "versions": library_versions()}
+                "n_tokens": len(ids), "backend": s.eval_backend, "dtype": str(target.dtype).removeprefix("torch."),
+                "device_kind": device_kind(s.torch_device),
+                "layers": {str(i): layer_fingerprint(feats[i]) for i in layers}, "versions": kernel_versions()}
         return self._fingerprint
