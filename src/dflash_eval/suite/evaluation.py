@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from dflash_eval.options import EvalSettings
+from dflash_eval.cache import cache_key
 from dflash_eval.drift import Comparison, DriftStat, Side, drift_stat
 from dflash_eval.provenance import device_kind, library_versions
 from dflash_eval.suite.feature_store import Features, FeatureStore
@@ -159,7 +160,12 @@ class DrafterEvaluation:
                     tensors[f"ddtree{b}/{n}"] = torch.tensor(res[p.id].ddtree[b].accept_lengths, dtype=torch.int32)
             return tensors, {"prompt_ids": [p.id for p in prompts], "side": side.label}
 
-        entry = self.inputs.cache.get_or_produce("tau", self._tau_fields(side, budgets), produce, derived=True)
+        fields = self._tau_fields(side, budgets)
+        if not self.inputs.cache.exists("tau", cache_key("tau", fields)):
+            # Every xdist worker extracts its share of the features (Cache.produce_many) before one of them takes
+            # the τ lock and drafts: otherwise that one worker would extract every prompt's features alone.
+            self.features(side)
+        entry = self.inputs.cache.get_or_produce("tau", fields, produce, derived=True)
         comps = self.completions()
         bs = self.checkpoint.config.block_size
         return {p.id: PromptTau(
