@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU lane (stages: drift, suite, fp32; default all = drift + suite), for the lent H200 (see README "GPU lane"). Writes everything under $OUT
+# The GPU lane (stages: drift, suite, fp32, goldens, scaling; default all = drift + suite) for a CUDA machine with
+# fla (see README "GPU lane"). Writes everything under $OUT
 # (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
 # transformers 5.23.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -51,5 +52,34 @@ timeout 420 python3 -m pytest tests_eval -p no:cacheprovider -q -n 2 --dtype fp3
   --reference-backend torch --cache-dir /tmp/gpucache32 --report-dir "$OUT/reports32" > "$OUT/suite_fp32.log" 2>&1
 echo "fp32 rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$OUT/lane.log"
 tail -n 40 "$OUT/suite_fp32.log" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = goldens ]; then
+# Golden feature fingerprints of this GPU with fla in fp32 and bf16, then the same fingerprints under fla 0.5.2
+# (wheels in .whl_old/) compared against them: what a kernel-library change moves, and by how much.
+step "goldens: record fla fingerprints (fp32, bf16) with $(python3 -c 'import fla; print(fla.__version__)')"
+mkdir -p "$OUT/golden" && cp -r golden/fingerprints "$OUT/golden/"
+for dt in fp32 bf16; do
+  timeout 240 python3 -m pytest tests_eval -p no:cacheprovider -q -k fingerprint --update-fingerprints --allow-settings-mismatch --dtype $dt \
+    --hidden-state-backend fla --golden-dir "$OUT/golden" --cache-dir /tmp/gcache --report-dir /tmp/grep_$dt 2>&1 | tail -n 3 >> "$OUT/lane.log"
+done
+ls "$OUT/golden/fingerprints" >> "$OUT/lane.log"
+if ls .whl_old/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_old .whl_old/*.whl || exit 1
+  for dt in fp32 bf16; do
+    step "goldens: fla $(PYTHONPATH=/tmp/site_old:$PYTHONPATH python3 -c 'import fla; print(fla.__version__)') against them ($dt)"
+    PYTHONPATH="/tmp/site_old:$PYTHONPATH" timeout 240 python3 -m pytest tests_eval -p no:cacheprovider -q -k fingerprint --allow-settings-mismatch \
+      --dtype $dt --hidden-state-backend fla --golden-dir "$OUT/golden" --cache-dir /tmp/gcache_old \
+      --report-dir /tmp/grep_old_$dt -rA 2>&1 | grep -E "passed|failed|changed since|FAILED" | head -n 20 >> "$OUT/lane.log"
+  done
+fi
+fi
+if [ "$STAGE" = scaling ]; then
+step "scaling: -n 0 vs -n 2 on the bundled fixtures (fla fp32, full suite)"
+timeout 560 python3 benchmarks/bench_multigpu.py --workload bundled --out "$OUT/multigpu_bundled.json" >> "$OUT/lane.log" 2>&1 || echo "bundled rc=$?" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = wide ]; then
+step "scaling: -n 0 vs -n 2 and --device-map on a random 27B-width target"
+timeout 560 python3 benchmarks/bench_multigpu.py --workload wide --wide-layers 16 --num-prompts "${WIDE_PROMPTS:-32}" \
+  --max-new-tokens 64 --device-map --out "$OUT/multigpu_wide.json" >> "$OUT/lane.log" 2>&1 || echo "wide rc=$?" >> "$OUT/lane.log"
 fi
 step "done"
