@@ -12,7 +12,7 @@ export PYTHONPATH="/tmp/site:$PWD/src" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANS
 {
   nvidia-smi -L
   python3 -c "import torch, transformers, fla; print('torch', torch.__version__, 'transformers', transformers.__version__, 'fla', fla.__version__, 'gpus', torch.cuda.device_count())"
-} 2>&1 | tee "$OUT/lane.log"
+} 2>&1 | tee -a "$OUT/lane.log"
 step() { echo "=== $1 ($(date +%T))" | tee -a "$OUT/lane.log"; }
 STAGE="${1:-all}"
 if [ "$STAGE" = all ] || [ "$STAGE" = drift ]; then
@@ -62,7 +62,7 @@ for dt in fp32 bf16; do
   timeout 240 python3 -m pytest tests_eval -p no:cacheprovider -q -k fingerprint --update-fingerprints --allow-settings-mismatch --dtype $dt \
     --hidden-state-backend fla --golden-dir "$OUT/golden" --cache-dir /tmp/gcache --report-dir /tmp/grep_$dt 2>&1 | tail -n 3 >> "$OUT/lane.log"
 done
-ls "$OUT/golden/fingerprints" >> "$OUT/lane.log"
+ls "$OUT/golden/fingerprints" >> "$OUT/lane.log"; cp "$OUT"/golden/fingerprints/nvidia-*.json "$OUT/" 2>/dev/null
 if ls .whl_old/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_old .whl_old/*.whl || exit 1
   for dt in fp32 bf16; do
