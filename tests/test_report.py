@@ -108,7 +108,7 @@ def test_every_option_has_help_env_and_ini():
         assert o.help and o.env.startswith("DFLASH_EVAL_") and o.ini.startswith("dflash_")
     # the options with "tau" in their flag, listed on purpose (a new one is added here deliberately)
     assert {o.name for o in OPTIONS if "tau" in o.flag} == {"tau_floor", "tau_floor_prompt", "update_tau_floors",
-                                                            "tau_margin"}
+                                                            "tau_margin", "online_tau"}
     for name in ("tau_floor_prompt", "allow_settings_mismatch", "baseline", "baseline_drop_tol", "baseline_rise_tol"):
         assert name in OPTIONS_BY_NAME, name
     assert Path(EvalSettings.from_mapping({}).cache_dir) == Path(".dflash_cache")
@@ -153,9 +153,13 @@ def test_prompt_spec_resolution(tmp_path):
 
     (tmp_path / "here.jsonl").write_text('{"text": "x"}\n')
     assert resolve_prompt_spec("humaneval:2, here.jsonl", tmp_path) == f"humaneval:2,{tmp_path / 'here.jsonl'}"
-    assert resolve_prompt_spec("mbpp", tmp_path) == "mbpp"  # an unknown set name stays a name (clear error later)
+    assert resolve_prompt_spec("nope", tmp_path) == "nope"  # an unknown set name stays a name (clear error later)
+    assert resolve_prompt_spec("mbpp:3", tmp_path) == "mbpp:3"  # a built-in set name too
     assert resolve_prompt_spec("d/p.jsonl", None) == "d/p.jsonl"
-    with pytest.raises(ConfigError, match="unknown prompt set 'mbpp'"):
+    # local data NAME=PATH[:FIELD][:N] and set definition files: the path is made absolute, the rest kept
+    assert resolve_prompt_spec("gsm8k=data/g:question:5, sets.yaml", tmp_path) == \
+        f"gsm8k={tmp_path / 'data/g'}:question:5,{tmp_path / 'sets.yaml'}"
+    with pytest.raises(ConfigError, match="unknown prompt set 'nope'"):
         from dflash_eval.prompts import load_prompt_spec
 
-        load_prompt_spec("mbpp")
+        load_prompt_spec("nope")

@@ -503,6 +503,7 @@ MALFORMED_ITEMS = [  # (body of a /generate answer for the prompts [[1], [2]], m
     ([item([1, 2]), item([1, 2, 3])], "more than max_new_tokens=2"),
     ([item([1, 2]), {**item([1, 2]), "text": 7}], "'text'"),
     ([item([1, 2]), item([1, 2], spec_accept_length="x")], "spec_accept_length"),
+    ([item([1, 2]), item([1, 2], spec_accept_histogram=[1, -2])], "spec_accept_histogram"),
 ]
 
 
@@ -524,7 +525,8 @@ def test_http_4xx_quotes_body(canned: Callable) -> None:
 def test_request_shape_batching_and_spec_fields(canned: Callable) -> None:
     def respond(path: str, req: Any) -> tuple[int, bytes]:
         n = req["sampling_params"]["max_new_tokens"]
-        items = [item([p[0]] * n, spec_accept_length=2.5, spec_verify_ct=2) for p in req["input_ids"]]
+        items = [item([p[0]] * n, spec_accept_length=2.5, spec_verify_ct=2, spec_accept_histogram=[0, 1, 1])
+                 for p in req["input_ids"]]
         return 200, json.dumps(items).encode()
 
     server = canned(respond)
@@ -532,6 +534,7 @@ def test_request_shape_batching_and_spec_fields(canned: Callable) -> None:
     got = generate_greedy(server.url, prompts, max_new_tokens=5, timeout_s=5, batch_size=2, stop_token_ids=[9])
     assert [c.output_ids for c in got] == [[i] * 5 for i in range(5)]
     assert all(c.spec_accept_length == 2.5 and c.spec_verify_ct == 2 for c in got)
+    assert all(c.spec_accept_histogram == [0, 1, 1] for c in got)  # rounds that accepted 0, 1, 2 drafts
     assert [len(req["input_ids"]) for _, req in server.received] == [2, 2, 1]
     path, req = server.received[0]
     assert path == "/generate"

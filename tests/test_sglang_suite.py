@@ -154,7 +154,12 @@ def test_launched_standin_gives_local_completions_then_warm_cache_needs_no_serve
     # the server's (here SYNTHETIC) spec_accept_length is reported beside the offline τ
     for pid, r in data["prompts"].items():
         assert r["server_accept_length"] == pytest.approx(3.5, abs=1.0), pid
-    assert "server accept len" in (reports / "eval.md").read_text()
+        # and its (SYNTHETIC) histogram: as many rounds as verify steps, rates side by side with the offline ones
+        assert sum(r["server_histogram"]) == round(r["completion_tokens"] / r["server_accept_length"]), pid
+        assert len(r["server_position_rates"]) == len(r["server_histogram"]) - 1
+    md = (reports / "eval.md").read_text()
+    assert "server accept len" in md and "| all prompts | server |" in md and "| all prompts | chain |" in md
+    assert set(data["categories"]["all"]["acceptance"]) == {"chain", "server"}
 
     # a warm cache needs no server at all, even under --require-sglang
     dead = free_port()

@@ -22,7 +22,8 @@ import torch
 from dflash_eval.backends import BACKENDS, resolve_backend
 from dflash_eval.dtypes import parse_dtype
 from dflash_eval.errors import ConfigError
-from dflash_eval.prompts import BUILTIN_SETS, CHAT_TEMPLATE_MODES
+from dflash_eval.prompts import CHAT_TEMPLATE_MODES, DEFAULT_PROMPT_DATA_DIR, HUMANEVAL_WRAPPERS, THINKING_MODES
+from dflash_eval.prompts import resolve_spec_paths
 
 __all__ = ["COMPLETION_SOURCES", "DEFAULT_PROMPTS", "OPTIONS", "OPTIONS_BY_NAME", "OptionSpec", "EvalSettings",
            "add_options", "resolve", "resolve_prompt_spec", "worker_info"]
@@ -58,14 +59,24 @@ class EvalSettings:
     drafter_config: Path | None = opt(None, "config.json for a bare .pt drafter without an embedded config", "path")
     reference_drafter: Path | None = opt(None, "a reference drafter directory: test_checkpoint lists every "
                                          "architecture difference against it", "path")
-    prompts: str = opt(DEFAULT_PROMPTS, "prompt sets and/or JSONL files, comma-separated: built-in sets by name "
-                       "(humaneval, humaneval:N for the first N) and JSONL files (one {id, category, text} object a "
-                       "line)", "spec")
+    prompts: str = opt(DEFAULT_PROMPTS, "prompt sets and files, comma-separated: built-in sets by name (gsm8k, "
+                       "math500, humaneval, mbpp, mt-bench; NAME:N for the first N), local data NAME=PATH[:FIELD][:N] "
+                       "(datasets save_to_disk folder, parquet, arrow, json, jsonl), .yaml/.toml set definitions and "
+                       "JSONL files (one {id, category, text|turns} object a line)", "spec")
+    prompt_data_dir: Path = opt(DEFAULT_PROMPT_DATA_DIR, "where built-in sets named without a path are read: "
+                                "<dir>/<name> (save_to_disk folder or dataset repository snapshot) or "
+                                "<dir>/<name>.parquet|.jsonl|.json; nothing is downloaded", "path")
+    humaneval_wrapper: str = opt("none", "HumanEval prompt text: none (the raw problem) or reference (wrapped as the "
+                                 "reference DFlash benchmark does, for comparable τ)", "choice", HUMANEVAL_WRAPPERS)
     chat_template: str = opt("auto", "format prompts with the target tokenizer's chat template: auto (when it has "
-                             "one; thinking disabled), on (required), off (raw text)", "choice", CHAT_TEMPLATE_MODES)
+                             "one), on (required), off (raw text)", "choice", CHAT_TEMPLATE_MODES)
+    thinking: str = opt("off", "enable_thinking passed to the chat template (Qwen3/3.5/3.6): off (as the reference "
+                        "benchmark) or on (needs a template with the switch)", "choice", THINKING_MODES)
     num_prompts: int | None = opt(None, "use only the first N prompts", "int")
     max_new_tokens: int = opt(128, "length of the reference completions (tokens)", "int")
     max_blocks: int | None = opt(None, "stop each τ simulation after this many speculative rounds", "int")
+    online_tau: bool = opt(False, "also run the real speculative loop (the target verifies each drafted block) on "
+                           "every prompt and report its τ and per-position acceptance beside the offline ones", "bool")
     ddtree_budget: tuple[int, ...] = opt((8,), "DDTree node budget(s); repeat the option or give a comma list "
                                          "(e.g. 4,8)", "ints")
     device: str = opt("auto", "device for the target and drafter: auto (cuda if available, else cpu), cpu, cuda, "
@@ -98,8 +109,8 @@ class EvalSettings:
     tau_floor_prompt: float | None = opt(None, "floor of EVERY prompt's chain and DDTree τ (replaces the floors "
                                          "file's per-prompt floors)", "float")
     allow_settings_mismatch: bool = opt(False, "use a floors file or --baseline recorded with other τ-relevant "
-                                        "settings (target, max_new_tokens, block size, chat template, dtype, "
-                                        "backend) with a warning instead of refusing it", "bool")
+                                        "settings (target, max_new_tokens, block size, chat template, thinking, "
+                                        "dtype, backend) with a warning instead of refusing it", "bool")
     baseline: Path | None = opt(None, "an earlier reports/eval.json: compare this run's chain τ prompt by prompt "
                                 "(paired, bootstrap CI); test_baseline_tau_drop / test_baseline_tau_ceiling",
                                 "path")
@@ -317,20 +328,9 @@ def resolve(cli: Callable[[str], Any], *, environ: Mapping[str, str], invocation
 
 
 def resolve_prompt_spec(raw: Any, base: Path | None) -> str:
-    """``--prompts`` with every relative file item made absolute against ``base`` (built-in set names such as
-    ``humaneval:16`` stay as they are; so does a bare unknown name, which then fails as an unknown set)."""
-    items = [s.strip() for s in str(raw).split(",") if s.strip()]
-    out = []
-    for item in items:
-        if item.partition(":")[0] in BUILTIN_SETS:
-            out.append(item)
-            continue
-        p = Path(item).expanduser()
-        if not p.is_absolute() and base is not None and (
-                (base / p).exists() or item.endswith((".jsonl", ".json")) or "/" in item):
-            p = base / p
-        out.append(str(p))
-    return ",".join(out)
+    """``--prompts`` with every relative path made absolute against ``base``
+    (:func:`dflash_eval.prompts.resolve_spec_paths`)."""
+    return resolve_spec_paths(raw, base)
 
 
 def _parse_value(spec: OptionSpec, raw: Any, base: Path | None) -> Any:

@@ -1,7 +1,7 @@
 """The settings that change τ, recorded with floors files and reports, and checked before they are compared.
 
 τ floors or a baseline recorded with 128 new tokens say nothing about a 512-token run; nor do ones from another
-target, block size, chat-template mode, dtype or backend. Each floors file and each eval.json carries this
+target, block size, chat-template or thinking mode, HumanEval prompt wrapper, dtype or backend. Each floors file and each eval.json carries this
 context; :func:`mismatches` lists every field where a recorded context differs from the current run (fields the
 recording does not have are not checked, so older files stay usable).
 """
@@ -19,6 +19,8 @@ TAU_FIELDS: dict[str, str] = {
     "max_blocks": "--max-blocks",
     "block_size": "the drafter's block_size",
     "chat_template": "--chat-template",
+    "thinking": "--thinking",
+    "humaneval_wrapper": "--humaneval-wrapper",
     "dtype": "--dtype",
     "backend": "--hidden-state-backend",
 }

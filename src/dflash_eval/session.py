@@ -30,6 +30,7 @@ from dflash_eval.run_context import describe, mismatches
 from dflash_eval.suite.evaluation import DrafterEvaluation, Drift, PromptTau
 from dflash_eval.suite.feature_store import FeatureStore
 from dflash_eval.suite.inputs import Inputs
+from dflash_eval.suite.online_tau import online_tau
 from dflash_eval.suite.references import CompletionRecord, References
 from dflash_eval.suite.results import EvalResult, TauSummary, build_result, tau_summary
 
@@ -70,10 +71,13 @@ class EvalSession:
     def run_context(self) -> dict[str, Any]:
         """The settings that change τ (:mod:`dflash_eval.run_context`), recorded with floors and reports."""
         s, inp = self.settings, self.inputs
-        return {"target": inp.target_identity, "max_new_tokens": s.max_new_tokens, "max_blocks": s.max_blocks,
-                "block_size": self.evaluation.checkpoint.config.block_size,
-                "chat_template": inp.prompt_format["chat_template"],
-                "dtype": str(s.torch_dtype).removeprefix("torch."), "backend": s.eval_backend}
+        ctx = {"target": inp.target_identity, "max_new_tokens": s.max_new_tokens, "max_blocks": s.max_blocks,
+               "block_size": self.evaluation.checkpoint.config.block_size,
+               "chat_template": inp.prompt_format["chat_template"], "thinking": inp.prompt_format["enable_thinking"],
+               "dtype": str(s.torch_dtype).removeprefix("torch."), "backend": s.eval_backend}
+        if any(p.extra.get("set") == "humaneval" for p in inp.prompts):  # the wrapper changes HumanEval's text
+            ctx["humaneval_wrapper"] = s.humaneval_wrapper
+        return ctx
 
     def _refuse_or_warn(self, what: str, path: Any, recorded: dict[str, Any], *, explicit: bool) -> bool:
         """Check a recorded context against this run: True when it matches (or mismatches are allowed, with a
@@ -134,7 +138,8 @@ class EvalSession:
     def tau_summary(self) -> TauSummary:
         """τ of every prompt judged against the floors, the means and the per-category table."""
         if self._tau_summary is None:
-            self._tau_summary = tau_summary(self.evaluation, self.floors, self.baseline_comparison())
+            online = online_tau(self.evaluation) if self.settings.online_tau else None
+            self._tau_summary = tau_summary(self.evaluation, self.floors, self.baseline_comparison(), online)
         return self._tau_summary
 
     def result(self) -> EvalResult:

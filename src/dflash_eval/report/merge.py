@@ -5,13 +5,25 @@ eval.json (schema 1; documented in README.md)::
     {"schema": 1, "created": ISO time, "settings": {...},
      "target": {"path", "identity", "num_layers", "hidden_size", "vocab_size", "layer_types", "dtype", "device"},
      "drafter": {"path", "fingerprint", "config"}, "provenance": {"backend", "dtype", "device", "versions", ...},
-     "context": {"target", "max_new_tokens", "max_blocks", "block_size", "chat_template", "dtype", "backend"},
-     "prompts": {id: {"category", "tau", "rounds", "accept_lengths", "histogram", "ddtree": {budget: tau},
+     "context": {"target", "max_new_tokens", "max_blocks", "block_size", "chat_template", "thinking", "dtype",
+                 "backend", "humaneval_wrapper" (only with HumanEval prompts)},
+     "prompts": {id: {"category", "tau", "rounds", "accept_lengths", "histogram" (rounds per length 1..B),
+                      "position_rates" (slot k accepted / rounds, k = 1..B-1), "ddtree": {budget: tau},
                       "ddtree_accept_lengths", "floor", "ddtree_floor": {budget: floor}, "prompt_tokens",
-                      "completion_tokens", "passed" (true / false / null: not gated), "baseline_tau"}},
+                      "completion_tokens", "passed" (true / false / null: not gated), "baseline_tau",
+                      "conversation", "turn" (multi-turn prompts), "server_accept_length", "server_histogram",
+                      "server_position_rates" (SGLang speculative server), "online": {"tau", "rounds",
+                      "accept_lengths", "histogram", "position_rates", "tokens", "matches_reference",
+                      "first_divergence"} (--online-tau)}},
      "mean_tau", "mean_floor", "mean_passed", "mean_ddtree": {budget: tau}, "mean_ddtree_floor": {budget: floor},
      "categories": {category | "all": {"n", "chain": {"n", "mean", "median", "ci95": [lo, hi]},
-                    "ddtree": {budget: {...same...}}, "floor", "ddtree_floor": {budget: floor}, "passed"}},
+                    "ddtree": {budget: {...same...}}, "floor", "ddtree_floor": {budget: floor}, "passed",
+                    "acceptance": {"chain" | "online" | "server": {"rounds", "tau", "histogram",
+                                                                   "position_rates"}}}},
+     "conversations": {conversation: {"category", "turns": [id], "turn_tau", "rounds", "tau", "histogram",
+                                      "position_rates"}} (multi-turn prompts only),
+     "turns": {k: {"chain": {"n", "mean", "median", "ci95"}, "acceptance": {"rounds", "tau", "histogram",
+                                                                            "position_rates"}}},
      "baseline": {"path", "n", "missing", "mean_baseline", "mean_run", "mean_diff", "ci95", "rel_change",
                   "drop_tol", "rise_tol", "drop_passed", "rise_passed", "prompts": {id: {"baseline", "run", "delta"}}},
      "drift": [{"comparison", "prompt_id", "layer", "rel_err", "cos", "max_abs", "rel_tol", "cos_tol", "passed"}],
@@ -27,7 +39,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from dflash_eval.stats import category_table, ddtree_budgets
+from dflash_eval.stats import category_table, conversation_table, ddtree_budgets, turn_table
 from dflash_eval.verdict import judge_categories, mean_passed
 
 __all__ = ["SCHEMA", "merge"]
@@ -62,6 +74,11 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
         judge_categories(cats, None, ddtree_budgets(out["prompts"]))
     if cats is not None:
         out["categories"] = cats
+    convs = next((f for f in fragments if f.get("conversations")), None)
+    if convs is not None:
+        out["conversations"], out["turns"] = convs["conversations"], convs.get("turns", {})
+    elif any(r.get("conversation") for r in out["prompts"].values()):
+        out["conversations"], out["turns"] = conversation_table(out["prompts"]), turn_table(out["prompts"])
     drift: dict[tuple, Any] = {}
     accept: dict[tuple, Any] = {}
     for f in fragments:

@@ -1,4 +1,5 @@
-"""eval.png: τ per prompt against its floors, and the acceptance-length histogram (matplotlib, Agg backend)."""
+"""eval.png: τ per prompt against its floors, the acceptance-length histogram and the per-position acceptance rates
+(every source side by side: offline chain, online loop, SGLang server; per category for the chain), matplotlib Agg."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.acceptance import acceptance_table
 from dflash_eval.atomic import atomic_write_with
 from dflash_eval.stats import ddtree_budgets
 
@@ -28,7 +30,8 @@ def write_plot(data: dict[str, Any], path: Path) -> Path | None:
 
     ids = list(prompts)
     bs = ddtree_budgets(prompts)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 0.5 * len(ids) + 6), 4.5))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(max(12, 0.5 * len(ids) + 10), 4.5),
+                                        gridspec_kw={"width_ratios": [max(2, len(ids) / 8), 1, 1]})
     x = range(len(ids))
     width = 0.8 / (1 + len(bs))
     ax1.bar([i - 0.4 + width / 2 for i in x], [_num(prompts[p]["tau"]) or 0 for p in ids], width, label="chain τ")
@@ -48,18 +51,45 @@ def write_plot(data: dict[str, Any], path: Path) -> Path | None:
     ax1.set_xticklabels(ids, rotation=60, ha="right", fontsize=7)
     ax1.set_ylabel("τ (mean acceptance length)")
     ax1.legend(fontsize=7)
-    hist: list[int] = []
-    for r in prompts.values():
-        h = r.get("histogram", [])
-        hist += [0] * (len(h) - len(hist))
-        for i, c in enumerate(h):
-            hist[i] += c
-    ax2.bar(range(1, len(hist) + 1), hist)
-    ax2.set_xlabel("acceptance length (chain)")
-    ax2.set_ylabel("rounds")
-    ax2.set_title("acceptance histogram, all prompts")
+    _acceptance_panels(data, ax2, ax3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_with(path, lambda p: fig.savefig(p, format="png", dpi=100))
     plt.close(fig)
     return path
+
+
+_STYLE = {"chain": {"marker": "o"}, "online": {"marker": "s", "linestyle": ":"},
+          "server": {"marker": "^", "linestyle": "-."}}
+
+
+def _acceptance_panels(data: dict[str, Any], ax_hist: Any, ax_rates: Any) -> None:
+    """Share of rounds per acceptance length, and rate per draft position, for every source (all prompts), plus the
+    chain rates of each category."""
+    cats = {c: v.get("acceptance") for c, v in (data.get("categories") or {}).items()}
+    if not cats or any(v is None for v in cats.values()):
+        cats = acceptance_table(data.get("prompts", {}))
+    run = cats.get("all") or {}
+    n = max(1, len(run))
+    width = 0.8 / n
+    for k, (src, block) in enumerate(run.items()):
+        hist, rounds = block["histogram"], block["rounds"] or 1
+        ax_hist.bar([i + 1 - 0.4 + width * (k + 0.5) for i in range(len(hist))], [c / rounds for c in hist], width,
+                    label=f"{src} ({block['rounds']} rounds)")
+        rates = block["position_rates"]
+        ax_rates.plot(range(1, len(rates) + 1), rates, linewidth=2, label=f"{src}, all prompts",
+                      **_STYLE.get(src, {}))
+    for c, by in sorted(cats.items()):
+        if c != "all" and "chain" in by and len(cats) > 2:
+            rates = by["chain"]["position_rates"]
+            ax_rates.plot(range(1, len(rates) + 1), rates, linestyle="--", linewidth=1, label=f"chain, {c}")
+    ax_hist.set_xlabel("acceptance length")
+    ax_hist.set_ylabel("share of rounds")
+    ax_hist.set_title("acceptance-length histogram")
+    ax_rates.set_xlabel("draft slot k")
+    ax_rates.set_ylabel("accepted, share of rounds")
+    ax_rates.set_ylim(0, 1.02)
+    ax_rates.set_title("per-position acceptance")
+    for ax in (ax_hist, ax_rates):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)

@@ -1,5 +1,6 @@
-"""eval.json's data as text: the τ table, the per-category table and the drift summary, for the terminal (rich)
-and as markdown (eval.md, $GITHUB_STEP_SUMMARY). The row builders are shared by both and by the gate CLI."""
+"""eval.json's data as text: the τ table, the per-category table, the per-position acceptance table, the multi-turn
+conversation table and the drift summary, for the terminal (rich) and as markdown (eval.md, $GITHUB_STEP_SUMMARY).
+The row builders are shared by both and by the gate CLI."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.report.acceptance import acceptance_rows, conversation_rows
 from dflash_eval.stats import ddtree_budgets
 
 __all__ = ["tau_rows", "category_rows", "drift_rows", "baseline_line", "render_terminal", "render_markdown", "fmt"]
@@ -69,6 +71,12 @@ def tau_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         rows.append(["MEAN", _fmt(data.get("mean_tau"))] + [_fmt(data.get("mean_ddtree", {}).get(b)) for b in bs]
                     + [_fmt(data.get("mean_floor"))] + [_fmt(data.get("mean_ddtree_floor", {}).get(b)) for b in bs]
                     + ["", "PASS" if data.get("mean_passed") else "FAIL"])
+    online = [(r.get("online") or {}).get("tau") for r in data.get("prompts", {}).values()]
+    if any(v is not None for v in online):  # the real speculative loop's τ beside the offline one (--online-tau)
+        known_o = [v for v in online if v is not None and not math.isnan(v)]
+        header.insert(2, "online τ")
+        for row, v in zip(rows, online + [sum(known_o) / len(known_o) if known_o else None]):
+            row.insert(2, _fmt(v))
     server = [r.get("server_accept_length") for r in data.get("prompts", {}).values()]
     if any(v is not None for v in server):  # the SGLang server ran the drafter: its accept length beside offline τ
         known = [v for v in server if v is not None]
@@ -148,6 +156,14 @@ def render_terminal(data: dict[str, Any], *, width: int = 120) -> str:
         for r in crows:
             t.add_row(*r)
         console.print(t)
+    for title, (ah, arows) in ((_ACCEPT_TITLE, acceptance_rows(data)), (_CONV_TITLE, conversation_rows(data))):
+        if arows:
+            t = Table(title=title)
+            for h in ah:
+                t.add_column(h, justify="left" if h in ("scope", "source", "conversation", "category") else "right")
+            for r in arows:
+                t.add_row(*r)
+            console.print(t)
     dh, drows = drift_rows(data)
     if drows:
         t = Table(title="hidden-state drift (worst prompt per layer)")
@@ -160,6 +176,11 @@ def render_terminal(data: dict[str, Any], *, width: int = 120) -> str:
     if tm:
         console.print("timings (s, summed over processes): " + ", ".join(f"{k} {v:.2f}" for k, v in tm.items()))
     return buf.getvalue()
+
+
+_ACCEPT_TITLE = ("acceptance per draft position (per prompt, category and run; sources: chain = offline simulation, "
+                 "online = real speculative loop, server = SGLang's histogram)")
+_CONV_TITLE = "multi-turn conversations (τ per turn; conversation τ over all its rounds)"
 
 
 def _title(data: dict[str, Any]) -> str:
@@ -194,6 +215,9 @@ def render_markdown(data: dict[str, Any]) -> str:
     if crows:
         parts += ["", "### τ per category (mean, median, bootstrap 95 % CI of the mean; floors chain/"
                   + "/".join(f"DDTree-{b}" for b in _budgets(data)) + ")", "", _md_table(ch, crows)]
+    for title, (ah, arows) in ((_ACCEPT_TITLE, acceptance_rows(data)), (_CONV_TITLE, conversation_rows(data))):
+        if arows:
+            parts += ["", f"### {title[0].upper()}{title[1:]}", "", _md_table(ah, arows)]
     dh, drows = drift_rows(data)
     if drows:
         parts += ["", "### Hidden-state drift", "", _md_table(dh, drows)]

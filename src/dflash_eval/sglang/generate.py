@@ -35,7 +35,9 @@ class Completion:
     ``output_ids`` are the generated ids only (no prompt). ``finish_reason`` is SGLang's dict, e.g.
     ``{"type": "length", "length": 64}`` or ``{"type": "stop", "matched": 151645}``. The two ``spec_*`` fields
     are present only when the server runs a speculative algorithm (``meta_info.spec_accept_length`` /
-    ``spec_verify_ct``), else ``None``.
+    ``spec_verify_ct``), else ``None``; so is ``spec_accept_histogram`` (``meta_info.spec_accept_histogram``, older
+    name ``spec_correct_drafts_histogram``: index n = verify rounds that accepted exactly n draft tokens), which
+    servers report only in recent versions.
     """
 
     output_ids: list[int]
@@ -43,6 +45,7 @@ class Completion:
     finish_reason: dict
     spec_accept_length: float | None
     spec_verify_ct: int | None
+    spec_accept_histogram: list[int] | None = None
 
 
 def _check_prompts(batch_input_ids: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -159,12 +162,18 @@ def _parse_item(item: Any, *, index: int, where: str, max_new_tokens: int) -> Co
                 verify = int(verify)
             else:
                 raise bad("meta_info.spec_verify_ct", f"is {verify!r}, expected an int")
+    hist = meta.get("spec_accept_histogram", meta.get("spec_correct_drafts_histogram"))
+    if hist is not None and (not isinstance(hist, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in hist)):
+        raise bad("meta_info.spec_accept_histogram", f"is {excerpt(json.dumps(hist), 200)}, expected a list of "
+                  "non-negative ints")
     return Completion(
         output_ids=list(output_ids),
         text=text,
         finish_reason=dict(finish),
         spec_accept_length=accept,
         spec_verify_ct=verify,
+        spec_accept_histogram=list(hist) if hist else None,
     )
 
 

@@ -24,7 +24,7 @@ from dflash_eval.drift import Comparison, Side, drift_comparisons
 from dflash_eval.errors import ConfigError, DFlashEvalError, EvalError
 from dflash_eval.floors import Floors, load_floors
 from dflash_eval.options import EvalSettings, worker_info
-from dflash_eval.prompts import Prompt, encode_prompt, load_prompt_spec
+from dflash_eval.prompts import Prompt, encode_prompt, load_prompt_spec, template_has_thinking_switch
 from dflash_eval.suite.progress import Meter, default_progress_sink
 from dflash_eval.target import TargetDir
 
@@ -91,7 +91,9 @@ class Inputs:
     # ------------------------------------------------------------------------------------------------ prompts
     @cached_property
     def prompts(self) -> list[Prompt]:
-        return load_prompt_spec(self.settings.prompts, limit=self.settings.num_prompts)
+        s = self.settings
+        return load_prompt_spec(s.prompts, limit=s.num_prompts, data_dir=s.prompt_data_dir,
+                                humaneval_wrapper=s.humaneval_wrapper)
 
     @cached_property
     def prompt_by_id(self) -> dict[str, Prompt]:
@@ -224,26 +226,37 @@ class Inputs:
     # ------------------------------------------------------------------------------------------------ prompt ids
     @cached_property
     def prompt_format(self) -> dict[str, Any]:
-        """How prompt text becomes token ids: ``{"chat_template": "on"|"off", "template_sha256": ...}`` (``auto``
-        resolved); part of the prompt ids' cache key (completions and features key the resulting ids)."""
-        mode, tmpl = self.settings.chat_template, self.target_dir.chat_template_text()
+        """How prompt text becomes token ids: ``{"chat_template": "on"|"off", "template_sha256": ...,
+        "enable_thinking": bool | None}`` (``auto`` resolved; thinking None without a template); part of the prompt
+        ids' cache key (completions and features key the resulting ids)."""
+        s = self.settings
+        mode, tmpl = s.chat_template, self.target_dir.chat_template_text()
         if mode == "on" and tmpl is None:
-            raise ConfigError(f"--chat-template on, but the target tokenizer at {self.settings.target_model} has no "
+            raise ConfigError(f"--chat-template on, but the target tokenizer at {s.target_model} has no "
                               "chat template (tokenizer_config.json 'chat_template' or chat_template.jinja)")
         use = mode == "on" or (mode == "auto" and tmpl is not None)
+        if s.thinking == "on" and not use:
+            raise ConfigError(f"--thinking on needs the target's chat template, but prompts are raw text "
+                              f"(--chat-template {mode}" + ("" if tmpl else f"; {s.target_model} has no template")
+                              + ")")
+        if s.thinking == "on" and not template_has_thinking_switch(tmpl):
+            raise ConfigError(f"--thinking on, but the chat template of {s.target_model} has no enable_thinking "
+                              "switch (a Qwen3-style template reads it); leave --thinking off")
         return {"chat_template": "on" if use else "off",
                 "template_sha256": hashlib.sha256(tmpl.encode()).hexdigest() if use and tmpl else None,
-                "enable_thinking": False if use else None}
+                "enable_thinking": (s.thinking == "on") if use else None}
 
     @cached_property
     def prompt_ids(self) -> dict[str, list[int]]:
-        """Token ids of each prompt (raw text or the chat template, see :attr:`prompt_format`; no other special
-        tokens); cached by tokenizer files + formatting + text (tokenizing is not computing: under --cache-only a
-        miss is tokenized, not written)."""
+        """Token ids of each prompt but later conversation turns (raw text or the chat template, see
+        :attr:`prompt_format`; no other special tokens); cached by tokenizer files + formatting + text (tokenizing is
+        not computing: under --cache-only a miss is tokenized, not written)."""
         digest = self.target_dir.tokenizer_digest()
         out: dict[str, list[int]] = {}
         with self.meter.timed("tokenize"):
             for p in self.prompts:
+                if p.follows:  # a later turn: its ids need the earlier replies (dflash_eval.suite.conversations)
+                    continue
                 fields = {"tokenizer": digest, "text": p.text, "add_special_tokens": False, **self.prompt_format}
                 e = self.cache.get_or_produce("prompt_ids", fields, lambda p=p: (
                     {"ids": torch.tensor(self._tokenize(p))}, {"prompt_id": p.id}), derived=True)
@@ -251,7 +264,8 @@ class Inputs:
         return out
 
     def _tokenize(self, p: Prompt) -> list[int]:
-        ids = encode_prompt(self.tokenizer, p.text, chat_template=self.prompt_format["chat_template"])
+        ids = encode_prompt(self.tokenizer, p.text, chat_template=self.prompt_format["chat_template"],
+                            thinking=bool(self.prompt_format["enable_thinking"]))
         if not ids:
             raise EvalError(f"prompt {p.id!r} (line {p.line} of its set in --prompts {self.settings.prompts}) "
                             "tokenizes to no tokens")

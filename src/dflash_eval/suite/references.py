@@ -4,7 +4,8 @@ A completion comes from the cache, else from its source (``--completions``): ``l
 generation (one cache job per prompt, spread over xdist workers), ``sglang`` a batch of greedy ``/generate``
 requests to a server whose readiness and identity the SGLang service already checked (it hands this stage a
 ready client), ``cache`` never computes. Nothing is cached unless every answer of a batch is valid, and an empty
-completion is an error, never an entry.
+completion is an error, never an entry. Conversations are produced turn by turn, a later turn's prompt holding the
+earlier turns and their reference replies (:mod:`dflash_eval.suite.conversations`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dflash_eval.backends import use_backend
 from dflash_eval.cache import CacheEntry, Job, cache_key, ids_digest
 from dflash_eval.errors import EvalError
 from dflash_eval.provenance import device_kind, library_versions
+from dflash_eval.suite.conversations import HistoryMissing, turn_groups, turn_prompt_ids
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
 
@@ -38,6 +40,7 @@ class CompletionRecord:
     source: str
     finish_reason: Any = None
     spec_accept_length: float | None = None  # meta_info.spec_accept_length of a speculative SGLang server
+    spec_accept_histogram: list[int] | None = None  # its meta_info.spec_accept_histogram (rounds per accepted drafts)
 
     @property
     def sequence(self) -> list[int]:
@@ -56,11 +59,31 @@ class References:
         self.sglang_client = sglang_client
         self._records: dict[str, CompletionRecord] = {}
         self._argmax: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._turn_ids: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------------------------------------ keys
+    def prompt_ids(self, pid: str) -> list[int]:
+        """Token ids of ``pid``'s prompt; a later conversation turn's include the earlier turns and their reference
+        replies (HistoryMissing until the previous turn's completion exists)."""
+        p = self.inputs.prompt_by_id[pid]
+        if not p.follows:
+            return self.inputs.prompt_ids[pid]
+        if pid not in self._turn_ids:
+            earlier = []
+            q: str | None = p.previous_id
+            while q is not None:
+                rec = self._records.get(q) or self._read(q)
+                if rec is None:
+                    raise HistoryMissing(f"turn {p.turn} of conversation {p.conversation!r} needs the reference "
+                                         f"completion of {q!r} first")
+                earlier.insert(0, rec)
+                q = self.inputs.prompt_by_id[q].previous_id
+            self._turn_ids[pid] = turn_prompt_ids(self.inputs, p, [r.text for r in earlier], earlier[-1].sequence)
+        return self._turn_ids[pid]
+
     def fields(self, pid: str, source: str) -> dict[str, Any]:
         s, inp = self.inputs.settings, self.inputs
-        f: dict[str, Any] = {"target": inp.target_identity, "prompt_ids": inp.prompt_ids[pid],
+        f: dict[str, Any] = {"target": inp.target_identity, "prompt_ids": self.prompt_ids(pid),
                              "max_new_tokens": s.max_new_tokens, "source": source}
         if source == "local":
             f.update(backend=s.eval_backend, dtype=str(s.torch_dtype), device_kind=device_kind(s.torch_device),
@@ -78,17 +101,24 @@ class References:
         return None
 
     def _record(self, pid: str, entry: CacheEntry) -> CompletionRecord:
-        return CompletionRecord(pid, self.inputs.prompt_ids[pid], entry.tensors["output_ids"].tolist(),
+        return CompletionRecord(pid, self.prompt_ids(pid), entry.tensors["output_ids"].tolist(),
                                 entry.meta.get("text", ""),
                                 entry.meta.get("source", entry.manifest.get("fields", {}).get("source", "?")),
-                                entry.meta.get("finish_reason"), entry.meta.get("spec_accept_length"))
+                                entry.meta.get("finish_reason"), entry.meta.get("spec_accept_length"),
+                                entry.meta.get("spec_accept_histogram"))
 
     def cached(self) -> bool:
         """Whether every prompt's completion is memoised or cached for the configured ``--completions`` source."""
         cache = self.inputs.cache
-        return all(p.id in self._records or any(cache.exists("completion", self._key(p.id, src))
-                                                 for src in _SOURCES[self.inputs.settings.completions])
-                   for p in self.inputs.prompts)
+
+        def one(pid: str) -> bool:
+            try:
+                return any(cache.exists("completion", self._key(pid, src))
+                           for src in _SOURCES[self.inputs.settings.completions])
+            except HistoryMissing:
+                return False
+
+        return all(p.id in self._records or one(p.id) for p in self.inputs.prompts)
 
     def known(self, pid: str) -> CompletionRecord | None:
         """The completion of ``pid`` if this process already has it (never produces)."""
@@ -101,7 +131,8 @@ class References:
         missing = [p for p in pids if p not in self._records]
         if missing:
             with self.inputs.meter.timed("completions"):
-                self._ensure(missing)
+                for group in turn_groups([self.inputs.prompt_by_id[p] for p in missing]):
+                    self._ensure(group)  # a later turn's prompt needs the earlier turns' completions
         return {p: self._records[p] for p in pids}
 
     def _ensure(self, pids: list[str]) -> None:
@@ -153,7 +184,7 @@ class References:
         inp = self.inputs
         t0 = time.perf_counter()
         with inp.meter.timed("generation"):
-            ids = greedy_generate(inp.target, inp.prompt_ids[pid], inp.settings.max_new_tokens,
+            ids = greedy_generate(inp.target, self.prompt_ids(pid), inp.settings.max_new_tokens,
                                   backend=inp.settings.eval_backend)
         inp.meter.counts["generated_tokens"] += len(ids)
         text = inp.tokenizer.decode(ids, skip_special_tokens=True)  # as SGLang returns it
@@ -171,12 +202,14 @@ class References:
         inp = self.inputs
         t0 = time.perf_counter()
         with inp.meter.timed("sglang"):
-            comps = self.sglang_client.generate_greedy([inp.prompt_ids[p] for p in pids],
+            comps = self.sglang_client.generate_greedy([self.prompt_ids(p) for p in pids],
                                                        max_new_tokens=inp.settings.max_new_tokens)
         dt = (time.perf_counter() - t0) / max(1, len(pids))
         for pid, c in zip(pids, comps):
             extra = {} if c.spec_accept_length is None else {"spec_accept_length": c.spec_accept_length,
                                                              "spec_verify_ct": c.spec_verify_ct}
+            if getattr(c, "spec_accept_histogram", None) is not None:
+                extra["spec_accept_histogram"] = list(c.spec_accept_histogram)
             self._write(pid, "sglang", list(c.output_ids), c.text, c.finish_reason, dt, extra)
 
     # ------------------------------------------------------------------------------------------------ consistency

@@ -10,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_eval.acceptance import acceptance_block, histogram, position_rates
 from dflash_eval.baseline import BaselineComparison
 from dflash_eval.floors import Floors
 from dflash_eval.provenance import provenance
-from dflash_eval.stats import category_table, ddtree_budgets
+from dflash_eval.prompts import Prompt
+from dflash_eval.stats import category_table, conversation_table, ddtree_budgets, turn_table
 from dflash_eval.suite.evaluation import DrafterEvaluation, PromptTau
+from dflash_eval.suite.online_tau import OnlineTau
 from dflash_eval.suite.references import CompletionRecord
 from dflash_eval.tau import macro_tau
 from dflash_eval.verdict import judge_categories, judge_prompts, mean_thresholds
@@ -24,8 +27,8 @@ __all__ = ["EvalResult", "TauSummary", "build_result", "prompt_rows", "tau_summa
 
 @dataclass
 class TauSummary:
-    """τ of a run: judged per-prompt rows (eval.json's ``prompts``), the macro means and their floors, and the
-    per-category table."""
+    """τ of a run: judged per-prompt rows (eval.json's ``prompts``), the macro means and their floors, the
+    per-category table, and for multi-turn conversations the per-conversation and per-turn tables."""
 
     prompts: dict[str, dict[str, Any]]
     mean_tau: float
@@ -34,11 +37,15 @@ class TauSummary:
     mean_ddtree_floor: dict[str, float | None]
     categories: dict[str, dict[str, Any]]
     baseline: BaselineComparison | None = None
+    conversations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    turns: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = {"prompts": self.prompts, "mean_tau": self.mean_tau, "mean_ddtree": self.mean_ddtree,
                "mean_floor": self.mean_floor, "mean_ddtree_floor": self.mean_ddtree_floor,
                "categories": self.categories}
+        if self.conversations:
+            out["conversations"], out["turns"] = self.conversations, self.turns
         if self.baseline is not None:
             out["baseline"] = self.baseline.to_json()
         return out
@@ -80,16 +87,25 @@ class EvalResult:
         return out
 
 
+def _online_row(o: OnlineTau) -> dict[str, Any]:
+    return {**acceptance_block(histogram(o.tau.accept_lengths, o.tau.block_size)),
+            "accept_lengths": o.tau.accept_lengths, "tokens": o.tokens, "matches_reference": o.matches_reference,
+            "first_divergence": o.first_divergence}
+
+
 def prompt_rows(results: dict[str, PromptTau], floors: Floors,
                 completions: dict[str, CompletionRecord] | None = None,
-                baseline: BaselineComparison | None = None) -> dict[str, dict[str, Any]]:
-    """eval.json's judged ``prompts`` rows; ``completions`` adds an SGLang server's own accept length, ``baseline``
-    the baseline's τ of the prompt."""
+                baseline: BaselineComparison | None = None, prompts: dict[str, Prompt] | None = None,
+                online: dict[str, OnlineTau] | None = None) -> dict[str, dict[str, Any]]:
+    """eval.json's judged ``prompts`` rows; ``completions`` adds an SGLang server's own accept length (and
+    histogram), ``baseline`` the baseline's τ of the prompt, ``prompts`` the conversation and turn of a multi-turn
+    prompt, ``online`` the online loop's rounds."""
     out = {}
     for pid, r in results.items():
+        hist = r.chain.histogram
         out[pid] = {
             "category": r.category, "tau": r.chain.tau, "rounds": r.chain.rounds,
-            "accept_lengths": r.chain.accept_lengths, "histogram": r.chain.histogram,
+            "accept_lengths": r.chain.accept_lengths, "histogram": hist, "position_rates": position_rates(hist),
             "ddtree": {str(b): t.tau for b, t in r.ddtree.items()},
             "ddtree_accept_lengths": {str(b): t.accept_lengths for b, t in r.ddtree.items()},
             "floor": None, "ddtree_floor": {}, "prompt_tokens": r.prompt_tokens,
@@ -98,16 +114,26 @@ def prompt_rows(results: dict[str, PromptTau], floors: Floors,
         rec = (completions or {}).get(pid)
         if rec is not None and rec.spec_accept_length is not None:  # the server ran the drafter itself
             out[pid]["server_accept_length"] = rec.spec_accept_length
+        if rec is not None and rec.spec_accept_histogram:
+            out[pid]["server_histogram"] = list(rec.spec_accept_histogram)
+            out[pid]["server_position_rates"] = position_rates(rec.spec_accept_histogram)
+        p = (prompts or {}).get(pid)
+        if p is not None and p.conversation is not None:
+            out[pid]["conversation"], out[pid]["turn"] = p.conversation, p.turn
+        if online is not None and pid in online:
+            out[pid]["online"] = _online_row(online[pid])
         if baseline is not None and pid in baseline.deltas:
             out[pid]["baseline_tau"] = baseline.deltas[pid][0]
     judge_prompts(out, floors)
     return out
 
 
-def tau_summary(ev: DrafterEvaluation, floors: Floors, baseline: BaselineComparison | None = None) -> TauSummary:
-    """Judge ``ev``'s τ against ``floors`` (and note each prompt's baseline τ)."""
+def tau_summary(ev: DrafterEvaluation, floors: Floors, baseline: BaselineComparison | None = None,
+                online: dict[str, OnlineTau] | None = None) -> TauSummary:
+    """Judge ``ev``'s τ against ``floors`` (and note each prompt's baseline τ and, given, its online τ)."""
     res = ev.tau_results
-    rows = prompt_rows(res, floors, {p: r for p in res if (r := ev.references.known(p)) is not None}, baseline)
+    rows = prompt_rows(res, floors, {p: r for p in res if (r := ev.references.known(p)) is not None}, baseline,
+                       ev.inputs.prompt_by_id, online)
     budgets = tuple(ev.settings.ddtree_budget)
     means = mean_thresholds(macro_tau([r.chain for r in res.values()]),
                             {str(b): macro_tau([r.ddtree[b] for r in res.values()]) for b in budgets}, floors)
@@ -115,7 +141,7 @@ def tau_summary(ev: DrafterEvaluation, floors: Floors, baseline: BaselineCompari
     judge_categories(cats, floors, ddtree_budgets(rows))
     return TauSummary(rows, means[0].value, {t.label.removeprefix("DDTree-"): t.value for t in means[1:]},
                       means[0].floor, {t.label.removeprefix("DDTree-"): t.floor for t in means[1:]}, cats,
-                      baseline)
+                      baseline, conversation_table(rows), turn_table(rows))
 
 
 def _drift_rows(ev: DrafterEvaluation) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

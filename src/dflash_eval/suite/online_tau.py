@@ -1,0 +1,98 @@
+"""τ from the real speculative loop (``--online-tau``): the target verifies every drafted block
+(:func:`dflash_eval.online.online_generate`, greedy, stopping at EOS and at ``--max-new-tokens`` like the reference
+completions), reported beside the offline simulation's τ and per-position acceptance.
+
+On the same greedy completion both count the same rounds (up to numerical near-ties between a batched and an
+incremental forward), so a disagreement points at a convention bug or at kernel differences; each prompt's row says
+whether the online tokens reproduce the reference completion and where they first differ. One cache entry holds
+every prompt's online rounds and tokens, keyed by the target, the drafter, the code of the loop, the prompt ids and
+the generation settings; it is a real computation (a cache miss, refused under ``--cache-only``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dflash_eval.cache import ids_digest
+from dflash_eval.provenance import device_kind, library_versions
+from dflash_eval.suite.progress import Progress
+from dflash_eval.tau import TauResult
+
+if TYPE_CHECKING:
+    from dflash_eval.suite.evaluation import DrafterEvaluation
+
+__all__ = ["OnlineTau", "online_tau"]
+
+
+@dataclass
+class OnlineTau:
+    """One prompt's online rounds and whether its tokens reproduce the reference completion."""
+
+    tau: TauResult
+    tokens: int
+    first_divergence: int | None  # index in the completion of the first token that differs; None: identical
+
+    @property
+    def matches_reference(self) -> bool:
+        return self.first_divergence is None
+
+
+def _code_digest() -> str:
+    here = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in [here / "online.py", here / "features.py", here / "head.py", *sorted((here / "drafter").glob("*.py"))]:
+        h.update(path.relative_to(here).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def online_tau(ev: DrafterEvaluation) -> dict[str, OnlineTau]:
+    """Every prompt's online τ (cache, else one online generation per prompt)."""
+    inp, s = ev.inputs, ev.settings
+    comps = ev.completions()
+    prompts = inp.prompts
+    fields: dict[str, Any] = {
+        "target": inp.target_identity, "drafter": ev.checkpoint.fingerprint,
+        "drafter_config": ev.checkpoint.config.to_dict(), "code": _code_digest(),
+        "prompts": [ids_digest(comps[p.id].prompt_ids) for p in prompts], "max_new_tokens": s.max_new_tokens,
+        "max_blocks": s.max_blocks, "stop_at_eos": True, "backend": s.eval_backend, "dtype": str(s.torch_dtype),
+        "device_kind": device_kind(s.torch_device), "versions": library_versions()}
+
+    def produce() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        from dflash_eval.online import online_generate
+
+        prog = Progress("online speculative decoding", len(prompts), inp.progress)
+        tensors = {}
+        for n, p in enumerate(prompts):
+            with inp.meter.timed("online"):
+                res = online_generate(inp.target, ev.drafter, inp.head, comps[p.id].prompt_ids,
+                                      max_new_tokens=s.max_new_tokens, backend=s.eval_backend, stop_at_eos=True,
+                                      max_blocks=s.max_blocks)
+            inp.meter.counts["target_forwards"] += res.target_forwards
+            tensors[f"lens/{n}"] = torch.tensor(res.tau.accept_lengths, dtype=torch.int32)
+            tensors[f"tokens/{n}"] = torch.tensor(res.tokens, dtype=torch.int64)
+            prog.step(len(res.tokens))
+        return tensors, {"prompt_ids": [p.id for p in prompts]}
+
+    entry = inp.cache.get_or_produce("online_tau", fields, produce, what="online speculative decoding of every prompt")
+    bs = ev.checkpoint.config.block_size
+    out = {}
+    for n, p in enumerate(prompts):
+        toks = entry.tensors[f"tokens/{n}"].tolist()
+        ref = comps[p.id].output_ids
+        # max_blocks stops the loop early: compare only the tokens it produced
+        div = _divergence(toks, ref[:len(toks)] if s.max_blocks is not None else ref)
+        out[p.id] = OnlineTau(TauResult(entry.tensors[f"lens/{n}"].tolist(), bs, "online-chain"), len(toks), div)
+    return out
