@@ -27,6 +27,10 @@ Modes (failure injection):
 * ``malformed-json`` - ready, but ``POST /generate`` answers 200 with a truncated JSON body;
 * ``wrong-model-info`` - ``/model_info`` claims another model (``/models/Some-Other-Model-7B``).
 
+``--legacy-info`` (any mode): answer ``/model_info`` and ``/server_info`` with 404, as SGLang releases that serve
+only ``/get_model_info`` and ``/get_server_info`` do. ``--skip-tokenizer-init`` (any mode): completions carry no
+text (``""``), as a server started with SGLang's ``--skip-tokenizer-init``.
+
 ``--synthetic-spec-accept-length X`` (any mode) adds a SYNTHETIC ``meta_info.spec_accept_length`` (about X),
 ``spec_verify_ct`` and ``spec_accept_histogram`` to every completion, as a server running ``--speculative-algorithm`` would; no drafter runs, the
 number only exercises the suite's reporting of the server's accept length.
@@ -179,7 +183,7 @@ class StandIn:
         else:  # pragma: no cover - generate stopped for another reason
             finish = {"type": "length", "length": max_new}
         text = ""
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and not self.args.skip_tokenizer_init:
             text = self.tokenizer.decode(gen, skip_special_tokens=bool(params.get("skip_special_tokens", True)))
         meta: dict[str, Any] = {
             "id": uuid.uuid4().hex,
@@ -290,6 +294,8 @@ def make_handler(state: StandIn) -> type[BaseHTTPRequestHandler]:
                     self._send(200, b"", "text/plain")
                 else:
                     self._send(503, b"", "text/plain")
+            elif path in ("/model_info", "/server_info") and state.args.legacy_info:
+                self._json(404, {"detail": "Not Found"})
             elif path in ("/model_info", "/get_model_info"):
                 self._json(200, state.model_info())
             elif path in ("/server_info", "/get_server_info"):
@@ -355,6 +361,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mode", choices=MODES, default="happy")
     parser.add_argument("--slow-s", type=float, default=30.0, help="delay of /generate in mode 'slow'")
     parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--legacy-info", action="store_true",
+                        help="404 on /model_info and /server_info (only /get_model_info, /get_server_info), as older "
+                             "SGLang releases")
+    parser.add_argument("--skip-tokenizer-init", action="store_true",
+                        help="completions carry no text, as SGLang's --skip-tokenizer-init")
     parser.add_argument("--synthetic-spec-accept-length", type=float, default=None, metavar="X",
                         help="SYNTHETIC (no drafter runs): emit meta_info.spec_accept_length ~= X and spec_verify_ct, "
                              "as a server with --speculative-algorithm would; for testing the reporting only")

@@ -214,3 +214,53 @@ def test_memo_writes_nothing_under_cache_only_and_survives_an_unwritable_cache(t
     assert Cache(blocked).memo("target_identity", {"size": 1}, lambda: "w") == "w"
     (tmp_path / "c" / "v1" / "target_identity.json").write_text("{broken")
     assert Cache(tmp_path / "c").memo("target_identity", {"size": 1}, lambda: "again") == "again"
+
+
+def test_read_checks_dtype_shape_fields_and_meta_against_the_request(tmp_path):
+    from dflash_eval.cache import Expected
+
+    cache = Cache(tmp_path)
+    key = cache_key("features", FIELDS)
+    want = Expected(fields=FIELDS, tensors={"features": (torch.float32, (3, 4))},
+                    meta={"provenance": {"backend": "torch", "layer_ids": [1]}})
+    good_meta = {"provenance": {"backend": "torch", "layer_ids": [1], "dtype": "float32"}}
+    cache.write("features", key, {"features": torch.zeros(3, 4)}, fields=FIELDS, meta=good_meta)
+    assert cache.read("features", key, expect=want) is not None
+    bad_cases = [
+        ({"features": torch.zeros(3, 4, dtype=torch.bfloat16)}, FIELDS, good_meta,
+         "is torch.bfloat16, the request needs torch.float32"),
+        ({"features": torch.zeros(3, 5)}, FIELDS, good_meta, "has shape [3, 5], the request needs [3, 4]"),
+        ({"other": torch.zeros(3, 4)}, FIELDS, good_meta, "tensor 'features' is missing"),
+        ({"features": torch.zeros(3, 4)}, {**FIELDS, "dtype": "bfloat16"}, good_meta, "fields.dtype is 'bfloat16'"),
+        ({"features": torch.zeros(3, 4)}, FIELDS, {"provenance": {"backend": "fla", "layer_ids": [1]}},
+         "meta.provenance.backend is 'fla', expected 'torch'"),
+        ({"features": torch.zeros(3, 4)}, FIELDS, {"provenance": {"backend": "torch", "layer_ids": [2]}},
+         "meta.provenance.layer_ids is [2], expected [1]"),
+    ]
+    for tensors, fields, meta, needle in bad_cases:
+        cache.write("features", key, tensors, fields=fields, meta=meta)  # under the request's key
+        with pytest.warns(CacheCorruption, match="does not fit its request") as rec:
+            assert cache.read("features", key, expect=want) is None
+        assert needle in str(rec[0].message), (needle, str(rec[0].message))
+        assert not cache.exists("features", key)  # removed: the next producer recomputes it
+        cache.write("features", key, tensors, fields=fields, meta=meta)
+        with pytest.raises(CacheError, match="--cache-only") as err:
+            Cache(tmp_path, cache_only=True).read("features", key, expect=want)
+        assert needle in str(err.value)
+
+
+def test_get_or_produce_recomputes_an_entry_written_for_other_fields(tmp_path):
+    from dflash_eval.cache import Expected
+
+    cache = Cache(tmp_path)
+    calls, produce = produce_counter()
+    key = cache_key("features", FIELDS)
+    cache.write("features", key, {"features": torch.zeros(3, 4)}, fields={**FIELDS, "layer": 7})
+    with pytest.warns(CacheCorruption, match="fields.layer is 7"):
+        e = cache.get_or_produce("features", FIELDS, produce)
+    assert calls == [1] and e.manifest["fields"] == FIELDS
+    cache.write("features", key, {"features": torch.zeros(3, 4, dtype=torch.float64)}, fields=FIELDS)
+    with pytest.warns(CacheCorruption, match="torch.float64"):
+        cache.get_or_produce("features", FIELDS, produce, expect=Expected(tensors={"features": (torch.float32,
+                                                                                                (3, 4))}))
+    assert calls == [1, 1]

@@ -163,3 +163,36 @@ def test_compare_architectures_lists_every_difference(tiny_drafter_dir: Path, tm
     diffs = compare_architectures(ours, ref)
     assert any("num_hidden_layers" in d for d in diffs)
     assert compare_architectures(ours, ours) == []
+
+
+def test_vocab_size_checked_in_config_and_vocab_sized_tensors(tiny_drafter_dir: Path, tmp_path: Path,
+                                                              tiny_target) -> None:  # type: ignore[no-untyped-def]
+    spec = TargetSpec.from_target(tiny_target)
+    assert _status(run_checks(read_checkpoint(tiny_drafter_dir), spec), "vocab_size").status == "pass"
+
+    def cfg_edit(cfg):  # type: ignore[no-untyped-def]
+        cfg["vocab_size"] = 2 * spec.vocab_size
+
+    c = _status(run_checks(read_checkpoint(_mutated(tiny_drafter_dir, tmp_path / "a", cfg_edit=cfg_edit)), spec),
+                "vocab_size")
+    assert c.status == "fail" and f"'vocab_size' {2 * spec.vocab_size} != target vocabulary size {spec.vocab_size}" \
+        in c.message
+
+    def sd_edit(sd):  # type: ignore[no-untyped-def]
+        sd["embed_tokens.weight"] = torch.zeros(spec.vocab_size + 7, spec.hidden_size)
+        return sd
+
+    ckpt = read_checkpoint(_mutated(tiny_drafter_dir, tmp_path / "b", sd_edit=sd_edit))
+    c = _status(run_checks(ckpt, spec), "vocab_size")
+    assert c.status == "fail" and "'embed_tokens.weight'" in c.message and str(spec.vocab_size + 7) in c.message
+    with pytest.raises(ArchitectureMismatch, match="vocab_size"):
+        build_drafter(ckpt, spec=spec)
+
+
+def test_unsupported_architecture_refused_when_read(tiny_drafter_dir: Path, tmp_path: Path) -> None:
+    def edit(cfg):  # type: ignore[no-untyped-def]
+        cfg["architectures"] = ["DFlash2DraftModel"]
+
+    with pytest.raises(ConfigError, match="DFlash2DraftModel") as err:
+        read_checkpoint(_mutated(tiny_drafter_dir, tmp_path, cfg_edit=edit))
+    assert "config.json" in str(err.value)

@@ -26,9 +26,13 @@ def test_block_size_top_level_or_nested() -> None:
 
 
 def test_default_rule_used_when_layer_ids_absent() -> None:
-    cfg = DrafterConfig.from_dict({**BASE, "block_size": 16, "num_target_layers": 36, "dflash_config": {"mask_token_id": 5}},
-                                  num_features=5)
+    """As the reference: the number of features is the drafter's num_hidden_layers."""
+    cfg = DrafterConfig.from_dict({**BASE, "num_hidden_layers": 5, "block_size": 16, "num_target_layers": 36,
+                                   "dflash_config": {"mask_token_id": 5}})
     assert cfg.target_layer_ids == (1, 9, 17, 25, 33)
+    cfg = DrafterConfig.from_dict({**BASE, "block_size": 16, "dflash_config": {"mask_token_id": 5}},
+                                  num_target_layers=8)
+    assert cfg.target_layer_ids == (4,)
 
 
 def test_round_trip_through_released_layout() -> None:

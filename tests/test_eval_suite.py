@@ -80,7 +80,7 @@ def test_cold_xdist_then_warm_cache_only(suite, env_dirs):
     assert {p["kind"] for p in prods} >= {"completion", "features"}
     cold, data = verdicts(ej)
     assert list(cold) == ["p-0", "p-1", "code-tau-2"] and data["drift"] and data["tests"]["counts"].get("passed")
-    assert len(data["timings"]["per_worker"]) == 2  # both workers' results reached the controller
+    assert {"gw0", "gw1"} <= set(data["timings"]["per_worker"])  # both workers' results reached the controller
 
     res, ej = suite(cache, "-n", "0", "--cache-only", name="warm")
     assert res.ret == 0, res.stdout.str()

@@ -45,6 +45,14 @@ def test_unknown_set_and_bad_count() -> None:
         load_prompt_spec("humaneval:x")
 
 
+def test_count_above_the_set_size_names_the_size() -> None:
+    with pytest.raises(ConfigError, match=r"'humaneval:99999': 'humaneval' has only 164 prompts"):
+        load_prompt_spec("humaneval:99999")
+    with pytest.raises(ConfigError, match="has only 164 prompts"):
+        load_prompt_spec("humaneval:165")
+    assert len(load_prompt_spec("humaneval:164")) == 164
+
+
 def test_chat_template_modes(tiny_target) -> None:  # type: ignore[no-untyped-def]
     tok = tiny_target.tokenizer
     raw = encode_prompt(tok, "def f():", chat_template="auto")

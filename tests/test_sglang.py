@@ -834,3 +834,101 @@ def test_launched_server_atexit_teardown(tiny_model_dir: Path, tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     leader = int(done.stdout.split()[0])
     assert_gone(leader, wait_pidfile(pidfile))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# older releases, ports taken by stale servers, launched servers that exit early
+
+
+def legacy_info(model_path: str) -> Responder:
+    """A canned server of an older SGLang release: only /get_model_info and /get_server_info (404 on the new
+    names)."""
+
+    def respond(path: str, req: Any) -> tuple[int, bytes]:
+        if path == "/get_model_info":
+            return 200, json.dumps({"model_path": model_path, "is_generation": True}).encode()
+        if path == "/get_server_info":
+            return 200, json.dumps({"served_model_name": "served-name", "version": "0.3.0"}).encode()
+        if path == "/health_generate":
+            return 200, b""
+        return 404, b'{"detail": "Not Found"}'
+
+    return respond
+
+
+def test_identity_and_server_info_fall_back_to_the_get_names_on_404(canned: Callable, tmp_path: Path) -> None:
+    server = canned(legacy_info(f"/models/{MODEL_NAME}"))
+    assert check_identity(server.url, expected_name=MODEL_NAME, timeout_s=5)["model_path"] == f"/models/{MODEL_NAME}"
+    assert server.gets == ["/model_info", "/get_model_info"]
+    assert server_info(server.url, timeout_s=5)["version"] == "0.3.0"
+    assert server.gets[-2:] == ["/server_info", "/get_server_info"]
+    # served_model_name read from /get_server_info when model_path does not match
+    other = canned(legacy_info("/models/0123abcd"))
+    assert check_identity(other.url, expected_name="served-name", timeout_s=5)["model_path"] == "/models/0123abcd"
+    client = SGLangService(service_settings(server.url, tmp_path)).start()
+    assert client.model_info["model_path"] == f"/models/{MODEL_NAME}"
+
+
+def test_missing_info_under_both_names_names_both(canned: Callable) -> None:
+    server = canned(lambda path, req: (404, b'{"detail": "Not Found"}'))
+    with pytest.raises(SGLangError, match=r"/get_model_info .*HTTP 404.*also tried /model_info") as err:
+        check_identity(server.url, expected_name=MODEL_NAME, timeout_s=5)
+    assert server.url in str(err.value)
+    server = canned(lambda path, req: (500, b"boom") if path == "/model_info" else (200, b"{}"))
+    with pytest.raises(SGLangError, match="HTTP 500"):  # only a 404 falls back
+        check_identity(server.url, expected_name=MODEL_NAME, timeout_s=5)
+    assert server.gets == ["/model_info"]
+
+
+def test_standin_of_an_older_release(standins: Callable[..., StandIn], tiny_model_dir: Path) -> None:
+    s = standins("generate-500", extra=("--legacy-info",))
+    ready(s)
+    assert requests.get(s.url + "/model_info", timeout=5).status_code == 404
+    assert check_identity(s.url, expected_name=MODEL_NAME, timeout_s=5)["model_path"] == str(tiny_model_dir)
+    assert server_info(s.url, timeout_s=5)["version"] == "dflash-eval-standin"
+
+
+def test_launch_on_a_taken_port_names_the_holder_and_launches_nothing(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        server = LaunchedServer(f"{PYTHON} -c 'import time; time.sleep(60)'", url=f"http://127.0.0.1:{port}",
+                                log_path=tmp_path / "s.log", ready_timeout_s=5)
+        with pytest.raises(SGLangError) as err:
+            server.start()
+    msg = str(err.value)
+    assert f"port {port} is already in use by pid {os.getpid()}" in msg and "stale server" in msg
+    assert server.process is None and not (tmp_path / "s.log").exists()
+
+
+def test_launch_next_to_a_stale_server_names_its_pid(standins: Callable[..., StandIn], tiny_model_dir: Path,
+                                                     tmp_path: Path) -> None:
+    stale = standins("generate-500")
+    ready(stale)
+    cmd = shlex.join(standin_argv(tiny_model_dir, stale.port, "generate-500"))
+    with pytest.raises(SGLangError, match=f"in use by pid {stale.process.pid} .*sglang_standin.py"):
+        LaunchedServer(cmd, url=stale.url, log_path=tmp_path / "s.log", ready_timeout_s=30).start()
+    assert not (tmp_path / "s.log").exists()  # nothing was launched
+
+
+def test_launched_server_that_exits_after_ready_is_reported_with_code_and_log(tiny_model_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    """The process the suite launched exits once ready (its worker keeps the port): the next request fails with
+    the exit code and the log tail, not with whatever the port answers."""
+    port, stop = free_port(), tmp_path / "stop"
+    inner = shlex.join(standin_argv(tiny_model_dir, port, "generate-500"))
+    script = f"{inner} & while [ ! -e {shlex.quote(str(stop))} ]; do sleep 0.05; done; echo leader quits; exit 5"
+    settings = service_settings(f"http://127.0.0.1:{port}", tmp_path, sglang_launch=f"sh -c {shlex.quote(script)}")
+    svc = SGLangService(settings)
+    try:
+        client = svc.start()
+        stop.touch()
+        svc.server.process.wait(timeout=30)
+        with pytest.raises(SGLangError) as err:
+            client.generate_greedy([[1, 2]], max_new_tokens=2)
+        msg = str(err.value)
+        assert "exited with code 5 before POST /generate" in msg and "leader quits" in msg
+        assert str(svc.log_path) in msg
+    finally:
+        svc.stop()

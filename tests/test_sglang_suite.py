@@ -117,7 +117,7 @@ def show(proc: subprocess.CompletedProcess) -> str:
 def test_launched_standin_gives_local_completions_then_warm_cache_needs_no_server(tmp_path: Path) -> None:
     port = free_port()
     launch = standin_cmd(port, "--warmup-refuse-s", "1", "--warmup-503-s", "1",
-                         "--synthetic-spec-accept-length", "3.5")
+                         "--synthetic-spec-accept-length", "3.5", "--skip-tokenizer-init")  # no text: pinned locally
     t0 = time.monotonic()
     proc = run_suite(tmp_path, "--sglang-launch", launch, "--sglang-url", f"http://127.0.0.1:{port}")
     cold_s = time.monotonic() - t0
@@ -207,32 +207,41 @@ def test_wrong_model_fails_before_any_completion(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
 def test_interrupted_run_stops_the_launched_server(tmp_path: Path, sig: signal.Signals) -> None:
+    """The launched server's whole group is gone promptly after the signal, and pytest exits non-zero.
+
+    Waits are on events (the server's log line, the group being gone, the process exiting), each bounded
+    generously: on a loaded 2-core machine starting pytest alone took about a minute. The server is stopped
+    before pytest's own interrupt handling (0.1 s after SIGINT there); pytest then exits within seconds (the
+    plugin cuts the traceback rendering and the heap walks that took 15-19 s there)."""
     port = free_port()
     argv = suite_argv(tmp_path, "--sglang-launch", standin_cmd(port, "--mode", "never-ready"),
-                      "--sglang-url", f"http://127.0.0.1:{port}", "--sglang-timeout", "120")
+                      "--sglang-url", f"http://127.0.0.1:{port}", "--sglang-timeout", "600")
     log = tmp_path / "reports" / "sglang-server.log"
     proc = subprocess.Popen(argv, cwd=ROOT, env=suite_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not (log.is_file() and "listening on" in log.read_text()):
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             time.sleep(0.2)
+        assert log.is_file() and "listening on" in log.read_text(), f"server not launched within 300 s: {log}"
         m = re.search(r"pid=(\d+)", log.read_text())
         assert m, log.read_text()
         server_pid = int(m.group(1))
         assert not group_gone(server_pid)
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not group_gone(server_pid):
+            time.sleep(0.1)
+        assert group_gone(server_pid), f"launched server group {server_pid} survived {sig.name} to pytest by 60 s"
+        out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode != 0, out[-3000:]
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not group_gone(server_pid):
-        time.sleep(0.1)
-    assert group_gone(server_pid), f"launched server group {server_pid} survived {sig.name} to pytest"
+    if sig == signal.SIGINT:
+        assert "KeyboardInterrupt" in out and "it was stopped" in out, out[-3000:]
     assert standin_pids(port) == []
 
 

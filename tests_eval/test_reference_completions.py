@@ -28,6 +28,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def test_reference_completion(prompt_id, reference_completions, snapshot) -> None:
+    """Pins the token ids and their local decoding (``rec.text`` is always the local tokenizer's decoding: a
+    server's own text, absent under SGLang's --skip-tokenizer-init, is not pinned)."""
     if isinstance(prompt_id, SetupError):
         prompt_id.fail()
     rec = reference_completions[prompt_id]

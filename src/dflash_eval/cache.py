@@ -12,8 +12,10 @@ ids, the target layer id, the backend actually used, dtype, device kind and libr
 target identity, prompt ids, max_new_tokens and the source). An entry from one backend is therefore never served
 for another. Each file is written atomically (:mod:`dflash_eval.atomic`) and the manifest is written LAST: an
 entry without a manifest does not exist. On read the data file's size and sha256 are checked against the
-manifest; a truncated or corrupted entry is reported (:class:`CacheCorruption` warning) and treated as a miss
-(recomputed), or raises :class:`~dflash_eval.errors.CacheError` in ``cache_only`` mode.
+manifest, and the entry against what the reader expects (:class:`~dflash_eval.entry_checks.Expected`: the manifest's
+key fields, each tensor's dtype and shape, provenance); a truncated, corrupted or unfitting entry is reported
+(:class:`CacheCorruption` warning) and treated as a miss (recomputed), or raises
+:class:`~dflash_eval.errors.CacheError` in ``cache_only`` mode.
 
 Concurrency (pytest-xdist workers, or parallel runs sharing a cache dir): every producer goes through one of two
 methods. :meth:`Cache.get_or_produce` (one entry) takes the entry's file lock, re-checks, and only then produces,
@@ -48,9 +50,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from dflash_eval.atomic import atomic_write_text, atomic_write_with
+from dflash_eval.entry_checks import Expected
 from dflash_eval.errors import CacheError
 
-__all__ = ["Cache", "CacheEntry", "CacheCorruption", "Job", "cache_key", "canonical_json", "ids_digest"]
+__all__ = ["Cache", "CacheEntry", "CacheCorruption", "Expected", "Job", "cache_key", "canonical_json", "ids_digest"]
 
 SCHEMA = 1
 _DATA = "data.safetensors"
@@ -146,17 +149,18 @@ class Cache:
         return self.base / "produce.log"
 
     # ------------------------------------------------------------------------------------------------ read
-    def _corrupt(self, kind: str, key: str, why: str) -> None:
+    def _corrupt(self, kind: str, key: str, why: str, state: str = "is corrupted") -> None:
         d = self.entry_dir(kind, key)
-        msg = f"cache entry {kind}/{key[:16]} at {d} is corrupted ({why})"
+        msg = f"cache entry {kind}/{key[:16]} at {d} {state} ({why})"
         self.stats.corrupted.append(msg)
         if self.cache_only:
             raise CacheError(msg + "; --cache-only forbids recomputing it (delete the entry or drop --cache-only)")
         warnings.warn(CacheCorruption(msg + "; recomputing it"), stacklevel=3)
         shutil.rmtree(d, ignore_errors=True)
 
-    def read(self, kind: str, key: str, *, count: bool = True) -> CacheEntry | None:
-        """The verified entry, or None on a miss (a corrupted entry is reported, removed and counted a miss)."""
+    def read(self, kind: str, key: str, *, count: bool = True, expect: Expected | None = None) -> CacheEntry | None:
+        """The verified entry, or None on a miss (a corrupted entry, or one that does not hold what ``expect``
+        asks for, is reported, removed and counted a miss)."""
         t0 = time.perf_counter()
         try:
             d = self.entry_dir(kind, key)
@@ -187,6 +191,10 @@ class Cache:
                 tensors = load_file(str(data))
             except (SafetensorError, OSError) as exc:
                 self._corrupt(kind, key, f"safetensors cannot read it: {exc}")
+                return None
+            why = expect.problem(manifest, tensors) if expect is not None else None
+            if why is not None:
+                self._corrupt(kind, key, why, "does not fit its request")
                 return None
             if count:
                 self.stats.hits += 1
@@ -274,14 +282,20 @@ class Cache:
         *,
         what: str = "",
         derived: bool = False,
+        expect: Expected | None = None,
     ) -> CacheEntry:
         """Read the entry for ``fields``; on a miss take its lock, re-check, produce, write and return it.
+
+        A cached entry must have been written for exactly ``fields`` and hold what ``expect`` asks for (tensor
+        dtypes and shapes, meta), else it is recomputed (:meth:`read`).
 
         ``derived``: the entry is cheap to recompute from other entries or inputs (prompt ids, memoised τ): a
         miss is not counted as one, and under ``cache_only`` it is produced but not written.
         """
         key = cache_key(kind, fields)
-        entry = self.read(kind, key)
+        expect = Expected(fields=fields, tensors=expect.tensors, meta=expect.meta, validate=expect.validate) \
+            if expect is not None else Expected(fields=fields)
+        entry = self.read(kind, key, expect=expect)
         if entry is not None:
             return entry
         if derived and self.cache_only:
@@ -290,7 +304,7 @@ class Cache:
         if not derived:
             self.miss(kind, key, what or kind)
         with self.locked(f"{kind}-{key}"):
-            entry = self.read(kind, key, count=False)
+            entry = self.read(kind, key, count=False, expect=expect)
             if entry is not None:  # produced by another worker while we waited
                 if not derived:
                     self.stats.misses -= 1
@@ -325,10 +339,11 @@ class Cache:
                 if not job.present():
                     job.produce()
 
-    def memo(self, name: str, stamp: dict[str, Any], compute: Callable[[], str]) -> str:
-        """``compute()`` memoised in ``<root>/v1/<name>.json`` under ``stamp`` (e.g. the sizes and mtimes of the files
-        it reads). For values that are slow to compute but cheap to check (the target's content hash). Not counted
-        in the cache stats; nothing is written under ``cache_only``; an unwritable cache only costs the memo."""
+    def memo(self, name: str, stamp: dict[str, Any], compute: Callable[[], str], *, refresh: bool = False) -> str:
+        """``compute()`` memoised in ``<root>/v1/<name>.json`` under ``stamp`` (e.g. the inodes, sizes and mtimes of
+        the files it reads). For values that are slow to compute but cheap to check (the target's content hash).
+        ``refresh``: compute even when memoised, and overwrite the memo. Not counted in the cache stats; nothing is
+        written under ``cache_only``; an unwritable cache only costs the memo."""
         key = cache_key(name, stamp)
         path = self.base / f"{name}.json"
         try:
@@ -336,7 +351,7 @@ class Cache:
         except (OSError, ValueError):
             memo = {}
         memo = memo if isinstance(memo, dict) else {}
-        if isinstance(memo.get(key), str):
+        if isinstance(memo.get(key), str) and not refresh:
             return memo[key]
         value = compute()
         if not self.cache_only:

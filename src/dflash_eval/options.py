@@ -103,6 +103,8 @@ class EvalSettings:
                                "completion-dependent tests are skipped)", "bool")
     cache_dir: Path = opt(Path(".dflash_cache"), "content-addressed cache of completions and features", "path")
     cache_only: bool = opt(False, "never compute: fail on any cache miss or corrupted entry", "bool")
+    rehash: bool = opt(False, "re-hash the target's config and weight files instead of trusting the identity "
+                       "memoised under their inodes, sizes and times (e.g. after rewriting weights in place)", "bool")
     tau_floor: float | None = opt(None, "floor of the MEAN τ over the selected prompts, chain and every DDTree "
                                   "budget (replaces the mean floor derived from the floors file; prompts without a "
                                   "per-prompt floor are then not gated one by one)", "float")

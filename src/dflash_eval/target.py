@@ -31,7 +31,8 @@ from dflash_eval.errors import ConfigError
 
 __all__ = ["TargetDir", "Target", "load_target", "default_device", "text_config"]
 
-_FULL_HASH_LIMIT = 512 * 1024 * 1024  # files above this are fingerprinted by header + sampled chunks
+_FULL_HASH_LIMIT = 512 * 1024 * 1024  # files above this are fingerprinted by header + sampled tensor bytes
+_SAMPLE_BYTES = 4096  # bytes read at the start, middle and end of every tensor of a large safetensors file
 
 
 def default_device() -> torch.device:
@@ -44,7 +45,27 @@ def text_config(config: Any) -> Any:
     return getter() if callable(getter) else config
 
 
+def _safetensors_header(fh: Any, size: int) -> tuple[bytes, dict[str, Any]] | None:
+    """(raw header bytes, parsed header) of a safetensors file, None when it is not one."""
+    fh.seek(0)
+    head = fh.read(8)
+    if len(head) < 8:
+        return None
+    n = int.from_bytes(head, "little")
+    if not 2 <= n <= min(size - 8, 100 * 1024 * 1024):
+        return None
+    raw = fh.read(n)
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return (raw, header) if isinstance(header, dict) else None
+
+
 def _file_digest(path: Path) -> str:
+    """sha256 of a weight file: every byte up to :data:`_FULL_HASH_LIMIT`; beyond, the whole
+    safetensors header (names, dtypes, shapes, offsets) plus :data:`_SAMPLE_BYTES` at the start, middle and end of
+    EVERY tensor (a non-safetensors file: its first MiB and 16 chunks spread over it)."""
     h = hashlib.sha256()
     size = path.stat().st_size
     h.update(str(size).encode())
@@ -52,12 +73,29 @@ def _file_digest(path: Path) -> str:
         if size <= _FULL_HASH_LIMIT:
             for chunk in iter(lambda: fh.read(1 << 22), b""):
                 h.update(chunk)
-        else:  # header (tensor names, shapes, offsets) + 16 chunks spread over the file
+            return h.hexdigest()
+        parsed = _safetensors_header(fh, size)
+        if parsed is None:
+            fh.seek(0)
             h.update(fh.read(1 << 20))
             for i in range(16):
                 fh.seek(size * i // 16)
                 h.update(fh.read(1 << 16))
+            return h.hexdigest()
+        raw, header = parsed
+        h.update(b"safetensors-sampled\n")
+        h.update(raw)
+        base = 8 + len(raw)
+        spans = sorted(tuple(v["data_offsets"]) for k, v in header.items()
+                       if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v)
+        for begin, end in spans:
+            length = int(end) - int(begin)
+            for at in sorted({0, max(0, length // 2 - _SAMPLE_BYTES // 2), max(0, length - _SAMPLE_BYTES)}):
+                fh.seek(base + int(begin) + at)
+                h.update(fh.read(min(_SAMPLE_BYTES, length - at)))
     return h.hexdigest()
+
+
 
 
 _TOKENIZER_FILE_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens_map", "added_tokens", "chat_template")
@@ -145,7 +183,8 @@ class TargetDir:
         return sorted(self.path.glob("*.safetensors")) + sorted(self.path.glob("*.bin"))
 
     def fingerprint(self) -> str:
-        """sha256 over config.json and the weight files (full hash up to 512 MiB per file, sampled beyond)."""
+        """sha256 over config.json and the weight files: each file hashed whole up to 512 MiB; beyond, its
+        safetensors header plus 4 KiB at the start, middle and end of every tensor."""
         h = hashlib.sha256()
         h.update(json.dumps(self.raw, sort_keys=True).encode())
         for w in self.weight_files():
@@ -153,14 +192,25 @@ class TargetDir:
             h.update(_file_digest(w).encode())
         return h.hexdigest()
 
+    def tokenizer_files(self) -> list[Path]:
+        """The tokenizer files (tokenizer*, vocab*, merges*, special tokens, added tokens, chat template), sorted."""
+        return sorted(f for f in self.path.iterdir() if f.is_file() and f.name.startswith(_TOKENIZER_FILE_PREFIXES))
+
     def tokenizer_digest(self) -> str:
-        """sha256 over the tokenizer files (tokenizer*, vocab*, merges*, special tokens, chat template)."""
+        """sha256 over the tokenizer files (:meth:`tokenizer_files`)."""
         h = hashlib.sha256()
-        files = sorted(f for f in self.path.iterdir() if f.is_file() and f.name.startswith(_TOKENIZER_FILE_PREFIXES))
-        for f in files:
+        for f in self.tokenizer_files():
             h.update(f.name.encode())
             h.update(hashlib.sha256(f.read_bytes()).hexdigest().encode())
         return h.hexdigest()
+
+    def check_json_files(self) -> None:
+        """Parse config.json and every JSON tokenizer file; ConfigError naming the file and the JSON error (the
+        first bad file) instead of a tokenizer library's traceback later."""
+        self.raw  # noqa: B018
+        for f in self.tokenizer_files():
+            if f.suffix == ".json":
+                _read_json(f)
 
     def chat_template_text(self) -> str | None:
         """The tokenizer's chat template, read from its files (chat_template.jinja, chat_template.json,
@@ -169,15 +219,26 @@ class TargetDir:
         if jinja.is_file():
             return jinja.read_text(encoding="utf-8")
         for name, key in (("chat_template.json", "chat_template"), ("tokenizer_config.json", "chat_template")):
-            try:
-                t = json.loads((self.path / name).read_text(encoding="utf-8")).get(key)
-            except (OSError, json.JSONDecodeError, AttributeError):
+            f = self.path / name
+            if not f.is_file():
                 continue
+            data = _read_json(f)  # invalid JSON is an error, never "no chat template"
+            t = data.get(key) if isinstance(data, dict) else None
             if isinstance(t, list):  # named templates: [{"name": "default", "template": ...}, ...]
                 t = json.dumps(t, sort_keys=True)
             if t:
                 return str(t)
         return None
+
+
+def _read_json(path: Path) -> Any:
+    """The parsed JSON file; ConfigError naming the file and the JSON error."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from exc
 
 
 @dataclass
@@ -256,7 +317,7 @@ def load_target(
 
     path = Path(path)
     tdir = TargetDir(path)
-    tdir.raw  # noqa: B018 - a missing directory or an unreadable config.json is a ConfigError naming it
+    tdir.check_json_files()  # a missing directory or an invalid config/tokenizer JSON: a ConfigError naming it
     dev = torch.device(device) if device is not None else default_device()
     dt = parse_dtype(dtype)
     try:

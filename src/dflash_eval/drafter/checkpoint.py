@@ -139,13 +139,7 @@ def read_checkpoint(
     else:
         raise CheckpointError(f"drafter checkpoint not found: {path} (pass --drafter DIR or FILE.pt)")
     sd = _strip_prefix(sd)
-    hidden = None
-    fc = sd.get("fc.weight")
-    num_features = None
-    if fc is not None and fc.dim() == 2:
-        hidden = fc.shape[0]
-        num_features = fc.shape[1] // hidden if fc.shape[1] % hidden == 0 else None
-    kwargs = {"num_target_layers": num_target_layers, "num_features": num_features}
+    kwargs = {"num_target_layers": num_target_layers}
     if config_path is not None or (embedded is None and cfg_file.is_file()):
         cfg = load_config_file(cfg_file, **kwargs)
     elif embedded is not None:

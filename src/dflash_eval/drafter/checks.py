@@ -8,7 +8,8 @@ the model (for the expected key shapes) but never the checkpoint reader.
 
 The classic mistakes caught here: ``fc`` sized for a different number of target layers or transposed, a
 drafter hidden size that differs from the target's, a target layer id past the last layer (or pointing at the
-last layer, whose HF hidden_states entry is post-norm), a mask token outside the target vocabulary.
+last layer, whose HF hidden_states entry is post-norm), a mask token outside the target vocabulary, a drafter
+vocabulary (config or any vocabulary-sized tensor) other than the target's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any, Literal, Protocol
 from dflash_eval.drafter.config import DrafterConfig
 from dflash_eval.drafter.model import expected_shapes
 
-__all__ = ["Check", "CheckedCheckpoint", "TargetSpec", "CHECKS", "run_checks", "compare_architectures"]
+__all__ = ["Check", "CheckedCheckpoint", "TargetSpec", "CHECKS", "VOCAB_KEY_SUFFIXES", "run_checks",
+           "compare_architectures"]
 
 Status = Literal["pass", "warn", "fail", "skip"]
 
@@ -119,6 +121,26 @@ def _mask_token(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
                  f"'dflash_config.mask_token_id' {mask} is outside the target vocabulary (size {vocab})")
 
 
+#: Keys whose first dimension is the vocabulary (an embedding or head a drafter variant may carry).
+VOCAB_KEY_SUFFIXES = ("embed_tokens.weight", "lm_head.weight")
+
+
+def _vocab(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
+    cfg_vocab = ckpt.config.vocab_size
+    want = spec.vocab_size if spec else cfg_vocab
+    problems = []
+    if cfg_vocab != want:
+        problems.append(f"config 'vocab_size' {cfg_vocab} != target vocabulary size {want}")
+    for k, shape in sorted(ckpt.shapes.items()):
+        if k.endswith(VOCAB_KEY_SUFFIXES) and shape and shape[0] != want:
+            problems.append(f"key {k!r} {list(shape)}: {shape[0]} vocabulary rows, target has {want}")
+        elif not k.endswith(VOCAB_KEY_SUFFIXES) and cfg_vocab != want and cfg_vocab in shape:
+            problems.append(f"key {k!r} {list(shape)} is sized for the config's vocabulary {cfg_vocab}")
+    if problems:
+        return Check("vocab_size", "fail", "; ".join(problems) + " (drafter trained for another tokenizer/target?)")
+    return Check("vocab_size", "pass", f"drafter vocabulary {cfg_vocab} == target vocabulary {want}")
+
+
 def _block_size(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     b = ckpt.config.block_size
     if b >= 2:
@@ -150,6 +172,7 @@ CHECKS: dict[str, Callable[[Any, TargetSpec | None], Check]] = {
     "target_layer_ids_range": _layer_ids_range,
     "target_layer_ids_last_layer": _layer_ids_last,
     "mask_token_id": _mask_token,
+    "vocab_size": _vocab,
     "block_size": _block_size,
     "state_dict_keys": _keys,
 }
@@ -161,7 +184,8 @@ def run_checks(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> list[Check]:
 
 
 _ARCH_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "block_size", "rope_theta", "rms_norm_eps", "num_features")
+                "num_key_value_heads", "head_dim", "vocab_size", "block_size", "rope_theta", "rope_type", "rope_params",
+                "rms_norm_eps", "hidden_act", "attention_bias", "num_features")
 
 
 def compare_architectures(ours: CheckedCheckpoint, reference: CheckedCheckpoint) -> list[str]:

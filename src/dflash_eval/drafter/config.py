@@ -6,8 +6,23 @@ A released drafter's config.json looks like::
      "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
      "num_target_layers": 36, "num_hidden_layers": 5, "hidden_size": 4096, ...}
 
-``block_size`` may sit at the top level or inside ``dflash_config``. When ``target_layer_ids`` is absent
-the upstream default rule is applied (:func:`default_target_layer_ids`).
+Fields are read as the reference implementation reads them (z-lab's ``DFlashDraftModel``, built on transformers'
+``Qwen3Config``), or refused with an error naming the field:
+
+- ``architectures``: only ``DFlashDraftModel`` (a DFlash2, EAGLE-3 or other drafter family is refused, naming it);
+- missing ``rope_theta``, ``head_dim``, ``hidden_act``, ``attention_bias``, ``rms_norm_eps``,
+  ``max_position_embeddings`` take ``Qwen3Config``'s defaults (10000, 128, silu, false, 1e-6, 32768);
+- RoPE scaling (``rope_scaling``, or ``rope_parameters`` in the transformers 5 layout; ``rope_scaling`` wins, as
+  in transformers): ``default``, ``linear``, ``yarn`` and ``llama3`` are applied exactly as transformers computes
+  them; ``dynamic`` and ``longrope`` (which change with the sequence length) and unknown types are refused;
+- ``hidden_act``: any activation of transformers' ``ACT2FN``; ``attention_bias``: biases on q/k/v/o_proj;
+- ``block_size`` at the top level or inside ``dflash_config``; both present with different values is refused
+  (reference releases disagree on which one wins);
+- features of newer drafter variants that this implementation does not compute (sliding-window or causal drafter
+  layers, ``dflash_config`` logit multiplier / softcapping / embedding scale) are refused.
+
+When ``target_layer_ids`` is absent the reference's default rule is applied to the target's layer count and the
+drafter's ``num_hidden_layers`` (:func:`default_target_layer_ids`).
 """
 
 from __future__ import annotations
@@ -19,7 +34,17 @@ from typing import Any
 
 from dflash_eval.errors import ConfigError
 
-__all__ = ["DrafterConfig", "default_target_layer_ids", "load_config_file"]
+__all__ = ["DrafterConfig", "default_target_layer_ids", "load_config_file", "SUPPORTED_ARCHITECTURES",
+           "ROPE_TYPES", "QWEN3_DEFAULTS"]
+
+SUPPORTED_ARCHITECTURES = ("DFlashDraftModel",)
+#: RoPE types applied exactly as transformers computes them (static frequencies); others are refused.
+ROPE_TYPES = ("default", "linear", "yarn", "llama3")
+#: transformers' ``Qwen3Config`` defaults for the fields a drafter config may leave out (transformers 4.57-5.x).
+QWEN3_DEFAULTS: dict[str, Any] = {"rope_theta": 10_000.0, "head_dim": 128, "hidden_act": "silu",
+                                  "attention_bias": False, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768}
+# dflash_config entries of newer drafter variants, with the value that leaves the computation unchanged.
+_NEUTRAL_DFLASH = {"output_multiplier": 1.0, "final_logit_softcapping": None, "input_embedding_scale": 1.0}
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -47,7 +72,11 @@ _REQUIRED = (
 
 @dataclass(frozen=True)
 class DrafterConfig:
-    """Architecture of a DFlash drafter (Qwen3-style layers + fc/hidden_norm over target features)."""
+    """Architecture of a DFlash drafter (Qwen3-style layers + fc/hidden_norm over target features).
+
+    ``rope_type`` / ``rope_params`` describe RoPE scaling (``default``: none; the params as sorted
+    ``(name, value)`` pairs, without ``rope_type`` and ``rope_theta``).
+    """
 
     hidden_size: int
     intermediate_size: int
@@ -60,16 +89,24 @@ class DrafterConfig:
     target_layer_ids: tuple[int, ...]
     mask_token_id: int
     num_target_layers: int | None = None
-    rope_theta: float = 1_000_000.0
+    rope_theta: float = QWEN3_DEFAULTS["rope_theta"]
     rms_norm_eps: float = 1e-6
     hidden_act: str = "silu"
     attention_bias: bool = False
     dtype: str = "bfloat16"
+    rope_type: str = "default"
+    rope_params: tuple[tuple[str, Any], ...] = ()
+    max_position_embeddings: int = QWEN3_DEFAULTS["max_position_embeddings"]
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_features(self) -> int:
         return len(self.target_layer_ids)
+
+    @property
+    def rope_parameters(self) -> dict[str, Any]:
+        """The RoPE settings in transformers 5's ``rope_parameters`` layout."""
+        return {"rope_type": self.rope_type, "rope_theta": self.rope_theta, **dict(self.rope_params)}
 
     @classmethod
     def from_dict(
@@ -78,71 +115,71 @@ class DrafterConfig:
         *,
         source: str = "<config>",
         num_target_layers: int | None = None,
-        num_features: int | None = None,
     ) -> DrafterConfig:
-        """Parse a released-checkpoint config dict.
+        """Parse a released-checkpoint config dict (see the module docstring for how each field is read).
 
         Args:
             data: the parsed config.json.
             source: where it came from, for error messages.
             num_target_layers: the target's layer count, used for the default target_layer_ids rule when the
                 config has neither ``dflash_config.target_layer_ids`` nor ``num_target_layers``.
-            num_features: number of target features (from ``fc.weight``'s input width / H) for the default rule.
 
         Raises:
-            ConfigError: a required field is missing or has the wrong type.
+            ConfigError: a required field is missing or has the wrong type, or a field asks for something this
+                implementation does not compute.
         """
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        _check_architectures(data, source)
         missing = [k for k in _REQUIRED if k not in data]
         if missing:
             raise ConfigError(f"{source}: missing required field(s) {missing} (a Qwen3-style drafter config needs them)")
         dcfg = data.get("dflash_config") or {}
         if not isinstance(dcfg, dict):
             raise ConfigError(f"{source}: 'dflash_config' must be an object, got {type(dcfg).__name__}")
-        block_size = dcfg.get("block_size", data.get("block_size"))
-        if block_size is None:
-            raise ConfigError(f"{source}: no 'block_size' at the top level or inside 'dflash_config'")
+        _check_unsupported(data, dcfg, source)
+        block_size = _block_size(data, dcfg, source)
         mask_token_id = dcfg.get("mask_token_id", data.get("mask_token_id"))
         if mask_token_id is None:
             raise ConfigError(f"{source}: no 'dflash_config.mask_token_id'")
         n_target = data.get("num_target_layers", num_target_layers)
         layer_ids = dcfg.get("target_layer_ids", data.get("target_layer_ids"))
         if layer_ids is None:
-            if n_target is None or num_features is None:
+            if n_target is None:
                 raise ConfigError(
-                    f"{source}: no 'dflash_config.target_layer_ids' and not enough information for the default rule "
-                    "(needs num_target_layers and the number of features)"
-                )
-            layer_ids = default_target_layer_ids(int(n_target), int(num_features))
+                    f"{source}: no 'dflash_config.target_layer_ids' and no 'num_target_layers' for the default rule")
+            layer_ids = default_target_layer_ids(int(n_target), int(data["num_hidden_layers"]))
         if not isinstance(layer_ids, (list, tuple)) or not all(isinstance(i, int) for i in layer_ids):
             raise ConfigError(f"{source}: 'dflash_config.target_layer_ids' must be a list of ints, got {layer_ids!r}")
-        heads = int(data["num_attention_heads"])
-        head_dim = data.get("head_dim") or int(data["hidden_size"]) // heads
-        rope_theta = data.get("rope_theta")
-        if rope_theta is None:
-            rope_theta = (data.get("rope_parameters") or {}).get("rope_theta", 1_000_000.0)
+        head_dim = data["head_dim"] if "head_dim" in data else QWEN3_DEFAULTS["head_dim"]
+        if head_dim is None:  # an explicit null: the attention falls back to hidden_size // heads
+            head_dim = int(data["hidden_size"]) // int(data["num_attention_heads"])
+        rope_type, rope_theta, rope_params = _rope(data, source)
         known = set(_REQUIRED) | {
             "head_dim", "rope_theta", "rms_norm_eps", "hidden_act", "attention_bias", "block_size",
-            "dflash_config", "num_target_layers", "dtype", "torch_dtype",
+            "dflash_config", "num_target_layers", "dtype", "torch_dtype", "rope_scaling", "rope_parameters",
+            "max_position_embeddings",
         }
         return cls(
             hidden_size=int(data["hidden_size"]),
             intermediate_size=int(data["intermediate_size"]),
             num_hidden_layers=int(data["num_hidden_layers"]),
-            num_attention_heads=heads,
+            num_attention_heads=int(data["num_attention_heads"]),
             num_key_value_heads=int(data["num_key_value_heads"]),
             head_dim=int(head_dim),
             vocab_size=int(data["vocab_size"]),
-            block_size=int(block_size),
+            block_size=block_size,
             target_layer_ids=tuple(int(i) for i in layer_ids),
             mask_token_id=int(mask_token_id),
             num_target_layers=None if n_target is None else int(n_target),
-            rope_theta=float(rope_theta),
-            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
-            hidden_act=str(data.get("hidden_act", "silu")),
-            attention_bias=bool(data.get("attention_bias", False)),
+            rope_theta=rope_theta,
+            rms_norm_eps=float(_get(data, "rms_norm_eps")),
+            hidden_act=_hidden_act(data, source),
+            attention_bias=_attention_bias(data, source),
             dtype=str(data.get("dtype", data.get("torch_dtype", "bfloat16"))),
+            rope_type=rope_type,
+            rope_params=rope_params,
+            max_position_embeddings=int(_get(data, "max_position_embeddings")),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -152,9 +189,13 @@ class DrafterConfig:
         d.pop("extra")
         layer_ids = list(d.pop("target_layer_ids"))
         mask = d.pop("mask_token_id")
+        d.pop("rope_type")
+        d.pop("rope_params")
         out: dict[str, Any] = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3"}
         out.update(self.extra)
         out.update(d)
+        if self.rope_type != "default":
+            out["rope_parameters"] = self.rope_parameters
         out["dflash_config"] = {"mask_token_id": mask, "target_layer_ids": layer_ids, "block_size": self.block_size}
         return out
 
@@ -163,6 +204,100 @@ class DrafterConfig:
         from dflash_eval.atomic import atomic_write_text
 
         atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def _get(data: dict[str, Any], key: str) -> Any:
+    """``data[key]``, the Qwen3Config default when absent or null."""
+    value = data.get(key)
+    return QWEN3_DEFAULTS[key] if value is None else value
+
+
+def _check_architectures(data: dict[str, Any], source: str) -> None:
+    archs = data.get("architectures")
+    if archs is None:
+        return
+    if isinstance(archs, str):
+        archs = [archs]
+    if not isinstance(archs, list) or not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise ConfigError(
+            f"{source}: 'architectures' is {data['architectures']!r}, but this evaluator implements only "
+            f"{list(SUPPORTED_ARCHITECTURES)} (a drafter of another family, e.g. DFlash2 or EAGLE-3, has other "
+            "modules and another drafting rule)")
+
+
+def _check_unsupported(data: dict[str, Any], dcfg: dict[str, Any], source: str) -> None:
+    """Refuse fields that ask for computations this implementation does not do (naming the field)."""
+    if data.get("is_causal"):
+        raise ConfigError(f"{source}: 'is_causal' is {data['is_causal']!r}: only non-causal DFlash blocks are "
+                          "supported")
+    window = data.get("sliding_window") if data.get("use_sliding_window") else None
+    types = data.get("layer_types")
+    if types is None and window is not None:
+        first = int(data.get("max_window_layers", 28))
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(int(data["num_hidden_layers"]))]
+    bad = sorted({t for t in types or [] if t != "full_attention"})
+    if bad:
+        raise ConfigError(f"{source}: drafter layer types {bad} ('layer_types' / 'use_sliding_window'): only "
+                          "full-attention drafter layers are supported")
+    for key, neutral in _NEUTRAL_DFLASH.items():
+        value = dcfg.get(key, data.get(key, neutral))
+        if value != neutral and not (neutral is None and value == 0):
+            raise ConfigError(f"{source}: 'dflash_config.{key}' is {value!r}: this drafter variant's {key} is not "
+                              "implemented here (only the plain DFlash drafter is)")
+
+
+def _block_size(data: dict[str, Any], dcfg: dict[str, Any], source: str) -> int:
+    top, nested = data.get("block_size"), dcfg.get("block_size")
+    if top is None and nested is None:
+        raise ConfigError(f"{source}: no 'block_size' at the top level or inside 'dflash_config'")
+    if top is not None and nested is not None and int(top) != int(nested):
+        raise ConfigError(
+            f"{source}: 'block_size' is {top} but 'dflash_config.block_size' is {nested}; reference releases "
+            "disagree on which one wins (older ones read the top level, newer ones dflash_config): make them equal")
+    return int(top if top is not None else nested)
+
+
+def _rope(data: dict[str, Any], source: str) -> tuple[str, float, tuple[tuple[str, Any], ...]]:
+    """(rope_type, rope_theta, other params) as transformers' Qwen3Config resolves them: ``rope_scaling`` (legacy)
+    wins over ``rope_parameters``; ``rope_theta`` from that dict, else the top level, else 10000."""
+    raw = data.get("rope_scaling") or data.get("rope_parameters") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: 'rope_scaling' / 'rope_parameters' must be an object, got {raw!r}")
+    params = dict(raw)
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    theta = params.pop("rope_theta", None)
+    if theta is None:
+        theta = _get(data, "rope_theta")
+    if rope_type not in ROPE_TYPES:
+        why = ("its frequencies change with the sequence length" if rope_type in ("dynamic", "longrope")
+               else "unknown RoPE type")
+        raise ConfigError(f"{source}: RoPE type {rope_type!r} ('rope_scaling' / 'rope_parameters') is not supported "
+                          f"({why}); supported: {list(ROPE_TYPES)}")
+    for k, v in params.items():
+        if not isinstance(v, (int, float, bool, str)) and v is not None:
+            raise ConfigError(f"{source}: RoPE parameter {k!r} = {v!r}: expected a number")
+    if rope_type == "default":
+        params = {}
+    return rope_type, float(theta), tuple(sorted(params.items()))
+
+
+def _hidden_act(data: dict[str, Any], source: str) -> str:
+    act = str(_get(data, "hidden_act"))
+    if act != "silu":
+        from transformers.activations import ACT2FN
+
+        if act not in ACT2FN:
+            raise ConfigError(f"{source}: 'hidden_act' {act!r} is not an activation transformers knows "
+                              f"(ACT2FN: {sorted(ACT2FN)})")
+    return act
+
+
+def _attention_bias(data: dict[str, Any], source: str) -> bool:
+    value = _get(data, "attention_bias")
+    if not isinstance(value, bool):
+        raise ConfigError(f"{source}: 'attention_bias' must be true or false, got {value!r}")
+    return value
 
 
 def load_config_file(path: Path, **kwargs: Any) -> DrafterConfig:

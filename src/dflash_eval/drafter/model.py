@@ -22,6 +22,7 @@ Quick check::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,7 +34,8 @@ from dflash_eval.drafter.config import DrafterConfig
 if TYPE_CHECKING:
     from dflash_eval.head import TargetHead
 
-__all__ = ["DFlashDrafter", "RMSNorm", "rope_cos_sin", "expected_shapes", "block_ids", "draft_logits"]
+__all__ = ["DFlashDrafter", "RMSNorm", "rope_cos_sin", "rope_frequencies", "activation", "expected_shapes", "block_ids",
+           "draft_logits"]
 
 
 class RMSNorm(nn.Module):
@@ -51,12 +53,46 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos/sin tables of shape ``positions.shape + (head_dim,)`` (HF rotate-half layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.to(torch.float32)[..., None] * inv_freq
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype, *,
+                 inv_freq: Tensor | None = None, scaling: float = 1.0) -> tuple[Tensor, Tensor]:
+    """cos/sin tables of shape ``positions.shape + (head_dim,)`` (HF rotate-half layout).
+
+    ``inv_freq`` / ``scaling``: scaled RoPE (:func:`rope_frequencies`); default: plain RoPE with base ``theta``."""
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+                                    / head_dim))
+    freqs = positions.to(torch.float32)[..., None] * inv_freq.to(device=positions.device, dtype=torch.float32)
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    cos, sin = emb.cos(), emb.sin()
+    if scaling != 1.0:
+        cos, sin = cos * scaling, sin * scaling
+    return cos.to(dtype), sin.to(dtype)
+
+
+def rope_frequencies(config: DrafterConfig) -> tuple[Tensor | None, float]:
+    """(inv_freq, attention scaling) of a scaled RoPE, computed by transformers' own RoPE initialisers from a
+    ``Qwen3Config`` with the drafter's RoPE fields (so they equal the reference's); ``(None, 1.0)`` for plain
+    RoPE, which :func:`rope_cos_sin` computes itself."""
+    if config.rope_type == "default":
+        return None, 1.0
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    qcfg = Qwen3Config(hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
+                       num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
+                       max_position_embeddings=config.max_position_embeddings,
+                       rope_parameters=dict(config.rope_parameters))
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[config.rope_type](qcfg, torch.device("cpu"))
+    return inv_freq.to(torch.float32), float(scaling)
+
+
+def activation(name: str) -> Callable[[Tensor], Tensor]:
+    """The MLP activation ``name`` as transformers' ``ACT2FN`` defines it (``silu`` without importing it)."""
+    if name == "silu":
+        return F.silu
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -80,7 +116,7 @@ class DFlashAttention(nn.Module):
         self.q_proj = nn.Linear(h, self.num_heads * hd, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * hd, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.num_heads * hd, h, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * hd, h, bias=cfg.attention_bias)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
@@ -120,16 +156,17 @@ class DFlashAttention(nn.Module):
 
 
 class DFlashMLP(nn.Module):
-    """SwiGLU MLP (gate_proj, up_proj, down_proj)."""
+    """Gated MLP (gate_proj, up_proj, down_proj) with the config's ``hidden_act`` (SwiGLU for silu)."""
 
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act_fn = activation(cfg.hidden_act)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DFlashDecoderLayer(nn.Module):
@@ -159,6 +196,7 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(h, config.rms_norm_eps)
+        self._rope: tuple[Tensor | None, float] | None = None  # (inv_freq, scaling), on first forward; never cast
 
     @property
     def block_size(self) -> int:
@@ -190,9 +228,12 @@ class DFlashDrafter(nn.Module):
         ctx = context.to(dtype)
         dev = x.device
         hd, theta = self.config.head_dim, self.config.rope_theta
-        rope_ctx = rope_cos_sin(torch.arange(t, device=dev), hd, theta, dtype)
+        if self._rope is None:
+            self._rope = rope_frequencies(self.config)
+        rope = {"inv_freq": self._rope[0], "scaling": self._rope[1]}
+        rope_ctx = rope_cos_sin(torch.arange(t, device=dev), hd, theta, dtype, **rope)
         blk_pos = start.to(dev)[..., None] + torch.arange(b, device=dev)
-        rope_blk = rope_cos_sin(blk_pos, hd, theta, dtype)
+        rope_blk = rope_cos_sin(blk_pos, hd, theta, dtype, **rope)
         visible = torch.arange(t, device=dev) < context_len.to(dev)[..., None]  # [N,R,T]
         ctx_bias = torch.zeros(n, 1, 1, r, 1, t, dtype=torch.float32, device=dev)
         ctx_bias = ctx_bias.masked_fill(~visible[:, None, None, :, None, :], float("-inf"))

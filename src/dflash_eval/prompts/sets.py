@@ -111,6 +111,9 @@ def prompts_from_rows(d: SetDefinition, rows: list[dict[str, Any]], where: str) 
     """Prompts of ``rows`` under definition ``d`` (in row order, the first ``d.limit``)."""
     if not rows:
         raise ConfigError(f"{where}: no rows")
+    if d.limit and d.limit > len(rows):
+        raise ConfigError(f"{where}: {d.name!r} has only {len(rows)} prompts (asked for {d.limit}; use "
+                          f"{d.name}:{len(rows)} or {d.name} for all of them)")
     out, seen = [], {}
     for n, row in enumerate(rows[:d.limit] if d.limit else rows):
         w = f"{where} row {n}"
@@ -261,7 +264,11 @@ def _one(item: str, base: Path | None, data_dir: Path | None, humaneval_wrapper:
     if name in BUILTIN_DEFINITIONS:
         limit = _count(item, count) if count else None
         if name == "humaneval":
-            return load_humaneval(limit, HUMANEVAL_WRAPPERS[humaneval_wrapper])
+            prompts = load_humaneval(None, HUMANEVAL_WRAPPERS[humaneval_wrapper])
+            if limit is not None and limit > len(prompts):
+                raise ConfigError(f"prompt set {item!r}: {name!r} has only {len(prompts)} prompts "
+                                  f"(use {name}:{len(prompts)} or {name} for all of them)")
+            return prompts[:limit] if limit is not None else prompts
         return load_set(replace(BUILTIN_DEFINITIONS[name], limit=limit), data_dir)
     path = Path(item)
     if not path.is_absolute() and base is not None and not path.exists():

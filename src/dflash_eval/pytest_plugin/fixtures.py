@@ -100,7 +100,11 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[A
     except DFlashEvalError as exc:
         svc.stop()
         msg = f"{type(exc).__name__}: {exc}"
-    except BaseException:  # KeyboardInterrupt etc.: never leave a launched server behind
+    except KeyboardInterrupt:  # never leave a launched server behind; and drop the traceback below this frame
+        svc.stop()  # (HTTP client internals) that pytest would otherwise parse and render while exiting
+        raise KeyboardInterrupt(f"interrupted while the SGLang server at {svc.url} was being used; it was "
+                                "stopped") from None
+    except BaseException:  # SystemExit etc.: never leave a launched server behind
         svc.stop()
         raise
     if msg is not None:

@@ -6,7 +6,8 @@ Everything here speaks SGLang's native HTTP protocol:
 * readiness is ``GET /health_generate`` answering 200. Connection refused (weights still loading) and 503
   (warm-up) mean "not yet"; ``/model_info`` and ``/server_info`` answer 200 during warm-up and are therefore
   never used as readiness signals;
-* identity is ``GET /model_info`` -> ``model_path``;
+* identity is ``GET /model_info`` -> ``model_path`` (``/get_model_info`` on older releases: asked on a 404, as
+  ``/get_server_info`` for ``/server_info``);
 * greedy completions come from ``POST /generate`` (:mod:`dflash_eval.sglang.generate`).
 
 Every failure raises :class:`SGLangError`, whose message names the URL, the time waited, the last HTTP status
@@ -25,6 +26,7 @@ import logging
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import requests
@@ -39,7 +41,8 @@ from dflash_eval.sglang.transport import (
     normalize_url,
 )
 
-__all__ = ["SGLangClient", "wait_until_ready", "check_identity", "server_info"]
+__all__ = ["SGLangClient", "wait_until_ready", "check_identity", "server_info", "MODEL_INFO_FALLBACKS",
+           "SERVER_INFO_FALLBACKS"]
 
 logger = logging.getLogger("dflash_eval.sglang")
 
@@ -47,6 +50,9 @@ logger = logging.getLogger("dflash_eval.sglang")
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 #: Prompts per ``POST /generate`` request.
 DEFAULT_BATCH_SIZE = 32
+#: Older SGLang releases' names of ``/model_info`` and ``/server_info`` (asked when the new name answers 404).
+MODEL_INFO_FALLBACKS = ("/get_model_info",)
+SERVER_INFO_FALLBACKS = ("/get_server_info",)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -141,8 +147,9 @@ def wait_until_ready(
 
 
 def server_info(url: str, timeout_s: float = 10.0) -> dict:
-    """``GET /server_info`` as a dict (server args, ``version``, ``internal_states``)."""
-    info = get_json(url, "/server_info", timeout_s=timeout_s, what="server info")
+    """``GET /server_info`` (``/get_server_info`` on older releases) as a dict (server args, ``version``,
+    ``internal_states``)."""
+    info = get_json(url, "/server_info", timeout_s=timeout_s, what="server info", fallbacks=SERVER_INFO_FALLBACKS)
     if not isinstance(info, dict):
         raise SGLangError(f"GET {normalize_url(url)}/server_info answered {type(info).__name__}, expected an object")
     return info
@@ -177,7 +184,7 @@ def check_identity(url: str, *, expected_name: str, timeout_s: float = 10.0) -> 
     base = normalize_url(url)
     if not isinstance(expected_name, str) or not expected_name:
         raise SGLangError(f"check_identity({base!r}): expected_name must be a non-empty string")
-    info = get_json(base, "/model_info", timeout_s=timeout_s, what="model identity")
+    info = get_json(base, "/model_info", timeout_s=timeout_s, what="model identity", fallbacks=MODEL_INFO_FALLBACKS)
     if not isinstance(info, dict):
         raise SGLangError(f"GET {base}/model_info answered {type(info).__name__}, expected an object")
     model_path = info.get("model_path")
@@ -213,7 +220,9 @@ class SGLangClient:
 
     Build it with :meth:`connect` (waits for readiness, checks identity) or from a ``/model_info`` answer that
     :func:`check_identity` already accepted; it never re-checks either. ``generate_greedy`` bounds each request
-    by the ``request_timeout_s`` it was built with.
+    by the ``request_timeout_s`` it was built with. ``alive`` (for a launched server: its
+    :meth:`~dflash_eval.sglang.launch.LaunchedServer.check_running`) is called before and after each call, and when
+    a call fails, so that a server process that exited is reported with its exit code and log tail.
     """
 
     def __init__(
@@ -223,8 +232,10 @@ class SGLangClient:
         model_info: dict,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        alive: Callable[[str], None] | None = None,
     ) -> None:
         self.url = normalize_url(url)
+        self.alive = alive
         if not isinstance(model_info, dict):
             raise SGLangError(f"SGLangClient({self.url!r}): model_info must be the /model_info dict")
         if not request_timeout_s > 0:
@@ -259,14 +270,25 @@ class SGLangClient:
     ) -> list[Completion]:
         """Greedy completions of ``batch_input_ids``, validated as :func:`generate_greedy` does, each request
         bounded by this client's ``request_timeout_s``."""
-        return generate_greedy(
-            self.url,
-            batch_input_ids,
-            max_new_tokens=max_new_tokens,
-            timeout_s=self.request_timeout_s,
-            batch_size=self.batch_size,
-            stop_token_ids=stop_token_ids,
-        )
+        self._check_alive()
+        try:
+            out = generate_greedy(
+                self.url,
+                batch_input_ids,
+                max_new_tokens=max_new_tokens,
+                timeout_s=self.request_timeout_s,
+                batch_size=self.batch_size,
+                stop_token_ids=stop_token_ids,
+            )
+        except SGLangError:
+            self._check_alive("while answering POST /generate")
+            raise
+        self._check_alive("while answering POST /generate")
+        return out
+
+    def _check_alive(self, when: str = "before POST /generate") -> None:
+        if self.alive is not None:
+            self.alive(when)
 
     def info(self, timeout_s: float = 10.0) -> dict:
         """The server's ``GET /server_info`` (server args, ``version``, ``internal_states``)."""

@@ -2,7 +2,10 @@
 
 :class:`LaunchedServer` starts ``command`` in a new session (so the server and every worker it forks share one
 process group), sends its stdout and stderr to a log file, and waits for ``GET /health_generate`` to answer 200
-(:func:`dflash_eval.sglang.client.wait_until_ready`, which fails at once if the process exits). On exit - also
+(:func:`dflash_eval.sglang.client.wait_until_ready`, which fails at once if the process exits). Before launching it
+checks that the URL's port is free (:func:`dflash_eval.sglang.ports.check_port_free`: a stale server holding it is
+named); whenever the launched process has exited early (during start-up, after readiness, before or during a
+request: :meth:`LaunchedServer.check_running`) the error quotes its exit code and the log tail. On exit - also
 when the body raised, and via ``atexit`` when the interpreter exits without leaving the ``with`` block - it sends
 SIGTERM to the group, waits up to ``term_timeout_s`` (10 s) for every member to go, then SIGKILLs the group.
 """
@@ -21,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from dflash_eval.sglang.client import wait_until_ready
+from dflash_eval.sglang.ports import check_port_free
 from dflash_eval.sglang.transport import SGLangError, log_tail, normalize_url
 
 __all__ = ["LaunchedServer", "process_alive"]
@@ -122,6 +126,7 @@ class LaunchedServer:
         """Start the process and wait until ready; on failure tear down and raise :class:`SGLangError`."""
         if self.process is not None:
             raise SGLangError(f"LaunchedServer for {self.url} was already started (pid {self.process.pid})")
+        check_port_free(self.url)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = None
         if self.env is not None:
@@ -153,10 +158,22 @@ class LaunchedServer:
             self.ready_after_s = wait_until_ready(
                 self.url, timeout_s=self.ready_timeout_s, process=self.process, log_path=self.log_path
             )
+            self.check_running("right after it answered ready (is another server answering on its port?)")
         except BaseException:
             self.stop()
             raise
         return self
+
+    def check_running(self, when: str = "") -> None:
+        """Raise :class:`SGLangError` quoting the exit code and the log tail if the launched process has exited
+        (before :meth:`stop`); ``when`` says at which point it was found gone."""
+        process = self.process
+        if process is None or self._stopped or process.poll() is None:
+            return
+        raise SGLangError(
+            f"SGLang server launched for {self.url} (pid {process.pid}) exited with code {process.returncode}"
+            f"{' ' + when if when else ''}.\n--- server log tail ({self.log_path}) ---\n{log_tail(self.log_path)}"
+        )
 
     def stop(self) -> int | None:
         """SIGTERM the process group, wait up to ``term_timeout_s``, then SIGKILL it. Idempotent.

@@ -8,10 +8,12 @@ are not cached yet (``--completions sglang``):
   backoff, never a fixed sleep) for a server someone else runs. Not reachable/ready in time ->
   :class:`SGLangUnavailable` (the plugin skips the completion-dependent tests, or fails them under
   ``--require-sglang``).
-* ``--sglang-launch "CMD"``: start ``CMD`` in its own process group, its output in
+* ``--sglang-launch "CMD"``: refuse to start when the URL's port is already taken (naming the process holding
+  it), else start ``CMD`` in its own process group, its output in
   ``<report-dir>/sglang-server.log``; wait for readiness (failing at once if it exits); stop the whole group at
   session end, on failures, on KeyboardInterrupt and on SIGTERM (:meth:`SGLangService.install_signal_handlers`:
-  the handler stops the server, then re-raises the signal with the previous handler).
+  the handler stops the server, then re-raises the signal with the previous handler). If the launched process
+  exits at any point before the completions are fetched, the error quotes its exit code and log tail.
 * either way, ``GET /model_info`` must name the target (``--sglang-model-name`` or the target directory's
   basename) before any completion is requested: a mismatch is an :class:`SGLangError` (a failure, never a skip).
 
@@ -85,7 +87,12 @@ class SGLangService:
                 raise SGLangUnavailable(
                     f"no SGLang server ready at {self.url} within --sglang-timeout {self.timeout_s:g}s: {exc}") from None
         self.model_info = check_identity(self.url, expected_name=self.expected_name)
-        self.client = SGLangClient(self.url, model_info=self.model_info, request_timeout_s=self.request_timeout_s)
+        alive = None
+        if self.server is not None:
+            self.server.check_running("while its identity was checked")
+            alive = self.server.check_running
+        self.client = SGLangClient(self.url, model_info=self.model_info, request_timeout_s=self.request_timeout_s,
+                                   alive=alive)
         return self.client
 
     # ------------------------------------------------------------------------------------------------ stop

@@ -92,20 +92,29 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {excerpt(str(exc), 200)}"
 
 
-def get_json(url: str, path: str, *, timeout_s: float, what: str) -> Any:
-    """GET ``url + path``; return the decoded JSON or raise :class:`SGLangError`."""
+def get_json(url: str, path: str, *, timeout_s: float, what: str, fallbacks: tuple[str, ...] = ()) -> Any:
+    """GET ``url + path``; return the decoded JSON or raise :class:`SGLangError`.
+
+    ``fallbacks``: paths tried in order when the previous one answers 404 (older SGLang releases serve
+    ``/get_model_info`` and ``/get_server_info`` only; newer ones keep them as aliases of ``/model_info`` and
+    ``/server_info``)."""
     base = normalize_url(url)
-    full = base + path
     start = time.monotonic()
-    try:
-        response = requests.get(full, timeout=(min(timeout_s, 10.0), timeout_s))
-    except requests.exceptions.RequestException as exc:
-        raise SGLangError(
-            f"GET {full} ({what}) failed after {time.monotonic() - start:.1f}s: {describe_exception(exc)}"
-        ) from exc
+    paths = (path, *fallbacks)
+    for i, p in enumerate(paths):
+        full = base + p
+        try:
+            response = requests.get(full, timeout=(min(timeout_s, 10.0), timeout_s))
+        except requests.exceptions.RequestException as exc:
+            raise SGLangError(
+                f"GET {full} ({what}) failed after {time.monotonic() - start:.1f}s: {describe_exception(exc)}"
+            ) from exc
+        if response.status_code != 404 or i + 1 == len(paths):
+            break
+    tried = f" (also tried {', '.join(paths[:-1])}: 404)" if len(paths) > 1 and response.status_code == 404 else ""
     if response.status_code != 200:
         raise SGLangError(
-            f"GET {full} ({what}) answered HTTP {response.status_code} after {time.monotonic() - start:.1f}s: "
+            f"GET {full} ({what}) answered HTTP {response.status_code} after {time.monotonic() - start:.1f}s{tried}: "
             f"{excerpt(response.content)!r}"
         )
     try:

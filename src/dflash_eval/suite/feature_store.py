@@ -15,6 +15,7 @@ import torch
 
 from dflash_eval.backends import check_backend_device, use_backend
 from dflash_eval.cache import Job, cache_key, ids_digest
+from dflash_eval.entry_checks import Expected
 from dflash_eval.drift import Side, fingerprint as layer_fingerprint
 from dflash_eval.errors import EvalError
 from dflash_eval.provenance import device_kind, kernel_versions, library_versions, provenance
@@ -46,10 +47,23 @@ class FeatureStore:
     def key(self, seq: list[int], layer: int, side: Side) -> str:
         return cache_key("features", self.fields(seq, layer, side))
 
+    def expected(self, seq: list[int], layer: int, side: Side) -> Expected:
+        """What a cached feature entry must hold for this request: written for exactly these key fields, a
+        ``[len(seq), hidden_size]`` tensor of the side's dtype, extracted (provenance) with the side's backend and
+        dtype, this layer and these library versions."""
+        fields = self.fields(seq, layer, side)
+        return Expected(fields=fields,
+                        tensors={"features": (side.dtype, (len(seq), self.inputs.target_dir.hidden_size))},
+                        meta={"provenance": {"backend": side.backend, "dtype": str(side.dtype).removeprefix("torch."),
+                                             "device_kind": fields["device_kind"], "layer_ids": [int(layer)],
+                                             "versions": fields["versions"]}})
+
     def _read_layers(self, seq: list[int], layers: tuple[int, ...], side: Side) -> dict[int, torch.Tensor]:
+        """The cached layers of ``seq``, each checked against the request (dtype, shape, provenance) on every read:
+        an entry that does not fit is reported and recomputed (an error under --cache-only)."""
         out = {}
         for i in layers:
-            e = self.inputs.cache.read("features", self.key(seq, i, side))
+            e = self.inputs.cache.read("features", self.key(seq, i, side), expect=self.expected(seq, i, side))
             if e is not None:
                 out[i] = e.tensors["features"]
         return out

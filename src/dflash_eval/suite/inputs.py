@@ -6,7 +6,7 @@ computed, the loaded target model. A second drafter in the same process (``dflas
 as it is: :meth:`Inputs.check_shareable` refuses settings that differ in anything but the drafter.
 
 Nothing here loads the model on a warm cache: the head is read straight from the safetensors weights and the
-target's content hash is memoised under the weight files' sizes and modification times.
+target's content hash is memoised under each file's inode, size, mtime and ctime (``--rehash`` recomputes it).
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import hashlib
 import os
 from collections.abc import Callable
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from dflash_eval.cache import Cache
+from dflash_eval.cache import Cache, Expected
 from dflash_eval.drift import Comparison, Side, drift_comparisons
 from dflash_eval.errors import ConfigError, DFlashEvalError, EvalError
 from dflash_eval.floors import Floors, load_floors
@@ -31,6 +32,12 @@ from dflash_eval.target import TargetDir
 __all__ = ["Inputs", "DRAFTER_OPTIONS"]
 
 DRAFTER_OPTIONS = frozenset({"drafter", "drafter_config", "reference_drafter"})
+
+
+def _file_stamp(path: Path) -> list[Any]:
+    """What the identity memo keys a file on: name, device, inode, size, mtime_ns, ctime_ns."""
+    st = path.stat()
+    return [path.name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 class Inputs:
@@ -75,6 +82,11 @@ class Inputs:
                 "no config.json (not a transformers model directory)" if s.target_model.is_dir() else "not found"))
         elif not os.access(cfg, os.R_OK):
             problems.append(f"--target-model {cfg}: not readable")
+        else:
+            try:
+                self.target_dir.check_json_files()  # config.json and tokenizer JSON files parse
+            except ConfigError as exc:
+                problems.append(f"--target-model {exc}")
         if not s.drafter.exists():
             problems.append(f"--drafter {s.drafter}: not found (a drafter directory or a .pt file)")
         for name in ("drafter_config", "reference_drafter"):
@@ -155,7 +167,7 @@ class Inputs:
 
     @property
     def target_identity(self) -> str:
-        """Content hash of the target's config + weights, memoised under the files' sizes and mtimes."""
+        """Content hash of the target's config + weights (:meth:`_memoised_identity` unless the model is loaded)."""
         if self._identity is None:
             self._identity = self.target.identity() if self.target_loaded else self._memoised_identity()
         return self._identity
@@ -166,13 +178,15 @@ class Inputs:
         return self._identity is not None
 
     def _memoised_identity(self) -> str:
+        """:meth:`TargetDir.fingerprint`, memoised under each file's device, inode, size, mtime_ns and ctime_ns
+        (replacing or rewriting a file changes its inode or ctime even when size and mtime are restored);
+        ``--rehash`` re-hashes the files and overwrites the memo."""
         d = self.target_dir
         with self.meter.timed("target_hash"):
             try:
                 files = [d.path / "config.json", *d.weight_files()]
-                stamp = {"path": str(d.path.resolve()), "files": [
-                    [f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]}
-                return self.cache.memo("target_identity", stamp, d.fingerprint)
+                stamp = {"path": str(d.path.resolve()), "files": [_file_stamp(f) for f in files if f.is_file()]}
+                return self.cache.memo("target_identity", stamp, d.fingerprint, refresh=self.settings.rehash)
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"cannot read the target model at {d.path}: {exc} (pass --target-model DIR)") from exc
 
@@ -183,6 +197,11 @@ class Inputs:
             return self.target_dir.num_layers
         except (DFlashEvalError, OSError, ValueError, KeyError, TypeError):
             return None
+
+    @cached_property
+    def vocab_size(self) -> int:
+        """The target's vocabulary size (config.json ``vocab_size``): token ids are 0 .. vocab_size - 1."""
+        return self.target_dir.vocab_size
 
     @cached_property
     def spec(self) -> Any:
@@ -216,6 +235,7 @@ class Inputs:
             return self.target.tokenizer
         from transformers import AutoTokenizer
 
+        self.target_dir.check_json_files()  # a broken tokenizer file: one message naming it, not a traceback
         with self.meter.timed("target_load"):
             try:
                 return AutoTokenizer.from_pretrained(self.settings.target_model, local_files_only=True)
@@ -259,7 +279,8 @@ class Inputs:
                     continue
                 fields = {"tokenizer": digest, "text": p.text, "add_special_tokens": False, **self.prompt_format}
                 e = self.cache.get_or_produce("prompt_ids", fields, lambda p=p: (
-                    {"ids": torch.tensor(self._tokenize(p))}, {"prompt_id": p.id}), derived=True)
+                    {"ids": torch.tensor(self._tokenize(p))}, {"prompt_id": p.id}), derived=True,
+                    expect=Expected(tensors={"ids": (torch.int64, (None,))}))
                 out[p.id] = e.tensors["ids"].tolist()
         return out
 

@@ -3,9 +3,14 @@
 A completion comes from the cache, else from its source (``--completions``): ``local`` is the target's own greedy
 generation (one cache job per prompt, spread over xdist workers), ``sglang`` a batch of greedy ``/generate``
 requests to a server whose readiness and identity the SGLang service already checked (it hands this stage a
-ready client), ``cache`` never computes. Nothing is cached unless every answer of a batch is valid, and an empty
-completion is an error, never an entry. Conversations are produced turn by turn, a later turn's prompt holding the
-earlier turns and their reference replies (:mod:`dflash_eval.suite.conversations`).
+ready client), ``cache`` never computes. Nothing is cached unless every answer of a batch is valid: an empty
+completion or a token id outside the target's vocabulary is an error naming the prompt, never an entry, and the
+first completion of every SGLang fetch must be reproduced by the local target's teacher-forced argmax (a server
+that names the right model but serves other weights is caught before anything is cached). A completion's text is
+always the local tokenizer's decoding of its ids (a server started with ``--skip-tokenizer-init`` returns none);
+the server's own text is kept in the entry's meta as ``server_text``.
+Conversations are produced turn by turn, a later turn's prompt holding the earlier turns and their reference
+replies (:mod:`dflash_eval.suite.conversations`).
 """
 
 from __future__ import annotations
@@ -18,15 +23,27 @@ import torch
 
 from dflash_eval.backends import use_backend
 from dflash_eval.cache import CacheEntry, Job, cache_key, ids_digest
+from dflash_eval.entry_checks import Expected
 from dflash_eval.errors import EvalError
 from dflash_eval.provenance import device_kind, library_versions
 from dflash_eval.suite.conversations import HistoryMissing, turn_groups, turn_prompt_ids
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
 
-__all__ = ["CompletionRecord", "References"]
+__all__ = ["CompletionRecord", "References", "SERVER_MAX_DISAGREEMENT", "out_of_vocab"]
 
 _SOURCES = {"local": ("local",), "sglang": ("sglang",), "cache": ("local", "sglang")}
+#: Largest fraction of the first fetched completion's tokens that the local target's teacher-forced argmax may
+#: disagree with (at least one token: a bf16 server flips near-ties); above it the server is refused.
+SERVER_MAX_DISAGREEMENT = 0.1
+
+
+def out_of_vocab(ids: list[int], vocab_size: int) -> tuple[int, int] | None:
+    """(position, id) of the first id outside ``0 .. vocab_size - 1``, or None."""
+    for k, t in enumerate(ids):
+        if not 0 <= t < vocab_size:
+            return k, t
+    return None
 
 
 @dataclass
@@ -93,16 +110,31 @@ class References:
     def _key(self, pid: str, source: str) -> str:
         return cache_key("completion", self.fields(pid, source))
 
+    def _expected(self, pid: str, source: str) -> Expected:
+        """A cached completion must be written for this request and hold 1-D int64 ids inside the vocabulary."""
+        vocab = self.inputs.vocab_size
+
+        def ids_in_vocab(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> str | None:
+            bad = out_of_vocab(tensors["output_ids"].tolist(), vocab)
+            return None if bad is None else (f"prompt {pid!r}: token id {bad[1]} at completion position {bad[0]} is "
+                                             f"outside the target vocabulary (0..{vocab - 1})")
+
+        return Expected(fields=self.fields(pid, source), tensors={"output_ids": (torch.int64, (None,))},
+                        validate=ids_in_vocab)
+
     def _read(self, pid: str) -> CompletionRecord | None:
         for src in _SOURCES[self.inputs.settings.completions]:
-            entry = self.inputs.cache.read("completion", self._key(pid, src))
+            entry = self.inputs.cache.read("completion", self._key(pid, src), expect=self._expected(pid, src))
             if entry is not None:
                 return self._record(pid, entry)
         return None
 
     def _record(self, pid: str, entry: CacheEntry) -> CompletionRecord:
-        return CompletionRecord(pid, self.prompt_ids(pid), entry.tensors["output_ids"].tolist(),
-                                entry.meta.get("text", ""),
+        ids = entry.tensors["output_ids"].tolist()
+        text = entry.meta.get("text", "")
+        if entry.meta.get("source") == "sglang" and "server_text" not in entry.meta:  # written before local decoding
+            text = self.inputs.tokenizer.decode(ids, skip_special_tokens=True)
+        return CompletionRecord(pid, self.prompt_ids(pid), ids, text,
                                 entry.meta.get("source", entry.manifest.get("fields", {}).get("source", "?")),
                                 entry.meta.get("finish_reason"), entry.meta.get("spec_accept_length"),
                                 entry.meta.get("spec_accept_histogram"))
@@ -169,13 +201,24 @@ class References:
 
     def _write(self, pid: str, source: str, ids: list[int], text: str, finish: Any, seconds: float,
                extra_meta: dict[str, Any] | None = None) -> None:
-        if not ids:
-            raise EvalError(f"empty completion for prompt {pid!r} from {source}: nothing to evaluate "
-                            "(the target emitted EOS at once?); no cache entry written")
+        self._check_ids(pid, source, ids)
         fields = self.fields(pid, source)
         self.inputs.cache.write("completion", cache_key("completion", fields), {"output_ids": torch.tensor(ids)},
                                 fields=fields, meta={"text": text, "source": source, "finish_reason": finish,
                                                      "prompt_id": pid, **(extra_meta or {})}, seconds=seconds)
+
+    def _check_ids(self, pid: str, source: str, ids: list[int]) -> None:
+        """Refuse (before anything is cached) an empty completion or one with an id outside the vocabulary."""
+        if not ids:
+            raise EvalError(f"empty completion for prompt {pid!r} from {source}: nothing to evaluate "
+                            "(the target emitted EOS at once?); no cache entry written")
+        vocab = self.inputs.vocab_size
+        bad = out_of_vocab(ids, vocab)
+        if bad is not None:
+            raise EvalError(f"completion of prompt {pid!r} from {source}: token id {bad[1]} at completion position "
+                            f"{bad[0]} is outside the target vocabulary (0..{vocab - 1}, config.json vocab_size of "
+                            f"{self.inputs.settings.target_model}); the source does not serve this target's "
+                            "tokenizer? No cache entry written")
 
     def _generate_local(self, pid: str) -> int:
         """Greedy-generate and cache ``pid``'s completion; returns the number of tokens generated."""
@@ -187,7 +230,8 @@ class References:
             ids = greedy_generate(inp.target, self.prompt_ids(pid), inp.settings.max_new_tokens,
                                   backend=inp.settings.eval_backend)
         inp.meter.counts["generated_tokens"] += len(ids)
-        text = inp.tokenizer.decode(ids, skip_special_tokens=True)  # as SGLang returns it
+        self._check_ids(pid, "local", ids)
+        text = inp.tokenizer.decode(ids, skip_special_tokens=True)
         self._write(pid, "local", ids, text, None, time.perf_counter() - t0)
         return len(ids)
 
@@ -206,19 +250,45 @@ class References:
                                                        max_new_tokens=inp.settings.max_new_tokens)
         dt = (time.perf_counter() - t0) / max(1, len(pids))
         for pid, c in zip(pids, comps):
-            extra = {} if c.spec_accept_length is None else {"spec_accept_length": c.spec_accept_length,
-                                                             "spec_verify_ct": c.spec_verify_ct}
+            self._check_ids(pid, "sglang", list(c.output_ids))
+        self._check_server_answer(pids[0], list(comps[0].output_ids))
+        for pid, c in zip(pids, comps):
+            extra = {"server_text": c.text}
+            if c.spec_accept_length is not None:
+                extra.update(spec_accept_length=c.spec_accept_length, spec_verify_ct=c.spec_verify_ct)
             if getattr(c, "spec_accept_histogram", None) is not None:
                 extra["spec_accept_histogram"] = list(c.spec_accept_histogram)
-            self._write(pid, "sglang", list(c.output_ids), c.text, c.finish_reason, dt, extra)
+            text = inp.tokenizer.decode(list(c.output_ids), skip_special_tokens=True)  # as local completions
+            self._write(pid, "sglang", list(c.output_ids), text, c.finish_reason, dt, extra)
+
+    def _check_server_answer(self, pid: str, ids: list[int]) -> None:
+        """The local target's teacher-forced argmax over prompt + ``ids`` must reproduce ``ids`` (all but
+        :data:`SERVER_MAX_DISAGREEMENT` of them, at least one): else the server does not serve this target."""
+        inp = self.inputs
+        argmax, margin = self._teacher_forced_seq(pid, self.prompt_ids(pid) + ids)
+        p = len(self.prompt_ids(pid))
+        pred = argmax[p - 1:p - 1 + len(ids)].tolist()
+        wrong = [k for k, (want, got) in enumerate(zip(ids, pred)) if want != got]
+        if len(wrong) > max(1, int(SERVER_MAX_DISAGREEMENT * len(ids))):
+            k = wrong[0]
+            url = getattr(self.sglang_client, "url", "the SGLang server")
+            raise EvalError(
+                f"{url} does not serve the target {inp.settings.target_model}: its greedy completion of prompt "
+                f"{pid!r} disagrees with the local target's teacher-forced argmax at {len(wrong)} of {len(ids)} "
+                f"tokens (first at completion token {k}: server {ids[k]}, local {pred[k]}, local top-2 margin "
+                f"{float(margin[p - 1 + k]):.3g}); other weights, another checkpoint or a broken server? "
+                "No completion cached")
 
     # ------------------------------------------------------------------------------------------------ consistency
     def teacher_forced(self, pid: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(argmax, top1 - top2 logit margin) of the target at every position of prompt + completion."""
-        if pid in self._argmax:
-            return self._argmax[pid]
+        if pid not in self._argmax:
+            self._argmax[pid] = self._teacher_forced_seq(pid, self.completions()[pid].sequence)
+        return self._argmax[pid]
+
+    def _teacher_forced_seq(self, pid: str, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(argmax, margin) of one causal target forward over ``seq`` (cached under the exact tokens)."""
         inp = self.inputs
-        seq = self.completions()[pid].sequence
         s = inp.settings
         fields = {"target": inp.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
                   "backend": s.eval_backend, "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
@@ -232,6 +302,8 @@ class References:
             return {"argmax": top.indices[:, 0].cpu(), "margin": (top.values[:, 0] - top.values[:, 1]).cpu()}, \
                 {"prompt_id": pid}
 
-        e = inp.cache.get_or_produce("argmax", fields, produce, what=f"teacher-forced argmax of {pid!r}")
-        self._argmax[pid] = (e.tensors["argmax"], e.tensors["margin"])
-        return self._argmax[pid]
+        n = len(seq)
+        e = inp.cache.get_or_produce("argmax", fields, produce, what=f"teacher-forced argmax of {pid!r}",
+                                     expect=Expected(tensors={"argmax": (torch.int64, (n,)),
+                                                              "margin": (torch.float32, (n,))}))
+        return e.tensors["argmax"], e.tensors["margin"]

@@ -1,0 +1,140 @@
+"""What the completion and feature stages refuse to cache or to use: token ids outside the target vocabulary, a
+server whose answers the local target does not reproduce, cached features of another dtype; and that a
+completion's text is the local decoding of its ids whatever the server sent."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+import dflash_eval.generation as generation_mod
+from dflash_eval.cache import CacheCorruption
+from dflash_eval.errors import EvalError
+from dflash_eval.options import EvalSettings
+from dflash_eval.session import EvalSession
+from dflash_eval.sglang import Completion
+
+
+def _session(target, drafter, tmp_path, **extra: Any) -> EvalSession:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "text": "def add(a, b):"}) + "\n" +
+                       json.dumps({"id": "b", "text": "The quick brown fox"}) + "\n")
+    s = EvalSettings.from_mapping({"target_model": target, "drafter": drafter, "prompts": prompts,
+                                   "cache_dir": tmp_path / "cache", "max_new_tokens": 8, "device": "cpu",
+                                   "torch_threads": 1, **extra})
+    return EvalSession(s, worker=("master", 0, 1))
+
+
+@pytest.fixture
+def session(tiny_target_dir, tiny_drafter_dir, tmp_path):
+    return _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
+
+
+@pytest.fixture
+def sglang_session(tiny_target_dir, tiny_drafter_dir, tmp_path):
+    return _session(tiny_target_dir, tiny_drafter_dir, tmp_path, completions="sglang",
+                    sglang_url="http://127.0.0.1:9")
+
+
+def cached_completions(session: EvalSession) -> list[Any]:
+    return list((session.settings.cache_dir / "v1").glob("completion/**/manifest.json"))
+
+
+class FakeServer:
+    """A ready SGLang client stand-in answering with ``answer(prompt ids) -> output ids`` and ``text``."""
+
+    url = "http://sglang.test:30000"
+
+    def __init__(self, answer: Any, text: str = "") -> None:
+        self.answer, self.text, self.calls = answer, text, 0
+
+    def generate_greedy(self, batch_input_ids: list[list[int]], *, max_new_tokens: int) -> list[Completion]:
+        self.calls += 1
+        return [Completion(list(self.answer(p))[:max_new_tokens], self.text, {"type": "length"}, None, None)
+                for p in batch_input_ids]
+
+
+@pytest.mark.parametrize("bad", [10**6, -3], ids=["above_vocab", "negative"])
+def test_local_ids_outside_the_vocabulary_are_refused_naming_prompt_and_id(session, monkeypatch, bad):
+    monkeypatch.setattr(generation_mod, "greedy_generate", lambda *a, **k: [5, 6, bad, 7])
+    with pytest.raises(EvalError) as err:
+        session.completions()
+    msg = str(err.value)
+    assert "prompt 'a'" in msg and f"token id {bad} at completion position 2" in msg
+    assert f"0..{session.inputs.vocab_size - 1}" in msg and "No cache entry written" in msg
+    assert not cached_completions(session)
+
+
+def test_server_ids_outside_the_vocabulary_are_refused_before_caching(sglang_session):
+    vocab = sglang_session.inputs.vocab_size
+    sglang_session.references.sglang_client = FakeServer(lambda p: [3, 4] if p[0] % 2 else [vocab, 4])
+    with pytest.raises(EvalError, match=rf"token id {vocab} at completion position 0 is outside"):
+        sglang_session.completions()
+    assert not cached_completions(sglang_session)
+
+
+def test_cached_ids_outside_the_vocabulary_are_not_used(session, monkeypatch):
+    """An entry cached by an older version with a bad id is recomputed instead of crashing τ with IndexError."""
+    monkeypatch.setattr(generation_mod, "greedy_generate", lambda *a, **k: [5, 6, 7])
+    session.completions()
+    (man,) = [m for m in cached_completions(session) if json.loads(m.read_text())["meta"]["prompt_id"] == "a"]
+    manifest = json.loads(man.read_text())
+    session.inputs.cache.write("completion", manifest["key"], {"output_ids": torch.tensor([5, 10**6])},
+                               fields=manifest["fields"], meta=manifest["meta"])
+    again = EvalSession(session.settings, worker=("master", 0, 1))
+    with pytest.warns(CacheCorruption, match=r"prompt 'a': token id 1000000 at completion position 1"):
+        assert again.completions()["a"].output_ids == [5, 6, 7]  # regenerated
+
+
+def test_server_that_answers_wrongly_is_refused_before_caching(sglang_session):
+    vocab = sglang_session.inputs.vocab_size
+    server = FakeServer(lambda p: [(p[-1] * 7 + 11 * k + 3) % vocab for k in range(8)])
+    sglang_session.references.sglang_client = server
+    with pytest.raises(EvalError) as err:
+        sglang_session.completions()
+    msg = str(err.value)
+    assert server.url in msg and "does not serve the target" in msg and "prompt 'a'" in msg
+    assert "teacher-forced" in msg and "No completion cached" in msg
+    assert not cached_completions(sglang_session)
+
+
+def test_server_with_the_targets_answers_is_cached_with_locally_decoded_text(sglang_session, tiny_target):
+    """The right answers pass the check; a server started with --skip-tokenizer-init sends no text: the cached
+    text is the local decoding (what the golden snapshots pin), the server's text is kept aside."""
+    inp = sglang_session.inputs
+    greedy = {tuple(inp.prompt_ids[p.id]): generation_mod.greedy_generate(tiny_target, inp.prompt_ids[p.id], 8)
+              for p in inp.prompts}
+    sglang_session.references.sglang_client = FakeServer(lambda p: greedy[tuple(p)], text="")
+    comps = sglang_session.completions()
+    for pid, rec in comps.items():
+        assert rec.source == "sglang" and rec.output_ids == greedy[tuple(inp.prompt_ids[pid])]
+        assert rec.text == inp.tokenizer.decode(rec.output_ids, skip_special_tokens=True) and rec.text
+    metas = [json.loads(m.read_text())["meta"] for m in cached_completions(sglang_session)]
+    assert len(metas) == 2 and all(m["server_text"] == "" and m["text"] for m in metas)
+    warm = EvalSession(sglang_session.settings, worker=("master", 0, 1))
+    assert {p: r.text for p, r in warm.completions().items()} == {p: r.text for p, r in comps.items()}
+
+
+def test_cached_features_of_another_dtype_are_recomputed(session):
+    side = session.inputs.eval_side
+    feats = session.evaluation.features(side)
+    pid = "a"
+    seq = session.completions()[pid].sequence
+    layer = session.evaluation.layer_ids[0]
+    store, cache = session.store, session.inputs.cache
+    key = store.key(seq, layer, side)
+    entry = cache.read("features", key)
+    cache.write("features", key, {"features": entry.tensors["features"].to(torch.bfloat16)},
+                fields=entry.manifest["fields"], meta=entry.meta)  # a bf16 tensor under the fp32 key
+    again = EvalSession(session.settings, worker=("master", 0, 1))
+    with pytest.warns(CacheCorruption, match=r"tensor 'features' is torch.bfloat16, the request needs torch.float32"):
+        refetched = again.evaluation.features(side)
+    assert refetched[pid][layer].dtype == torch.float32
+    assert torch.equal(refetched[pid][layer], feats[pid][layer])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheCorruption)
+        EvalSession(session.settings, worker=("master", 0, 1)).evaluation.features(side)  # clean again
