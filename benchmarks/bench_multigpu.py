@@ -1,6 +1,7 @@
 """Does ``pytest -n 2`` (one GPU per xdist worker) scale, and what does ``--device-map`` cost? Side by side in one run.
 
-For one workload, runs the suite cold (a fresh cache each time) with ``-n 0`` and with ``-n 2``, and optionally
+For one workload, after a short warm-up (kernel compilation is not charged to either side), runs the suite cold
+(a fresh cache each time) with ``-n 0`` and with ``-n 2``, and optionally
 ``-n 0 --device-map auto`` (one target spread over the GPUs), and prints wall time, the ratio, each worker's stage
 split from eval.json (``timings.per_worker``: where a worker spends or waits), what each worker produced
 (``produce.log``), and whether the verdicts agree. Workloads:
@@ -100,6 +101,11 @@ def main() -> None:
                 "--prompts", f"humaneval:{ns.num_prompts}", "--max-new-tokens", str(ns.max_new_tokens),
                 "--floors-file", str(work / "no_floors.json")] + (
             ["--hidden-state-backend", "fla", "--reference-backend", "torch", "--dtype", "bf16"] if gpu else [])
+    # Warm-up on a throwaway cache: Triton compiles fla's kernels once per machine (its disk cache), and that
+    # compile must not be charged to whichever run comes first.
+    warm = run_suite(base + ["-n", "0", "--num-prompts", "2", "-k", "tau"], work / "cache_warmup",
+                     work / "reports_warmup", ns.timeout)
+    print(f"warm-up     rc {warm['rc']}  wall {warm['wall_s']:8.2f} s (not compared)", flush=True)
     runs = {}
     for name, extra in [("n0", ["-n", "0"]), ("n2", ["-n", "2"])] + (
             [("device_map", ["-n", "0", "--device-map", "auto"])] if ns.device_map else []):
