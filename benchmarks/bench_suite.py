@@ -1,18 +1,25 @@
-"""Benchmark of the eval suite itself: cold vs warm cache, and -n 0 vs -n 2 (same verdicts?).
+"""Benchmark of the eval suite itself: a cold ``scripts/eval`` run and its time split, warm vs cold, -n 0 vs -n 2.
 
-Runs ``pytest tests_eval -k tau`` as subprocesses on the bundled fixtures (or the paths given):
+Runs ``pytest tests_eval`` (what ``scripts/eval`` runs; ``--k EXPR`` selects like ``pytest -k``) as subprocesses
+on the bundled fixtures (or the paths given after ``--``):
 
-1. cold: a fresh cache dir (completions generated, features extracted: target forwards);
+1. cold: a fresh cache dir (completions generated, features extracted, every drafter simulation run);
 2. warm: the same cache dir again (everything read from the cache);
-3. a full ``pytest tests_eval`` with ``-n 0`` and with ``-n 2``, each on a fresh cache, comparing verdicts.
+3. unless ``--skip-xdist``: ``-n 0`` and ``-n 2``, each on a fresh cache, comparing verdicts and τ.
 
-Prints wall times, the warm/cold ratio (target: >= 5x), the cold run's time split (target load, generation,
-feature forwards, drafting, rest) from reports/eval.json, and whether -n 0 and -n 2 agree.
+Prints wall times and pytest's own test time, the warm/cold ratio, the cold run's time split from its
+reports/eval.json (target load, tokenization, reference generation, feature forwards, drafting, the rest: pytest,
+imports, cache io), and whether -n 0 and -n 2 agree.
+
+``--before DIR`` first runs the same cold suite from another checkout (its ``src`` and ``tests_eval``), for a
+before/after ratio measured side by side.
 
 Run::
 
-    .venv/bin/python benchmarks/bench_suite.py                    # bundled fixtures
-    .venv/bin/python benchmarks/bench_suite.py --skip-xdist -- --target-model DIR --drafter DIR --prompts F
+    .venv/bin/python benchmarks/bench_suite.py --skip-xdist               # bundled fixtures, full suite
+    mkdir /tmp/old && git archive OLD_COMMIT | tar -x -C /tmp/old
+    .venv/bin/python benchmarks/bench_suite.py --skip-xdist --before /tmp/old
+    .venv/bin/python benchmarks/bench_suite.py --k tau --skip-xdist -- --target-model DIR --drafter DIR
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,17 +35,25 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Leaf stages of reports/eval.json timings (completions and features contain generation and target_forward).
+STAGES = {"target load": "target_load", "tokenize prompts": "tokenize", "generation (target decode)": "generation",
+          "feature forwards": "target_forward", "drafting (τ simulations)": "drafting"}
 
 
-def run(args: list[str], cache: Path, report: Path, extra: list[str]) -> tuple[float, int, dict, str]:
+def run(args: list[str], cache: Path, report: Path, extra: list[str],
+        tree: Path = ROOT) -> tuple[float, float | None, int, dict, str]:
+    """(wall s, pytest's own seconds, exit code, eval.json, output tail) of one pytest run of ``tree``'s suite."""
     cmd = [sys.executable, "-m", "pytest", "tests_eval", "-q", "-p", "no:cacheprovider", "--cache-dir", str(cache),
            "--report-dir", str(report), *args, *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - t0
     data = json.loads((report / "eval.json").read_text()) if (report / "eval.json").is_file() else {}
-    return wall, p.returncode, data, p.stdout[-3000:] + p.stderr[-2000:]
+    found = re.findall(r" in ([0-9.]+)s", p.stdout)
+    return wall, float(found[-1]) if found else None, p.returncode, data, p.stdout[-3000:] + p.stderr[-2000:]
 
 
 def outcomes(data: dict) -> dict[str, str]:
@@ -46,40 +62,60 @@ def outcomes(data: dict) -> dict[str, str]:
 
 def split(data: dict, wall: float) -> str:
     s = data.get("timings", {}).get("sum", {})
-    parts = {"target load": s.get("target_load", 0.0), "generation (target decode)": s.get("generation", 0.0),
-             "feature forwards": s.get("target_forward", 0.0), "drafting (draft_table)": s.get("drafting", 0.0)}
-    forwards = parts["generation (target decode)"] + parts["feature forwards"]
+    parts = {label: float(s.get(key, 0.0)) for label, key in STAGES.items()}
     rest = max(0.0, wall - sum(parts.values()))
     lines = [f"    {k:28s} {v:7.2f} s  ({100 * v / wall:4.1f} %)" for k, v in parts.items()]
     lines.append(f"    {'rest (pytest, imports, io)':28s} {rest:7.2f} s  ({100 * rest / wall:4.1f} %)")
-    lines.append(f"    target forwards (decode + features): {forwards:.2f} s = {100 * forwards / wall:.1f} % of wall")
+    counts = data.get("counts", {})
+    lines.append("    counts: " + json.dumps(counts.get("master", counts), sort_keys=True))
     return "\n".join(lines)
+
+
+def load() -> str:
+    try:
+        return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} cpus"
+    except OSError:
+        return "load average unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--k", default=None, help="pytest -k expression (default: the whole suite, as scripts/eval)")
     ap.add_argument("--skip-xdist", action="store_true", help="only the cold/warm comparison")
+    ap.add_argument("--before", type=Path, default=None, help="a checkout of earlier code (e.g. git archive of an "
+                                                              "older commit): its cold run goes first, for a ratio")
     ap.add_argument("extra", nargs="*", help="extra pytest arguments (after --)")
     a = ap.parse_args(argv)
+    sel = ["-k", a.k] if a.k else []
+    what = f"-k {a.k}" if a.k else "(all, as scripts/eval)"
     tmp = Path(tempfile.mkdtemp(prefix="dflash-bench-"))
-    print(f"work dir {tmp}")
-    wall_c, rc_c, data_c, out_c = run(["-k", "tau"], tmp / "cache", tmp / "cold", a.extra)
-    print(f"cold  -k tau: {wall_c:7.2f} s  rc={rc_c}")
+    print(f"work dir {tmp}; {load()}")
+    if a.before:
+        wall_b, test_b, rc_b, data_b, _ = run(sel, tmp / "cache-before", tmp / "before", a.extra, a.before.resolve())
+        print(f"cold  pytest tests_eval {what} of {a.before}: wall {wall_b:7.2f} s, pytest {test_b} s, rc={rc_b}; "
+              f"{load()}")
+        print(split(data_b, wall_b))
+    wall_c, test_c, rc_c, data_c, out_c = run(sel, tmp / "cache", tmp / "cold", a.extra)
+    print(f"cold  pytest tests_eval {what}: wall {wall_c:7.2f} s, pytest {test_c} s, rc={rc_c}; {load()}")
     print(split(data_c, wall_c))
-    wall_w, rc_w, data_w, _ = run(["-k", "tau"], tmp / "cache", tmp / "warm", a.extra)
-    print(f"warm  -k tau: {wall_w:7.2f} s  rc={rc_w}")
-    print(split(data_w, wall_w))
-    print(f"cold / warm = {wall_c / wall_w:.1f}x (target >= 5x); same verdicts: {outcomes(data_c) == outcomes(data_w)}")
+    if a.before:
+        same = {p: r["accept_lengths"] for p, r in data_b.get("prompts", {}).items()} == \
+            {p: r["accept_lengths"] for p, r in data_c.get("prompts", {}).items()}
+        print(f"before / now (cold wall) = {wall_b / wall_c:.2f}x; same outcomes "
+              f"{outcomes(data_b) == outcomes(data_c)}, same acceptance lengths {same}")
+    wall_w, test_w, rc_w, data_w, _ = run(sel, tmp / "cache", tmp / "warm", a.extra)
+    print(f"warm  pytest tests_eval {what}: wall {wall_w:7.2f} s, pytest {test_w} s, rc={rc_w}")
+    print(f"cold / warm = {wall_c / wall_w:.1f}x; same verdicts: {outcomes(data_c) == outcomes(data_w)} "
+          f"({len(outcomes(data_c))} tests, {sum(v == 'passed' for v in outcomes(data_c).values())} passed)")
     ok = outcomes(data_c) == outcomes(data_w) and rc_c == rc_w
     if not a.skip_xdist:
-        w0, r0, d0, _ = run(["-n", "0"], tmp / "cache-n0", tmp / "n0", a.extra)
-        w2, r2, d2, _ = run(["-n", "2"], tmp / "cache-n2", tmp / "n2", a.extra)
+        w0, _, r0, d0, _ = run(["-n", "0", *sel], tmp / "cache-n0", tmp / "n0", a.extra)
+        w2, _, r2, d2, _ = run(["-n", "2", *sel], tmp / "cache-n2", tmp / "n2", a.extra)
         same = outcomes(d0) == outcomes(d2) and r0 == r2
         taus0 = {p: r["tau"] for p, r in d0.get("prompts", {}).items()}
         taus2 = {p: r["tau"] for p, r in d2.get("prompts", {}).items()}
-        print(f"full -n 0: {w0:7.2f} s rc={r0} | full -n 2: {w2:7.2f} s rc={r2} | ratio {w0 / w2:.2f}x")
-        print(f"-n 0 vs -n 2: same verdicts {same}, same τ {taus0 == taus2} "
-              f"({len(outcomes(d0))} tests, {sum(v == 'passed' for v in outcomes(d0).values())} passed)")
+        print(f"cold -n 0: {w0:7.2f} s rc={r0} | cold -n 2: {w2:7.2f} s rc={r2} | ratio {w0 / w2:.2f}x")
+        print(f"-n 0 vs -n 2: same verdicts {same}, same τ {taus0 == taus2}")
         ok = ok and same
     if rc_c not in (0, 1):
         print(out_c)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU lane (stages: drift, suite, fp32, goldens, scaling; default all = drift + suite) for a CUDA machine with
+# The GPU lane (stages: drift, suite, fp32, goldens, scaling, wide, speed; default all = drift + suite) for a CUDA machine with
 # fla (see README "GPU lane"). Writes everything under $OUT
 # (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
 # transformers 5.23.0, syrupy), carried to the machine:
@@ -81,5 +81,19 @@ if [ "$STAGE" = wide ]; then
 step "scaling: -n 0 vs -n 2 and --device-map on a random 27B-width target"
 timeout 560 python3 benchmarks/bench_multigpu.py --workload wide --wide-layers 16 --num-prompts "${WIDE_PROMPTS:-32}" \
   --max-new-tokens 64 --device-map --out "$OUT/multigpu_wide.json" >> "$OUT/lane.log" 2>&1 || echo "wide rc=$?" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = speed ]; then
+step "speed: batched vs one-at-a-time greedy generation, random 27B-width target (8 layers, bf16, fla)"
+timeout 420 python3 benchmarks/bench_generation.py --wide --dtype bf16 --batch 32,16,37 \
+  --out "$OUT/bench_generation_wide.json" >> "$OUT/lane.log" 2>&1 || echo "generation wide rc=$?" >> "$OUT/lane.log"
+step "speed: the same on the bundled target and prompts (fp32, fla): identical ids?"
+timeout 300 python3 benchmarks/bench_generation.py --dtype fp32 --batch 32,37 \
+  --out "$OUT/bench_generation_bundled.json" >> "$OUT/lane.log" 2>&1 || echo "generation bundled rc=$?" >> "$OUT/lane.log"
+step "speed: drafting stage before / every-start table / lock-step (bundled, bf16, fla features)"
+timeout 300 python3 benchmarks/bench_drafting.py --cache-dir /tmp/speedcache --out "$OUT/bench_drafting.json" \
+  hidden_state_backend=fla >> "$OUT/lane.log" 2>&1 || echo "drafting rc=$?" >> "$OUT/lane.log"
+step "speed: offline (lock-step) vs online τ"
+timeout 120 python3 benchmarks/bench_core.py --dtype bf16 --backend fla --num-prompts 8 --json "$OUT/core_speed.json" \
+  >> "$OUT/lane.log" 2>&1 || echo "core rc=$?" >> "$OUT/lane.log"
 fi
 step "done"

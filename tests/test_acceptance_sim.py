@@ -1,11 +1,14 @@
-"""Hand-built cases pinning the τ conventions: bonus counted (1..B), truncation, DDTree budget and descent."""
+"""Hand-built cases pinning the τ conventions: bonus counted (1..B), truncation, DDTree budget and descent; the
+lock-step simulation (only visited starts drafted) against the every-start table."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dflash_eval.tau import DraftTable, build_ddtree, chain_tau, ddtree_tau, draft_table, macro_tau
+from dflash_eval.drafter import block_ids, draft_logits
+from dflash_eval.tau import (DraftTable, build_ddtree, chain_tau, ddtree_tau, draft_table, macro_tau,
+                             simulate_tau)
 
 B = 4  # block size: slots 1..3 are drafted
 
@@ -99,3 +102,50 @@ def test_draft_table_batching_is_exact(tiny_drafter, tiny_head, tiny_target) -> 
     assert together[1].ids.shape == (40 - 1 - 10, tiny_drafter.block_size - 1, 4)
     assert torch.equal(together[1].ids, alone[0].ids)
     torch.testing.assert_close(together[1].logp, alone[0].logp, atol=1e-5, rtol=1e-5)
+
+
+def _planned_sequence(drafter, head, feats, prompt, plan):  # type: ignore[no-untyped-def]
+    """A reference on which the chain accepts ``plan[r]`` drafts in round r (cycling): each round copies that many
+    drafts of the block, then puts the slot's SECOND candidate as the bonus (so DDTree can go deeper). Features are
+    fixed (not from the tokens), so a block's drafts depend only on its first token and position."""
+    cfg = drafter.config
+    b, total = cfg.block_size, int(feats.shape[0])
+    ctx = drafter.project_context(feats)[None]
+    toks, s, r = list(prompt) + [prompt[-1] + 1], len(prompt), 0
+    with torch.no_grad():
+        while len(toks) < total:
+            blocks = block_ids(torch.tensor([toks[s]]), b, cfg.mask_token_id)[None]
+            top = draft_logits(drafter, head, ctx, blocks, torch.tensor([[s]]))[0, 0].topk(2, dim=-1).indices
+            acc = plan[r % len(plan)]
+            toks += top[:acc, 0].tolist() + [int(top[min(acc, b - 2), 1])]
+            s, r = s + acc + 1, r + 1
+    return toks[:total]
+
+
+def test_lockstep_equals_table_and_drafts_only_visited_starts(tiny_drafter, tiny_head):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    b = tiny_drafter.block_size
+    width = tiny_drafter.fc.weight.shape[1]
+    items = []
+    for n, (plen, total, plan) in enumerate([(9, 60, [b - 1, 2, 0, 5]), (4, 41, [3, b - 1]), (15, 33, [0, 1])]):
+        feats = torch.randn(total, width)
+        prompt = [10 + n + j for j in range(plen)]
+        items.append((feats, torch.tensor(_planned_sequence(tiny_drafter, tiny_head, feats, prompt, plan)), plen))
+    budgets = (1, 3, 8)
+    tables = draft_table(tiny_drafter, tiny_head, items, top_k=max(budgets))
+    assert chain_tau(tables[0]).accept_lengths[:4] == [b, 3, 1, 6]  # the plan worked: the test is not trivial
+    for max_blocks in (None, 3):
+        sims = simulate_tau(tiny_drafter, tiny_head, items, budgets, max_blocks=max_blocks)
+        for sim, table in zip(sims, tables):
+            assert sim.chain.accept_lengths == chain_tau(table, max_blocks=max_blocks).accept_lengths
+            for budget in budgets:
+                assert sim.ddtree[budget].accept_lengths == ddtree_tau(table, budget,
+                                                                      max_blocks=max_blocks).accept_lengths
+            visited = {table.prompt_len + sum(r.accept_lengths[:k])
+                       for r in (sim.chain, *sim.ddtree.values()) for k in range(r.rounds)}
+            assert sim.drafted == len(visited) <= table.ids.shape[0]  # each visited start once, nothing else
+    assert sum(s.drafted for s in simulate_tau(tiny_drafter, tiny_head, items, budgets)) < \
+        sum(t.ids.shape[0] for t in tables)
+    assert simulate_tau(tiny_drafter, tiny_head, [], budgets) == []
+    with pytest.raises(ValueError, match="budget must be >= 1"):
+        simulate_tau(tiny_drafter, tiny_head, items, (0,))

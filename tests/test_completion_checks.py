@@ -60,7 +60,10 @@ class FakeServer:
 
 @pytest.mark.parametrize("bad", [10**6, -3], ids=["above_vocab", "negative"])
 def test_local_ids_outside_the_vocabulary_are_refused_naming_prompt_and_id(session, monkeypatch, bad):
-    monkeypatch.setattr(generation_mod, "greedy_generate", lambda *a, **k: [5, 6, bad, 7])
+    a_ids = session.inputs.prompt_ids["a"]
+    monkeypatch.setattr(generation_mod, "greedy_generate_batch",  # prompt 'a' gets the bad id; its batch too
+                        lambda target, prompts, *x, **k: [[5, 6, bad, 7] if list(p) == a_ids else [5, 6, 7]
+                                                          for p in prompts])
     with pytest.raises(EvalError) as err:
         session.completions()
     msg = str(err.value)
@@ -79,7 +82,8 @@ def test_server_ids_outside_the_vocabulary_are_refused_before_caching(sglang_ses
 
 def test_cached_ids_outside_the_vocabulary_are_not_used(session, monkeypatch):
     """An entry cached by an older version with a bad id is recomputed instead of crashing τ with IndexError."""
-    monkeypatch.setattr(generation_mod, "greedy_generate", lambda *a, **k: [5, 6, 7])
+    monkeypatch.setattr(generation_mod, "greedy_generate_batch",
+                        lambda target, prompts, *a, **k: [[5, 6, 7]] * len(prompts))
     session.completions()
     (man,) = [m for m in cached_completions(session) if json.loads(m.read_text())["meta"]["prompt_id"] == "a"]
     manifest = json.loads(man.read_text())

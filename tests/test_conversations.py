@@ -67,7 +67,7 @@ def test_raw_text_turn_continues_the_previous_sequence(tiny_target_dir, tiny_dra
     again = session(tiny_target_dir, tiny_drafter_dir, tmp_path)
     assert again.references.cached()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(generation_mod, "greedy_generate", lambda *a, **k: pytest.fail("generated on a warm cache"))
+        mp.setattr(generation_mod, "greedy_generate_batch", lambda *a, **k: pytest.fail("generated on a warm cache"))
         assert {p: r.sequence for p, r in again.completions().items()} == {p: r.sequence for p, r in comps.items()}
 
 

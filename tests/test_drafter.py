@@ -1,4 +1,5 @@
-"""The drafter's attention pattern: context strictly before the block, non-causal block, absolute RoPE."""
+"""The drafter's attention pattern: context strictly before the block, non-causal block, absolute RoPE; context
+keys and values computed once serve any later forward."""
 
 from __future__ import annotations
 
@@ -55,6 +56,20 @@ def test_batched_rounds_equal_single_rounds(tiny_drafter: DFlashDrafter) -> None
     for r in range(4):
         alone = tiny_drafter(blocks[:, r:r + 1], ctx[:, : int(starts[0, r])], starts[:, r:r + 1])
         torch.testing.assert_close(together[:, r:r + 1], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_precomputed_context_keys_and_values_are_the_context(tiny_drafter: DFlashDrafter) -> None:
+    feats = torch.randn(3, 25, tiny_drafter.config.num_features * H, generator=torch.Generator().manual_seed(4))
+    ctx = tiny_drafter.project_context(feats)
+    blocks = torch.randn(2, 3, tiny_drafter.block_size, H)
+    starts = torch.tensor([[4, 11, 24], [7, 8, 20]])
+    kv = tiny_drafter.context_kv(ctx)
+    assert kv.length == 25 and len(kv.layers) == tiny_drafter.config.num_hidden_layers
+    pick = torch.tensor([2, 0])  # contexts 2 and 0, in that order
+    want = tiny_drafter(blocks, ctx[pick], starts)
+    torch.testing.assert_close(tiny_drafter(blocks, kv.select(pick), starts), want, atol=1e-6, rtol=1e-6)
+    other = tiny_drafter(blocks, kv.select(torch.tensor([1, 0])), starts)
+    assert not torch.allclose(other[0], want[0], atol=1e-4)  # select really picks the contexts
 
 
 def test_key_names_match_released_layout(tiny_drafter: DFlashDrafter) -> None:

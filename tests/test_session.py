@@ -47,10 +47,27 @@ def test_light_head_matches_the_loaded_model(session):
 
 
 def test_empty_completion_is_an_error_and_not_cached(session, monkeypatch):
-    monkeypatch.setattr(generation_mod, "greedy_generate", lambda *a, **k: [])
-    with pytest.raises(EvalError, match="empty completion for prompt 'a'"):
+    monkeypatch.setattr(generation_mod, "greedy_generate_batch", lambda target, prompts, *a, **k: [[]] * len(prompts))
+    with pytest.raises(EvalError, match="empty completion for prompt '[ab]' from local"):
         session.completions()
     assert not list((session.settings.cache_dir / "v1").glob("completion/**/manifest.json"))
+
+
+def test_batched_local_completions_one_entry_per_prompt_and_a_key_that_says_batched(session, monkeypatch):
+    calls = []
+    real = generation_mod.greedy_generate_batch
+    monkeypatch.setattr(generation_mod, "greedy_generate_batch",
+                        lambda target, prompts, *a, **k: calls.append(len(prompts)) or real(target, prompts, *a, **k))
+    batched = {p: r.output_ids for p, r in session.completions().items()}
+    assert calls == [2]  # both prompts in one batch (default --generation-batch 32)
+    cache = session.settings.cache_dir / "v1"
+    manifests = [json.loads(m.read_text()) for m in cache.glob("completion/**/manifest.json")]
+    assert sorted(m["meta"]["prompt_id"] for m in manifests) == ["a", "b"]  # still one entry per prompt
+    assert all(m["fields"]["generation"] == "left-padded-batch" for m in manifests)
+    one = EvalSession(dataclasses.replace(session.settings, generation_batch=1), worker=("master", 0, 1))
+    assert "generation" not in one.references.fields("a", "local")  # one at a time: the keys of unbatched runs
+    assert {p: r.output_ids for p, r in one.completions().items()} == batched  # not reused: generated again ...
+    assert calls == [2, 1, 1]  # ... one prompt at a time, with the same ids
 
 
 def test_tau_results_end_to_end(session):

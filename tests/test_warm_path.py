@@ -145,7 +145,7 @@ def test_other_layer_ids_extract_only_the_missing_layers_in_one_forward(tiny_tar
     assert "features" in before
     with monkeypatch.context() as m:
         forwards = _Spy(m, features_mod, "layer_features")
-        gen = _Spy(m, generation_mod, "greedy_generate")
+        gen = _Spy(m, generation_mod, "greedy_generate_batch")
         b = _session(tiny_target_dir, b_dir, tmp_path)
         b.tau_results  # noqa: B018
     assert gen.calls == []
@@ -165,24 +165,25 @@ def test_other_layer_ids_extract_only_the_missing_layers_in_one_forward(tiny_tar
 
 def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir, tiny_drafter_dir, tmp_path,
                                                                  monkeypatch):
+    # Batches of at most 2 prompts: the 3 prompts are generated as [longest] and [the other two].
     with monkeypatch.context() as m:
-        _Spy(m, generation_mod, "greedy_generate", fail_after=2)
-        s1 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
+        _Spy(m, generation_mod, "greedy_generate_batch", fail_after=1)
+        s1 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path, generation_batch=2)
         with pytest.raises(KeyboardInterrupt):
             s1.tau_results  # noqa: B018
     kinds = [r["kind"] for r in s1.inputs.cache.productions()]
-    assert kinds.count("completion") == 2  # written as soon as each was ready
+    assert kinds.count("completion") == 1  # the finished batch was written as soon as it was ready
     with monkeypatch.context() as m:
-        gen = _Spy(m, generation_mod, "greedy_generate")
+        gen = _Spy(m, generation_mod, "greedy_generate_batch")
         _Spy(m, features_mod, "layer_features", fail_after=1)
-        s2 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
+        s2 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path, generation_batch=2)
         with pytest.raises(KeyboardInterrupt):
             s2.tau_results  # noqa: B018
-    assert len(gen.calls) == 1  # only the prompt the first run did not finish
+    assert len(gen.calls) == 1 and len(gen.calls[0][0][1]) == 2  # only the batch the first run did not finish
     kinds = [r["kind"] for r in s2.inputs.cache.productions()]
     assert kinds.count("completion") == 3 and kinds.count("features") == 3  # one prompt's 3 layers
     with monkeypatch.context() as m:
-        gen = _Spy(m, generation_mod, "greedy_generate")
+        gen = _Spy(m, generation_mod, "greedy_generate_batch")
         forwards = _Spy(m, features_mod, "layer_features")
         s3 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
         res = _taus(s3)
@@ -230,7 +231,7 @@ def test_shared_session_reuses_the_first_sessions_stages(tiny_target_dir, tiny_d
         _forbid_tokenizer(m)
         reads = _Spy(m, head_mod, "_read_tensor")
         feats = _Spy(m, features_mod, "layer_features")
-        gen = _Spy(m, generation_mod, "greedy_generate")
+        gen = _Spy(m, generation_mod, "greedy_generate_batch")
         b = _session(tiny_target_dir, b_dir, tmp_path, shared=a)
         tb = _taus(b)
     assert reads.calls == [] and feats.calls == [] and gen.calls == []

@@ -1,7 +1,23 @@
-"""Greedy reference generation with the target itself (for machines without an SGLang server)."""
+"""Greedy reference generation with the target itself (for machines without an SGLang server).
+
+:func:`greedy_generate_batch` continues several prompts in one left-padded batch through ``model.generate``.
+Left padding is exact for the hybrid (Gated DeltaNet) layers of transformers' Qwen3.5 models: their forward
+multiplies the hidden states of padded positions by the 2-D attention mask before the input projections
+(``apply_mask_to_padding_states``, fed by ``create_recurrent_attention_mask`` on every multi-token forward), so a
+pad position's q, k, v are zero, the causal conv sees the same zeros a sequence start sees, and the recurrent state
+stays exactly zero until the first real token (zero keys write nothing; decay of a zero state is zero). Full-
+attention layers mask pad keys, and position ids count real tokens only. The result equals one-at-a-time greedy
+up to floating-point summation order (the chunked delta rule's chunk boundaries move with the padding), which can
+only flip a near-tie: ``benchmarks/bench_generation.py`` checks the ids against one-at-a-time generation.
+
+Example::
+
+    outs = greedy_generate_batch(target, [ids_a, ids_b], 128, backend="torch")
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -9,10 +25,55 @@ from torch import Tensor
 
 from dflash_eval.backends import use_backend
 
-__all__ = ["greedy_generate"]
+__all__ = ["greedy_generate", "greedy_generate_batch", "generation_groups"]
 
 
 @torch.no_grad()
+def greedy_generate_batch(
+    target: Any,
+    prompts: Sequence[list[int] | Tensor],
+    max_new_tokens: int,
+    *,
+    backend: str = "auto",
+    stop_at_eos: bool = True,
+) -> list[list[int]]:
+    """Greedy (argmax) continuations of ``prompts`` in one left-padded batch: the generated ids of each prompt,
+    at most ``max_new_tokens``, each cut after its first EOS (included) when ``stop_at_eos``.
+
+    Runs ``model.generate`` with the target's cache (chunked prefill, recurrent decode for hybrid layers) under
+    the chosen linear-attention backend. A single prompt is not padded at all.
+    """
+    if not prompts:
+        return []
+    rows = [torch.as_tensor(p, dtype=torch.long).flatten().cpu() for p in prompts]
+    if any(r.numel() == 0 for r in rows):
+        raise ValueError(f"empty prompt at index {next(i for i, r in enumerate(rows) if r.numel() == 0)}")
+    eos = target.eos_token_id if stop_at_eos else None
+    pad = eos if eos is not None else 0
+    width = max(r.numel() for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for n, r in enumerate(rows):
+        ids[n, width - r.numel():] = r
+        mask[n, width - r.numel():] = 1
+    with use_backend(backend, target.device):
+        out = target.model.generate(
+            ids.to(target.device),
+            attention_mask=mask.to(target.device),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=1,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+    results = []
+    for row in out[:, width:].tolist():
+        if eos is not None and eos in row:
+            row = row[: row.index(eos) + 1]  # finished rows are filled with pad (= EOS) up to the longest
+        results.append(row)
+    return results
+
+
 def greedy_generate(
     target: Any,
     prompt_ids: list[int] | Tensor,
@@ -21,21 +82,15 @@ def greedy_generate(
     backend: str = "auto",
     stop_at_eos: bool = True,
 ) -> list[int]:
-    """Greedy (argmax) continuation of ``prompt_ids``: the generated ids only, at most ``max_new_tokens``.
+    """Greedy continuation of one prompt (:func:`greedy_generate_batch` of one, unpadded)."""
+    return greedy_generate_batch(target, [prompt_ids], max_new_tokens, backend=backend, stop_at_eos=stop_at_eos)[0]
 
-    Runs ``model.generate`` with the target's cache (chunked prefill, recurrent decode for hybrid layers) under
-    the chosen linear-attention backend. Stops after EOS (included) when ``stop_at_eos``.
-    """
-    ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=target.device)[None]
-    eos = target.eos_token_id if stop_at_eos else None
-    with use_backend(backend, target.device):
-        out = target.model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=1,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=eos if eos is not None else 0,
-        )
-    return out[0, ids.shape[1]:].tolist()
+
+def generation_groups(lengths: dict[str, int], batch: int) -> list[list[str]]:
+    """Split prompts (id -> prompt length) into ``ceil(n / batch)`` batches of near-equal size, longest prompts
+    first, so each batch holds prompts of similar length (little padding). Deterministic in its inputs."""
+    if batch < 1:
+        raise ValueError(f"generation batch must be >= 1, got {batch}")
+    order = sorted(lengths, key=lambda p: (-lengths[p], p))
+    n_groups = -(-len(order) // batch)
+    return [order[g * len(order) // n_groups:(g + 1) * len(order) // n_groups] for g in range(n_groups)]

@@ -74,6 +74,8 @@ class EvalSettings:
                         "benchmark) or on (needs a template with the switch)", "choice", THINKING_MODES)
     num_prompts: int | None = opt(None, "use only the first N prompts", "int")
     max_new_tokens: int = opt(128, "length of the reference completions (tokens)", "int")
+    generation_batch: int = opt(32, "prompts per batch of local greedy generation (left-padded, similar lengths "
+                                "together; 1: one prompt at a time, unpadded)", "int")
     max_blocks: int | None = opt(None, "stop each τ simulation after this many speculative rounds", "int")
     online_tau: bool = opt(False, "also run the real speculative loop (the target verifies each drafted block) on "
                            "every prompt and report its τ and per-position acceptance beside the offline ones", "bool")
@@ -161,6 +163,8 @@ class EvalSettings:
         """Cheap consistency checks that need no model (bad values raise ConfigError before anything runs)."""
         if self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.generation_batch < 1:
+            raise ConfigError(f"--generation-batch must be >= 1, got {self.generation_batch}")
         if self.max_blocks is not None and self.max_blocks < 1:
             raise ConfigError(f"--max-blocks must be >= 1, got {self.max_blocks}")
         if self.num_prompts is not None and self.num_prompts < 1:

@@ -16,10 +16,11 @@ from __future__ import annotations
 from dflash_eval.drafter.checkpoint import Checkpoint, build_drafter, read_checkpoint, save_drafter
 from dflash_eval.drafter.checks import CHECKS, Check, TargetSpec, compare_architectures, run_checks
 from dflash_eval.drafter.config import DrafterConfig, default_target_layer_ids, load_config_file
-from dflash_eval.drafter.model import DFlashDrafter, block_ids, draft_logits, expected_shapes
+from dflash_eval.drafter.model import ContextKV, DFlashDrafter, block_ids, draft_logits, expected_shapes
 
 __all__ = [
     "DFlashDrafter",
+    "ContextKV",
     "DrafterConfig",
     "load_config_file",
     "default_target_layer_ids",

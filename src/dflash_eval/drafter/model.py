@@ -23,6 +23,7 @@ Quick check::
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,8 +35,8 @@ from dflash_eval.drafter.config import DrafterConfig
 if TYPE_CHECKING:
     from dflash_eval.head import TargetHead
 
-__all__ = ["DFlashDrafter", "RMSNorm", "rope_cos_sin", "rope_frequencies", "activation", "expected_shapes", "block_ids",
-           "draft_logits"]
+__all__ = ["DFlashDrafter", "ContextKV", "RMSNorm", "rope_cos_sin", "rope_frequencies", "activation",
+           "expected_shapes", "block_ids", "draft_logits"]
 
 
 class RMSNorm(nn.Module):
@@ -120,22 +121,31 @@ class DFlashAttention(nn.Module):
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
+    def context_kv(self, ctx: Tensor, rope_ctx: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """Keys (normed, rotated) and values of the projected context: ctx [N,T,H] -> ([N,T,kv,hd], [N,T,kv,hd]).
+
+        They depend on the context alone (never on a block), so one computation serves every block and round."""
+        n, t = ctx.shape[:2]
+        kc = _apply_rope(self.k_norm(self.k_proj(ctx).view(n, t, self.num_kv_heads, self.head_dim)),
+                         rope_ctx[0][:, None, :], rope_ctx[1][:, None, :])
+        return kc, self.v_proj(ctx).view(n, t, self.num_kv_heads, self.head_dim)
+
     def forward(
         self,
         x: Tensor,
-        ctx: Tensor,
-        rope_ctx: tuple[Tensor, Tensor],
+        kv: tuple[Tensor, Tensor],
         rope_blk: tuple[Tensor, Tensor],
         ctx_bias: Tensor,
     ) -> Tensor:
-        """x: [N,R,B,H] block stream; ctx: [N,T,H]; rope_ctx: [T,hd]; rope_blk: [N,R,B,hd];
-        ctx_bias: [N,1,1,R,1,T] additive mask (0 visible, -inf hidden) for the context keys.
+        """x: [N,R,B,H] block stream; kv: the context's keys and values (:meth:`context_kv`, [N,T,kv,hd] each);
+        rope_blk: [N,R,B,hd]; ctx_bias: [N,1,1,R,1,T] additive mask (0 visible, -inf hidden) for the context keys.
 
         Scores against the context (shared by the R blocks of a sequence, never copied per block) and against the
         block's own slots are normalised by one joint softmax: exactly attention over [context; block] keys.
         """
         n, r, b, _ = x.shape
-        t = ctx.shape[1]
+        kc, vc = kv
+        t = kc.shape[1]
         hd, nh, nkv = self.head_dim, self.num_heads, self.num_kv_heads
         g = nh // nkv
         dtype = x.dtype
@@ -143,9 +153,6 @@ class DFlashAttention(nn.Module):
         q = _apply_rope(self.q_norm(self.q_proj(x).view(n, r, b, nh, hd)), cos_b, sin_b)
         kb = _apply_rope(self.k_norm(self.k_proj(x).view(n, r, b, nkv, hd)), cos_b, sin_b)
         vb = self.v_proj(x).view(n, r, b, nkv, hd)
-        kc = _apply_rope(self.k_norm(self.k_proj(ctx).view(n, t, nkv, hd)), rope_ctx[0][:, None, :],
-                         rope_ctx[1][:, None, :])
-        vc = self.v_proj(ctx).view(n, t, nkv, hd)
         qg = q.view(n, r, b, nkv, g, hd).permute(0, 3, 4, 1, 2, 5)  # [N,kv,g,R,B,hd]
         scale = hd ** -0.5
         s_ctx = torch.einsum("nkgrbd,ntkd->nkgrbt", qg, kc).float() * scale + ctx_bias
@@ -179,9 +186,9 @@ class DFlashDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = DFlashMLP(cfg)
 
-    def forward(self, x: Tensor, ctx: Tensor, rope_ctx: tuple[Tensor, Tensor], rope_blk: tuple[Tensor, Tensor],
+    def forward(self, x: Tensor, kv: tuple[Tensor, Tensor], rope_blk: tuple[Tensor, Tensor],
                 ctx_bias: Tensor) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_ctx, rope_blk, ctx_bias)
+        x = x + self.self_attn(self.input_layernorm(x), kv, rope_blk, ctx_bias)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -206,12 +213,30 @@ class DFlashDrafter(nn.Module):
         """``hidden_norm(fc(concat(target features)))``: [..., T, L*H] -> [..., T, H]."""
         return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
 
-    def forward(self, block_embeds: Tensor, context: Tensor, start: Tensor, context_len: Tensor | None = None) -> Tensor:
+    def context_kv(self, context: Tensor) -> ContextKV:
+        """Every layer's keys and values of a projected context [N, T, H] (:meth:`project_context`), computed once
+        for drafting many blocks against it (:class:`ContextKV`); ``forward`` computes them itself from a tensor."""
+        t = context.shape[1]
+        dtype = self.fc.weight.dtype
+        ctx = context.to(dtype)
+        rope_ctx = self._rope_tables(torch.arange(t, device=ctx.device), dtype)
+        return ContextKV([layer.self_attn.context_kv(ctx, rope_ctx) for layer in self.layers])
+
+    def _rope_tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos/sin of ``positions`` with the config's RoPE (scaled RoPE frequencies computed on first use)."""
+        if self._rope is None:
+            self._rope = rope_frequencies(self.config)
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype, inv_freq=self._rope[0],
+                            scaling=self._rope[1])
+
+    def forward(self, block_embeds: Tensor, context: Tensor | ContextKV, start: Tensor,
+                context_len: Tensor | None = None) -> Tensor:
         """Draft R blocks per sequence in one pass.
 
         Args:
             block_embeds: [N, R, B, H] target embeddings of each block ([bonus, MASK x (B-1)] at inference).
             context: [N, T, H] projected context (:meth:`project_context`); context token j has RoPE position j.
+                Or its keys and values (:meth:`context_kv`), when many forwards draft against the same context.
             start: [N, R] absolute position of slot 0 of each block; slot k has position start + k.
             context_len: [N, R] number of visible context positions per block (default ``start``: strictly
                 before the block, as in the DFlash loop and training recipe).
@@ -219,27 +244,40 @@ class DFlashDrafter(nn.Module):
         Returns:
             [N, R, B, H] hidden states after the final norm; apply the target's lm_head for logits.
         """
+        kv = context if isinstance(context, ContextKV) else self.context_kv(context)
         n, r, b, _ = block_embeds.shape
-        t = context.shape[1]
+        t = kv.length
         if context_len is None:
             context_len = start
         dtype = self.fc.weight.dtype
         x = block_embeds.to(dtype)
-        ctx = context.to(dtype)
         dev = x.device
-        hd, theta = self.config.head_dim, self.config.rope_theta
-        if self._rope is None:
-            self._rope = rope_frequencies(self.config)
-        rope = {"inv_freq": self._rope[0], "scaling": self._rope[1]}
-        rope_ctx = rope_cos_sin(torch.arange(t, device=dev), hd, theta, dtype, **rope)
-        blk_pos = start.to(dev)[..., None] + torch.arange(b, device=dev)
-        rope_blk = rope_cos_sin(blk_pos, hd, theta, dtype, **rope)
+        rope_blk = self._rope_tables(start.to(dev)[..., None] + torch.arange(b, device=dev), dtype)
         visible = torch.arange(t, device=dev) < context_len.to(dev)[..., None]  # [N,R,T]
         ctx_bias = torch.zeros(n, 1, 1, r, 1, t, dtype=torch.float32, device=dev)
         ctx_bias = ctx_bias.masked_fill(~visible[:, None, None, :, None, :], float("-inf"))
-        for layer in self.layers:
-            x = layer(x, ctx, rope_ctx, rope_blk, ctx_bias)
+        for layer, layer_kv in zip(self.layers, kv.layers):
+            x = layer(x, layer_kv, rope_blk, ctx_bias)
         return self.norm(x)
+
+
+@dataclass(frozen=True)
+class ContextKV:
+    """Per-layer (keys, values) of N projected contexts, [N, T, kv heads, head_dim] each.
+
+    Made by :meth:`DFlashDrafter.context_kv`. The drafter's context attention reads only these, so drafting many
+    blocks (or many rounds) against the same context computes them once; :meth:`select` picks the contexts of the
+    sequences one forward drafts for."""
+
+    layers: list[tuple[Tensor, Tensor]]
+
+    @property
+    def length(self) -> int:
+        return int(self.layers[0][0].shape[1])
+
+    def select(self, index: Tensor) -> ContextKV:
+        """The contexts at ``index`` (a [N'] long tensor) along the sequence dimension."""
+        return ContextKV([(k.index_select(0, index), v.index_select(0, index)) for k, v in self.layers])
 
 
 def expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
@@ -256,13 +294,15 @@ def block_ids(first_tokens: Tensor, block_size: int, mask_token_id: int) -> Tens
     return out
 
 
-def draft_logits(drafter: DFlashDrafter, head: TargetHead, context: Tensor, blocks: Tensor, starts: Tensor) -> Tensor:
+def draft_logits(drafter: DFlashDrafter, head: TargetHead, context: Tensor | ContextKV, blocks: Tensor,
+                 starts: Tensor) -> Tensor:
     """Draft logits of R blocks per sequence: embed the block ids, run the drafter, apply the target's lm_head.
 
     Args:
         drafter: the drafter.
         head: the target's borrowed input embedding and lm_head.
-        context: [N, T, H] projected context (:meth:`DFlashDrafter.project_context`).
+        context: [N, T, H] projected context (:meth:`DFlashDrafter.project_context`), or its keys and values
+            (:meth:`DFlashDrafter.context_kv`).
         blocks: [N, R, B] block token ids (:func:`block_ids`).
         starts: [N, R] absolute position of each block's slot 0; the block sees context positions < start.
 

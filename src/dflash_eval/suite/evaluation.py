@@ -1,10 +1,11 @@
 """The fourth stage: one drafter checkpoint evaluated on the references and features of the earlier stages.
 
 The checkpoint is read once and validated against the target before anything is produced for it; τ of every
-prompt (chain and each DDTree budget) comes from one batched draft pass and is memoised in the cache under a key
-that covers every input (drafter weights and config, the code that drafts and simulates, the exact feature
-entries, budgets, max_blocks), so a warm run does not even run the drafter; drift compares the features of two
-sides of a :class:`~dflash_eval.drift.Comparison` and the τ each gives.
+prompt (chain and each DDTree budget) comes from one lock-step simulation that drafts, batched over prompts, only
+the block starts the simulated loops visit (:func:`dflash_eval.tau.simulate_tau`), and is memoised in the cache
+under a key that covers every input (drafter weights and config, the code that drafts and simulates, the exact
+feature entries, budgets, max_blocks), so a warm run does not even run the drafter; drift compares the features
+of two sides of a :class:`~dflash_eval.drift.Comparison` and the τ each gives.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dflash_eval.provenance import device_kind, library_versions
 from dflash_eval.suite.feature_store import Features, FeatureStore
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.references import CompletionRecord, References
-from dflash_eval.tau import TauResult, chain_tau, ddtree_tau, draft_table
+from dflash_eval.tau import TauResult, simulate_tau
 
 __all__ = ["DrafterEvaluation", "PromptTau", "Drift"]
 
@@ -182,12 +183,11 @@ class DrafterEvaluation:
             f = torch.cat([feats[p.id][i] for i in self.layer_ids], dim=-1).to(dt)
             items.append((f, torch.tensor(comps[p.id].sequence, dtype=torch.long), len(comps[p.id].prompt_ids)))
         with self.inputs.meter.timed("drafting"):
-            tables = draft_table(drafter, self.inputs.head, items, top_k=max(budgets) if budgets else 1)
-        mb = self.settings.max_blocks
-        return {p.id: PromptTau(p.id, p.category, chain_tau(table, max_blocks=mb),
-                                {b: ddtree_tau(table, b, max_blocks=mb) for b in budgets},
-                                len(comps[p.id].prompt_ids), len(comps[p.id].output_ids))
-                for p, table in zip(self.inputs.prompts, tables)}
+            sims = simulate_tau(drafter, self.inputs.head, items, budgets, max_blocks=self.settings.max_blocks)
+        self.inputs.meter.counts["drafted_blocks"] += sum(r.drafted for r in sims)
+        return {p.id: PromptTau(p.id, p.category, r.chain, r.ddtree, len(comps[p.id].prompt_ids),
+                                len(comps[p.id].output_ids))
+                for p, r in zip(self.inputs.prompts, sims)}
 
     # ------------------------------------------------------------------------------------------------ drift
     def drift(self, name: str) -> Drift:

@@ -1,14 +1,15 @@
 """The second stage: each prompt's reference completion, and the target's teacher-forced check of it.
 
 A completion comes from the cache, else from its source (``--completions``): ``local`` is the target's own greedy
-generation (one cache job per prompt, spread over xdist workers), ``sglang`` a batch of greedy ``/generate``
-requests to a server whose readiness and identity the SGLang service already checked (it hands this stage a
-ready client), ``cache`` never computes. Nothing is cached unless every answer of a batch is valid: an empty
-completion or a token id outside the target's vocabulary is an error naming the prompt, never an entry, and the
-first completion of every SGLang fetch must be reproduced by the local target's teacher-forced argmax (a server
-that names the right model but serves other weights is caught before anything is cached). A completion's text is
-always the local tokenizer's decoding of its ids (a server started with ``--skip-tokenizer-init`` returns none);
-the server's own text is kept in the entry's meta as ``server_text``.
+generation, ``--generation-batch`` prompts of similar length per left-padded batch (one cache job per batch,
+spread over xdist workers; still one cache entry per prompt, written as soon as its batch is done), ``sglang`` a
+batch of greedy ``/generate`` requests to a server whose readiness and identity the SGLang service already checked
+(it hands this stage a ready client), ``cache`` never computes. Nothing is cached unless every answer of a batch is
+valid: an empty completion or a token id outside the target's vocabulary is an error naming the prompt, never an
+entry, and the first completion of every SGLang fetch must be reproduced by the local target's teacher-forced
+argmax (a server that names the right model but serves other weights is caught before anything is cached). A
+completion's text is always the local tokenizer's decoding of its ids (a server started with
+``--skip-tokenizer-init`` returns none); the server's own text is kept in the entry's meta as ``server_text``.
 Conversations are produced turn by turn, a later turn's prompt holding the earlier turns and their reference
 replies (:mod:`dflash_eval.suite.conversations`).
 """
@@ -25,6 +26,7 @@ from dflash_eval.backends import use_backend
 from dflash_eval.cache import CacheEntry, Job, cache_key, ids_digest
 from dflash_eval.entry_checks import Expected
 from dflash_eval.errors import EvalError
+from dflash_eval.generation import generation_groups
 from dflash_eval.provenance import device_kind, library_versions
 from dflash_eval.suite.conversations import HistoryMissing, turn_groups, turn_prompt_ids
 from dflash_eval.suite.inputs import Inputs
@@ -105,6 +107,8 @@ class References:
         if source == "local":
             f.update(backend=s.eval_backend, dtype=str(s.torch_dtype), device_kind=device_kind(s.torch_device),
                      versions=library_versions(), stop_at_eos=True)
+            if s.generation_batch > 1:  # left-padded batches: equal to one-at-a-time up to float near-ties
+                f["generation"] = "left-padded-batch"
         return f
 
     def _key(self, pid: str, source: str) -> str:
@@ -189,9 +193,10 @@ class References:
                                         lambda: self._fetch_sglang([p for p in todo if self._read(p) is None]))])
         else:
             prog = Progress("reference completions (local generation)", len(todo), inp.progress)
-            jobs = [Job(f"completion-{self._key(pid, 'local')}",
-                        lambda k=self._key(pid, "local"): inp.cache.exists("completion", k),
-                        lambda pid=pid: prog.step(self._generate_local(pid))) for pid in todo]
+            groups = generation_groups({p: len(self.prompt_ids(p)) for p in todo}, inp.settings.generation_batch)
+            jobs = [Job("completion-" + cache_key("batch", {"keys": [self._key(p, "local") for p in grp]}),
+                        lambda grp=grp: all(self._local_cached(p) for p in grp),
+                        lambda grp=grp: self._generate_local(grp, prog)) for grp in groups]
             inp.cache.produce_many(jobs, worker_index=inp.worker_index, worker_count=inp.worker_count)
         for pid in todo:
             rec = self._read(pid)
@@ -220,20 +225,28 @@ class References:
                             f"{self.inputs.settings.target_model}); the source does not serve this target's "
                             "tokenizer? No cache entry written")
 
-    def _generate_local(self, pid: str) -> int:
-        """Greedy-generate and cache ``pid``'s completion; returns the number of tokens generated."""
-        from dflash_eval.generation import greedy_generate
+    def _local_cached(self, pid: str) -> bool:
+        return self.inputs.cache.exists("completion", self._key(pid, "local"))
+
+    def _generate_local(self, pids: list[str], prog: Progress) -> None:
+        """Greedy-generate, in one batch, the completions of those of ``pids`` not cached yet, and cache each."""
+        from dflash_eval.generation import greedy_generate_batch
 
         inp = self.inputs
+        todo = [p for p in pids if not self._local_cached(p)]
+        if not todo:
+            return
         t0 = time.perf_counter()
         with inp.meter.timed("generation"):
-            ids = greedy_generate(inp.target, self.prompt_ids(pid), inp.settings.max_new_tokens,
-                                  backend=inp.settings.eval_backend)
-        inp.meter.counts["generated_tokens"] += len(ids)
-        self._check_ids(pid, "local", ids)
-        text = inp.tokenizer.decode(ids, skip_special_tokens=True)
-        self._write(pid, "local", ids, text, None, time.perf_counter() - t0)
-        return len(ids)
+            outs = greedy_generate_batch(inp.target, [self.prompt_ids(p) for p in todo], inp.settings.max_new_tokens,
+                                         backend=inp.settings.eval_backend)
+        for pid, ids in zip(todo, outs):  # every answer of the batch checked before any is cached
+            self._check_ids(pid, "local", ids)
+        seconds = (time.perf_counter() - t0) / len(todo)
+        for pid, ids in zip(todo, outs):
+            inp.meter.counts["generated_tokens"] += len(ids)
+            self._write(pid, "local", ids, inp.tokenizer.decode(ids, skip_special_tokens=True), None, seconds)
+            prog.step(len(ids))
 
     def _fetch_sglang(self, pids: list[str]) -> None:
         """Fetch greedy completions from the ready server and cache them; nothing is cached unless every answer
