@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU lane (stages: drift, suite, fp32; default all = drift + suite), for the lent H200 (see README "GPU lane"). Writes everything under $OUT
+# The GPU lane (stages: drift, suite, fp32; default all = drift + suite), for a CUDA machine such as an H200
+# (see README "GPU lane"). Writes everything under $OUT
 # (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
 # transformers 5.23.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

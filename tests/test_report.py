@@ -62,6 +62,8 @@ def test_safe_id_never_contains_tau():
 
 def fake_config(tmp_path, cli=None, ini=None):
     cli, ini = cli or {}, ini or {}
+    (tmp_path / "root").mkdir(exist_ok=True)
+    (tmp_path / "root" / "pyproject.toml").write_text('[project]\nname = "dflash-eval"\n')  # a checkout: its defaults
     return SimpleNamespace(
         invocation_params=SimpleNamespace(dir=tmp_path / "cwd"), rootpath=tmp_path / "root",
         inipath=tmp_path / "root" / "pyproject.toml",
@@ -106,7 +108,7 @@ def test_bad_settings_are_clear_errors(values, needle):
 def test_every_option_has_help_env_and_ini():
     for o in OPTIONS:
         assert o.help and o.env.startswith("DFLASH_EVAL_") and o.ini.startswith("dflash_")
-        assert "tau" not in o.flag or o.name in ("tau_floor", "update_tau_floors", "tau_margin")
+        assert "tau" not in o.flag or o.name in ("tau_floor", "tau_floor_prompt", "update_tau_floors", "tau_margin")
     assert Path(EvalSettings.from_mapping({}).cache_dir) == Path(".dflash_cache")
 
 
@@ -127,18 +129,15 @@ def test_category_tables_and_floors(tmp_path):
     header, rows = report.category_rows(data)
     assert header[:5] == ["category", "n", "chain mean", "median", "CI95"] and [r[0] for r in rows] == ["c", "code", "all"]
     assert "τ per category" in report.render_terminal(data) and "### τ per category" in report.render_markdown(data)
-    doc = make_floors({}, {}, 2.0, {}, margin=0.25, category_chain={"c": 1.5, "code": 4.0},
-                      category_ddtree={8: {"c": 2.0, "code": 4.5}}, previous={"categories": {"old": 3.0}})
-    assert doc["categories"] == {"c": 1.25, "code": 3.75, "old": 3.0}
-    assert doc["categories_ddtree"] == {"8": {"c": 1.75, "code": 4.25}}
+    # Category floors are derived from the per-prompt floors of the category's prompts (the mean of them).
+    doc = make_floors({"a": 2.0, "b": 1.5, "c": 4.0}, {8: {"a": 2.5, "b": 2.0, "c": 4.5}}, margin=0.25, context={})
     path = tmp_path / "floors.json"
     write_floors(path, doc)
-    fl = load_floors(path)
-    assert fl.for_category("code") == 3.75 and fl.for_category("c", 8) == 1.75 and fl.for_category("x") is None
-    assert load_floors(path, override=1.1).for_category("x", 8) == 1.1
-    judge_run(data, fl)
-    assert data["categories"]["c"]["floor"] == 1.25 and data["categories"]["c"]["passed"] is True
-    assert data["categories"]["code"]["passed"] is True and data["categories"]["all"]["floor"] == 1.75
+    fl = load_floors(path).select({"a": "c", "b": "c", "c": "code"})
+    assert fl.for_category("code") == 3.75 and fl.for_category("c", 8) == 2.0 and fl.for_category("x") is None
+    judge_run(data, load_floors(path))
+    assert data["categories"]["c"]["floor"] == 1.5 and data["categories"]["c"]["passed"] is True
+    assert data["categories"]["code"]["passed"] is True and data["prompts"]["b"]["passed"] is False
 
 
 def test_prompt_spec_resolution(tmp_path):

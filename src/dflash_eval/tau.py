@@ -28,7 +28,7 @@ Example::
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +100,7 @@ def draft_table(
     *,
     top_k: int = 1,
     chunk: int = 256,
+    on_chunk: Callable[[int], None] | None = None,
 ) -> list[DraftTable]:
     """Draft every start of every item in batched drafter forwards.
 
@@ -109,6 +110,7 @@ def draft_table(
             padding is never visible and batching is exact.
         top_k: how many candidates per slot to keep (1 for chain τ; the largest DDTree budget for DDTree).
         chunk: starts per drafter forward across all items (bounds memory only).
+        on_chunk: called with the number of starts drafted after each forward (progress reporting).
     """
     cfg = drafter.config
     dev = drafter.fc.weight.device
@@ -150,6 +152,8 @@ def draft_table(
             m = len(by_item[i])
             per_item_ids[i].append(top_ids[n, :m].cpu())
             per_item_logp[i].append(top_lp[n, :m].cpu())
+        if on_chunk is not None:
+            on_chunk(len(sub))
     tables = []
     for i, (_, toks, p) in enumerate(items):
         if per_item_ids[i]:

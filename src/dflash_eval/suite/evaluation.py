@@ -22,6 +22,7 @@ from dflash_eval.drift import Comparison, DriftStat, Side, drift_stat
 from dflash_eval.provenance import device_kind, library_versions
 from dflash_eval.suite.feature_store import Features, FeatureStore
 from dflash_eval.suite.inputs import Inputs
+from dflash_eval.suite.progress import Progress
 from dflash_eval.suite.references import CompletionRecord, References
 from dflash_eval.tau import TauResult, chain_tau, ddtree_tau, draft_table
 
@@ -175,8 +176,11 @@ class DrafterEvaluation:
         for p in self.inputs.prompts:
             f = torch.cat([feats[p.id][i] for i in self.layer_ids], dim=-1).to(dt)
             items.append((f, torch.tensor(comps[p.id].sequence, dtype=torch.long), len(comps[p.id].prompt_ids)))
+        prog = Progress("τ drafting", sum(max(0, int(t.shape[0]) - 1 - n) for _, t, n in items), self.inputs.progress,
+                        unit="positions")
         with self.inputs.meter.timed("drafting"):
-            tables = draft_table(drafter, self.inputs.head, items, top_k=max(budgets) if budgets else 1)
+            tables = draft_table(drafter, self.inputs.head, items, top_k=max(budgets) if budgets else 1,
+                                 on_chunk=lambda k: prog.step(tokens=k, n=k))
         mb = self.settings.max_blocks
         return {p.id: PromptTau(p.id, p.category, chain_tau(table, max_blocks=mb),
                                 {b: ddtree_tau(table, b, max_blocks=mb) for b in budgets},

@@ -1,0 +1,87 @@
+"""Parsing one option's raw value (a string from the command line, the environment or the ini file, or a typed
+default) into its typed value; relative paths and ``--prompts`` file items are made absolute against a base folder.
+
+Used by :func:`dflash_eval.options.resolve` and :meth:`dflash_eval.options.EvalSettings.from_mapping`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from dflash_eval.errors import ConfigError
+from dflash_eval.prompts import BUILTIN_SETS
+
+__all__ = ["parse_value", "resolve_prompt_spec"]
+
+
+class _Spec(Protocol):
+    name: str
+    kind: str
+    choices: tuple[str, ...]
+
+    @property
+    def flag(self) -> str: ...
+
+
+def resolve_prompt_spec(raw: Any, base: Path | None) -> str:
+    """``--prompts`` with every relative file item made absolute against ``base`` (built-in set names such as
+    ``humaneval:16`` stay as they are; so does a bare unknown name, which then fails as an unknown set)."""
+    items = [s.strip() for s in str(raw).split(",") if s.strip()]
+    out = []
+    for item in items:
+        if item.partition(":")[0] in BUILTIN_SETS:
+            out.append(item)
+            continue
+        p = Path(item).expanduser()
+        if not p.is_absolute() and base is not None and (
+                (base / p).exists() or item.endswith((".jsonl", ".json")) or "/" in item):
+            p = base / p
+        out.append(str(p))
+    return ",".join(out)
+
+
+def parse_value(spec: _Spec, raw: Any, base: Path | None) -> Any:
+    if raw is None:
+        return None
+    if spec.kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        s = str(raw).strip().lower()
+        if s in ("1", "true", "yes", "on"):
+            return True
+        if s in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{spec.flag}: expected a boolean (1/0, true/false), got {raw!r}")
+    if spec.kind == "ints":
+        items: list[Any] = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+        out: list[int] = []
+        for it in items:
+            for part in str(it).replace(",", " ").split():
+                try:
+                    out.append(int(part))
+                except ValueError as exc:
+                    raise ConfigError(f"{spec.flag}: expected integers, got {part!r}") from exc
+        if not out or any(v < 1 for v in out):
+            raise ConfigError(f"{spec.flag}: expected one or more integers >= 1, got {raw!r}")
+        return tuple(dict.fromkeys(out))
+    if spec.kind == "int":
+        try:
+            return int(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{spec.flag}: expected an integer, got {raw!r}") from exc
+    if spec.kind == "float":
+        try:
+            return float(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{spec.flag}: expected a number, got {raw!r}") from exc
+    if spec.kind == "path":
+        p = Path(str(raw)).expanduser()
+        return p if p.is_absolute() or base is None else base / p
+    if spec.kind == "spec":
+        return resolve_prompt_spec(raw, base)
+    if spec.kind == "choice" and str(raw) not in spec.choices:
+        if spec.name.endswith("backend"):
+            raise ConfigError(f"{spec.flag}: unknown backend {raw!r}; choose one of {', '.join(spec.choices)}")
+        raise ConfigError(f"{spec.flag}: unknown value {raw!r}; choose one of {', '.join(spec.choices)}")
+    return str(raw)
