@@ -31,11 +31,12 @@ def test_own_test_file_is_recorded_like_the_suite(pytester, monkeypatch, tmp_pat
     shutil.copy(EXAMPLE, pytester.path / "test_own_checks.py")
     pytester.makeini("[pytest]\n")
     reports = tmp_path / "reports"
-    res = pytester.runpytest_inprocess(
+    res = pytester.runpytest_subprocess(  # not in-process: that would drop the transformers modules it imported
         "-p", "dflash_eval.pytest_plugin", "-p", "no:cacheprovider", f"--target-model={ROOT / 'fixtures' / 'target'}",
         f"--drafter={ROOT / 'fixtures' / 'drafter'}", f"--prompts={ROOT / 'fixtures' / 'prompts.jsonl'}",
         "--num-prompts=2", "--max-new-tokens=24", f"--floors-file={tmp_path / 'none.json'}", "--tau-floor=1.0",
-        f"--cache-dir={tmp_path / 'cache'}", f"--report-dir={reports}", f"--junitxml={tmp_path / 'junit.xml'}")
+        f"--cache-dir={tmp_path / 'cache'}", f"--report-dir={reports}", f"--junitxml={tmp_path / 'junit.xml'}",
+        timeout=600)
     assert res.ret == 0, res.stdout.str()
     res.assert_outcomes(passed=3)
     data = strict_load(reports / "eval.json")

@@ -53,10 +53,11 @@ def get_settings(config: pytest.Config) -> EvalSettings:
 def get_session(config: pytest.Config) -> EvalSession:
     """The process's EvalSession (created on first use; its progress lines go to the plugin's reporter)."""
     if SESSION not in config.stash:
+        settings = get_settings(config)  # bad options raise here, before the session (and torch) is imported
         from dflash_eval.pytest_plugin.progress import progress_sink
         from dflash_eval.session import EvalSession
 
-        session = EvalSession(get_settings(config))
+        session = EvalSession(settings)
         session.inputs.progress = progress_sink(config)
         config.stash[SESSION] = session
     return config.stash[SESSION]
