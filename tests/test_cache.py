@@ -99,6 +99,7 @@ def test_manifest_is_json_with_sha256(tmp_path):
     assert not list(d.glob(".tmp-*"))  # atomic writes leave no temp files
 
 
+@pytest.mark.slow
 def test_concurrent_processes_produce_once(tmp_path):
     """Four processes race for the same entry: exactly one produces it, the others read it."""
     script = textwrap.dedent(f"""

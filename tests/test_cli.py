@@ -6,6 +6,7 @@ Run: ``pytest tests/test_cli.py -p no:cacheprovider``
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,8 @@ def common(tmp_path):
     prompts.write_text("".join(json.dumps({"id": f"q{i}", "category": "code", "text": t}) + "\n" for i, t in
                                enumerate(["def add(a, b):\n    return", "for i in range(10):\n    print("])))
     return ["--target-model", str(FIXTURE_TARGET), "--prompts", str(prompts), "--max-new-tokens", "12",
-            "--cache-dir", str(tmp_path / "cache"), "--device", "cpu", "--torch-threads", "1", "--quiet"]
+            "--cache-dir", str(tmp_path / "cache"), "--device", "cpu", "--torch-threads", "1", "--quiet",
+            "--report-dir", str(tmp_path / "reports")]
 
 
 def test_gate_two_checkpoints_then_failing_floor_then_bad_path(common, tmp_path, capsys, monkeypatch):
@@ -51,6 +53,14 @@ def test_gate_two_checkpoints_then_failing_floor_then_bad_path(common, tmp_path,
     assert rows[0]["mean_floor"] == 1.0 and rows[0]["reasons"] == []
     assert {pid: r["floor"] for pid, r in rows[0]["prompts"].items()} == {"q0": None, "q1": None}
     assert {pid: r["passed"] for pid, r in rows[0]["prompts"].items()} == {"q0": None, "q1": None}  # not gated
+    # --report-dir: the combined report of every checkpoint, strict JSON and markdown.
+    report = json.loads((tmp_path / "reports" / "gate.json").read_text(),
+                        parse_constant=lambda c: pytest.fail(f"gate.json holds {c}: not strict JSON"))
+    assert report["passed"] is True and [r["drafter"] for r in report["checkpoints"]] == [str(FIXTURE_DRAFTER), str(copy)]
+    assert report["budgets"] == [8] and "drafter" not in report["settings"] and report["checkpoints"][0]["prompts"]
+    md = (tmp_path / "reports" / "gate.md").read_text()
+    assert "2/2 checkpoint(s) passed" in md and "| drafter |" in md and "| step_2 |" in md
+    assert "### Lowest chain τ (2 of 2 prompts, worst first)" in md
 
     # Warm (same cache): the target is never built; a floor nobody reaches fails the gate with exit 1.
     monkeypatch.setattr(target_mod, "load_target", lambda *a, **k: pytest.fail("warm gate loaded the target"))
@@ -66,6 +76,11 @@ def test_gate_two_checkpoints_then_failing_floor_then_bad_path(common, tmp_path,
         assert r["reasons"][0] == f"mean chain τ {r['mean_tau']:.3f} < 100.0"
         assert all(x.startswith("mean ") and x.endswith("< 100.0") for x in r["reasons"])  # chain and DDTree-8
         assert not any("below floor" in x or "no floor" in x for x in r["reasons"])
+    assert rc == 1 and out.count("FAIL") == 2 and "mean chain τ" in out and "< 100.0" in out
+    assert "0/2 checkpoint(s) passed" in out
+    report = json.loads((tmp_path / "reports" / "gate.json").read_text())
+    assert report["passed"] is False and all("< 100.0" in r["reasons"][0] for r in report["checkpoints"])
+    assert "FAIL: mean chain τ" in (tmp_path / "reports" / "gate.md").read_text()
 
     # A path that does not exist: exit 2 before evaluating anything, naming the path.
     missing = tmp_path / "nope" / "step_3"
@@ -86,3 +101,27 @@ def test_help_and_module_entry_point():
                        cwd=ROOT)
     assert p.returncode == 0 and "--drafter" in p.stdout and "--tau-floor" in p.stdout
     assert "--tau-floor-prompt" in p.stdout and "--allow-settings-mismatch" in p.stdout and "--baseline" in p.stdout
+
+
+@pytest.mark.slow
+def test_run_passes_pytest_arguments_through_and_outside_a_checkout_needs_a_target(tmp_path):
+    """`dflash-eval run`: pytest's help with the dflash-eval group; from a folder that is not a checkout, a missing
+    --target-model / --drafter is one usage error (exit 4) before anything is collected."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_EVAL_")}
+    p = subprocess.run([sys.executable, "-m", "dflash_eval", "run", "--help"], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=120)
+    assert p.returncode == 0 and "dflash-eval" in p.stdout and "--target-model" in p.stdout and "-k EXPRESSION" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "dflash_eval", "run", "-p", "no:cacheprovider", "-q"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert p.returncode == 4, p.stdout + p.stderr
+    assert "--target-model and --drafter required" in p.stderr and "collected" not in p.stdout
+    assert not (tmp_path / "reports").exists()
+
+
+def test_run_joins_suite_option_values():
+    """pytest picks its rootdir before plugin options exist: `--target-model DIR` must reach it as one argument."""
+    from dflash_eval.cli import joined_option_values
+
+    assert joined_option_values(["--target-model", "/m", "-k", "tau", "--cache-only", "--ddtree-budget", "4",
+                                 "--prompts=p.jsonl", "tests"]) == [
+        "--target-model=/m", "-k", "tau", "--cache-only", "--ddtree-budget=4", "--prompts=p.jsonl", "tests"]

@@ -17,12 +17,19 @@ import pytest
 from dflash_eval.cli import build_parser, main
 from dflash_eval.errors import ConfigError
 from dflash_eval.option_table import DOCS_COMMAND, render_option_table, with_option_table
-from dflash_eval.options import OPTIONS, OPTIONS_BY_NAME, EvalSettings, add_options, resolve
+from dflash_eval.options import OPTIONS, OPTIONS_BY_NAME, EvalSettings, add_options, in_repo, resolve
 from dflash_eval.pytest_plugin import settings_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_DRAFTER = ROOT / "fixtures" / "drafter"
 PLUGIN = "dflash_eval.pytest_plugin"
+
+
+def make_checkout(root: Path) -> Path:
+    """A folder that counts as a checkout of this repository (its pyproject.toml names the project)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pyproject.toml").write_text('[project]\nname = "dflash-eval"\n')
+    return root
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +69,7 @@ def test_add_options_registers_every_option_with_its_help():
     tm = flags["--target-model"]
     assert tm["dest"] == "target_model" and tm["default"] is None
     assert tm["help"] == ("target model directory (transformers layout) [env DFLASH_EVAL_TARGET_MODEL, ini "
-                          "dflash_target_model; default: fixtures/target]")
+                          "dflash_target_model; default: fixtures/target in this repository, else required]")
     assert flags["--ddtree-budget"]["action"] == "append" and flags["--cache-only"]["action"] == "store_const"
     assert "default: unset]" in flags["--tau-floor"]["help"] and "default: 8]" in flags["--ddtree-budget"]["help"]
     assert flags["--completions"]["metavar"] == "{local,sglang,cache}" and "choices" not in flags["--completions"]
@@ -107,7 +114,7 @@ def test_gate_help_lists_every_option_but_drafter(capsys):
 
 
 def test_resolve_precedence_origins_and_bases(tmp_path):
-    cwd, ini_dir, root = tmp_path / "cwd", tmp_path / "ini", tmp_path / "root"
+    cwd, ini_dir, root = tmp_path / "cwd", tmp_path / "ini", make_checkout(tmp_path / "root")
     cli = {"max_new_tokens": "16", "ddtree_budget": ["2", "3,2"], "target_model": "t",
            "prompts": "humaneval:3, sub/p.jsonl,/abs/q.jsonl"}
     env = {"DFLASH_EVAL_MAX_NEW_TOKENS": "32", "DFLASH_EVAL_TAU_MARGIN": "0.5", "DFLASH_EVAL_REPORT_DIR": "rep",
@@ -131,8 +138,9 @@ def test_resolve_precedence_origins_and_bases(tmp_path):
 
 
 def test_plugin_resolves_cli_env_ini_default_against_their_dirs(pytester, monkeypatch):
-    for d in ("run", "proj", "root"):
+    for d in ("run", "proj"):
         (pytester.path / d).mkdir()
+    make_checkout(pytester.path / "root")
     (pytester.path / "proj" / "pytest.ini").write_text(
         "[pytest]\ndflash_max_new_tokens = 64\ndflash_cache_dir = cc\ndflash_prompts = p.jsonl\n"
         "dflash_tau_margin = 0.1\n")
@@ -151,6 +159,7 @@ def test_plugin_resolves_cli_env_ini_default_against_their_dirs(pytester, monkey
 
 
 def test_cli_resolves_paths_and_prompt_files_against_the_cwd_and_reads_no_ini(tmp_path, monkeypatch, capsys):
+    make_checkout(tmp_path)
     (tmp_path / "pytest.ini").write_text("[pytest]\ndflash_prompts = elsewhere.jsonl\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DFLASH_EVAL_DRAFTER_CONFIG", "cfg/config.json")
@@ -165,6 +174,34 @@ def test_cli_resolves_paths_and_prompt_files_against_the_cwd_and_reads_no_ini(tm
     assert rc == 2 and f"--prompts humaneval:2,{tmp_path / 'sub' / 'p.jsonl'}:" in capsys.readouterr().err
 
 
+def test_outside_a_checkout_target_and_drafter_are_required_and_prompts_are_builtin(tmp_path):
+    """Outside this repository the bundled-fixture defaults do not apply: one error naming both options."""
+    assert not in_repo(tmp_path) and in_repo(make_checkout(tmp_path / "repo")) and in_repo(ROOT)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "pyproject.toml").write_text('[project]\nname = "dflash-eval-fork"\n')
+    assert not in_repo(tmp_path / "other")
+    with pytest.raises(ConfigError, match=re.escape(
+            f"--target-model and --drafter required: {tmp_path} is not a checkout of the dflash-eval repository")):
+        resolve(lambda name: None, environ={}, invocation_dir=tmp_path, root=tmp_path)
+    with pytest.raises(ConfigError, match=r"^--drafter required: .* give --drafter PATH \(or env DFLASH_EVAL_DRAFTER\)$"):
+        resolve(lambda name: None, environ={"DFLASH_EVAL_TARGET_MODEL": "t"}, invocation_dir=tmp_path, root=tmp_path)
+    s = resolve({"target_model": "t", "drafter": "d"}.get, environ={}, invocation_dir=tmp_path, root=tmp_path,
+                check=False)
+    assert s.prompts == "humaneval:16" and s.golden_dir == tmp_path / "golden" and s.origins["prompts"] == "default"
+    assert OPTIONS_BY_NAME["prompts"].shown_default == ("humaneval:16,fixtures/prompts.jsonl in this repository, "
+                                                        "else humaneval:16")
+
+
+def test_plugin_outside_a_checkout_is_one_usage_error(pytester):
+    """`pytest` on the suite's folder elsewhere without --target-model: exit 4 with the message, before collection."""
+    (pytester.path / "suite").mkdir()
+    (pytester.path / "suite" / "test_tau.py").write_text("def test_x(eval_session):\n    pass\n")
+    pytester.makeini("[pytest]\n")
+    res = pytester.runpytest_inprocess("-p", PLUGIN, "suite", "-p", "no:cacheprovider")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["ERROR: dflash-eval: --target-model and --drafter required: * is not a checkout*"])
+
+
 @pytest.mark.parametrize("source, needle", [
     ({"cli": {"max_new_tokens": "x"}}, "--max-new-tokens: expected an integer, got 'x'"),
     ({"env": {"DFLASH_EVAL_REQUIRE_SGLANG": "maybe"}}, "--require-sglang: expected a boolean"),
@@ -174,6 +211,7 @@ def test_cli_resolves_paths_and_prompt_files_against_the_cwd_and_reads_no_ini(tm
     ({"ini": {"dflash_sglang_timeout": "0"}}, "--sglang-timeout must be > 0 seconds"),
 ])
 def test_bad_values_name_the_flag(source, needle, tmp_path):
+    make_checkout(tmp_path)
     cli, env, ini = source.get("cli", {}), source.get("env", {}), source.get("ini", {})
     with pytest.raises(ConfigError, match=re.escape(needle)):
         resolve(cli.get, environ=env, ini=lambda k: ini.get(k, ""), invocation_dir=tmp_path, root=tmp_path)
@@ -224,5 +262,5 @@ def test_argparse_parser_from_add_options_parses_every_kind():
     add_options(ap.add_argument, strict_choices=True)
     ns = ap.parse_args(["--ddtree-budget", "4", "--ddtree-budget", "8", "--cache-only", "--completions", "cache"])
     assert ns.ddtree_budget == ["4", "8"] and ns.cache_only is True and ns.completions == "cache"
-    s = resolve(lambda name: getattr(ns, name), environ={}, invocation_dir=Path("/w"), root=Path("/r"))
+    s = resolve(lambda name: getattr(ns, name), environ={}, invocation_dir=Path("/w"), root=ROOT)
     assert s.ddtree_budget == (4, 8) and s.cache_only and s.completions == "cache" and s.origins["cache_only"] == "cli"

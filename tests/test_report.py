@@ -62,6 +62,8 @@ def test_safe_id_never_contains_tau():
 
 def fake_config(tmp_path, cli=None, ini=None):
     cli, ini = cli or {}, ini or {}
+    (tmp_path / "root").mkdir(exist_ok=True)
+    (tmp_path / "root" / "pyproject.toml").write_text('[project]\nname = "dflash-eval"\n')  # a checkout: its defaults
     return SimpleNamespace(
         invocation_params=SimpleNamespace(dir=tmp_path / "cwd"), rootpath=tmp_path / "root",
         inipath=tmp_path / "root" / "pyproject.toml",

@@ -174,6 +174,7 @@ def test_launched_standin_gives_local_completions_then_warm_cache_needs_no_serve
     print(f"cold (launch + fetch) {cold_s:.1f}s, warm {warm_s:.1f}s")
 
 
+@pytest.mark.slow
 def test_cold_cache_without_server_skips_naming_the_url(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
@@ -186,6 +187,7 @@ def test_cold_cache_without_server_skips_naming_the_url(tmp_path: Path) -> None:
     assert not list((tmp_path / "cache").glob("v1/completion/*/*/manifest.json"))
 
 
+@pytest.mark.slow
 def test_cold_cache_without_server_fails_under_require_sglang(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     proc = run_suite(tmp_path, "--sglang-url", url, "--sglang-timeout", "1", "--require-sglang")
@@ -194,6 +196,7 @@ def test_cold_cache_without_server_fails_under_require_sglang(tmp_path: Path) ->
     assert "skipped" not in proc.stdout.splitlines()[-1] and "error" in proc.stdout.splitlines()[-1], show(proc)
 
 
+@pytest.mark.slow
 def test_wrong_model_fails_before_any_completion(tmp_path: Path) -> None:
     port = free_port()
     proc = run_suite(tmp_path, "--sglang-launch", standin_cmd(port, "--mode", "wrong-model-info"),
@@ -205,6 +208,7 @@ def test_wrong_model_fails_before_any_completion(tmp_path: Path) -> None:
     assert standin_pids(port) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
 def test_interrupted_run_stops_the_launched_server(tmp_path: Path, sig: signal.Signals) -> None:
     """The launched server's whole group is gone promptly after the signal, and pytest exits non-zero.

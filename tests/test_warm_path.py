@@ -195,15 +195,19 @@ def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir
 def test_progress_lines_on_productions(tiny_target_dir, tiny_drafter_dir, tmp_path):
     s = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
     lines: list[str] = []
-    s.inputs.progress = lines.append
+    s.inputs.progress = lambda event: lines.append(str(event))
     s.tau_results  # noqa: B018
     gen = [x for x in lines if "reference completions" in x]
     feat = [x for x in lines if "target features" in x]
-    assert gen and feat, lines
-    assert f"{len(TEXTS)}/{len(TEXTS)} prompts" in gen[-1] and "tokens/s" in gen[-1]
+    drafting = [x for x in lines if "τ drafting" in x]
+    assert gen and feat and drafting, lines
+    assert f"{len(TEXTS)}/{len(TEXTS)} prompts" in gen[-1] and "tokens/s" in gen[-1] and gen[-1].endswith("done")
     assert f"{len(TEXTS)}/{len(TEXTS)} prompts" in feat[-1] and "tokens/s" in feat[-1]
+    assert f"0/{len(TEXTS)} prompts" in gen[0] and gen[0].endswith("ETA ?") and "ETA" in gen[1]
+    assert drafting[0].split(": ")[1].startswith("0/") and " positions, " in drafting[-1]
+    assert drafting[-1].endswith("done")
     warm = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
-    warm.inputs.progress = lines.append
+    warm.inputs.progress = lambda event: lines.append(str(event))
     n = len(lines)
     warm.tau_results  # noqa: B018
     assert len(lines) == n  # nothing produced, nothing shown

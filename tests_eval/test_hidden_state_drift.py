@@ -25,16 +25,21 @@ from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_
 from dflash_eval.target import TargetDir
 
 
+def _marks(c):
+    """fla comparisons need fla's CUDA kernels: ``-m fla`` / ``-m gpu`` select them (``-m "not gpu"`` drops them)."""
+    return [pytest.mark.fla, pytest.mark.gpu] if "fla" in (c.a.backend, c.b.backend) else []
+
+
 def _drift_params(s):
     out = []
     for c in s.inputs.comparisons:
         if c.skip_reason:
             out.append(pytest.param(c.name, None, None, id=safe_id(c.name),
-                                    marks=pytest.mark.skip(reason=c.skip_reason)))
+                                    marks=[pytest.mark.skip(reason=c.skip_reason), *_marks(c)]))
             continue
         for p in s.inputs.prompts:
             for layer in s.evaluation.layer_ids:
-                out.append(pytest.param(c.name, p.id, layer, id=safe_id(f"{c.name}-{p.id}-L{layer}")))
+                out.append(pytest.param(c.name, p.id, layer, id=safe_id(f"{c.name}-{p.id}-L{layer}"), marks=_marks(c)))
     return out
 
 
@@ -42,9 +47,10 @@ def _accept_params(s):
     out = []
     for c in s.inputs.comparisons:
         if c.skip_reason:
-            out.append(pytest.param(c.name, None, id=safe_id(c.name), marks=pytest.mark.skip(reason=c.skip_reason)))
+            out.append(pytest.param(c.name, None, id=safe_id(c.name),
+                                    marks=[pytest.mark.skip(reason=c.skip_reason), *_marks(c)]))
             continue
-        out += [pytest.param(c.name, p.id, id=safe_id(f"{c.name}-{p.id}")) for p in s.inputs.prompts]
+        out += [pytest.param(c.name, p.id, id=safe_id(f"{c.name}-{p.id}"), marks=_marks(c)) for p in s.inputs.prompts]
     return out
 
 

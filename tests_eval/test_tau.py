@@ -77,18 +77,22 @@ def test_ddtree_tau(prompt_id, budget, tau_results, eval_session, record_propert
     _check(r, t, f"prompt {prompt_id!r} DDTree-{budget}", eval_session, record_property)
 
 
-def test_mean_tau(tau_results, eval_session) -> None:
+def test_mean_tau(tau_results, eval_session, record_property) -> None:
     """Macro-averaged chain τ and DDTree-N τ over all prompts >= the aggregate floors."""
     summary = eval_session.tau_summary()
     _skip_when_recording(eval_session)
     floors = eval_session.floors
     problems = []
-    for t in mean_thresholds(summary.mean_tau, summary.mean_ddtree, floors):
+    thresholds = mean_thresholds(summary.mean_tau, summary.mean_ddtree, floors)
+    for t in thresholds:
+        record_property(f"mean_tau_{t.label}", round(t.value, 4))  # --junitxml <property>, like the floors
+        record_property(f"mean_floor_{t.label}", t.floor)
         if t.missing:
             problems.append(floors.missing_message(f"the mean {t.label} τ", floors.missing()) +
                             f" (measured {t.value:.3f})")
         elif not t.passed:
             problems.append(f"mean {t.label} τ {t.value:.3f} < floor {t.floor} over {len(tau_results)} prompts")
+    record_property("verdict", "FAIL" if problems else "PASS")
     assert not problems, "\n".join(problems)
 
 

@@ -1,7 +1,7 @@
 """Linear-attention (Gated DeltaNet) kernel backend control for hybrid transformers models.
 
 transformers picks the delta-rule implementation once, at import of each hybrid modeling module: fla when
-``fla.ops.gated_delta_rule`` imports, else the pure-torch fallback (../shared/reference/kernels.md). The forward
+``fla.ops.gated_delta_rule`` imports, else the pure-torch fallback (transformers' ``modeling_qwen3_5.py``). The forward
 looks ``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule`` up in the module globals at call
 time, so :func:`use_backend` swaps those globals in every hybrid modeling module and restores them on exit.
 
@@ -27,11 +27,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.errors import BackendError
+
+if TYPE_CHECKING:  # torch is imported where a device is resolved: the option registration stays torch-free
+    import torch
 
 __all__ = [
     "BACKENDS",
@@ -81,6 +82,8 @@ def resolve_backend(name: str, device: torch.device | str) -> str:
     """Map ``auto`` to a concrete backend and reject impossible choices with a clear error."""
     if name not in BACKENDS:
         raise BackendError(f"unknown linear-attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    import torch
+
     dev = torch.device(device)
     if name == "auto":
         return "fla" if dev.type == "cuda" and fla_available() else "torch"
@@ -91,6 +94,8 @@ def resolve_backend(name: str, device: torch.device | str) -> str:
 
 def check_backend_device(name: str, device: torch.device | str) -> None:
     """Raise BackendError if ``name`` cannot run on ``device`` (fla needs CUDA and the fla package)."""
+    import torch
+
     dev = torch.device(device)
     if name == "fla":
         if dev.type != "cuda":

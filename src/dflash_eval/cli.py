@@ -1,11 +1,18 @@
 """``dflash-eval`` console entry point (also ``python -m dflash_eval``).
 
+``dflash-eval run [pytest arguments]`` runs the eval suite (the installed package ``dflash_eval.tests_eval``, or
+``tests_eval/`` of a checkout) with pytest in this process: every suite option (``--target-model``, ``--drafter``,
+...) and every pytest option (``-k tau``, ``-n 2``, ``--junitxml``) passes through, ``--snapshot-warn-unused`` is
+added unless a ``--snapshot-*`` option is given, and the exit status is pytest's (0 pass, 1 failures, 4 bad input).
+``dflash-eval run --help`` prints pytest's help with the "dflash-eval" group.
+
 ``dflash-eval gate --drafter A --drafter B ...`` evaluates one or more drafter checkpoints against the same target
 and prompts in ONE process: the target's embedding/lm_head, tokenizer, prompt ids, reference completions and
 features are loaded (or produced) once and shared by every checkpoint's :class:`~dflash_eval.session.EvalSession`
 (``EvalSession(..., shared=first)``), so each checkpoint after the first costs only drafter work.
 It prints a comparison table (checkpoint, mean τ, DDTree-N τ, worst prompt, verdict against the floors of
-``--floors-file`` or ``--tau-floor``).
+``--floors-file`` or ``--tau-floor``) and writes the combined report of all checkpoints to ``--report-dir``
+(``gate.json``, ``gate.md``: :mod:`dflash_eval.report.gate`).
 
 Exit status: 0 every checkpoint passes; 1 at least one fails (τ below a floor, a missing floor, τ dropped or rose
 beyond the ``--baseline`` tolerances, a drafter that does not fit the target); 2 bad input, reported once before any
@@ -13,8 +20,8 @@ work (a path that does not exist, an invalid option value, an unreadable config.
 recorded with other τ-relevant settings).
 
 Every suite option (``pytest --help``, group "dflash-eval") is accepted with the same name, and read from
-``DFLASH_EVAL_<NAME>`` when not given; relative paths are relative to the current directory (the defaults, e.g.
-``fixtures/target``, assume the repository root). Ini files are not read.
+``DFLASH_EVAL_<NAME>`` when not given; relative paths are relative to the current directory (the bundled-fixture
+defaults, e.g. ``fixtures/target``, apply only in a checkout of this repository). Ini files are not read.
 
 Example::
 
@@ -25,7 +32,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -38,7 +44,7 @@ from dflash_eval.errors import ConfigError, DFlashEvalError
 if TYPE_CHECKING:
     from dflash_eval.options import EvalSettings
 
-__all__ = ["main", "build_parser", "gate"]
+__all__ = ["main", "build_parser", "gate", "run_suite", "joined_option_values"]
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -46,14 +52,17 @@ EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 def _add_suite_options(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
     from dflash_eval.options import add_options
 
-    g = p.add_argument_group("suite options (as in `pytest tests_eval`; env DFLASH_EVAL_<NAME> when not given)")
+    g = p.add_argument_group("suite options (as in `dflash-eval run`; env DFLASH_EVAL_<NAME> when not given)")
     add_options(g.add_argument, skip=skip, strict_choices=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dflash-eval", description="Evaluate DFlash drafters (see docs/eval_suite.md).")
+    ap = argparse.ArgumentParser(prog="dflash-eval", description="Evaluate DFlash speculative-decoding drafters: "
+                                 "`run` the pytest suite, or `gate` several checkpoints in one process.")
     ap.add_argument("--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("run", add_help=False, help="run the eval suite with pytest; every pytest and suite option passes "
+                   "through (`dflash-eval run --help`: pytest's help, group dflash-eval)")
     g = sub.add_parser("gate", help="evaluate one or more drafter checkpoints in one process and compare them",
                        description="Evaluate each --drafter against the same target and prompts, reusing the "
                                    "target pieces, completions and features across checkpoints; print a comparison "
@@ -147,6 +156,9 @@ def _render(rows: list[dict[str, Any]], budgets: list[int], stream: Any) -> None
 
 
 def gate(ns: argparse.Namespace) -> int:
+    from dflash_eval.torch_check import require_torch
+
+    require_torch()  # before the session module imports it (ConfigError: exit 2 naming how to install it)
     from dflash_eval.session import EvalSession
 
     err = sys.stderr
@@ -175,10 +187,13 @@ def gate(ns: argparse.Namespace) -> int:
         print(f"dflash-eval gate: bad input: {exc}", file=err)
         return EXIT_BAD_INPUT
 
+    from dflash_eval.suite.progress import throttled
+
     rows: list[dict[str, Any]] = []
     t_all = time.perf_counter()
+    progress = None if ns.quiet else throttled(say, 2.0)
     for s, sess in zip(settings, sessions):
-        sess.inputs.progress = None if ns.quiet else say
+        sess.inputs.progress = progress
         t0 = time.perf_counter()
         try:
             if s.completions == "sglang" and not s.cache_only and not sess.references.cached():
@@ -192,14 +207,66 @@ def gate(ns: argparse.Namespace) -> int:
     _render(rows, list(settings[0].ddtree_budget), sys.stdout)
     failed = [r for r in rows if not r["passed"]]
     print(f"{len(rows) - len(failed)}/{len(rows)} checkpoint(s) passed in {time.perf_counter() - t_all:.1f} s")
-    if ns.json_out:
-        from dflash_eval.atomic import atomic_write_text
+    from dflash_eval.atomic import atomic_write_text
+    from dflash_eval.report.gate import write_gate_report
+    from dflash_eval.report.strict_json import dumps_strict
 
-        atomic_write_text(Path(ns.json_out), json.dumps({"checkpoints": rows, "passed": not failed}, indent=1) + "\n")
+    if ns.json_out:
+        atomic_write_text(Path(ns.json_out), dumps_strict({"checkpoints": rows, "passed": not failed}) + "\n")
+    paths = write_gate_report(rows, settings[0], wall_s=time.perf_counter() - t_all)
+    print("reports: " + ", ".join(str(p) for p in paths.values()))
     return EXIT_FAIL if failed else EXIT_OK
 
 
+def run_suite(args: list[str]) -> int:
+    """``dflash-eval run``: pytest on the suite's modules with ``args``; returns pytest's exit status."""
+    import pytest
+
+    from dflash_eval.pytest_plugin.suite_args import SUITE_PACKAGE, suite_dir
+
+    if suite_dir() is not None:
+        where = ["--pyargs", SUITE_PACKAGE]
+    else:  # a checkout where the package is not installed: the suite's folder next to src/
+        repo_suite = Path(__file__).resolve().parents[2] / "tests_eval"
+        if not (repo_suite / "test_tau.py").is_file():
+            print(f"dflash-eval run: the suite's package {SUITE_PACKAGE} is not installed (pip install dflash-eval)",
+                  file=sys.stderr)
+            return int(pytest.ExitCode.USAGE_ERROR)
+        # the rootdir stays the current folder (else pytest takes the checkout's, found from the suite's path)
+        keep = any(a.startswith("--rootdir") for a in args)
+        where = [str(repo_suite)] + ([] if keep else [f"--rootdir={Path.cwd()}"])
+    extra = [] if any(a.startswith("--snapshot-") for a in args) else ["--snapshot-warn-unused"]
+    # This process imported dflash_eval already, so pytest cannot rewrite the plugin's asserts (it has none to).
+    quiet = ["-W", "ignore:Module already imported so cannot be rewritten; dflash_eval"
+                   ":pytest.PytestAssertRewriteWarning"]
+    return int(pytest.main(["-p", "dflash_eval.pytest_plugin", *quiet, *where, *extra, *joined_option_values(args)]))
+
+
+def joined_option_values(args: list[str]) -> list[str]:
+    """``--target-model DIR`` as ``--target-model=DIR`` for every suite option that takes a value.
+
+    pytest picks its rootdir (and ini file) before plugins register their options, and takes every unknown
+    argument that names an existing path for a test path: ``--target-model /models/x`` would move the rootdir (and
+    with it the default ``reports/`` and ``.dflash_cache/``) to a common ancestor of the model folders."""
+    from dflash_eval.options import OPTIONS
+
+    takes_value = {o.flag for o in OPTIONS if o.kind != "bool"}
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        if args[i] in takes_value and i + 1 < len(args):
+            out.append(f"{args[i]}={args[i + 1]}")
+            i += 2
+        else:
+            out.append(args[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run"]:  # everything after `run` belongs to pytest
+        return run_suite(argv[1:])
     ap = build_parser()
     try:
         ns = ap.parse_args(argv)

@@ -7,29 +7,61 @@ A field's metadata holds the option's help, kind and choices; from it come ``--n
 items made absolute there) and :mod:`dflash_eval.option_table` writes the table in ``docs/eval_suite.md``
 (``python -m dflash_eval.option_table --write-docs docs/eval_suite.md``). :class:`EvalSettings` also resolves ``auto``
 device, dtype and backends.
+
+The defaults that point at this repository's bundled fixtures (``--target-model``, ``--drafter``, the prompt file in
+``--prompts``) apply only when the root directory is a checkout of this project (:func:`in_repo`); elsewhere
+``--target-model`` and ``--drafter`` must be given and ``--prompts`` defaults to ``humaneval:16``.
+
+Importing this module (and registering the options) imports no torch: ``pytest --help`` stays fast. torch is
+imported when a device or dtype is resolved.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.backends import BACKENDS, resolve_backend
 from dflash_eval.dtypes import parse_dtype
 from dflash_eval.errors import ConfigError
+from dflash_eval.option_values import parse_value, resolve_prompt_spec
 from dflash_eval.prompts import CHAT_TEMPLATE_MODES, DEFAULT_PROMPT_DATA_DIR, HUMANEVAL_WRAPPERS, THINKING_MODES
-from dflash_eval.prompts import resolve_spec_paths
 
-__all__ = ["COMPLETION_SOURCES", "DEFAULT_PROMPTS", "OPTIONS", "OPTIONS_BY_NAME", "OptionSpec", "EvalSettings",
-           "add_options", "resolve", "resolve_prompt_spec", "worker_info"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["COMPLETION_SOURCES", "DEFAULT_PROMPTS", "OUTSIDE_PROMPTS", "REQUIRED", "OPTIONS", "OPTIONS_BY_NAME",
+           "OptionSpec", "EvalSettings", "add_options", "in_repo", "resolve", "resolve_prompt_spec", "worker_info"]
 
 COMPLETION_SOURCES = ("local", "sglang", "cache")
 DEFAULT_PROMPTS = "humaneval:16,fixtures/prompts.jsonl"
+OUTSIDE_PROMPTS = "humaneval:16"  # --prompts default outside a checkout of this repository (no fixtures/ there)
+
+
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+SAME = _Marker("SAME")  # an option whose default is the same inside and outside this repository
+REQUIRED = _Marker("REQUIRED")  # no default outside this repository: the option must be given
+_PROJECT_NAME = re.compile(r'^name\s*=\s*["\']dflash-eval["\']\s*$', re.MULTILINE)
+
+
+def in_repo(root: Path) -> bool:
+    """Whether ``root`` is a checkout of this project (its ``pyproject.toml`` names the project ``dflash-eval``):
+    only there do the defaults that point at the bundled ``fixtures/`` apply."""
+    try:
+        return bool(_PROJECT_NAME.search((Path(root) / "pyproject.toml").read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def worker_info() -> tuple[str, int, int]:
@@ -40,10 +72,13 @@ def worker_info() -> tuple[str, int, int]:
     return wid, idx, count
 
 
-def opt(default: Any, help: str, kind: str = "str", choices: Iterable[str] = ()) -> Any:  # noqa: A002
+def opt(default: Any, help: str, kind: str = "str", choices: Iterable[str] = (),  # noqa: A002
+        outside: Any = SAME) -> Any:
     """One option's field. ``kind``: str | path | spec (--prompts: file items resolved like paths) | int | float |
-    bool | ints | choice. A ``None`` default makes the option nullable (unset)."""
-    return field(default=default, metadata={"help": help, "kind": kind, "choices": tuple(choices)})
+    bool | ints | choice. A ``None`` default makes the option nullable (unset). ``outside``: the default outside a
+    checkout of this repository (:data:`REQUIRED`: none, the option must be given)."""
+    return field(default=default, metadata={"help": help, "kind": kind, "choices": tuple(choices),
+                                            "outside": outside})
 
 
 # ------------------------------------------------------------------------------------------------------ settings
@@ -53,16 +88,18 @@ def opt(default: Any, help: str, kind: str = "str", choices: Iterable[str] = ())
 class EvalSettings:
     """Resolved suite settings; each field but ``origins`` is one option (its help: ``pytest --help``)."""
 
-    target_model: Path = opt(Path("fixtures/target"), "target model directory (transformers layout)", "path")
+    target_model: Path = opt(Path("fixtures/target"), "target model directory (transformers layout)", "path",
+                             outside=REQUIRED)
     drafter: Path = opt(Path("fixtures/drafter"), "drafter: a released directory (config.json + model.safetensors) "
-                        "or a training .pt file", "path")
+                        "or a training .pt file", "path", outside=REQUIRED)
     drafter_config: Path | None = opt(None, "config.json for a bare .pt drafter without an embedded config", "path")
     reference_drafter: Path | None = opt(None, "a reference drafter directory: test_checkpoint lists every "
                                          "architecture difference against it", "path")
     prompts: str = opt(DEFAULT_PROMPTS, "prompt sets and files, comma-separated: built-in sets by name (gsm8k, "
                        "math500, humaneval, mbpp, mt-bench; NAME:N for the first N), local data NAME=PATH[:FIELD][:N] "
                        "(datasets save_to_disk folder, parquet, arrow, json, jsonl), .yaml/.toml set definitions and "
-                       "JSONL files (one {id, category, text|turns} object a line)", "spec")
+                       "JSONL files (one {id, category, text|turns} object a line)", "spec",
+                       outside=OUTSIDE_PROMPTS)
     prompt_data_dir: Path = opt(DEFAULT_PROMPT_DATA_DIR, "where built-in sets named without a path are read: "
                                 "<dir>/<name> (save_to_disk folder or dataset repository snapshot) or "
                                 "<dir>/<name>.parquet|.jsonl|.json; nothing is downloaded", "path")
@@ -149,14 +186,15 @@ class EvalSettings:
         unknown = set(values) - set(OPTIONS_BY_NAME)
         if unknown:
             raise ConfigError(f"unknown eval option(s): {sorted(unknown)}")
-        return cls._build({o.name: _parse_value(o, values.get(o.name, o.default), base) for o in OPTIONS}, origins)
+        return cls._build({o.name: parse_value(o, values.get(o.name, o.default), base) for o in OPTIONS}, origins)
 
     @classmethod
-    def _build(cls, parsed: dict[str, Any], origins: dict[str, str] | None) -> EvalSettings:
+    def _build(cls, parsed: dict[str, Any], origins: dict[str, str] | None, *, check: bool = True) -> EvalSettings:
         """From parsed values; ``None`` for a non-nullable option means its default."""
         kwargs = {o.name: parsed[o.name] for o in OPTIONS if parsed[o.name] is not None or o.nullable}
         s = cls(**kwargs, origins=dict(origins or {}))
-        s.validate()
+        if check:
+            s.validate()
         return s
 
     def validate(self) -> None:
@@ -194,6 +232,8 @@ class EvalSettings:
     def torch_device(self) -> torch.device:
         """``auto``: CPU without CUDA; with N GPUs under pytest-xdist, worker gwK takes ``cuda:K % N`` (one GPU per
         worker, all sharing the cache); otherwise the current CUDA device."""
+        import torch
+
         if self.device == "auto":
             if not torch.cuda.is_available():
                 return torch.device("cpu")
@@ -210,6 +250,8 @@ class EvalSettings:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
         return parse_dtype(self.dtype)
@@ -245,6 +287,7 @@ class OptionSpec:
     help: str
     kind: str = "str"  # str | path | spec (--prompts: files resolved like paths) | int | float | bool | ints | choice
     choices: tuple[str, ...] = ()
+    outside: Any = SAME  # the default outside a checkout of this repository (REQUIRED: must be given)
 
     @property
     def flag(self) -> str:
@@ -270,7 +313,15 @@ class OptionSpec:
             return "unset"
         if isinstance(self.default, tuple):
             return ",".join(map(str, self.default))
+        if self.outside is REQUIRED:
+            return f"{self.default} in this repository, else required"
+        if self.outside is not SAME:
+            return f"{self.default} in this repository, else {self.outside}"
         return str(self.default)
+
+    def default_for(self, repo: bool) -> Any:
+        """The default inside (``repo``) or outside a checkout of this repository (:data:`REQUIRED`: none)."""
+        return self.default if repo or self.outside is SAME else self.outside
 
 
 OPTIONS: tuple[OptionSpec, ...] = tuple(OptionSpec(f.name, f.default, **f.metadata)
@@ -307,17 +358,20 @@ def add_options(add_argument: Callable[..., Any], *, add_ini: Callable[..., Any]
 
 
 def resolve(cli: Callable[[str], Any], *, environ: Mapping[str, str], invocation_dir: Path, root: Path,
-            ini: Callable[[str], Any] | None = None, ini_dir: Path | None = None) -> EvalSettings:
+            ini: Callable[[str], Any] | None = None, ini_dir: Path | None = None, check: bool = True) -> EvalSettings:
     """Every option's value, CLI > env > ini > default, parsed and validated into :class:`EvalSettings` (with
     ``origins``); raises ConfigError naming the option's flag.
 
     ``cli(name)`` is the command line's value of an option (``None``: not given), ``ini(ini_key)`` the ini file's
     (``None``/empty: not set). Relative paths and ``--prompts`` file items are made absolute against the source's
     directory: ``invocation_dir`` for CLI and env, ``ini_dir`` (default ``root``) for the ini file, ``root`` for
-    the defaults.
+    the defaults. Outside a checkout of this repository (:func:`in_repo` of ``root``) the bundled-fixture defaults do
+    not apply: a missing ``--target-model`` / ``--drafter`` is one ConfigError. ``check=False`` skips
+    :meth:`EvalSettings.validate` (no torch import: values only parsed).
     """
     parsed: dict[str, Any] = {}
     origins: dict[str, str] = {}
+    repo, required = in_repo(root), []
     for spec in OPTIONS:
         raw, env = cli(spec.name), environ.get(spec.env)
         ini_raw = ini(spec.ini) if ini is not None else None
@@ -328,58 +382,14 @@ def resolve(cli: Callable[[str], Any], *, environ: Mapping[str, str], invocation
         elif ini_raw not in (None, "", []):
             raw, base, origins[spec.name] = ini_raw, ini_dir or root, "ini"
         else:
-            raw, base, origins[spec.name] = spec.default, root, "default"
-        parsed[spec.name] = _parse_value(spec, raw, base)
-    return EvalSettings._build(parsed, origins)
-
-
-def resolve_prompt_spec(raw: Any, base: Path | None) -> str:
-    """``--prompts`` with every relative path made absolute against ``base``
-    (:func:`dflash_eval.prompts.resolve_spec_paths`)."""
-    return resolve_spec_paths(raw, base)
-
-
-def _parse_value(spec: OptionSpec, raw: Any, base: Path | None) -> Any:
-    if raw is None:
-        return None
-    if spec.kind == "bool":
-        if isinstance(raw, bool):
-            return raw
-        s = str(raw).strip().lower()
-        if s in ("1", "true", "yes", "on"):
-            return True
-        if s in ("0", "false", "no", "off", ""):
-            return False
-        raise ConfigError(f"{spec.flag}: expected a boolean (1/0, true/false), got {raw!r}")
-    if spec.kind == "ints":
-        items: list[Any] = list(raw) if isinstance(raw, (list, tuple)) else [raw]
-        out: list[int] = []
-        for it in items:
-            for part in str(it).replace(",", " ").split():
-                try:
-                    out.append(int(part))
-                except ValueError as exc:
-                    raise ConfigError(f"{spec.flag}: expected integers, got {part!r}") from exc
-        if not out or any(v < 1 for v in out):
-            raise ConfigError(f"{spec.flag}: expected one or more integers >= 1, got {raw!r}")
-        return tuple(dict.fromkeys(out))
-    if spec.kind == "int":
-        try:
-            return int(raw)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{spec.flag}: expected an integer, got {raw!r}") from exc
-    if spec.kind == "float":
-        try:
-            return float(raw)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{spec.flag}: expected a number, got {raw!r}") from exc
-    if spec.kind == "path":
-        p = Path(str(raw)).expanduser()
-        return p if p.is_absolute() or base is None else base / p
-    if spec.kind == "spec":
-        return resolve_prompt_spec(raw, base)
-    if spec.kind == "choice" and str(raw) not in spec.choices:
-        if spec.name.endswith("backend"):
-            raise ConfigError(f"{spec.flag}: unknown backend {raw!r}; choose one of {', '.join(spec.choices)}")
-        raise ConfigError(f"{spec.flag}: unknown value {raw!r}; choose one of {', '.join(spec.choices)}")
-    return str(raw)
+            raw, base, origins[spec.name] = spec.default_for(repo), root, "default"
+            if raw is REQUIRED:
+                required.append(spec)
+                continue
+        parsed[spec.name] = parse_value(spec, raw, base)
+    if required:
+        raise ConfigError(
+            " and ".join(s.flag for s in required) + f" required: {root} is not a checkout of the dflash-eval "
+            "repository, so there is no bundled default; give " + ", ".join(
+                f"{s.flag} PATH (or env {s.env})" for s in required))
+    return EvalSettings._build(parsed, origins, check=check)

@@ -8,17 +8,37 @@ message only (no traceback).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
 from dflash_eval.errors import DFlashEvalError
-from dflash_eval.options import EvalSettings
 from dflash_eval.pytest_plugin.state import SGLANG, get_session, get_settings
-from dflash_eval.session import EvalSession
+
+if TYPE_CHECKING:  # imported by the fixtures when they run: loading the plugin imports no torch
+    from dflash_eval.options import EvalSettings
+    from dflash_eval.session import EvalSession
 
 __all__ = ["eval_settings", "eval_session", "target", "drafter", "reference_completions", "sglang", "eval_features",
-           "tau_results", "guard"]
+           "tau_results", "guard", "SUITE_FIXTURES", "uses_suite_fixtures"]
+
+# The suite's fixtures: a test that uses any of them (directly or through another fixture) is an evaluation test,
+# recorded in eval.json's "tests" block whether it is one of the suite's modules or a user's own test file.
+SUITE_FIXTURES = frozenset({"eval_settings", "eval_session", "target", "drafter", "reference_completions", "sglang",
+                            "eval_features", "tau_results"})
+
+
+def uses_suite_fixtures(item: pytest.Item) -> bool:
+    """Whether ``item`` uses one of this plugin's fixtures (a project's own fixture that happens to be called
+    ``target`` or ``drafter`` does not count: the plugin is loaded in every pytest run where it is installed)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    for name in SUITE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        defs = info.name2fixturedefs.get(name)
+        if defs and getattr(defs[-1].func, "__module__", None) == __name__:
+            return True
+    return False
 
 T = TypeVar("T")
 

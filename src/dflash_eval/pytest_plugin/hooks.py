@@ -1,8 +1,10 @@
 """The plugin's pytest hooks; each delegates: options to :mod:`dflash_eval.options`, results to
-:mod:`dflash_eval.session`, reports to :mod:`dflash_eval.report`.
+:mod:`dflash_eval.session`, reports to :mod:`dflash_eval.report`, progress to :mod:`.progress`.
 
-Under pytest-xdist each worker sends its result to the controller through ``workeroutput``; the controller merges
-them and writes ``reports/`` in ``pytest_sessionfinish``.
+Loading the plugin and ``pytest --help`` import no torch; settings are validated (and torch imported) only when a
+run includes the suite (:func:`runs_suite`) or a test uses one of its fixtures. Under pytest-xdist each worker
+sends its result to the controller through ``workeroutput``; the controller merges them and writes ``reports/`` in
+``pytest_sessionfinish`` (before the junit XML is written: the mean τ and the verdict are junit properties).
 """
 
 from __future__ import annotations
@@ -10,33 +12,53 @@ from __future__ import annotations
 import gc
 import json
 import time
+from collections.abc import Generator
 from typing import Any
 
 import pytest
 
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.options import add_options
+from dflash_eval.pytest_plugin.fixtures import uses_suite_fixtures
+from dflash_eval.pytest_plugin.progress import REPORTER, WORKERINPUT_KEY, ProgressReporter, enabled
 from dflash_eval.pytest_plugin.state import (FRAGMENTS, MERGED, MESSAGES, OUTCOMES, SESSION, SGLANG, START,
                                              get_session, get_settings, is_controller)
+from dflash_eval.pytest_plugin.suite_args import runs_suite
 
-__all__ = ["pytest_addoption", "pytest_configure", "pytest_testnodedown", "pytest_sessionstart",
-           "pytest_sessionfinish", "pytest_terminal_summary"]
+__all__ = ["pytest_addoption", "pytest_configure", "pytest_configure_node", "pytest_testnodedown",
+           "pytest_runtest_makereport", "pytest_sessionstart",
+           "pytest_collection_modifyitems", "pytest_sessionfinish", "pytest_terminal_summary", "MARKERS"]
 
 WORKEROUTPUT_KEY = "dflash_eval_fragment"
+SUITE_REPORT_ATTR = "dflash_eval_suite"  # set on the reports of tests that use the suite's fixtures
+CHECKED = pytest.StashKey[bool]()
+MARKERS = (
+    "slow: takes more than a few seconds on a 2-core CPU (deselect with -m 'not slow')",
+    "gpu: needs a CUDA device; skipped on CPU-only machines with a reason naming what was not checked",
+    "fla: needs the flash-linear-attention kernels (CUDA + fla importable)",
+    "sglang: talks to an SGLang server (real or the bundled protocol stand-in)",
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("dflash-eval", "DFlash drafter evaluation (tests_eval/); each option also reads "
-                            "env DFLASH_EVAL_<NAME> and ini dflash_<name>; precedence CLI > env > ini > default")
+    group = parser.getgroup("dflash-eval", "DFlash drafter evaluation (the dflash-eval suite: `pytest --pyargs "
+                            "dflash_eval.tests_eval` or `dflash-eval run`); each option also reads env "
+                            "DFLASH_EVAL_<NAME> and ini dflash_<name>; precedence CLI > env > ini > default")
     add_options(group.addoption, add_ini=parser.addini)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:  # the suite's modules use them wherever it is installed (--strict-markers)
+        config.addinivalue_line("markers", line)
     config.stash[FRAGMENTS] = []
     config.stash[OUTCOMES] = {}
     config.stash[START] = time.time()
     config.pluginmanager.register(_OutcomeRecorder(config), "dflash-eval-outcomes")
     config.pluginmanager.register(_InterruptHandler(config), "dflash-eval-interrupt")
+    if config.option.help:
+        return
+    if is_controller(config) and enabled(config):
+        config.stash[REPORTER] = ProgressReporter(config)
 
 
 class _InterruptHandler:
@@ -70,19 +92,27 @@ class _InterruptHandler:
 
 
 class _OutcomeRecorder:
-    """Records each suite test's outcome in its own config's stash (eval.json "tests"); an object per config, so
-    pytest runs inside one process (pytester) do not share it."""
+    """Records the outcome of every test that uses the suite's fixtures in its own config's stash (eval.json
+    "tests"); an object per config, so pytest runs inside one process (pytester) do not share it."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.outcomes: dict[str, str] = config.stash[OUTCOMES]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if "tests_eval" not in report.nodeid.replace("\\", "/"):
+        if not getattr(report, SUITE_REPORT_ATTR, False):
             return
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             self.outcomes[report.nodeid] = report.outcome
         elif report.when == "teardown" and report.outcome == "failed":
             self.outcomes[report.nodeid] = "error"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: hand each worker the folder its progress events go to."""
+    reporter = node.config.stash.get(REPORTER, None)
+    if reporter is not None:
+        node.workerinput[WORKERINPUT_KEY] = reporter.worker_dir()
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -92,32 +122,50 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         node.config.stash[FRAGMENTS].append(json.loads(raw))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    """Mark the reports of tests that use the suite's fixtures (the mark travels to the xdist controller)."""
+    report = yield
+    if uses_suite_fixtures(item):
+        setattr(report, SUITE_REPORT_ATTR, True)
+    return report
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Bad options or inputs are one usage error (exit 4) before collection, when the run includes the suite."""
     config = session.config
-    if not is_controller(config) or not _runs_suite(config) or config.option.collectonly:
+    if not is_controller(config) or not runs_suite(config) or config.option.collectonly:
         return
+    _check_inputs(config)
+
+
+def _check_inputs(config: pytest.Config) -> None:
+    config.stash[CHECKED] = True
+    from dflash_eval.torch_check import require_torch
+
     try:
+        require_torch()
         get_session(config).check_inputs()
     except DFlashEvalError as exc:
         raise pytest.UsageError(f"dflash-eval: {exc}") from None
 
 
-def _runs_suite(config: pytest.Config) -> bool:
-    """Whether the run collects the eval suite: an argument is (or contains) a folder holding test_tau.py."""
-    from pathlib import Path
-
-    for arg in config.args:
-        p = Path(config.invocation_params.dir, str(arg).split("::")[0])
-        d = p.parent if p.is_file() else p
-        if (d / "test_tau.py").is_file() or any(d.glob("*/test_tau.py")):
-            return True
-    return False
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A run of other test files (a user's own) that use the suite's fixtures: the same usage error (exit 4) for bad
+    options or inputs, checked once (without xdist; under xdist the fixtures fail those tests with the cause)."""
+    if CHECKED in config.stash or not is_controller(config) or config.option.collectonly:
+        return
+    if any(uses_suite_fixtures(it) for it in items):
+        _check_inputs(config)
 
 
+@pytest.hookimpl(tryfirst=True)  # before junitxml writes its file: the run's τ and verdict become its properties
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    reporter = config.stash.get(REPORTER, None)
+    if reporter is not None:
+        reporter.close()
     svc = config.stash.get(SGLANG, None)
     if svc is not None:  # also after failures and KeyboardInterrupt (the fixture's teardown normally did it)
         try:
@@ -139,7 +187,8 @@ def _finish(config: pytest.Config) -> None:
         if not is_controller(config):
             config.workeroutput[WORKEROUTPUT_KEY] = json.dumps(frag)  # type: ignore[attr-defined]
             return
-        config.stash[FRAGMENTS].append(frag)
+        if not config.pluginmanager.has_plugin("dsession"):  # an xdist controller only checked the inputs
+            config.stash[FRAGMENTS].append(frag)
     if not is_controller(config):
         return
     frags = config.stash[FRAGMENTS]
@@ -154,6 +203,9 @@ def _finish(config: pytest.Config) -> None:
     data = report.merge(frags, outcomes=config.stash[OUTCOMES], wall_s=time.time() - config.stash[START])
     config.stash[MERGED] = data
     config.stash[MESSAGES] = report.finish(data, settings)
+    from dflash_eval.pytest_plugin.junit import add_junit_properties
+
+    add_junit_properties(config, data)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

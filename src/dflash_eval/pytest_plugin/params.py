@@ -11,7 +11,7 @@ import pytest
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.pytest_plugin.state import get_session
 
-__all__ = ["SetupError", "setup_error_param", "safe_id", "collect"]
+__all__ = ["SetupError", "setup_error_param", "safe_id", "collect", "prompt_ids"]
 
 
 class SetupError:
@@ -48,3 +48,10 @@ def collect(config: pytest.Config, fn: Callable[[Any], Any]) -> tuple[Any, BaseE
         return fn(get_session(config)), None
     except (DFlashEvalError, OSError, ValueError) as exc:
         return None, exc
+
+
+def prompt_ids(config: pytest.Config) -> list[Any]:
+    """``pytest.param`` s of the run's prompt ids (test ids never containing "tau"), or one failing setup-error
+    param: for ``metafunc.parametrize("prompt_id", prompt_ids(metafunc.config))`` in a test module of one's own."""
+    ids, err = collect(config, lambda s: [p.id for p in s.inputs.prompts])
+    return [setup_error_param(err)] if err else [pytest.param(i, id=safe_id(i)) for i in ids]

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.options import EvalSettings, resolve
-from dflash_eval.session import EvalSession
+
+if TYPE_CHECKING:  # the session (and torch) is imported when a test needs it, not when the plugin loads
+    from dflash_eval.session import EvalSession
 
 __all__ = ["settings_from_config", "get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES", "START", "SGLANG",
            "MERGED", "MESSAGES", "is_controller"]
 
-SESSION = pytest.StashKey[EvalSession]()
+SESSION = pytest.StashKey["EvalSession"]()
 SETTINGS = pytest.StashKey["EvalSettings | Exception"]()
 FRAGMENTS = pytest.StashKey[list]()
 OUTCOMES = pytest.StashKey[dict]()
@@ -26,12 +28,13 @@ MERGED = pytest.StashKey[dict]()
 MESSAGES = pytest.StashKey[list]()
 
 
-def settings_from_config(config: pytest.Config) -> EvalSettings:
-    """Resolve every option (CLI > env > ini > default) into :class:`EvalSettings` (raises ConfigError)."""
+def settings_from_config(config: pytest.Config, *, check: bool = True) -> EvalSettings:
+    """Resolve every option (CLI > env > ini > default) into :class:`EvalSettings` (raises ConfigError);
+    ``check=False``: values parsed but not validated (no torch import)."""
     root = Path(config.rootpath)
     return resolve(lambda name: config.getoption(name, default=None), environ=os.environ, ini=config.getini,
                    invocation_dir=Path(config.invocation_params.dir), root=root,
-                   ini_dir=Path(config.inipath).parent if config.inipath else root)
+                   ini_dir=Path(config.inipath).parent if config.inipath else root, check=check)
 
 
 def get_settings(config: pytest.Config) -> EvalSettings:
@@ -48,9 +51,15 @@ def get_settings(config: pytest.Config) -> EvalSettings:
 
 
 def get_session(config: pytest.Config) -> EvalSession:
-    """The process's EvalSession (created on first use)."""
+    """The process's EvalSession (created on first use; its progress lines go to the plugin's reporter)."""
     if SESSION not in config.stash:
-        config.stash[SESSION] = EvalSession(get_settings(config))
+        settings = get_settings(config)  # bad options raise here, before the session (and torch) is imported
+        from dflash_eval.pytest_plugin.progress import progress_sink
+        from dflash_eval.session import EvalSession
+
+        session = EvalSession(settings)
+        session.inputs.progress = progress_sink(config)
+        config.stash[SESSION] = session
     return config.stash[SESSION]
 
 

@@ -1,5 +1,14 @@
-"""eval.png: τ per prompt against its floors, the acceptance-length histogram and the per-position acceptance rates
-(every source side by side: offline chain, online loop, SGLang server; per category for the chain), matplotlib Agg."""
+"""eval.png: a fixed-size figure (1400 x 760 px) that reads the same at 10 and at 500 prompts (matplotlib, Agg).
+
+- left: the prompts that need a look, up to 25: failing prompts first, then the smallest margin τ - floor (the
+  lowest τ where there is no floor); chain τ bars (red: below its floor, grey: not gated), the floor as a black
+  tick and each DDTree-N τ as a marker, the prompt ids written out;
+- top right: the distribution of per-prompt chain τ (and DDTree-N τ) with the mean and the mean floor;
+- right, below it: the acceptance-length histogram and the per-position acceptance rates of every source (offline
+  chain, online loop, SGLang server; per category for the chain), over all prompts.
+
+The title gives the counts: prompts, failing prompts, mean τ against its floor.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +20,99 @@ from dflash_eval.acceptance import acceptance_table
 from dflash_eval.atomic import atomic_write_with
 from dflash_eval.stats import ddtree_budgets
 
-__all__ = ["write_plot"]
+__all__ = ["write_plot", "worst_prompts", "WORST_SHOWN"]
+
+WORST_SHOWN = 25
+_COLORS = {True: "#4c72b0", False: "#c44e52", None: "#9a9a9a"}  # passed / failed / not gated
 
 
 def _num(x: Any) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def worst_prompts(prompts: dict[str, dict[str, Any]], k: int = WORST_SHOWN) -> list[str]:
+    """Up to ``k`` prompt ids, failing first, then by margin τ - floor (τ alone without a floor), smallest first."""
+    def key(pid: str) -> tuple[int, float]:
+        r = prompts[pid]
+        tau, floor = _num(r.get("tau")), _num(r.get("floor"))
+        margin = (tau if tau is not None else -math.inf) - (floor or 0.0)
+        return (0 if r.get("passed") is False else 1, margin)
+    return sorted(prompts, key=key)[:k]
+
+
+def _worst_panel(ax: Any, prompts: dict[str, dict[str, Any]], budgets: list[str]) -> None:
+    ids = worst_prompts(prompts)
+    y = list(range(len(ids)))[::-1]  # the worst at the top
+    taus = [_num(prompts[p].get("tau")) or 0.0 for p in ids]
+    from matplotlib.patches import Patch
+    from matplotlib.transforms import blended_transform_factory
+
+    ax.barh(y, taus, height=0.7, color=[_COLORS[prompts[p].get("passed")] for p in ids])
+    right = blended_transform_factory(ax.transAxes, ax.transData)
+    for yy, p, t in zip(y, ids, taus):  # "τ / floor" beside the axes: readable without hunting for the tick
+        f = _num(prompts[p].get("floor"))
+        ax.text(1.01, yy, f"{t:.2f} / {'-' if f is None else f'{f:.2f}'}", transform=right, fontsize=7,
+                va="center", color=_COLORS[prompts[p].get("passed")])
+    floors = [(yy, _num(prompts[p].get("floor"))) for yy, p in zip(y, ids)]
+    floors = [(yy, f) for yy, f in floors if f is not None]
+    if floors:
+        ax.scatter([f for _, f in floors], [yy for yy, _ in floors], marker="|", s=260, color="black", zorder=3,
+                   label="floor (chain)")
+    for k, b in enumerate(budgets):
+        vals = [(yy, _num(prompts[p].get("ddtree", {}).get(b))) for yy, p in zip(y, ids)]
+        vals = [(yy, v) for yy, v in vals if v is not None]
+        ax.scatter([v for _, v in vals], [yy for yy, _ in vals], marker="D", s=18, zorder=4,
+                   color=["#dd8452", "#55a868", "#8172b3", "#937860"][k % 4], label=f"DDTree-{b} τ")
+    handles, _ = ax.get_legend_handles_labels()
+    handles = [Patch(color=_COLORS[True], label="chain τ >= floor"),
+               Patch(color=_COLORS[False], label="chain τ < floor"),
+               Patch(color=_COLORS[None], label="chain τ, no floor")] + handles
+    ax.set_yticks(y)
+    ax.set_yticklabels([p if len(p) <= 28 else p[:25] + "..." for p in ids], fontsize=8)
+    ax.set_ylim(-0.7, max(len(ids), 8) - 0.3)  # a short list keeps its bar height
+    ax.set_xlabel("τ (mean acceptance length)")
+    ax.set_title(f"prompts to look at: {len(ids)} of {len(prompts)}, failing first, then smallest τ - floor "
+                 "(right: τ / floor)", fontsize=9, pad=22)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(handles),
+              frameon=False, handlelength=1.2, columnspacing=1.0)
+
+
+def _distribution_panel(ax: Any, data: dict[str, Any], budgets: list[str]) -> None:
+    prompts = data["prompts"]
+    chain = [v for v in (_num(r.get("tau")) for r in prompts.values()) if v is not None]
+    series = [("chain τ", chain)] + [(f"DDTree-{b} τ", [v for v in (_num(r.get("ddtree", {}).get(b))
+                                                                   for r in prompts.values()) if v is not None])
+                                     for b in budgets]
+    allv = [v for _, s in series for v in s]
+    if not allv:
+        ax.text(0.5, 0.5, "no τ", ha="center", va="center", transform=ax.transAxes)
+        return
+    lo, hi = min(allv), max(allv)
+    bins = max(5, min(40, int(math.sqrt(len(chain))) * 2 or 5))
+    edges = [lo + (hi - lo + 1e-9) * i / bins for i in range(bins + 1)]
+    ax.hist(chain, bins=edges, color=_COLORS[True], alpha=0.75, label=series[0][0])
+    failing = [v for v in (_num(r.get("tau")) for r in prompts.values() if r.get("passed") is False) if v is not None]
+    if failing:
+        ax.hist(failing, bins=edges, color=_COLORS[False], alpha=0.9, label=f"chain τ below floor ({len(failing)})")
+    for (label, vals), color in zip(series[1:], ["#dd8452", "#55a868", "#8172b3", "#937860"]):
+        ax.hist(vals, bins=edges, histtype="step", linewidth=1.5, color=color, label=label)
+    mean, floor = _num(data.get("mean_tau")), _num(data.get("mean_floor"))
+    if mean is not None:
+        ax.axvline(mean, color="black", linewidth=1.2, label=f"mean {mean:.3f}")
+    if floor is not None:
+        ax.axvline(floor, color=_COLORS[False], linestyle="--", linewidth=1.2, label=f"mean floor {floor:.3f}")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("τ per prompt")
+    ax.set_ylabel("prompts")
+    ax.set_title(f"τ distribution over {len(chain)} prompts", fontsize=9)
+    ax.legend(fontsize=7, loc="best")
 
 
 def write_plot(data: dict[str, Any], path: Path) -> Path | None:
-    """τ per prompt against floors, and the acceptance-length histogram (matplotlib Agg)."""
+    """Write eval.png for merged eval.json ``data`` (None when it has no prompts)."""
     prompts = data.get("prompts", {})
     if not prompts:
         return None
@@ -28,30 +121,17 @@ def write_plot(data: dict[str, Any], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ids = list(prompts)
-    bs = ddtree_budgets(prompts)
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(max(12, 0.5 * len(ids) + 10), 4.5),
-                                        gridspec_kw={"width_ratios": [max(2, len(ids) / 8), 1, 1]})
-    x = range(len(ids))
-    width = 0.8 / (1 + len(bs))
-    ax1.bar([i - 0.4 + width / 2 for i in x], [_num(prompts[p]["tau"]) or 0 for p in ids], width, label="chain τ")
-    for k, b in enumerate(bs):
-        ax1.bar([i - 0.4 + width * (k + 1.5) for i in x], [_num(prompts[p]["ddtree"].get(b)) or 0 for p in ids],
-                width, label=f"DDTree-{b} τ")
-    fl = [prompts[p].get("floor") for p in ids]
-    if any(f is not None for f in fl):
-        ax1.scatter([i - 0.4 + width / 2 for i in x], [f if f is not None else float("nan") for f in fl], marker="_",
-                    s=200, color="red", label="floor", zorder=3)
-    for k, b in enumerate(bs):
-        dfl = [prompts[p].get("ddtree_floor", {}).get(b) for p in ids]
-        if any(f is not None for f in dfl):
-            ax1.scatter([i - 0.4 + width * (k + 1.5) for i in x], [f if f is not None else float("nan") for f in dfl],
-                        marker="_", s=200, color="red", zorder=3)
-    ax1.set_xticks(list(x))
-    ax1.set_xticklabels(ids, rotation=60, ha="right", fontsize=7)
-    ax1.set_ylabel("τ (mean acceptance length)")
-    ax1.legend(fontsize=7)
-    _acceptance_panels(data, ax2, ax3)
+    budgets = ddtree_budgets(prompts)
+    fig = plt.figure(figsize=(14, 7.6))
+    grid = fig.add_gridspec(3, 2, width_ratios=[1.15, 1])
+    _worst_panel(fig.add_subplot(grid[:, 0]), prompts, budgets)
+    _distribution_panel(fig.add_subplot(grid[0, 1]), data, budgets)
+    _acceptance_panels(data, fig.add_subplot(grid[1, 1]), fig.add_subplot(grid[2, 1]))
+    mean, floor = _num(data.get("mean_tau")), _num(data.get("mean_floor"))
+    verdict = "" if data.get("mean_passed") is None else (" PASS" if data["mean_passed"] else " FAIL")
+    fig.suptitle(f"{len(prompts)} prompts, {failing} below their floor; mean chain τ "
+                 f"{'-' if mean is None else f'{mean:.3f}'} (floor {'-' if floor is None else f'{floor:.3f}'}){verdict}",
+                 fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_with(path, lambda p: fig.savefig(p, format="png", dpi=100))

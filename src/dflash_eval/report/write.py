@@ -3,7 +3,6 @@ options at the end of a run."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from dflash_eval.atomic import atomic_write_text
 from dflash_eval.floors import load_floors
 from dflash_eval.report.plot import write_plot
 from dflash_eval.report.render import render_markdown
+from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.verdict import judge_run
 
 __all__ = ["write_reports", "finish"]
@@ -22,7 +22,7 @@ def write_reports(data: dict[str, Any], report_dir: Path) -> dict[str, Path]:
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": report_dir / "eval.json", "md": report_dir / "eval.md"}
-    atomic_write_text(paths["json"], json.dumps(data, indent=1, default=str, allow_nan=True) + "\n")
+    atomic_write_text(paths["json"], dumps_strict(data) + "\n")  # NaN -> null (schema: eval.schema.json)
     md = render_markdown(data)
     atomic_write_text(paths["md"], md)
     png = write_plot(data, report_dir / "eval.png")

@@ -24,6 +24,7 @@ from dflash_eval.drift import Comparison, DriftStat, Side, drift_stat
 from dflash_eval.provenance import device_kind, library_versions
 from dflash_eval.suite.feature_store import Features, FeatureStore
 from dflash_eval.suite.inputs import Inputs
+from dflash_eval.suite.progress import Progress
 from dflash_eval.suite.references import CompletionRecord, References
 from dflash_eval.tau import TauResult, simulate_tau
 
@@ -182,9 +183,12 @@ class DrafterEvaluation:
         for p in self.inputs.prompts:
             f = torch.cat([feats[p.id][i] for i in self.layer_ids], dim=-1).to(dt)
             items.append((f, torch.tensor(comps[p.id].sequence, dtype=torch.long), len(comps[p.id].prompt_ids)))
+        prog = Progress("τ drafting", sum(max(0, int(t.shape[0]) - 1 - n) for _, t, n in items), self.inputs.progress,
+                        unit="positions")
         with self.inputs.meter.timed("drafting"):
             sims = simulate_tau(drafter, self.inputs.head, items, budgets, max_blocks=self.settings.max_blocks)
         self.inputs.meter.counts["drafted_blocks"] += sum(r.drafted for r in sims)
+        prog.step(tokens=prog.total, n=prog.total)
         return {p.id: PromptTau(p.id, p.category, r.chain, r.ddtree, len(comps[p.id].prompt_ids),
                                 len(comps[p.id].output_ids))
                 for p, r in zip(self.inputs.prompts, sims)}

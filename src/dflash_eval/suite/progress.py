@@ -1,4 +1,10 @@
-"""Timings, counters and progress lines of a run (shared by every stage of one process)."""
+"""Timings, counters and progress events of a run (shared by every stage of one process).
+
+A long production (reference completions, target features, τ drafting) reports a :class:`ProgressEvent` per step
+(done / total, tokens, elapsed, ETA) to a *sink*: the pytest plugin's terminal reporter
+(:mod:`dflash_eval.pytest_plugin.progress`), the gate CLI's stderr, or :func:`default_progress_sink`. Sinks are
+called on every step; :func:`throttled` keeps one line per interval (and always the first and the last).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,10 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Meter", "Progress", "default_progress_sink"]
-
-Sink = Callable[[str], None]
+__all__ = ["Meter", "Progress", "ProgressEvent", "Sink", "default_progress_sink", "throttled"]
 
 
 class Meter:
@@ -31,25 +36,69 @@ class Meter:
             self.timings[name] += time.perf_counter() - t0
 
 
+@dataclass(frozen=True)
+class ProgressEvent:
+    """Where one long production stands; ``str()`` is its log line (counts, rate, elapsed, ETA)."""
+
+    what: str
+    done: int
+    total: int
+    tokens: int = 0
+    elapsed_s: float = 0.0
+    unit: str = "prompts"
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.total
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the rate so far (None before the first step)."""
+        if self.done <= 0 or self.elapsed_s <= 0:
+            return None
+        return max(0.0, self.elapsed_s / self.done * (self.total - self.done))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ProgressEvent:
+        return cls(**{k: d[k] for k in ("what", "done", "total", "tokens", "elapsed_s", "unit")})
+
+    def __str__(self) -> str:
+        rate = f", {self.tokens / self.elapsed_s:.1f} tokens/s" if self.tokens and self.elapsed_s > 0 else ""
+        eta = self.eta_s
+        tail = "done" if self.finished else ("ETA ?" if eta is None else f"ETA {_duration(eta)}")
+        return (f"[dflash-eval] {self.what}: {self.done}/{self.total} {self.unit}, {self.tokens} tokens{rate}, "
+                f"{_duration(self.elapsed_s)}, {tail}")
+
+
+def _duration(s: float) -> str:
+    return f"{s:.1f} s" if s < 60 else f"{int(s // 60)} min {int(s % 60):02d} s"
+
+
+Sink = Callable[[ProgressEvent], None]
+
+
 class Progress:
-    """Progress of a long production (prompts done / total, tokens/s): a log line per step, at most every
-    ``every_s`` seconds (and always for the last step). ``sink`` None: silent."""
+    """Progress of one long production: an event to ``sink`` when it starts and after every step (``sink`` None:
+    silent). ``unit`` names what ``total`` counts (prompts, positions)."""
 
-    def __init__(self, what: str, total: int, sink: Sink | None, every_s: float = 2.0) -> None:
-        self.what, self.total, self.sink, self.every_s = what, total, sink, every_s
+    def __init__(self, what: str, total: int, sink: Sink | None, unit: str = "prompts") -> None:
+        self.what, self.total, self.sink, self.unit = what, total, sink, unit
         self.done = self.tokens = 0
-        self.t0 = self._last = time.perf_counter()
+        self.t0 = time.perf_counter()
+        self._emit()
 
-    def step(self, tokens: int) -> None:
-        self.done += 1
+    def step(self, tokens: int = 0, n: int = 1) -> None:
+        self.done += n
         self.tokens += tokens
-        now = time.perf_counter()
-        if self.sink is None or (now - self._last < self.every_s and self.done < self.total):
-            return
-        self._last = now
-        dt = max(now - self.t0, 1e-9)
-        self.sink(f"[dflash-eval] {self.what}: {self.done}/{self.total} prompts, {self.tokens} tokens, "
-                  f"{self.tokens / dt:.1f} tokens/s, {dt:.1f} s")
+        self._emit()
+
+    def _emit(self) -> None:
+        if self.sink is not None:
+            self.sink(ProgressEvent(self.what, self.done, self.total, self.tokens,
+                                    round(time.perf_counter() - self.t0, 3), self.unit))
 
     def wrap(self, produce: Callable[[], Any], tokens: Callable[[], int]) -> Callable[[], None]:
         def run() -> None:
@@ -58,13 +107,27 @@ class Progress:
         return run
 
 
+def throttled(write: Callable[[str], None], every_s: float) -> Sink:
+    """A sink writing an event's line at most every ``every_s`` seconds per production, and always its first and
+    its last event."""
+    last: dict[str, float] = {}
+
+    def sink(ev: ProgressEvent) -> None:
+        now = time.monotonic()
+        if ev.what in last and not ev.finished and now - last[ev.what] < every_s:
+            return
+        last[ev.what] = now
+        write(str(ev))
+    return sink
+
+
 def default_progress_sink(worker_count: int) -> Sink | None:
-    """Progress lines go to the real stderr (pytest's capture does not hide them) when it is a terminal and this
-    is not an xdist worker; DFLASH_EVAL_PROGRESS=1 / 0 forces them on / off."""
+    """Outside pytest: progress lines (one per 2 s) go to stderr when it is a terminal and this is not an xdist
+    worker; DFLASH_EVAL_PROGRESS=1 / 0 forces them on / off. (Under pytest the plugin's reporter replaces this.)"""
     flag = os.environ.get("DFLASH_EVAL_PROGRESS", "").strip().lower()
     stream = sys.__stderr__
     if flag in ("0", "false", "no", "off") or stream is None:
         return None
     if flag not in ("1", "true", "yes", "on") and (worker_count > 1 or not stream.isatty()):
         return None
-    return lambda m: print(m, file=stream, flush=True)
+    return throttled(lambda m: print(m, file=stream, flush=True), 2.0)

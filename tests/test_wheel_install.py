@@ -1,0 +1,145 @@
+"""The package as a user gets it: build the wheel, install it into a fresh virtual environment outside the checkout,
+and run the installed suite from a temporary directory against the bundled fixtures.
+
+The fresh environment gets the wheel only (``pip install --no-deps --no-index``); its dependencies (torch among them)
+are the running environment's, made visible through a ``.pth`` file instead of being downloaded again, and a check
+that every requirement the wheel declares is satisfied there replaces pip's resolver. Steps (each asserted):
+
+1. ``pip wheel`` of a copy of the sources (pyproject, README, src/, tests_eval/): the wheel holds the plugin, the
+   suite's modules as ``dflash_eval.tests_eval``, the eval.json schema and the ``pytest11`` entry point;
+2. ``python -m venv --without-pip``, ``pip --python VENV install --no-deps --no-index WHEEL``;
+3. from an empty temporary folder: ``dflash_eval`` is imported from the venv, ``pytest --help`` lists the
+   "dflash-eval" options and imports no torch, ``dflash-eval --help`` works;
+4. ``pytest --pyargs dflash_eval.tests_eval`` without ``--target-model``: exit 4 and one message;
+5. ``dflash-eval run`` on 2 bundled prompts plus the documented user test file: exit 0, reports in the temporary
+   folder (not in the checkout), every suite test and the user's tests recorded, eval.json valid against the schema;
+6. in the checkout, ``pytest`` with the installed entry point and the repository's conftest: the plugin once.
+
+Run: ``pytest tests/test_wheel_install.py -p no:cacheprovider`` (about a minute on a 2-core CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+SOURCES = ("pyproject.toml", "README.md", "src", "tests_eval")
+CHECK_REQUIREMENTS = """
+import importlib.metadata as md
+from packaging.requirements import Requirement
+bad = []
+for raw in md.requires("dflash-eval") or []:
+    req = Requirement(raw)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue  # an extra
+    try:
+        version = md.version(req.name)
+    except md.PackageNotFoundError:
+        bad.append(f"{req}: not installed")
+        continue
+    if not req.specifier.contains(version, prereleases=True):
+        bad.append(f"{req}: found {version}")
+print("UNSATISFIED", bad)
+"""
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_EVAL_") and k != "PYTHONPATH"}
+    env.update(kw.pop("env", {}))
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def build_wheel(tmp: Path) -> Path:
+    src = tmp / "sources"
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            src.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    try:  # no build isolation when this environment can build (fast, offline); else pip's isolated build
+        import setuptools
+
+        isolation = [] if int(setuptools.__version__.split(".")[0]) >= 77 else None
+    except ImportError:
+        isolation = None
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), f"{src}{os.sep}"]
+    p = run(cmd + (["--no-build-isolation"] if isolation is not None else []), cwd=tmp)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (wheel,) = (tmp / "dist").glob("dflash_eval-*.whl")
+    return wheel
+
+
+def test_installed_wheel_runs_the_suite_from_anywhere(tmp_path):
+    t0 = time.perf_counter()
+    wheel = build_wheel(tmp_path)
+    names = zipfile.ZipFile(wheel).namelist()
+    for f in ("dflash_eval/pytest_plugin/__init__.py", "dflash_eval/tests_eval/test_tau.py",
+              "dflash_eval/tests_eval/__init__.py", "dflash_eval/report/eval.schema.json"):
+        assert f in names, f"{f} missing from {wheel.name}"
+    eps = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "[pytest11]\ndflash_eval.pytest_plugin = dflash_eval.pytest_plugin" in eps
+
+    venv = tmp_path / "venv"
+    assert run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path).returncode == 0
+    py = venv / "bin" / "python"
+    p = run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index",
+             str(wheel)], cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    site = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path)
+    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    Path(site.stdout.strip(), "_dflash_eval_test_deps.pth").write_text("\n".join(sorted(deps)) + "\n")
+    t_install = time.perf_counter() - t0
+
+    work = tmp_path / "work"
+    work.mkdir()
+    p = run([str(py), "-c", "import dflash_eval; print(dflash_eval.__file__)"], cwd=work)
+    assert p.stdout.strip().startswith(str(venv)), f"dflash_eval imported from {p.stdout.strip()}, not the venv"
+    p = run([str(py), "-c", CHECK_REQUIREMENTS], cwd=work)
+    assert p.stdout.strip().splitlines()[-1] == "UNSATISFIED []", p.stdout + p.stderr
+    p = run([str(py), "-c", "import sys, pytest; rc = pytest.main(['--help']); "
+                            "print('TORCH', 'torch' in sys.modules); sys.exit(rc)"], cwd=work)
+    assert p.returncode == 0 and "dflash-eval" in p.stdout and "--target-model" in p.stdout, p.stderr
+    assert p.stdout.strip().endswith("TORCH False")
+    p = run([str(venv / "bin" / "dflash-eval"), "--help"], cwd=work)
+    assert p.returncode == 0 and "run" in p.stdout and "gate" in p.stdout, p.stderr
+
+    p = run([str(py), "-m", "pytest", "--pyargs", "dflash_eval.tests_eval", "-p", "no:cacheprovider"], cwd=work)
+    assert p.returncode == 4, p.stdout + p.stderr
+    assert "--target-model and --drafter required" in p.stderr and "collected" not in p.stdout
+
+    shutil.copy(ROOT / "docs" / "examples" / "test_own_checks.py", work / "test_own_checks.py")
+    p = run([str(venv / "bin" / "dflash-eval"), "run", "test_own_checks.py", "-p", "no:cacheprovider",
+             "--target-model", str(ROOT / "fixtures" / "target"), "--drafter", str(ROOT / "fixtures" / "drafter"),
+             "--golden-dir", str(ROOT / "golden"), "--floors-file", str(ROOT / "golden" / "tau_floors.json"),
+             "--prompts", str(ROOT / "fixtures" / "prompts.jsonl"), "--num-prompts", "2",
+             "--junitxml", "junit.xml"], cwd=work)
+    assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-3000:]
+    assert f"rootdir: {work}" in p.stdout
+    data = json.loads((work / "reports" / "eval.json").read_text())
+    outcomes = data["tests"]["outcomes"]
+    assert sum(1 for k in outcomes if "test_own_checks.py::" in k) == 3
+    assert data["tests"]["counts"].get("failed", 0) == 0
+    assert any("test_tau.py::test_tau[" in k for k in outcomes) and data["mean_passed"] is True
+    assert (work / ".dflash_cache").is_dir() and (work / "reports" / "eval.png").is_file()
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (the test extra) validates eval.json")
+    schema = json.loads((Path(site.stdout.strip()) / "dflash_eval" / "report" / "eval.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(data)
+    t_suite = time.perf_counter() - t0 - t_install
+
+    # The checkout with the package installed: the entry point and conftest.py's pytest_plugins name one plugin.
+    p = run([str(py), "-m", "pytest", "tests_eval/test_checkpoint.py", "-p", "no:cacheprovider", "-q",
+             f"--cache-dir={tmp_path / 'cache'}", f"--report-dir={tmp_path / 'repo-reports'}"], cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    print(f"wheel build + install {t_install:.1f} s, installed suite run {t_suite:.1f} s")
