@@ -128,6 +128,7 @@ def write_plot(data: dict[str, Any], path: Path) -> Path | None:
     _distribution_panel(fig.add_subplot(grid[0, 1]), data, budgets)
     _acceptance_panels(data, fig.add_subplot(grid[1, 1]), fig.add_subplot(grid[2, 1]))
     mean, floor = _num(data.get("mean_tau")), _num(data.get("mean_floor"))
+    failing = sum(1 for r in prompts.values() if r.get("passed") is False)
     verdict = "" if data.get("mean_passed") is None else (" PASS" if data["mean_passed"] else " FAIL")
     fig.suptitle(f"{len(prompts)} prompts, {failing} below their floor; mean chain τ "
                  f"{'-' if mean is None else f'{mean:.3f}'} (floor {'-' if floor is None else f'{floor:.3f}'}){verdict}",
