@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU lane (stages: drift, suite, fp32, goldens, scaling, wide, speed; default all = drift + suite) for a CUDA machine with
+# The GPU lane (stages: drift, suite, fp32, goldens, scaling, wide, speed, budget; default all = drift + suite) for a CUDA machine with
 # fla (see README "GPU lane"). Writes everything under $OUT
 # (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
 # transformers 5.23.0, syrupy), carried to the machine:
@@ -44,6 +44,10 @@ if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; t
 fi
 step "core benchmark: offline vs online, extraction tokens/s"
 timeout 120 python3 benchmarks/bench_core.py --dtype bf16 --backend fla --num-prompts 8 --json "$OUT/core.json" >> "$OUT/lane.log" 2>&1 || echo "core rc=$?" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = budget ]; then
+step "drift budget: bundled drafter's budget in bf16 and fp32, fla-vs-torch drift and gate, sensitivity, fault injection"
+timeout 520 python3 benchmarks/gpu_drift_budget.py --out "$OUT" --cache /tmp/budgetcache >> "$OUT/lane.log" 2>&1 || echo "budget rc=$?" >> "$OUT/lane.log"
 fi
 if [ "$STAGE" = fp32 ]; then
 step "suite in fp32 (the dtype the goldens were recorded in), fla eval backend, torch reference, -n 2"

@@ -55,3 +55,40 @@ def test_chunked_and_recurrent_paths_agree_in_fp32_but_not_bitwise(tiny_target: 
     rel = ((a - b).norm() / a.norm()).item()
     assert rel < 1e-5
     assert not torch.equal(a, b), "the two paths should be different kernels"
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def test_kernel_fault_hook_perturbs_the_delta_rule_output(tiny_target: Target) -> None:
+    ids = torch.arange(2, 120)
+    mod = backends.loaded_hybrid_modules()[0]
+    before = (mod.torch_chunk_gated_delta_rule, mod.torch_recurrent_gated_delta_rule)
+    with use_backend("torch"):
+        clean = layer_features(tiny_target.model, ids, [2])[2]
+    errs = {}
+    for size in (1e-3, 1e-1, 1.0):
+        with use_backend(f"torch+noise={size}") as info:
+            assert info.name == f"torch+noise={size:g}" and f"[noise={size:g}]" in info.chunk_impl
+            a = layer_features(tiny_target.model, ids, [2])[2]
+        with use_backend(f"torch+noise={size}"):
+            b = layer_features(tiny_target.model, ids, [2])[2]
+        assert torch.equal(a, b), "the fault's noise is seeded: the same forward gives the same features"
+        errs[size] = _rel(a, clean)
+    assert 0 < errs[1e-3] < errs[1e-1] < errs[1.0], errs
+    with use_backend("torch-recurrent+round=fp8"):
+        r = layer_features(tiny_target.model, ids, [2])[2]
+    assert 0 < _rel(r, clean) < 0.1
+    assert (mod.torch_chunk_gated_delta_rule, mod.torch_recurrent_gated_delta_rule) == before
+
+
+def test_kernel_fault_names() -> None:
+    assert backends.split_backend("torch+noise=0.01") == ("torch", backends.KernelFault("noise", size=0.01))
+    assert backends.split_backend("fla") == ("fla", None)
+    assert resolve_backend("auto+round:bf16", "cpu") == "torch+round=bf16"
+    with pytest.raises(BackendError, match="CUDA"):
+        resolve_backend("fla+noise=0.1", "cpu")
+    for bad in ("noise", "noise:0", "noise:x", "round:int8", "shift:1"):
+        with pytest.raises(BackendError, match="unknown kernel fault"):
+            backends.parse_fault(bad)

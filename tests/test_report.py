@@ -165,3 +165,64 @@ def test_prompt_spec_resolution(tmp_path):
         from dflash_eval.prompts import load_prompt_spec
 
         load_prompt_spec("nope")
+
+
+def budget_fragment(worker, gate_err):
+    f = fragment(worker, {"a": 2.0}, drift=["a"])
+    levels = [{"kind": "noise", "label": f"noise {e:g}", "nominal": e, "injected_rel_err": e, "mean_tau": 2.0 - d,
+               "mean_abs_dtau": d, "ci95": [d / 2, d * 2], "max_abs_dtau": 2 * d, "within": d <= 0.1,
+               "abs_dtau": {"a": d}} for e, d in ((1e-3, 0.0), (1e-1, 0.05), (3e-1, 0.4))]
+    levels.append({"kind": "round", "label": "round fp8", "nominal": "fp8", "injected_rel_err": 2.6e-2,
+                   "mean_tau": 2.0, "mean_abs_dtau": 0.0, "ci95": [0.0, 0.0], "max_abs_dtau": 0.0, "within": True,
+                   "abs_dtau": {"a": 0.0}})
+    f["drift_budget"] = {"drafter": "f" * 64, "base": "torch/float32", "n_prompts": 1, "prompt_ids": ["a"],
+                         "base_mean_tau": 2.0, "base_tau": {"a": 2.0}, "tol": 0.1, "safety": 10.0, "seed": 0,
+                         "ladder": "1e-3,1e-1,3e-1,fp8", "budget": 0.1, "lower_bound": False,
+                         "limiting": "noise 0.3", "gate_limit": 0.01, "skipped": [], "rule": "...", "levels": levels}
+    f["drift_gate"] = [{"comparison": "c1", "layer": 0, "max_rel_err": gate_err, "mean_rel_err": gate_err,
+                        "worst_prompt": "a", "budget": 0.1, "safety": 10.0, "margin": 0.1 / gate_err,
+                        "lower_bound": False, "passed": gate_err * 10 <= 0.1}]
+    return f
+
+
+def test_drift_budget_in_the_reports(tmp_path):
+    data = report.merge([budget_fragment("gw0", 1e-3), budget_fragment("gw1", 1e-3)])
+    assert data["drift_budget"]["budget"] == 0.1 and len(data["drift_gate"]) == 1  # de-duplicated across workers
+    text = report.render_terminal(data)
+    assert "drift budget: τ against injected feature error" in text and "round fp8" in text
+    assert "drift gate" in text and "100x" in text and "PASS" in text
+    assert "drift budget of drafter ffffffffffff: 1.00e-01" in text and "drift <= 1.00e-02" in text
+    md = report.render_markdown(data)
+    assert "### Drift budget and gate" in md and "| c1 | 0 | 1.00e-03 | a | 1.00e-02 | 1.00e-01 | 100x | PASS |" in md
+    paths = report.write_reports(data, tmp_path / "r")
+    assert paths["budget_png"] == tmp_path / "r" / "drift_budget.png"
+    assert paths["budget_png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    over = report.merge([budget_fragment("master", 2e-2)])
+    assert "| c1 | 0 | 2.00e-02 | a | 2.00e-01 | 1.00e-01 | 5x | FAIL |" in report.render_markdown(over)
+    assert report.measured_drifts(over) == {"c1": 2e-2}
+    plain = report.write_reports(report.merge([fragment("master", {"a": 2.0})]), tmp_path / "plain")
+    assert "budget_png" not in plain and not (tmp_path / "plain" / "drift_budget.png").exists()
+
+
+def test_drift_budget_fields_are_strict_json_and_valid(tmp_path):
+    """A gate row with zero drift (margin inf) and a level without any round (NaN) become null in eval.json; the
+    schema accepts them and the tables and plot still render."""
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (the test extra) validates eval.json")
+    from importlib import resources
+
+    f = budget_fragment("master", 1e-3)
+    f["drift_gate"].append({**f["drift_gate"][0], "layer": 1, "max_rel_err": 0.0, "margin": float("inf")})
+    f["drift_budget"]["levels"].append({**f["drift_budget"]["levels"][0], "label": "noise 1", "nominal": 1.0,
+                                        "mean_tau": float("nan"), "mean_abs_dtau": float("nan"),
+                                        "ci95": [float("nan")] * 2, "max_abs_dtau": float("nan"), "within": False})
+    paths = report.write_reports(report.merge([f]), tmp_path / "r")
+    data = json.loads(paths["json"].read_text())
+    schema = json.loads(resources.files("dflash_eval.report").joinpath("eval.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(data)
+    assert data["drift_gate"][1]["margin"] is None and data["drift_budget"]["levels"][-1]["mean_tau"] is None
+    text = report.render_terminal(data)
+    assert "| c1 | 1 | 0.00e+00 | a | 0.00e+00 | 1.00e-01 | inf | PASS |" in report.render_markdown(data)
+    assert "noise 1" in text and paths["budget_png"].is_file()
+    bad = {**data, "drift_gate": [{"comparison": "c1", "layer": "one", "max_rel_err": 1e-3, "budget": 0.1,
+                                   "safety": 5.0, "passed": True}]}
+    assert not jsonschema.Draft202012Validator(schema).is_valid(bad)

@@ -1,16 +1,26 @@
 """Hidden-state drift between the evaluation backend and the reference backend (the one the drafter was trained
-on), and its functional effect on the acceptance length.
+on), asked as two separate questions whose test names say which one failed.
 
-- ``test_hidden_state_drift[<comparison>-<prompt>-L<layer>]``: relative L2 error and cosine of the features
-  within tolerance (``--drift-rel-tol`` / ``--drift-cos-tol``).
+Does the drift matter for this drafter? (acceptance; the gate)
+
+- ``test_drift_within_budget[<comparison>-L<layer>]``: the worst prompt's relative L2 error at this target layer,
+  times ``--drift-budget-safety``, is within the drafter's drift budget: the largest injected relative feature
+  error whose mean |Δτ| over the prompts stays within ``--drift-budget-tol`` (:mod:`dflash_eval.drift_budget`,
+  measured on this run's reference features and cached).
 - ``test_functional_drift_accept_len[<comparison>-<prompt>]``: |acceptance length with eval features - with
   reference features| within ``--drift-accept-tol``.
-- ``test_feature_fingerprint[L<layer>]``: summary statistics of every target layer's features of a fixed text on
+
+Did the numerics change? (regression detection; a failure also says whether the change matters for τ)
+
+- ``test_drift_regression[<comparison>-<prompt>-L<layer>]``: relative L2 error and cosine of the features within
+  the tight regression tolerance (``--drift-rel-tol`` / ``--drift-cos-tol``).
+- ``test_fingerprint_regression[L<layer>]``: summary statistics of every target layer's features of a fixed text on
   the evaluation backend against ``golden/fingerprints/<device kind>-<backend>-<dtype>.json`` (catches drift across
   library upgrades); record with ``--update-fingerprints``; without a golden for the run's kind it skips.
 
 On a CPU-only machine (fla cannot run) the comparisons are torch chunked vs torch recurrent and bf16 vs fp32; the
-fla comparison is skipped with a reason saying fla was not checked. (No test name here contains "tau".)
+fla comparison is skipped with a reason saying fla was not checked. ``--kernel-fault`` perturbs the evaluation's
+kernels to see the gate fail. (No test name here contains "tau".)
 """
 
 from __future__ import annotations
@@ -21,25 +31,46 @@ from pathlib import Path
 
 import pytest
 
+from dflash_eval.backends import split_backend
+from dflash_eval.drift_budget import impact
+from dflash_eval.errors import DFlashEvalError
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
 from dflash_eval.target import TargetDir
 
 
 def _marks(c):
-    """fla comparisons need fla's CUDA kernels: ``-m fla`` / ``-m gpu`` select them (``-m "not gpu"`` drops them)."""
-    return [pytest.mark.fla, pytest.mark.gpu] if "fla" in (c.a.backend, c.b.backend) else []
+    """fla comparisons (with or without a kernel fault) need fla's CUDA kernels: ``-m fla`` / ``-m gpu`` select them
+    (``-m "not gpu"`` drops them)."""
+    fla = "fla" in (split_backend(c.a.backend)[0], split_backend(c.b.backend)[0])
+    return [pytest.mark.fla, pytest.mark.gpu] if fla else []
+
+
+def _skipped(c, *names):
+    return pytest.param(c.name, *[None] * len(names), id=safe_id(c.name),
+                        marks=[pytest.mark.skip(reason=c.skip_reason), *_marks(c)])
 
 
 def _drift_params(s):
     out = []
     for c in s.inputs.comparisons:
         if c.skip_reason:
-            out.append(pytest.param(c.name, None, None, id=safe_id(c.name),
-                                    marks=[pytest.mark.skip(reason=c.skip_reason), *_marks(c)]))
+            out.append(_skipped(c, "prompt", "layer"))
             continue
         for p in s.inputs.prompts:
             for layer in s.evaluation.layer_ids:
-                out.append(pytest.param(c.name, p.id, layer, id=safe_id(f"{c.name}-{p.id}-L{layer}"), marks=_marks(c)))
+                out.append(pytest.param(c.name, p.id, layer, id=safe_id(f"{c.name}-{p.id}-L{layer}"),
+                                        marks=_marks(c)))
+    return out
+
+
+def _gate_params(s):
+    out = []
+    for c in s.inputs.comparisons:
+        if c.skip_reason:
+            out.append(_skipped(c, "layer"))
+            continue
+        out += [pytest.param(c.name, layer, id=safe_id(f"{c.name}-L{layer}"), marks=_marks(c))
+                for layer in s.evaluation.layer_ids]
     return out
 
 
@@ -47,43 +78,55 @@ def _accept_params(s):
     out = []
     for c in s.inputs.comparisons:
         if c.skip_reason:
-            out.append(pytest.param(c.name, None, id=safe_id(c.name),
-                                    marks=[pytest.mark.skip(reason=c.skip_reason), *_marks(c)]))
+            out.append(_skipped(c, "prompt"))
             continue
         out += [pytest.param(c.name, p.id, id=safe_id(f"{c.name}-{p.id}"), marks=_marks(c)) for p in s.inputs.prompts]
     return out
 
 
+_PARAMS = {"test_drift_regression": ("comparison,prompt_id,layer", _drift_params, 2),
+           "test_drift_within_budget": ("comparison,layer", _gate_params, 1),
+           "test_functional_drift_accept_len": ("comparison,prompt_id", _accept_params, 1)}
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     name = metafunc.function.__name__
-    if name == "test_hidden_state_drift":
-        params, err = collect(config, _drift_params)
-        metafunc.parametrize("comparison,prompt_id,layer",
-                             [pytest.param(SetupError(err), None, None, id="setup-error")] if err else params)
-    elif name == "test_functional_drift_accept_len":
-        params, err = collect(config, _accept_params)
-        metafunc.parametrize("comparison,prompt_id",
-                             [pytest.param(SetupError(err), None, id="setup-error")] if err else params)
-    elif name == "test_feature_fingerprint":
-        layers, err = collect(config, lambda s: _num_layers(s))
+    if name in _PARAMS:
+        argnames, fn, extra = _PARAMS[name]
+        params, err = collect(config, fn)
+        metafunc.parametrize(argnames, [pytest.param(SetupError(err), *[None] * extra, id="setup-error")]
+                             if err else params)
+    elif name == "test_fingerprint_regression":
+        layers, err = collect(config, lambda s: TargetDir(s.settings.target_model).num_layers)
         metafunc.parametrize("layer", [setup_error_param(err)] if err else
                              [pytest.param(i, id=f"L{i}") for i in range(layers)])
 
 
-def _num_layers(s) -> int:
-    return TargetDir(s.settings.target_model).num_layers
+def _impact(eval_session, rel_err: float, *, bound: bool = False) -> str:
+    """The τ impact of a feature error, from the drafter's drift budget (measured now if not yet)."""
+    try:
+        return impact(rel_err, eval_session.drift_budget(), bound=bound)
+    except DFlashEvalError as exc:
+        return f"τ impact: unknown (the drift budget could not be measured: {type(exc).__name__}: {exc})"
 
 
-def test_hidden_state_drift(comparison, prompt_id, layer, eval_session, reference_completions) -> None:
+def test_drift_within_budget(comparison, layer, eval_session, reference_completions) -> None:
+    """The gate: this comparison's drift at this layer is small enough not to matter for the drafter's τ."""
     if isinstance(comparison, SetupError):
         comparison.fail()
-    d = eval_session.drift(comparison)
-    st = d.stats[prompt_id][layer]
-    c = d.comparison
-    msg = (f"{c.a.label} vs {c.b.label}, prompt {prompt_id!r}, target layer {layer}: rel_err {st.rel_err:.3e} "
-           f"(tol {st.rel_tol:.1e}), cos {st.cos:.6f} (tol {st.cos_tol}), max |diff| {st.max_abs:.3e}")
-    assert st.passed, msg
+    g = eval_session.drift_gate(comparison)[layer]
+    b = eval_session.drift_budget()
+    c = eval_session.drift(comparison).comparison
+    if b.budget <= 0:
+        pytest.fail(f"drift over budget (the drift matters for τ): {c.a.label} vs {c.b.label}, target layer {layer}: "
+                    f"the drafter has no drift budget: even the smallest perturbation of the ladder ({b.limiting}) "
+                    f"moved the mean |Δτ| past --drift-budget-tol {b.tol:g}; {b.describe()}", pytrace=False)
+    if not g.passed:
+        pytest.fail(f"drift over budget (the drift matters for τ): {c.a.label} vs {c.b.label}, target layer {layer}: "
+                    f"worst prompt {g.worst_prompt!r} rel_err {g.max_rel_err:.2e} (mean over prompts "
+                    f"{g.mean_rel_err:.2e}) x safety factor {g.safety:g} = {g.max_rel_err * g.safety:.2e} > "
+                    f"{b.describe()}; margin {g.margin:.2g}x, the gate needs >= {g.safety:g}x", pytrace=False)
 
 
 def test_functional_drift_accept_len(comparison, prompt_id, eval_session, reference_completions) -> None:
@@ -98,13 +141,28 @@ def test_functional_drift_accept_len(comparison, prompt_id, eval_session, refere
         f"{b:.3f}: |diff| {abs(a - b):.3f} > tol {c.accept_tol}")
 
 
+def test_drift_regression(comparison, prompt_id, layer, eval_session, reference_completions) -> None:
+    """Regression detection: the two sides' features agree within the tight per-layer tolerance."""
+    if isinstance(comparison, SetupError):
+        comparison.fail()
+    d = eval_session.drift(comparison)
+    st = d.stats[prompt_id][layer]
+    c = d.comparison
+    if st.passed:
+        return
+    pytest.fail(f"numerics regression (the numerics differ beyond the regression tolerance): {c.a.label} vs "
+                f"{c.b.label}, prompt {prompt_id!r}, target layer {layer}: rel_err {st.rel_err:.3e} (tol "
+                f"{st.rel_tol:.1e}), cos {st.cos:.6f} (tol {st.cos_tol}), max |diff| {st.max_abs:.3e}; "
+                f"{_impact(eval_session, st.rel_err)}", pytrace=False)
+
+
 def _moved(want: dict, got: dict) -> dict[str, tuple[float, float | None]]:
     """The statistics of one layer that differ from the golden by more than 1e-4 relative."""
     return {k: (want[k], got.get(k)) for k in want
             if got.get(k) is None or abs(got[k] - want[k]) > 1e-4 * max(1.0, abs(want[k]))}
 
 
-def test_feature_fingerprint(layer, eval_session) -> None:
+def test_fingerprint_regression(layer, eval_session) -> None:
     """Regression detection: the features of a fixed text, per target layer, equal the golden recorded for this
     run's device kind, evaluation backend and dtype (catches numerics that change with torch, triton, fla or
     transformers)."""
@@ -137,6 +195,17 @@ def test_feature_fingerprint(layer, eval_session) -> None:
         keys = ("torch", "triton", "fla", "transformers")
         was = {k: golden.get("versions", {}).get(k) for k in keys}
         now = {k: fp["versions"].get(k) for k in keys}
-        pytest.fail(f"target layer {layer} features changed since the golden {path} was recorded: "
-                    + ", ".join(f"{k}: golden {w:.6g}, now {g}" for k, (w, g) in bad.items())
-                    + f"; layers that moved: {sorted(moved)}; versions at recording {was}, now {now}", pytrace=False)
+        pytest.fail(f"fingerprint regression: the numerics changed since the golden was recorded ({path}): target "
+                    f"layer {layer}: " + ", ".join(f"{k}: golden {w:.6g}, now {g}" for k, (w, g) in bad.items())
+                    + f"; layers that moved: {sorted(moved)}; versions at recording {was}, now {now}; "
+                    + _fingerprint_impact(eval_session, layer, want, got), pytrace=False)
+
+
+def _fingerprint_impact(eval_session, layer: int, want: dict, got: dict) -> str:
+    """τ impact of a changed fingerprint: none for a layer the drafter does not read; otherwise judged on the RMS
+    change, a lower bound of the relative feature change (| ||a|| - ||b|| | <= ||a - b||)."""
+    read = eval_session.evaluation.layer_ids
+    if layer not in read:
+        return f"τ impact: none directly (the drafter reads target layers {list(read)}, not {layer})"
+    bound = abs(got["rms"] - want["rms"]) / want["rms"] if want.get("rms") and got.get("rms") is not None else 0.0
+    return _impact(eval_session, bound, bound=True)

@@ -11,11 +11,23 @@ Backends:
 - ``torch-recurrent``: the recurrent torch function for prefill too (a step-by-step reference).
 - ``auto``: ``fla`` on CUDA when importable, else ``torch``.
 
+Fault injection (a test and diagnostic hook, never a default): ``<backend>+<fault>`` runs ``<backend>`` with its
+delta-rule output perturbed, so a test can produce kernel drift of a chosen size on any machine:
+
+- ``+noise=REL``: relative Gaussian noise added to the delta-rule output (RMS of the noise = REL x RMS of the
+  output, per call; seeded, so the same forward gives the same features);
+- ``+round=DTYPE``: the kernel's query/key/value inputs and its output rounded through bf16, fp16 or fp8
+  (:func:`dflash_eval.dtypes.round_through`), as a reduced-precision kernel would see and return them.
+
+The fault is part of the backend's name, so features extracted with it are cached apart from clean ones.
+
 Example::
 
     with use_backend("torch-recurrent", device="cpu") as info:
         model(ids)
     print(info.name)
+    with use_backend("torch+noise=0.01"):  # the torch kernels, output perturbed by 1 % relative noise
+        model(ids)
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from dflash_eval.dtypes import ROUNDINGS, round_through
 from dflash_eval.errors import BackendError
 
 if TYPE_CHECKING:  # torch is imported where a device is resolved: the option registration stays torch-free
@@ -36,6 +49,10 @@ if TYPE_CHECKING:  # torch is imported where a device is resolved: the option re
 
 __all__ = [
     "BACKENDS",
+    "KernelFault",
+    "parse_fault",
+    "split_backend",
+    "with_fault",
     "HYBRID_MODULES",
     "BackendInfo",
     "fla_available",
@@ -54,6 +71,51 @@ HYBRID_MODULES = (
 _CHUNK = "torch_chunk_gated_delta_rule"
 _RECUR = "torch_recurrent_gated_delta_rule"
 _lock = threading.RLock()
+
+
+FAULT_SEP = "+"
+
+
+@dataclass(frozen=True)
+class KernelFault:
+    """A diagnostic perturbation of the delta-rule kernels (see module docstring)."""
+
+    mode: str  # "noise" | "round"
+    size: float = 0.0  # noise: relative RMS of the added noise
+    dtype: str = ""  # round: bf16 | fp16 | fp8
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"noise={self.size:g}" if self.mode == "noise" else f"round={self.dtype}"
+
+
+def parse_fault(spec: str) -> KernelFault:
+    """``noise:REL`` / ``noise=REL`` or ``round:DTYPE`` / ``round=DTYPE`` -> :class:`KernelFault`."""
+    mode, sep, arg = str(spec).strip().replace("=", ":", 1).partition(":")
+    mode, arg = mode.strip().lower(), arg.strip().lower()
+    if mode == "noise" and sep:
+        try:
+            size = float(arg)
+        except ValueError:
+            size = -1.0
+        if size > 0:
+            return KernelFault("noise", size=size)
+    if mode == "round" and arg in ROUNDINGS:
+        return KernelFault("round", dtype=arg)
+    raise BackendError(f"unknown kernel fault {spec!r}: use noise:REL (relative noise size > 0, e.g. noise:0.01) or "
+                       f"round:DTYPE with DTYPE one of {', '.join(ROUNDINGS)}")
+
+
+def split_backend(name: str) -> tuple[str, KernelFault | None]:
+    """``"torch+noise=0.01"`` -> ``("torch", KernelFault("noise", 0.01))``; a plain name -> ``(name, None)``."""
+    base, sep, fault = str(name).partition(FAULT_SEP)
+    return base, (parse_fault(fault) if sep else None)
+
+
+def with_fault(backend: str, fault: KernelFault | None) -> str:
+    """The backend name that carries ``fault`` (``backend`` itself without one)."""
+    return backend if fault is None else f"{backend}{FAULT_SEP}{fault.label}"
 
 
 @dataclass(frozen=True)
@@ -79,7 +141,11 @@ def fla_available() -> bool:
 
 
 def resolve_backend(name: str, device: torch.device | str) -> str:
-    """Map ``auto`` to a concrete backend and reject impossible choices with a clear error."""
+    """Map ``auto`` to a concrete backend and reject impossible choices with a clear error (a ``+<fault>`` suffix
+    is kept, its base resolved)."""
+    base, fault = split_backend(name)
+    if fault is not None:
+        return with_fault(resolve_backend(base, device), fault)
     if name not in BACKENDS:
         raise BackendError(f"unknown linear-attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
     import torch
@@ -97,7 +163,7 @@ def check_backend_device(name: str, device: torch.device | str) -> None:
     import torch
 
     dev = torch.device(device)
-    if name == "fla":
+    if split_backend(name)[0] == "fla":
         if dev.type != "cuda":
             raise BackendError(
                 f"backend 'fla' needs a CUDA device, but the model is on {dev}: fla's Triton kernels cannot run on a "
@@ -153,6 +219,25 @@ def loaded_hybrid_modules() -> list[ModuleType]:
     return mods
 
 
+def _faulty(fn: Callable[..., Any], fault: KernelFault, gen: torch.Generator) -> Callable[..., Any]:
+    """``fn`` (a delta-rule function returning ``(output, state)``) with ``fault`` applied to its output."""
+    import torch
+
+    def call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if fault.mode == "round":
+            query, key, value = (round_through(t, fault.dtype) for t in (query, key, value))
+        out, state = fn(query, key, value, *args, **kwargs)
+        if fault.mode == "round":
+            return round_through(out, fault.dtype), state
+        noise = torch.randn(out.shape, generator=gen, dtype=torch.float32).to(out.device)
+        rms = out.detach().float().pow(2).mean().sqrt()
+        return (out.float() + fault.size * rms * noise).to(out.dtype), state
+
+    call.__name__ = f"{getattr(fn, '__name__', 'delta_rule')}[{fault.label}]"
+    call.__module__ = getattr(fn, "__module__", "?")
+    return call
+
+
 def _describe(fn: Callable[..., Any]) -> str:
     inner = fn
     return f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__name__', '?')}"
@@ -163,9 +248,13 @@ def use_backend(name: str, device: torch.device | str = "cpu") -> Iterator[Backe
     """Switch every hybrid modeling module to backend ``name`` for the duration of the block.
 
     Process-wide (module globals), guarded by a re-entrant lock so nested or threaded uses do not interleave.
-    ``fla`` on a CPU device raises :class:`BackendError` before any kernel is reached.
+    ``fla`` on a CPU device raises :class:`BackendError` before any kernel is reached. A ``+<fault>`` suffix wraps
+    the backend's functions (module docstring); its noise generator is seeded anew on every entry.
     """
-    concrete = resolve_backend(name, device)
+    import torch
+
+    concrete, fault = split_backend(resolve_backend(name, device))
+    gen = torch.Generator().manual_seed(fault.seed) if fault is not None else None
     with _lock:
         mods = loaded_hybrid_modules()
         saved = [(m, getattr(m, _CHUNK), getattr(m, _RECUR)) for m in mods]
@@ -183,11 +272,14 @@ def use_backend(name: str, device: torch.device | str = "cpu") -> Iterator[Backe
                     new_chunk = _guard_cuda(_kwarg_filter(fns[0]), "chunk_gated_delta_rule")
                     new_recur = _guard_cuda(_kwarg_filter(fns[1]), "fused_recurrent_gated_delta_rule")
                     info = BackendInfo(concrete, _describe(fns[0]), _describe(fns[1]))
+                if fault is not None:
+                    assert gen is not None
+                    new_chunk, new_recur = _faulty(new_chunk, fault, gen), _faulty(new_recur, fault, gen)
                 setattr(mod, _CHUNK, new_chunk)
                 setattr(mod, _RECUR, new_recur)
-                if info is None:
-                    info = BackendInfo(concrete, _describe(new_chunk), _describe(new_recur))
-            yield info or BackendInfo(concrete, "n/a (no hybrid modeling module)", "n/a")
+                if info is None or (fault is not None and FAULT_SEP not in info.name):
+                    info = BackendInfo(with_fault(concrete, fault), _describe(new_chunk), _describe(new_recur))
+            yield info or BackendInfo(with_fault(concrete, fault), "n/a (no hybrid modeling module)", "n/a")
         finally:
             for mod, chunk, recur in saved:
                 setattr(mod, _CHUNK, chunk)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dflash_eval.backends import check_backend_device, fla_available
+from dflash_eval.backends import check_backend_device, fla_available, split_backend
 from dflash_eval.errors import DFlashEvalError
 
 __all__ = ["LayerDrift", "layer_drift", "fingerprint", "Side", "Comparison", "DriftStat", "drift_stat",
@@ -129,14 +129,15 @@ def drift_comparisons(*, eval_backend: str, reference_backend: str, requested_ba
                       accept_tol: float = 0.5) -> list[Comparison]:
     """The drift comparisons this machine can run (a skipped one says what was not checked).
 
-    ``eval_backend`` is the resolved evaluation backend, ``requested_backend`` what was asked for (``auto`` ...).
+    ``eval_backend`` is the resolved backend of the evaluation's features (with a ``+<fault>`` suffix under
+    ``--kernel-fault``), ``requested_backend`` what was asked for (``auto`` ...).
 
     - eval backend != reference backend: ``<eval>-vs-<ref>`` in the eval dtype;
     - otherwise (typically CPU, where fla cannot run): ``torch-vs-torch-recurrent`` (the chunked and the
       step-by-step torch paths) and ``bf16-vs-fp32``, plus a skipped ``fla-vs-<ref>`` naming why fla was not checked.
     """
     dt, ev, dev = dtype, eval_backend, device
-    ref = reference_backend if reference_backend != "auto" else ev
+    ref = reference_backend if reference_backend != "auto" else split_backend(ev)[0]
     out: list[Comparison] = []
 
     def comp(name: str, a: Side, b: Side, skip: str | None = None) -> Comparison:

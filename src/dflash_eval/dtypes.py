@@ -1,4 +1,10 @@
-"""Parsing dtype names given on the command line or in configs (torch is imported on the first call only)."""
+"""Parsing dtype names given on the command line or in configs, and rounding a tensor through a lower precision
+(torch is imported on the first call only).
+
+:func:`round_through` is what the drift budget's rounding perturbations and the kernel-fault backend's
+``round=<dtype>`` mode share: ``bf16`` and ``fp16`` are plain casts; ``fp8`` is float8-e4m3 with one scale per
+tensor (absmax mapped to 448, as fp8 inference scales activations), so large activations saturate nowhere.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,14 @@ from dflash_eval.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["parse_dtype"]
+__all__ = ["parse_dtype", "ROUNDINGS", "rounding_available", "round_through"]
 
 _DTYPES = {  # name -> attribute of torch
     "bf16": "bfloat16", "bfloat16": "bfloat16",
     "fp16": "float16", "float16": "float16", "half": "float16",
     "fp32": "float32", "float32": "float32", "float": "float32",
 }
+ROUNDINGS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}  # rounding name -> attribute of torch
 
 
 def parse_dtype(value: str | torch.dtype) -> torch.dtype:
@@ -27,3 +34,24 @@ def parse_dtype(value: str | torch.dtype) -> torch.dtype:
     if key not in _DTYPES:
         raise ConfigError(f"unknown dtype {value!r}; choose one of bf16, fp16, fp32")
     return getattr(torch, _DTYPES[key])
+
+
+def rounding_available(name: str) -> bool:
+    """Whether this torch has the dtype of rounding ``name`` (fp8 needs ``torch.float8_e4m3fn``)."""
+    import torch
+
+    return name in ROUNDINGS and hasattr(torch, ROUNDINGS[name])
+
+
+def round_through(x: torch.Tensor, name: str) -> torch.Tensor:
+    """``x`` rounded to ``name`` (bf16 | fp16 | fp8) and back to its own dtype (fp8: per-tensor absmax scale)."""
+    import torch
+
+    if not rounding_available(name):
+        raise ConfigError(f"cannot round to {name!r}: choose one of {', '.join(ROUNDINGS)} (fp8 needs a torch with "
+                          "float8_e4m3fn)")
+    dt = getattr(torch, ROUNDINGS[name])
+    if name != "fp8":
+        return x.to(dt).to(x.dtype)
+    scale = x.detach().abs().amax().float().clamp_min(torch.finfo(torch.float32).tiny) / torch.finfo(dt).max
+    return ((x.float() / scale).to(dt).float() * scale).to(x.dtype)

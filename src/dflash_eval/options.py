@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_eval.backends import BACKENDS, resolve_backend
+from dflash_eval.backends import BACKENDS, parse_fault, resolve_backend, with_fault
+from dflash_eval.drift_ladder import DEFAULT_LADDER, parse_ladder
 from dflash_eval.dtypes import parse_dtype
 from dflash_eval.errors import ConfigError
 from dflash_eval.option_values import parse_value, resolve_prompt_spec
@@ -166,11 +167,20 @@ class EvalSettings:
                            "snapshots)", "path")
     update_fingerprints: bool = opt(False, "rewrite the golden fingerprint of this run's device kind, backend and dtype "
                                     "(golden/fingerprints/<kind>-<backend>-<dtype>.json)", "bool")
-    drift_rel_tol: float | None = opt(None, "max relative L2 error of features between backends/dtypes (default: "
-                                      "5e-3 for fp32 comparisons, 5e-2 when bf16/fp16 is involved)", "float")
-    drift_cos_tol: float | None = opt(None, "min cosine similarity of features (default: 0.9999 fp32, 0.998 bf16)",
-                                      "float")
+    drift_rel_tol: float | None = opt(None, "regression check: max relative L2 error of features between backends/"
+                                      "dtypes (default: 5e-3 fp32, 5e-2 when bf16/fp16 is involved)", "float")
+    drift_cos_tol: float | None = opt(None, "regression check: min cosine similarity of features (default: 0.9999 "
+                                      "fp32, 0.998 bf16)", "float")
     drift_accept_tol: float = opt(0.5, "max |τ(eval features) - τ(reference features)| per prompt", "float")
+    drift_budget_ladder: str = opt(DEFAULT_LADDER, "perturbations measuring the drafter's drift budget: relative "
+                                   "Gaussian noise sizes and rounding dtypes (bf16, fp16, fp8)")
+    drift_budget_tol: float = opt(0.1, "largest mean |Δτ| over the prompts (upper end of its 95 % CI) a feature "
+                                  "perturbation may cause within the drift budget", "float")
+    drift_budget_safety: float = opt(5.0, "drift gate: worst measured drift per layer x this <= the drift budget",
+                                     "float")
+    drift_budget_seed: int = opt(0, "seed of the drift budget's noise", "int")
+    kernel_fault: str | None = opt(None, "diagnostic: perturb the delta-rule kernels of the evaluation's feature "
+                                   "extraction: noise:REL or round:bf16|fp16|fp8 (completions unaffected)")
     report_dir: Path = opt(Path("reports"), "where eval.json, eval.md and eval.png are written", "path")
     torch_threads: int | None = opt(None, "torch intra-op threads on CPU (default: cpu_count // (2 * workers), at "
                                     "least 1; oversubscribed tiny models are far slower with more)", "int")
@@ -216,9 +226,11 @@ class EvalSettings:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
         if self.tau_margin < 0:
             raise ConfigError(f"--tau-margin must be >= 0, got {self.tau_margin}")
-        for name in ("baseline_drop_tol", "baseline_rise_tol"):
+        for name in ("baseline_drop_tol", "baseline_rise_tol", "drift_budget_tol", "drift_budget_safety"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        parse_ladder(self.drift_budget_ladder)
+        self.feature_backend  # noqa: B018 - an unknown --kernel-fault: BackendError naming the forms
         for name in ("hidden_state_backend", "reference_backend"):
             if getattr(self, name) not in BACKENDS:
                 raise ConfigError(f"--{name.replace('_', '-')}: unknown backend {getattr(self, name)!r}; "
@@ -260,6 +272,11 @@ class EvalSettings:
     def eval_backend(self) -> str:
         """The concrete backend of the evaluation's target forwards (``auto`` resolved; fla checked)."""
         return resolve_backend(self.hidden_state_backend, self.torch_device)
+
+    @property
+    def feature_backend(self) -> str:
+        """The backend of the evaluation's feature extraction: :attr:`eval_backend`, with ``--kernel-fault``."""
+        return with_fault(self.eval_backend, None if self.kernel_fault is None else parse_fault(self.kernel_fault))
 
     @property
     def ref_backend(self) -> str:

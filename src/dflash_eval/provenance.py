@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 from importlib import metadata
 from typing import Any
@@ -11,7 +12,10 @@ import torch
 __all__ = ["library_versions", "kernel_versions", "device_name", "device_kind", "provenance"]
 
 
+@functools.lru_cache(maxsize=None)
 def _version(dist: str) -> str | None:
+    """The installed version of ``dist`` (looked up once per process: every cache key asks for it, and a metadata
+    lookup costs milliseconds)."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dflash_eval.baseline import Baseline, BaselineComparison, compare, load_baseline
+from dflash_eval.drift_budget import DriftBudget, GateCheck
 from dflash_eval.errors import ConfigError
 from dflash_eval.floors import Floors
 from dflash_eval.options import EvalSettings
@@ -67,6 +68,12 @@ class EvalSession:
     def drift(self, name: str) -> Drift:
         return self.evaluation.drift(name)
 
+    def drift_budget(self) -> DriftBudget:
+        return self.evaluation.drift_budget()
+
+    def drift_gate(self, name: str) -> dict[int, GateCheck]:
+        return self.evaluation.drift_gate(name)
+
     # ------------------------------------------------------------------------------------------------ goldens
     def run_context(self) -> dict[str, Any]:
         """The settings that change τ (:mod:`dflash_eval.run_context`), recorded with floors and reports."""
@@ -74,7 +81,7 @@ class EvalSession:
         ctx = {"target": inp.target_identity, "max_new_tokens": s.max_new_tokens, "max_blocks": s.max_blocks,
                "block_size": self.evaluation.checkpoint.config.block_size,
                "chat_template": inp.prompt_format["chat_template"], "thinking": inp.prompt_format["enable_thinking"],
-               "dtype": str(s.torch_dtype).removeprefix("torch."), "backend": s.eval_backend}
+               "dtype": str(s.torch_dtype).removeprefix("torch."), "backend": s.feature_backend}
         if any(p.extra.get("set") == "humaneval" for p in inp.prompts):  # the wrapper changes HumanEval's text
             ctx["humaneval_wrapper"] = s.humaneval_wrapper
         return ctx

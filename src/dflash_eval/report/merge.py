@@ -28,6 +28,13 @@ eval.json (schema 1; documented in README.md)::
                   "drop_tol", "rise_tol", "drop_passed", "rise_passed", "prompts": {id: {"baseline", "run", "delta"}}},
      "drift": [{"comparison", "prompt_id", "layer", "rel_err", "cos", "max_abs", "rel_tol", "cos_tol", "passed"}],
      "drift_accept": [{"comparison", "prompt_id", "tau_a", "tau_b", "diff", "tol", "passed", "a", "b"}],
+     "drift_budget": {"drafter", "base", "n_prompts", "prompt_ids", "base_mean_tau", "base_tau": {id: tau}, "tol",
+                      "safety", "seed", "ladder", "budget", "lower_bound", "limiting", "gate_limit", "skipped", "rule",
+                      "levels": [{"kind", "label", "nominal", "injected_rel_err", "mean_tau", "mean_abs_dtau",
+                                  "ci95": [lo, hi], "max_abs_dtau", "within", "abs_dtau": {id: |Δτ|}}]}
+                     (when the budget was measured or read: the drift tests),
+     "drift_gate": [{"comparison", "layer", "max_rel_err", "mean_rel_err", "worst_prompt", "budget", "safety",
+                     "margin", "lower_bound", "passed"}],
      "fingerprint": {...} (when computed), "timings": {"wall_s", "sum": {stage: s}, "per_worker": {w: {...}}},
      "cache": {worker: {"hits", "misses", "produced", "corrupted", ...}},
      "tests": {"counts": {outcome: n}, "outcomes": {nodeid: outcome}}}
@@ -51,7 +58,8 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
           wall_s: float | None = None) -> dict[str, Any]:
     """Merge per-process fragments (identical measurements from several workers are de-duplicated)."""
     out: dict[str, Any] = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    for key in ("settings", "target", "drafter", "provenance", "context", "fingerprint", "sglang", "baseline"):
+    for key in ("settings", "target", "drafter", "provenance", "context", "fingerprint", "sglang", "baseline",
+                "drift_budget"):
         for f in fragments:
             if f.get(key):
                 out[key] = f[key]
@@ -88,6 +96,9 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
             accept[(r["comparison"], r["prompt_id"])] = r
     out["drift"] = list(drift.values())
     out["drift_accept"] = list(accept.values())
+    gate = {(r["comparison"], r["layer"]): r for f in fragments for r in f.get("drift_gate", [])}
+    if gate or "drift_budget" in out:
+        out["drift_gate"] = list(gate.values())
     total: dict[str, float] = defaultdict(float)
     for f in fragments:
         for k, v in f.get("timings", {}).items():

@@ -1,6 +1,6 @@
 """eval.json's data as text: the τ table, the per-category table, the per-position acceptance table, the multi-turn
-conversation table and the drift summary, for the terminal (rich) and as markdown (eval.md, $GITHUB_STEP_SUMMARY).
-The row builders are shared by both and by the gate CLI."""
+conversation table, the drift summary and the drift budget with its gate, for the terminal (rich) and as markdown
+(eval.md, $GITHUB_STEP_SUMMARY). The row builders are shared by both and by the gate CLI."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 from dflash_eval.report.acceptance import acceptance_rows, conversation_rows
 from dflash_eval.stats import ddtree_budgets
 
-__all__ = ["tau_rows", "category_rows", "drift_rows", "baseline_line", "render_terminal", "render_markdown", "fmt"]
+__all__ = ["tau_rows", "category_rows", "drift_rows", "baseline_line", "budget_line", "ladder_rows", "gate_rows",
+           "render_terminal", "render_markdown", "fmt"]
 
 
 def _ci(s: dict[str, Any] | None) -> str:
@@ -130,8 +131,57 @@ def drift_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _sci(x: Any) -> str:
+    return "-" if x is None else "inf" if x == float("inf") else f"{x:.2e}"
+
+
+def _order(x: float | None) -> float:
+    """Sort key of a number that strict JSON may have turned into null (NaN: last)."""
+    return float("inf") if x is None else x
+
+
+def budget_line(data: dict[str, Any]) -> str | None:
+    """One line on the drafter's drift budget and the gate's limit (None when the budget was not measured)."""
+    b = data.get("drift_budget")
+    if not b:
+        return None
+    bound = ">= " if b["lower_bound"] else ""
+    why = ("every level stayed within the tolerance: a lower bound" if b["lower_bound"] else
+           f"the next level, {b['limiting']}, moved τ more")
+    return (f"drift budget of drafter {str(b['drafter'])[:12]}: {bound}{_sci(b['budget'])} relative feature error "
+            f"(largest injected error whose mean |Δτ| over {b['n_prompts']} prompts stays <= {b['tol']:g}, upper end "
+            f"of its 95 % CI; {b['base']} features, mean τ {_fmt(b['base_mean_tau'])}; {why}); gate: measured drift "
+            f"x {b['safety']:g} <= budget, i.e. drift <= {_sci(b['gate_limit'])}")
+
+
+def ladder_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The drift budget's ladder: one row per perturbation, in order of injected error."""
+    header = ["perturbation", "injected rel err", "mean τ", "mean |Δτ|", "CI95", "max |Δτ|", "within"]
+    b = data.get("drift_budget") or {}
+    levels = sorted(b.get("levels", []), key=lambda lv: _order(lv["injected_rel_err"]))
+    rows = [[lv["label"], _sci(lv["injected_rel_err"]), _fmt(lv["mean_tau"]), _fmt(lv["mean_abs_dtau"]),
+             f"{_fmt(lv['ci95'][0])}–{_fmt(lv['ci95'][1])}", _fmt(lv["max_abs_dtau"]),
+             "yes" if lv["within"] else "NO"] for lv in levels]
+    return header, rows
+
+
+def gate_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The drift gate: per comparison and layer, the worst prompt's drift against the budget, and the margin
+    (budget / drift; the gate needs at least the safety factor)."""
+    header = ["comparison", "layer", "max rel_err", "worst prompt", "x safety", "budget", "margin", "verdict"]
+    rows = []
+    for g in data.get("drift_gate", []):
+        m, err = g.get("margin"), g.get("max_rel_err")
+        margin = f"{m:.3g}x" if m is not None and m != float("inf") else "inf" if err == 0 or m else "-"
+        scaled = None if err is None else err * g["safety"]
+        rows.append([g["comparison"], str(g["layer"]), _sci(err), g.get("worst_prompt", "-"), _sci(scaled),
+                     (">= " if g.get("lower_bound") else "") + _sci(g["budget"]), margin,
+                     "PASS" if g["passed"] else "FAIL"])
+    return header, rows
+
+
 def render_terminal(data: dict[str, Any], *, width: int = 120) -> str:
-    """The τ table and the drift summary as text (rich tables, no colour codes)."""
+    """The τ tables, the drift summary and the drift budget as text (rich tables, no colour codes)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -164,14 +214,18 @@ def render_terminal(data: dict[str, Any], *, width: int = 120) -> str:
             for r in arows:
                 t.add_row(*r)
             console.print(t)
-    dh, drows = drift_rows(data)
-    if drows:
-        t = Table(title="hidden-state drift (worst prompt per layer)")
-        for h in dh:
-            t.add_column(h, justify="left" if h == "comparison" else "right")
-        for r in drows:
-            t.add_row(*r)
-        console.print(t)
+    for title, (hh, rr) in (("hidden-state drift, regression check (worst prompt per layer)", drift_rows(data)),
+                            ("drift budget: τ against injected feature error", ladder_rows(data)),
+                            ("drift gate: measured drift against the drafter's drift budget", gate_rows(data))):
+        if rr:
+            t = Table(title=title)
+            for h in hh:
+                t.add_column(h, justify="left" if h in ("comparison", "perturbation", "worst prompt") else "right")
+            for r in rr:
+                t.add_row(*r)
+            console.print(t)
+    if budget_line(data):
+        console.print(budget_line(data))
     tm = data.get("timings", {}).get("sum", {})
     if tm:
         console.print("timings (s, summed over processes): " + ", ".join(f"{k} {v:.2f}" for k, v in tm.items()))
@@ -191,9 +245,11 @@ def _title(data: dict[str, Any]) -> str:
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+    """A markdown table; a "|" inside a cell (|Δτ|) is escaped so it does not split the cell."""
+    def row(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([row(header), "|" + "|".join("---" for _ in header) + "|", *(row(r) for r in rows)])
 
 
 def render_markdown(data: dict[str, Any]) -> str:
@@ -220,7 +276,14 @@ def render_markdown(data: dict[str, Any]) -> str:
             parts += ["", f"### {title[0].upper()}{title[1:]}", "", _md_table(ah, arows)]
     dh, drows = drift_rows(data)
     if drows:
-        parts += ["", "### Hidden-state drift", "", _md_table(dh, drows)]
+        parts += ["", "### Hidden-state drift (regression check)", "", _md_table(dh, drows)]
+    if budget_line(data):
+        parts += ["", "### Drift budget and gate", "", budget_line(data), "", _md_table(*ladder_rows(data))]
+        gh, grows = gate_rows(data)
+        if grows:
+            parts += ["", _md_table(gh, grows)]
+        parts += ["", "Plot: `drift_budget.png` (τ and mean |Δτ| against the injected feature error, this run's "
+                  "measured drift marked)."]
     tm = data.get("timings", {})
     if tm.get("sum"):
         parts += ["", "### Timings (s)", "", f"wall {tm.get('wall_s')}; summed over processes: "

@@ -1,5 +1,5 @@
-"""Writing a run's reports (eval.json, eval.md, eval.png, $GITHUB_STEP_SUMMARY) and applying the golden-update
-options at the end of a run."""
+"""Writing a run's reports (eval.json, eval.md, eval.png, drift_budget.png, $GITHUB_STEP_SUMMARY) and applying the
+golden-update options at the end of a run."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 from dflash_eval import golden
 from dflash_eval.atomic import atomic_write_text
 from dflash_eval.floors import load_floors
+from dflash_eval.report.budget_plot import write_budget_plot
 from dflash_eval.report.plot import write_plot
 from dflash_eval.report.render import render_markdown
 from dflash_eval.report.strict_json import dumps_strict
@@ -28,6 +29,9 @@ def write_reports(data: dict[str, Any], report_dir: Path) -> dict[str, Path]:
     png = write_plot(data, report_dir / "eval.png")
     if png is not None:
         paths["png"] = png
+    budget_png = write_budget_plot(data, report_dir / "drift_budget.png")
+    if budget_png is not None:
+        paths["budget_png"] = budget_png
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         with open(summary, "a", encoding="utf-8") as fh:

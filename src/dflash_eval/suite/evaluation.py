@@ -19,8 +19,9 @@ from typing import Any
 import torch
 
 from dflash_eval.options import EvalSettings
-from dflash_eval.cache import cache_key
+from dflash_eval.cache import Expected, cache_key
 from dflash_eval.drift import Comparison, DriftStat, Side, drift_stat
+from dflash_eval.drift_budget import DriftBudget, GateCheck, gate_check, measure_ladder, parse_ladder
 from dflash_eval.provenance import device_kind, library_versions
 from dflash_eval.suite.feature_store import Features, FeatureStore
 from dflash_eval.suite.inputs import Inputs
@@ -30,12 +31,13 @@ from dflash_eval.tau import TauResult, simulate_tau
 
 __all__ = ["DrafterEvaluation", "PromptTau", "Drift"]
 
-def _code_digest() -> str:
-    """sha256 of the source of the modules that decide τ (tau, head, the drafter package): a change to any of
-    them invalidates memoised τ."""
+def _code_digest(*extra: str) -> str:
+    """sha256 of the source of the modules that decide τ (tau, head, the drafter package, and ``extra`` modules of
+    the package): a change to any of them invalidates memoised τ."""
     here = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for path in [here / "tau.py", here / "head.py", *sorted((here / "drafter").glob("*.py"))]:
+    paths = [here / "tau.py", here / "head.py", *sorted((here / "drafter").glob("*.py")), *(here / e for e in extra)]
+    for path in paths:
         h.update(path.relative_to(here).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()
@@ -71,6 +73,7 @@ class DrafterEvaluation:
         self.settings = settings or inputs.settings  # differs from the inputs' only in the drafter options
         self._tau: dict[tuple[Side, tuple[int, ...]], dict[str, PromptTau]] = {}
         self._drift: dict[str, Drift] = {}
+        self._budget: DriftBudget | None = None
         self._checkpoint: Any = None
 
     # ------------------------------------------------------------------------------------------------ drafter
@@ -212,3 +215,58 @@ class DrafterEvaluation:
     def drifts(self) -> dict[str, Drift]:
         """The comparisons computed so far."""
         return dict(self._drift)
+
+    # ------------------------------------------------------------------------------------------------ drift budget
+    @property
+    def budget_computed(self) -> bool:
+        return self._budget is not None
+
+    def drift_budget(self) -> DriftBudget:
+        """The drafter's drift budget (:mod:`dflash_eval.drift_budget`) on the reference side's features, memoised in
+        the cache under every input (drafter, code, feature entries, prompts, ladder, seed); the tolerance and the
+        safety factor are applied when it is read, so changing them recomputes nothing."""
+        if self._budget is None:
+            self._budget = self._memo_budget()
+        return self._budget
+
+    def _memo_budget(self) -> DriftBudget:
+        s, side, prompts = self.settings, self.inputs.reference_side, self.inputs.prompts
+        ladder = parse_ladder(s.drift_budget_ladder)
+        usable = [p for p in ladder if p.available]
+        base = self.tau_results if side == self.inputs.eval_side else self.tau_for(side, ())
+        base_tau = [base[p.id].chain.tau for p in prompts]
+        fields = {**self._tau_fields(side, ()),
+                  "code": _code_digest("drift_budget.py", "drift_ladder.py", "dtypes.py"),
+                  "prompt_ids": [p.id for p in prompts], "ladder": [p.label for p in usable],
+                  "seed": s.drift_budget_seed}
+
+        def produce() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+            comps, feats = self.completions(), self.features(side)
+            items = [(p.id, feats[p.id], torch.tensor(comps[p.id].sequence, dtype=torch.long),
+                      len(comps[p.id].prompt_ids)) for p in prompts]
+            with self.inputs.meter.timed("drift_budget"):
+                taus, inj = measure_ladder(self.drafter, self.inputs.head, items, usable, base_tau=base_tau,
+                                           seed=s.drift_budget_seed, max_blocks=s.max_blocks)
+            return ({"tau": torch.tensor(taus, dtype=torch.float64).reshape(len(usable), len(prompts)),
+                     "injected": torch.tensor(inj, dtype=torch.float64).reshape(len(usable), len(prompts),
+                                                                                 len(self.layer_ids))},
+                    {"prompt_ids": [p.id for p in prompts], "base": side.label, "ladder": [p.label for p in usable]})
+
+        shape = (len(usable), len(prompts))
+        expect = Expected(tensors={"tau": (torch.float64, shape),
+                                   "injected": (torch.float64, (*shape, len(self.layer_ids)))},
+                          meta={"prompt_ids": [p.id for p in prompts], "base": side.label,
+                                "ladder": [p.label for p in usable]})
+        entry = self.inputs.cache.get_or_produce("drift_budget", fields, produce, derived=True, expect=expect)
+        return DriftBudget.build(
+            drafter=self.checkpoint.fingerprint, base=side.label, prompt_ids=[p.id for p in prompts],
+            base_tau=base_tau, ladder=usable, taus=entry.tensors["tau"].tolist(),
+            injected=entry.tensors["injected"].tolist(), tol=s.drift_budget_tol, safety=s.drift_budget_safety,
+            seed=s.drift_budget_seed, spec=s.drift_budget_ladder,
+            skipped=[f"{p.label}: this torch has no such dtype" for p in ladder if not p.available])
+
+    def drift_gate(self, name: str) -> dict[int, GateCheck]:
+        """The gate of comparison ``name`` per target layer: its worst prompt's drift x safety <= the budget."""
+        d, budget = self.drift(name), self.drift_budget()
+        return {i: gate_check(name, i, {p: st[i].rel_err for p, st in d.stats.items()}, budget)
+                for i in self.layer_ids}

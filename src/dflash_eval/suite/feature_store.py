@@ -91,8 +91,7 @@ class FeatureStore:
     def _produce(self, completions: dict[str, CompletionRecord], todo: list[str], side: Side,
                  layers: tuple[int, ...]) -> None:
         inp = self.inputs
-        if side.backend == "fla":
-            check_backend_device("fla", inp.settings.torch_device)
+        check_backend_device(side.backend, inp.settings.torch_device)  # fla (with or without a fault) needs CUDA
         prog = Progress(f"target features ({side.label}, layers {list(layers)})", len(todo), inp.progress)
         jobs = []
         for pid in todo:

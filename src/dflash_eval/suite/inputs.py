@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from dflash_eval.backends import check_backend_device
 from dflash_eval.cache import Cache, Expected
 from dflash_eval.drift import Comparison, Side, drift_comparisons
 from dflash_eval.errors import ConfigError, DFlashEvalError, EvalError
@@ -122,7 +123,7 @@ class Inputs:
     @cached_property
     def comparisons(self) -> list[Comparison]:
         s = self.settings
-        return drift_comparisons(eval_backend=s.eval_backend, reference_backend=s.reference_backend,
+        return drift_comparisons(eval_backend=s.feature_backend, reference_backend=s.reference_backend,
                                  requested_backend=s.hidden_state_backend, device=s.torch_device,
                                  dtype=s.torch_dtype, rel_tol=s.drift_rel_tol, cos_tol=s.drift_cos_tol,
                                  accept_tol=s.drift_accept_tol)
@@ -135,7 +136,21 @@ class Inputs:
 
     @property
     def eval_side(self) -> Side:
-        return Side(self.settings.eval_backend, self.settings.torch_dtype)
+        """The evaluation's features: the evaluation backend (with ``--kernel-fault``) in the evaluation dtype."""
+        return Side(self.settings.feature_backend, self.settings.torch_dtype)
+
+    @property
+    def reference_side(self) -> Side:
+        """The features the drafter was trained on, in the evaluation dtype; the drift budget perturbs these.
+        ``--reference-backend`` (``auto``, or one that cannot run here such as fla on a CPU: the evaluation backend
+        without a kernel fault, as the drift comparisons do)."""
+        s = self.settings
+        ref = s.reference_backend if s.reference_backend != "auto" else s.eval_backend
+        try:
+            check_backend_device(ref, s.torch_device)
+        except DFlashEvalError:
+            ref = s.eval_backend
+        return Side(ref, s.torch_dtype)
 
     # ------------------------------------------------------------------------------------------------ target
     @property

@@ -69,6 +69,8 @@ class EvalResult:
     tau: TauSummary | None = None
     drift: list[dict[str, Any]] | None = None
     drift_accept: list[dict[str, Any]] | None = None
+    drift_budget: dict[str, Any] | None = None
+    drift_gate: list[dict[str, Any]] | None = None
     fingerprint: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -82,6 +84,8 @@ class EvalResult:
             out.update(self.tau.to_json())
         if self.drift is not None:
             out["drift"], out["drift_accept"] = self.drift, self.drift_accept
+        if self.drift_budget is not None:
+            out["drift_budget"], out["drift_gate"] = self.drift_budget, self.drift_gate or []
         if self.fingerprint is not None:
             out["fingerprint"] = self.fingerprint
         return out
@@ -166,11 +170,14 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
     result = EvalResult(
         worker=inp.worker_id, settings=s.to_dict(), timings={k: round(v, 4) for k, v in inp.meter.timings.items()},
         counts=dict(inp.meter.counts), cache=inp.cache.stats.to_dict(), sglang=sglang or None, target=target,
-        provenance=provenance(backend=s.eval_backend, dtype=s.torch_dtype, device=s.torch_device) if target else None,
-        tau=tau, fingerprint=fingerprint, context=context)
+        provenance=provenance(backend=s.feature_backend, dtype=s.torch_dtype, device=s.torch_device) if target
+        else None, tau=tau, fingerprint=fingerprint, context=context)
     if ev.checkpoint_read:
         ck = ev.checkpoint
         result.drafter = {"path": str(ck.source), "fingerprint": ck.fingerprint, "config": ck.config.to_dict()}
     if ev.drifts:
         result.drift, result.drift_accept = _drift_rows(ev)
+    if ev.budget_computed:
+        result.drift_budget = ev.drift_budget().to_json()
+        result.drift_gate = [g.to_json() for name in ev.drifts for g in ev.drift_gate(name).values()]
     return result

@@ -1,0 +1,130 @@
+"""The drift gate end to end on the bundled target and drafter (pytester, in-process), with kernel drift injected
+through the fault-injection backend (``--kernel-fault``):
+
+- drift under the drafter's budget passes ``test_drift_within_budget``, drift over it fails it, and the failure
+  says the drift matters for τ; eval.json's ``drift_gate`` rows agree with the verdicts;
+- the regression checks (``test_drift_regression``, ``test_fingerprint_regression``) fail on changed numerics with a
+  message saying so and giving the τ impact (within budget / over budget), consistent with the gate;
+- the budget is measured once and read from the cache by later runs.
+
+Run: ``pytest tests/test_drift_gate_suite.py -p no:cacheprovider``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET, DRAFTER = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter"
+pytestmark = pytest.mark.slow
+SELECT = "within_budget or drift_regression"
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    # Import the target's modeling module before the in-process runs: pytester restores sys.modules after each
+    # run, and a second run that loads the target (features under a new fault) would not find it again.
+    import transformers
+
+    from dflash_eval.backends import loaded_hybrid_modules
+
+    loaded_hybrid_modules()
+    transformers.Qwen3_5ForCausalLM  # noqa: B018
+    d = tmp_path_factory.mktemp("drift_gate")
+    return {"root": d, "cache": d / "cache"}
+
+
+@pytest.fixture
+def suite(pytester, dirs, monkeypatch):
+    shutil.copytree(ROOT / "tests_eval", pytester.path / "tests_eval")
+    pytester.makeconftest('pytest_plugins = ["dflash_eval.pytest_plugin"]')
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider --import-mode=importlib\n")
+    for k in [k for k in os.environ if k.startswith("DFLASH_EVAL_")]:
+        monkeypatch.delenv(k)
+
+    def run(*args: str, report: str, golden: Path | None = None):
+        res = pytester.runpytest_inprocess(
+            "tests_eval", "-q", "--target-model", str(TARGET), "--drafter", str(DRAFTER), "--prompts", "humaneval:2",
+            "--cache-dir", str(dirs["cache"]), "--golden-dir", str(golden or ROOT / "golden"),
+            "--floors-file", str(ROOT / "golden" / "tau_floors.json"), "--report-dir", str(dirs["root"] / report),
+            *args)
+        return res, json.loads((dirs["root"] / report / "eval.json").read_text())
+
+    def faulty(fault: str, *args: str, report: str):
+        # The fault changes τ, so the floors (recorded without it) apply only with --allow-settings-mismatch.
+        with pytest.warns(UserWarning, match="--allow-settings-mismatch"):
+            return run("-k", SELECT, "--kernel-fault", fault, "--allow-settings-mismatch", *args, report=report)
+
+    return run, faulty
+
+
+def reports(res, name: str) -> dict[str, object]:
+    return {r.nodeid.split("::")[-1]: r for r in res.reprec.getreports("pytest_runtest_logreport")
+            if (r.when == "call" or r.outcome != "passed") and r.nodeid.split("::")[-1].startswith(name)}
+
+
+def test_gate_passes_under_the_budget_and_fails_over_it(suite, dirs):
+    _, faulty = suite
+    res, data = faulty("noise:1e-3", report="under")
+    gate = reports(res, "test_drift_within_budget[")
+    assert res.ret == 0 and gate and all(r.outcome == "passed" for r in gate.values()), res.stdout.str()
+    assert {g["comparison"] for g in data["drift_gate"]} == {"torch+noise=0.001-vs-torch"}
+    b = data["drift_budget"]
+    assert b["budget"] > 0 and b["base"] == "torch/float32" and b["n_prompts"] == 2
+    assert all(g["passed"] and g["max_rel_err"] * b["safety"] <= b["budget"] for g in data["drift_gate"])
+    assert (dirs["root"] / "under" / "drift_budget.png").is_file()
+    out = res.stdout.str()
+    assert "drift gate: measured drift against the drafter's drift budget" in out and "drift budget of drafter" in out
+
+    res, data = faulty("noise:3", report="over")
+    gate = reports(res, "test_drift_within_budget[")
+    assert res.ret == 1 and gate and all(r.outcome == "failed" for r in gate.values()), res.stdout.str()
+    assert all(not g["passed"] and g["max_rel_err"] * b["safety"] > b["budget"] for g in data["drift_gate"])
+    msg = str(next(iter(gate.values())).longrepr)
+    assert "drift over budget (the drift matters for τ)" in msg and f"x safety factor {b['safety']:g}" in msg
+    regress = reports(res, "test_drift_regression[")
+    assert regress and all(r.outcome == "failed" for r in regress.values())
+    assert all("numerics regression" in str(r.longrepr) and "τ impact: over budget" in str(r.longrepr)
+               for r in regress.values())
+    assert data["drift_budget"]["levels"] == b["levels"]  # the same budget, read from the cache
+    produced = [json.loads(x) for x in (dirs["cache"] / "v1" / "produce.log").read_text().splitlines()]
+    assert sum(1 for x in produced if x["kind"] == "drift_budget") == 1
+
+
+def test_regression_failure_says_the_drift_is_within_budget(suite):
+    _, faulty = suite
+    # numerics changed beyond a tight regression tolerance, but far less than the budget (lenient τ tolerance)
+    res, data = faulty("noise:0.01", "--drift-rel-tol", "1e-3", "--drift-budget-tol", "1.0", report="mid")
+    gate = reports(res, "test_drift_within_budget[")
+    regress = reports(res, "test_drift_regression[")
+    assert all(r.outcome == "passed" for r in gate.values()) and gate, res.stdout.str()
+    failed = [r for r in regress.values() if r.outcome == "failed"]
+    assert failed and all("τ impact: within budget" in str(r.longrepr) for r in failed), res.stdout.str()
+    assert all(g["passed"] for g in data["drift_gate"])
+
+
+def test_fingerprint_regression_names_the_tau_impact(suite, dirs):
+    run, _ = suite
+    golden = dirs["root"] / "golden_changed"
+    shutil.copytree(ROOT / "golden", golden)
+    path = golden / "fingerprints" / "cpu-torch-float32.json"
+    fp = json.loads(path.read_text())
+    fp["layers"]["0"]["mean"] += 0.5  # not read by the drafter (target layers 1, 3, 5)
+    fp["layers"]["3"]["rms"] *= 2.0  # features at least 50 % off: over any budget
+    fp["layers"]["5"]["rms"] *= 1.001  # a small change: within the budget as far as the fingerprint tells
+    path.write_text(json.dumps(fp))
+    res, _ = run("-k", "fingerprint", golden=golden, report="fingerprint")
+    fps = reports(res, "test_fingerprint_regression[")
+    assert {k for k, r in fps.items() if r.outcome == "failed"} == {f"test_fingerprint_regression[L{i}]"
+                                                                   for i in (0, 3, 5)}, res.stdout.str()
+    text = {k: str(r.longrepr) for k, r in fps.items()}
+    assert all("the numerics changed since the golden was recorded" in text[f"test_fingerprint_regression[L{i}]"]
+               for i in (0, 3, 5))
+    assert "τ impact: none directly" in text["test_fingerprint_regression[L0]"]
+    assert "τ impact: over budget (at least 5.00e-01" in text["test_fingerprint_regression[L3]"]
+    assert "τ impact: within budget as far as this check can tell" in text["test_fingerprint_regression[L5]"]
