@@ -5,7 +5,9 @@ through the fault-injection backend (``--kernel-fault``):
   says the drift matters for τ; eval.json's ``drift_gate`` rows agree with the verdicts;
 - the regression checks (``test_drift_regression``, ``test_fingerprint_regression``) fail on changed numerics with a
   message saying so and giving the τ impact (within budget / over budget), consistent with the gate;
-- the budget is measured once and read from the cache by later runs.
+- the budget is measured once and read from the cache by later runs;
+- a kernel fault moves the golden fingerprint (the fingerprint check catches a kernel change), and a faulty run
+  never records a golden.
 
 Run: ``pytest tests/test_drift_gate_suite.py -p no:cacheprovider``
 """
@@ -114,6 +116,8 @@ def test_fingerprint_regression_names_the_tau_impact(suite, dirs):
     shutil.copytree(ROOT / "golden", golden)
     path = golden / "fingerprints" / "cpu-torch-float32.json"
     fp = json.loads(path.read_text())
+    for stats in fp["layers"].values():  # a golden from before sketches: judged on its statistics alone
+        stats.pop("sketch", None)
     fp["layers"]["0"]["mean"] += 0.5  # not read by the drafter (target layers 1, 3, 5)
     fp["layers"]["3"]["rms"] *= 2.0  # features at least 50 % off: over any budget
     fp["layers"]["5"]["rms"] *= 1.001  # a small change: within the budget as far as the fingerprint tells
@@ -128,3 +132,37 @@ def test_fingerprint_regression_names_the_tau_impact(suite, dirs):
     assert "τ impact: none directly" in text["test_fingerprint_regression[L0]"]
     assert "τ impact: over budget (at least 5.00e-01" in text["test_fingerprint_regression[L3]"]
     assert "τ impact: within budget as far as this check can tell" in text["test_fingerprint_regression[L5]"]
+
+
+
+def test_kernel_fault_moves_the_golden_fingerprint(suite, dirs):
+    """The fingerprint check catches a kernel change: a faulty delta-rule kernel moves the fingerprint against the
+    clean golden, the message names the fault, the layers that moved and the sketch's estimate of the feature change
+    with its τ impact; a small fault is within the budget, a large one over it."""
+    run, _ = suite
+    est = {}
+    for fault, report in (("noise:1e-3", "fp_small"), ("noise:0.3", "fp_large")):
+        with pytest.warns(UserWarning, match="--allow-settings-mismatch"):
+            res, data = run("-k", "fingerprint", "--kernel-fault", fault, "--allow-settings-mismatch", report=report)
+        assert data["fingerprint"]["kernel_fault"] == fault and data["fingerprint"]["backend"] == "torch"
+        fps = reports(res, "test_fingerprint_regression[")
+        assert fps and all(r.outcome == "failed" for r in fps.values()), res.stdout.str()
+        text = str(fps["test_fingerprint_regression[L3]"].longrepr)
+        assert f"--kernel-fault {fault}" in text and "cpu-torch-float32.json" in text
+        assert "estimated relative change of the features" in text and "layers that moved: [0, 1, 2" in text
+        est[fault] = float(text.split("estimated relative change of the features ")[1].split()[0])
+        assert ("τ impact: within budget" if fault == "noise:1e-3" else "τ impact: over budget") in text, text
+    # the sketch's estimate tracks the injected error (the features' true change is measured by the drift tests)
+    assert 1e-4 < est["noise:1e-3"] < 1e-2 < est["noise:0.3"] < 1.0, est
+
+
+def test_a_faulty_run_never_records_a_golden(suite, pytester, dirs):
+    golden = dirs["root"] / "golden_untouched"
+    shutil.copytree(ROOT / "golden", golden)
+    before = {p: p.read_bytes() for p in golden.rglob("*.json")}
+    res = pytester.runpytest_inprocess("tests_eval", "-q", "-k", "fingerprint", "--target-model", str(TARGET),
+                                       "--drafter", str(DRAFTER), "--golden-dir", str(golden), "--kernel-fault",
+                                       "noise:0.1", "--update-fingerprints", "--cache-dir", str(dirs["cache"]))
+    assert res.ret == pytest.ExitCode.USAGE_ERROR, res.stdout.str()
+    assert "golden records are never written from faulty kernels" in res.stderr.str() + res.stdout.str()
+    assert {p: p.read_bytes() for p in golden.rglob("*.json")} == before

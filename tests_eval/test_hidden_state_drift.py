@@ -14,8 +14,8 @@ Did the numerics change? (regression detection; a failure also says whether the 
 
 - ``test_drift_regression[<comparison>-<prompt>-L<layer>]``: relative L2 error and cosine of the features within
   the tight regression tolerance (``--drift-rel-tol`` / ``--drift-cos-tol``).
-- ``test_fingerprint_regression[L<layer>]``: summary statistics of every target layer's features of a fixed text on
-  the evaluation backend against ``golden/fingerprints/<device kind>-<backend>-<dtype>.json`` (catches drift across
+- ``test_fingerprint_regression[L<layer>]``: summary statistics and a random-projection sketch of every target
+  layer's features of a fixed text on the evaluation backend against ``golden/fingerprints/<device kind>-<backend>-<dtype>.json`` (catches drift across
   library upgrades); record with ``--update-fingerprints``; without a golden for the run's kind it skips.
 
 On a CPU-only machine (fla cannot run) the comparisons are torch chunked vs torch recurrent and bf16 vs fp32; the
@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from dflash_eval.backends import split_backend
+from dflash_eval.drift import fingerprint_change
 from dflash_eval.drift_budget import impact
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
@@ -156,12 +157,6 @@ def test_drift_regression(comparison, prompt_id, layer, eval_session, reference_
                 f"{_impact(eval_session, st.rel_err)}", pytrace=False)
 
 
-def _moved(want: dict, got: dict) -> dict[str, tuple[float, float | None]]:
-    """The statistics of one layer that differ from the golden by more than 1e-4 relative."""
-    return {k: (want[k], got.get(k)) for k in want
-            if got.get(k) is None or abs(got[k] - want[k]) > 1e-4 * max(1.0, abs(want[k]))}
-
-
 def test_fingerprint_regression(layer, eval_session) -> None:
     """Regression detection: the features of a fixed text, per target layer, equal the golden recorded for this
     run's device kind, evaluation backend and dtype (catches numerics that change with torch, triton, fla or
@@ -189,23 +184,27 @@ def test_fingerprint_regression(layer, eval_session) -> None:
         pytest.skip(f"golden fingerprint {path} was recorded with other token ids of its text (another tokenizer?)")
     want, got = golden["layers"].get(str(layer)), fp["layers"][str(layer)]
     assert want is not None, f"golden fingerprint {path} has no layer {layer}"
-    bad = _moved(want, got)
-    if bad:
-        moved = [int(i) for i, w in golden["layers"].items() if _moved(w, fp["layers"].get(i, {}))]
+    change = fingerprint_change(want, got)
+    if change.changed:
+        moved = [int(i) for i, w in golden["layers"].items() if fingerprint_change(w, fp["layers"].get(i, {})).changed]
         keys = ("torch", "triton", "fla", "transformers")
         was = {k: golden.get("versions", {}).get(k) for k in keys}
         now = {k: fp["versions"].get(k) for k in keys}
-        pytest.fail(f"fingerprint regression: the numerics changed since the golden was recorded ({path}): target "
-                    f"layer {layer}: " + ", ".join(f"{k}: golden {w:.6g}, now {g}" for k, (w, g) in bad.items())
-                    + f"; layers that moved: {sorted(moved)}; versions at recording {was}, now {now}; "
-                    + _fingerprint_impact(eval_session, layer, want, got), pytrace=False)
+        fault = f" (this run's kernels carry --kernel-fault {fp['kernel_fault']})" if fp.get("kernel_fault") else ""
+        pytest.fail(f"fingerprint regression: the numerics changed since the golden was recorded ({path}){fault}: "
+                    f"target layer {layer}: {change.describe()}; layers that moved: {sorted(moved)}; versions at "
+                    f"recording {was}, now {now}; " + _fingerprint_impact(eval_session, layer, want, got, change),
+                    pytrace=False)
 
 
-def _fingerprint_impact(eval_session, layer: int, want: dict, got: dict) -> str:
-    """τ impact of a changed fingerprint: none for a layer the drafter does not read; otherwise judged on the RMS
-    change, a lower bound of the relative feature change (| ||a|| - ||b|| | <= ||a - b||)."""
+def _fingerprint_impact(eval_session, layer: int, want: dict, got: dict, change) -> str:
+    """τ impact of a changed fingerprint: none for a layer the drafter does not read; otherwise judged on the
+    sketch's estimate of the relative feature change, or (a golden without a sketch) on the RMS change, a lower
+    bound of it (| ||a|| - ||b|| | <= ||a - b||)."""
     read = eval_session.evaluation.layer_ids
     if layer not in read:
         return f"τ impact: none directly (the drafter reads target layers {list(read)}, not {layer})"
+    if change.rel_change is not None:
+        return _impact(eval_session, change.rel_change)
     bound = abs(got["rms"] - want["rms"]) / want["rms"] if want.get("rms") and got.get("rms") is not None else 0.0
     return _impact(eval_session, bound, bound=True)

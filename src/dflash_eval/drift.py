@@ -2,8 +2,10 @@
 which comparisons a run makes with their tolerances.
 
 ``rel_err = ||a - e|| / ||e||`` and ``cos = <a, e> / (||a|| ||e||)`` over a whole [T, H] layer, computed in
-fp64 so the metric itself adds no error. ``fingerprint`` summarises a layer in a few statistics that a golden
-file can pin across library upgrades.
+fp64 so the metric itself adds no error. ``fingerprint`` summarises a layer in a few statistics and a
+random-projection sketch that a golden file can pin across library upgrades; ``sketch_rel_err`` estimates the
+relative L2 change of the whole layer from two sketches (so a golden fingerprint can say how far the features moved,
+not only that a statistic did).
 
 On a GPU with fla a run compares the evaluation backend against the reference backend (the one the drafter was
 trained on). Where the two are the same (a CPU, where fla cannot run): the chunked vs step-by-step torch paths and
@@ -22,7 +24,8 @@ from torch import Tensor
 from dflash_eval.backends import check_backend_device, fla_available, split_backend
 from dflash_eval.errors import DFlashEvalError
 
-__all__ = ["LayerDrift", "layer_drift", "fingerprint", "Side", "Comparison", "DriftStat", "drift_stat",
+__all__ = ["LayerDrift", "layer_drift", "fingerprint", "sketch", "sketch_rel_err", "SKETCH_DIM",
+           "FingerprintChange", "fingerprint_change", "FINGERPRINT_TOL", "Side", "Comparison", "DriftStat", "drift_stat",
            "drift_comparisons"]
 
 
@@ -50,8 +53,38 @@ def layer_drift(actual: Tensor, expected: Tensor) -> LayerDrift:
     return LayerDrift(rel_err=rel, cos=cos, max_abs=float(diff.abs().max()) if diff.numel() else 0.0)
 
 
-def fingerprint(features: Tensor) -> dict[str, float]:
-    """A few summary statistics of one layer's features [T, H] (fp64): mean, std, RMS, abs-max, mean row norm."""
+SKETCH_DIM = 8  # projections per position: the estimate's relative spread is about 1 / sqrt(2 T SKETCH_DIM)
+
+
+def _rademacher(hidden: int, k: int) -> Tensor:
+    """A fixed [hidden, k] matrix of +-1 / sqrt(k), from an integer hash of the index (no RNG, so it is the same on
+    every machine and torch version)."""
+    x = torch.arange(hidden * k, dtype=torch.int64) + 0x9E3779B9
+    for _ in range(2):
+        x = ((x >> 16) ^ x) * 0x45D9F3B & 0xFFFFFFFF
+    x = (x >> 16) ^ x
+    return ((1 - 2 * (x & 1)).to(torch.float64) / k ** 0.5).reshape(hidden, k)
+
+
+def sketch(features: Tensor, k: int = SKETCH_DIM) -> list[float]:
+    """``features [T, H] @ R [H, k]`` (fp64, flattened), R a fixed Rademacher matrix: a Johnson-Lindenstrauss
+    sketch. ``||sketch(a) - sketch(b)|| / ||sketch(b)||`` estimates ``||a - b|| / ||b||`` (:func:`sketch_rel_err`)."""
+    x = features.detach().to(torch.float64).reshape(-1, features.shape[-1])
+    return (x @ _rademacher(x.shape[-1], k)).flatten().tolist()
+
+
+def sketch_rel_err(actual: list[float], expected: list[float]) -> float:
+    """The relative L2 change of a layer's features estimated from two :func:`sketch` es of it."""
+    if len(actual) != len(expected):
+        raise ValueError(f"sketches of different sizes: {len(actual)} vs {len(expected)}")
+    a, e = torch.tensor(actual, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
+    en = e.norm()
+    return float((a - e).norm() / en) if en > 0 else float((a - e).norm())
+
+
+def fingerprint(features: Tensor) -> dict[str, Any]:
+    """Summary statistics of one layer's features [T, H] (fp64): mean, std, RMS, abs-max, mean row norm, and the
+    layer's :func:`sketch`."""
     x = features.detach().to(torch.float64)
     return {
         "mean": float(x.mean()),
@@ -59,7 +92,42 @@ def fingerprint(features: Tensor) -> dict[str, float]:
         "rms": float(x.pow(2).mean().sqrt()),
         "absmax": float(x.abs().max()),
         "row_norm_mean": float(x.norm(dim=-1).mean()),
+        "sketch": sketch(x),
     }
+
+
+FINGERPRINT_TOL = 1e-4  # relative: a statistic or the sketch estimate beyond this is a changed fingerprint
+
+
+@dataclass(frozen=True)
+class FingerprintChange:
+    """One layer's fingerprint against its golden: the statistics that moved (golden, now) and the relative L2
+    change of the features estimated from the sketches (``None`` when the golden has no sketch)."""
+
+    moved: dict[str, tuple[float, float | None]]
+    rel_change: float | None
+    tol: float = FINGERPRINT_TOL
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.moved) or (self.rel_change is not None and self.rel_change > self.tol)
+
+    def describe(self) -> str:
+        parts = [f"{k}: golden {w:.6g}, now {g}" for k, (w, g) in self.moved.items()]
+        if self.rel_change is not None:
+            parts.insert(0, f"estimated relative change of the features {self.rel_change:.2e} (sketch; tol "
+                            f"{self.tol:g})")
+        return ", ".join(parts)
+
+
+def fingerprint_change(want: dict[str, Any], got: dict[str, Any], tol: float = FINGERPRINT_TOL) -> FingerprintChange:
+    """Compare one layer's :func:`fingerprint` with its golden: statistics beyond ``tol`` relative, and the sketch
+    estimate of the relative feature change (where both have a sketch of one size)."""
+    moved = {k: (w, got.get(k)) for k, w in want.items() if k != "sketch"
+             if got.get(k) is None or abs(got[k] - w) > tol * max(1.0, abs(w))}
+    ws, gs = want.get("sketch"), got.get("sketch")
+    est = sketch_rel_err(gs, ws) if ws and gs and len(ws) == len(gs) else None
+    return FingerprintChange(moved, est, tol)
 
 
 @dataclass(frozen=True)

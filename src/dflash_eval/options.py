@@ -230,6 +230,9 @@ class EvalSettings:
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         parse_ladder(self.drift_budget_ladder)
+        if self.kernel_fault and (self.update_fingerprints or self.update_tau_floors):
+            raise ConfigError(f"--kernel-fault {self.kernel_fault} is a diagnostic: golden records are never written "
+                              "from faulty kernels; drop --update-fingerprints / --update-tau-floors, or the fault")
         self.feature_backend  # noqa: B018 - an unknown --kernel-fault: BackendError naming the forms
         for name in ("hidden_state_backend", "reference_backend"):
             if getattr(self, name) not in BACKENDS:

@@ -147,7 +147,9 @@ class FeatureStore:
     def fingerprint(self) -> dict[str, Any]:
         """Summary statistics of every target layer's features of :data:`FINGERPRINT_TEXT` on the evaluation
         backend, dtype and device (no second copy of the target is made), with the versions of the libraries whose
-        numerics they depend on (torch, triton, fla, transformers)."""
+        numerics they depend on (torch, triton, fla, transformers). Under ``--kernel-fault`` the kernels run with
+        the fault (``kernel_fault`` names it) while ``backend`` stays the clean one, so the run is compared with the
+        clean golden: the fault-injection hook is how the fingerprint check is seen to catch a kernel change."""
         if self._fingerprint is None:
             from dflash_eval.features import layer_features
 
@@ -156,11 +158,11 @@ class FeatureStore:
             ids = list(inp.tokenizer(FINGERPRINT_TEXT, add_special_tokens=False)["input_ids"])
             target = inp.target
             layers = list(range(target.num_layers))
-            with inp.meter.timed("target_forward"), use_backend(s.eval_backend, s.torch_device):
+            with inp.meter.timed("target_forward"), use_backend(s.feature_backend, s.torch_device):
                 feats = layer_features(target.model, torch.tensor(ids), layers)
             self._fingerprint = {
                 "target": inp.target_identity, "text": FINGERPRINT_TEXT, "tokens": ids_digest(ids),
-                "n_tokens": len(ids), "backend": s.eval_backend, "dtype": str(target.dtype).removeprefix("torch."),
+                "n_tokens": len(ids), "backend": s.eval_backend, "kernel_fault": s.kernel_fault, "dtype": str(target.dtype).removeprefix("torch."),
                 "device_kind": device_kind(s.torch_device),
                 "layers": {str(i): layer_fingerprint(feats[i]) for i in layers}, "versions": kernel_versions()}
         return self._fingerprint
