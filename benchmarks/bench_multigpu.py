@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def build_wide(out: Path, hidden: int, layers: int) -> tuple[Path, Path]:
@@ -57,9 +58,14 @@ def build_wide(out: Path, hidden: int, layers: int) -> tuple[Path, Path]:
 
 
 def run_suite(args: list[str], cache: Path, report: Path, timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "pytest", "tests_eval", "-q", "-p", "no:cacheprovider", "--cache-dir", str(cache),
-           "--report-dir", str(report), *args]
-    env = {**os.environ, "DFLASH_EVAL_PROGRESS": "0"}
+    """One suite run; with the time line of each of its processes (``benchmarks/timeline_plugin.py``)."""
+    from timeline_plugin import summarize
+
+    timeline = report.parent / f"timeline_{report.name}.jsonl"
+    cmd = [sys.executable, "-m", "pytest", "tests_eval", "-q", "-p", "no:cacheprovider", "-p", "timeline_plugin",
+           "--cache-dir", str(cache), "--report-dir", str(report), *args]
+    env = {**os.environ, "DFLASH_EVAL_PROGRESS": "0", "TIMELINE_FILE": str(timeline), "TIMELINE_T0": str(time.time()),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
@@ -69,7 +75,7 @@ def run_suite(args: list[str], cache: Path, report: Path, timeout: float) -> dic
     per_worker = Counter((m["worker"], m["kind"]) for m in made)
     return {"cmd": " ".join(cmd), "rc": p.returncode, "wall_s": round(wall, 2), "summary": p.stdout.strip().splitlines()[-1:],
             "timings": data.get("timings", {}), "verdicts": {k: r.get("passed") for k, r in data.get("prompts", {}).items()},
-            "mean_tau": data.get("mean_tau"),
+            "mean_tau": data.get("mean_tau"), "timeline": summarize(timeline),
             "produced": {f"{w}/{k}": n for (w, k), n in sorted(per_worker.items())},
             "produce_seconds": {w: round(sum(m["seconds"] or 0 for m in made if m["worker"] == w), 2)
                                 for w in {m["worker"] for m in made}}}
@@ -122,6 +128,7 @@ def main() -> None:
     for name, r in runs.items():
         print(f"[{name}] per-worker stage seconds: {json.dumps(r['timings'].get('per_worker', {}))}")
         print(f"[{name}] produced: {r['produced']}; production seconds per worker: {r['produce_seconds']}")
+        print(f"[{name}] time line (s from start): {json.dumps(r['timeline'])}")
     if ns.out:
         ns.out.parent.mkdir(parents=True, exist_ok=True)
         ns.out.write_text(json.dumps({"workload": ns.workload, "gpus": torch.cuda.device_count(), "args": vars(ns) | {

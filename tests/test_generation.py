@@ -69,5 +69,9 @@ def test_generation_groups_are_balanced_sorted_and_deterministic() -> None:
     assert generation_groups(lengths, 1) == [[p] for g in groups for p in g]
     assert generation_groups(lengths, 100) == [[p for g in groups for p in g]]
     assert generation_groups({}, 4) == []
+    order = [p for g in groups for p in g]
+    assert generation_groups(lengths, 100, min_groups=2) == [order[:3], order[3:]]  # one batch per xdist worker
+    assert generation_groups(lengths, 1, min_groups=2) == generation_groups(lengths, 1)
+    assert len(generation_groups({"a": 3}, 100, min_groups=2)) == 1  # never an empty batch
     with pytest.raises(ValueError, match="generation batch must be >= 1"):
         generation_groups(lengths, 0)

@@ -153,3 +153,18 @@ def test_update_modes_are_skipped_as_recorded(suite, dirs):
     assert tau and set(tau.values()) == {"skipped"}, oc
     skips = [r for r in res.reprec.getreports("pytest_runtest_logreport") if r.skipped]
     assert all("recorded" in str(r.longrepr) or "--baseline" in str(r.longrepr) for r in skips)
+
+
+def test_bad_input_under_xdist_is_one_usage_error_before_any_test(suite, dirs):
+    """Under -n 2 the controller checks the inputs while its workers start (the check imports torch): still one
+    usage error, and no test runs."""
+    bad = dirs["root"] / "bad_target_xdist"
+    bad.mkdir(exist_ok=True)
+    for f in TARGET.iterdir():
+        if f.name != "config.json" and not (bad / f.name).exists():
+            (bad / f.name).symlink_to(f)
+    (bad / "config.json").write_text('{"num_hidden_layers": 8,,}')
+    res, _ = suite("-n", "2", target=bad, report="badcfg_xdist")
+    out = res.stdout.str() + res.stderr.str()
+    assert res.ret == 4 and f"{bad}/config.json: not valid JSON" in out, out
+    assert not res.reprec.getreports("pytest_runtest_logreport"), "tests ran despite a usage error"

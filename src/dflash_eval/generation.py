@@ -86,11 +86,14 @@ def greedy_generate(
     return greedy_generate_batch(target, [prompt_ids], max_new_tokens, backend=backend, stop_at_eos=stop_at_eos)[0]
 
 
-def generation_groups(lengths: dict[str, int], batch: int) -> list[list[str]]:
+def generation_groups(lengths: dict[str, int], batch: int, min_groups: int = 1) -> list[list[str]]:
     """Split prompts (id -> prompt length) into ``ceil(n / batch)`` batches of near-equal size, longest prompts
-    first, so each batch holds prompts of similar length (little padding). Deterministic in its inputs."""
+    first, so each batch holds prompts of similar length (little padding). Deterministic in its inputs.
+
+    ``min_groups``: at least this many batches (at most one per prompt): under xdist one per worker, so that no
+    worker waits while another generates every completion in one batch."""
     if batch < 1:
         raise ValueError(f"generation batch must be >= 1, got {batch}")
     order = sorted(lengths, key=lambda p: (-lengths[p], p))
-    n_groups = -(-len(order) // batch)
+    n_groups = max(-(-len(order) // batch), min(min_groups, len(order)))
     return [order[g * len(order) // n_groups:(g + 1) * len(order) // n_groups] for g in range(n_groups)]

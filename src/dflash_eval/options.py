@@ -113,7 +113,8 @@ class EvalSettings:
     num_prompts: int | None = opt(None, "use only the first N prompts", "int")
     max_new_tokens: int = opt(128, "length of the reference completions (tokens)", "int")
     generation_batch: int = opt(32, "prompts per batch of local greedy generation (left-padded, similar lengths "
-                                "together; 1: one prompt at a time, unpadded)", "int")
+                                "together; under xdist at least one batch per worker; 1: one prompt at a time, "
+                                "unpadded)", "int")
     max_blocks: int | None = opt(None, "stop each τ simulation after this many speculative rounds", "int")
     online_tau: bool = opt(False, "also run the real speculative loop (the target verifies each drafted block) on "
                            "every prompt and report its τ and per-position acceptance beside the offline ones", "bool")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 import time
 from collections.abc import Generator
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = ["pytest_addoption", "pytest_configure", "pytest_configure_node", "pyt
 WORKEROUTPUT_KEY = "dflash_eval_fragment"
 SUITE_REPORT_ATTR = "dflash_eval_suite"  # set on the reports of tests that use the suite's fixtures
 CHECKED = pytest.StashKey[bool]()
+DEFERRED_CHECK = pytest.StashKey[bool]()
 MARKERS = (
     "slow: takes more than a few seconds on a 2-core CPU (deselect with -m 'not slow')",
     "gpu: needs a CUDA device; skipped on CPU-only machines with a reason naming what was not checked",
@@ -133,11 +135,45 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Bad options or inputs are one usage error (exit 4) before collection, when the run includes the suite."""
+    """Bad options or inputs are one usage error (exit 4) before collection, when the run includes the suite.
+
+    An xdist controller checks them when its test loop starts instead (:func:`pytest_runtestloop`): the check
+    imports torch, and done here it would delay the workers' start by that long. No test runs before it."""
     config = session.config
     if not is_controller(config) or not runs_suite(config) or config.option.collectonly:
         return
+    if config.pluginmanager.has_plugin("dsession"):
+        config.stash[DEFERRED_CHECK] = True
+        _prewarm_reports()
+        return
     _check_inputs(config)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> Generator[None, Any, Any]:
+    """xdist controller: the deferred input check, while the workers boot and before any test is scheduled."""
+    if session.config.stash.get(DEFERRED_CHECK, False):
+        _check_inputs(session.config)
+    return (yield)
+
+
+def _prewarm_reports() -> None:
+    """xdist controller: import what writing the reports takes (matplotlib, the report modules) in a background
+    thread while the workers run; the controller is idle then, and after the last worker these imports would add
+    seconds to the run."""
+
+    def work() -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+
+            import dflash_eval.report  # noqa: F401
+        except Exception:  # noqa: BLE001 - only a head start: the reports import again and report any error
+            pass
+
+    threading.Thread(target=work, name="dflash-eval-prewarm", daemon=True).start()
 
 
 def _check_inputs(config: pytest.Config) -> None:

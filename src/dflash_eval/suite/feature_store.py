@@ -149,20 +149,27 @@ class FeatureStore:
         backend, dtype and device (no second copy of the target is made), with the versions of the libraries whose
         numerics they depend on (torch, triton, fla, transformers). Under ``--kernel-fault`` the kernels run with
         the fault (``kernel_fault`` names it) while ``backend`` stays the clean one, so the run is compared with the
-        clean golden: the fault-injection hook is how the fingerprint check is seen to catch a kernel change."""
-        if self._fingerprint is None:
-            from dflash_eval.features import layer_features
+        clean golden: the fault-injection hook is how the fingerprint check is seen to catch a kernel change.
 
+        The features come from the cache like any prompt's (keyed on the target, backend, dtype, device kind and
+        library versions): under xdist one worker runs the forward and the others read it, and a warm run loads no
+        target for it."""
+        if self._fingerprint is None:
             inp = self.inputs
             s = inp.settings
-            ids = list(inp.tokenizer(FINGERPRINT_TEXT, add_special_tokens=False)["input_ids"])
-            target = inp.target
-            layers = list(range(target.num_layers))
-            with inp.meter.timed("target_forward"), use_backend(s.feature_backend, s.torch_device):
-                feats = layer_features(target.model, torch.tensor(ids), layers)
+            ids = [int(i) for i in inp.tokenizer(FINGERPRINT_TEXT, add_special_tokens=False)["input_ids"]]
+            layers = tuple(range(inp.target_dir.num_layers))
+            side = inp.eval_side  # the evaluation backend (with a kernel fault, if any) and dtype
+            feats = self._read_layers(ids, layers, side)
+            if len(feats) < len(layers):  # one forward, by whichever process takes the lock first
+                inp.cache.produce_many([Job("fingerprint-" + cache_key("fingerprint", self.fields(ids, -1, side)),
+                                            lambda: all(inp.cache.exists("features", self.key(ids, i, side))
+                                                        for i in layers),
+                                            lambda: self._extract("fingerprint", ids, layers, side))])
+                feats = self._read_layers(ids, layers, side)
             self._fingerprint = {
                 "target": inp.target_identity, "text": FINGERPRINT_TEXT, "tokens": ids_digest(ids),
-                "n_tokens": len(ids), "backend": s.eval_backend, "kernel_fault": s.kernel_fault, "dtype": str(target.dtype).removeprefix("torch."),
-                "device_kind": device_kind(s.torch_device),
+                "n_tokens": len(ids), "backend": s.eval_backend, "kernel_fault": s.kernel_fault,
+                "dtype": str(side.dtype).removeprefix("torch."), "device_kind": device_kind(s.torch_device),
                 "layers": {str(i): layer_fingerprint(feats[i]) for i in layers}, "versions": kernel_versions()}
         return self._fingerprint

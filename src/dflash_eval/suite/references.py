@@ -193,7 +193,8 @@ class References:
                                         lambda: self._fetch_sglang([p for p in todo if self._read(p) is None]))])
         else:
             prog = Progress("reference completions (local generation)", len(todo), inp.progress)
-            groups = generation_groups({p: len(self.prompt_ids(p)) for p in todo}, inp.settings.generation_batch)
+            groups = generation_groups({p: len(self.prompt_ids(p)) for p in todo}, inp.settings.generation_batch,
+                                       min_groups=inp.worker_count)
             jobs = [Job("completion-" + cache_key("batch", {"keys": [self._key(p, "local") for p in grp]}),
                         lambda grp=grp: all(self._local_cached(p) for p in grp),
                         lambda grp=grp: self._generate_local(grp, prog)) for grp in groups]

@@ -1,0 +1,73 @@
+"""A pytest plugin for benchmarks: when each process of a run (the controller and every xdist worker) reaches the
+points of a session, so a slow ``-n 2`` run can be taken apart (worker start, collection, tests, reports).
+
+Load it with ``-p timeline_plugin`` (``benchmarks/`` on ``PYTHONPATH``) and ``TIMELINE_FILE=<path>``; each event is
+one JSON line ``{"proc", "event", "t"}`` with ``t`` in seconds since ``TIMELINE_T0`` (a ``time.time()`` value, the
+run's start) and appended with one ``write`` (lines of concurrent processes do not interleave).
+:func:`summarize` turns the file into phases per process. Used by ``benchmarks/bench_multigpu.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_FIRST = pytest.StashKey[bool]()
+
+
+def _log(config: pytest.Config, event: str) -> None:
+    path = os.environ.get("TIMELINE_FILE")
+    if not path:
+        return
+    proc = getattr(config, "workerinput", {}).get("workerid", "controller")
+    line = json.dumps({"proc": proc, "event": event,
+                       "t": round(time.time() - float(os.environ.get("TIMELINE_T0", "0")), 3)}) + "\n"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _log(config, "configure")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _log(session.config, "sessionstart_done")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _log(session.config, "collected")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if not item.config.stash.get(_FIRST, False):
+        item.config.stash[_FIRST] = True
+        _log(item.config, "first_test")
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _log(item.config, "last_test_done")  # the last one written wins in :func:`summarize`
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _log(session.config, "sessionfinish")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _log(config, "unconfigure")
+
+
+def summarize(path: Path) -> dict[str, dict[str, float]]:
+    """Per process, the time of each event (its last occurrence), in seconds from the run's start."""
+    out: dict[str, dict[str, Any]] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            out.setdefault(e["proc"], {})[e["event"]] = e["t"]
+    return out
