@@ -107,10 +107,12 @@ class CacheStats:
     corrupted: list[str] = field(default_factory=list)
     read_s: float = 0.0
     write_s: float = 0.0
+    lock_wait_s: dict[str, float] = field(default_factory=dict)  # lock family (name before its key) -> seconds
 
     def to_dict(self) -> dict[str, Any]:
         return {"hits": self.hits, "misses": self.misses, "produced": self.produced,
-                "corrupted": list(self.corrupted), "read_s": round(self.read_s, 4), "write_s": round(self.write_s, 4)}
+                "corrupted": list(self.corrupted), "read_s": round(self.read_s, 4), "write_s": round(self.write_s, 4),
+                "lock_wait_s": {k: round(v, 3) for k, v in sorted(self.lock_wait_s.items())}}
 
 
 class Cache:
@@ -262,8 +264,12 @@ class Cache:
     def locked(self, name: str, *, blocking: bool = True) -> Iterator[bool]:
         """Hold the named file lock; yields False (without holding it) when ``blocking`` is False and it is busy."""
         lk = self.lock(name)
+        t0 = time.perf_counter()
         try:
             lk.acquire(timeout=None if blocking else 0)
+            if blocking:  # time spent waiting for another process (xdist worker) holding it
+                family = name.rsplit("-", 1)[0] if "-" in name else name
+                self.stats.lock_wait_s[family] = self.stats.lock_wait_s.get(family, 0.0) + time.perf_counter() - t0
         except Timeout:
             if blocking:
                 raise CacheError(f"timed out after {self.lock_timeout_s}s waiting for lock {self.lock_path(name)}")

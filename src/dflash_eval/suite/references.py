@@ -295,18 +295,37 @@ class References:
 
     # ------------------------------------------------------------------------------------------------ consistency
     def teacher_forced(self, pid: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(argmax, top1 - top2 logit margin) of the target at every position of prompt + completion."""
+        """(argmax, top1 - top2 logit margin) of the target at every position of prompt + completion.
+
+        Under xdist the first call produces every selected prompt's (:meth:`Cache.produce_many`: each worker starts
+        at its own offset and takes what no other worker holds), instead of one prompt per test: the tests of
+        different prompts land on different workers in no fixed order, and one lock per prompt would have the
+        workers take turns on them."""
         if pid not in self._argmax:
+            inp = self.inputs
+            if inp.worker_count > 1 and not self._argmax:
+                comps = self.completions()
+                jobs = [Job("argmax-job-" + cache_key("argmax", self._argmax_fields(comps[p.id].sequence)),
+                            lambda seq=comps[p.id].sequence: inp.cache.exists(
+                                "argmax", cache_key("argmax", self._argmax_fields(seq))),
+                            lambda p=p.id, seq=comps[p.id].sequence: self._teacher_forced_seq(p, seq))
+                        for p in inp.prompts]
+                inp.cache.produce_many(jobs, worker_index=inp.worker_index, worker_count=inp.worker_count)
             self._argmax[pid] = self._teacher_forced_seq(pid, self.completions()[pid].sequence)
         return self._argmax[pid]
+
+    def _argmax_fields(self, seq: list[int]) -> dict[str, Any]:
+        inp = self.inputs
+        s = inp.settings
+        return {"target": inp.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
+                "backend": s.eval_backend, "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
+                "versions": library_versions()}
 
     def _teacher_forced_seq(self, pid: str, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(argmax, margin) of one causal target forward over ``seq`` (cached under the exact tokens)."""
         inp = self.inputs
         s = inp.settings
-        fields = {"target": inp.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
-                  "backend": s.eval_backend, "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
-                  "versions": library_versions()}
+        fields = self._argmax_fields(seq)
 
         def produce() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
             with inp.meter.timed("target_forward"), use_backend(s.eval_backend, s.torch_device), torch.no_grad():
