@@ -1,6 +1,6 @@
 """Does ``pytest -n 2`` (one GPU per xdist worker) scale, and what does ``--device-map`` cost? Side by side in one run.
 
-For one workload, after a short warm-up (kernel compilation is not charged to either side), runs the suite cold
+For one workload, after a warm-up run (kernel compilation and autotuning are not charged to either side), runs the suite cold
 (a fresh cache each time) with ``-n 0`` and with ``-n 2``, and optionally
 ``-n 0 --device-map auto`` (one target spread over the GPUs), and prints wall time, the ratio, each worker's stage
 split from eval.json (``timings.per_worker``: where a worker spends or waits), what each worker produced
@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=32, help="prompts of the wide workload")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="completion length of the wide workload")
     ap.add_argument("--device-map", action="store_true", help="also run -n 0 with --device-map auto")
+    ap.add_argument("--no-warmup", action="store_true", help="skip the warm-up run (kernels known compiled)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per suite run (a hang guard)")
     ap.add_argument("--out", type=Path, help="write the measurements as JSON here")
     ns = ap.parse_args()
@@ -107,11 +108,11 @@ def main() -> None:
                 "--prompts", f"humaneval:{ns.num_prompts}", "--max-new-tokens", str(ns.max_new_tokens),
                 "--floors-file", str(work / "no_floors.json")] + (
             ["--hidden-state-backend", "fla", "--reference-backend", "torch", "--dtype", "bf16"] if gpu else [])
-    # Warm-up on a throwaway cache: Triton compiles fla's kernels once per machine (its disk cache), and that
-    # compile must not be charged to whichever run comes first.
-    warm = run_suite(base + ["-n", "0", "--num-prompts", "2", "-k", "tau"], work / "cache_warmup",
-                     work / "reports_warmup", ns.timeout)
-    print(f"warm-up     rc {warm['rc']}  wall {warm['wall_s']:8.2f} s (not compared)", flush=True)
+    # Warm-up: the whole -n 0 run once on a throwaway cache. Triton compiles fla's kernels once per machine and fla
+    # caches its autotuning results on disk (per shape); neither may be charged to whichever run comes first.
+    if not ns.no_warmup:
+        warm = run_suite(base + ["-n", "0"], work / "cache_warmup", work / "reports_warmup", ns.timeout)
+        print(f"warm-up     rc {warm['rc']}  wall {warm['wall_s']:8.2f} s (not compared)", flush=True)
     runs = {}
     for name, extra in [("n0", ["-n", "0"]), ("n2", ["-n", "2"])] + (
             [("device_map", ["-n", "0", "--device-map", "auto"])] if ns.device_map else []):

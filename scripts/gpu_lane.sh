@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU lane (stages, one or more per call: drift, suite, fp32, goldens, faults, scaling, wide, speed, budget;
+# The GPU lane (stages, one or more per call: drift, suite, fp32, goldens, faults, scaling, wide, speed, budget, profile;
 # default all = drift + suite) for a CUDA machine with
 # fla (see README "GPU lane"). Writes everything under $OUT
 # (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
@@ -86,8 +86,8 @@ timeout 560 python3 benchmarks/bench_multigpu.py --workload bundled --out "$OUT/
 fi
 if [ "$STAGE" = wide ]; then
 step "scaling: -n 0 vs -n 2 and --device-map on a random 27B-width target"
-timeout 560 python3 benchmarks/bench_multigpu.py --workload wide --wide-layers 16 --num-prompts "${WIDE_PROMPTS:-32}" \
-  --max-new-tokens 64 --device-map --out "$OUT/multigpu_wide.json" >> "$OUT/lane.log" 2>&1 || echo "wide rc=$?" >> "$OUT/lane.log"
+timeout "${WIDE_TIMEOUT:-560}" python3 benchmarks/bench_multigpu.py --workload wide --wide-layers 16 --num-prompts "${WIDE_PROMPTS:-32}" \
+  --max-new-tokens 64 ${WIDE_ARGS---device-map} --out "$OUT/multigpu_wide.json" >> "$OUT/lane.log" 2>&1 || echo "wide rc=$?" >> "$OUT/lane.log"
 fi
 if [ "$STAGE" = speed ]; then
 step "speed: batched vs one-at-a-time greedy generation, random 27B-width target (8 layers, bf16, fla)"
@@ -102,6 +102,10 @@ timeout 300 python3 benchmarks/bench_drafting.py --cache-dir /tmp/speedcache --o
 step "speed: offline (lock-step) vs online τ"
 timeout 120 python3 benchmarks/bench_core.py --dtype bf16 --backend fla --num-prompts 8 --json "$OUT/core_speed.json" \
   >> "$OUT/lane.log" 2>&1 || echo "core rc=$?" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = profile ]; then
+step "profile: extraction vs the FLOP floor and batched generation, by kernel family (random 27B-width target, bf16)"
+timeout 300 python3 benchmarks/gpu_profile.py --out "$OUT/gpu_profile.json" >> "$OUT/lane.log" 2>&1 || echo "profile rc=$?" >> "$OUT/lane.log"
 fi
 if [ "$STAGE" = faults ]; then
 # The fingerprint check seen catching a kernel change: fla's delta-rule kernel perturbed through --kernel-fault,

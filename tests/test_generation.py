@@ -58,10 +58,20 @@ def test_empty_input() -> None:
     assert greedy_generate_batch(SimpleNamespace(), [], 4) == []
 
 
+def test_generation_groups_balance_padded_size_not_count() -> None:
+    lengths = {f"long{i}": 600 for i in range(4)} | {f"short{i}": 100 for i in range(28)}
+    a, b = generation_groups(lengths, 32, min_groups=2)
+    assert a == [f"long{i}" for i in range(4)]  # the long prompts alone, the short ones together
+    # by count it would be 16 + 16 (600 x 16 = 9600 padded tokens against 1600); balanced: 2400 + 2800
+    assert (len(a) * 600, len(b) * 100) == (2400, 2800)
+
+
 def test_generation_groups_are_balanced_sorted_and_deterministic() -> None:
     lengths = {f"p{i}": n for i, n in enumerate([5, 40, 12, 40, 7, 33, 21])}
     groups = generation_groups(lengths, 3)
-    assert [len(g) for g in groups] == [2, 2, 3]  # ceil(7 / 3) = 3 batches of near-equal size
+    assert [len(g) for g in groups] == [2, 2, 3]  # ceil(7 / 3) = 3 batches, balanced by padded size
+    padded = [len(g) * max(lengths[p] for p in g) for g in groups]
+    assert max(padded) == 80  # [40, 40] | [33, 21] | [12, 7, 5]: no split into 3 batches of <= 3 does better
     assert sorted(p for g in groups for p in g) == sorted(lengths)
     flat = [lengths[p] for g in groups for p in g]
     assert flat == sorted(flat, reverse=True)  # longest first: similar lengths share a batch

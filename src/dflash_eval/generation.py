@@ -87,13 +87,44 @@ def greedy_generate(
 
 
 def generation_groups(lengths: dict[str, int], batch: int, min_groups: int = 1) -> list[list[str]]:
-    """Split prompts (id -> prompt length) into ``ceil(n / batch)`` batches of near-equal size, longest prompts
-    first, so each batch holds prompts of similar length (little padding). Deterministic in its inputs.
+    """Split prompts (id -> prompt length) into ``ceil(n / batch)`` batches of at most ``batch`` prompts, longest
+    first, so each batch holds prompts of similar length (little padding), balanced by padded size (a batch's
+    prompt count x its longest prompt: what a left-padded batch costs), not by count alone. Deterministic in its
+    inputs.
 
     ``min_groups``: at least this many batches (at most one per prompt): under xdist one per worker, so that no
     worker waits while another generates every completion in one batch."""
     if batch < 1:
         raise ValueError(f"generation batch must be >= 1, got {batch}")
     order = sorted(lengths, key=lambda p: (-lengths[p], p))
-    n_groups = max(-(-len(order) // batch), min(min_groups, len(order)))
-    return [order[g * len(order) // n_groups:(g + 1) * len(order) // n_groups] for g in range(n_groups)]
+    n = len(order)
+    n_groups = max(-(-n // batch), min(min_groups, n))
+    if n_groups == 0:
+        return []
+    lens = [max(1, lengths[p]) for p in order]
+
+    def split(cap: int) -> list[int] | None:
+        """Start indices of the fewest contiguous batches whose padded size is <= cap (None: more than n_groups)."""
+        starts, i = [], 0
+        while i < n:
+            starts.append(i)
+            j = i + 1
+            while j < n and j - i < batch and (j + 1 - i) * lens[i] <= cap:
+                j += 1
+            i = j
+        return starts if len(starts) <= n_groups else None
+
+    caps = sorted({k * lens[i] for i in range(n) for k in range(1, min(batch, n - i) + 1)})
+    lo, hi = 0, len(caps) - 1
+    while lo < hi:  # the smallest cap that needs no more than n_groups batches
+        mid = (lo + hi) // 2
+        if split(caps[mid]) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    starts = split(caps[lo]) or [0]
+    while len(starts) < n_groups:  # fewer batches than asked for: halve the largest splittable one
+        bounds = list(zip(starts, starts[1:] + [n]))
+        a, b = max((ab for ab in bounds if ab[1] - ab[0] > 1), key=lambda ab: (ab[1] - ab[0]) * lens[ab[0]])
+        starts = sorted(starts + [(a + b) // 2])
+    return [order[a:b] for a, b in zip(starts, starts[1:] + [n])]
