@@ -141,7 +141,6 @@ def main() -> int:
     for _ in range(3):
         x @ x
     rate = 2 * n ** 3 / timed(lambda: x @ x, 10)
-    del x
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 4096, (a.tokens,), generator=g)
     prompts = [torch.randint(0, 4096, (a.prompt_len,), generator=g).tolist() for _ in range(a.batch)]
