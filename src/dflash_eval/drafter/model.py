@@ -122,13 +122,16 @@ class DFlashAttention(nn.Module):
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
     def context_kv(self, ctx: Tensor, rope_ctx: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        """Keys (normed, rotated) and values of the projected context: ctx [N,T,H] -> ([N,T,kv,hd], [N,T,kv,hd]).
+        """Keys (normed, rotated) and values of the projected context: ctx [N,T,H] -> ([N,kv,hd,T], [N,kv,T,hd]).
 
-        They depend on the context alone (never on a block), so one computation serves every block and round."""
+        They depend on the context alone (never on a block), so one computation serves every block and round. They
+        are stored contiguous in the layouts the attention's batched matmuls read (keys transposed), so drafting
+        against them copies nothing (the einsum would otherwise copy them into these layouts on every forward)."""
         n, t = ctx.shape[:2]
         kc = _apply_rope(self.k_norm(self.k_proj(ctx).view(n, t, self.num_kv_heads, self.head_dim)),
                          rope_ctx[0][:, None, :], rope_ctx[1][:, None, :])
-        return kc, self.v_proj(ctx).view(n, t, self.num_kv_heads, self.head_dim)
+        vc = self.v_proj(ctx).view(n, t, self.num_kv_heads, self.head_dim)
+        return kc.permute(0, 2, 3, 1).contiguous(), vc.transpose(1, 2).contiguous()
 
     def forward(
         self,
@@ -137,7 +140,7 @@ class DFlashAttention(nn.Module):
         rope_blk: tuple[Tensor, Tensor],
         ctx_bias: Tensor,
     ) -> Tensor:
-        """x: [N,R,B,H] block stream; kv: the context's keys and values (:meth:`context_kv`, [N,T,kv,hd] each);
+        """x: [N,R,B,H] block stream; kv: the context's keys [N,kv,hd,T] and values [N,kv,T,hd] (:meth:`context_kv`);
         rope_blk: [N,R,B,hd]; ctx_bias: [N,1,1,R,1,T] additive mask (0 visible, -inf hidden) for the context keys.
 
         Scores against the context (shared by the R blocks of a sequence, never copied per block) and against the
@@ -145,7 +148,7 @@ class DFlashAttention(nn.Module):
         """
         n, r, b, _ = x.shape
         kc, vc = kv
-        t = kc.shape[1]
+        t = kc.shape[3]
         hd, nh, nkv = self.head_dim, self.num_heads, self.num_kv_heads
         g = nh // nkv
         dtype = x.dtype
@@ -155,10 +158,10 @@ class DFlashAttention(nn.Module):
         vb = self.v_proj(x).view(n, r, b, nkv, hd)
         qg = q.view(n, r, b, nkv, g, hd).permute(0, 3, 4, 1, 2, 5)  # [N,kv,g,R,B,hd]
         scale = hd ** -0.5
-        s_ctx = torch.einsum("nkgrbd,ntkd->nkgrbt", qg, kc).float() * scale + ctx_bias
+        s_ctx = torch.einsum("nkgrbd,nkdt->nkgrbt", qg, kc).float() * scale + ctx_bias
         s_blk = torch.einsum("nkgrbd,nrckd->nkgrbc", qg, kb).float() * scale
         p = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1).to(dtype)
-        o = torch.einsum("nkgrbt,ntkd->nkgrbd", p[..., :t], vc) + torch.einsum("nkgrbc,nrckd->nkgrbd", p[..., t:], vb)
+        o = torch.einsum("nkgrbt,nktd->nkgrbd", p[..., :t], vc) + torch.einsum("nkgrbc,nrckd->nkgrbd", p[..., t:], vb)
         return self.o_proj(o.permute(0, 3, 4, 1, 2, 5).reshape(n, r, b, nh * hd))
 
 
@@ -263,7 +266,7 @@ class DFlashDrafter(nn.Module):
 
 @dataclass(frozen=True)
 class ContextKV:
-    """Per-layer (keys, values) of N projected contexts, [N, T, kv heads, head_dim] each.
+    """Per-layer (keys [N, kv heads, head_dim, T], values [N, kv heads, T, head_dim]) of N projected contexts.
 
     Made by :meth:`DFlashDrafter.context_kv`. The drafter's context attention reads only these, so drafting many
     blocks (or many rounds) against the same context computes them once; :meth:`select` picks the contexts of the
@@ -273,10 +276,15 @@ class ContextKV:
 
     @property
     def length(self) -> int:
-        return int(self.layers[0][0].shape[1])
+        return int(self.layers[0][1].shape[2])
 
     def select(self, index: Tensor) -> ContextKV:
-        """The contexts at ``index`` (a [N'] long tensor) along the sequence dimension."""
+        """The contexts at ``index`` (a [N'] long tensor) along the sequence dimension: views when ``index`` is a
+        run of consecutive sequences (no copy), else copies."""
+        n = int(index.numel())
+        first = int(index[0]) if n else 0
+        if n and torch.equal(index.cpu(), torch.arange(first, first + n)):
+            return ContextKV([(k.narrow(0, first, n), v.narrow(0, first, n)) for k, v in self.layers])
         return ContextKV([(k.index_select(0, index), v.index_select(0, index)) for k, v in self.layers])
 
 
@@ -311,4 +319,6 @@ def draft_logits(drafter: DFlashDrafter, head: TargetHead, context: Tensor | Con
         (training); callers that only draft wrap it in ``torch.no_grad()``.
     """
     hidden = drafter(head.embed(blocks), context, starts)  # [N,R,B,H]
-    return head.logits(hidden[:, :, 1:]).float()
+    # contiguous: a strided 4-D input makes the lm_head a batched matmul against its weight expanded per block
+    # (about 2x the time); the flattened matmul gives the same values
+    return head.logits(hidden[:, :, 1:].contiguous()).float()
