@@ -21,7 +21,7 @@ from dflash_eval.errors import EvalError
 from dflash_eval.provenance import device_kind, kernel_versions, library_versions, provenance
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
-from dflash_eval.suite.references import CompletionRecord
+from dflash_eval.suite.references import CompletionRecord, argmax_fields, teacher_forced_tensors
 
 __all__ = ["FeatureStore", "FINGERPRINT_TEXT"]
 
@@ -99,7 +99,7 @@ class FeatureStore:
             group = {k: v for k, v in self.fields(seq, -1, side).items() if k != "layer"}
             jobs.append(Job("features-" + cache_key("featgroup", group),
                             lambda seq=seq: all(inp.cache.exists("features", self.key(seq, i, side)) for i in layers),
-                            prog.wrap(lambda pid=pid, seq=seq: self._extract(pid, seq, layers, side),
+                            prog.wrap(lambda pid=pid, seq=seq: self._extract(pid, seq, layers, side, True),
                                       lambda seq=seq: len(seq))))
         for pid in todo:
             seq = completions[pid].sequence
@@ -116,21 +116,44 @@ class FeatureStore:
             if lost:
                 raise EvalError(f"features of prompt {pid!r} layers {lost} missing after extraction")
 
-    def _extract(self, pid: str, seq: list[int], layers: tuple[int, ...], side: Side) -> None:
-        """One target forward for every layer of ``layers`` not cached yet; each layer written as its own entry."""
-        from dflash_eval.features import layer_features
+    def _shares_argmax(self, side: Side, seq: list[int]) -> bool:
+        """Whether the forward extracting ``side``'s features of ``seq`` should also give the teacher-forced argmax
+        (:meth:`References.teacher_forced`): the side is the evaluation backend (no kernel fault) in the evaluation
+        dtype, as the argmax's forward is, and the argmax is not cached yet."""
+        s = self.inputs.settings
+        return (side.backend == s.eval_backend and side.dtype == s.torch_dtype
+                and not self.inputs.cache.exists("argmax", cache_key("argmax", argmax_fields(self.inputs, seq))))
+
+    def _extract(self, pid: str, seq: list[int], layers: tuple[int, ...], side: Side,
+                 with_argmax: bool = False) -> None:
+        """One target forward for every layer of ``layers`` not cached yet; each layer written as its own entry.
+
+        ``with_argmax`` (:meth:`_shares_argmax`): the forward runs to the logits (the teacher-forced argmax's own
+        forward, with the layers captured on the way: the same features as a forward stopped after the deepest
+        layer, bit for bit) and writes the argmax entry too, so the argmax costs no forward of its own."""
+        from dflash_eval.features import LayerCapture, layer_features
 
         inp = self.inputs
         have = self._read_layers(seq, layers, side)
         missing = tuple(i for i in layers if i not in have)
         if not missing:
             return
-        model = inp.model_for(side.dtype)
+        with_argmax = with_argmax and self._shares_argmax(side, seq)
         t0 = time.perf_counter()
         with inp.meter.timed("target_forward"), use_backend(side.backend, inp.settings.torch_device) as info:
-            feats = layer_features(model, torch.tensor(seq, dtype=torch.long), list(missing))
+            if with_argmax:
+                model = inp.target.model
+                with torch.no_grad(), LayerCapture(model, missing) as cap:
+                    logits = model(input_ids=torch.tensor([seq], device=inp.target.device)).logits[0].float()
+                    feats = {i: t[0] for i, t in cap.per_layer().items()}
+            else:
+                feats = layer_features(inp.model_for(side.dtype), torch.tensor(seq, dtype=torch.long), list(missing))
         inp.meter.counts["target_forwards"] += 1
         dt = time.perf_counter() - t0
+        if with_argmax:
+            fields = argmax_fields(inp, seq)
+            inp.cache.write("argmax", cache_key("argmax", fields), teacher_forced_tensors(logits), fields=fields,
+                            meta={"prompt_id": pid}, seconds=dt)
         for i in missing:
             fields = self.fields(seq, i, side)
             meta = {"prompt_id": pid, "provenance": provenance(backend=info.name, dtype=side.dtype,

@@ -32,7 +32,8 @@ from dflash_eval.suite.conversations import HistoryMissing, turn_groups, turn_pr
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
 
-__all__ = ["CompletionRecord", "References", "SERVER_MAX_DISAGREEMENT", "out_of_vocab"]
+__all__ = ["CompletionRecord", "References", "SERVER_MAX_DISAGREEMENT", "argmax_fields", "out_of_vocab",
+           "teacher_forced_tensors"]
 
 _SOURCES = {"local": ("local",), "sglang": ("sglang",), "cache": ("local", "sglang")}
 #: Largest fraction of the first fetched completion's tokens that the local target's teacher-forced argmax may
@@ -315,28 +316,39 @@ class References:
         return self._argmax[pid]
 
     def _argmax_fields(self, seq: list[int]) -> dict[str, Any]:
-        inp = self.inputs
-        s = inp.settings
-        return {"target": inp.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
-                "backend": s.eval_backend, "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
-                "versions": library_versions()}
+        return argmax_fields(self.inputs, seq)
 
     def _teacher_forced_seq(self, pid: str, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(argmax, margin) of one causal target forward over ``seq`` (cached under the exact tokens)."""
+        """(argmax, margin) of one causal target forward over ``seq`` (cached under the exact tokens; the feature
+        store writes the entry too, from the forward that extracts the evaluation side's features)."""
         inp = self.inputs
         s = inp.settings
-        fields = self._argmax_fields(seq)
 
         def produce() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
             with inp.meter.timed("target_forward"), use_backend(s.eval_backend, s.torch_device), torch.no_grad():
                 logits = inp.target.model(input_ids=torch.tensor([seq], device=inp.target.device)).logits[0].float()
             inp.meter.counts["target_forwards"] += 1
-            top = logits.topk(2, dim=-1)
-            return {"argmax": top.indices[:, 0].cpu(), "margin": (top.values[:, 0] - top.values[:, 1]).cpu()}, \
-                {"prompt_id": pid}
+            return teacher_forced_tensors(logits), {"prompt_id": pid}
 
-        n = len(seq)
-        e = inp.cache.get_or_produce("argmax", fields, produce, what=f"teacher-forced argmax of {pid!r}",
-                                     expect=Expected(tensors={"argmax": (torch.int64, (n,)),
-                                                              "margin": (torch.float32, (n,))}))
+        e = inp.cache.get_or_produce("argmax", argmax_fields(inp, seq), produce,
+                                     what=f"teacher-forced argmax of {pid!r}", expect=argmax_expected(len(seq)))
         return e.tensors["argmax"], e.tensors["margin"]
+
+
+def argmax_fields(inp: Inputs, seq: list[int]) -> dict[str, Any]:
+    """Key fields of the teacher-forced argmax entry of ``seq``: the target's full causal forward on the evaluation
+    backend (no kernel fault) and dtype."""
+    s = inp.settings
+    return {"target": inp.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
+            "backend": s.eval_backend, "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
+            "versions": library_versions()}
+
+
+def argmax_expected(n: int) -> Expected:
+    return Expected(tensors={"argmax": (torch.int64, (n,)), "margin": (torch.float32, (n,))})
+
+
+def teacher_forced_tensors(logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The argmax entry's tensors from [T, V] float32 logits: argmax and top1 - top2 margin per position."""
+    top = logits.topk(2, dim=-1)
+    return {"argmax": top.indices[:, 0].cpu(), "margin": (top.values[:, 0] - top.values[:, 1]).cpu()}
