@@ -25,8 +25,8 @@ from dflash_eval.backends import check_backend_device, fla_available, split_back
 from dflash_eval.errors import DFlashEvalError
 
 __all__ = ["LayerDrift", "layer_drift", "fingerprint", "sketch", "sketch_rel_err", "SKETCH_DIM",
-           "FingerprintChange", "fingerprint_change", "FINGERPRINT_TOL", "FINGERPRINT_TOL_HALF", "fingerprint_tol",
-           "Side", "Comparison", "DriftStat", "drift_stat", "drift_comparisons"]
+           "FingerprintChange", "fingerprint_change", "FINGERPRINT_TOL", "Side", "Comparison", "DriftStat", "drift_stat",
+           "drift_comparisons"]
 
 
 @dataclass(frozen=True)
@@ -96,15 +96,7 @@ def fingerprint(features: Tensor) -> dict[str, Any]:
     }
 
 
-FINGERPRINT_TOL = 1e-4  # relative: a statistic or the sketch estimate beyond this is a changed fingerprint (fp32)
-# In bf16 / fp16 a kernel's own choices (an autotuned block size on another machine of the same kind) move a value by
-# one unit of the last place (2^-8 relative in bf16); only changes above that rounding noise are a changed fingerprint.
-FINGERPRINT_TOL_HALF = 1e-2
-
-
-def fingerprint_tol(dtype: str) -> float:
-    """The fingerprint tolerance for features in ``dtype`` (``"float32"``, ``"bfloat16"``, ...)."""
-    return FINGERPRINT_TOL_HALF if str(dtype).removeprefix("torch.") in ("bfloat16", "float16") else FINGERPRINT_TOL
+FINGERPRINT_TOL = 1e-4  # relative: a statistic or the sketch estimate beyond this is a changed fingerprint
 
 
 @dataclass(frozen=True)
