@@ -15,8 +15,9 @@ Did the numerics change? (regression detection; a failure also says whether the 
 - ``test_drift_regression[<comparison>-<prompt>-L<layer>]``: relative L2 error and cosine of the features within
   the tight regression tolerance (``--drift-rel-tol`` / ``--drift-cos-tol``).
 - ``test_fingerprint_regression[L<layer>]``: summary statistics and a random-projection sketch of every target
-  layer's features of a fixed text on the evaluation backend against ``golden/fingerprints/<device kind>-<backend>-<dtype>.json`` (catches drift across
-  library upgrades); record with ``--update-fingerprints``; without a golden for the run's kind it skips.
+  layer's features of a fixed text on the evaluation backend against
+  ``golden/fingerprints/<device kind>-<backend>-<dtype>.json`` (catches drift across library upgrades; 1e-4
+  relative); record with ``--update-fingerprints``; without a golden for the run's kind it skips.
 
 On a CPU-only machine (fla cannot run) the comparisons are torch chunked vs torch recurrent and bf16 vs fp32; the
 fla comparison is skipped with a reason saying fla was not checked. ``--kernel-fault`` perturbs the evaluation's

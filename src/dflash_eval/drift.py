@@ -25,8 +25,8 @@ from dflash_eval.backends import check_backend_device, fla_available, split_back
 from dflash_eval.errors import DFlashEvalError
 
 __all__ = ["LayerDrift", "layer_drift", "fingerprint", "sketch", "sketch_rel_err", "SKETCH_DIM",
-           "FingerprintChange", "fingerprint_change", "FINGERPRINT_TOL", "Side", "Comparison", "DriftStat", "drift_stat",
-           "drift_comparisons"]
+           "FingerprintChange", "fingerprint_change", "FINGERPRINT_TOL", "Side", "Comparison", "DriftStat",
+           "drift_stat", "drift_comparisons"]
 
 
 @dataclass(frozen=True)
