@@ -1,9 +1,10 @@
 """Does ``pytest -n 2`` (one GPU per xdist worker) scale, and what does ``--device-map`` cost? Side by side in one run.
 
-For one workload, after a warm-up run (kernel compilation and autotuning are not charged to either side), runs the suite cold
-(a fresh cache each time) with ``-n 0`` and with ``-n 2``, and optionally
+For one workload, after a warm-up run (kernel compilation and autotuning are not charged to either side), runs the
+suite cold (a fresh cache each time) with ``-n 0`` and with ``-n 2``, and optionally
 ``-n 0 --device-map auto`` (one target spread over the GPUs), and prints wall time, the ratio, each worker's stage
-split from eval.json (``timings.per_worker``: where a worker spends or waits), what each worker produced
+split from eval.json (``timings.per_worker``), when each worker ran each stage (``timings.spans``) and waited on
+another's lock (``cache.<worker>.lock_wait_s``), each process's time line, what each worker produced
 (``produce.log``), and whether the verdicts agree. Workloads:
 
 - ``bundled``: the bundled fixtures, full suite (fla in fp32 on a GPU): must never be slower with ``-n 2``;
@@ -59,12 +60,13 @@ def build_wide(out: Path, hidden: int, layers: int) -> tuple[Path, Path]:
 
 def run_suite(args: list[str], cache: Path, report: Path, timeout: float) -> dict[str, Any]:
     """One suite run; with the time line of each of its processes (``benchmarks/timeline_plugin.py``)."""
-    from timeline_plugin import summarize
+    from timeline_plugin import stage_windows, summarize
 
     timeline = report.parent / f"timeline_{report.name}.jsonl"
     cmd = [sys.executable, "-m", "pytest", "tests_eval", "-q", "-p", "no:cacheprovider", "-p", "timeline_plugin",
            "--cache-dir", str(cache), "--report-dir", str(report), *args]
-    env = {**os.environ, "DFLASH_EVAL_PROGRESS": "0", "TIMELINE_FILE": str(timeline), "TIMELINE_T0": str(time.time()),
+    t_start = time.time()
+    env = {**os.environ, "DFLASH_EVAL_PROGRESS": "0", "TIMELINE_FILE": str(timeline), "TIMELINE_T0": str(t_start),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -76,6 +78,8 @@ def run_suite(args: list[str], cache: Path, report: Path, timeout: float) -> dic
     return {"cmd": " ".join(cmd), "rc": p.returncode, "wall_s": round(wall, 2), "summary": p.stdout.strip().splitlines()[-1:],
             "timings": data.get("timings", {}), "verdicts": {k: r.get("passed") for k, r in data.get("prompts", {}).items()},
             "mean_tau": data.get("mean_tau"), "timeline": summarize(timeline),
+            "stage_windows": stage_windows(data.get("timings", {}).get("spans", {}), t_start),
+            "lock_wait_s": {w: c.get("lock_wait_s") for w, c in data.get("cache", {}).items()},
             "produced": {f"{w}/{k}": n for (w, k), n in sorted(per_worker.items())},
             "produce_seconds": {w: round(sum(m["seconds"] or 0 for m in made if m["worker"] == w), 2)
                                 for w in {m["worker"] for m in made}}}
@@ -130,6 +134,8 @@ def main() -> None:
         print(f"[{name}] per-worker stage seconds: {json.dumps(r['timings'].get('per_worker', {}))}")
         print(f"[{name}] produced: {r['produced']}; production seconds per worker: {r['produce_seconds']}")
         print(f"[{name}] time line (s from start): {json.dumps(r['timeline'])}")
+        print(f"[{name}] stage windows (first start, last end, seconds): {json.dumps(r['stage_windows'])}")
+        print(f"[{name}] lock waits (s): {json.dumps(r['lock_wait_s'])}")
     if ns.out:
         ns.out.parent.mkdir(parents=True, exist_ok=True)
         ns.out.write_text(json.dumps({"workload": ns.workload, "gpus": torch.cuda.device_count(), "args": vars(ns) | {

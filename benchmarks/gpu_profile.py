@@ -145,7 +145,8 @@ def main() -> int:
     ids = torch.randint(0, 4096, (a.tokens,), generator=g)
     prompts = [torch.randint(0, 4096, (a.prompt_len,), generator=g).tolist() for _ in range(a.batch)]
     layers = list(range(a.layers))
-    out: dict[str, Any] = {"versions": library_versions(), "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    out: dict[str, Any] = {"versions": library_versions(), "device": name,
                            "config": {"hidden": h, "layers": a.layers, "params_no_embed": n_params,
                                       "tokens": a.tokens, "batch": a.batch, "prompt_len": a.prompt_len,
                                       "new_tokens": a.new_tokens},

@@ -71,3 +71,15 @@ def summarize(path: Path) -> dict[str, dict[str, float]]:
             e = json.loads(line)
             out.setdefault(e["proc"], {})[e["event"]] = e["t"]
     return out
+
+
+def stage_windows(spans: dict[str, list[list[Any]]], t0: float) -> dict[str, dict[str, list[float]]]:
+    """eval.json ``timings.spans`` as, per worker and stage, ``[first start, last end, seconds spent]`` in seconds
+    from ``t0`` (the run's start): which stages of the workers overlapped and who waited."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for worker, rows in spans.items():
+        for stage, start, end in rows:
+            w = out.setdefault(worker, {}).setdefault(stage, [start - t0, end - t0, 0.0])
+            w[0], w[1], w[2] = min(w[0], start - t0), max(w[1], end - t0), w[2] + end - start
+    return {w: {k: [round(x, 2) for x in v] for k, v in sorted(st.items(), key=lambda kv: kv[1][0])}
+            for w, st in out.items()}

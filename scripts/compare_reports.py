@@ -1,5 +1,5 @@
 """Compare two reports/eval.json files field by field, ignoring what legitimately differs between runs (creation
-time, timings, cache read/write seconds).
+time, timings, cache read/write and lock-wait seconds).
 
 Used to check that a refactor preserves behaviour: run the full default suite before and after on a cold cache
 and compare the two reports. Exit 0 when they are equal, 1 with one line per differing field otherwise.
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-IGNORED = ("created", "timings", "cache.*.read_s", "cache.*.write_s")
+IGNORED = ("created", "timings", "cache.*.read_s", "cache.*.write_s", "cache.*.lock_wait_s")
 
 
 def _ignored(path: str, patterns: list[str]) -> bool:

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from dflash_eval.pytest_plugin.progress import ProgressReporter, WorkerFileSink, aggregate, interval
-from dflash_eval.suite.progress import Progress, ProgressEvent, throttled
+from dflash_eval.suite.progress import Meter, Progress, ProgressEvent, throttled
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = "dflash_eval.pytest_plugin"
@@ -138,3 +138,21 @@ def test_progress_under_xdist_comes_from_the_controller(progress_run):
     res = progress_run("-n", "2")
     assert res.ret == 0, res.stdout.str()
     res.stdout.fnmatch_lines(["[[]dflash-eval[]] synthetic stage: 3/3 prompts, 21 tokens, *, done"])
+
+
+def test_meter_records_when_each_stage_ran() -> None:
+    """Stages of 10 ms or more leave a (stage, start, end) span in epoch seconds; shorter ones only their sum."""
+    import time as _time
+
+    m = Meter()
+    before = _time.time()
+    with m.timed("features"):
+        _time.sleep(0.03)
+    with m.timed("tokenize"):
+        pass
+    with m.timed("features"):
+        _time.sleep(0.02)
+    assert [s[0] for s in m.spans] == ["features", "features"]
+    (_, a0, a1), (_, b0, b1) = m.spans
+    assert before - 0.01 <= a0 < a1 <= b0 + 0.002 < b1 + 0.002 <= _time.time() + 0.012  # ms rounding
+    assert m.timings["features"] >= 0.05 and "tokenize" in m.timings

@@ -35,7 +35,8 @@ eval.json (schema 1; documented in README.md)::
                      (when the budget was measured or read: the drift tests),
      "drift_gate": [{"comparison", "layer", "max_rel_err", "mean_rel_err", "worst_prompt", "budget", "safety",
                      "margin", "lower_bound", "passed"}],
-     "fingerprint": {...} (when computed), "timings": {"wall_s", "sum": {stage: s}, "per_worker": {w: {...}}},
+     "fingerprint": {...} (when computed), "timings": {"wall_s", "sum": {stage: s}, "per_worker": {w: {...}},
+     "spans": {w: [[stage, start, end]]}},
      "cache": {worker: {"hits", "misses", "produced", "corrupted", ...}},
      "tests": {"counts": {outcome: n}, "outcomes": {nodeid: outcome}}}
 """
@@ -105,7 +106,8 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
             total[k] += v
     out["timings"] = {"wall_s": None if wall_s is None else round(wall_s, 3),
                       "sum": {k: round(v, 3) for k, v in sorted(total.items())},
-                      "per_worker": {f.get("worker", "?"): f.get("timings", {}) for f in fragments}}
+                      "per_worker": {f.get("worker", "?"): f.get("timings", {}) for f in fragments},
+                      "spans": {f.get("worker", "?"): f.get("spans", []) for f in fragments if f.get("spans")}}
     out["counts"] = {f.get("worker", "?"): f.get("counts", {}) for f in fragments}
     out["cache"] = {f.get("worker", "?"): f.get("cache", {}) for f in fragments}
     oc = dict(outcomes or {})

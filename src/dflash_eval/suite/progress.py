@@ -21,19 +21,27 @@ __all__ = ["Meter", "Progress", "ProgressEvent", "Sink", "default_progress_sink"
 
 
 class Meter:
-    """Seconds per stage (``timings``) and event counts (``counts``), reported in eval.json."""
+    """Seconds per stage (``timings``), event counts (``counts``) and when each stage ran (``spans``: stage, start,
+    end in seconds since the epoch, for stages of at least :data:`SPAN_MIN_S`), reported in eval.json; the spans
+    line up the stages of xdist workers (who waited for whom)."""
+
+    SPAN_MIN_S = 0.01
 
     def __init__(self) -> None:
         self.timings: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
+        self.spans: list[tuple[str, float, float]] = []
 
     @contextmanager
     def timed(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         try:
             yield
         finally:
-            self.timings[name] += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.timings[name] += dt
+            if dt >= self.SPAN_MIN_S:
+                self.spans.append((name, round(wall0, 3), round(wall0 + dt, 3)))
 
 
 @dataclass(frozen=True)

@@ -72,11 +72,13 @@ class EvalResult:
     drift_budget: dict[str, Any] | None = None
     drift_gate: list[dict[str, Any]] | None = None
     fingerprint: dict[str, Any] | None = None
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """eval.json's fields for this process (a fragment, before merging across workers)."""
         out: dict[str, Any] = {"worker": self.worker, "settings": self.settings, "timings": self.timings,
-                               "counts": self.counts, "cache": self.cache, "errors": list(self.errors)}
+                               "counts": self.counts, "cache": self.cache, "errors": list(self.errors),
+                               "spans": [list(sp) for sp in self.spans]}
         for key in ("sglang", "target", "provenance", "drafter", "context"):
             if getattr(self, key):
                 out[key] = getattr(self, key)
@@ -169,7 +171,8 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
     target = inp.describe_target()
     result = EvalResult(
         worker=inp.worker_id, settings=s.to_dict(), timings={k: round(v, 4) for k, v in inp.meter.timings.items()},
-        counts=dict(inp.meter.counts), cache=inp.cache.stats.to_dict(), sglang=sglang or None, target=target,
+        counts=dict(inp.meter.counts), spans=list(inp.meter.spans), cache=inp.cache.stats.to_dict(),
+        sglang=sglang or None, target=target,
         provenance=provenance(backend=s.feature_backend, dtype=s.torch_dtype, device=s.torch_device) if target
         else None, tau=tau, fingerprint=fingerprint, context=context)
     if ev.checkpoint_read:
