@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from dflash_eval.options import EvalSettings
-from dflash_eval.cache import Expected, cache_key
+from dflash_eval.cache import Expected, Job, cache_key
 from dflash_eval.drift import Comparison, DriftStat, Side, drift_stat
-from dflash_eval.drift_budget import DriftBudget, GateCheck, gate_check, measure_ladder, parse_ladder
+from dflash_eval.drift_budget import DriftBudget, GateCheck, Perturbation, gate_check, measure_ladder, parse_ladder
 from dflash_eval.provenance import device_kind, library_versions
 from dflash_eval.suite.feature_store import Features, FeatureStore
 from dflash_eval.suite.inputs import Inputs
@@ -230,39 +230,76 @@ class DrafterEvaluation:
         return self._budget
 
     def _memo_budget(self) -> DriftBudget:
+        """One cache entry per ladder level (τ of every prompt and the injected errors under that perturbation), so
+        the levels can be measured by several xdist workers side by side (:meth:`Cache.produce_many` over groups of
+        levels, one group per worker; one group of all levels in a single process) and a changed ladder reuses the
+        levels it keeps. Within a group the levels go through one lock-step simulation."""
         s, side, prompts = self.settings, self.inputs.reference_side, self.inputs.prompts
+        cache = self.inputs.cache
         ladder = parse_ladder(s.drift_budget_ladder)
         usable = [p for p in ladder if p.available]
         base = self.tau_results if side == self.inputs.eval_side else self.tau_for(side, ())
         base_tau = [base[p.id].chain.tau for p in prompts]
-        fields = {**self._tau_fields(side, ()),
-                  "code": _code_digest("drift_budget.py", "drift_ladder.py", "dtypes.py"),
-                  "prompt_ids": [p.id for p in prompts], "ladder": [p.label for p in usable],
-                  "seed": s.drift_budget_seed}
+        ids = [p.id for p in prompts]
+        common = {**self._tau_fields(side, ()), "code": _code_digest("drift_budget.py", "drift_ladder.py", "dtypes.py"),
+                  "prompt_ids": ids, "seed": s.drift_budget_seed}
 
-        def produce() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        def fields(level: Perturbation) -> dict[str, Any]:
+            return {**common, "level": level.label}
+
+        def key(level: Perturbation) -> str:
+            return cache_key("drift_budget", fields(level))
+
+        def meta(level: Perturbation) -> dict[str, Any]:
+            return {"prompt_ids": ids, "base": side.label, "level": level.label}
+
+        def measure(levels: list[Perturbation]) -> dict[str, dict[str, torch.Tensor]]:
             comps, feats = self.completions(), self.features(side)
             items = [(p.id, feats[p.id], torch.tensor(comps[p.id].sequence, dtype=torch.long),
                       len(comps[p.id].prompt_ids)) for p in prompts]
             with self.inputs.meter.timed("drift_budget"):
-                taus, inj = measure_ladder(self.drafter, self.inputs.head, items, usable, base_tau=base_tau,
+                taus, inj = measure_ladder(self.drafter, self.inputs.head, items, levels, base_tau=base_tau,
                                            seed=s.drift_budget_seed, max_blocks=s.max_blocks)
-            return ({"tau": torch.tensor(taus, dtype=torch.float64).reshape(len(usable), len(prompts)),
-                     "injected": torch.tensor(inj, dtype=torch.float64).reshape(len(usable), len(prompts),
-                                                                                 len(self.layer_ids))},
-                    {"prompt_ids": [p.id for p in prompts], "base": side.label, "ladder": [p.label for p in usable]})
+            return {lv.label: {"tau": torch.tensor(t, dtype=torch.float64),
+                               "injected": torch.tensor(e, dtype=torch.float64).reshape(len(prompts),
+                                                                                        len(self.layer_ids))}
+                    for lv, t, e in zip(levels, taus, inj)}
 
-        shape = (len(usable), len(prompts))
-        expect = Expected(tensors={"tau": (torch.float64, shape),
-                                   "injected": (torch.float64, (*shape, len(self.layer_ids)))},
-                          meta={"prompt_ids": [p.id for p in prompts], "base": side.label,
-                                "ladder": [p.label for p in usable]})
-        entry = self.inputs.cache.get_or_produce("drift_budget", fields, produce, derived=True, expect=expect)
+        def produce_group(levels: list[Perturbation]) -> None:
+            todo = [lv for lv in levels if not cache.exists("drift_budget", key(lv))]
+            if todo:
+                got = measure(todo)
+                for lv in todo:
+                    cache.write("drift_budget", key(lv), got[lv.label], fields=fields(lv), meta=meta(lv))
+
+        measured: dict[str, dict[str, torch.Tensor]] = {}
+        todo = [lv for lv in usable if not cache.exists("drift_budget", key(lv))]
+        if todo and cache.cache_only:  # derived entries are computed but not written
+            measured = measure(todo)
+        elif todo:  # groups of the whole ladder (not of what is missing now): every worker forms the same groups
+            n = max(1, min(self.inputs.worker_count, len(usable)))
+            groups = [usable[g * len(usable) // n:(g + 1) * len(usable) // n] for g in range(n)]
+            cache.produce_many([Job("drift_budget-" + cache_key("budget_group", {"keys": [key(lv) for lv in grp]}),
+                                    lambda grp=grp: all(cache.exists("drift_budget", key(lv)) for lv in grp),
+                                    lambda grp=grp: produce_group(grp)) for grp in groups],
+                               worker_index=self.inputs.worker_index, worker_count=self.inputs.worker_count)
+
+        def produce_one(level: Perturbation) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+            if level.label not in measured:  # an entry that could not be read back: measured again, alone
+                measured.update(measure([level]))
+            return measured[level.label], meta(level)
+
+        n_p, n_l = len(prompts), len(self.layer_ids)
+        entries = [cache.get_or_produce("drift_budget", fields(lv), lambda lv=lv: produce_one(lv), derived=True,
+                                        expect=Expected(tensors={"tau": (torch.float64, (n_p,)),
+                                                                 "injected": (torch.float64, (n_p, n_l))},
+                                                        meta=meta(lv)))
+                   for lv in usable]
         return DriftBudget.build(
-            drafter=self.checkpoint.fingerprint, base=side.label, prompt_ids=[p.id for p in prompts],
-            base_tau=base_tau, ladder=usable, taus=entry.tensors["tau"].tolist(),
-            injected=entry.tensors["injected"].tolist(), tol=s.drift_budget_tol, safety=s.drift_budget_safety,
-            seed=s.drift_budget_seed, spec=s.drift_budget_ladder,
+            drafter=self.checkpoint.fingerprint, base=side.label, prompt_ids=ids, base_tau=base_tau, ladder=usable,
+            taus=[e.tensors["tau"].tolist() for e in entries],
+            injected=[e.tensors["injected"].tolist() for e in entries], tol=s.drift_budget_tol,
+            safety=s.drift_budget_safety, seed=s.drift_budget_seed, spec=s.drift_budget_ladder,
             skipped=[f"{p.label}: this torch has no such dtype" for p in ladder if not p.available])
 
     def drift_gate(self, name: str) -> dict[int, GateCheck]:

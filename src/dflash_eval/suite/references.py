@@ -194,7 +194,9 @@ class References:
                                         lambda: self._fetch_sglang([p for p in todo if self._read(p) is None]))])
         else:
             prog = Progress("reference completions (local generation)", len(todo), inp.progress)
-            groups = generation_groups({p: len(self.prompt_ids(p)) for p in todo}, inp.settings.generation_batch,
+            # Batches of every prompt of this turn group, cached or not (each batch generates only what is missing):
+            # every worker forms the same batches, hence takes the same locks, whatever another has written already.
+            groups = generation_groups({p: len(self.prompt_ids(p)) for p in pids}, inp.settings.generation_batch,
                                        min_groups=inp.worker_count)
             jobs = [Job("completion-" + cache_key("batch", {"keys": [self._key(p, "local") for p in grp]}),
                         lambda grp=grp: all(self._local_cached(p) for p in grp),
