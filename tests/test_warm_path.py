@@ -175,7 +175,7 @@ def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir
     assert kinds.count("completion") == 1  # the finished batch was written as soon as it was ready
     with monkeypatch.context() as m:
         gen = _Spy(m, generation_mod, "greedy_generate_batch")
-        _Spy(m, features_mod, "layer_features", fail_after=1)
+        _Spy(m, features_mod, "LayerCapture", fail_after=1)  # every feature forward captures through it
         s2 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path, generation_batch=2)
         with pytest.raises(KeyboardInterrupt):
             s2.tau_results  # noqa: B018
@@ -184,7 +184,7 @@ def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir
     assert kinds.count("completion") == 3 and kinds.count("features") == 3  # one prompt's 3 layers
     with monkeypatch.context() as m:
         gen = _Spy(m, generation_mod, "greedy_generate_batch")
-        forwards = _Spy(m, features_mod, "layer_features")
+        forwards = _Spy(m, features_mod, "LayerCapture")
         s3 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
         res = _taus(s3)
     assert gen.calls == [] and len(forwards.calls) == len(TEXTS) - 1 and set(res) == {"p0", "p1", "p2"}
