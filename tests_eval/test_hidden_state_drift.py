@@ -113,6 +113,19 @@ def _impact(eval_session, rel_err: float, *, bound: bool = False) -> str:
         return f"τ impact: unknown (the drift budget could not be measured: {type(exc).__name__}: {exc})"
 
 
+@pytest.fixture(scope="session")
+def budget_share(request, eval_session) -> None:
+    """Under xdist, when this run includes the gate: every worker that runs drift tests first takes its share of the
+    drift budget's ladder levels (the workers measure them side by side), instead of the one worker that happens to
+    get the gate tests measuring all of them while the others have nothing left to do."""
+    if eval_session.inputs.worker_count > 1 and any(
+            getattr(it, "originalname", "") == "test_drift_within_budget" for it in request.session.items):
+        try:
+            eval_session.drift_budget()
+        except DFlashEvalError:
+            pass  # the gate tests report it
+
+
 def test_drift_within_budget(comparison, layer, eval_session, reference_completions) -> None:
     """The gate: this comparison's drift at this layer is small enough not to matter for the drafter's τ."""
     if isinstance(comparison, SetupError):
@@ -131,7 +144,7 @@ def test_drift_within_budget(comparison, layer, eval_session, reference_completi
                     f"{b.describe()}; margin {g.margin:.2g}x, the gate needs >= {g.safety:g}x", pytrace=False)
 
 
-def test_functional_drift_accept_len(comparison, prompt_id, eval_session, reference_completions) -> None:
+def test_functional_drift_accept_len(comparison, prompt_id, eval_session, reference_completions, budget_share) -> None:
     if isinstance(comparison, SetupError):
         comparison.fail()
     d = eval_session.drift(comparison)
@@ -143,7 +156,7 @@ def test_functional_drift_accept_len(comparison, prompt_id, eval_session, refere
         f"{b:.3f}: |diff| {abs(a - b):.3f} > tol {c.accept_tol}")
 
 
-def test_drift_regression(comparison, prompt_id, layer, eval_session, reference_completions) -> None:
+def test_drift_regression(comparison, prompt_id, layer, eval_session, reference_completions, budget_share) -> None:
     """Regression detection: the two sides' features agree within the tight per-layer tolerance."""
     if isinstance(comparison, SetupError):
         comparison.fail()
