@@ -180,7 +180,7 @@ class FeatureStore:
         if self._fingerprint is None:
             inp = self.inputs
             s = inp.settings
-            ids = [int(i) for i in inp.tokenizer(FINGERPRINT_TEXT, add_special_tokens=False)["input_ids"]]
+            ids = inp.text_ids(FINGERPRINT_TEXT, "fingerprint")  # cached: a warm run loads no tokenizer
             layers = tuple(range(inp.target_dir.num_layers))
             side = inp.eval_side  # the evaluation backend (with a kernel fault, if any) and dtype
             feats = self._read_layers(ids, layers, side)

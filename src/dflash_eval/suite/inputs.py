@@ -299,6 +299,17 @@ class Inputs:
                 out[p.id] = e.tensors["ids"].tolist()
         return out
 
+    def text_ids(self, text: str, what: str) -> list[int]:
+        """Token ids of raw ``text`` (no chat template, no special tokens), cached like the prompt ids (keyed by the
+        tokenizer files and the text): a warm run needs no tokenizer, hence no transformers import, for them."""
+        fields = {"tokenizer": self.target_dir.tokenizer_digest(), "text": text, "add_special_tokens": False,
+                  "chat_template": "off"}
+        e = self.cache.get_or_produce("prompt_ids", fields, lambda: (
+            {"ids": torch.tensor([int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]],
+                                 dtype=torch.int64)}, {"text_of": what}), derived=True,
+            expect=Expected(tensors={"ids": (torch.int64, (None,))}))
+        return e.tensors["ids"].tolist()
+
     def _tokenize(self, p: Prompt) -> list[int]:
         ids = encode_prompt(self.tokenizer, p.text, chat_template=self.prompt_format["chat_template"],
                             thinking=bool(self.prompt_format["enable_thinking"]))
