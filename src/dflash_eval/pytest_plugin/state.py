@@ -3,6 +3,8 @@ session, the SGLang service, the results of workers and the test outcomes."""
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,7 +62,26 @@ def get_session(config: pytest.Config) -> EvalSession:
         session = EvalSession(settings)
         session.inputs.progress = progress_sink(config)
         config.stash[SESSION] = session
+        _freeze_heap_at_exit()
     return config.stash[SESSION]
+
+
+_FREEZE_REGISTERED = False
+
+
+def _freeze_heap_at_exit() -> None:
+    """At interpreter exit, move every object to the garbage collector's permanent generation (``gc.freeze``).
+
+    A process that held the session ends with the heap of torch and transformers (and the models) in memory; the
+    interpreter's shutdown then runs full garbage collections over all of it while it tears the modules down: about
+    1 s of a suite run's exit on the bundled fixtures, 0.4 s with the heap frozen (objects are still freed by their
+    reference counts; only cycles left at exit are not collected, which the interpreter never promises). Registered
+    once per process, and only run at its exit (never inside a longer-lived process, e.g. pytester's in-process
+    runs)."""
+    global _FREEZE_REGISTERED
+    if not _FREEZE_REGISTERED:
+        _FREEZE_REGISTERED = True
+        atexit.register(gc.freeze)
 
 
 def is_controller(config: pytest.Config) -> bool:
