@@ -147,6 +147,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         _prewarm_reports()
         return
     _check_inputs(config)
+    _prewarm_reports()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -158,9 +159,10 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, Any, Any]:
 
 
 def _prewarm_reports() -> None:
-    """xdist controller: import what writing the reports takes (matplotlib, the report modules) in a background
-    thread while the workers run; the controller is idle then, and after the last worker these imports would add
-    seconds to the run."""
+    """Import what writing the reports takes (matplotlib, the report modules) in a background thread while the
+    tests run: after the last test these imports would add about a second to the run. An xdist controller is idle
+    while its workers run; without xdist the tests' torch work leaves the interpreter lock free most of the time
+    (the inputs are checked first, so torch and the session's modules are imported by then)."""
 
     def work() -> None:
         try:
