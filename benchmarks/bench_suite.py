@@ -12,13 +12,13 @@ reports/eval.json (target load, tokenization, reference generation, feature forw
 imports, cache io), and whether -n 0 and -n 2 agree.
 
 ``--before DIR`` first runs the same cold suite from another checkout (its ``src`` and ``tests_eval``), for a
-before/after ratio measured side by side.
+before/after ratio measured side by side; ``--warm-repeat N`` then alternates N warm runs of both (medians).
 
 Run::
 
     .venv/bin/python benchmarks/bench_suite.py --skip-xdist               # bundled fixtures, full suite
     mkdir /tmp/old && git archive OLD_COMMIT | tar -x -C /tmp/old
-    .venv/bin/python benchmarks/bench_suite.py --skip-xdist --before /tmp/old
+    .venv/bin/python benchmarks/bench_suite.py --skip-xdist --before /tmp/old --warm-repeat 3
     .venv/bin/python benchmarks/bench_suite.py --k tau --skip-xdist -- --target-model DIR --drafter DIR
 """
 
@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-xdist", action="store_true", help="only the cold/warm comparison")
     ap.add_argument("--before", type=Path, default=None, help="a checkout of earlier code (e.g. git archive of an "
                                                               "older commit): its cold run goes first, for a ratio")
+    ap.add_argument("--warm-repeat", type=int, default=0, help="with --before: this many alternating warm runs of "
+                                                                 "the earlier code and this one (medians printed)")
     ap.add_argument("extra", nargs="*", help="extra pytest arguments (after --)")
     a = ap.parse_args(argv)
     sel = ["-k", a.k] if a.k else []
@@ -108,6 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cold / warm = {wall_c / wall_w:.1f}x; same verdicts: {outcomes(data_c) == outcomes(data_w)} "
           f"({len(outcomes(data_c))} tests, {sum(v == 'passed' for v in outcomes(data_c).values())} passed)")
     ok = outcomes(data_c) == outcomes(data_w) and rc_c == rc_w
+    if a.before and a.warm_repeat > 0:
+        warm: dict[str, list[tuple[float, float]]] = {"before": [], "now": []}
+        for i in range(a.warm_repeat):  # alternating, each on the cache its own cold run filled
+            for label, tree, cache in (("before", a.before.resolve(), tmp / "cache-before"),
+                                       ("now", ROOT, tmp / "cache")):
+                w, t, rc, _, _ = run(sel, cache, tmp / f"warm-{label}-{i}", a.extra, tree)
+                warm[label].append((w, float("nan") if t is None else t))
+                print(f"warm  {label:6s} round {i + 1}: wall {w:7.2f} s, pytest {t} s, rc={rc}")
+        med = {k: (statistics.median(w for w, _ in v), statistics.median(t for _, t in v)) for k, v in warm.items()}
+        print(f"warm  median of {a.warm_repeat}: before wall {med['before'][0]:.2f} s, pytest {med['before'][1]:.2f} s"
+              f" | now wall {med['now'][0]:.2f} s, pytest {med['now'][1]:.2f} s; {load()}")
     if not a.skip_xdist:
         w0, _, r0, d0, _ = run(["-n", "0", *sel], tmp / "cache-n0", tmp / "n0", a.extra)
         w2, _, r2, d2, _ = run(["-n", "2", *sel], tmp / "cache-n2", tmp / "n2", a.extra)
