@@ -38,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Leaf stages of reports/eval.json timings (completions and features contain generation and target_forward).
 STAGES = {"target load": "target_load", "tokenize prompts": "tokenize", "generation (target decode)": "generation",
-          "feature forwards": "target_forward", "drafting (τ simulations)": "drafting"}
+          "feature forwards": "target_forward", "drafting (τ simulations)": "drafting",
+          "drift budget (ladder sims)": "drift_budget"}
 
 
 def run(args: list[str], cache: Path, report: Path, extra: list[str],

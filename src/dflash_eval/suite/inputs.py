@@ -41,6 +41,17 @@ def _file_stamp(path: Path) -> list[Any]:
     return [path.name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
+_DEFAULT_THREADS: int | None = None
+
+
+def _default_threads() -> int:
+    """torch's intra-op thread count before this process first changed it (one per physical core)."""
+    global _DEFAULT_THREADS
+    if _DEFAULT_THREADS is None:
+        _DEFAULT_THREADS = max(1, torch.get_num_threads())
+    return _DEFAULT_THREADS
+
+
 class Inputs:
     """Drafter-independent inputs of one process (see module docstring)."""
 
@@ -59,9 +70,12 @@ class Inputs:
         self._set_threads()
 
     def _set_threads(self) -> None:
+        """CPU threads: ``--torch-threads``, else torch's own default (one per physical core) shared among the xdist
+        workers. Measured on 2 cores, a cold bundled run takes 48.5 s of pytest time with 2 threads against 55.5 s
+        with 1 (docs/benchmarks.md)."""
         if self.settings.torch_device.type != "cpu":
             return
-        n = self.settings.torch_threads or max(1, (os.cpu_count() or 1) // (2 * max(1, self.worker_count)))
+        n = self.settings.torch_threads or max(1, _default_threads() // max(1, self.worker_count))
         torch.set_num_threads(n)
         self.meter.counts["torch_threads"] = n
 
