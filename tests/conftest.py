@@ -5,6 +5,9 @@ Run: ``pytest tests`` (all unit tests) or ``pytest tests -m 'not slow'``.
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,25 @@ from dflash_eval.target import Target, load_target
 from dflash_eval.tiny import build_random_target, random_drafter_config
 
 pytest_plugins = ["pytester"]  # tests/test_options.py runs the eval-suite plugin in a pytest of its own
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def suite_checkout(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Path]:
+    """``suite_checkout(addopts="")``: the pytester directory made a checkout of the suite (a copy of tests_eval/, a
+    conftest loading the plugin, an ini with ``addopts`` after the common ones), with no ``DFLASH_EVAL_*`` variable
+    of the calling environment; returns the directory."""
+
+    def make(addopts: str = "") -> Path:
+        shutil.copytree(ROOT / "tests_eval", pytester.path / "tests_eval")
+        pytester.makeconftest('pytest_plugins = ["dflash_eval.pytest_plugin"]')
+        pytester.makeini(f"[pytest]\naddopts = -p no:cacheprovider --import-mode=importlib {addopts}".rstrip() + "\n")
+        for k in [k for k in os.environ if k.startswith("DFLASH_EVAL_")]:
+            monkeypatch.delenv(k)
+        return pytester.path
+
+    return make
 
 
 @pytest.fixture(scope="session")

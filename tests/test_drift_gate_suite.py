@@ -15,7 +15,6 @@ Run: ``pytest tests/test_drift_gate_suite.py -p no:cacheprovider``
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -42,12 +41,8 @@ def dirs(tmp_path_factory):
 
 
 @pytest.fixture
-def suite(pytester, dirs, monkeypatch):
-    shutil.copytree(ROOT / "tests_eval", pytester.path / "tests_eval")
-    pytester.makeconftest('pytest_plugins = ["dflash_eval.pytest_plugin"]')
-    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider --import-mode=importlib\n")
-    for k in [k for k in os.environ if k.startswith("DFLASH_EVAL_")]:
-        monkeypatch.delenv(k)
+def suite(pytester, dirs, suite_checkout):
+    suite_checkout()
 
     def run(*args: str, report: str, golden: Path | None = None):
         res = pytester.runpytest_inprocess(

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -37,14 +35,10 @@ def env_dirs(tiny_target_dir, tiny_drafter_dir, tmp_path_factory):
 
 
 @pytest.fixture
-def suite(pytester, env_dirs, monkeypatch):
+def suite(pytester, env_dirs, suite_checkout):
     """A directory holding the suite's test modules; ``suite(cache, *args, name=...)`` runs it in-process and
     returns (RunResult, eval.json path)."""
-    shutil.copytree(ROOT / "tests_eval", pytester.path / "tests_eval")
-    pytester.makeconftest('pytest_plugins = ["dflash_eval.pytest_plugin"]')
-    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider --import-mode=importlib --snapshot-warn-unused\n")
-    for k in [k for k in os.environ if k.startswith("DFLASH_EVAL_")]:
-        monkeypatch.delenv(k)
+    suite_checkout("--snapshot-warn-unused")
 
     def run(cache: Path, *args: str, name: str = "run", drafter: Path | None = None):
         out = env_dirs["root"] / name

@@ -13,7 +13,6 @@ Run: ``pytest tests/test_verdicts_suite.py -p no:cacheprovider``
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -43,12 +42,8 @@ def dirs(tmp_path_factory):
 
 
 @pytest.fixture
-def suite(pytester, dirs, monkeypatch):
-    shutil.copytree(ROOT / "tests_eval", pytester.path / "tests_eval")
-    pytester.makeconftest('pytest_plugins = ["dflash_eval.pytest_plugin"]')
-    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider --import-mode=importlib\n")
-    for k in [k for k in os.environ if k.startswith("DFLASH_EVAL_")]:
-        monkeypatch.delenv(k)
+def suite(pytester, dirs, suite_checkout):
+    suite_checkout()
 
     def run(*args: str, drafter: Path = DRAFTER, target: Path = TARGET, report: str = "r"):
         res = pytester.runpytest_inprocess(
@@ -126,13 +121,18 @@ def test_settings_mismatch_is_one_usage_error_and_gate_exit_2(suite, dirs, capsy
     assert rc == 2 and "recorded 128, this run 64" in err
 
 
-def test_invalid_target_config_is_one_message(suite, dirs, capsys):
-    bad = dirs["root"] / "bad_target"
+def _target_with_broken_config(bad: Path) -> Path:
+    """The bundled target's files linked into ``bad``, except a config.json that is not valid JSON."""
     bad.mkdir(exist_ok=True)
     for f in TARGET.iterdir():
         if f.name != "config.json" and not (bad / f.name).exists():
             (bad / f.name).symlink_to(f)
     (bad / "config.json").write_text('{"num_hidden_layers": 8,,}')
+    return bad
+
+
+def test_invalid_target_config_is_one_message(suite, dirs, capsys):
+    bad = _target_with_broken_config(dirs["root"] / "bad_target")
     res, _ = suite(target=bad, report="badcfg")
     out = res.stdout.str() + res.stderr.str()
     assert res.ret == 4 and f"{bad}/config.json: not valid JSON" in out, out
@@ -158,12 +158,7 @@ def test_update_modes_are_skipped_as_recorded(suite, dirs):
 def test_bad_input_under_xdist_is_one_usage_error_before_any_test(suite, dirs):
     """Under -n 2 the controller checks the inputs while its workers start (the check imports torch): still one
     usage error, and no test runs."""
-    bad = dirs["root"] / "bad_target_xdist"
-    bad.mkdir(exist_ok=True)
-    for f in TARGET.iterdir():
-        if f.name != "config.json" and not (bad / f.name).exists():
-            (bad / f.name).symlink_to(f)
-    (bad / "config.json").write_text('{"num_hidden_layers": 8,,}')
+    bad = _target_with_broken_config(dirs["root"] / "bad_target_xdist")
     res, _ = suite("-n", "2", target=bad, report="badcfg_xdist")
     out = res.stdout.str() + res.stderr.str()
     assert res.ret == 4 and f"{bad}/config.json: not valid JSON" in out, out
