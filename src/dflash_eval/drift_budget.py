@@ -107,6 +107,12 @@ def find_budget(points: Sequence[tuple[float, float]], tol: float) -> tuple[floa
     return budget, True, None
 
 
+
+def _finite_mean(values: Sequence[float]) -> float:
+    """Mean of the values that are not NaN (a prompt without a round has none); NaN when none is left."""
+    vals = [v for v in values if not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else float("nan")
+
 @dataclass
 class Level:
     """One perturbation's effect: its injected error and τ of every prompt against the unperturbed τ."""
@@ -119,8 +125,7 @@ class Level:
 
     @property
     def mean_tau(self) -> float:
-        vals = [t for t in self.tau if not math.isnan(t)]
-        return sum(vals) / len(vals) if vals else float("nan")
+        return _finite_mean(self.tau)
 
     @cached_property
     def summary(self) -> Summary:
@@ -178,8 +183,7 @@ class DriftBudget:
 
     @property
     def base_mean_tau(self) -> float:
-        vals = [t for t in self.base_tau if not math.isnan(t)]
-        return sum(vals) / len(vals) if vals else float("nan")
+        return _finite_mean(self.base_tau)
 
     @property
     def gate_limit(self) -> float:
