@@ -308,17 +308,13 @@ class References:
             inp = self.inputs
             if inp.worker_count > 1 and not self._argmax:
                 comps = self.completions()
-                jobs = [Job("argmax-job-" + cache_key("argmax", self._argmax_fields(comps[p.id].sequence)),
-                            lambda seq=comps[p.id].sequence: inp.cache.exists(
-                                "argmax", cache_key("argmax", self._argmax_fields(seq))),
+                keys = {p.id: cache_key("argmax", argmax_fields(inp, comps[p.id].sequence)) for p in inp.prompts}
+                jobs = [Job("argmax-job-" + keys[p.id], lambda k=keys[p.id]: inp.cache.exists("argmax", k),
                             lambda p=p.id, seq=comps[p.id].sequence: self._teacher_forced_seq(p, seq))
                         for p in inp.prompts]
                 inp.cache.produce_many(jobs, worker_index=inp.worker_index, worker_count=inp.worker_count)
             self._argmax[pid] = self._teacher_forced_seq(pid, self.completions()[pid].sequence)
         return self._argmax[pid]
-
-    def _argmax_fields(self, seq: list[int]) -> dict[str, Any]:
-        return argmax_fields(self.inputs, seq)
 
     def _teacher_forced_seq(self, pid: str, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(argmax, margin) of one causal target forward over ``seq`` (cached under the exact tokens; the feature
