@@ -18,15 +18,16 @@ from typing import Any
 import pytest
 
 _FIRST = pytest.StashKey[bool]()
+_LAST = pytest.StashKey[float]()
 
 
-def _log(config: pytest.Config, event: str) -> None:
+def _log(config: pytest.Config, event: str, at: float | None = None) -> None:
     path = os.environ.get("TIMELINE_FILE")
     if not path:
         return
     proc = getattr(config, "workerinput", {}).get("workerid", "controller")
-    line = json.dumps({"proc": proc, "event": event,
-                       "t": round(time.time() - float(os.environ.get("TIMELINE_T0", "0")), 3)}) + "\n"
+    t = (time.time() if at is None else at) - float(os.environ.get("TIMELINE_T0", "0"))
+    line = json.dumps({"proc": proc, "event": event, "t": round(t, 3)}) + "\n"
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(line)
 
@@ -51,11 +52,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    _log(item.config, "last_test_done")  # the last one written wins in :func:`summarize`
+    item.config.stash[_LAST] = time.time()  # written once, at the session's end
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _LAST in session.config.stash:
+        _log(session.config, "last_test_done", session.config.stash[_LAST])
     _log(session.config, "sessionfinish")
 
 
