@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dflash_eval.sglang.launch import group_members
+
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {"plugin": [], "no handler": ["-p", "no:dflash-eval-interrupt"]}
 
@@ -37,10 +39,8 @@ def free_port() -> int:
 
 
 def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
+    """No live (non-zombie) process is left in group ``pgid``."""
+    return not group_members(pgid)
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from sglang_standin import request_counts
 
+from dflash_eval.sglang.launch import group_members
+
 pytestmark = pytest.mark.sglang
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,10 +61,8 @@ def run_suite(tmp: Path, *args: str, timeout: float = 300) -> subprocess.Complet
 
 
 def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
+    """No live (non-zombie) process is left in group ``pgid``."""
+    return not group_members(pgid)
     # members may be zombies not yet reaped by their (dead) parent: count only live ones
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

@@ -27,7 +27,7 @@ from dflash_eval.sglang.client import wait_until_ready
 from dflash_eval.sglang.ports import check_port_free
 from dflash_eval.sglang.transport import SGLangError, log_tail, normalize_url
 
-__all__ = ["LaunchedServer", "process_alive"]
+__all__ = ["LaunchedServer", "group_members", "process_alive"]
 
 logger = logging.getLogger("dflash_eval.sglang")
 
@@ -51,7 +51,7 @@ def process_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _group_members(pgid: int) -> list[int]:
+def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) members of process group ``pgid``; falls back to a signal-0 probe without /proc."""
     proc = Path("/proc")
     if not proc.is_dir():
@@ -195,7 +195,7 @@ class LaunchedServer:
         deadline = time.monotonic() + self.term_timeout_s
         while time.monotonic() < deadline:
             process.poll()  # reap the leader so it stops counting as a member
-            if process.returncode is not None and not _group_members(pgid):
+            if process.returncode is not None and not group_members(pgid):
                 break
             time.sleep(0.05)
         else:
@@ -211,7 +211,7 @@ class LaunchedServer:
             except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
                 print(f"dflash-eval: SGLang server pid {process.pid} survived SIGKILL", file=sys.stderr)
             kill_deadline = time.monotonic() + 5.0
-            while _group_members(pgid) and time.monotonic() < kill_deadline:
+            while group_members(pgid) and time.monotonic() < kill_deadline:
                 time.sleep(0.05)
         logger.info("stopped SGLang server pid %d (%s), exit code %s", process.pid, self.url, process.returncode)
         return process.returncode
