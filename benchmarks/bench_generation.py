@@ -7,11 +7,15 @@ Bundled mode (CPU, the suite's default prompts and prompt formatting, fp32)::
 Wide mode (GPU lane: a randomly initialised Qwen3.5 text target at Qwen3.6-27B widths, random prompts with the
 bundled prompts' lengths, no EOS stop so every row runs the full length)::
 
-    python benchmarks/bench_generation.py --wide --dtype bf16 --out $OUT/bench_generation_h200.json
+    python benchmarks/bench_generation.py --wide --dtype bf16 --shapes fixed,free --warm-pass \
+        --out $OUT/bench_generation_h200.json
 
-Prints tokens/s of both ways and their ratio (``--batch 32,16``: each size; one-at-a-time generation runs
-interleaved with the first size, batch by batch, so both see the same load), and whether every prompt's ids are
-identical. A prompt whose ids differ is reported with the first differing position and the one-at-a-time
+Prints tokens/s of both ways and their ratio (``--batch 32,16``: each size; ``--shapes fixed,free``: each size
+with and without fixed batch shapes, see ``dflash_eval.generation``; one-at-a-time generation runs interleaved with
+the first combination, batch by batch, so both see the same load), and whether every prompt's ids are identical.
+Every batched pass includes the first calls of its shapes (compilation, autotuning), as a suite run would; a first
+call of one-at-a-time generation is made before timing, as a run's first prompt pays it once.
+``--warm-pass`` repeats the first combination once its shapes are compiled: the steady-state throughput. A prompt whose ids differ is reported with the first differing position and the one-at-a-time
 target's top1 - top2 logit margin there: a tiny margin is a near-tie flipped by summation order, a large one a bug.
 """
 
@@ -84,14 +88,17 @@ def _timer(dev: torch.device) -> float:
 
 
 def _run_batches(target: Any, prompts: dict[str, list[int]], groups: list[list[str]], n: int, backend: str,
-                 stop: bool, out: dict[str, Any]) -> None:
-    """Generate ``groups`` batch by batch; accumulate ids (``out["ids"]``) and seconds (``out["seconds"]``)."""
+                 stop: bool, fixed: bool, out: dict[str, Any]) -> None:
+    """Generate ``groups`` batch by batch; accumulate ids (``out["ids"]``), seconds (``out["seconds"]``) and each
+    batch's seconds (``out["batch_seconds"]``)."""
     ids = out.setdefault("ids", {})
     for grp in groups:
         t0 = _timer(target.device)
         ids.update(zip(grp, greedy_generate_batch(target, [prompts[p] for p in grp], n, backend=backend,
-                                                  stop_at_eos=stop)))
-        out["seconds"] = out.get("seconds", 0.0) + _timer(target.device) - t0
+                                                  stop_at_eos=stop, fixed_shapes=fixed)))
+        dt = _timer(target.device) - t0
+        out["seconds"] = out.get("seconds", 0.0) + dt
+        out.setdefault("batch_seconds", []).append(round(dt, 3))
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -119,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", default="32", help="prompts per batch (as --generation-batch of the suite); a comma "
                                                   "list measures each, e.g. 32,8,16,37 (the first is interleaved "
                                                   "with one-at-a-time generation, batch by batch)")
+    ap.add_argument("--shapes", default="auto", help="fixed, free or a comma list (each measured): batches padded "
+                                                     "to fixed shapes or not (auto: fixed on CUDA, as the suite)")
+    ap.add_argument("--warm-pass", action="store_true", help="repeat the first combination with its shapes compiled")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda")
     ap.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16")
     ap.add_argument("--backend", default="auto", help="linear-attention backend (auto: fla on CUDA, else torch)")
@@ -141,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     greedy_generate(target, next(iter(prompts.values()))[:8], 2, backend=args.backend, stop_at_eos=stop)  # warm-up
 
     sizes = [int(b) for b in str(args.batch).split(",")]
-    # One at a time and the first batch size interleaved batch by batch, so both see the same machine load.
+    shapes = ["fixed" if dev.type == "cuda" else "free"] if args.shapes == "auto" else args.shapes.split(",")
+    if not set(shapes) <= {"fixed", "free"}:
+        ap.error(f"--shapes: fixed, free or a comma list of them, got {args.shapes!r}")
+    combos = [(size, shape) for shape in shapes for size in sizes]
+    # One at a time and the first combination interleaved batch by batch, so both see the same machine load.
     one: dict[str, list[int]] = {}
     t_one = 0.0
     first: dict[str, Any] = {}
@@ -149,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = _timer(dev)
         one.update({p: greedy_generate(target, prompts[p], n, backend=args.backend, stop_at_eos=stop) for p in grp})
         t_one += _timer(dev) - t0
-        _run_batches(target, prompts, [grp], n, args.backend, stop, first)
+        _run_batches(target, prompts, [grp], n, args.backend, stop, combos[0][1] == "fixed", first)
     tokens_one = sum(map(len, one.values()))
     res: dict[str, Any] = {
         "mode": "wide" if args.wide else "bundled", "device": str(dev),
@@ -160,11 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{res['mode']} target on {dev} ({res['dtype']}, {res['threads']} threads), {len(prompts)} prompts x {n} "
           f"tokens; one at a time interleaved with batches of {sizes[0]}")
     print(f"  one at a time:     {t_one:8.2f} s  {res['one_at_a_time_tokens_per_s']:9.1f} tokens/s")
-    for k, size in enumerate(sizes):
+    if args.warm_pass:
+        combos.append(combos[0])
+    for k, (size, shape) in enumerate(combos):
         groups = generation_groups({p: len(ids) for p, ids in prompts.items()}, size)
         out = first if k == 0 else {}
         if k:
-            _run_batches(target, prompts, groups, n, args.backend, stop, out)
+            _run_batches(target, prompts, groups, n, args.backend, stop, shape == "fixed", out)
+        warm = args.warm_pass and k == len(combos) - 1
         batched, t_batch = out["ids"], out["seconds"]
         tokens = sum(map(len, batched.values()))
         diffs = []
@@ -174,12 +191,14 @@ def main(argv: list[str] | None = None) -> int:
                 m = margin_at(target, prompts[p], one[p], pos, args.backend) if pos < len(one[p]) else float("nan")
                 diffs.append({"prompt": p, "position": pos, "margin": m, "one": one[p][pos:pos + 4],
                               "batched": batched[p][pos:pos + 4]})
-        row = {"batch": size, "groups": [len(g) for g in groups], "seconds": t_batch, "tokens_per_s": tokens / t_batch,
+        row = {"batch": size, "shapes": shape, "warm_pass": warm, "groups": [len(g) for g in groups],
+               "batch_seconds": out["batch_seconds"], "seconds": t_batch, "tokens_per_s": tokens / t_batch,
                "speedup": (tokens / t_batch) / res["one_at_a_time_tokens_per_s"], "interleaved": k == 0,
                "identical_prompts": f"{len(prompts) - len(diffs)}/{len(prompts)}", "differences": diffs}
         res["batched"].append(row)
-        print(f"  batches of {size:3d}:   {t_batch:8.2f} s  {row['tokens_per_s']:9.1f} tokens/s   "
-              f"speedup {row['speedup']:.1f}x   identical ids {row['identical_prompts']}   groups {row['groups']}"
+        print(f"  batches of {size:3d} ({shape} shapes{', warm' if warm else ''}): {t_batch:8.2f} s  "
+              f"{row['tokens_per_s']:9.1f} tokens/s   speedup {row['speedup']:.1f}x   identical ids "
+              f"{row['identical_prompts']}   groups {row['groups']}   seconds per batch {row['batch_seconds']}"
               + ("" if k == 0 else "   (after the interleaved pass)"))
         for d in diffs:
             print(f"    {d['prompt']}: first difference at completion token {d['position']}, one-at-a-time "

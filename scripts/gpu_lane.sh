@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The GPU lane (stages, one or more per call: drift, suite, fp32, goldens, faults, scaling, wide, speed, budget, profile;
-# default all = drift + suite) for a CUDA machine with
-# fla (see README "GPU lane"). Writes everything under $OUT
+# The GPU lane (stages, one or more per call: drift, suite, fp32, goldens, faults, scaling, wide, gen, speed, budget,
+# profile; default all = drift + suite) for a CUDA machine with fla (see README "GPU lane"). Writes everything under $OUT
 # (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
 # transformers 5.23.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -89,13 +88,20 @@ step "scaling: -n 0 vs -n 2 and --device-map on a random 27B-width target"
 timeout "${WIDE_TIMEOUT:-560}" python3 benchmarks/bench_multigpu.py --workload wide --wide-layers 16 --num-prompts "${WIDE_PROMPTS:-32}" \
   --max-new-tokens 64 ${WIDE_ARGS---device-map} --out "$OUT/multigpu_wide.json" >> "$OUT/lane.log" 2>&1 || echo "wide rc=$?" >> "$OUT/lane.log"
 fi
-if [ "$STAGE" = speed ]; then
-step "speed: batched vs one-at-a-time greedy generation, random 27B-width target (8 layers, bf16, fla)"
-timeout 420 python3 benchmarks/bench_generation.py --wide --dtype bf16 --batch 32,16,37 \
+if [ "$STAGE" = speed ] || [ "$STAGE" = gen ]; then
+step "gen: first call vs warm call per batch shape (random 27B-width target, 8 layers, bf16, fla)"
+TRITON_PRINT_AUTOTUNING=1 timeout 240 python3 benchmarks/bench_first_call.py --out "$OUT/bench_first_call.json" \
+  > "$OUT/first_call.log" 2>&1 || echo "first call rc=$?" >> "$OUT/lane.log"
+grep -v "^Triton autotuning\|^best config" "$OUT/first_call.log" | tail -n 12 >> "$OUT/lane.log"
+echo "autotunings printed by Triton: $(grep -c '^Triton autotuning' "$OUT/first_call.log")" >> "$OUT/lane.log"
+step "gen: batched vs one-at-a-time greedy generation, fixed and free batch shapes (27B widths, 8 layers, bf16, fla)"
+timeout 300 python3 benchmarks/bench_generation.py --wide --dtype bf16 --batch 32 --shapes fixed,free --warm-pass \
   --out "$OUT/bench_generation_wide.json" >> "$OUT/lane.log" 2>&1 || echo "generation wide rc=$?" >> "$OUT/lane.log"
-step "speed: the same on the bundled target and prompts (fp32, fla): identical ids?"
-timeout 300 python3 benchmarks/bench_generation.py --dtype fp32 --batch 32,37 \
+step "gen: the same on the bundled target and prompts (fp32, fla): identical ids?"
+timeout 200 python3 benchmarks/bench_generation.py --dtype fp32 --batch 32 --shapes fixed,free \
   --out "$OUT/bench_generation_bundled.json" >> "$OUT/lane.log" 2>&1 || echo "generation bundled rc=$?" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = speed ]; then
 step "speed: drafting stage before / every-start table / lock-step (bundled, bf16, fla features)"
 timeout 300 python3 benchmarks/bench_drafting.py --cache-dir /tmp/speedcache --out "$OUT/bench_drafting.json" \
   hidden_state_backend=fla >> "$OUT/lane.log" 2>&1 || echo "drafting rc=$?" >> "$OUT/lane.log"
