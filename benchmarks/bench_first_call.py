@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="1x133,18x152,19x199,18x152,32x192,32x256",
                     help="comma list of ROWSxWIDTH batch shapes, each generated twice (first call, then warm)")
     ap.add_argument("--max-new-tokens", type=int, default=16, help="tokens per call")
+    ap.add_argument("--cudnn-attention", action="store_true", help="let torch pick cuDNN attention (off in the suite)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda")
     ap.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16")
     ap.add_argument("--backend", default="auto", help="linear-attention backend (auto: fla on CUDA, else torch)")
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     target, _ = wide_inputs(args)
     rng = random.Random(1)
     rows_out = []
-    print(f"first call vs warm call per batch shape, {args.max_new_tokens} new tokens, {args.wide_layers} layers")
+    print(f"first call vs warm call per batch shape, {args.max_new_tokens} new tokens, {args.wide_layers} layers, "
+          f"cuDNN attention {'allowed' if args.cudnn_attention else 'off'}")
     for spec in args.shapes.split(","):
         rows, width = (int(x) for x in spec.lower().split("x"))
         prompts = [[rng.randrange(2, args.wide_vocab) for _ in range(width)] for _ in range(rows)]
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             if prof:
                 prof.enable()
             greedy_generate_batch(target, prompts, args.max_new_tokens, backend=args.backend, stop_at_eos=False,
-                                  fixed_shapes=False)
+                                  fixed_shapes=False, cudnn_attention=args.cudnn_attention)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
@@ -98,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{split['triton_autotune_bench_s']:.2f} s in the first)", flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"device": str(target.device), "calls": rows_out}, indent=2) + "\n")
+        Path(args.out).write_text(json.dumps({"device": str(target.device), "cudnn_attention": args.cudnn_attention,
+                                              "max_new_tokens": args.max_new_tokens, "calls": rows_out}, indent=2)
+                                  + "\n")
     return 0
 
 

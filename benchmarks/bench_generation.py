@@ -7,12 +7,13 @@ Bundled mode (CPU, the suite's default prompts and prompt formatting, fp32)::
 Wide mode (GPU lane: a randomly initialised Qwen3.5 text target at Qwen3.6-27B widths, random prompts with the
 bundled prompts' lengths, no EOS stop so every row runs the full length)::
 
-    python benchmarks/bench_generation.py --wide --dtype bf16 --shapes fixed,free --warm-pass \
+    python benchmarks/bench_generation.py --wide --dtype bf16 --variants fixed,free --warm-pass \
         --out $OUT/bench_generation_h200.json
 
-Prints tokens/s of both ways and their ratio (``--batch 32,16``: each size; ``--shapes fixed,free``: each size
-with and without fixed batch shapes, see ``dflash_eval.generation``; one-at-a-time generation runs interleaved with
-the first combination, batch by batch, so both see the same load), and whether every prompt's ids are identical.
+Prints tokens/s of both ways and their ratio (``--batch 32,16``: each size; ``--variants fixed,free+cudnn``: each
+size with fixed or free batch shapes, ``+cudnn`` letting torch pick cuDNN attention, see
+``dflash_eval.generation``; one-at-a-time generation runs interleaved with the first combination, batch by batch,
+so both see the same load), and whether every prompt's ids are identical.
 Every batched pass includes the first calls of its shapes (compilation, autotuning), as a suite run would; a first
 call of one-at-a-time generation is made before timing, as a run's first prompt pays it once.
 ``--warm-pass`` repeats the first combination once its shapes are compiled: the steady-state throughput. A prompt whose ids differ is reported with the first differing position and the one-at-a-time
@@ -88,14 +89,15 @@ def _timer(dev: torch.device) -> float:
 
 
 def _run_batches(target: Any, prompts: dict[str, list[int]], groups: list[list[str]], n: int, backend: str,
-                 stop: bool, fixed: bool, out: dict[str, Any]) -> None:
+                 stop: bool, variant: str, out: dict[str, Any]) -> None:
     """Generate ``groups`` batch by batch; accumulate ids (``out["ids"]``), seconds (``out["seconds"]``) and each
     batch's seconds (``out["batch_seconds"]``)."""
     ids = out.setdefault("ids", {})
     for grp in groups:
         t0 = _timer(target.device)
         ids.update(zip(grp, greedy_generate_batch(target, [prompts[p] for p in grp], n, backend=backend,
-                                                  stop_at_eos=stop, fixed_shapes=fixed)))
+                                                  stop_at_eos=stop, fixed_shapes=variant.startswith("fixed"),
+                                                  cudnn_attention=variant.endswith("+cudnn"))))
         dt = _timer(target.device) - t0
         out["seconds"] = out.get("seconds", 0.0) + dt
         out.setdefault("batch_seconds", []).append(round(dt, 3))
@@ -126,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", default="32", help="prompts per batch (as --generation-batch of the suite); a comma "
                                                   "list measures each, e.g. 32,8,16,37 (the first is interleaved "
                                                   "with one-at-a-time generation, batch by batch)")
-    ap.add_argument("--shapes", default="auto", help="fixed, free or a comma list (each measured): batches padded "
-                                                     "to fixed shapes or not (auto: fixed on CUDA, as the suite)")
+    ap.add_argument("--variants", default="auto", help="comma list of fixed, free, fixed+cudnn, free+cudnn (each "
+                                                       "measured): batches padded to fixed shapes or not, +cudnn: "
+                                                       "cuDNN attention allowed (auto: the suite's, fixed on CUDA)")
     ap.add_argument("--warm-pass", action="store_true", help="repeat the first combination with its shapes compiled")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda")
     ap.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16")
@@ -151,10 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     greedy_generate(target, next(iter(prompts.values()))[:8], 2, backend=args.backend, stop_at_eos=stop)  # warm-up
 
     sizes = [int(b) for b in str(args.batch).split(",")]
-    shapes = ["fixed" if dev.type == "cuda" else "free"] if args.shapes == "auto" else args.shapes.split(",")
-    if not set(shapes) <= {"fixed", "free"}:
-        ap.error(f"--shapes: fixed, free or a comma list of them, got {args.shapes!r}")
-    combos = [(size, shape) for shape in shapes for size in sizes]
+    variants = ["fixed" if dev.type == "cuda" else "free"] if args.variants == "auto" else args.variants.split(",")
+    if not set(variants) <= {"fixed", "free", "fixed+cudnn", "free+cudnn"}:
+        ap.error(f"--variants: a comma list of fixed, free, fixed+cudnn, free+cudnn, got {args.variants!r}")
+    combos = [(size, variant) for variant in variants for size in sizes]
     # One at a time and the first combination interleaved batch by batch, so both see the same machine load.
     one: dict[str, list[int]] = {}
     t_one = 0.0
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = _timer(dev)
         one.update({p: greedy_generate(target, prompts[p], n, backend=args.backend, stop_at_eos=stop) for p in grp})
         t_one += _timer(dev) - t0
-        _run_batches(target, prompts, [grp], n, args.backend, stop, combos[0][1] == "fixed", first)
+        _run_batches(target, prompts, [grp], n, args.backend, stop, combos[0][1], first)
     tokens_one = sum(map(len, one.values()))
     res: dict[str, Any] = {
         "mode": "wide" if args.wide else "bundled", "device": str(dev),
@@ -176,11 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  one at a time:     {t_one:8.2f} s  {res['one_at_a_time_tokens_per_s']:9.1f} tokens/s")
     if args.warm_pass:
         combos.append(combos[0])
-    for k, (size, shape) in enumerate(combos):
+    for k, (size, variant) in enumerate(combos):
         groups = generation_groups({p: len(ids) for p, ids in prompts.items()}, size)
         out = first if k == 0 else {}
         if k:
-            _run_batches(target, prompts, groups, n, args.backend, stop, shape == "fixed", out)
+            _run_batches(target, prompts, groups, n, args.backend, stop, variant, out)
         warm = args.warm_pass and k == len(combos) - 1
         batched, t_batch = out["ids"], out["seconds"]
         tokens = sum(map(len, batched.values()))
@@ -191,12 +194,12 @@ def main(argv: list[str] | None = None) -> int:
                 m = margin_at(target, prompts[p], one[p], pos, args.backend) if pos < len(one[p]) else float("nan")
                 diffs.append({"prompt": p, "position": pos, "margin": m, "one": one[p][pos:pos + 4],
                               "batched": batched[p][pos:pos + 4]})
-        row = {"batch": size, "shapes": shape, "warm_pass": warm, "groups": [len(g) for g in groups],
+        row = {"batch": size, "variant": variant, "warm_pass": warm, "groups": [len(g) for g in groups],
                "batch_seconds": out["batch_seconds"], "seconds": t_batch, "tokens_per_s": tokens / t_batch,
                "speedup": (tokens / t_batch) / res["one_at_a_time_tokens_per_s"], "interleaved": k == 0,
                "identical_prompts": f"{len(prompts) - len(diffs)}/{len(prompts)}", "differences": diffs}
         res["batched"].append(row)
-        print(f"  batches of {size:3d} ({shape} shapes{', warm' if warm else ''}): {t_batch:8.2f} s  "
+        print(f"  batches of {size:3d} ({variant}{', warm' if warm else ''}): {t_batch:8.2f} s  "
               f"{row['tokens_per_s']:9.1f} tokens/s   speedup {row['speedup']:.1f}x   identical ids "
               f"{row['identical_prompts']}   groups {row['groups']}   seconds per batch {row['batch_seconds']}"
               + ("" if k == 0 else "   (after the interleaved pass)"))

@@ -89,17 +89,32 @@ timeout "${WIDE_TIMEOUT:-560}" python3 benchmarks/bench_multigpu.py --workload w
   --max-new-tokens 64 ${WIDE_ARGS---device-map} --out "$OUT/multigpu_wide.json" >> "$OUT/lane.log" 2>&1 || echo "wide rc=$?" >> "$OUT/lane.log"
 fi
 if [ "$STAGE" = speed ] || [ "$STAGE" = gen ]; then
-step "gen: first call vs warm call per batch shape (random 27B-width target, 8 layers, bf16, fla)"
-TRITON_PRINT_AUTOTUNING=1 timeout 240 python3 benchmarks/bench_first_call.py --out "$OUT/bench_first_call.json" \
-  > "$OUT/first_call.log" 2>&1 || echo "first call rc=$?" >> "$OUT/lane.log"
-grep -v "^Triton autotuning\|^best config" "$OUT/first_call.log" | tail -n 12 >> "$OUT/lane.log"
-echo "autotunings printed by Triton: $(grep -c '^Triton autotuning' "$OUT/first_call.log")" >> "$OUT/lane.log"
-step "gen: batched vs one-at-a-time greedy generation, fixed and free batch shapes (27B widths, 8 layers, bf16, fla)"
-timeout 300 python3 benchmarks/bench_generation.py --wide --dtype bf16 --batch 32 --shapes fixed,free --warm-pass \
-  --out "$OUT/bench_generation_wide.json" >> "$OUT/lane.log" 2>&1 || echo "generation wide rc=$?" >> "$OUT/lane.log"
-step "gen: the same on the bundled target and prompts (fp32, fla): identical ids?"
-timeout 200 python3 benchmarks/bench_generation.py --dtype fp32 --batch 32 --shapes fixed,free \
-  --out "$OUT/bench_generation_bundled.json" >> "$OUT/lane.log" 2>&1 || echo "generation bundled rc=$?" >> "$OUT/lane.log"
+# Every measurement below starts from an empty Triton cache (compiled kernels and fla's autotuning results live
+# there, across processes) unless it says it reuses one.
+step "gen: first call vs warm call per batch shape (random 27B-width target, 8 layers, bf16, fla): empty cache"
+probe() {  # $1: name, $2: Triton cache dir, then bench_first_call.py options
+  local name=$1 cache=$2; shift 2
+  TRITON_CACHE_DIR=$cache TRITON_PRINT_AUTOTUNING=1 timeout 200 python3 benchmarks/bench_first_call.py \
+    --shapes 1x133,18x152,19x199,32x192 --max-new-tokens 32 --out "$OUT/first_call_$name.json" "$@" \
+    > "$OUT/first_call_$name.log" 2>&1 || echo "first call $name rc=$?" >> "$OUT/lane.log"
+  grep -E "^(first call| +[0-9]+ x)" "$OUT/first_call_$name.log" >> "$OUT/lane.log"
+  echo "autotunings: $(grep -c '^Triton autotuning' "$OUT/first_call_$name.log")" >> "$OUT/lane.log"
+}
+probe empty /tmp/tc_probe
+step "gen: the same again with that cache filled, cuDNN attention allowed, then off"
+probe cudnn /tmp/tc_probe --cudnn-attention
+probe filled /tmp/tc_probe
+step "gen: batched vs one-at-a-time, 27B widths, 8 layers, bf16, fla: free shapes with cuDNN attention (as before)"
+TRITON_CACHE_DIR=/tmp/tc_gen1 timeout 240 python3 benchmarks/bench_generation.py --wide --dtype bf16 --batch 32 \
+  --variants free+cudnn --out "$OUT/bench_generation_wide_before.json" 2>&1 | grep -v "^    p[0-9]" >> "$OUT/lane.log"
+step "gen: the same, fixed shapes without cuDNN attention (the suite's default now), then free shapes, then warm"
+TRITON_CACHE_DIR=/tmp/tc_gen2 timeout 240 python3 benchmarks/bench_generation.py --wide --dtype bf16 --batch 32 \
+  --variants fixed,free --warm-pass --out "$OUT/bench_generation_wide.json" 2>&1 | grep -v "^    p[0-9]" >> "$OUT/lane.log"
+if [ "$STAGE" = speed ]; then
+  step "gen: the same on the bundled target and prompts (fp32, fla): identical ids?"
+  timeout 200 python3 benchmarks/bench_generation.py --dtype fp32 --batch 32 --variants fixed,free \
+    --out "$OUT/bench_generation_bundled.json" >> "$OUT/lane.log" 2>&1 || echo "generation bundled rc=$?" >> "$OUT/lane.log"
+fi
 fi
 if [ "$STAGE" = speed ]; then
 step "speed: drafting stage before / every-start table / lock-step (bundled, bf16, fla features)"

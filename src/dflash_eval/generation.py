@@ -25,7 +25,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +37,22 @@ from dflash_eval.backends import use_backend
 __all__ = ["greedy_generate", "greedy_generate_batch", "generation_groups", "fixed_batch_shape"]
 
 WIDTH_MULTIPLE = 64  # prompt widths of fixed-shape batches: the chunk size of fla's chunked delta rule
+
+
+@contextlib.contextmanager
+def attention_backends(device: torch.device | str, cudnn: bool = False) -> Iterator[None]:
+    """Scaled-dot-product attention during generation: on CUDA without the cuDNN backend unless ``cudnn``.
+
+    A left-padded batch passes an attention mask to every full-attention layer, and for a masked bf16 call on an
+    H200 torch picks cuDNN, which builds an execution plan on the first call of every new shape, and a decode step
+    has a new shape each token (the key length grows). Flash / memory-efficient attention need no plan."""
+    if torch.device(device).type != "cuda" or cudnn:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        yield
 
 
 def fixed_batch_shape(rows: int, width: int) -> tuple[int, int]:
@@ -55,6 +72,7 @@ def greedy_generate_batch(
     backend: str = "auto",
     stop_at_eos: bool = True,
     fixed_shapes: bool | None = None,
+    cudnn_attention: bool = False,
 ) -> list[list[int]]:
     """Greedy (argmax) continuations of ``prompts`` in one left-padded batch: the generated ids of each prompt,
     at most ``max_new_tokens``, each cut after its first EOS (included) when ``stop_at_eos``.
@@ -62,7 +80,8 @@ def greedy_generate_batch(
     Runs ``model.generate`` with the target's cache (chunked prefill, recurrent decode for hybrid layers) under
     the chosen linear-attention backend. A single prompt is not padded at all. ``fixed_shapes`` (default: on
     CUDA only) pads the batch to :func:`fixed_batch_shape`; filler rows repeat the first prompt, so they finish
-    when it does and never keep the batch running.
+    when it does and never keep the batch running. ``cudnn_attention``: let torch pick cuDNN attention (see
+    :func:`attention_backends`).
     """
     if not prompts:
         return []
@@ -83,7 +102,7 @@ def greedy_generate_batch(
     for n, r in enumerate(rows):
         ids[n, width - r.numel():] = r
         mask[n, width - r.numel():] = 1
-    with use_backend(backend, target.device):
+    with use_backend(backend, target.device), attention_backends(target.device, cudnn_attention):
         out = target.model.generate(
             ids.to(target.device),
             attention_mask=mask.to(target.device),
