@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             if prof:
                 prof.enable()
             greedy_generate_batch(target, prompts, args.max_new_tokens, backend=args.backend, stop_at_eos=False,
-                                  fixed_shapes=False, cudnn_attention=args.cudnn_attention)
+                                  cudnn_attention=args.cudnn_attention)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)

@@ -7,13 +7,13 @@ Bundled mode (CPU, the suite's default prompts and prompt formatting, fp32)::
 Wide mode (GPU lane: a randomly initialised Qwen3.5 text target at Qwen3.6-27B widths, random prompts with the
 bundled prompts' lengths, no EOS stop so every row runs the full length)::
 
-    python benchmarks/bench_generation.py --wide --dtype bf16 --variants fixed,free --warm-pass \
+    python benchmarks/bench_generation.py --wide --dtype bf16 --variants suite,cudnn --warm-pass \
         --out $OUT/bench_generation_h200.json
 
-Prints tokens/s of both ways and their ratio (``--batch 32,16``: each size; ``--variants fixed,free+cudnn``: each
-size with fixed or free batch shapes, ``+cudnn`` letting torch pick cuDNN attention, see
-``dflash_eval.generation``; one-at-a-time generation runs interleaved with the first combination, batch by batch,
-so both see the same load), and whether every prompt's ids are identical.
+Prints tokens/s of both ways and their ratio (``--batch 32,16``: each size; ``--variants suite,cudnn``: each size
+as the suite generates and with cuDNN attention allowed, see ``dflash_eval.generation``; one-at-a-time generation
+runs interleaved with the first combination, batch by batch, so both see the same load), and whether every
+prompt's ids are identical.
 Every batched pass includes the first calls of its shapes (compilation, autotuning), as a suite run would; a first
 call of one-at-a-time generation is made before timing, as a run's first prompt pays it once.
 ``--warm-pass`` repeats the first combination once its shapes are compiled: the steady-state throughput. A prompt whose ids differ is reported with the first differing position and the one-at-a-time
@@ -96,8 +96,7 @@ def _run_batches(target: Any, prompts: dict[str, list[int]], groups: list[list[s
     for grp in groups:
         t0 = _timer(target.device)
         ids.update(zip(grp, greedy_generate_batch(target, [prompts[p] for p in grp], n, backend=backend,
-                                                  stop_at_eos=stop, fixed_shapes=variant.startswith("fixed"),
-                                                  cudnn_attention=variant.endswith("+cudnn"))))
+                                                  stop_at_eos=stop, cudnn_attention=variant == "cudnn")))
         dt = _timer(target.device) - t0
         out["seconds"] = out.get("seconds", 0.0) + dt
         out.setdefault("batch_seconds", []).append(round(dt, 3))
@@ -128,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", default="32", help="prompts per batch (as --generation-batch of the suite); a comma "
                                                   "list measures each, e.g. 32,8,16,37 (the first is interleaved "
                                                   "with one-at-a-time generation, batch by batch)")
-    ap.add_argument("--variants", default="auto", help="comma list of fixed, free, fixed+cudnn, free+cudnn (each "
-                                                       "measured): batches padded to fixed shapes or not, +cudnn: "
-                                                       "cuDNN attention allowed (auto: the suite's, fixed on CUDA)")
+    ap.add_argument("--variants", default="suite", help="comma list of suite, cudnn (each measured): batched "
+                                                        "generation as the suite runs it, or with torch free to "
+                                                        "pick cuDNN attention")
     ap.add_argument("--warm-pass", action="store_true", help="repeat the first combination with its shapes compiled")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda")
     ap.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16")
@@ -154,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     greedy_generate(target, next(iter(prompts.values()))[:8], 2, backend=args.backend, stop_at_eos=stop)  # warm-up
 
     sizes = [int(b) for b in str(args.batch).split(",")]
-    variants = ["fixed" if dev.type == "cuda" else "free"] if args.variants == "auto" else args.variants.split(",")
-    if not set(variants) <= {"fixed", "free", "fixed+cudnn", "free+cudnn"}:
-        ap.error(f"--variants: a comma list of fixed, free, fixed+cudnn, free+cudnn, got {args.variants!r}")
+    variants = args.variants.split(",")
+    if not set(variants) <= {"suite", "cudnn"}:
+        ap.error(f"--variants: a comma list of suite, cudnn, got {args.variants!r}")
     combos = [(size, variant) for variant in variants for size in sizes]
     # One at a time and the first combination interleaved batch by batch, so both see the same machine load.
     one: dict[str, list[int]] = {}

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dflash_eval.generation import fixed_batch_shape, generation_groups, greedy_generate, greedy_generate_batch
+from dflash_eval.generation import attention_backends, generation_groups, greedy_generate, greedy_generate_batch
 from dflash_eval.target import Target
 
 # Lengths differ by up to 37 tokens: every batch below left-pads most rows, by more than the conv kernel.
@@ -54,37 +54,19 @@ def test_rows_stop_after_their_own_eos(tiny_target: Target) -> None:
             assert row == (full[:full.index(eos) + 1] if eos in full else full)
 
 
-def test_fixed_shapes_pad_rows_and_width_without_changing_the_ids(tiny_target: Target) -> None:
-    """Forced on (the CUDA default): 3 prompts of up to 40 tokens run as 4 rows x 64 columns, the filler row's
-    output is dropped, and every real row still equals one-at-a-time greedy."""
-    seen: list[tuple[int, ...]] = []
-    hook = tiny_target.model.get_input_embeddings().register_forward_hook(
-        lambda _m, args, _out: seen.append(tuple(args[0].shape)))
-    try:
-        got = greedy_generate_batch(tiny_target, PROMPTS[:3], 10, backend="torch", stop_at_eos=False,
-                                    fixed_shapes=True)
-    finally:
-        hook.remove()
-    assert seen[0] == (4, 64) and all(s == (4, 1) for s in seen[1:])  # prefill, then one token per row and step
-    assert got == [greedy_generate(tiny_target, p, 10, backend="torch", stop_at_eos=False) for p in PROMPTS[:3]]
-
-
-def test_fixed_batch_shape_buckets() -> None:
-    assert fixed_batch_shape(1, 37) == (1, 37)  # one prompt: never padded
-    assert [fixed_batch_shape(n, 100)[0] for n in (2, 3, 4, 5, 18, 19, 32, 33)] == [2, 4, 4, 8, 32, 32, 32, 64]
-    assert [fixed_batch_shape(2, w)[1] for w in (1, 64, 65, 199)] == [64, 64, 128, 256]
-
-
-def test_fixed_shapes_default_to_cuda_only(tiny_target: Target) -> None:
-    """On the CPU test target a batch keeps its own shape unless asked (extra rows cost CPU compute)."""
-    seen: list[tuple[int, ...]] = []
-    hook = tiny_target.model.get_input_embeddings().register_forward_hook(
-        lambda _m, args, _out: seen.append(tuple(args[0].shape)))
-    try:
-        greedy_generate_batch(tiny_target, PROMPTS[:3], 2, backend="torch", stop_at_eos=False)
-    finally:
-        hook.remove()
-    assert seen[0] == (3, 40)
+def test_cuda_generation_attention_excludes_cudnn_only() -> None:
+    """On CUDA, generation's attention may use flash, memory-efficient or math kernels but not cuDNN (its per-shape
+    plans cost a masked batch a plan per decode step); the flags are restored after, and CPU runs are untouched."""
+    cuda = torch.backends.cuda
+    before = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled())
+    assert before[0], "test premise: cuDNN attention enabled by default"
+    with attention_backends("cuda"):
+        assert (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+                cuda.math_sdp_enabled()) == (False, True, True, True)
+    assert (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled()) == before
+    for args in (("cuda", True), ("cpu", False)):
+        with attention_backends(*args):
+            assert cuda.cudnn_sdp_enabled()
 
 
 def test_empty_input() -> None:

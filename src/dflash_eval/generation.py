@@ -10,13 +10,8 @@ attention layers mask pad keys, and position ids count real tokens only. The res
 up to floating-point summation order (the chunked delta rule's chunk boundaries move with the padding), which can
 only flip a near-tie: ``benchmarks/bench_generation.py`` checks the ids against one-at-a-time generation.
 
-Fixed shapes (the default on CUDA): a batch of several prompts is padded to a bucket of rows (the next power of
-two, filled with copies of its first prompt whose outputs are dropped) and its prompt width to a multiple of 64
-(the delta rule's chunk size). Triton kernels compile, and fla autotunes, per shape: fla's chunk-local cumsum takes
-the batch size as a compile-time constant and autotunes per batch size, and Triton specialises integer arguments
-such as the sequence length on their divisibility by 16. Without buckets every batch of a new size pays that first
-call again (seconds per shape on an H200); with them a run pays it once per bucket. On a CPU nothing compiles and
-every extra row costs compute, so there a batch keeps its own shape.
+On CUDA generation runs without cuDNN attention (:func:`attention_backends`): a left-padded batch is the case where
+torch would pick it, and its per-shape plans cost more than the whole batch.
 
 Example::
 
@@ -34,9 +29,7 @@ from torch import Tensor
 
 from dflash_eval.backends import use_backend
 
-__all__ = ["greedy_generate", "greedy_generate_batch", "generation_groups", "fixed_batch_shape"]
-
-WIDTH_MULTIPLE = 64  # prompt widths of fixed-shape batches: the chunk size of fla's chunked delta rule
+__all__ = ["greedy_generate", "greedy_generate_batch", "generation_groups", "attention_backends"]
 
 
 @contextlib.contextmanager
@@ -55,14 +48,6 @@ def attention_backends(device: torch.device | str, cudnn: bool = False) -> Itera
         yield
 
 
-def fixed_batch_shape(rows: int, width: int) -> tuple[int, int]:
-    """The (rows, width) a fixed-shape batch of ``rows`` prompts, the longest ``width`` tokens, is padded to: rows
-    to the next power of two, width up to a multiple of :data:`WIDTH_MULTIPLE`. One prompt keeps its shape."""
-    if rows <= 1:
-        return rows, width
-    return 1 << (rows - 1).bit_length(), -(-width // WIDTH_MULTIPLE) * WIDTH_MULTIPLE
-
-
 @torch.no_grad()
 def greedy_generate_batch(
     target: Any,
@@ -71,17 +56,14 @@ def greedy_generate_batch(
     *,
     backend: str = "auto",
     stop_at_eos: bool = True,
-    fixed_shapes: bool | None = None,
     cudnn_attention: bool = False,
 ) -> list[list[int]]:
     """Greedy (argmax) continuations of ``prompts`` in one left-padded batch: the generated ids of each prompt,
     at most ``max_new_tokens``, each cut after its first EOS (included) when ``stop_at_eos``.
 
     Runs ``model.generate`` with the target's cache (chunked prefill, recurrent decode for hybrid layers) under
-    the chosen linear-attention backend. A single prompt is not padded at all. ``fixed_shapes`` (default: on
-    CUDA only) pads the batch to :func:`fixed_batch_shape`; filler rows repeat the first prompt, so they finish
-    when it does and never keep the batch running. ``cudnn_attention``: let torch pick cuDNN attention (see
-    :func:`attention_backends`).
+    the chosen linear-attention backend. A single prompt is not padded at all. ``cudnn_attention``: let torch pick
+    cuDNN attention (off by default, see :func:`attention_backends`).
     """
     if not prompts:
         return []
@@ -91,12 +73,6 @@ def greedy_generate_batch(
     eos = target.eos_token_id if stop_at_eos else None
     pad = eos if eos is not None else 0
     width = max(r.numel() for r in rows)
-    if fixed_shapes is None:
-        fixed_shapes = torch.device(target.device).type == "cuda"
-    real = len(rows)
-    if fixed_shapes:
-        n_rows, width = fixed_batch_shape(real, width)
-        rows += [rows[0]] * (n_rows - real)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for n, r in enumerate(rows):
@@ -113,7 +89,7 @@ def greedy_generate_batch(
             pad_token_id=pad,
         )
     results = []
-    for row in out[:real, width:].tolist():
+    for row in out[:, width:].tolist():
         if eos is not None and eos in row:
             row = row[: row.index(eos) + 1]  # finished rows are filled with pad (= EOS) up to the longest
         results.append(row)
@@ -129,8 +105,7 @@ def greedy_generate(
     stop_at_eos: bool = True,
 ) -> list[int]:
     """Greedy continuation of one prompt (:func:`greedy_generate_batch` of one, unpadded)."""
-    return greedy_generate_batch(target, [prompt_ids], max_new_tokens, backend=backend, stop_at_eos=stop_at_eos,
-                                 fixed_shapes=False)[0]
+    return greedy_generate_batch(target, [prompt_ids], max_new_tokens, backend=backend, stop_at_eos=stop_at_eos)[0]
 
 
 def generation_groups(lengths: dict[str, int], batch: int, min_groups: int = 1) -> list[list[str]]:
