@@ -5,7 +5,8 @@ suite cold (a fresh cache each time) with ``-n 0`` and with ``-n 2``, and option
 ``-n 0 --device-map auto`` (one target spread over the GPUs), and prints wall time, the ratio, each worker's stage
 split from eval.json (``timings.per_worker``), when each worker ran each stage (``timings.spans``) and waited on
 another's lock (``cache.<worker>.lock_wait_s``), each process's time line, what each worker produced
-(``produce.log``), and whether the verdicts agree. Workloads:
+(``produce.log``), and whether the verdicts agree; ``--profile-stage drift_budget`` adds each process's cProfile
+of that stage. Workloads:
 
 - ``bundled``: the bundled fixtures, full suite (fla in fp32 on a GPU): must never be slower with ``-n 2``;
 - ``wide``: a random Qwen3.5 target at Qwen3.6-27B widths (hidden 5120, ``--wide-layers`` layers, built here) with a
@@ -13,7 +14,7 @@ another's lock (``cache.<worker>.lock_wait_s``), each process's time line, what 
 
 Run (on a machine with 2 GPUs and fla)::
 
-    python benchmarks/bench_multigpu.py --workload bundled --out /tmp/mg_bundled.json
+    python benchmarks/bench_multigpu.py --workload bundled --profile-stage drift_budget --out /tmp/mg_bundled.json
     python benchmarks/bench_multigpu.py --workload wide --wide-layers 16 --num-prompts 32 --device-map --out /tmp/mg.json
 
 On a CPU-only machine it runs too (``-n 2`` then means two CPU workers), e.g. ``--workload wide --wide-hidden 64``.
@@ -58,8 +59,9 @@ def build_wide(out: Path, hidden: int, layers: int) -> tuple[Path, Path]:
     return target, out / "drafter"
 
 
-def run_suite(args: list[str], cache: Path, report: Path, timeout: float) -> dict[str, Any]:
-    """One suite run; with the time line of each of its processes (``benchmarks/timeline_plugin.py``)."""
+def run_suite(args: list[str], cache: Path, report: Path, timeout: float, profile: str = "") -> dict[str, Any]:
+    """One suite run; with the time line of each of its processes (``benchmarks/timeline_plugin.py``) and, for the
+    stages named in ``profile`` (comma list), each process's cProfile report of them."""
     from timeline_plugin import stage_windows, summarize
 
     timeline = report.parent / f"timeline_{report.name}.jsonl"
@@ -67,7 +69,8 @@ def run_suite(args: list[str], cache: Path, report: Path, timeout: float) -> dic
            "--cache-dir", str(cache), "--report-dir", str(report), *args]
     t_start = time.time()
     env = {**os.environ, "DFLASH_EVAL_PROGRESS": "0", "TIMELINE_FILE": str(timeline), "TIMELINE_T0": str(t_start),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")])),
+           "STAGE_PROFILE": profile, "STAGE_PROFILE_DIR": str(report / "stage_profiles")}
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
@@ -82,7 +85,8 @@ def run_suite(args: list[str], cache: Path, report: Path, timeout: float) -> dic
             "lock_wait_s": {w: c.get("lock_wait_s") for w, c in data.get("cache", {}).items()},
             "produced": {f"{w}/{k}": n for (w, k), n in sorted(per_worker.items())},
             "produce_seconds": {w: round(sum(m["seconds"] or 0 for m in made if m["worker"] == w), 2)
-                                for w in {m["worker"] for m in made}}}
+                                for w in {m["worker"] for m in made}},
+            "stage_profiles": {f.stem: f.read_text() for f in sorted((report / "stage_profiles").glob("*.txt"))}}
 
 
 def main() -> None:
@@ -95,6 +99,8 @@ def main() -> None:
     ap.add_argument("--device-map", action="store_true", help="also run -n 0 with --device-map auto")
     ap.add_argument("--no-warmup", action="store_true", help="skip the warm-up run (kernels known compiled)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per suite run (a hang guard)")
+    ap.add_argument("--profile-stage", default="", help="comma list of metered stages (e.g. drift_budget) to run under "
+                                                        "cProfile in every process of the compared runs")
     ap.add_argument("--out", type=Path, help="write the measurements as JSON here")
     ns = ap.parse_args()
     import torch
@@ -120,7 +126,8 @@ def main() -> None:
     runs = {}
     for name, extra in [("n0", ["-n", "0"]), ("n2", ["-n", "2"])] + (
             [("device_map", ["-n", "0", "--device-map", "auto"])] if ns.device_map else []):
-        runs[name] = run_suite(base + extra, work / f"cache_{name}", work / f"reports_{name}", ns.timeout)
+        runs[name] = run_suite(base + extra, work / f"cache_{name}", work / f"reports_{name}", ns.timeout,
+                               ns.profile_stage)
         print(f"{name:11s} rc {runs[name]['rc']}  wall {runs[name]['wall_s']:8.2f} s  {runs[name]['summary']}",
               flush=True)
     n0, n2 = runs["n0"], runs["n2"]
@@ -136,6 +143,8 @@ def main() -> None:
         print(f"[{name}] time line (s from start): {json.dumps(r['timeline'])}")
         print(f"[{name}] stage windows (first start, last end, seconds): {json.dumps(r['stage_windows'])}")
         print(f"[{name}] lock waits (s): {json.dumps(r['lock_wait_s'])}")
+        for stem, text in r["stage_profiles"].items():  # the head of the own-time table of each process
+            print(f"[{name}] cProfile of {stem}:\n" + "\n".join(text.splitlines()[:30]))
     if ns.out:
         ns.out.parent.mkdir(parents=True, exist_ok=True)
         ns.out.write_text(json.dumps({"workload": ns.workload, "gpus": torch.cuda.device_count(), "args": vars(ns) | {

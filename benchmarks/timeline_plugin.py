@@ -5,13 +5,23 @@ Load it with ``-p timeline_plugin`` (``benchmarks/`` on ``PYTHONPATH``) and ``TI
 one JSON line ``{"proc", "event", "t"}`` with ``t`` in seconds since ``TIMELINE_T0`` (a ``time.time()`` value, the
 run's start) and appended with one ``write`` (lines of concurrent processes do not interleave).
 :func:`summarize` turns the file into phases per process. Used by ``benchmarks/bench_multigpu.py``.
+
+``STAGE_PROFILE=<stage>[,<stage>...]`` with ``STAGE_PROFILE_DIR=<dir>`` also runs cProfile around every metered
+stage of those names (``dflash_eval.suite.progress.Meter.timed``, e.g. ``drift_budget``) in every process and writes
+``<dir>/<stage>_<process>.txt`` at its end: the functions by own and by cumulative time. Time a process spends
+waiting for its GPU shows up as own time of the call that synchronises (``item``, ``tolist``, ``to``, ``cpu``).
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
 import json
 import os
+import pstats
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +29,7 @@ import pytest
 
 _FIRST = pytest.StashKey[bool]()
 _LAST = pytest.StashKey[float]()
+_PROFILES: dict[str, cProfile.Profile] = {}
 
 
 def _log(config: pytest.Config, event: str, at: float | None = None) -> None:
@@ -34,6 +45,45 @@ def _log(config: pytest.Config, event: str, at: float | None = None) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _log(config, "configure")
+    stages = {x for x in os.environ.get("STAGE_PROFILE", "").split(",") if x}
+    if stages and os.environ.get("STAGE_PROFILE_DIR"):
+        _profile_stages(stages)
+
+
+def _profile_stages(stages: set[str]) -> None:
+    """Wrap ``Meter.timed`` so the named stages run under one cProfile profile per stage (not nested)."""
+    from dflash_eval.suite.progress import Meter
+
+    timed = Meter.timed
+
+    @contextmanager
+    def profiled(self: Meter, name: str) -> Iterator[None]:
+        if name not in stages or any(getattr(p, "_active", False) for p in _PROFILES.values()):
+            with timed(self, name):
+                yield
+            return
+        prof = _PROFILES.setdefault(name, cProfile.Profile())
+        prof._active = True  # type: ignore[attr-defined]
+        with timed(self, name):
+            prof.enable()
+            try:
+                yield
+            finally:
+                prof.disable()
+                prof._active = False  # type: ignore[attr-defined]
+
+    Meter.timed = profiled  # type: ignore[method-assign]
+
+
+def _write_profiles(proc: str) -> None:
+    out = Path(os.environ["STAGE_PROFILE_DIR"])
+    out.mkdir(parents=True, exist_ok=True)
+    for stage, prof in _PROFILES.items():
+        buf = io.StringIO()
+        for key in ("tottime", "cumulative"):
+            buf.write(f"=== {stage} in {proc}, by {key}\n")
+            pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(25)
+        (out / f"{stage}_{proc}.txt").write_text(buf.getvalue())
 
 
 @pytest.hookimpl(trylast=True)
@@ -64,6 +114,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _log(config, "unconfigure")
+    if _PROFILES:
+        _write_profiles(getattr(config, "workerinput", {}).get("workerid", "controller"))
 
 
 def summarize(path: Path) -> dict[str, dict[str, float]]:

@@ -81,7 +81,8 @@ fi
 fi
 if [ "$STAGE" = scaling ]; then
 step "scaling: -n 0 vs -n 2 on the bundled fixtures (fla fp32, full suite)"
-timeout 560 python3 benchmarks/bench_multigpu.py --workload bundled --out "$OUT/multigpu_bundled.json" >> "$OUT/lane.log" 2>&1 || echo "bundled rc=$?" >> "$OUT/lane.log"
+timeout 560 python3 benchmarks/bench_multigpu.py --workload bundled --profile-stage drift_budget \
+  --out "$OUT/multigpu_bundled.json" >> "$OUT/lane.log" 2>&1 || echo "bundled rc=$?" >> "$OUT/lane.log"
 fi
 if [ "$STAGE" = wide ]; then
 step "scaling: -n 0 vs -n 2 and --device-map on a random 27B-width target"
