@@ -183,8 +183,8 @@ class EvalSettings:
     kernel_fault: str | None = opt(None, "diagnostic: perturb the delta-rule kernels of the evaluation's feature "
                                    "extraction: noise:REL or round:bf16|fp16|fp8 (completions unaffected)")
     report_dir: Path = opt(Path("reports"), "where eval.json, eval.md and eval.png are written", "path")
-    torch_threads: int | None = opt(None, "torch intra-op threads on CPU (default: torch's own, one per physical "
-                                    "core, divided among the xdist workers, at least 1)", "int")
+    torch_threads: int | None = opt(None, "torch intra-op threads for CPU work, on GPU runs too (default: torch's "
+                                    "own, one per physical core, divided among the xdist workers, at least 1)", "int")
     origins: dict[str, str] = field(default_factory=dict, compare=False)  # option name -> cli | env | ini | default
 
     @classmethod

@@ -72,9 +72,9 @@ class Inputs:
     def _set_threads(self) -> None:
         """CPU threads: ``--torch-threads``, else torch's own default (one per physical core) shared among the xdist
         workers. Measured on 2 cores, a cold bundled run takes 48.5 s of pytest time with 2 threads against 55.5 s
-        with 1 (docs/benchmarks.md)."""
-        if self.settings.torch_device.type != "cpu":
-            return
+        with 1 (docs/benchmarks.md). Shared on a GPU run too: its CPU work (features read back from the cache and
+        perturbed for the drift budget, drift statistics) would otherwise run with one thread per core in every
+        worker, twice as many threads as cores under ``-n 2``."""
         n = self.settings.torch_threads or max(1, _default_threads() // max(1, self.worker_count))
         torch.set_num_threads(n)
         self.meter.counts["torch_threads"] = n
