@@ -62,7 +62,7 @@ def test_noise_has_the_requested_relative_size_and_is_seeded():
     f = {1: torch.randn(64, 32) * 3, 3: torch.randn(64, 32) + 5}
     p = Perturbation("noise", size=0.05)
     a, errs = perturb_layers(f, p, seed=0, prompt_id="x", dtype=torch.float32)
-    assert a.shape == (64, 64) and errs.dtype == torch.float64 and all(abs(e - 0.05) < 0.01 for e in errs.tolist())
+    assert a.shape == (64, 64) and all(abs(e - 0.05) < 0.01 for e in errs)
     b, _ = perturb_layers(f, p, seed=0, prompt_id="x", dtype=torch.float32)
     c, _ = perturb_layers(f, p, seed=0, prompt_id="y", dtype=torch.float32)
     d, _ = perturb_layers(f, p, seed=1, prompt_id="x", dtype=torch.float32)

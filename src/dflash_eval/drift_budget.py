@@ -81,8 +81,8 @@ def measure_ladder(drafter: Any, head: Any, prompts: Sequence[tuple[str, dict[in
         for k in range(g0, min(g0 + step, len(ladder))):
             level = [perturb_layers(feats, ladder[k], seed=seed, prompt_id=pid, dtype=dt)
                      for pid, feats, _, _ in prompts]
-            injected[k] = torch.stack([e for _, e in level]).cpu().tolist() if level else []  # one sync
-            if base_tau is not None and not any(x for e in injected[k] for x in e):
+            injected[k] = [e for _, e in level]
+            if base_tau is not None and not any(x for _, e in level for x in e):
                 taus[k] = list(base_tau)
                 continue
             drafted.append(k)

@@ -48,11 +48,8 @@ class Perturbation:
 
         if self.kind == "round":
             return round_through(x, self.dtype)
-        gen = torch.Generator().manual_seed(seed)  # drawn on the CPU: the same noise on every device
-        noise = torch.randn(x.shape, generator=gen, dtype=torch.float32)
-        # from pinned memory the copy is asynchronous: no host-device synchronisation per prompt and layer (two
-        # xdist workers sharing a GPU wait on each other's time slices at every synchronisation)
-        noise = noise.pin_memory().to(x.device, non_blocking=True) if x.is_cuda else noise.to(x.device)
+        gen = torch.Generator().manual_seed(seed)
+        noise = torch.randn(x.shape, generator=gen, dtype=torch.float32).to(x.device)
         xf = x.float()
         return (xf + self.size * xf.pow(2).mean().sqrt() * noise).to(x.dtype)
 
@@ -85,20 +82,16 @@ def _seed(seed: int, p: Perturbation, prompt_id: str, layer: int) -> int:
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """||a - b|| / ||b|| (||a - b|| when b is zero) as a 0-d float64 tensor on their device (no synchronisation)."""
-    import torch
-
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     d = (a.double() - b.double()).norm()
     n = b.double().norm()
-    return torch.where(n > 0, d / torch.where(n > 0, n, 1.0), d)
+    return float(d / n) if n > 0 else float(d)
 
 
 def perturb_layers(feats: dict[int, torch.Tensor], p: Perturbation, *, seed: int, prompt_id: str,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                   dtype: torch.dtype) -> tuple[torch.Tensor, list[float]]:
     """One prompt's features of every layer perturbed, concatenated in layer order and cast to ``dtype`` (what the
-    drafter sees), with each layer's injected relative error (against the unperturbed features in ``dtype``) as a
-    float64 tensor on the features' device: read many at once (one ``.tolist()``), not one by one."""
+    drafter sees), with each layer's injected relative error (against the unperturbed features in ``dtype``)."""
     import torch
 
     parts, errs = [], []
@@ -107,4 +100,4 @@ def perturb_layers(feats: dict[int, torch.Tensor], p: Perturbation, *, seed: int
         pert = p.apply(f, _seed(seed, p, prompt_id, layer)).to(dtype)
         parts.append(pert)
         errs.append(_rel(pert, base))
-    return torch.cat(parts, dim=-1), torch.stack(errs)
+    return torch.cat(parts, dim=-1), errs
