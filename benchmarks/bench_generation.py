@@ -13,11 +13,13 @@ bundled prompts' lengths, no EOS stop so every row runs the full length)::
 Prints tokens/s of both ways and their ratio (``--batch 32,16``: each size; ``--variants suite,cudnn``: each size
 as the suite generates and with cuDNN attention allowed, see ``dflash_eval.generation``; one-at-a-time generation
 runs interleaved with the first combination, batch by batch, so both see the same load), and whether every
-prompt's ids are identical.
+prompt's ids are identical. A prompt whose ids differ is reported with the first differing position and the
+one-at-a-time target's top1 - top2 logit margin there: a tiny margin is a near-tie flipped by summation order, a
+large one a bug.
+
 Every batched pass includes the first calls of its shapes (compilation, autotuning), as a suite run would; a first
-call of one-at-a-time generation is made before timing, as a run's first prompt pays it once.
-``--warm-pass`` repeats the first combination once its shapes are compiled: the steady-state throughput. A prompt whose ids differ is reported with the first differing position and the one-at-a-time
-target's top1 - top2 logit margin there: a tiny margin is a near-tie flipped by summation order, a large one a bug.
+call of one-at-a-time generation is made before timing, as a run's first prompt pays it once. ``--warm-pass``
+repeats the first combination once its shapes are compiled: the steady-state throughput.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import pytest
 _FIRST = pytest.StashKey[bool]()
 _LAST = pytest.StashKey[float]()
 _PROFILES: dict[str, cProfile.Profile] = {}
+_ACTIVE: set[str] = set()  # the stage being profiled now (one at a time: cProfile does not nest)
 
 
 def _log(config: pytest.Config, event: str, at: float | None = None) -> None:
@@ -58,19 +59,19 @@ def _profile_stages(stages: set[str]) -> None:
 
     @contextmanager
     def profiled(self: Meter, name: str) -> Iterator[None]:
-        if name not in stages or any(getattr(p, "_active", False) for p in _PROFILES.values()):
+        if name not in stages or _ACTIVE:
             with timed(self, name):
                 yield
             return
         prof = _PROFILES.setdefault(name, cProfile.Profile())
-        prof._active = True  # type: ignore[attr-defined]
+        _ACTIVE.add(name)
         with timed(self, name):
             prof.enable()
             try:
                 yield
             finally:
                 prof.disable()
-                prof._active = False  # type: ignore[attr-defined]
+                _ACTIVE.discard(name)
 
     Meter.timed = profiled  # type: ignore[method-assign]
 
