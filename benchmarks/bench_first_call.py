@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generation import wide_inputs  # noqa: E402
+from bench_generation import add_target_args, wide_inputs  # noqa: E402
 
 from dflash_eval.generation import greedy_generate_batch  # noqa: E402
 
@@ -57,14 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list of ROWSxWIDTH batch shapes, each generated twice (first call, then warm)")
     ap.add_argument("--max-new-tokens", type=int, default=16, help="tokens per call")
     ap.add_argument("--cudnn-attention", action="store_true", help="let torch pick cuDNN attention (off in the suite)")
-    ap.add_argument("--device", default="auto", help="auto, cpu, cuda")
-    ap.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16")
-    ap.add_argument("--backend", default="auto", help="linear-attention backend (auto: fla on CUDA, else torch)")
-    ap.add_argument("--wide-layers", type=int, default=8, help="layers of the wide target (3 linear : 1 full)")
-    ap.add_argument("--wide-hidden", type=int, default=5120, help="hidden size of the wide target")
-    ap.add_argument("--wide-intermediate", type=int, default=17408, help="MLP width of the wide target")
-    ap.add_argument("--wide-vocab", type=int, default=248320, help="vocabulary of the wide target")
-    ap.add_argument("--out", default=None, help="write the numbers to this JSON file")
+    add_target_args(ap)
     args = ap.parse_args(argv)
     args.num_prompts = 1
     target, _ = wide_inputs(args)

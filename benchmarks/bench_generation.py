@@ -85,6 +85,19 @@ def wide_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, list[int]]]:
     return SimpleNamespace(model=model, device=dev, eos_token_id=None), prompts
 
 
+def add_target_args(ap: argparse.ArgumentParser) -> None:
+    """Device, dtype and backend options, the wide target's widths, and ``--out`` (shared with
+    ``bench_first_call.py``)."""
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda")
+    ap.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16")
+    ap.add_argument("--backend", default="auto", help="linear-attention backend (auto: fla on CUDA, else torch)")
+    ap.add_argument("--wide-layers", type=int, default=8, help="layers of the wide target (3 linear : 1 full)")
+    ap.add_argument("--wide-hidden", type=int, default=5120, help="hidden size of the wide target")
+    ap.add_argument("--wide-intermediate", type=int, default=17408, help="MLP width of the wide target")
+    ap.add_argument("--wide-vocab", type=int, default=248320, help="vocabulary of the wide target")
+    ap.add_argument("--out", default=None, help="write the numbers to this JSON file")
+
+
 def _timer(dev: torch.device) -> float:
     _sync(dev)
     return time.perf_counter()
@@ -133,17 +146,10 @@ def main(argv: list[str] | None = None) -> int:
                                                         "generation as the suite runs it, or with torch free to "
                                                         "pick cuDNN attention")
     ap.add_argument("--warm-pass", action="store_true", help="repeat the first combination with its shapes compiled")
-    ap.add_argument("--device", default="auto", help="auto, cpu, cuda")
-    ap.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16")
-    ap.add_argument("--backend", default="auto", help="linear-attention backend (auto: fla on CUDA, else torch)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--scratch", default="/tmp/dflash-bench-generation", help="cache dir for the bundled inputs")
     ap.add_argument("--wide", action="store_true", help="random target at Qwen3.6-27B widths instead of the bundled")
-    ap.add_argument("--wide-layers", type=int, default=8, help="layers of the wide target (3 linear : 1 full)")
-    ap.add_argument("--wide-hidden", type=int, default=5120, help="hidden size of the wide target")
-    ap.add_argument("--wide-intermediate", type=int, default=17408, help="MLP width of the wide target")
-    ap.add_argument("--wide-vocab", type=int, default=248320, help="vocabulary of the wide target")
-    ap.add_argument("--out", default=None, help="write the numbers to this JSON file")
+    add_target_args(ap)
     args = ap.parse_args(argv)
 
     target, prompts = wide_inputs(args) if args.wide else bundled_inputs(args)
