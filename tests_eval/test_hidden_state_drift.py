@@ -26,6 +26,7 @@ kernels to see the gate fail. (No test name here contains "tau".)
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -47,57 +48,34 @@ def _marks(c):
     return [pytest.mark.fla, pytest.mark.gpu] if fla else []
 
 
-def _skipped(c, *names):
-    return pytest.param(c.name, *[None] * len(names), id=safe_id(c.name),
-                        marks=[pytest.mark.skip(reason=c.skip_reason), *_marks(c)])
-
-
-def _drift_params(s):
+def _comparison_params(s, *, per_prompt: bool, per_layer: bool) -> list:
+    """One param per comparison x prompt (``per_prompt``) x target layer (``per_layer``), ids like
+    ``<comparison>-<prompt>-L<layer>``; a skipped comparison gives one skipped param (the other arguments None)."""
+    axes = ([[(p.id, f"-{p.id}") for p in s.inputs.prompts]] if per_prompt else []) + (
+        [[(i, f"-L{i}") for i in s.evaluation.layer_ids]] if per_layer else [])
     out = []
     for c in s.inputs.comparisons:
         if c.skip_reason:
-            out.append(_skipped(c, "prompt", "layer"))
+            out.append(pytest.param(c.name, *[None] * len(axes), id=safe_id(c.name),
+                                    marks=[pytest.mark.skip(reason=c.skip_reason), *_marks(c)]))
             continue
-        for p in s.inputs.prompts:
-            for layer in s.evaluation.layer_ids:
-                out.append(pytest.param(c.name, p.id, layer, id=safe_id(f"{c.name}-{p.id}-L{layer}"),
-                                        marks=_marks(c)))
+        out += [pytest.param(c.name, *(v for v, _ in combo), id=safe_id(c.name + "".join(x for _, x in combo)),
+                             marks=_marks(c)) for combo in itertools.product(*axes)]
     return out
 
 
-def _gate_params(s):
-    out = []
-    for c in s.inputs.comparisons:
-        if c.skip_reason:
-            out.append(_skipped(c, "layer"))
-            continue
-        out += [pytest.param(c.name, layer, id=safe_id(f"{c.name}-L{layer}"), marks=_marks(c))
-                for layer in s.evaluation.layer_ids]
-    return out
-
-
-def _accept_params(s):
-    out = []
-    for c in s.inputs.comparisons:
-        if c.skip_reason:
-            out.append(_skipped(c, "prompt"))
-            continue
-        out += [pytest.param(c.name, p.id, id=safe_id(f"{c.name}-{p.id}"), marks=_marks(c)) for p in s.inputs.prompts]
-    return out
-
-
-_PARAMS = {"test_drift_regression": ("comparison,prompt_id,layer", _drift_params, 2),
-           "test_drift_within_budget": ("comparison,layer", _gate_params, 1),
-           "test_functional_drift_accept_len": ("comparison,prompt_id", _accept_params, 1)}
+_PARAMS = {"test_drift_regression": ("comparison,prompt_id,layer", dict(per_prompt=True, per_layer=True)),
+           "test_drift_within_budget": ("comparison,layer", dict(per_prompt=False, per_layer=True)),
+           "test_functional_drift_accept_len": ("comparison,prompt_id", dict(per_prompt=True, per_layer=False))}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     name = metafunc.function.__name__
     if name in _PARAMS:
-        argnames, fn, extra = _PARAMS[name]
-        params, err = collect(config, fn)
-        metafunc.parametrize(argnames, [pytest.param(SetupError(err), *[None] * extra, id="setup-error")]
+        argnames, axes = _PARAMS[name]
+        params, err = collect(config, lambda sess: _comparison_params(sess, **axes))
+        metafunc.parametrize(argnames, [pytest.param(SetupError(err), *[None] * argnames.count(","), id="setup-error")]
                              if err else params)
     elif name == "test_fingerprint_regression":
         layers, err = collect(config, lambda s: TargetDir(s.settings.target_model).num_layers)
