@@ -2,7 +2,8 @@
 
 For one workload, after a warm-up run (kernel compilation and autotuning are not charged to either side), runs the
 suite cold (a fresh cache each time) with ``-n 0`` and with ``-n 2``, and optionally
-``-n 0 --device-map auto`` (one target spread over the GPUs), and prints wall time, the ratio, each worker's stage
+``-n 0 --device-map auto`` (one target spread over the GPUs) and ``-n 2`` with torch's default thread count in
+every worker (``--oversubscribed``), and prints wall time, the ratio, each worker's stage
 split from eval.json (``timings.per_worker``), when each worker ran each stage (``timings.spans``) and waited on
 another's lock (``cache.<worker>.lock_wait_s``), each process's time line, what each worker produced
 (``produce.log``), and whether the verdicts agree; ``--profile-stage drift_budget`` adds each process's cProfile
@@ -14,7 +15,7 @@ of that stage. Workloads:
 
 Run (on a machine with 2 GPUs and fla)::
 
-    python benchmarks/bench_multigpu.py --workload bundled --profile-stage drift_budget --out /tmp/mg_bundled.json
+    python benchmarks/bench_multigpu.py --workload bundled --profile-stage drift_budget --oversubscribed --out /tmp/mg_bundled.json
     python benchmarks/bench_multigpu.py --workload wide --wide-layers 16 --num-prompts 32 --device-map --out /tmp/mg.json
 
 On a CPU-only machine it runs too (``-n 2`` then means two CPU workers), e.g. ``--workload wide --wide-hidden 64``.
@@ -97,6 +98,9 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=32, help="prompts of the wide workload")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="completion length of the wide workload")
     ap.add_argument("--device-map", action="store_true", help="also run -n 0 with --device-map auto")
+    ap.add_argument("--oversubscribed", action="store_true",
+                    help="also run -n 2 with torch's default thread count (one per physical core) in every worker, "
+                         "as GPU runs had before workers shared the threads: the cost of oversubscribing the cores")
     ap.add_argument("--no-warmup", action="store_true", help="skip the warm-up run (kernels known compiled)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per suite run (a hang guard)")
     ap.add_argument("--profile-stage", default="", help="comma list of metered stages (e.g. drift_budget) to run under "
@@ -106,6 +110,7 @@ def main() -> None:
     import torch
 
     gpu = torch.cuda.is_available()
+    default_threads = torch.get_num_threads()  # torch's default here: one per physical core
     work = Path(tempfile.mkdtemp(prefix="bench_multigpu_"))
     if ns.workload == "bundled":
         base = ["--dtype", "fp32", "--allow-settings-mismatch"] + (
@@ -125,7 +130,8 @@ def main() -> None:
         print(f"warm-up     rc {warm['rc']}  wall {warm['wall_s']:8.2f} s (not compared)", flush=True)
     runs = {}
     for name, extra in [("n0", ["-n", "0"]), ("n2", ["-n", "2"])] + (
-            [("device_map", ["-n", "0", "--device-map", "auto"])] if ns.device_map else []):
+            [("device_map", ["-n", "0", "--device-map", "auto"])] if ns.device_map else []) + (
+            [("n2_oversubscribed", ["-n", "2", "--torch-threads", str(default_threads)])] if ns.oversubscribed else []):
         runs[name] = run_suite(base + extra, work / f"cache_{name}", work / f"reports_{name}", ns.timeout,
                                ns.profile_stage)
         print(f"{name:11s} rc {runs[name]['rc']}  wall {runs[name]['wall_s']:8.2f} s  {runs[name]['summary']}",
@@ -137,6 +143,10 @@ def main() -> None:
         dm = runs["device_map"]
         print(f"--device-map auto vs one GPU: {dm['wall_s'] / n0['wall_s']:.2f}x the time; "
               f"verdicts equal: {dm['verdicts'] == n0['verdicts']}")
+    if "n2_oversubscribed" in runs:
+        ov = runs["n2_oversubscribed"]
+        print(f"-n 2 with {default_threads} threads per worker (oversubscribed) vs shared threads: "
+              f"{ov['wall_s'] / n2['wall_s']:.2f}x the time; verdicts equal: {ov['verdicts'] == n2['verdicts']}")
     for name, r in runs.items():
         print(f"[{name}] per-worker stage seconds: {json.dumps(r['timings'].get('per_worker', {}))}")
         print(f"[{name}] produced: {r['produced']}; production seconds per worker: {r['produce_seconds']}")

@@ -10,6 +10,10 @@ run's start) and appended with one ``write`` (lines of concurrent processes do n
 stage of those names (``dflash_eval.suite.progress.Meter.timed``, e.g. ``drift_budget``) in every process and writes
 ``<dir>/<stage>_<process>.txt`` at its end: the functions by own and by cumulative time. Time a process spends
 waiting for its GPU shows up as own time of the call that synchronises (``item``, ``tolist``, ``to``, ``cpu``).
+
+``STARTUP_PROFILE_DIR=<dir>`` runs cProfile in every process from its ``pytest_configure`` to the end of its
+collection (for the controller of an xdist run: to the end of its session start) and writes
+``<dir>/startup_<process>.txt``: the functions by cumulative time and which heavy libraries were imported by then.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import io
 import json
 import os
 import pstats
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,13 +36,19 @@ _FIRST = pytest.StashKey[bool]()
 _LAST = pytest.StashKey[float]()
 _PROFILES: dict[str, cProfile.Profile] = {}
 _ACTIVE: set[str] = set()  # the stage being profiled now (one at a time: cProfile does not nest)
+_STARTUP: list[cProfile.Profile] = []  # the start-up profile while it runs
+HEAVY = ("torch", "transformers", "fla", "triton", "matplotlib", "safetensors", "tokenizers")
+
+
+def _proc(config: pytest.Config) -> str:
+    return getattr(config, "workerinput", {}).get("workerid", "controller")
 
 
 def _log(config: pytest.Config, event: str, at: float | None = None) -> None:
     path = os.environ.get("TIMELINE_FILE")
     if not path:
         return
-    proc = getattr(config, "workerinput", {}).get("workerid", "controller")
+    proc = _proc(config)
     t = (time.time() if at is None else at) - float(os.environ.get("TIMELINE_T0", "0"))
     line = json.dumps({"proc": proc, "event": event, "t": round(t, 3)}) + "\n"
     with open(path, "a", encoding="utf-8") as fh:
@@ -46,6 +57,9 @@ def _log(config: pytest.Config, event: str, at: float | None = None) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _log(config, "configure")
+    if os.environ.get("STARTUP_PROFILE_DIR"):
+        _STARTUP.append(cProfile.Profile())
+        _STARTUP[0].enable()
     stages = {x for x in os.environ.get("STAGE_PROFILE", "").split(",") if x}
     if stages and os.environ.get("STAGE_PROFILE_DIR"):
         _profile_stages(stages)
@@ -87,13 +101,30 @@ def _write_profiles(proc: str) -> None:
         (out / f"{stage}_{proc}.txt").write_text(buf.getvalue())
 
 
+def _end_startup(config: pytest.Config) -> None:
+    if not _STARTUP:
+        return
+    prof = _STARTUP.pop()
+    prof.disable()
+    buf = io.StringIO()
+    buf.write(f"=== start-up of {_proc(config)} (configure to end of collection), by cumulative time\n")
+    buf.write(f"heavy libraries imported by then: {[m for m in HEAVY if m in sys.modules]}\n")
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(40)
+    out = Path(os.environ["STARTUP_PROFILE_DIR"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"startup_{_proc(config)}.txt").write_text(buf.getvalue())
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     _log(session.config, "sessionstart_done")
+    if session.config.pluginmanager.has_plugin("dsession"):  # an xdist controller collects nothing itself
+        _end_startup(session.config)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     _log(session.config, "collected")
+    _end_startup(session.config)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -116,7 +147,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     _log(config, "unconfigure")
     if _PROFILES:
-        _write_profiles(getattr(config, "workerinput", {}).get("workerid", "controller"))
+        _write_profiles(_proc(config))
 
 
 def summarize(path: Path) -> dict[str, dict[str, float]]:

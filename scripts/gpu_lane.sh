@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU lane (stages, one or more per call: drift, suite, fp32, goldens, faults, scaling, wide, gen, speed, budget,
-# profile; default all = drift + suite) for a CUDA machine with fla (see README "GPU lane"). Writes everything under $OUT
+# The GPU lane (stages, one or more per call: drift, suite, fp32, goldens, faults, scaling, startup, wide, gen, speed,
+# budget, profile; default all = drift + suite) for a CUDA machine with fla (see README "GPU lane"). Writes everything under $OUT
 # (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
 # transformers 5.23.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -81,8 +81,27 @@ fi
 fi
 if [ "$STAGE" = scaling ]; then
 step "scaling: -n 0 vs -n 2 on the bundled fixtures (fla fp32, full suite)"
-timeout 560 python3 benchmarks/bench_multigpu.py --workload bundled --profile-stage drift_budget \
+timeout 560 python3 benchmarks/bench_multigpu.py --workload bundled --profile-stage drift_budget --oversubscribed \
   --out "$OUT/multigpu_bundled.json" >> "$OUT/lane.log" 2>&1 || echo "bundled rc=$?" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = startup ]; then
+# Where a process's start-up goes before its first test: -n 0 and -n 2 (twice each, the second with warm page cache),
+# each process profiled from pytest_configure to the end of its collection, no test selected.
+for n in 0 2 0 2; do
+  step "startup: -n $n, bundled fixtures, fla fp32, no test selected"
+  rm -rf /tmp/su && mkdir -p /tmp/su
+  T0=$(python3 -c "import time; print(time.time())")
+  PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" TIMELINE_FILE=/tmp/su/t.jsonl TIMELINE_T0=$T0 STARTUP_PROFILE_DIR=/tmp/su/prof \
+    timeout 120 python3 -m pytest tests_eval -q -p no:cacheprovider -p timeline_plugin -n $n -k no_such_test --dtype fp32 \
+    --allow-settings-mismatch --hidden-state-backend fla --reference-backend torch --cache-dir /tmp/su/cache \
+    --report-dir /tmp/su/rep 2>&1 | tail -n 1 >> "$OUT/lane.log"
+  cat /tmp/su/t.jsonl >> "$OUT/lane.log"; head -n 45 /tmp/su/prof/*.txt | cut -c1-220 >> "$OUT/lane.log"
+done
+step "startup: one library at a time, each in a fresh interpreter"
+for code in "import torch" "import torch; torch.zeros(1, device='cuda')" "import transformers" \
+    "import fla.ops.gated_delta_rule" "import transformers.models.qwen3_5.modeling_qwen3_5"; do
+  python3 -c "import subprocess, sys, time; t = time.perf_counter(); subprocess.run([sys.executable, '-c', sys.argv[1]], check=True); print(f'{time.perf_counter() - t:6.2f} s  {sys.argv[1]}')" "$code" >> "$OUT/lane.log" 2>&1
+done
 fi
 if [ "$STAGE" = wide ]; then
 step "scaling: -n 0 vs -n 2 and --device-map on a random 27B-width target"
