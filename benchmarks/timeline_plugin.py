@@ -2,7 +2,8 @@
 points of a session, so a slow ``-n 2`` run can be taken apart (worker start, collection, tests, reports).
 
 Load it with ``-p timeline_plugin`` (``benchmarks/`` on ``PYTHONPATH``) and ``TIMELINE_FILE=<path>``; each event is
-one JSON line ``{"proc", "event", "t"}`` with ``t`` in seconds since ``TIMELINE_T0`` (a ``time.time()`` value, the
+one JSON line ``{"proc", "event", "t"}`` (``unconfigure`` adds ``heavy_modules``: which of torch, transformers,
+fla, ... the process imported) with ``t`` in seconds since ``TIMELINE_T0`` (a ``time.time()`` value, the
 run's start) and appended with one ``write`` (lines of concurrent processes do not interleave).
 :func:`summarize` turns the file into phases per process. Used by ``benchmarks/bench_multigpu.py``.
 
@@ -44,13 +45,13 @@ def _proc(config: pytest.Config) -> str:
     return getattr(config, "workerinput", {}).get("workerid", "controller")
 
 
-def _log(config: pytest.Config, event: str, at: float | None = None) -> None:
+def _log(config: pytest.Config, event: str, at: float | None = None, **extra: Any) -> None:
     path = os.environ.get("TIMELINE_FILE")
     if not path:
         return
     proc = _proc(config)
     t = (time.time() if at is None else at) - float(os.environ.get("TIMELINE_T0", "0"))
-    line = json.dumps({"proc": proc, "event": event, "t": round(t, 3)}) + "\n"
+    line = json.dumps({"proc": proc, "event": event, "t": round(t, 3), **extra}) + "\n"
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(line)
 
@@ -145,7 +146,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    _log(config, "unconfigure")
+    _log(config, "unconfigure", heavy_modules=[m for m in HEAVY if m in sys.modules])
     if _PROFILES:
         _write_profiles(_proc(config))
 

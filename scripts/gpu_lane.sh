@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU lane (stages, one or more per call: drift, suite, fp32, goldens, faults, scaling, startup, wide, gen, speed,
-# budget, profile; default all = drift + suite) for a CUDA machine with fla (see README "GPU lane"). Writes everything under $OUT
+# The GPU lane (stages, one or more per call: drift, suite, fp32, goldens, faults, scaling, startup, warm, wide, gen,
+# speed, budget, profile; default all = drift + suite) for a CUDA machine with fla (see README "GPU lane"). Writes everything under $OUT
 # (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
 # transformers 5.23.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -110,6 +110,34 @@ step "startup: one library at a time, each in a fresh interpreter (bytecode cach
 for code in "import torch" "import torch; torch.zeros(1, device='cuda')" "import transformers" \
     "import fla.ops.gated_delta_rule" "import transformers.models.qwen3_5.modeling_qwen3_5"; do
   python3 -c "import subprocess, sys, time; t = time.perf_counter(); subprocess.run([sys.executable, '-c', sys.argv[1]], check=True); print(f'{time.perf_counter() - t:6.2f} s  {sys.argv[1]}')" "$code" >> "$OUT/lane.log" 2>&1
+done
+fi
+if [ "$STAGE" = warm ]; then
+# A warm `-k tau` (every feature cached), -n 0 and -n 2: its wall time, when its first test starts, which heavy
+# libraries each process imported; with BEFORE_SRC (the src/ folder of an older checkout) the same runs with that
+# code, alternated with this one's.
+step "warm: fill a cache (full suite, fla fp32, -n 0)"
+timeout 240 python3 -m pytest tests_eval -p no:cacheprovider -q --dtype fp32 --allow-settings-mismatch --hidden-state-backend fla \
+  --reference-backend torch --cache-dir /tmp/wcache --report-dir /tmp/wrep 2>&1 | tail -n 1 >> "$OUT/lane.log"
+for i in 1 2; do
+  for v in ${BEFORE_SRC:+before} now; do
+    for n in 0 2; do
+      src="$PWD/src"; [ "$v" = before ] && src="$BEFORE_SRC"
+      T0=$(python3 -c "import time; print(time.time())")
+      PYTHONPATH="/tmp/site:$src:$PWD/benchmarks" TIMELINE_FILE="/tmp/w_${v}_${n}_$i.jsonl" TIMELINE_T0=$T0 timeout 120 \
+        python3 -m pytest tests_eval -p no:cacheprovider -q -p timeline_plugin -k tau -n $n --dtype fp32 --allow-settings-mismatch \
+        --hidden-state-backend fla --reference-backend torch --cache-dir /tmp/wcache --report-dir "/tmp/wrep_${v}_${n}_$i" > /tmp/w.log 2>&1
+      rc=$?
+      python3 -c "
+import json, sys, time
+ev = [json.loads(x) for x in open(sys.argv[1])]
+first = min((e['t'] for e in ev if e['event'] == 'first_test'), default=None)
+heavy = {e['proc']: e.get('heavy_modules') for e in ev if e['event'] == 'unconfigure'}
+print(f'warm -k tau {sys.argv[2]:6s} -n {sys.argv[3]} pass {sys.argv[4]}: rc {sys.argv[5]} wall {time.time() - float(sys.argv[6]):5.1f} s, first test at {first} s, imported {heavy}')
+" "/tmp/w_${v}_${n}_$i.jsonl" $v $n $i $rc $T0 >> "$OUT/lane.log"
+      tail -n 1 /tmp/w.log >> "$OUT/lane.log"
+    done
+  done
 done
 fi
 if [ "$STAGE" = wide ]; then

@@ -92,3 +92,39 @@ def test_kernel_fault_names() -> None:
     for bad in ("noise", "noise:0", "noise:x", "round:int8", "shift:1"):
         with pytest.raises(BackendError, match="unknown kernel fault"):
             backends.parse_fault(bad)
+
+
+def _fla_installed_but_broken(monkeypatch: pytest.MonkeyPatch, imported: list[str]) -> None:
+    """fla found on the path, its ops failing to import (recorded in ``imported`` when tried)."""
+    monkeypatch.setattr(backends, "fla_installed", lambda: True)
+
+    def broken():
+        imported.append("fla.ops.gated_delta_rule")
+        return None
+
+    monkeypatch.setattr(backends, "_fla_functions", broken)
+
+
+def test_choosing_fla_imports_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    imported: list[str] = []
+    _fla_installed_but_broken(monkeypatch, imported)
+    assert resolve_backend("auto", "cuda") == "fla"
+    assert resolve_backend("fla+noise=0.01", "cuda") == "fla+noise=0.01"
+    backends.check_backend_device("fla", "cuda", imports=False)
+    assert imported == []
+
+
+def test_fla_that_does_not_import_fails_where_it_is_first_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    imported: list[str] = []
+    _fla_installed_but_broken(monkeypatch, imported)
+    with pytest.raises(BackendError, match="fla is installed.*does not import|does not import.*fla is installed"):
+        with use_backend("fla", "cuda"):
+            pytest.fail("the block ran with fla unusable")
+    assert imported == ["fla.ops.gated_delta_rule"]
+
+
+def test_fla_not_installed_is_a_clear_error_when_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backends, "fla_installed", lambda: False)
+    assert resolve_backend("auto", "cuda") == "torch"
+    with pytest.raises(BackendError, match="not installed"):
+        resolve_backend("fla", "cuda")

@@ -9,7 +9,11 @@ Backends:
 - ``fla``: fla's ``chunk_gated_delta_rule`` (prefill) and ``fused_recurrent_gated_delta_rule`` (decode). CUDA only.
 - ``torch``: transformers' chunked torch fallback for prefill, its recurrent torch function for decode.
 - ``torch-recurrent``: the recurrent torch function for prefill too (a step-by-step reference).
-- ``auto``: ``fla`` on CUDA when importable, else ``torch``.
+- ``auto``: ``fla`` on CUDA when the fla package is installed, else ``torch``.
+
+Choosing a backend imports nothing: planning a run only asks whether fla is installed. Its ops are imported, and a
+broken installation reported, where its kernels are first used (:func:`use_backend`, feature extraction), so a run
+whose features all come from the cache never pays fla's import (7 s on a GPU machine).
 
 Fault injection (a test and diagnostic hook, never a default): ``<backend>+<fault>`` runs ``<backend>`` with its
 delta-rule output perturbed, so a test can produce kernel drift of a chosen size on any machine:
@@ -32,7 +36,7 @@ Example::
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import inspect
 import threading
 from collections.abc import Callable, Iterator
@@ -56,6 +60,7 @@ __all__ = [
     "HYBRID_MODULES",
     "BackendInfo",
     "fla_available",
+    "fla_installed",
     "resolve_backend",
     "use_backend",
     "check_backend_device",
@@ -136,8 +141,19 @@ def _fla_functions() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
 
 
 def fla_available() -> bool:
-    """True when fla's gated delta rule ops import (they still need CUDA to run)."""
+    """True when fla's gated delta rule ops import (they still need CUDA to run). Importing them imports all of
+    fla, and with it transformers and much of torch: 7 s on a GPU machine (docs/gpu-drift.md)."""
     return _fla_functions() is not None
+
+
+def fla_installed() -> bool:
+    """True when the ``fla`` package is installed; imports nothing. What planning a run needs: whether fla can be
+    chosen. Whether it imports is checked where its kernels are first used (:func:`check_backend_device` with
+    ``imports=True``), so a run whose features all come from the cache never imports fla."""
+    try:
+        return importlib.util.find_spec("fla") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def resolve_backend(name: str, device: torch.device | str) -> str:
@@ -152,14 +168,15 @@ def resolve_backend(name: str, device: torch.device | str) -> str:
 
     dev = torch.device(device)
     if name == "auto":
-        return "fla" if dev.type == "cuda" and fla_available() else "torch"
+        return "fla" if dev.type == "cuda" and fla_installed() else "torch"
     if name == "fla":
-        check_backend_device("fla", dev)
+        check_backend_device("fla", dev, imports=False)
     return name
 
 
-def check_backend_device(name: str, device: torch.device | str) -> None:
-    """Raise BackendError if ``name`` cannot run on ``device`` (fla needs CUDA and the fla package)."""
+def check_backend_device(name: str, device: torch.device | str, *, imports: bool = True) -> None:
+    """Raise BackendError if ``name`` cannot run on ``device``: fla needs CUDA and the fla package, and with
+    ``imports`` its gated delta rule ops must import (without: installed is enough, for planning a run)."""
     import torch
 
     dev = torch.device(device)
@@ -169,9 +186,13 @@ def check_backend_device(name: str, device: torch.device | str) -> None:
                 f"backend 'fla' needs a CUDA device, but the model is on {dev}: fla's Triton kernels cannot run on a "
                 "CPU. Use --hidden-state-backend torch (or auto) on CPU-only machines."
             )
-        if not fla_available():
+        if not fla_installed():
+            raise BackendError("backend 'fla' requested but the fla package is not installed: "
+                               "pip install flash-linear-attention fla-core (0.6.0 or newer)")
+        if imports and not fla_available():
             raise BackendError(
-                "backend 'fla' requested but fla.ops.gated_delta_rule does not import: "
+                "backend 'fla' requested but fla.ops.gated_delta_rule does not import (fla is installed; a version "
+                "that does not match torch or triton is the usual cause): "
                 "pip install flash-linear-attention fla-core (0.6.0 or newer)"
             )
 
@@ -254,6 +275,7 @@ def use_backend(name: str, device: torch.device | str = "cpu") -> Iterator[Backe
     import torch
 
     concrete, fault = split_backend(resolve_backend(name, device))
+    check_backend_device(concrete, device)  # planning only saw fla installed: it must import now
     gen = torch.Generator().manual_seed(fault.seed) if fault is not None else None
     with _lock:
         mods = loaded_hybrid_modules()
@@ -268,7 +290,7 @@ def use_backend(name: str, device: torch.device | str = "cpu") -> Iterator[Backe
                     new_chunk, new_recur = t_recur, t_recur
                 else:
                     fns = _fla_functions()
-                    assert fns is not None  # checked by resolve_backend
+                    assert fns is not None  # checked above
                     new_chunk = _guard_cuda(_kwarg_filter(fns[0]), "chunk_gated_delta_rule")
                     new_recur = _guard_cuda(_kwarg_filter(fns[1]), "fused_recurrent_gated_delta_rule")
                     info = BackendInfo(concrete, _describe(fns[0]), _describe(fns[1]))

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dflash_eval.backends import check_backend_device, fla_available, split_backend
+from dflash_eval.backends import check_backend_device, fla_installed, split_backend
 from dflash_eval.errors import DFlashEvalError
 
 __all__ = ["LayerDrift", "layer_drift", "fingerprint", "sketch", "sketch_rel_err", "SKETCH_DIM",
@@ -214,7 +214,7 @@ def drift_comparisons(*, eval_backend: str, reference_backend: str, requested_ba
 
     if ref == "fla" and ev != "fla":
         try:
-            check_backend_device("fla", dev)
+            check_backend_device("fla", dev, imports=False)
         except DFlashEvalError as exc:
             out.append(comp(f"{ev}-vs-fla", Side(ev, dt), Side("fla", dt),
                             f"fla not checked: the reference backend fla cannot run here ({exc})"))
@@ -231,8 +231,8 @@ def drift_comparisons(*, eval_backend: str, reference_backend: str, requested_ba
     if ev != "fla" and not any("fla" in c.name for c in out):
         if dev.type != "cuda":
             why = f"no CUDA device (running on {dev}); fla's Triton kernels cannot run on a CPU"
-        elif not fla_available():
-            why = "fla.ops.gated_delta_rule does not import (pip install flash-linear-attention fla-core)"
+        elif not fla_installed():
+            why = "the fla package is not installed (pip install flash-linear-attention fla-core)"
         else:
             why = f"--hidden-state-backend {requested_backend} and --reference-backend {reference_backend}"
         out.append(comp(f"fla-vs-{ev}", Side("fla", dt), Side(ev, dt), f"fla not checked: {why}"))

@@ -161,7 +161,7 @@ class Inputs:
         s = self.settings
         ref = s.reference_backend if s.reference_backend != "auto" else s.eval_backend
         try:
-            check_backend_device(ref, s.torch_device)
+            check_backend_device(ref, s.torch_device, imports=False)
         except DFlashEvalError:
             ref = s.eval_backend
         return Side(ref, s.torch_dtype)
