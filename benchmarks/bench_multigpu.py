@@ -15,8 +15,7 @@ of that stage. Workloads:
 
 Run (on a machine with 2 GPUs and fla)::
 
-    python benchmarks/bench_multigpu.py --workload bundled --profile-stage drift_budget --oversubscribed \
-        --out /tmp/mg_bundled.json
+    python benchmarks/bench_multigpu.py --workload bundled --profile-stage drift_budget --oversubscribed --out /tmp/b.json
     python benchmarks/bench_multigpu.py --workload wide --wide-layers 16 --num-prompts 32 --device-map --out /tmp/mg.json
 
 On a CPU-only machine it runs too (``-n 2`` then means two CPU workers), e.g. ``--workload wide --wide-hidden 64``.
