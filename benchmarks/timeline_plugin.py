@@ -41,6 +41,10 @@ _STARTUP: list[cProfile.Profile] = []  # the start-up profile while it runs
 HEAVY = ("torch", "transformers", "fla", "triton", "matplotlib", "safetensors", "tokenizers")
 
 
+def _heavy_imported() -> list[str]:
+    return [m for m in HEAVY if m in sys.modules]
+
+
 def _proc(config: pytest.Config) -> str:
     return getattr(config, "workerinput", {}).get("workerid", "controller")
 
@@ -109,7 +113,7 @@ def _end_startup(config: pytest.Config) -> None:
     prof.disable()
     buf = io.StringIO()
     buf.write(f"=== start-up of {_proc(config)} (configure to end of collection), by cumulative time\n")
-    buf.write(f"heavy libraries imported by then: {[m for m in HEAVY if m in sys.modules]}\n")
+    buf.write(f"heavy libraries imported by then: {_heavy_imported()}\n")
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(40)
     out = Path(os.environ["STARTUP_PROFILE_DIR"])
     out.mkdir(parents=True, exist_ok=True)
@@ -146,7 +150,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    _log(config, "unconfigure", heavy_modules=[m for m in HEAVY if m in sys.modules])
+    _log(config, "unconfigure", heavy_modules=_heavy_imported())
     if _PROFILES:
         _write_profiles(_proc(config))
 

@@ -107,11 +107,11 @@ def find_budget(points: Sequence[tuple[float, float]], tol: float) -> tuple[floa
     return budget, True, None
 
 
-
 def _finite_mean(values: Sequence[float]) -> float:
     """Mean of the values that are not NaN (a prompt without a round has none); NaN when none is left."""
     vals = [v for v in values if not math.isnan(v)]
     return sum(vals) / len(vals) if vals else float("nan")
+
 
 @dataclass
 class Level:
