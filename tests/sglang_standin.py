@@ -31,6 +31,11 @@ Modes (failure injection):
 only ``/get_model_info`` and ``/get_server_info`` do. ``--skip-tokenizer-init`` (any mode): completions carry no
 text (``""``), as a server started with SGLang's ``--skip-tokenizer-init``.
 
+``--wrong-answer-at K`` (any mode that answers ``/generate``) answers the K-th prompt it is asked (counting from 0
+over all requests) wrongly: every token of its greedy completion is shifted by one in the vocabulary
+(``(t + 1) % vocab_size``), as a replica behind a router that serves other weights would answer, while every other
+prompt gets the right completion.
+
 ``--synthetic-spec-accept-length X`` (any mode) adds a SYNTHETIC ``meta_info.spec_accept_length`` (about X),
 ``spec_verify_ct`` and ``spec_accept_histogram`` to every completion, as a server running ``--speculative-algorithm`` would; no drafter runs, the
 number only exercises the suite's reporting of the server's accept length.
@@ -116,6 +121,7 @@ class StandIn:
         self.tokenizer = None
         self.stop_ids: set[int] = set()
         self.pad_id = 0
+        self.answered = 0  # prompts answered so far (for --wrong-answer-at)
         config_file = Path(self.model_path) / "config.json"
         self.config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.is_file() else {}
 
@@ -174,6 +180,7 @@ class StandIn:
                 eos_token_id=sorted(stops) if stops else None,
                 pad_token_id=self.pad_id,
             )
+            index, self.answered = self.answered, self.answered + 1
         gen = out[0, len(prompt) :].tolist()
         # SGLang checks the length limit before stop tokens.
         if len(gen) >= max_new:
@@ -182,6 +189,10 @@ class StandIn:
             finish = {"type": "stop", "matched": gen[-1]}
         else:  # pragma: no cover - generate stopped for another reason
             finish = {"type": "length", "length": max_new}
+        if index == self.args.wrong_answer_at:
+            vocab = int(self.model.config.vocab_size)
+            gen = [(t + 1) % vocab for t in gen]
+            log(f"--wrong-answer-at {index}: answering prompt {index} with a wrong completion")
         text = ""
         if self.tokenizer is not None and not self.args.skip_tokenizer_init:
             text = self.tokenizer.decode(gen, skip_special_tokens=bool(params.get("skip_special_tokens", True)))
@@ -366,6 +377,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "SGLang releases")
     parser.add_argument("--skip-tokenizer-init", action="store_true",
                         help="completions carry no text, as SGLang's --skip-tokenizer-init")
+    parser.add_argument("--wrong-answer-at", type=int, default=None, metavar="K",
+                        help="answer the K-th prompt asked (from 0, over all requests) with a wrong completion (each "
+                             "token shifted by one in the vocabulary); the others right")
     parser.add_argument("--synthetic-spec-accept-length", type=float, default=None, metavar="X",
                         help="SYNTHETIC (no drafter runs): emit meta_info.spec_accept_length ~= X and spec_verify_ct, "
                              "as a server with --speculative-algorithm would; for testing the reporting only")

@@ -106,6 +106,22 @@ def test_server_that_answers_wrongly_is_refused_before_caching(sglang_session):
     assert not cached_completions(sglang_session)
 
 
+def test_batched_check_equals_each_rows_own_forward(tiny_target):
+    """The server check's right-padded batch gives every row the argmax of its own unpadded forward (a causal model
+    never looks at the padding after a row's last token)."""
+    from dflash_eval.suite.references import teacher_forced_tensors
+    from dflash_eval.suite.server_check import teacher_forced_batch
+
+    rows = [([5, 9, 17, 3], [40, 41, 42]), ([7], [8, 9, 10, 11, 12, 13]), ([1, 2, 3, 4, 5, 6, 7, 8, 9], [100])]
+    got = teacher_forced_batch(tiny_target.model, rows, tiny_target.device)
+    for (p, c), (argmax, margin) in zip(rows, got, strict=True):
+        with torch.no_grad():
+            logits = tiny_target.model(input_ids=torch.tensor([p + c])).logits[0].float()
+        own = teacher_forced_tensors(logits)
+        assert torch.equal(argmax, own["argmax"][len(p) - 1:len(p) - 1 + len(c)])
+        torch.testing.assert_close(margin, own["margin"][len(p) - 1:len(p) - 1 + len(c)], rtol=1e-4, atol=1e-4)
+
+
 def test_server_with_the_targets_answers_is_cached_with_locally_decoded_text(sglang_session, tiny_target):
     """The right answers pass the check; a server started with --skip-tokenizer-init sends no text: the cached
     text is the local decoding (what the golden snapshots pin), the server's text is kept aside."""

@@ -209,6 +209,32 @@ def test_wrong_model_fails_before_any_completion(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_server_wrong_on_a_later_prompt_fails_naming_it_and_caches_nothing(tmp_path: Path) -> None:
+    """The server answers the first prompt right and the second wrong (a replica behind a router serving other
+    weights): every completion of the fetch is checked against the local target, the run fails naming the wrong
+    prompt, and nothing of the fetch is cached (a later run must not find it as ``source: sglang``)."""
+    port = free_port()
+    ids = [json.loads(line)["id"] for line in (ROOT / "fixtures" / "prompts.jsonl").read_text().splitlines()[:3]]
+    proc = run_suite(tmp_path, "--sglang-launch", standin_cmd(port, "--wrong-answer-at", "1"),
+                     "--sglang-url", f"http://127.0.0.1:{port}")
+    assert proc.returncode == 1, show(proc)
+    log = (tmp_path / "reports" / "sglang-server.log").read_text()
+    assert "answering prompt 1 with a wrong completion" in log and request_counts(log)["POST /generate"] == 1, log
+    m = re.search(r"does not serve the target .*?: its greedy completion of prompt '([^']+)' disagrees with the local "
+                  r"target's teacher-forced argmax at \d+ of \d+ tokens \(first at completion token (\d+): server "
+                  r"(\d+) .*?, local (\d+) ", proc.stdout)
+    assert m, show(proc)
+    assert m[1] == ids[1] and int(m[3]) != int(m[4]), m[0]
+    assert "2 of the 3 completions of this fetch agree" in proc.stdout and "No completion cached" in proc.stdout
+    assert ids[0] not in re.findall(r"completion of prompt '([^']+)' disagrees", proc.stdout)
+    # the cache directory holds no completion entry at all: not the wrong one, nor (by design) the right ones
+    cached = cached_completions(tmp_path / "cache")
+    assert ids[1] not in cached and cached == {}, cached
+    assert not list((tmp_path / "cache").glob("v1/completion/*/*/data.safetensors"))
+    assert standin_pids(port) == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
 def test_interrupted_run_stops_the_launched_server(tmp_path: Path, sig: signal.Signals) -> None:
     """The launched server's whole group is gone promptly after the signal, and pytest exits non-zero.

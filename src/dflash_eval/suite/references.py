@@ -6,8 +6,9 @@ spread over xdist workers; still one cache entry per prompt, written as soon as 
 batch of greedy ``/generate`` requests to a server whose readiness and identity the SGLang service already checked
 (it hands this stage a ready client), ``cache`` never computes. Nothing is cached unless every answer of a batch is
 valid: an empty completion or a token id outside the target's vocabulary is an error naming the prompt, never an
-entry, and the first completion of every SGLang fetch must be reproduced by the local target's teacher-forced
-argmax (a server that names the right model but serves other weights is caught before anything is cached). A
+entry, and every completion of an SGLang fetch must be reproduced by the local target's teacher-forced argmax
+(:mod:`dflash_eval.suite.server_check`: a server that names the right model but serves other weights, for all
+prompts or only some, is caught before anything of the fetch is cached). A
 completion's text is always the local tokenizer's decoding of its ids (a server started with
 ``--skip-tokenizer-init`` returns none); the server's own text is kept in the entry's meta as ``server_text``.
 Conversations are produced turn by turn, a later turn's prompt holding the earlier turns and their reference
@@ -31,14 +32,12 @@ from dflash_eval.provenance import device_kind, library_versions
 from dflash_eval.suite.conversations import HistoryMissing, turn_groups, turn_prompt_ids
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
+from dflash_eval.suite.server_check import SERVER_MAX_DISAGREEMENT, check_server_completions
 
 __all__ = ["CompletionRecord", "References", "SERVER_MAX_DISAGREEMENT", "argmax_fields", "out_of_vocab",
            "teacher_forced_tensors"]
 
 _SOURCES = {"local": ("local",), "sglang": ("sglang",), "cache": ("local", "sglang")}
-#: Largest fraction of the first fetched completion's tokens that the local target's teacher-forced argmax may
-#: disagree with (at least one token: a bf16 server flips near-ties); above it the server is refused.
-SERVER_MAX_DISAGREEMENT = 0.1
 
 
 def out_of_vocab(ids: list[int], vocab_size: int) -> tuple[int, int] | None:
@@ -139,10 +138,11 @@ class References:
         text = entry.meta.get("text", "")
         if entry.meta.get("source") == "sglang" and "server_text" not in entry.meta:  # written before local decoding
             text = self.inputs.tokenizer.decode(ids, skip_special_tokens=True)
+        spec = entry.meta.get("spec_verify_ct") != 0  # 0 verify rounds (older SGLang, no speculation): no accept length
         return CompletionRecord(pid, self.prompt_ids(pid), ids, text,
                                 entry.meta.get("source", entry.manifest.get("fields", {}).get("source", "?")),
-                                entry.meta.get("finish_reason"), entry.meta.get("spec_accept_length"),
-                                entry.meta.get("spec_accept_histogram"))
+                                entry.meta.get("finish_reason"), entry.meta.get("spec_accept_length") if spec else None,
+                                entry.meta.get("spec_accept_histogram") if spec else None)
 
     def cached(self) -> bool:
         """Whether every prompt's completion is memoised or cached for the configured ``--completions`` source."""
@@ -254,7 +254,8 @@ class References:
 
     def _fetch_sglang(self, pids: list[str]) -> None:
         """Fetch greedy completions from the ready server and cache them; nothing is cached unless every answer
-        is valid."""
+        is valid and agrees with the local target (:func:`~dflash_eval.suite.server_check.check_server_completions`).
+        """
         if not pids:
             return
         if self.sglang_client is None:
@@ -268,7 +269,8 @@ class References:
         dt = (time.perf_counter() - t0) / max(1, len(pids))
         for pid, c in zip(pids, comps):
             self._check_ids(pid, "sglang", list(c.output_ids))
-        self._check_server_answer(pids[0], list(comps[0].output_ids))
+        check_server_completions(inp, [(p, self.prompt_ids(p), list(c.output_ids)) for p, c in zip(pids, comps)],
+                                 getattr(self.sglang_client, "url", "the SGLang server"))
         for pid, c in zip(pids, comps):
             extra = {"server_text": c.text}
             if c.spec_accept_length is not None:
@@ -277,24 +279,6 @@ class References:
                 extra["spec_accept_histogram"] = list(c.spec_accept_histogram)
             text = inp.tokenizer.decode(list(c.output_ids), skip_special_tokens=True)  # as local completions
             self._write(pid, "sglang", list(c.output_ids), text, c.finish_reason, dt, extra)
-
-    def _check_server_answer(self, pid: str, ids: list[int]) -> None:
-        """The local target's teacher-forced argmax over prompt + ``ids`` must reproduce ``ids`` (all but
-        :data:`SERVER_MAX_DISAGREEMENT` of them, at least one): else the server does not serve this target."""
-        inp = self.inputs
-        argmax, margin = self._teacher_forced_seq(pid, self.prompt_ids(pid) + ids)
-        p = len(self.prompt_ids(pid))
-        pred = argmax[p - 1:p - 1 + len(ids)].tolist()
-        wrong = [k for k, (want, got) in enumerate(zip(ids, pred)) if want != got]
-        if len(wrong) > max(1, int(SERVER_MAX_DISAGREEMENT * len(ids))):
-            k = wrong[0]
-            url = getattr(self.sglang_client, "url", "the SGLang server")
-            raise EvalError(
-                f"{url} does not serve the target {inp.settings.target_model}: its greedy completion of prompt "
-                f"{pid!r} disagrees with the local target's teacher-forced argmax at {len(wrong)} of {len(ids)} "
-                f"tokens (first at completion token {k}: server {ids[k]}, local {pred[k]}, local top-2 margin "
-                f"{float(margin[p - 1 + k]):.3g}); other weights, another checkpoint or a broken server? "
-                "No completion cached")
 
     # ------------------------------------------------------------------------------------------------ consistency
     def teacher_forced(self, pid: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,118 @@
+"""The local target's check of an SGLang server's greedy completions, before any of them is cached.
+
+Every completion of a fetch is teacher-forced through the local target: prompt + completion, several per forward
+(right-padded batches: a causal model's output at a position depends only on the tokens up to it, so the padding
+after a row's last token changes nothing for that row, up to floating-point summation order), and the target's
+argmax at every completion position is compared with the server's token there. A completion whose tokens the
+argmax misses at more than :data:`SERVER_MAX_DISAGREEMENT` of its positions (and at more than one: a bf16 server
+flips near-ties) is wrong: :func:`check_server_completions` raises one error naming the prompt, the number of
+wrong positions and the first one (server token vs target token, both decoded, and the target's top-2 margin
+there), and the other wrong prompts of the fetch. A server that answers some prompts right and others wrong (a
+replica behind a router that serves other weights, a mixed adapter) is caught like one that is wrong throughout.
+
+The argmax of these batches is not cached as the teacher-forced argmax entry (that entry is one unpadded forward,
+written bit for bit by the feature extraction): the check costs one batched forward per
+:data:`CHECK_LOGITS_BUDGET` logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dflash_eval.backends import use_backend
+from dflash_eval.errors import EvalError
+from dflash_eval.generation import generation_groups
+
+__all__ = ["SERVER_MAX_DISAGREEMENT", "CHECK_LOGITS_BUDGET", "Disagreement", "check_server_completions",
+           "disagreement", "teacher_forced_batch"]
+
+#: Largest fraction of a fetched completion's tokens that the local target's teacher-forced argmax may disagree
+#: with (at least one token: a bf16 server flips near-ties); above it the server is refused.
+SERVER_MAX_DISAGREEMENT = 0.1
+#: Most logits (rows x padded length x vocabulary) that one batched forward of the check may produce.
+CHECK_LOGITS_BUDGET = 2**30
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """Where a server completion and the target's teacher-forced argmax differ (completion positions)."""
+
+    prompt_id: str
+    wrong: list[int]
+    n_tokens: int
+    server: list[int]
+    local: list[int]
+    margin: list[float]
+
+    @property
+    def refused(self) -> bool:
+        return len(self.wrong) > max(1, int(SERVER_MAX_DISAGREEMENT * self.n_tokens))
+
+
+def disagreement(pid: str, ids: list[int], argmax: torch.Tensor, margin: torch.Tensor) -> Disagreement:
+    """Compare the server's ``ids`` with the target's ``argmax`` (and top-2 ``margin``) at the same positions."""
+    pred = argmax.tolist()
+    wrong = [k for k, (want, got) in enumerate(zip(ids, pred)) if want != got]
+    return Disagreement(pid, wrong, len(ids), list(ids), pred, margin.tolist())
+
+
+@torch.no_grad()
+def teacher_forced_batch(model: Any, rows: list[tuple[list[int], list[int]]], device: Any,
+                         pad_id: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One right-padded causal forward of ``model`` over every (prompt ids, completion ids) of ``rows``: for each
+    row the argmax and top-1 minus top-2 logit margin at the positions that predict its completion tokens."""
+    width = max(len(p) + len(c) for p, c in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for n, (p, c) in enumerate(rows):
+        ids[n, :len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
+    logits = model(input_ids=ids.to(device)).logits
+    out = []
+    for n, (p, c) in enumerate(rows):
+        top = logits[n, len(p) - 1:len(p) - 1 + len(c)].float().topk(2, dim=-1)
+        out.append((top.indices[:, 0].cpu(), (top.values[:, 0] - top.values[:, 1]).cpu()))
+    return out
+
+
+def _token(tokenizer: Any, t: int) -> str:
+    try:
+        return repr(tokenizer.decode([t]))
+    except Exception:  # a tokenizer that cannot decode a lone id: the id alone says enough
+        return "?"
+
+
+def check_server_completions(inputs: Any, items: list[tuple[str, list[int], list[int]]], url: str) -> None:
+    """Teacher-force every (prompt id, prompt ids, server completion ids) of ``items`` through ``inputs.target``;
+    raise :class:`EvalError` if any completion is wrong (see module docstring), before anything is cached."""
+    if not items:
+        return
+    s = inputs.settings
+    target = inputs.target
+    width = max(len(p) + len(c) for _, p, c in items)
+    rows_per_batch = max(1, CHECK_LOGITS_BUDGET // (width * max(1, inputs.vocab_size)))
+    by_id = {pid: (p, c) for pid, p, c in items}
+    found: dict[str, Disagreement] = {}
+    for group in generation_groups({pid: len(p) + len(c) for pid, p, c in items}, rows_per_batch):
+        with inputs.meter.timed("target_forward"), use_backend(s.eval_backend, s.torch_device):
+            outs = teacher_forced_batch(target.model, [by_id[pid] for pid in group], target.device)
+        inputs.meter.counts["target_forwards"] += 1
+        for pid, (argmax, margin) in zip(group, outs):
+            found[pid] = disagreement(pid, by_id[pid][1], argmax, margin)
+    bad = [found[pid] for pid, _, _ in items if found[pid].refused]
+    if not bad:
+        return
+    d = bad[0]
+    k = d.wrong[0]
+    tok = inputs.tokenizer
+    others = f"; also wrong: prompts {[b.prompt_id for b in bad[1:]]}" if len(bad) > 1 else ""
+    raise EvalError(
+        f"{url} does not serve the target {s.target_model}: its greedy completion of prompt {d.prompt_id!r} "
+        f"disagrees with the local target's teacher-forced argmax at {len(d.wrong)} of {d.n_tokens} tokens (first "
+        f"at completion token {k}: server {d.server[k]} {_token(tok, d.server[k])}, local {d.local[k]} "
+        f"{_token(tok, d.local[k])}, local top-2 margin {d.margin[k]:.3g}){others}; "
+        f"{len(items) - len(bad)} of the {len(items)} completions of this fetch agree. Other weights, another "
+        "checkpoint, a replica or adapter behind the URL that serves something else, or a broken server? "
+        "No completion cached"
+    )
