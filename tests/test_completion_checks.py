@@ -139,6 +139,27 @@ def test_server_with_the_targets_answers_is_cached_with_locally_decoded_text(sgl
     assert {p: r.text for p, r in warm.completions().items()} == {p: r.text for p, r in comps.items()}
 
 
+def test_cached_zero_verify_rounds_read_as_no_server_accept_length(sglang_session, tiny_target):
+    """An entry cached with ``spec_accept_length: 0, spec_verify_ct: 0`` (a non-speculative answer of an older SGLang,
+    stored before such answers were recognised) reads as no server accept length; a real one is kept."""
+    inp = sglang_session.inputs
+    greedy = {tuple(inp.prompt_ids[p.id]): generation_mod.greedy_generate(tiny_target, inp.prompt_ids[p.id], 8)
+              for p in inp.prompts}
+    sglang_session.references.sglang_client = FakeServer(lambda p: greedy[tuple(p)])
+    sglang_session.completions()
+    spec = {"a": {"spec_accept_length": 0, "spec_verify_ct": 0, "spec_accept_histogram": [0]},
+            "b": {"spec_accept_length": 2.5, "spec_verify_ct": 3, "spec_accept_histogram": [1, 1, 1]}}
+    for man in cached_completions(sglang_session):
+        manifest = json.loads(man.read_text())
+        pid = manifest["meta"]["prompt_id"]
+        ids = torch.tensor(sglang_session.completions()[pid].output_ids)
+        inp.cache.write("completion", manifest["key"], {"output_ids": ids}, fields=manifest["fields"],
+                        meta={**manifest["meta"], **spec[pid]})
+    warm = EvalSession(sglang_session.settings, worker=("master", 0, 1)).completions()
+    assert (warm["a"].spec_accept_length, warm["a"].spec_accept_histogram) == (None, None)
+    assert (warm["b"].spec_accept_length, warm["b"].spec_accept_histogram) == (2.5, [1, 1, 1])
+
+
 def test_cached_features_of_another_dtype_are_recomputed(session):
     side = session.inputs.eval_side
     feats = session.evaluation.features(side)

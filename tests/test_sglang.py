@@ -548,6 +548,22 @@ def test_request_shape_batching_and_spec_fields(canned: Callable) -> None:
     assert generate_greedy(server.url, [], max_new_tokens=3) == []
 
 
+def test_zero_verify_rounds_mean_no_speculation(canned: Callable) -> None:
+    """SGLang's tokenizer manager sends ``spec_accept_length: 0`` with ``spec_verify_ct: 0`` for an answer that ran no
+    speculative round (no speculative algorithm): that is no accept length at all, not an accept length of 0."""
+    metas = [{"spec_accept_length": 0, "spec_verify_ct": 0, "spec_accept_rate": 0.0},
+             {"spec_accept_length": 0.0, "spec_verify_ct": 0.0, "spec_accept_histogram": [0, 0]},
+             {"spec_accept_length": 2.0, "spec_verify_ct": 3, "spec_accept_histogram": [1, 1, 1]}]
+
+    def respond(path: str, req: Any) -> tuple[int, bytes]:
+        return 200, json.dumps([item([p[0]] * 6, **m) for p, m in zip(req["input_ids"], metas)]).encode()
+
+    server = canned(respond)
+    got = generate_greedy(server.url, [[1], [2], [3]], max_new_tokens=6, timeout_s=5)
+    assert [(c.spec_accept_length, c.spec_verify_ct, c.spec_accept_histogram) for c in got] == [
+        (None, None, None), (None, None, None), (2.0, 3, [1, 1, 1])]
+
+
 def test_trickling_body_is_bounded_by_total_timeout(canned: Callable) -> None:
     body = json.dumps([item([1, 2])]).encode() * 20
     server = canned(lambda path, req: (200, body, 0.05))  # one byte every 50 ms: never a read timeout

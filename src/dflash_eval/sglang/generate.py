@@ -35,9 +35,10 @@ class Completion:
     ``output_ids`` are the generated ids only (no prompt). ``finish_reason`` is SGLang's dict, e.g.
     ``{"type": "length", "length": 64}`` or ``{"type": "stop", "matched": 151645}``. The two ``spec_*`` fields
     are present only when the server runs a speculative algorithm (``meta_info.spec_accept_length`` /
-    ``spec_verify_ct``), else ``None``; so is ``spec_accept_histogram`` (``meta_info.spec_accept_histogram``, older
-    name ``spec_correct_drafts_histogram``: index n = verify rounds that accepted exactly n draft tokens), which
-    servers report only in recent versions.
+    ``spec_verify_ct``), else ``None`` (also when ``spec_verify_ct`` is 0: no speculative round ran, and SGLang's
+    tokenizer manager then sends ``spec_accept_length: 0``); so is ``spec_accept_histogram``
+    (``meta_info.spec_accept_histogram``, older name ``spec_correct_drafts_histogram``: index n = verify rounds that
+    accepted exactly n draft tokens), which servers report only in recent versions.
     """
 
     output_ids: list[int]
@@ -167,6 +168,8 @@ def _parse_item(item: Any, *, index: int, where: str, max_new_tokens: int) -> Co
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in hist)):
         raise bad("meta_info.spec_accept_histogram", f"is {excerpt(json.dumps(hist), 200)}, expected a list of "
                   "non-negative ints")
+    if verify == 0:  # no speculative round (older SGLang sends spec_accept_length 0 then): no accept length at all
+        accept, verify, hist = None, None, None
     return Completion(
         output_ids=list(output_ids),
         text=text,
