@@ -7,7 +7,7 @@ time, float32, so they equal the model's own greedy output for the same ids).
 
     python tests/sglang_standin.py --model-path DIR --port P [--warmup-refuse-s X] [--warmup-503-s Y]
                                    [--mode happy|never-ready|die-during-warmup|generate-500|slow|
-                                           malformed-json|wrong-model-info] [--slow-s S]
+                                           malformed-json|wrong-model-info|die-during-generate] [--slow-s S]
 
 Start-up mimics SGLang's phases:
 
@@ -25,7 +25,10 @@ Modes (failure injection):
 * ``generate-500`` - ready, but ``POST /generate`` answers HTTP 500;
 * ``slow`` - ready, but ``POST /generate`` answers only after ``--slow-s`` seconds (default 30);
 * ``malformed-json`` - ready, but ``POST /generate`` answers 200 with a truncated JSON body;
-* ``wrong-model-info`` - ``/model_info`` claims another model (``/models/Some-Other-Model-7B``).
+* ``wrong-model-info`` - ``/model_info`` claims another model (``/models/Some-Other-Model-7B``);
+* ``die-during-generate`` - ready, but on ``POST /generate`` it prints a crash message, closes the connection
+  without an answer (the client sees ``RemoteDisconnected``) and exits with code 3 ``--die-delay-s`` seconds later
+  (default 1), as a server that takes a moment to tear its workers down after the crash.
 
 ``--legacy-info`` (any mode): answer ``/model_info`` and ``/server_info`` with 404, as SGLang releases that serve
 only ``/get_model_info`` and ``/get_server_info`` do. ``--skip-tokenizer-init`` (any mode): completions carry no
@@ -42,8 +45,8 @@ number only exercises the suite's reporting of the server's accept length.
 
 Only ``happy`` loads the model before binding (like SGLang). To keep tests fast, ``slow`` and
 ``wrong-model-info`` load it on the first ``POST /generate``, and the modes whose ``/generate`` never succeeds
-(``never-ready``, ``die-during-warmup``, ``generate-500``, ``malformed-json``) never load it (nor import torch):
-they start in a fraction of a second.
+(``never-ready``, ``die-during-warmup``, ``generate-500``, ``malformed-json``, ``die-during-generate``) never load
+it (nor import torch): they start in a fraction of a second.
 
 ``POST /generate`` accepts exactly one of ``input_ids`` (``list[int]`` -> one object, ``list[list[int]]`` -> a list
 in the same order) or ``text`` (needs a tokenizer in the folder), and ``sampling_params`` as one dict or a list of
@@ -59,6 +62,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -77,6 +81,7 @@ MODES = (
     "slow",
     "malformed-json",
     "wrong-model-info",
+    "die-during-generate",
 )
 EAGER_LOAD_MODES = frozenset({"happy"})
 WRONG_MODEL_PATH = "/models/Some-Other-Model-7B"
@@ -350,6 +355,18 @@ def make_handler(state: StandIn) -> type[BaseHTTPRequestHandler]:
             if mode == "malformed-json":
                 self._send(200, b'[{"text": "abc", "output_ids": [1, 2, 3], "meta_info": {"finish_rea')
                 return
+            if mode == "die-during-generate":
+                delay = state.args.die_delay_s
+                log(f"simulated crash while answering /generate (mode die-during-generate): connection closed, "
+                    f"exiting with code {DIE_EXIT_CODE} in {delay:g}s")
+                self.close_connection = True
+                try:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                time.sleep(delay)
+                log(f"exiting with code {DIE_EXIT_CODE}")
+                os._exit(DIE_EXIT_CODE)
             if mode == "slow":
                 log(f"mode slow: sleeping {state.args.slow_s}s before answering /generate")
                 time.sleep(state.args.slow_s)
@@ -371,6 +388,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-503-s", type=float, default=0.0, help="seconds of 503 on /health*")
     parser.add_argument("--mode", choices=MODES, default="happy")
     parser.add_argument("--slow-s", type=float, default=30.0, help="delay of /generate in mode 'slow'")
+    parser.add_argument("--die-delay-s", type=float, default=1.0,
+                        help="seconds mode 'die-during-generate' lives on after closing the connection")
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--legacy-info", action="store_true",
                         help="404 on /model_info and /server_info (only /get_model_info, /get_server_info), as older "

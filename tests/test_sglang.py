@@ -548,6 +548,22 @@ def test_request_shape_batching_and_spec_fields(canned: Callable) -> None:
     assert generate_greedy(server.url, [], max_new_tokens=3) == []
 
 
+def test_connection_broke_names_broken_connections_not_timeouts_or_answers() -> None:
+    """Only a connection that failed or broke makes the client wait for a launched server's exit."""
+    from dflash_eval.sglang.transport import connection_broke
+
+    def raised_from(cause: BaseException) -> SGLangError:
+        try:
+            raise SGLangError("POST /generate failed") from cause
+        except SGLangError as exc:
+            return exc
+
+    broken = [requests.exceptions.ConnectionError("RemoteDisconnected"), requests.exceptions.ChunkedEncodingError()]
+    other = [requests.exceptions.ReadTimeout(), requests.exceptions.ConnectTimeout(), TimeoutError(), ValueError()]
+    assert [connection_broke(raised_from(e)) for e in broken + other] == [True] * 2 + [False] * 4
+    assert not connection_broke(SGLangError("HTTP 500"))
+
+
 def test_zero_verify_rounds_mean_no_speculation(canned: Callable) -> None:
     """SGLang's tokenizer manager sends ``spec_accept_length: 0`` with ``spec_verify_ct: 0`` for an answer that ran no
     speculative round (no speculative algorithm): that is no accept length at all, not an accept length of 0."""
@@ -951,5 +967,38 @@ def test_launched_server_that_exits_after_ready_is_reported_with_code_and_log(ti
         msg = str(err.value)
         assert "exited with code 5 before POST /generate" in msg and "leader quits" in msg
         assert str(svc.log_path) in msg
+    finally:
+        svc.stop()
+
+
+@pytest.mark.parametrize(("delay_s", "wait_s", "exited"), [(3.0, 120.0, True), (600.0, 0.5, False)],
+                         ids=["exits-after-the-break", "still-running"])
+def test_launched_server_dying_during_generate_is_reported_with_code_and_log(
+        tiny_model_dir: Path, tmp_path: Path, delay_s: float, wait_s: float, exited: bool) -> None:
+    """The launched server closes the connection of a ``POST /generate`` and exits ``delay_s`` later (a crash whose
+    teardown takes a moment): the client waits (bounded) for the exit, so the error quotes the exit code and the log
+    tail, not a bare ``connection error``; a process still running after the wait is said to be.
+
+    Not timing dependent: the wait returns as soon as the process exits, so it is made generous (120 s) against a
+    3 s delay (a poll right after the break finds the process still alive), and the still-running case keeps the
+    process alive for 600 s against a 0.5 s wait."""
+    port = free_port()
+    cmd = shlex.join(standin_argv(tiny_model_dir, port, "die-during-generate", 0.0, 0.0, "--die-delay-s", str(delay_s)))
+    svc = SGLangService(service_settings(f"http://127.0.0.1:{port}", tmp_path, sglang_launch=cmd))
+    try:
+        client = svc.start()
+        assert client.exit_wait_s == 5.0 and client.log_path == svc.log_path  # the service's defaults
+        client.exit_wait_s = wait_s
+        with pytest.raises(SGLangError) as err:
+            client.generate_greedy([[1, 2]], max_new_tokens=2)
+        msg = str(err.value)
+        assert "RemoteDisconnected" in msg and "simulated crash while answering /generate" in msg, msg
+        assert f"--- server log tail ({svc.log_path}) ---" in msg, msg
+        if exited:
+            assert f"exited with code {DIE_EXIT_CODE} while answering POST /generate (the connection broke" in msg, msg
+            assert f"exiting with code {DIE_EXIT_CODE}" in msg.split("--- server log tail")[1], msg
+        else:
+            assert f"still running {wait_s:g}s after the connection broke" in msg, msg
+            assert svc.server.process.poll() is None
     finally:
         svc.stop()

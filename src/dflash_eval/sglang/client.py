@@ -34,6 +34,7 @@ import requests
 from dflash_eval.sglang.generate import Completion, generate_greedy
 from dflash_eval.sglang.transport import (
     SGLangError,
+    connection_broke,
     describe_exception,
     excerpt,
     get_json,
@@ -50,6 +51,9 @@ logger = logging.getLogger("dflash_eval.sglang")
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 #: Prompts per ``POST /generate`` request.
 DEFAULT_BATCH_SIZE = 32
+#: How long a launched server whose connection broke during a request is given to finish exiting before the error
+#: is written, in seconds (a crashing server closes its sockets before its exit code exists).
+DEFAULT_EXIT_WAIT_S = 5.0
 #: Older SGLang releases' names of ``/model_info`` and ``/server_info`` (asked when the new name answers 404).
 MODEL_INFO_FALLBACKS = ("/get_model_info",)
 SERVER_INFO_FALLBACKS = ("/get_server_info",)
@@ -221,8 +225,11 @@ class SGLangClient:
     Build it with :meth:`connect` (waits for readiness, checks identity) or from a ``/model_info`` answer that
     :func:`check_identity` already accepted; it never re-checks either. ``generate_greedy`` bounds each request
     by the ``request_timeout_s`` it was built with. ``alive`` (for a launched server: its
-    :meth:`~dflash_eval.sglang.launch.LaunchedServer.check_running`) is called before and after each call, and when
-    a call fails, so that a server process that exited is reported with its exit code and log tail.
+    :meth:`~dflash_eval.sglang.launch.LaunchedServer.check_running`, called as ``alive(when)`` or
+    ``alive(when, wait_s=...)``) is called before and after each call, and when a call fails, so that a server
+    process that exited is reported with its exit code and log tail. When the connection broke (refused, reset, closed
+    without an answer), the process is first given up to ``exit_wait_s`` seconds to finish exiting; if it is still
+    running then, the error says so and quotes the tail of ``log_path`` (the launched server's log).
     """
 
     def __init__(
@@ -232,10 +239,14 @@ class SGLangClient:
         model_info: dict,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         batch_size: int = DEFAULT_BATCH_SIZE,
-        alive: Callable[[str], None] | None = None,
+        alive: Callable[..., None] | None = None,
+        log_path: Path | None = None,
+        exit_wait_s: float = DEFAULT_EXIT_WAIT_S,
     ) -> None:
         self.url = normalize_url(url)
         self.alive = alive
+        self.log_path = log_path
+        self.exit_wait_s = float(exit_wait_s)
         if not isinstance(model_info, dict):
             raise SGLangError(f"SGLangClient({self.url!r}): model_info must be the /model_info dict")
         if not request_timeout_s > 0:
@@ -280,15 +291,26 @@ class SGLangClient:
                 batch_size=self.batch_size,
                 stop_token_ids=stop_token_ids,
             )
-        except SGLangError:
-            self._check_alive("while answering POST /generate")
-            raise
+        except SGLangError as exc:
+            if self.alive is None or not connection_broke(exc):
+                self._check_alive("while answering POST /generate")
+                raise
+            broke = describe_exception(exc.__cause__ or exc)
+            self._check_alive(f"while answering POST /generate (the connection broke: {broke})", self.exit_wait_s)
+            raise SGLangError(
+                f"{exc}\nThe launched SGLang server process is still running {self.exit_wait_s:g}s after the "
+                "connection broke (a crashed worker under a live launcher, or something else answering on its port?).\n"
+                f"--- server log tail ({self.log_path}) ---\n{log_tail(self.log_path)}"
+            ) from exc
         self._check_alive("while answering POST /generate")
         return out
 
-    def _check_alive(self, when: str = "before POST /generate") -> None:
+    def _check_alive(self, when: str = "before POST /generate", wait_s: float = 0.0) -> None:
         if self.alive is not None:
-            self.alive(when)
+            if wait_s > 0:
+                self.alive(when, wait_s=wait_s)
+            else:
+                self.alive(when)
 
     def info(self, timeout_s: float = 10.0) -> dict:
         """The server's ``GET /server_info`` (server args, ``version``, ``internal_states``)."""

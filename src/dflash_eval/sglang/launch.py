@@ -5,7 +5,8 @@ process group), sends its stdout and stderr to a log file, and waits for ``GET /
 (:func:`dflash_eval.sglang.client.wait_until_ready`, which fails at once if the process exits). Before launching it
 checks that the URL's port is free (:func:`dflash_eval.sglang.ports.check_port_free`: a stale server holding it is
 named); whenever the launched process has exited early (during start-up, after readiness, before or during a
-request: :meth:`LaunchedServer.check_running`) the error quotes its exit code and the log tail. On exit - also
+request: :meth:`LaunchedServer.check_running`, which can first wait a bounded moment for a dying process to finish
+exiting) the error quotes its exit code and the log tail. On exit - also
 when the body raised, and via ``atexit`` when the interpreter exits without leaving the ``with`` block - it sends
 SIGTERM to the group, waits up to ``term_timeout_s`` (10 s) for every member to go, then SIGKILLs the group.
 """
@@ -164,11 +165,21 @@ class LaunchedServer:
             raise
         return self
 
-    def check_running(self, when: str = "") -> None:
+    def check_running(self, when: str = "", *, wait_s: float = 0.0) -> None:
         """Raise :class:`SGLangError` quoting the exit code and the log tail if the launched process has exited
-        (before :meth:`stop`); ``when`` says at which point it was found gone."""
+        (before :meth:`stop`); ``when`` says at which point it was found gone.
+
+        ``wait_s`` > 0: first give the process up to that long to finish exiting (``Popen.wait`` with a timeout,
+        returning as soon as it exits): a crashing server closes its connections before its exit code exists."""
         process = self.process
-        if process is None or self._stopped or process.poll() is None:
+        if process is None or self._stopped:
+            return
+        if wait_s > 0:
+            try:
+                process.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._stopped or process.poll() is None:
             return
         raise SGLangError(
             f"SGLang server launched for {self.url} (pid {process.pid}) exited with code {process.returncode}"

@@ -13,7 +13,9 @@ are not cached yet (``--completions sglang``):
   ``<report-dir>/sglang-server.log``; wait for readiness (failing at once if it exits); stop the whole group at
   session end, on failures, on KeyboardInterrupt and on SIGTERM (:meth:`SGLangService.install_signal_handlers`:
   the handler stops the server, then re-raises the signal with the previous handler). If the launched process
-  exits at any point before the completions are fetched, the error quotes its exit code and log tail.
+  exits at any point before the completions are fetched, the error quotes its exit code and log tail (a connection
+  that breaks during ``POST /generate`` first gives the process a bounded moment to finish exiting, and says so
+  when it is still running).
 * either way, ``GET /model_info`` must name the target (``--sglang-model-name`` or the target directory's
   basename) before any completion is requested: a mismatch is an :class:`SGLangError` (a failure, never a skip).
 
@@ -92,7 +94,7 @@ class SGLangService:
             self.server.check_running("while its identity was checked")
             alive = self.server.check_running
         self.client = SGLangClient(self.url, model_info=self.model_info, request_timeout_s=self.request_timeout_s,
-                                   alive=alive)
+                                   alive=alive, log_path=self.log_path)
         return self.client
 
     # ------------------------------------------------------------------------------------------------ stop

@@ -17,7 +17,7 @@ import requests
 
 from dflash_eval.errors import DFlashEvalError
 
-__all__ = ["SGLangError", "normalize_url", "log_tail", "get_json", "excerpt", "describe_exception"]
+__all__ = ["SGLangError", "normalize_url", "log_tail", "get_json", "excerpt", "describe_exception", "connection_broke"]
 
 #: How much of a response body or log file goes into an error message.
 BODY_EXCERPT_CHARS = 500
@@ -90,6 +90,19 @@ def describe_exception(exc: BaseException) -> str:
     if isinstance(exc, requests.exceptions.Timeout):
         return f"request timed out ({type(exc).__name__})"
     return f"{type(exc).__name__}: {excerpt(str(exc), 200)}"
+
+
+def connection_broke(exc: BaseException) -> bool:
+    """Whether ``exc`` (or the exception it was raised from) is a connection that failed or broke: refused, reset,
+    closed without an answer (``RemoteDisconnected``) or cut mid-body; not a timeout."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, requests.exceptions.Timeout):
+            return False
+        if isinstance(seen, (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError)):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def get_json(url: str, path: str, *, timeout_s: float, what: str, fallbacks: tuple[str, ...] = ()) -> Any:
