@@ -1,14 +1,20 @@
 """The third stage: target features ``hidden_states[i + 1]`` per prompt, target layer and side (backend, dtype).
 
-One cache entry per (sequence, layer, backend, dtype, device kind, library versions): a drafter reading other
-target layers reuses the layers already cached and extracts only the missing ones, all in ONE target forward per
-prompt (one cache job per prompt, spread over xdist workers). Also the per-layer fingerprint of a fixed text
-(regression detection across library upgrades).
+One cache entry per (sequence, layer, backend, dtype, device kind, library versions, kernel probe digest): a
+drafter reading other target layers reuses the layers already cached and extracts only the missing ones, all in ONE
+target forward per prompt (one cache job per prompt, spread over xdist workers). Also the per-layer fingerprint of a
+fixed text (regression detection across library upgrades).
+
+The kernel probe (:mod:`dflash_eval.kernel_probe`) runs the side's kernels in this process before the first key is
+made, so features extracted by kernels that computed something else (patched, rebuilt, another Triton or driver
+under the same versions) are never served: they are re-extracted, with a :class:`KernelOutputChanged` warning
+naming the kernel whose output changed (or, under ``--cache-only``, an error saying what to do).
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -17,7 +23,8 @@ from dflash_eval.backends import check_backend_device, use_backend
 from dflash_eval.cache import Job, cache_key, ids_digest
 from dflash_eval.entry_checks import Expected
 from dflash_eval.drift import Side, fingerprint as layer_fingerprint
-from dflash_eval.errors import EvalError
+from dflash_eval.errors import CacheError, EvalError
+from dflash_eval.kernel_probe import KernelOutputChanged, KernelProbes
 from dflash_eval.provenance import device_kind, kernel_versions, library_versions, provenance
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
@@ -37,12 +44,26 @@ class FeatureStore:
         self.inputs = inputs
         self._memo: dict[tuple[str, str, str], dict[int, torch.Tensor]] = {}
         self._fingerprint: dict[str, Any] | None = None
+        self.probes = KernelProbes(inputs.target_dir, inputs.settings.torch_device,
+                                   registry_dir=inputs.cache.base / "kernel_probes")
 
-    def fields(self, seq: list[int], layer: int, side: Side) -> dict[str, Any]:
+    def kernel_digest(self, side: Side) -> str:
+        """The digest of the side's kernels' output in this process (:mod:`dflash_eval.kernel_probe`; probed on the
+        first call per backend and dtype)."""
+        if not self.probes.probed(side.backend, side.dtype):
+            with self.inputs.meter.timed("kernel_probe"):
+                self.probes.get(side.backend, side.dtype)
+            self.inputs.meter.counts["kernel_probes"] += 1
+        return self.probes.get(side.backend, side.dtype).digest
+
+    def fields(self, seq: list[int], layer: int, side: Side, *, kernels: str | None = None) -> dict[str, Any]:
+        """The key fields of one feature entry; ``kernels``: another kernel probe digest than the live one (to look
+        for entries extracted with other kernels)."""
         s = self.inputs.settings
         return {"target": self.inputs.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
                 "layer": int(layer), "backend": side.backend, "dtype": str(side.dtype),
-                "device_kind": device_kind(s.torch_device), "versions": library_versions()}
+                "device_kind": device_kind(s.torch_device), "versions": library_versions(),
+                "kernels": kernels or self.kernel_digest(side)}
 
     def key(self, seq: list[int], layer: int, side: Side) -> str:
         return cache_key("features", self.fields(seq, layer, side))
@@ -50,13 +71,13 @@ class FeatureStore:
     def expected(self, seq: list[int], layer: int, side: Side) -> Expected:
         """What a cached feature entry must hold for this request: written for exactly these key fields, a
         ``[len(seq), hidden_size]`` tensor of the side's dtype, extracted (provenance) with the side's backend and
-        dtype, this layer and these library versions."""
+        dtype, this layer, these library versions and kernels of this probe digest."""
         fields = self.fields(seq, layer, side)
         return Expected(fields=fields,
                         tensors={"features": (side.dtype, (len(seq), self.inputs.target_dir.hidden_size))},
                         meta={"provenance": {"backend": side.backend, "dtype": str(side.dtype).removeprefix("torch."),
                                              "device_kind": fields["device_kind"], "layer_ids": [int(layer)],
-                                             "versions": fields["versions"]}})
+                                             "versions": fields["versions"], "kernel_probe": fields["kernels"]}})
 
     def _read_layers(self, seq: list[int], layers: tuple[int, ...], side: Side) -> dict[int, torch.Tensor]:
         """The cached layers of ``seq``, each checked against the request (dtype, shape, provenance) on every read:
@@ -67,6 +88,31 @@ class FeatureStore:
             if e is not None:
                 out[i] = e.tensors["features"]
         return out
+
+    def check_kernels(self, seqs: dict[str, list[int]], layers: tuple[int, ...], side: Side, what: str) -> None:
+        """Before extracting what is missing: if any of these entries was cached with kernels of another probe
+        digest (same target, tokens, backend, dtype, device kind and versions), say so by name, naming the most
+        recent such digest once per process (a :class:`KernelOutputChanged` warning, eval.json's
+        ``provenance.kernel_probe.changed``); under ``--cache-only`` raise CacheError saying what to do instead."""
+        cache = self.inputs.cache
+        for digest, kernels in self.probes.earlier(side.backend, side.dtype).items():
+            stale = next((pid for pid, seq in seqs.items() for i in layers
+                          if not cache.exists("features", self.key(seq, i, side))
+                          and cache.exists("features", cache_key("features", self.fields(seq, i, side,
+                                                                                         kernels=digest)))), None)
+            if stale is None:
+                continue
+            msg = self.probes.note_change(side.backend, side.dtype, digest, kernels, "features")
+            if msg is None:  # said already in this process
+                return
+            if cache.cache_only:
+                raise CacheError(f"{msg}, e.g. those of {stale}; --cache-only forbids re-extracting them: run once "
+                                 "without --cache-only to extract them with the live kernels, or restore the kernels "
+                                 "they were extracted with")
+            msg += f"; features extracted with other kernels are not used: {what} are re-extracted with the live ones"
+            warnings.warn(KernelOutputChanged(msg), stacklevel=2)
+            self.inputs.log(msg)
+            return
 
     def features(self, completions: dict[str, CompletionRecord], side: Side, layers: tuple[int, ...]) -> Features:
         """Per prompt, per target layer features [T, H] of prompt + completion under ``side``."""
@@ -92,6 +138,8 @@ class FeatureStore:
                  layers: tuple[int, ...]) -> None:
         inp = self.inputs
         check_backend_device(side.backend, inp.settings.torch_device)  # fla (with or without a fault) needs CUDA
+        self.check_kernels({f"prompt {pid!r}": completions[pid].sequence for pid in todo}, layers, side,
+                           f"the features of {len(todo)} prompt(s)")
         prog = Progress(f"target features ({side.label}, layers {list(layers)})", len(todo), inp.progress)
         jobs = []
         for pid in todo:
@@ -158,7 +206,8 @@ class FeatureStore:
             fields = self.fields(seq, i, side)
             meta = {"prompt_id": pid, "provenance": provenance(backend=info.name, dtype=side.dtype,
                                                                device=inp.settings.torch_device,
-                                                               kernel=info.chunk_impl, layer_ids=[i])}
+                                                               kernel=info.chunk_impl, layer_ids=[i],
+                                                               kernel_probe=fields["kernels"])}
             inp.cache.write("features", cache_key("features", fields), {"features": feats[i]}, fields=fields,
                             meta=meta, seconds=dt / len(missing))
 
@@ -174,9 +223,10 @@ class FeatureStore:
         the fault (``kernel_fault`` names it) while ``backend`` stays the clean one, so the run is compared with the
         clean golden: the fault-injection hook is how the fingerprint check is seen to catch a kernel change.
 
-        The features come from the cache like any prompt's (keyed on the target, backend, dtype, device kind and
-        library versions): under xdist one worker runs the forward and the others read it, and a warm run loads no
-        target for it."""
+        The features come from the cache like any prompt's (keyed on the target, backend, dtype, device kind,
+        library versions and the kernel probe's digest, so they are the live kernels' features): under xdist one
+        worker runs the forward and the others read it, and a warm run loads no target for it. ``kernel_probe``
+        records the probe's digest per kernel."""
         if self._fingerprint is None:
             inp = self.inputs
             s = inp.settings
@@ -185,6 +235,7 @@ class FeatureStore:
             side = inp.eval_side  # the evaluation backend (with a kernel fault, if any) and dtype
             feats = self._read_layers(ids, layers, side)
             if len(feats) < len(layers):  # one forward, by whichever process takes the lock first
+                self.check_kernels({"the fingerprint text": ids}, layers, side, "the fingerprint's features")
                 inp.cache.produce_many([Job("fingerprint-" + cache_key("fingerprint", self.fields(ids, -1, side)),
                                             lambda: all(inp.cache.exists("features", self.key(ids, i, side))
                                                         for i in layers),
@@ -194,5 +245,6 @@ class FeatureStore:
                 "target": inp.target_identity, "text": FINGERPRINT_TEXT, "tokens": ids_digest(ids),
                 "n_tokens": len(ids), "backend": s.eval_backend, "kernel_fault": s.kernel_fault,
                 "dtype": str(side.dtype).removeprefix("torch."), "device_kind": device_kind(s.torch_device),
-                "layers": {str(i): layer_fingerprint(feats[i]) for i in layers}, "versions": kernel_versions()}
+                "layers": {str(i): layer_fingerprint(feats[i]) for i in layers}, "versions": kernel_versions(),
+                "kernel_probe": {k: v.digest for k, v in self.probes.get(side.backend, side.dtype).kernels.items()}}
         return self._fingerprint
