@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import json
-import threading
 import time
 from collections.abc import Generator
 from typing import Any
@@ -34,8 +33,6 @@ WORKEROUTPUT_KEY = "dflash_eval_fragment"
 SUITE_REPORT_ATTR = "dflash_eval_suite"  # set on the reports of tests that use the suite's fixtures
 CHECKED = pytest.StashKey[bool]()
 DEFERRED_CHECK = pytest.StashKey[bool]()
-PREWARM = pytest.StashKey[threading.Thread]()
-PREWARM_JOIN_S = 60.0  # how long the session's end waits for the report imports begun at its start
 MARKERS = (
     "slow: takes more than a few seconds on a 2-core CPU (deselect with -m 'not slow')",
     "gpu: needs a CUDA device; skipped on CPU-only machines with a reason naming what was not checked",
@@ -146,10 +143,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     if config.pluginmanager.has_plugin("dsession"):
         config.stash[DEFERRED_CHECK] = True
-        _prewarm_reports(config)
         return
     _check_inputs(config)
-    _prewarm_reports(config)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -158,30 +153,6 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, Any, Any]:
     if session.config.stash.get(DEFERRED_CHECK, False):
         _check_inputs(session.config)
     return (yield)
-
-
-def _prewarm_reports(config: pytest.Config) -> None:
-    """Import what writing the reports takes (matplotlib, the report modules) in a background thread while the
-    tests run: after the last test these imports would add about a second to the run. An xdist controller is idle
-    while its workers run; without xdist the tests' torch work leaves the interpreter lock free most of the time
-    (the inputs are checked first, so torch and the session's modules are imported by then). The session's end
-    joins the thread (:func:`pytest_sessionfinish`): a run with no test to do would otherwise let the interpreter
-    shut down while the thread is still inside an extension module's import, which can crash the process."""
-    thread = threading.Thread(target=_import_report_modules, name="dflash-eval-prewarm", daemon=True)
-    config.stash[PREWARM] = thread
-    thread.start()
-
-
-def _import_report_modules() -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot  # noqa: F401
-
-        import dflash_eval.report  # noqa: F401
-    except Exception:  # noqa: BLE001 - only a head start: the reports import again and report any error
-        pass
 
 
 def _check_inputs(config: pytest.Config) -> None:
@@ -207,9 +178,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 @pytest.hookimpl(tryfirst=True)  # before junitxml writes its file: the run's τ and verdict become its properties
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    prewarm = config.stash.get(PREWARM, None)
-    if prewarm is not None:  # daemon: a stuck import cannot keep the process alive past this wait
-        prewarm.join(timeout=PREWARM_JOIN_S)
     reporter = config.stash.get(REPORTER, None)
     if reporter is not None:
         reporter.close()
