@@ -4,7 +4,9 @@ eval.json (schema 1; documented in README.md)::
 
     {"schema": 1, "created": ISO time, "settings": {...},
      "target": {"path", "identity", "num_layers", "hidden_size", "vocab_size", "layer_types", "dtype", "device"},
-     "drafter": {"path", "fingerprint", "config"}, "provenance": {"backend", "dtype", "device", "versions", ...},
+     "drafter": {"path", "fingerprint", "config"}, "provenance": {"backend", "dtype", "device", "versions",
+                                                                 "kernel_probe": {"seconds", "probes", "changed",
+                                                                                  "per_worker"}, ...},
      "context": {"target", "max_new_tokens", "max_blocks", "block_size", "chat_template", "thinking", "dtype",
                  "backend", "humaneval_wrapper" (only with HumanEval prompts)},
      "prompts": {id: {"category", "tau", "rounds", "accept_lengths", "histogram" (rounds per length 1..B),
@@ -55,6 +57,24 @@ __all__ = ["SCHEMA", "merge"]
 SCHEMA = 1
 
 
+def _kernel_probes(fragments: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Every process's ``provenance.kernel_probe`` in one: each (backend, dtype) probe once (every process probes
+    its own kernels), every kernel change any process noticed, the probe time per worker."""
+    blocks = [(f.get("worker", "?"), (f.get("provenance") or {}).get("kernel_probe")) for f in fragments]
+    blocks = [(w, b) for w, b in blocks if b]
+    if not blocks:
+        return None
+    probes: dict[tuple[str, str], Any] = {}
+    changed: dict[tuple[str, str], Any] = {}
+    for _, b in blocks:
+        for p in b.get("probes", []):
+            probes.setdefault((p.get("backend"), p.get("dtype")), p)
+        for c in b.get("changed", []):
+            changed.setdefault((c.get("label"), c.get("was")), c)
+    return {"seconds": max(b.get("seconds", 0.0) for _, b in blocks), "probes": list(probes.values()),
+            "changed": list(changed.values()), "per_worker": {w: b.get("seconds", 0.0) for w, b in blocks}}
+
+
 def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = None,
           wall_s: float | None = None) -> dict[str, Any]:
     """Merge per-process fragments (identical measurements from several workers are de-duplicated)."""
@@ -97,6 +117,9 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
             accept[(r["comparison"], r["prompt_id"])] = r
     out["drift"] = list(drift.values())
     out["drift_accept"] = list(accept.values())
+    probes = _kernel_probes(fragments)
+    if probes is not None:
+        out["provenance"] = {**out.get("provenance", {}), "kernel_probe": probes}
     gate = {(r["comparison"], r["layer"]): r for f in fragments for r in f.get("drift_gate", [])}
     if gate or "drift_budget" in out:
         out["drift_gate"] = list(gate.values())

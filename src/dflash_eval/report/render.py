@@ -259,6 +259,11 @@ def render_markdown(data: dict[str, Any]) -> str:
                  f"{t.get('num_layers', '?')} layers, dtype {t.get('dtype', '?')}, device {t.get('device', '?')}")
     parts.append(f"- drafter: `{d.get('path', '?')}` fingerprint `{str(d.get('fingerprint', '?'))[:16]}`")
     parts.append(f"- backend {p.get('backend', '?')}, versions {p.get('versions', {})}")
+    kp = p.get("kernel_probe") or {}
+    if kp.get("probes"):
+        parts.append("- kernel probe (" + f"{kp.get('seconds', 0.0) * 1e3:.0f} ms): " + ", ".join(
+            f"{q.get('backend')}/{q.get('dtype')} `{str(q.get('digest'))[:12]}`" for q in kp["probes"]))
+    parts += [f"- **{c.get('message')}**; re-extracted with the live kernels" for c in kp.get("changed", [])]
     tc = data.get("tests", {}).get("counts", {})
     if tc:
         parts.append("- tests: " + ", ".join(f"{k} {v}" for k, v in sorted(tc.items())))

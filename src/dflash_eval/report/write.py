@@ -52,4 +52,6 @@ def finish(data: dict[str, Any], settings: Any) -> list[str]:
         msgs.append(f"feature fingerprint written to {fp}")
     paths = write_reports(data, settings.report_dir)
     msgs.insert(0, "reports: " + ", ".join(str(p) for p in paths.values()))
+    for change in ((data.get("provenance") or {}).get("kernel_probe") or {}).get("changed", []):
+        msgs.append(f"kernel probe: {change['message']}; re-extracted with the live kernels")
     return msgs

@@ -175,6 +175,8 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
         sglang=sglang or None, target=target,
         provenance=provenance(backend=s.feature_backend, dtype=s.torch_dtype, device=s.torch_device) if target
         else None, tau=tau, fingerprint=fingerprint, context=context)
+    if result.provenance is not None and ev.store.probes.results:  # the kernels the features' keys carry
+        result.provenance["kernel_probe"] = ev.store.probes.to_json()
     if ev.checkpoint_read:
         ck = ev.checkpoint
         result.drafter = {"path": str(ck.source), "fingerprint": ck.fingerprint, "config": ck.config.to_dict()}
