@@ -214,7 +214,15 @@ def _kwarg_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         return fn(*args, **{k: v for k, v in kwargs.items() if k in names})
 
+    return _named_like(call, fn)
+
+
+def _named_like(call: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` (a wrapper) named as the function it calls, so the kernel in force is described by its own name;
+    no ``__wrapped__``: :func:`use_backend` unwraps only transformers' own wrappers."""
     call.__name__ = getattr(fn, "__name__", "fla_fn")
+    call.__qualname__ = getattr(fn, "__qualname__", call.__name__)
+    call.__module__ = getattr(fn, "__module__", "?")
     return call
 
 
@@ -224,7 +232,7 @@ def _guard_cuda(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
             raise BackendError(f"fla backend ({what}) called on a {query.device} tensor; fla runs on CUDA only")
         return fn(query, *args, **kwargs)
 
-    return call
+    return _named_like(call, fn)
 
 
 def loaded_hybrid_modules() -> list[ModuleType]:
