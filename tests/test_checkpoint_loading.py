@@ -28,7 +28,8 @@ def _status(checks, name):  # type: ignore[no-untyped-def]
 def test_released_layout_round_trip(tiny_drafter_dir: Path, tiny_drafter: DFlashDrafter, tiny_target) -> None:  # type: ignore[no-untyped-def]
     ckpt = read_checkpoint(tiny_drafter_dir)
     spec = TargetSpec.from_target(tiny_target)
-    assert all(c.status in ("pass",) for c in run_checks(ckpt, spec)), run_checks(ckpt, spec)
+    checks = run_checks(ckpt, spec)  # the tiny target's spec has no tokenizer: the mask-token comparison skips
+    assert all(c.status == ("skip" if c.name == "mask_token_match" else "pass") for c in checks), checks
     model = build_drafter(ckpt, dtype="fp32", spec=spec)
     for k, v in tiny_drafter.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k

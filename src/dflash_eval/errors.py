@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["DFlashEvalError", "ConfigError", "CheckpointError", "ArchitectureMismatch", "BackendError", "CacheError", "EvalError"]
+__all__ = ["DFlashEvalError", "ConfigError", "CheckpointError", "ArchitectureMismatch", "DrafterRefused",
+           "BackendError", "CacheError", "EvalError"]
 
 
 class DFlashEvalError(Exception):
@@ -19,6 +20,14 @@ class CheckpointError(DFlashEvalError):
 
 class ArchitectureMismatch(DFlashEvalError):
     """The drafter does not fit the target (shapes, layer ids, vocabulary)."""
+
+
+class DrafterRefused(ArchitectureMismatch):
+    """The drafter failed architecture checks and was not built; ``checks``: (name, message) of each failed one."""
+
+    def __init__(self, message: str, checks: list[tuple[str, str]]) -> None:
+        super().__init__(message)
+        self.checks = list(checks)
 
 
 class BackendError(DFlashEvalError):

@@ -1,7 +1,8 @@
 """The DFlash drafter: its config, the model and drafting primitive, checkpoints and architecture checks.
 
-Modules, each importing only those before it (no cycle): :mod:`~dflash_eval.drafter.config` (DrafterConfig,
-config.json), :mod:`~dflash_eval.drafter.model` (DFlashDrafter, expected_shapes, block_ids, draft_logits),
+Modules, each importing only those before it (no cycle): :mod:`~dflash_eval.drafter.vocabulary` (the target
+tokenizer's mask token), :mod:`~dflash_eval.drafter.config` (DrafterConfig, config.json),
+:mod:`~dflash_eval.drafter.model` (DFlashDrafter, expected_shapes, block_ids, draft_logits),
 :mod:`~dflash_eval.drafter.checks` (checks against the target), :mod:`~dflash_eval.drafter.checkpoint`
 (reading, building and saving checkpoints).
 
@@ -13,10 +14,11 @@ Example::
 
 from __future__ import annotations
 
-from dflash_eval.drafter.checkpoint import Checkpoint, build_drafter, read_checkpoint, save_drafter
+from dflash_eval.drafter.checkpoint import Checkpoint, build_drafter, fit_refusal, read_checkpoint, save_drafter
 from dflash_eval.drafter.checks import CHECKS, Check, TargetSpec, compare_architectures, run_checks
 from dflash_eval.drafter.config import DrafterConfig, default_target_layer_ids, load_config_file
 from dflash_eval.drafter.model import ContextKV, DFlashDrafter, block_ids, draft_logits, expected_shapes
+from dflash_eval.drafter.vocabulary import TargetVocabulary, resolve_mask_token_id
 
 __all__ = [
     "DFlashDrafter",
@@ -27,6 +29,7 @@ __all__ = [
     "Checkpoint",
     "read_checkpoint",
     "build_drafter",
+    "fit_refusal",
     "save_drafter",
     "expected_shapes",
     "TargetSpec",
@@ -36,4 +39,6 @@ __all__ = [
     "compare_architectures",
     "block_ids",
     "draft_logits",
+    "TargetVocabulary",
+    "resolve_mask_token_id",
 ]

@@ -29,13 +29,14 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from dflash_eval.atomic import atomic_write_with
-from dflash_eval.drafter.checks import TargetSpec, run_checks
+from dflash_eval.drafter.checks import Check, TargetSpec, run_checks
 from dflash_eval.drafter.config import DrafterConfig, load_config_file
 from dflash_eval.drafter.model import DFlashDrafter
+from dflash_eval.drafter.vocabulary import TargetVocabulary
 from dflash_eval.dtypes import parse_dtype
-from dflash_eval.errors import ArchitectureMismatch, CheckpointError, ConfigError
+from dflash_eval.errors import CheckpointError, ConfigError, DrafterRefused
 
-__all__ = ["Checkpoint", "read_checkpoint", "build_drafter", "save_drafter"]
+__all__ = ["Checkpoint", "read_checkpoint", "fit_refusal", "build_drafter", "save_drafter"]
 
 _PREFIXES = ("module.", "model.", "draft_model.")
 
@@ -115,8 +116,10 @@ def read_checkpoint(
     *,
     config_path: str | Path | None = None,
     num_target_layers: int | None = None,
+    vocabulary: TargetVocabulary | None = None,
 ) -> Checkpoint:
-    """Read a drafter from a released directory or a ``.pt`` training checkpoint.
+    """Read a drafter from a released directory or a ``.pt`` training checkpoint (``num_target_layers`` and
+    ``vocabulary``: the target's, for a config without target_layer_ids or mask_token_id).
 
     Raises:
         CheckpointError: the path is missing or unreadable.
@@ -139,7 +142,7 @@ def read_checkpoint(
     else:
         raise CheckpointError(f"drafter checkpoint not found: {path} (pass --drafter DIR or FILE.pt)")
     sd = _strip_prefix(sd)
-    kwargs = {"num_target_layers": num_target_layers}
+    kwargs: dict[str, Any] = {"num_target_layers": num_target_layers, "vocabulary": vocabulary}
     if config_path is not None or (embedded is None and cfg_file.is_file()):
         cfg = load_config_file(cfg_file, **kwargs)
     elif embedded is not None:
@@ -151,6 +154,18 @@ def read_checkpoint(
     return Checkpoint(source=path, config=cfg, state_dict=sd, fingerprint=_fingerprint(sd))
 
 
+def fit_refusal(ckpt: Checkpoint, spec: TargetSpec | None,
+                checks: list[Check] | None = None) -> DrafterRefused | None:
+    """Why the drafter cannot be built for the target: a DrafterRefused naming every failed check (None: it fits);
+    ``checks``: the results of :func:`run_checks` when already run."""
+    failures = [c for c in (run_checks(ckpt, spec) if checks is None else checks) if c.status == "fail"]
+    if not failures:
+        return None
+    lines = "\n".join(f"  - [{c.name}] {c.message}" for c in failures)
+    return DrafterRefused(f"drafter {ckpt.source} does not fit the target:\n{lines}",
+                          [(c.name, c.message) for c in failures])
+
+
 def build_drafter(
     ckpt: Checkpoint,
     *,
@@ -158,16 +173,16 @@ def build_drafter(
     dtype: str | torch.dtype = "bf16",
     spec: TargetSpec | None = None,
 ) -> DFlashDrafter:
-    """Instantiate the drafter and load its weights; refuse on any failing validation check.
+    """Instantiate the drafter and load its weights; refuse on any failing validation check (DrafterRefused, an
+    ArchitectureMismatch naming every failed check).
 
     Args:
         ckpt: from :func:`read_checkpoint`.
         spec: the target to validate against (when None, the checks compare with the drafter's own config).
     """
-    failures = [c for c in run_checks(ckpt, spec) if c.status == "fail"]
-    if failures:
-        lines = "\n".join(f"  - [{c.name}] {c.message}" for c in failures)
-        raise ArchitectureMismatch(f"drafter {ckpt.source} does not fit the target:\n{lines}")
+    refusal = fit_refusal(ckpt, spec)
+    if refusal is not None:
+        raise refusal
     model = DFlashDrafter(ckpt.config)
     model.load_state_dict(ckpt.state_dict, strict=True)
     return model.to(device=torch.device(device), dtype=parse_dtype(dtype)).eval()

@@ -10,17 +10,23 @@ The classic mistakes caught here: ``fc`` sized for a different number of target 
 drafter hidden size that differs from the target's, a target layer id past the last layer (or pointing at the
 last layer, whose HF hidden_states entry is post-norm), a mask token outside the target vocabulary, a drafter
 vocabulary (config or any vocabulary-sized tensor) other than the target's.
+
+Two warnings name causes that cost τ (or a deployment) without any error: a mask token that is not the target's
+(``mask_token_match``: the tokenizer's mask token, SGLang's lookup of ``dflash_config.mask_token``, the embedding
+row's norm; :mod:`dflash_eval.drafter.vocabulary`), and an activation other than silu, which SGLang's DFlash drafter
+refuses (``hidden_act``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from dflash_eval.drafter.config import DrafterConfig
 from dflash_eval.drafter.model import expected_shapes
+from dflash_eval.drafter.vocabulary import SGLANG_DEFAULT_MASK_TOKEN, TargetVocabulary, row_stat
 
 __all__ = ["Check", "CheckedCheckpoint", "TargetSpec", "CHECKS", "VOCAB_KEY_SUFFIXES", "run_checks",
            "compare_architectures"]
@@ -40,11 +46,14 @@ class CheckedCheckpoint(Protocol):
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """What the checks need to know about the target."""
+    """What the checks need to know about the target; ``vocabulary`` (its tokenizer) and ``embedding`` (its input
+    embedding weight, [vocab, H]) only for the mask-token check, which skips without them."""
 
     num_layers: int
     hidden_size: int
     vocab_size: int
+    vocabulary: TargetVocabulary | None = field(default=None, compare=False, repr=False)
+    embedding: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_target(cls, target: Any) -> TargetSpec:
@@ -121,6 +130,44 @@ def _mask_token(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
                  f"'dflash_config.mask_token_id' {mask} is outside the target vocabulary (size {vocab})")
 
 
+def _mask_token_match(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
+    """Warn when the mask token does not look like the target's: another id than the tokenizer's mask token (or than
+    the token SGLang looks up for ``dflash_config.mask_token``), or an embedding row that looks like a trained
+    token's (:func:`~dflash_eval.drafter.vocabulary.row_stat`: a mask token's row normally looks untrained)."""
+    name, mask = "mask_token_match", ckpt.config.mask_token_id
+    vocab = spec.vocabulary if spec else None
+    if vocab is None:
+        return Check(name, "skip", "no target tokenizer to compare the mask token with")
+    if not 0 <= mask < vocab.embedding_rows:
+        return Check(name, "skip", f"mask_token_id {mask} is outside the target vocabulary (check mask_token_id)")
+    token = ckpt.config.mask_token or SGLANG_DEFAULT_MASK_TOKEN
+    named, own = vocab.token_id(token), vocab.mask_token_id
+    problems = []
+    if named is not None and named != mask:
+        which = "dflash_config.mask_token" if ckpt.config.mask_token else "SGLang's default mask token"
+        problems.append(f"the target tokenizer's token {token!r} ({which}) is id {named}: SGLang's DFlash worker "
+                        "refuses to start with a mask_token_id that conflicts with it "
+                        "(python/sglang/srt/speculative/dflash_worker.py)")
+    elif named is None and own is not None and own != mask:
+        problems.append(f"the target tokenizer's mask token {vocab.mask_token!r} is id {own}")
+    row = row_stat(vocab, spec.embedding, mask) if spec is not None and spec.embedding is not None else None
+    looks = "" if row is None else (f"; its embedding row looks like a trained token's ({row.describe()}), where a "
+                                    "mask token's row normally looks untrained (the target never reads it in text)"
+                                    if row.looks_trained else f"; its embedding row looks untrained ({row.describe()})")
+    what = f"'dflash_config.mask_token_id' {mask} ({vocab.describe(mask)})"
+    cost = ("; a drafter fed another mask embedding than it was trained with loses τ without any error: was it "
+            "trained with another mask token (another target or tokenizer)?")
+    if problems:
+        return Check(name, "warn", f"{what}: " + "; ".join(problems) + looks + cost)
+    agrees = named == mask or own == mask
+    if row is not None and row.looks_trained and not agrees:
+        return Check(name, "warn", f"{what}: the target tokenizer has no mask token to compare it with{looks}{cost}")
+    source = (f"the target tokenizer's token {token!r}" if named == mask else
+              f"the target tokenizer's mask token {vocab.mask_token!r}" if own == mask else
+              "not a token of the target tokenizer")
+    return Check(name, "pass", f"{what} is {source}{looks}")
+
+
 #: Keys whose first dimension is the vocabulary (an embedding or head a drafter variant may carry).
 VOCAB_KEY_SUFFIXES = ("embed_tokens.weight", "lm_head.weight")
 
@@ -148,6 +195,16 @@ def _block_size(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     return Check("block_size", "fail", f"'block_size' {b}: must be >= 2 (one bonus slot plus at least one draft slot)")
 
 
+def _hidden_act(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
+    act = ckpt.config.hidden_act
+    if act == "silu":
+        return Check("hidden_act", "pass", "hidden_act silu (the activation SGLang's DFlash drafter implements)")
+    return Check("hidden_act", "warn",
+                 f"'hidden_act' is {act!r}: evaluated here with {act} (transformers' ACT2FN, as the reference model "
+                 "reads it), but SGLang's DFlash drafter refuses every activation other than silu "
+                 "(python/sglang/srt/models/dflash.py, DFlashMLP): SGLang cannot serve this drafter as it is")
+
+
 def _keys(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     want = expected_shapes(ckpt.config)
     got = ckpt.shapes
@@ -172,8 +229,10 @@ CHECKS: dict[str, Callable[[Any, TargetSpec | None], Check]] = {
     "target_layer_ids_range": _layer_ids_range,
     "target_layer_ids_last_layer": _layer_ids_last,
     "mask_token_id": _mask_token,
+    "mask_token_match": _mask_token_match,
     "vocab_size": _vocab,
     "block_size": _block_size,
+    "hidden_act": _hidden_act,
     "state_dict_keys": _keys,
 }
 

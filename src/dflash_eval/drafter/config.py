@@ -19,7 +19,16 @@ Fields are read as the reference implementation reads them (z-lab's ``DFlashDraf
 - ``block_size`` at the top level or inside ``dflash_config``; both present with different values is refused
   (reference releases disagree on which one wins);
 - features of newer drafter variants that this implementation does not compute (sliding-window or causal drafter
-  layers, ``dflash_config`` logit multiplier / softcapping / embedding scale) are refused.
+  layers) are refused;
+- ``dflash_config`` is an allow-list (:data:`DFLASH_READ`, :data:`DFLASH_NEUTRAL`, :data:`DFLASH_IGNORED`): keys
+  read here are used, keys of drafter variants that SGLang's DFlash parser implements
+  (``python/sglang/srt/speculative/dflash_utils.py``, ``parse_dflash_draft_config``) are accepted only at the value
+  that leaves the computation unchanged, and any other key is refused naming it, the file and what SGLang does
+  with it (τ measured without it would not be the τ SGLang serves);
+- ``num_target_layers`` inside ``dflash_config`` (SGLang reads it there first) or at the top level;
+- no ``mask_token_id``: given the target tokenizer (:class:`~dflash_eval.drafter.vocabulary.TargetVocabulary`),
+  the id SGLang's DFlash worker would use (:func:`~dflash_eval.drafter.vocabulary.resolve_mask_token_id`), with
+  a warning that says so; without one, or when SGLang could not resolve it either, one error.
 
 When ``target_layer_ids`` is absent the reference's default rule is applied to the target's layer count and the
 drafter's ``num_hidden_layers`` (:func:`default_target_layer_ids`).
@@ -28,14 +37,16 @@ drafter's ``num_hidden_layers`` (:func:`default_target_layer_ids`).
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.drafter.vocabulary import TargetVocabulary, resolve_mask_token_id
 from dflash_eval.errors import ConfigError
 
 __all__ = ["DrafterConfig", "default_target_layer_ids", "load_config_file", "SUPPORTED_ARCHITECTURES",
-           "ROPE_TYPES", "QWEN3_DEFAULTS"]
+           "ROPE_TYPES", "QWEN3_DEFAULTS", "DFLASH_READ", "DFLASH_NEUTRAL", "DFLASH_IGNORED"]
 
 SUPPORTED_ARCHITECTURES = ("DFlashDraftModel",)
 #: RoPE types applied exactly as transformers computes them (static frequencies); others are refused.
@@ -43,8 +54,31 @@ ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 #: transformers' ``Qwen3Config`` defaults for the fields a drafter config may leave out (transformers 4.57-5.x).
 QWEN3_DEFAULTS: dict[str, Any] = {"rope_theta": 10_000.0, "head_dim": 128, "hidden_act": "silu",
                                   "attention_bias": False, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768}
-# dflash_config entries of newer drafter variants, with the value that leaves the computation unchanged.
-_NEUTRAL_DFLASH = {"output_multiplier": 1.0, "final_logit_softcapping": None, "input_embedding_scale": 1.0}
+#: ``dflash_config`` keys this implementation reads.
+DFLASH_READ = ("mask_token_id", "mask_token", "target_layer_ids", "block_size", "num_target_layers")
+#: ``dflash_config`` keys of drafter variants: (the value that leaves the computation unchanged, what SGLang does
+#: with another value). Accepted only at that value (for softcapping also 0, which SGLang reads as off).
+DFLASH_NEUTRAL: dict[str, tuple[Any, str]] = {
+    "output_multiplier": (1.0, "multiplies the draft logits by it"),
+    "final_logit_softcapping": (None, "soft-caps the draft logits at it"),
+    "input_embedding_scale": (1.0, "scales the block tokens' input embeddings by it (DFlash2 exports)"),
+    "conv_kernel_size": (0, "adds a grouped convolution over the block (DFlash2; with conv_group_size)"),
+    "conv_group_size": (0, "adds a grouped convolution over the block (DFlash2; with conv_kernel_size)"),
+    "selector_rank": (0, "re-scores each slot's top-k candidates with a low-rank selector (DFlash2; with "
+                         "selector_top_k)"),
+    "selector_top_k": (0, "re-scores each slot's top-k candidates with a low-rank selector (DFlash2; with "
+                          "selector_rank)"),
+    "attention_sink_bias": (False, "adds a learned per-head sink logit to every attention softmax (MiMo drafters)"),
+    "attention_value_scale": (None, "scales the attention values V by it before attention (MiMo drafters)"),
+    "projector_type": (None, "replaces the fc + hidden_norm projection of the target features ('domino': a GRU "
+                             "projector)"),
+    "sample_from_anchor": (True, "with false, takes the Nemotron 3.5 draft layout (another query layout and the "
+                                 "checkpoint's own vocabulary modules)"),
+}
+#: ``dflash_config`` keys SGLang reads only together with a refused feature (a Domino projector, sliding-window
+#: drafter layers): without it they change nothing, with it the config is refused for that feature.
+DFLASH_IGNORED = ("shift_label", "pure_draft_prefix_len", "gru_hidden_dim", "emb_dim", "swa_window_size")
+_SGLANG_PARSER = "SGLang's DFlash config parser (python/sglang/srt/speculative/dflash_utils.py)"
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -97,6 +131,7 @@ class DrafterConfig:
     rope_type: str = "default"
     rope_params: tuple[tuple[str, Any], ...] = ()
     max_position_embeddings: int = QWEN3_DEFAULTS["max_position_embeddings"]
+    mask_token: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -115,6 +150,7 @@ class DrafterConfig:
         *,
         source: str = "<config>",
         num_target_layers: int | None = None,
+        vocabulary: TargetVocabulary | None = None,
     ) -> DrafterConfig:
         """Parse a released-checkpoint config dict (see the module docstring for how each field is read).
 
@@ -123,6 +159,8 @@ class DrafterConfig:
             source: where it came from, for error messages.
             num_target_layers: the target's layer count, used for the default target_layer_ids rule when the
                 config has neither ``dflash_config.target_layer_ids`` nor ``num_target_layers``.
+            vocabulary: the target tokenizer, to resolve a missing ``mask_token_id`` as SGLang does (a warning
+                says so); read only then.
 
         Raises:
             ConfigError: a required field is missing or has the wrong type, or a field asks for something this
@@ -139,10 +177,12 @@ class DrafterConfig:
             raise ConfigError(f"{source}: 'dflash_config' must be an object, got {type(dcfg).__name__}")
         _check_unsupported(data, dcfg, source)
         block_size = _block_size(data, dcfg, source)
-        mask_token_id = dcfg.get("mask_token_id", data.get("mask_token_id"))
-        if mask_token_id is None:
-            raise ConfigError(f"{source}: no 'dflash_config.mask_token_id'")
-        n_target = data.get("num_target_layers", num_target_layers)
+        mask_token = dcfg.get("mask_token", data.get("mask_token"))
+        if mask_token is not None and (not isinstance(mask_token, str) or not mask_token):
+            raise ConfigError(f"{source}: 'dflash_config.mask_token' must be a non-empty string, got {mask_token!r}")
+        mask_token_id = _mask_token_id(dcfg.get("mask_token_id", data.get("mask_token_id")), mask_token, vocabulary,
+                                       source)
+        n_target = dcfg.get("num_target_layers", data.get("num_target_layers", num_target_layers))
         layer_ids = dcfg.get("target_layer_ids", data.get("target_layer_ids"))
         if layer_ids is None:
             if n_target is None:
@@ -170,7 +210,8 @@ class DrafterConfig:
             vocab_size=int(data["vocab_size"]),
             block_size=block_size,
             target_layer_ids=tuple(int(i) for i in layer_ids),
-            mask_token_id=int(mask_token_id),
+            mask_token_id=mask_token_id,
+            mask_token=mask_token,
             num_target_layers=None if n_target is None else int(n_target),
             rope_theta=rope_theta,
             rms_norm_eps=float(_get(data, "rms_norm_eps")),
@@ -189,6 +230,7 @@ class DrafterConfig:
         d.pop("extra")
         layer_ids = list(d.pop("target_layer_ids"))
         mask = d.pop("mask_token_id")
+        mask_token = d.pop("mask_token")
         d.pop("rope_type")
         d.pop("rope_params")
         out: dict[str, Any] = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3"}
@@ -197,6 +239,8 @@ class DrafterConfig:
         if self.rope_type != "default":
             out["rope_parameters"] = self.rope_parameters
         out["dflash_config"] = {"mask_token_id": mask, "target_layer_ids": layer_ids, "block_size": self.block_size}
+        if mask_token is not None:
+            out["dflash_config"]["mask_token"] = mask_token
         return out
 
     def save(self, path: Path) -> None:
@@ -239,11 +283,43 @@ def _check_unsupported(data: dict[str, Any], dcfg: dict[str, Any], source: str) 
     if bad:
         raise ConfigError(f"{source}: drafter layer types {bad} ('layer_types' / 'use_sliding_window'): only "
                           "full-attention drafter layers are supported")
-    for key, neutral in _NEUTRAL_DFLASH.items():
+    _check_dflash_keys(data, dcfg, source)
+
+
+def _check_dflash_keys(data: dict[str, Any], dcfg: dict[str, Any], source: str) -> None:
+    """``dflash_config`` as an allow-list: a key of a drafter variant at a value that changes the computation, or a
+    key nobody reads, is refused naming the key, the file and what SGLang does with it."""
+    for key, (neutral, sglang) in DFLASH_NEUTRAL.items():
+        where = f"dflash_config.{key}" if key in dcfg else key
         value = dcfg.get(key, data.get(key, neutral))
-        if value != neutral and not (neutral is None and value == 0):
-            raise ConfigError(f"{source}: 'dflash_config.{key}' is {value!r}: this drafter variant's {key} is not "
-                              "implemented here (only the plain DFlash drafter is)")
+        if value != neutral and not (neutral is None and value == 0) and not (neutral == 0 and value is None):
+            raise ConfigError(
+                f"{source}: '{where}' is {value!r}: {_SGLANG_PARSER} reads it and SGLang {sglang}; this evaluator "
+                "implements only the plain DFlash drafter, so the τ it measured would not be the τ SGLang serves "
+                f"(leave '{key}' out, or set it to {neutral!r}, only if the drafter was trained without it)")
+    unknown = sorted(k for k in dcfg if k not in DFLASH_READ and k not in DFLASH_NEUTRAL and k not in DFLASH_IGNORED)
+    if unknown:
+        raise ConfigError(
+            f"{source}: 'dflash_config' key(s) {unknown}: not read by this evaluator, and {_SGLANG_PARSER} ignores "
+            f"them too (known keys: {sorted([*DFLASH_READ, *DFLASH_NEUTRAL, *DFLASH_IGNORED])}); a drafter trained "
+            "with what they ask for would be served and evaluated without it: remove them only if the drafter was "
+            "trained without them")
+
+
+def _mask_token_id(value: Any, mask_token: str | None, vocabulary: TargetVocabulary | None, source: str) -> int:
+    """``mask_token_id`` as given (an int >= 0), else the id SGLang would use, with a warning that says so."""
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{source}: 'dflash_config.mask_token_id' must be an integer >= 0, got {value!r}")
+        return value
+    if vocabulary is None:
+        raise ConfigError(f"{source}: no 'dflash_config.mask_token_id' (and no target tokenizer given to resolve "
+                          "the mask token from, as SGLang does)")
+    mask_id, how = resolve_mask_token_id(vocabulary, mask_token, source=source)
+    warnings.warn(f"{source}: no 'dflash_config.mask_token_id': using id {mask_id}, {how}, as SGLang's DFlash worker "
+                  "(python/sglang/srt/speculative/dflash_worker.py) does; write the id into dflash_config if the "
+                  "drafter was trained with another one", UserWarning, stacklevel=2)
+    return mask_id
 
 
 def _block_size(data: dict[str, Any], dcfg: dict[str, Any], source: str) -> int:

@@ -11,7 +11,9 @@ target's content hash is memoised under each file's inode, size, mtime and ctime
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
 from collections.abc import Callable
 from functools import cached_property
@@ -237,10 +239,26 @@ class Inputs:
         """What the drafter checks need about the target (config.json and the weights' head shape)."""
         from dflash_eval.drafter import TargetSpec
 
+        extra = {"vocabulary": self.vocabulary, "embedding": self.head.embed_tokens.weight}  # the mask-token check
         if self.target_loaded:
-            return TargetSpec.from_target(self.target)
+            return dataclasses.replace(TargetSpec.from_target(self.target), **extra)
         d = self.target_dir
-        return TargetSpec(num_layers=d.num_layers, hidden_size=d.hidden_size, vocab_size=self.head.vocab_size)
+        return TargetSpec(num_layers=d.num_layers, hidden_size=d.hidden_size, vocab_size=self.head.vocab_size, **extra)
+
+    @cached_property
+    def vocabulary(self) -> Any:
+        """The target tokenizer's mask token, special tokens and length (read on first use, memoised under the
+        tokenizer files' stamps: a warm run parses no tokenizer file), for the drafter's mask token."""
+        from dflash_eval.drafter.vocabulary import TargetVocabulary, read_tokenizer_facts
+
+        d = self.target_dir
+
+        def facts() -> dict[str, Any]:
+            stamp = {"path": str(d.path.resolve()), "files": [_file_stamp(f) for f in d.tokenizer_files()]}
+            memo = self.cache.memo("tokenizer_facts", stamp, lambda: json.dumps(read_tokenizer_facts(d.path)))
+            return json.loads(memo)
+
+        return TargetVocabulary(d.path, self.vocab_size, facts=facts)
 
     @cached_property
     def head(self) -> Any:
