@@ -122,7 +122,8 @@ def test_drift_within_budget(comparison, layer, eval_session, reference_completi
                     f"{b.describe()}; margin {g.margin:.2g}x, the gate needs >= {g.safety:g}x", pytrace=False)
 
 
-def test_functional_drift_accept_len(comparison, prompt_id, eval_session, reference_completions, budget_share) -> None:
+def test_functional_drift_accept_len(comparison, prompt_id, eval_session, drafter, reference_completions,
+                                     budget_share) -> None:
     if isinstance(comparison, SetupError):
         comparison.fail()
     d = eval_session.drift(comparison)

@@ -5,6 +5,10 @@ Every test here has "tau" in its name, and no other test of the suite does: ``py
 exactly these. Rewrite the floors from a measured run minus a margin with (the τ tests then skip as "recorded")::
 
     pytest tests_eval -k tau --update-tau-floors --tau-margin 0.25
+
+One cause, one failure: τ of 1.00 on every prompt (the drafter proposes nothing the target accepts) fails
+``test_mean_tau`` with that diagnosis, and the other τ tests skip pointing at it; a failure names the architecture
+checks that warned about a cause of lost τ (e.g. a mask token that is not the target's).
 """
 
 from __future__ import annotations
@@ -12,7 +16,11 @@ from __future__ import annotations
 import pytest
 
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
-from dflash_eval.verdict import Threshold, category_thresholds, mean_thresholds, prompt_threshold
+from dflash_eval.verdict import (NO_ACCEPTANCE, Threshold, category_thresholds, mean_thresholds, no_acceptance,
+                                 prompt_threshold)
+
+#: Architecture checks whose warning names a cause of lost τ (quoted in τ failures).
+TAU_WARNINGS = ("target_layer_ids_range", "target_layer_ids_last_layer", "mask_token_match")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -43,11 +51,28 @@ def _skip_when_recording(eval_session) -> None:
                     "the end of the session; nothing was checked")
 
 
+def _warned(eval_session) -> str:
+    """The architecture warnings that may explain a τ failure, as a suffix of its message ("" when none)."""
+    warned = [c for c in eval_session.evaluation.checks if c.status == "warn" and c.name in TAU_WARNINGS]
+    return "".join(f"\n  architecture check {c.name} warned (test_architecture_check[{c.name}]): {c.message}"
+                   for c in warned)
+
+
+def _skip_when_no_acceptance(tau_results, request) -> None:
+    """τ 1.00 on every prompt is one cause: test_mean_tau reports it (when it runs here; otherwise every τ test
+    does)."""
+    if no_acceptance(r.chain.tau for r in tau_results.values()) and any(
+            getattr(it, "originalname", "") == "test_mean_tau" for it in request.session.items):
+        pytest.skip(f"{NO_ACCEPTANCE.split(':')[0]}: reported once, by test_mean_tau")
+
+
 def _check(r, t: Threshold, what: str, eval_session, record_property) -> None:
     record_property("tau", round(r.tau, 4))  # shows up in --junitxml as <property>
     record_property("floor", t.floor)
     record_property("rounds", r.rounds)
     _skip_when_recording(eval_session)
+    if no_acceptance(p.chain.tau for p in eval_session.tau_results.values()):
+        pytest.fail(f"{what}: {NO_ACCEPTANCE}; {_describe(r, t.floor)}", pytrace=False)
     if not t.gated:
         pytest.skip(f"{what}: no per-prompt floor; only the mean is gated (--tau-floor); {_describe(r, None)}")
     if t.missing:
@@ -55,23 +80,25 @@ def _check(r, t: Threshold, what: str, eval_session, record_property) -> None:
     if r.rounds == 0:
         pytest.fail(f"{what}: no speculative round (completion too short: nothing after the first token)",
                     pytrace=False)
-    assert t.passed, f"{what}: τ below floor: {_describe(r, t.floor)}"
+    assert t.passed, f"{what}: τ below floor: {_describe(r, t.floor)}{_warned(eval_session)}"
 
 
-def test_tau(prompt_id, tau_results, eval_session, record_property) -> None:
+def test_tau(prompt_id, tau_results, eval_session, record_property, request) -> None:
     """Chain τ of this prompt >= its floor."""
     if isinstance(prompt_id, SetupError):
         prompt_id.fail()
+    _skip_when_no_acceptance(tau_results, request)
     r = tau_results[prompt_id].chain
     t = prompt_threshold(prompt_id, r.tau, eval_session.floors)
     _check(r, t, f"prompt {prompt_id!r} chain", eval_session, record_property)
 
 
-def test_ddtree_tau(prompt_id, budget, tau_results, eval_session, record_property) -> None:
+def test_ddtree_tau(prompt_id, budget, tau_results, eval_session, record_property, request) -> None:
     """DDTree-N τ of this prompt >= its floor."""
     for v in (prompt_id, budget):
         if isinstance(v, SetupError):
             v.fail()
+    _skip_when_no_acceptance(tau_results, request)
     r = tau_results[prompt_id].ddtree[budget]
     t = prompt_threshold(prompt_id, r.tau, eval_session.floors, budget)
     _check(r, t, f"prompt {prompt_id!r} DDTree-{budget}", eval_session, record_property)
@@ -81,6 +108,10 @@ def test_mean_tau(tau_results, eval_session, record_property) -> None:
     """Macro-averaged chain τ and DDTree-N τ over all prompts >= the aggregate floors."""
     summary = eval_session.tau_summary()
     _skip_when_recording(eval_session)
+    if no_acceptance(r.chain.tau for r in tau_results.values()):
+        record_property("verdict", "FAIL")
+        pytest.fail(f"{NO_ACCEPTANCE}: mean chain τ {summary.mean_tau:.3f} over {len(tau_results)} prompts"
+                    f"{_warned(eval_session)}", pytrace=False)
     floors = eval_session.floors
     problems = []
     thresholds = mean_thresholds(summary.mean_tau, summary.mean_ddtree, floors)
@@ -93,13 +124,14 @@ def test_mean_tau(tau_results, eval_session, record_property) -> None:
         elif not t.passed:
             problems.append(f"mean {t.label} τ {t.value:.3f} < floor {t.floor} over {len(tau_results)} prompts")
     record_property("verdict", "FAIL" if problems else "PASS")
-    assert not problems, "\n".join(problems)
+    assert not problems, "\n".join(problems) + _warned(eval_session)
 
 
-def test_category_mean_tau(category, tau_results, eval_session) -> None:
+def test_category_mean_tau(category, tau_results, eval_session, request) -> None:
     """Mean chain τ and DDTree-N τ over this category's prompts >= the category floors (golden "categories")."""
     if isinstance(category, SetupError):
         category.fail()
+    _skip_when_no_acceptance(tau_results, request)
     row = eval_session.tau_summary().categories[category]
     _skip_when_recording(eval_session)
     floors = eval_session.floors
@@ -119,7 +151,7 @@ def test_category_mean_tau(category, tau_results, eval_session) -> None:
                             f" (measured mean {s['mean']:.3f}, {ci})")
         elif not t.passed:
             problems.append(f"category {category!r} mean {t.label} τ {s['mean']:.3f} < floor {t.floor} ({ci})")
-    assert not problems, "\n".join(problems)
+    assert not problems, "\n".join(problems) + _warned(eval_session)
 
 
 def _baseline(eval_session):
@@ -131,9 +163,10 @@ def _baseline(eval_session):
     return cmp
 
 
-def test_baseline_tau_drop(tau_results, eval_session) -> None:
+def test_baseline_tau_drop(tau_results, eval_session, request) -> None:
     """Paired mean chain τ against --baseline fell by no more than --baseline-drop-tol (relative)."""
     cmp = _baseline(eval_session)
+    _skip_when_no_acceptance(tau_results, request)
     worst = sorted(cmp.deltas.items(), key=lambda kv: kv[1][1] - kv[1][0])[:3]
     assert cmp.drop_passed, (f"τ dropped against the baseline: {cmp.describe()}; largest drops: " +
                              ", ".join(f"{p} {b:.3f}->{a:.3f}" for p, (b, a) in worst))

@@ -129,9 +129,11 @@ class EvalSession:
 
     def check_inputs(self) -> None:
         """Everything that can be wrong with the inputs, checked before any work: paths, prompts, the target's
-        config.json, the floors file and the baseline against this run's settings (ConfigError naming the file)."""
+        config.json, the drafter's config.json, the floors file and the baseline against this run's settings
+        (ConfigError naming the file)."""
         self.inputs.preflight()
         self.inputs.target_dir.num_layers  # noqa: B018 - config.json readable, valid JSON, with the layer count
+        self.evaluation.check_config()
         self.floors  # noqa: B018
         self.baseline  # noqa: B018
 
@@ -154,4 +156,8 @@ class EvalSession:
         fp = self.store.fingerprint() if self.store.fingerprint_computed else None
         tau = self.tau_summary() if self.evaluation.tau_computed else None
         context = self.run_context() if self.evaluation.checkpoint_read and self.inputs.identity_known else None
-        return build_result(self.evaluation, tau=tau, sglang=self.sglang_info, fingerprint=fp, context=context)
+        result = build_result(self.evaluation, tau=tau, sglang=self.sglang_info, fingerprint=fp, context=context)
+        ev = self.evaluation
+        if result.drafter is not None and ev.refusal_known and ev.refusal is not None:  # eval.json drafter.refused
+            result.drafter["refused"] = [{"check": n, "message": m} for n, m in ev.refusal.checks]
+        return result

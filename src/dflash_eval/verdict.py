@@ -9,19 +9,58 @@ category likewise (their τ is the mean over their prompts; their floors follow 
 
 The functions that fill verdicts work on eval.json's rows (plain dicts), so the same code judges a fresh run, a
 merge of xdist workers and a report re-judged against rewritten floors.
+
+Named causes (:func:`diagnoses`), each reported once instead of as many ordinary failures as it causes: a drafter
+refused by an architecture check (:func:`refused`: never a pass, and a run without a failed test still fails), and
+τ of 1.00 on every prompt (:func:`no_acceptance`: the drafter proposes nothing the target accepts).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dflash_eval.floors import Floors
 
-__all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresholds", "mean_thresholds", "category_thresholds", "judge_prompts",
-           "judge_mean", "judge_categories", "judge_run", "mean_passed", "gate_reasons"]
+__all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresholds", "mean_thresholds",
+           "category_thresholds", "judge_prompts", "judge_mean", "judge_categories", "judge_run", "mean_passed",
+           "gate_reasons", "NO_ACCEPTANCE", "NO_ACCEPTANCE_EPS", "no_acceptance", "refused", "diagnoses"]
+
+#: Chain τ at most this far above 1 counts as 1.00 (what the reports print): at most one accepted draft token in
+#: 200 rounds.
+NO_ACCEPTANCE_EPS = 0.005
+NO_ACCEPTANCE = ("τ is 1.00 on every prompt: the drafter proposes nothing the target accepts; it probably does not "
+                 "read this target's features (another target? wrong target_layer_ids? a mask token it was not "
+                 "trained with?)")
+
+
+def no_acceptance(taus: Iterable[float | None]) -> bool:
+    """Every prompt's chain τ (prompts without a speculative round left out; at least two prompts) is 1.00: not a
+    drafter below its floors but one that does not work with this target at all."""
+    vals = [t for t in taus if t is not None and not math.isnan(t)]
+    return len(vals) >= 2 and all(t <= 1 + NO_ACCEPTANCE_EPS for t in vals)
+
+
+def refused(data: dict[str, Any]) -> list[dict[str, str]]:
+    """The architecture checks that refused the drafter, from eval.json data (``drafter.refused``; empty: none)."""
+    return list((data.get("drafter") or {}).get("refused") or [])
+
+
+def diagnoses(data: dict[str, Any]) -> list[str]:
+    """The named causes of a failing run found in eval.json data, one line each (empty when none)."""
+    out = []
+    checks = refused(data)
+    if checks:
+        out.append(f"the drafter {(data.get('drafter') or {}).get('path')} does not fit the target: refused by "
+                   f"architecture check{'s' if len(checks) > 1 else ''} "
+                   + "; ".join(f"{c['check']}: {c['message']}" for c in checks)
+                   + "; every test that needs the drafter was skipped")
+    taus = [r.get("tau") for r in data.get("prompts", {}).values()]
+    if no_acceptance(taus):
+        out.append(f"{NO_ACCEPTANCE} ({len(taus)} prompts)")
+    return out
 
 
 def passes(value: float | None, floor: float | None) -> bool:
@@ -148,7 +187,7 @@ def gate_reasons(prompts: dict[str, dict[str, Any]], means: list[Threshold], *,
     """Why a checkpoint fails the gate (empty when it passes): missing prompt floors (only where they are required:
     not under ``--tau-floor`` alone), prompts below their floor, missing or failed mean floors. ``prompts`` are
     judged eval.json rows (``passed`` None: not gated)."""
-    reasons = []
+    reasons = [NO_ACCEPTANCE] if no_acceptance(v.get("tau") for v in prompts.values()) else []
     missing = [pid for pid, v in prompts.items() if prompt_floors_required and v["passed"] is not None and (
         v["floor"] is None or None in v["ddtree_floor"].values())]
     if missing:

@@ -296,7 +296,7 @@ def _check_dflash_keys(data: dict[str, Any], dcfg: dict[str, Any], source: str) 
             raise ConfigError(
                 f"{source}: '{where}' is {value!r}: {_SGLANG_PARSER} reads it and SGLang {sglang}; this evaluator "
                 "implements only the plain DFlash drafter, so the τ it measured would not be the τ SGLang serves "
-                f"(leave '{key}' out, or set it to {neutral!r}, only if the drafter was trained without it)")
+                f"(leave '{key}' out, or set it to {json.dumps(neutral)}, only if the drafter was trained without it)")
     unknown = sorted(k for k in dcfg if k not in DFLASH_READ and k not in DFLASH_NEUTRAL and k not in DFLASH_IGNORED)
     if unknown:
         raise ConfigError(

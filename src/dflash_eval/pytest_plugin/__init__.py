@@ -18,9 +18,9 @@ in :mod:`.params`, progress lines in :mod:`.progress`, junit properties in :mod:
 from dflash_eval.pytest_plugin.fixtures import (SUITE_FIXTURES, drafter, eval_features, eval_session, eval_settings,
                                                 reference_completions, sglang, target, tau_results)
 from dflash_eval.pytest_plugin.hooks import (pytest_addoption, pytest_collection_modifyitems, pytest_configure,
-                                             pytest_configure_node, pytest_runtest_makereport, pytest_runtestloop,
-                                             pytest_sessionfinish, pytest_sessionstart, pytest_terminal_summary,
-                                             pytest_testnodedown)
+                                             pytest_configure_node, pytest_runtest_call, pytest_runtest_makereport,
+                                             pytest_runtestloop, pytest_sessionfinish, pytest_sessionstart,
+                                             pytest_terminal_summary, pytest_testnodedown)
 from dflash_eval.pytest_plugin.params import SetupError, collect, prompt_ids, safe_id, setup_error_param
 from dflash_eval.pytest_plugin.state import get_session, get_settings, settings_from_config
 
@@ -28,5 +28,5 @@ __all__ = ["SetupError", "collect", "prompt_ids", "safe_id", "setup_error_param"
            "settings_from_config", "SUITE_FIXTURES", "drafter", "eval_features", "eval_session", "eval_settings",
            "reference_completions", "sglang", "target", "tau_results", "pytest_addoption",
            "pytest_collection_modifyitems", "pytest_configure", "pytest_configure_node",
-           "pytest_runtest_makereport", "pytest_runtestloop", "pytest_sessionfinish", "pytest_sessionstart",
-           "pytest_terminal_summary", "pytest_testnodedown"]
+           "pytest_runtest_call", "pytest_runtest_makereport", "pytest_runtestloop", "pytest_sessionfinish",
+           "pytest_sessionstart", "pytest_terminal_summary", "pytest_testnodedown"]

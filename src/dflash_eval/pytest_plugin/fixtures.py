@@ -2,7 +2,10 @@
 
 ``eval_settings``, ``eval_session``, ``target``, ``drafter``, ``reference_completions``, ``sglang``,
 ``eval_features``, ``tau_results``. A :class:`~dflash_eval.errors.DFlashEvalError` fails the test with its
-message only (no traceback).
+message only (no traceback), except a drafter refused by an architecture check
+(:class:`~dflash_eval.errors.DrafterRefused`): one cause, one failure, so the test that needs the drafter is
+skipped naming the check, whose own test (``test_architecture_check[<check>]``) is the one that fails. The
+target-only fixtures (``target``, ``reference_completions``) never need the drafter.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from dflash_eval.errors import DFlashEvalError
+from dflash_eval.errors import DFlashEvalError, DrafterRefused
 from dflash_eval.pytest_plugin.state import SGLANG, get_session, get_settings
 
 if TYPE_CHECKING:  # imported by the fixtures when they run: loading the plugin imports no torch
@@ -20,7 +23,7 @@ if TYPE_CHECKING:  # imported by the fixtures when they run: loading the plugin 
     from dflash_eval.session import EvalSession
 
 __all__ = ["eval_settings", "eval_session", "target", "drafter", "reference_completions", "sglang", "eval_features",
-           "tau_results", "guard", "SUITE_FIXTURES", "uses_suite_fixtures"]
+           "tau_results", "guard", "refused_reason", "SUITE_FIXTURES", "uses_suite_fixtures"]
 
 # The suite's fixtures: a test that uses any of them (directly or through another fixture) is an evaluation test,
 # recorded in eval.json's "tests" block whether it is one of the suite's modules or a user's own test file.
@@ -43,13 +46,23 @@ def uses_suite_fixtures(item: pytest.Item) -> bool:
 T = TypeVar("T")
 
 
+def refused_reason(exc: DrafterRefused) -> str:
+    """The skip reason of a test that needs a drafter refused by architecture checks (naming them and their tests)."""
+    names = [n for n, _ in exc.checks]
+    return (f"the drafter was refused by architecture check{'s' if len(names) > 1 else ''} {', '.join(names)} (see "
+            + ", ".join(f"test_architecture_check[{n}]" for n in names) + ")")
+
+
 def guard(fn: Callable[[], T]) -> T:
-    """Call ``fn``; a DFlashEvalError fails the test with its message only (no traceback, no chained context)."""
+    """Call ``fn``; a DFlashEvalError fails the test with its message only (no traceback, no chained context); a
+    refused drafter skips it (:func:`refused_reason`)."""
     try:
         return fn()
+    except DrafterRefused as exc:
+        reason = refused_reason(exc)
     except DFlashEvalError as exc:
-        msg = f"{type(exc).__name__}: {exc}"
-    pytest.fail(msg, pytrace=False)
+        pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
+    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +92,7 @@ def drafter(eval_session: EvalSession) -> Any:
 
 
 @pytest.fixture(scope="session")
-def reference_completions(eval_session: EvalSession, drafter: Any, request: pytest.FixtureRequest) -> Any:
+def reference_completions(eval_session: EvalSession, request: pytest.FixtureRequest) -> Any:
     """{prompt id: CompletionRecord}, from the cache, else produced (SGLang or the target's greedy generation)."""
     s = eval_session.settings
     if s.completions == "sglang" and not s.cache_only and not guard(eval_session.references.cached):
@@ -143,6 +156,7 @@ def eval_features(eval_session: EvalSession, reference_completions: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def tau_results(eval_session: EvalSession, reference_completions: Any) -> Any:
-    """{prompt id: PromptTau} for every prompt (one batched draft pass)."""
+def tau_results(eval_session: EvalSession, drafter: Any, reference_completions: Any) -> Any:
+    """{prompt id: PromptTau} for every prompt (one batched draft pass); ``drafter`` first, so that a refused
+    drafter skips before any completion is produced for it."""
     return guard(lambda: eval_session.tau_results)

@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
-from dflash_eval.errors import DFlashEvalError
+from dflash_eval.errors import DFlashEvalError, DrafterRefused
 from dflash_eval.options import add_options
-from dflash_eval.pytest_plugin.fixtures import uses_suite_fixtures
+from dflash_eval.pytest_plugin.fixtures import refused_reason, uses_suite_fixtures
 from dflash_eval.pytest_plugin.progress import REPORTER, WORKERINPUT_KEY, ProgressReporter, enabled
 from dflash_eval.pytest_plugin.state import (FRAGMENTS, MERGED, MESSAGES, OUTCOMES, SESSION, SGLANG, START,
                                              get_session, get_settings, is_controller)
 from dflash_eval.pytest_plugin.suite_args import runs_suite
 
 __all__ = ["pytest_addoption", "pytest_configure", "pytest_configure_node", "pytest_testnodedown",
-           "pytest_runtest_makereport", "pytest_sessionstart",
+           "pytest_runtest_makereport", "pytest_runtest_call", "pytest_sessionstart",
            "pytest_collection_modifyitems", "pytest_sessionfinish", "pytest_terminal_summary", "MARKERS"]
 
 WORKEROUTPUT_KEY = "dflash_eval_fragment"
@@ -132,6 +132,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    """A test whose body reaches a drafter refused by an architecture check is skipped naming the check (one cause,
+    one failure: the check's own test fails; the run's end says so and exits 1 even when that test was not run)."""
+    try:
+        return (yield)
+    except DrafterRefused as exc:
+        pytest.skip(refused_reason(exc))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Bad options or inputs are one usage error (exit 4) before collection, when the run includes the suite.
@@ -193,6 +203,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         config.stash[MESSAGES] = [f"dflash-eval: could not write the reports: {type(exc).__name__}: {exc}"]
         if is_controller(config):
             config.stash.setdefault(MERGED, {})
+    from dflash_eval.verdict import refused
+
+    if refused(config.stash.get(MERGED, None) or {}) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the tests that needed the drafter were skipped
 
 
 def _finish(config: pytest.Config) -> None:
@@ -207,7 +221,8 @@ def _finish(config: pytest.Config) -> None:
     if not is_controller(config):
         return
     frags = config.stash[FRAGMENTS]
-    if not frags or not any(("prompts" in f or "drift" in f or "fingerprint" in f) for f in frags):
+    if not frags or not any(("prompts" in f or "drift" in f or "fingerprint" in f or
+                             (f.get("drafter") or {}).get("refused")) for f in frags):
         return
     from dflash_eval import report
 
@@ -235,3 +250,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write(report.render_terminal(data, width=getattr(width, "fullwidth", 120)))
     for m in config.stash.get(MESSAGES, []):
         terminalreporter.write_line(m)
+    for line in (data or {}).get("diagnoses", []):  # the named cause, once, last
+        terminalreporter.write_line(f"dflash-eval: {line}")

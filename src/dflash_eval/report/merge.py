@@ -40,7 +40,11 @@ eval.json (schema 1; documented in README.md)::
      "fingerprint": {...} (when computed), "timings": {"wall_s", "sum": {stage: s}, "per_worker": {w: {...}},
      "spans": {w: [[stage, start, end]]}},
      "cache": {worker: {"hits", "misses", "produced", "corrupted", ...}},
-     "tests": {"counts": {outcome: n}, "outcomes": {nodeid: outcome}}}
+     "tests": {"counts": {outcome: n}, "outcomes": {nodeid: outcome}},
+     "diagnoses": [line] (named causes of a failing run, dflash_eval.verdict.diagnoses; absent when none)}
+
+A drafter refused by architecture checks adds ``"refused": [{"check", "message"}]`` to "drafter" and
+``"mean_passed": false``.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from dflash_eval.stats import category_table, conversation_table, ddtree_budgets, turn_table
-from dflash_eval.verdict import judge_categories, mean_passed
+from dflash_eval.verdict import diagnoses, judge_categories, mean_passed
 
 __all__ = ["SCHEMA", "merge"]
 
@@ -97,6 +101,10 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
                 break
     if "mean_tau" in out:
         out["mean_passed"] = mean_passed(out)
+    refusal = next((f["drafter"]["refused"] for f in fragments if (f.get("drafter") or {}).get("refused")), None)
+    if refusal:  # the first fragment may come from a process that never needed the drafter
+        out["drafter"] = {**out.get("drafter", {}), "refused": refusal}
+        out["mean_passed"] = False  # a refused drafter never passes
     cats = next((f["categories"] for f in fragments if f.get("categories")), None)
     if cats is None and out["prompts"]:
         cats = category_table(out["prompts"])
@@ -135,4 +143,6 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
     out["cache"] = {f.get("worker", "?"): f.get("cache", {}) for f in fragments}
     oc = dict(outcomes or {})
     out["tests"] = {"counts": dict(Counter(oc.values())), "outcomes": oc}
+    if diagnoses(out):
+        out["diagnoses"] = diagnoses(out)
     return out

@@ -254,6 +254,8 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 def render_markdown(data: dict[str, Any]) -> str:
     parts = ["## DFlash drafter evaluation", ""]
+    if data.get("diagnoses"):  # named causes first: they explain the failures below
+        parts += [f"**{line}**" for line in data["diagnoses"]] + [""]
     t, d, p = data.get("target", {}), data.get("drafter", {}), data.get("provenance", {})
     parts.append(f"- target: `{t.get('path', '?')}` identity `{str(t.get('identity', '?'))[:16]}`, "
                  f"{t.get('num_layers', '?')} layers, dtype {t.get('dtype', '?')}, device {t.get('device', '?')}")

@@ -11,6 +11,7 @@ of two sides of a :class:`~dflash_eval.drift.Comparison` and the τ each gives.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -57,7 +58,8 @@ class PromptTau:
 
 @dataclass
 class Drift:
-    """Per-prompt, per-layer feature drift of one comparison and the chain τ each side gives."""
+    """Per-prompt, per-layer feature drift of one comparison and the chain τ each side gives (``accept`` empty when
+    the drafter was refused)."""
 
     comparison: Comparison
     stats: dict[str, dict[int, DriftStat]]
@@ -85,8 +87,24 @@ class DrafterEvaluation:
 
             with self.inputs.meter.timed("drafter_load"):
                 self._checkpoint = read_checkpoint(self.settings.drafter, config_path=self.settings.drafter_config,
-                                                   num_target_layers=self.inputs.num_layers)
+                                                   num_target_layers=self.inputs.num_layers,
+                                                   vocabulary=self.inputs.vocabulary)
         return self._checkpoint
+
+    def check_config(self) -> None:
+        """Parse the drafter's config file, when it is a file of its own (``--drafter-config``, or the config.json
+        beside the weights), without reading the weights: a config this evaluator refuses (e.g. a dflash_config key
+        it does not implement) is one error naming the file and the key, before any test."""
+        from dflash_eval.drafter import load_config_file
+
+        d, path = self.settings.drafter, self.settings.drafter_config
+        if path is None and (d.is_dir() or d.suffix == ".safetensors"):
+            path = d / "config.json" if d.is_dir() else d.parent / "config.json"
+        if path is None or not Path(path).is_file():
+            return  # a .pt with its config embedded, or no config: reading the checkpoint reports it
+        with warnings.catch_warnings():  # a fallback's warning is given when the checkpoint is read
+            warnings.simplefilter("ignore")
+            load_config_file(Path(path), num_target_layers=self.inputs.num_layers, vocabulary=self.inputs.vocabulary)
 
     @cached_property
     def reference_checkpoint(self) -> Any:
@@ -94,7 +112,8 @@ class DrafterEvaluation:
 
         if self.settings.reference_drafter is None:
             return None
-        return read_checkpoint(self.settings.reference_drafter, num_target_layers=self.inputs.num_layers)
+        return read_checkpoint(self.settings.reference_drafter, num_target_layers=self.inputs.num_layers,
+                               vocabulary=self.inputs.vocabulary)
 
     @property
     def checkpoint_read(self) -> bool:
@@ -105,10 +124,31 @@ class DrafterEvaluation:
         return tuple(self.checkpoint.config.target_layer_ids)
 
     @cached_property
+    def checks(self) -> list[Any]:
+        """Every architecture check of the drafter against the target (:data:`dflash_eval.drafter.CHECKS`), run once."""
+        from dflash_eval.drafter import run_checks
+
+        return run_checks(self.checkpoint, self.inputs.spec)
+
+    @cached_property
+    def refusal(self) -> Any:
+        """Why the drafter does not fit the target: a DrafterRefused naming every failed architecture check, or None.
+        What needs the drafter raises it; the target-only stages (completions, features, drift statistics) do not."""
+        from dflash_eval.drafter import fit_refusal
+
+        return fit_refusal(self.checkpoint, self.inputs.spec, self.checks)
+
+    @property
+    def refusal_known(self) -> bool:
+        return "refusal" in self.__dict__
+
+    @cached_property
     def drafter(self) -> Any:
-        """The drafter, validated against the target (ArchitectureMismatch names every failing check)."""
+        """The drafter, validated against the target (:attr:`refusal` raised when it does not fit)."""
         from dflash_eval.drafter import build_drafter
 
+        if self.refusal is not None:
+            raise self.refusal.with_traceback(None)
         spec = self.inputs.spec
         with self.inputs.meter.timed("drafter_load"):
             return build_drafter(self.checkpoint, device=self.settings.torch_device, dtype=self.settings.torch_dtype,
@@ -116,12 +156,19 @@ class DrafterEvaluation:
 
     # ------------------------------------------------------------------------------------------------ inputs
     def completions(self) -> dict[str, CompletionRecord]:
-        """The reference completions, after the drafter was validated (a drafter that does not fit the target stops
-        the run before anything is produced for it)."""
-        self.drafter  # noqa: B018
+        """The reference completions (the target's alone: produced also for a drafter that does not fit the target,
+        whose τ stages stop before anything is produced for it)."""
         return self.references.completions()
 
+    def _check_layers(self) -> None:
+        """The target layers the drafter reads are refused (outside the target): nothing target-only is left to
+        compute on them either."""
+        if self.refusal is not None and "target_layer_ids_range" in dict(self.refusal.checks):
+            raise self.refusal.with_traceback(None)
+
     def features(self, side: Side, layers: tuple[int, ...] | None = None) -> Features:
+        if layers is None:
+            self._check_layers()
         comps = self.completions()
         return self.store.features(comps, side, tuple(layers if layers is not None else self.layer_ids))
 
@@ -200,14 +247,17 @@ class DrafterEvaluation:
     def drift(self, name: str) -> Drift:
         """Per-prompt per-layer feature drift and per-prompt τ on each side for comparison ``name``."""
         if name not in self._drift:
+            self._check_layers()
             c = self.inputs.comparison(name)
             fa, fb = self.features(c.a), self.features(c.b)
             stats = {p.id: {i: DriftStat(name, p.id, i, *drift_stat(fa[p.id][i], fb[p.id][i]), c.rel_tol, c.cos_tol)
                             for i in self.layer_ids} for p in self.inputs.prompts}
-            ev = self.inputs.eval_side
-            ta = self.tau_results if c.a == ev else self.tau_for(c.a, ())
-            tb = self.tau_results if c.b == ev else self.tau_for(c.b, ())
-            accept = {p.id: (ta[p.id].chain.tau, tb[p.id].chain.tau) for p in self.inputs.prompts}
+            accept: dict[str, tuple[float, float]] = {}
+            if self.refusal is None:  # a refused drafter: the statistics of the target's features only
+                ev = self.inputs.eval_side
+                ta = self.tau_results if c.a == ev else self.tau_for(c.a, ())
+                tb = self.tau_results if c.b == ev else self.tau_for(c.b, ())
+                accept = {p.id: (ta[p.id].chain.tau, tb[p.id].chain.tau) for p in self.inputs.prompts}
             self._drift[name] = Drift(c, stats, accept)
         return self._drift[name]
 
