@@ -312,3 +312,38 @@ def test_category_table_then_judge_matches_judge_run():
     judge_run(data, fl)
     assert _same(cats, data["categories"])
     assert cats["code"]["floor"] == 1.25 and cats["code"]["passed"] is True and cats["chat"]["passed"] is False
+
+
+@pytest.mark.parametrize("taus, expected", [
+    ([1.0, 1.0, NAN], True),  # a prompt without a speculative round is left out
+    ([1.004, 1.0], True),  # prints as 1.00
+    ([1.0, 1.006], False),
+    ([1.0], False),  # one prompt is not "every prompt"
+    ([NAN, NAN], False),
+])
+def test_no_acceptance(taus, expected):
+    from dflash_eval.verdict import no_acceptance
+
+    assert no_acceptance(taus) is expected
+
+
+def test_no_acceptance_is_the_first_gate_reason_and_a_diagnosis():
+    from dflash_eval.verdict import NO_ACCEPTANCE, diagnoses
+
+    rows = {p: {"tau": 1.0, "floor": 3.0, "ddtree_floor": {}, "passed": False} for p in ("a", "b")}
+    reasons = gate_reasons(rows, [Threshold("chain", 1.0, 3.0)])
+    assert reasons[0] == NO_ACCEPTANCE and "2 prompt(s) below floor" in reasons
+    assert diagnoses({"prompts": rows}) == [f"{NO_ACCEPTANCE} (2 prompts)"]
+    rows["b"]["tau"] = 1.5
+    assert NO_ACCEPTANCE not in gate_reasons(rows, [Threshold("chain", 1.25, 3.0)]) and not diagnoses({"prompts": rows})
+
+
+def test_refused_drafter_is_never_a_pass_whichever_fragment_knows_it():
+    """Under xdist the first fragment may come from a worker that never needed the drafter."""
+    from dflash_eval.report import merge
+
+    refused = [{"check": "fc_shape", "message": "key 'fc.weight': expected [256, 1024], got [256, 768]"}]
+    data = merge([{"worker": "gw0", "drafter": {"path": "d", "fingerprint": "f"}},
+                  {"worker": "gw1", "drafter": {"path": "d", "fingerprint": "f", "refused": refused}}])
+    assert data["drafter"]["refused"] == refused and data["mean_passed"] is False
+    assert "does not fit the target: refused by architecture check fc_shape" in data["diagnoses"][0]
