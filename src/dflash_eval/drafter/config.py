@@ -56,29 +56,33 @@ QWEN3_DEFAULTS: dict[str, Any] = {"rope_theta": 10_000.0, "head_dim": 128, "hidd
                                   "attention_bias": False, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768}
 #: ``dflash_config`` keys this implementation reads.
 DFLASH_READ = ("mask_token_id", "mask_token", "target_layer_ids", "block_size", "num_target_layers")
-#: ``dflash_config`` keys of drafter variants: (the value that leaves the computation unchanged, what SGLang does
-#: with another value). Accepted only at that value (for softcapping also 0, which SGLang reads as off).
+#: ``dflash_config`` keys of drafter variants: (the value that leaves the computation unchanged, what is done with
+#: another value and by whom). Accepted only at that value (for softcapping also 0, which SGLang reads as off).
 DFLASH_NEUTRAL: dict[str, tuple[Any, str]] = {
-    "output_multiplier": (1.0, "multiplies the draft logits by it"),
-    "final_logit_softcapping": (None, "soft-caps the draft logits at it"),
-    "input_embedding_scale": (1.0, "scales the block tokens' input embeddings by it (DFlash2 exports)"),
-    "conv_kernel_size": (0, "adds a grouped convolution over the block (DFlash2; with conv_group_size)"),
-    "conv_group_size": (0, "adds a grouped convolution over the block (DFlash2; with conv_kernel_size)"),
-    "selector_rank": (0, "re-scores each slot's top-k candidates with a low-rank selector (DFlash2; with "
+    "output_multiplier": (1.0, "SGLang multiplies the draft logits by it"),
+    "final_logit_softcapping": (None, "SGLang soft-caps the draft logits at it (tanh)"),
+    "conv_kernel_size": (0, "SGLang adds a grouped convolution of DFlash2-style drafters (with conv_group_size)"),
+    "conv_group_size": (0, "SGLang adds a grouped convolution of DFlash2-style drafters (with conv_kernel_size)"),
+    "selector_rank": (0, "SGLang re-scores each slot's top-k candidates with a low-rank selector (with "
                          "selector_top_k)"),
-    "selector_top_k": (0, "re-scores each slot's top-k candidates with a low-rank selector (DFlash2; with "
+    "selector_top_k": (0, "SGLang re-scores each slot's top-k candidates with a low-rank selector (with "
                           "selector_rank)"),
-    "attention_sink_bias": (False, "adds a learned per-head sink logit to every attention softmax (MiMo drafters)"),
-    "attention_value_scale": (None, "scales the attention values V by it before attention (MiMo drafters)"),
-    "projector_type": (None, "replaces the fc + hidden_norm projection of the target features ('domino': a GRU "
-                             "projector)"),
-    "sample_from_anchor": (True, "with false, takes the Nemotron 3.5 draft layout (another query layout and the "
-                                 "checkpoint's own vocabulary modules)"),
+    "attention_sink_bias": (False, "SGLang adds a learned per-head sink logit to every attention softmax (MiMo "
+                                   "drafters)"),
+    "attention_value_scale": (None, "SGLang scales the attention values V by it before attention (MiMo drafters)"),
+    "projector_type": (None, "SGLang replaces the fc + hidden_norm projection of the target features by another "
+                             "('domino': a GRU projector)"),
+    "sample_from_anchor": (True, "with false SGLang takes the Nemotron 3.5 draft layout (another query layout and "
+                                 "the checkpoint's own vocabulary modules)"),
+    "input_embedding_scale": (1.0, "DFlash2 drafters scale the block tokens' input embeddings by it (SGLang's "
+                                   "DFlash parser does not read it)"),
 }
 #: ``dflash_config`` keys SGLang reads only together with a refused feature (a Domino projector, sliding-window
 #: drafter layers): without it they change nothing, with it the config is refused for that feature.
 DFLASH_IGNORED = ("shift_label", "pure_draft_prefix_len", "gru_hidden_dim", "emb_dim", "swa_window_size")
 _SGLANG_PARSER = "SGLang's DFlash config parser (python/sglang/srt/speculative/dflash_utils.py)"
+_SGLANG_FILES = "SGLang: python/sglang/srt/speculative/dflash_utils.py, parse_dflash_draft_config"
+_NOT_SGLANG = ("input_embedding_scale",)  # a key of DFLASH_NEUTRAL that SGLang's parser does not read
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -294,8 +298,9 @@ def _check_dflash_keys(data: dict[str, Any], dcfg: dict[str, Any], source: str) 
         value = dcfg.get(key, data.get(key, neutral))
         if value != neutral and not (neutral is None and value == 0) and not (neutral == 0 and value is None):
             raise ConfigError(
-                f"{source}: '{where}' is {value!r}: {_SGLANG_PARSER} reads it and SGLang {sglang}; this evaluator "
-                "implements only the plain DFlash drafter, so the τ it measured would not be the τ SGLang serves "
+                f"{source}: '{where}' is {value!r}: {sglang}{'' if key in _NOT_SGLANG else f' ({_SGLANG_FILES})'}; "
+                "this evaluator implements only the "
+                "plain DFlash drafter, so the τ it measured would not be the τ of that drafter as it is served "
                 f"(leave '{key}' out, or set it to {json.dumps(neutral)}, only if the drafter was trained without it)")
     unknown = sorted(k for k in dcfg if k not in DFLASH_READ and k not in DFLASH_NEUTRAL and k not in DFLASH_IGNORED)
     if unknown:
