@@ -154,18 +154,17 @@ def _mask_token_match(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check
     looks = "" if row is None else (f"; its embedding row looks like a trained token's ({row.describe()}), where a "
                                     "mask token's row normally looks untrained (the target never reads it in text)"
                                     if row.looks_trained else f"; its embedding row looks untrained ({row.describe()})")
-    what = f"'dflash_config.mask_token_id' {mask} ({vocab.describe(mask)})"
     cost = ("; a drafter fed another mask embedding than it was trained with loses τ without any error: was it "
             "trained with another mask token (another target or tokenizer)?")
-    if problems:
-        return Check(name, "warn", f"{what}: " + "; ".join(problems) + looks + cost)
     agrees = named == mask or own == mask
-    if row is not None and row.looks_trained and not agrees:
-        return Check(name, "warn", f"{what}: the target tokenizer has no mask token to compare it with{looks}{cost}")
-    source = (f"the target tokenizer's token {token!r}" if named == mask else
-              f"the target tokenizer's mask token {vocab.mask_token!r}" if own == mask else
-              "not a token of the target tokenizer")
-    return Check(name, "pass", f"{what} is {source}{looks}")
+    if problems or (row is not None and row.looks_trained and not agrees):
+        what = f"'dflash_config.mask_token_id' {mask} ({vocab.describe(mask)})"  # reads the vocabulary: warnings only
+        why = "; ".join(problems) if problems else "the target tokenizer has no mask token to compare it with"
+        return Check(name, "warn", f"{what}: {why}{looks}{cost}")
+    source = (f" is the target tokenizer's token {token!r}" if named == mask else
+              f" is the target tokenizer's mask token {vocab.mask_token!r}" if own == mask else
+              ": the target tokenizer has no mask token to compare it with")
+    return Check(name, "pass", f"'dflash_config.mask_token_id' {mask}{source}{looks}")
 
 
 #: Keys whose first dimension is the vocabulary (an embedding or head a drafter variant may carry).
