@@ -338,6 +338,18 @@ def test_no_acceptance_is_the_first_gate_reason_and_a_diagnosis():
     assert NO_ACCEPTANCE not in gate_reasons(rows, [Threshold("chain", 1.25, 3.0)]) and not diagnoses({"prompts": rows})
 
 
+def test_no_acceptance_under_floors_that_accept_it_is_no_diagnosis():
+    """``--tau-floor 1`` for a random drafter: τ 1.00 everywhere passes, and is not a failure to explain."""
+    from dflash_eval.verdict import diagnoses, no_acceptance_fails
+
+    rows = {p: {"tau": 1.0, "floor": None, "ddtree_floor": {}, "passed": None} for p in ("a", "b")}
+    data = {"prompts": rows, "mean_tau": 1.0, "mean_floor": 1.0, "mean_ddtree": {}, "mean_ddtree_floor": {}}
+    assert not no_acceptance_fails(data) and not diagnoses(data)
+    assert gate_reasons(rows, [Threshold("chain", 1.0, 1.0)], prompt_floors_required=False) == []
+    data["mean_floor"] = 2.0
+    assert no_acceptance_fails(data)
+
+
 def test_refused_drafter_is_never_a_pass_whichever_fragment_knows_it():
     """Under xdist the first fragment may come from a worker that never needed the drafter."""
     from dflash_eval.report import merge

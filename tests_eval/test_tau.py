@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
-from dflash_eval.verdict import (NO_ACCEPTANCE, Threshold, category_thresholds, mean_thresholds, no_acceptance,
-                                 prompt_threshold)
+from dflash_eval.verdict import (NO_ACCEPTANCE, Threshold, category_thresholds, mean_thresholds,
+                                 no_acceptance_fails, prompt_threshold)
 
 #: Architecture checks whose warning names a cause of lost τ (quoted in τ failures).
 TAU_WARNINGS = ("target_layer_ids_range", "target_layer_ids_last_layer", "mask_token_match")
@@ -58,10 +58,15 @@ def _warned(eval_session) -> str:
                    for c in warned)
 
 
-def _skip_when_no_acceptance(tau_results, request) -> None:
+def _no_acceptance(eval_session) -> bool:
+    """τ 1.00 on every prompt, and the floors fail because of it (floors that accept τ 1 are not diagnosed)."""
+    return no_acceptance_fails(eval_session.tau_summary().to_json())
+
+
+def _skip_when_no_acceptance(eval_session, request) -> None:
     """τ 1.00 on every prompt is one cause: test_mean_tau reports it (when it runs here; otherwise every τ test
     does)."""
-    if no_acceptance(r.chain.tau for r in tau_results.values()) and any(
+    if _no_acceptance(eval_session) and any(
             getattr(it, "originalname", "") == "test_mean_tau" for it in request.session.items):
         pytest.skip(f"{NO_ACCEPTANCE.split(':')[0]}: reported once, by test_mean_tau")
 
@@ -71,7 +76,7 @@ def _check(r, t: Threshold, what: str, eval_session, record_property) -> None:
     record_property("floor", t.floor)
     record_property("rounds", r.rounds)
     _skip_when_recording(eval_session)
-    if no_acceptance(p.chain.tau for p in eval_session.tau_results.values()):
+    if _no_acceptance(eval_session):
         pytest.fail(f"{what}: {NO_ACCEPTANCE}; {_describe(r, t.floor)}", pytrace=False)
     if not t.gated:
         pytest.skip(f"{what}: no per-prompt floor; only the mean is gated (--tau-floor); {_describe(r, None)}")
@@ -87,7 +92,7 @@ def test_tau(prompt_id, tau_results, eval_session, record_property, request) -> 
     """Chain τ of this prompt >= its floor."""
     if isinstance(prompt_id, SetupError):
         prompt_id.fail()
-    _skip_when_no_acceptance(tau_results, request)
+    _skip_when_no_acceptance(eval_session, request)
     r = tau_results[prompt_id].chain
     t = prompt_threshold(prompt_id, r.tau, eval_session.floors)
     _check(r, t, f"prompt {prompt_id!r} chain", eval_session, record_property)
@@ -98,7 +103,7 @@ def test_ddtree_tau(prompt_id, budget, tau_results, eval_session, record_propert
     for v in (prompt_id, budget):
         if isinstance(v, SetupError):
             v.fail()
-    _skip_when_no_acceptance(tau_results, request)
+    _skip_when_no_acceptance(eval_session, request)
     r = tau_results[prompt_id].ddtree[budget]
     t = prompt_threshold(prompt_id, r.tau, eval_session.floors, budget)
     _check(r, t, f"prompt {prompt_id!r} DDTree-{budget}", eval_session, record_property)
@@ -108,7 +113,7 @@ def test_mean_tau(tau_results, eval_session, record_property) -> None:
     """Macro-averaged chain τ and DDTree-N τ over all prompts >= the aggregate floors."""
     summary = eval_session.tau_summary()
     _skip_when_recording(eval_session)
-    if no_acceptance(r.chain.tau for r in tau_results.values()):
+    if _no_acceptance(eval_session):
         record_property("verdict", "FAIL")
         pytest.fail(f"{NO_ACCEPTANCE}: mean chain τ {summary.mean_tau:.3f} over {len(tau_results)} prompts"
                     f"{_warned(eval_session)}", pytrace=False)
@@ -131,7 +136,7 @@ def test_category_mean_tau(category, tau_results, eval_session, request) -> None
     """Mean chain τ and DDTree-N τ over this category's prompts >= the category floors (golden "categories")."""
     if isinstance(category, SetupError):
         category.fail()
-    _skip_when_no_acceptance(tau_results, request)
+    _skip_when_no_acceptance(eval_session, request)
     row = eval_session.tau_summary().categories[category]
     _skip_when_recording(eval_session)
     floors = eval_session.floors
@@ -166,7 +171,7 @@ def _baseline(eval_session):
 def test_baseline_tau_drop(tau_results, eval_session, request) -> None:
     """Paired mean chain τ against --baseline fell by no more than --baseline-drop-tol (relative)."""
     cmp = _baseline(eval_session)
-    _skip_when_no_acceptance(tau_results, request)
+    _skip_when_no_acceptance(eval_session, request)
     worst = sorted(cmp.deltas.items(), key=lambda kv: kv[1][1] - kv[1][0])[:3]
     assert cmp.drop_passed, (f"τ dropped against the baseline: {cmp.describe()}; largest drops: " +
                              ", ".join(f"{p} {b:.3f}->{a:.3f}" for p, (b, a) in worst))

@@ -12,7 +12,8 @@ merge of xdist workers and a report re-judged against rewritten floors.
 
 Named causes (:func:`diagnoses`), each reported once instead of as many ordinary failures as it causes: a drafter
 refused by an architecture check (:func:`refused`: never a pass, and a run without a failed test still fails), and
-τ of 1.00 on every prompt (:func:`no_acceptance`: the drafter proposes nothing the target accepts).
+τ of 1.00 on every prompt in a run that misses its floors (:func:`no_acceptance_fails`: the drafter proposes
+nothing the target accepts).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from dflash_eval.floors import Floors
 
 __all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresholds", "mean_thresholds",
            "category_thresholds", "judge_prompts", "judge_mean", "judge_categories", "judge_run", "mean_passed",
-           "gate_reasons", "NO_ACCEPTANCE", "NO_ACCEPTANCE_EPS", "no_acceptance", "refused", "diagnoses"]
+           "gate_reasons", "NO_ACCEPTANCE", "NO_ACCEPTANCE_EPS", "no_acceptance", "no_acceptance_fails", "refused",
+           "diagnoses"]
 
 #: Chain τ at most this far above 1 counts as 1.00 (what the reports print): at most one accepted draft token in
 #: 200 rounds.
@@ -43,6 +45,15 @@ def no_acceptance(taus: Iterable[float | None]) -> bool:
     return len(vals) >= 2 and all(t <= 1 + NO_ACCEPTANCE_EPS for t in vals)
 
 
+def no_acceptance_fails(data: dict[str, Any]) -> bool:
+    """τ 1.00 on every prompt of eval.json data (or a τ summary's) that fails its floors: the one cause of those
+    failures. A run whose floors accept τ 1 (``--tau-floor 1`` for a random drafter) is not diagnosed."""
+    prompts = data.get("prompts", {})
+    if not no_acceptance(r.get("tau") for r in prompts.values()):
+        return False
+    return ("mean_tau" in data and not mean_passed(data)) or any(r.get("passed") is False for r in prompts.values())
+
+
 def refused(data: dict[str, Any]) -> list[dict[str, str]]:
     """The architecture checks that refused the drafter, from eval.json data (``drafter.refused``; empty: none)."""
     return list((data.get("drafter") or {}).get("refused") or [])
@@ -57,9 +68,8 @@ def diagnoses(data: dict[str, Any]) -> list[str]:
                    f"architecture check{'s' if len(checks) > 1 else ''} "
                    + "; ".join(f"{c['check']}: {c['message']}" for c in checks)
                    + "; every test that needs the drafter was skipped")
-    taus = [r.get("tau") for r in data.get("prompts", {}).values()]
-    if no_acceptance(taus):
-        out.append(f"{NO_ACCEPTANCE} ({len(taus)} prompts)")
+    if no_acceptance_fails(data):
+        out.append(f"{NO_ACCEPTANCE} ({len(data['prompts'])} prompts)")
     return out
 
 
@@ -187,7 +197,7 @@ def gate_reasons(prompts: dict[str, dict[str, Any]], means: list[Threshold], *,
     """Why a checkpoint fails the gate (empty when it passes): missing prompt floors (only where they are required:
     not under ``--tau-floor`` alone), prompts below their floor, missing or failed mean floors. ``prompts`` are
     judged eval.json rows (``passed`` None: not gated)."""
-    reasons = [NO_ACCEPTANCE] if no_acceptance(v.get("tau") for v in prompts.values()) else []
+    reasons: list[str] = []
     missing = [pid for pid, v in prompts.items() if prompt_floors_required and v["passed"] is not None and (
         v["floor"] is None or None in v["ddtree_floor"].values())]
     if missing:
@@ -200,4 +210,6 @@ def gate_reasons(prompts: dict[str, dict[str, Any]], means: list[Threshold], *,
             reasons.append(f"no mean {t.label} floor")
         elif not t.passed:
             reasons.append(f"mean {t.label} τ {t.value:.3f} < {t.floor}")
+    if reasons and no_acceptance(v.get("tau") for v in prompts.values()):  # the one cause of those reasons
+        reasons.insert(0, NO_ACCEPTANCE)
     return reasons
