@@ -150,7 +150,8 @@ def _mask_token_match(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check
                         "(python/sglang/srt/speculative/dflash_worker.py)")
     elif named is None and own is not None and own != mask:
         problems.append(f"the target tokenizer's mask token {vocab.mask_token!r} is id {own}")
-    row = row_stat(vocab, spec.embedding, mask) if spec is not None and spec.embedding is not None else None
+    readable = spec is not None and spec.embedding is not None and vocab.size is not None  # ordinary tokens known
+    row = row_stat(vocab, spec.embedding, mask) if readable else None
     looks = "" if row is None else (f"; its embedding row looks like a trained token's ({row.describe()}), where a "
                                     "mask token's row normally looks untrained (the target never reads it in text)"
                                     if row.looks_trained else f"; its embedding row looks untrained ({row.describe()})")
