@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -39,6 +40,10 @@ def test_own_test_file_is_recorded_like_the_suite(pytester, monkeypatch, tmp_pat
         timeout=600)
     assert res.ret == 0, res.stdout.str()
     res.assert_outcomes(passed=3)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in reports.iterdir()}
+    assert modes and all(m == 0o666 & ~umask for m in modes.values()), (oct(umask), modes)  # readable by others
     data = strict_load(reports / "eval.json")
     assert data["tests"]["counts"] == {"passed": 3}
     assert sorted(data["tests"]["outcomes"]) == [

@@ -1,6 +1,9 @@
 """Atomic file writes: write to a temporary file in the same folder, fsync, then rename over the target.
 
-A reader never sees a half-written file; an interrupted writer leaves only a ``.tmp-*`` file that is ignored.
+A reader never sees a half-written file; an interrupted writer leaves only a ``.tmp-*`` file that is ignored. The
+file gets the mode an ordinary ``open(path, "w")`` would give it (0666 less the process's umask: 0644 under the
+usual 022), not the 0600 of the temporary file, so reports and cache entries stay readable by a CI artifact step or
+a colleague.
 """
 
 from __future__ import annotations
@@ -11,7 +14,29 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_write_with"]
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_write_with", "file_mode"]
+
+
+def _read_umask() -> int:
+    """The process's umask: from /proc where the kernel shows it (no change to process state), else by setting and
+    restoring it (done once, at import, before any thread of this package runs)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+def file_mode() -> int:
+    """The mode of a newly created regular file under the process's umask."""
+    return 0o666 & ~_UMASK
 
 
 @contextmanager
@@ -24,6 +49,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, file_mode())
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
