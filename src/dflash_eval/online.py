@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,14 @@ from dflash_eval.features import LayerCapture
 from dflash_eval.head import TargetHead
 from dflash_eval.tau import TauResult
 
-__all__ = ["OnlineResult", "online_generate"]
+__all__ = ["OnlineResult", "online_generate", "cache_keyword"]
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword a transformers model's forward takes its KV / recurrent-state cache by: ``cache`` where the
+    forward has it (transformers 5.24 does, and warns that ``past_key_values`` will be removed in 5.40), else
+    ``past_key_values`` (older 5.x releases)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 @dataclass
@@ -66,7 +74,8 @@ def online_generate(
         from transformers import DynamicCache
 
         cache = DynamicCache(config=model.config)
-        out = model(prompt[None], past_key_values=cache, use_cache=True)
+        kw = cache_keyword(model)
+        out = model(prompt[None], **{kw: cache}, use_cache=True)
         forwards += 1
         # Projected context (fc + hidden_norm act per position): grown by the committed positions each round.
         ctx = drafter.project_context(cap.features()[0].to(drafter.fc.weight.device))[None]  # positions 0..P-1
@@ -82,7 +91,7 @@ def online_generate(
             block = ids[0].clone()
             block[1:] = draft
             snapshot = copy.deepcopy(cache)
-            ver = model(block[None], past_key_values=cache, use_cache=True)
+            ver = model(block[None], **{kw: cache}, use_cache=True)
             forwards += 1
             post = ver.logits[0].argmax(-1)  # posterior[k] = target's token after block[:k+1]
             limit = min(b - 1, max_new_tokens - 1 - len(generated))
@@ -94,7 +103,7 @@ def online_generate(
             new_bonus = int(post[acc])
             # Restore the pre-verify state and commit block[:acc+1] for real (features for the context).
             cache = snapshot
-            model(block[None, : acc + 1], past_key_values=cache, use_cache=True)
+            model(block[None, : acc + 1], **{kw: cache}, use_cache=True)
             forwards += 1
             new = drafter.project_context(cap.features()[0].to(drafter.fc.weight.device))[None]
             ctx = torch.cat([ctx, new], dim=1)
