@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from dflash_eval.drift_budget import (DriftBudget, Perturbation, find_budget, gate_check, impact, measure_ladder,
-                                      parse_ladder, perturb_layers)
+from dflash_eval.drift_budget import (DriftBudget, Perturbation, find_budget, find_harm, gate_check, impact,
+                                      measure_ladder, parse_ladder, perturb_layers)
 from dflash_eval.dtypes import round_through
 from dflash_eval.errors import ConfigError
 from dflash_eval.options import EvalSettings
@@ -144,6 +144,37 @@ def test_budget_json_gate_and_impact():
     assert impact(2e-3, b).startswith("τ impact: over budget")
     assert "as far as this check can tell" in impact(1e-4, b, bound=True)
     assert impact(1.0, b, bound=True).startswith("τ impact: over budget (at least")
+
+
+def test_harm_is_the_smallest_level_whose_mean_exceeds_the_tolerance():
+    assert find_harm([(1.0, 0.5), (3e-1, 0.2), (1e-1, 0.1)], 0.1) == 1  # 0.1 is not over 0.1
+    assert find_harm([(1e-2, 0.0), (1e-1, 0.05)], 0.1) is None
+    assert find_harm([(1e-2, math.nan)], 0.1) is None  # no prompt with a round: no evidence of harm
+
+
+def few_prompts_budget(min_prompts: int) -> DriftBudget:
+    """Two prompts: 1e-2 leaves τ as it is; 1e-1 moves one prompt by 0.11 (mean 0.055, within, but the CI reaches
+    0.11: over by the CI rule); 1 moves both by 1.0 (mean 1.0: measurably harmful)."""
+    return DriftBudget.build(drafter="f" * 64, base="torch/float32", prompt_ids=["a", "b"], base_tau=[4.0, 5.0],
+                             ladder=parse_ladder("1e-2,1e-1,1"), taus=[[4.0, 5.0], [4.11, 5.0], [3.0, 4.0]],
+                             injected=[[[1e-2], [1e-2]], [[1e-1], [1e-1]], [[1.0], [1.0]]], tol=0.1, safety=5.0,
+                             seed=0, spec="1e-2,1e-1,1", min_prompts=min_prompts, selected=2)
+
+
+def test_gate_over_a_budget_of_too_few_prompts_is_inconclusive_until_the_drift_reaches_harm():
+    few = few_prompts_budget(min_prompts=32)
+    assert few.budget == 1e-2 and few.limiting == "noise 0.1" and not few.conclusive and few.n_measured == 2
+    assert few.harm == 1.0 and few.harm_label == "noise 1"
+    outcome = {err: gate_check("bf16-vs-fp32", 1, {"a": err, "b": err / 2}, few).outcome
+               for err in (1e-3, 5e-3, 0.1, 0.2, 0.5)}
+    # x safety 5: 5e-3 within 1e-2; 2.5e-2 .. 0.5 over the budget but short of harm (1.0); 1.0 and 2.5 reach it
+    assert outcome == {1e-3: "pass", 5e-3: "inconclusive", 0.1: "inconclusive", 0.2: "fail", 0.5: "fail"}
+    enough = few_prompts_budget(min_prompts=2)
+    assert enough.conclusive and gate_check("bf16-vs-fp32", 1, {"a": 5e-3}, enough).outcome == "fail"
+    js = json.loads(json.dumps(few.to_json()))
+    assert js["conclusive"] is False and js["min_prompts"] == 32 and js["harm_level"] == "noise 1"
+    row = gate_check("bf16-vs-fp32", 1, {"a": 5e-3}, few).to_json()
+    assert row["outcome"] == "inconclusive" and row["passed"] is False
 
 
 @pytest.fixture

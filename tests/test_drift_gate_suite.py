@@ -93,6 +93,25 @@ def test_gate_passes_under_the_budget_and_fails_over_it(suite, dirs):
     assert sum(1 for x in produced if x["kind"] == "drift_budget") == len(b["levels"])  # one entry per level, once
 
 
+def test_gate_over_a_budget_of_too_few_prompts_is_inconclusive(suite):
+    """--prompts humaneval:2 holds fewer prompts than --drift-budget-min-prompts: drift over the budget but short of
+    the level that measurably hurt τ skips the gate as inconclusive; the same budget declared conclusive fails it."""
+    _, faulty = suite
+    res, data = faulty("noise:0.1", report="few")
+    gate = reports(res, "test_drift_within_budget[")
+    assert gate and all(r.outcome == "skipped" for r in gate.values()), res.stdout.str()
+    msg = str(next(iter(gate.values())).longrepr)
+    assert "drift gate inconclusive" in msg and "fewer than --drift-budget-min-prompts 32" in msg, msg
+    b = data["drift_budget"]
+    assert b["conclusive"] is False and b["n_prompts"] == 2 and b["harm_level"] is not None
+    assert all(g["outcome"] == "inconclusive" and g["max_rel_err"] * g["safety"] > g["budget"]
+               for g in data["drift_gate"])
+    res, data = faulty("noise:0.1", "--drift-budget-min-prompts", "2", report="few_conclusive")
+    gate = reports(res, "test_drift_within_budget[")
+    assert gate and all(r.outcome == "failed" for r in gate.values()), res.stdout.str()
+    assert data["drift_budget"]["conclusive"] is True and all(g["outcome"] == "fail" for g in data["drift_gate"])
+
+
 def test_regression_failure_says_the_drift_is_within_budget(suite):
     _, faulty = suite
     # numerics changed beyond a tight regression tolerance, but far less than the budget (lenient τ tolerance)

@@ -111,6 +111,14 @@ def test_drift_within_budget(comparison, layer, eval_session, reference_completi
     g = eval_session.drift_gate(comparison)[layer]
     b = eval_session.drift_budget()
     c = eval_session.drift(comparison).comparison
+    if g.outcome == "inconclusive":
+        pytest.skip(f"drift gate inconclusive: {c.a.label} vs {c.b.label}, target layer {layer}: worst prompt "
+                    f"{g.worst_prompt!r} rel_err {g.max_rel_err:.2e} x safety factor {g.safety:g} = "
+                    f"{g.max_rel_err * g.safety:.2e} > {b.describe()}, but that budget was measured on "
+                    f"{b.n_measured} prompts, fewer than --drift-budget-min-prompts {b.min_prompts}, too few to fail "
+                    f"a drafter on, and it stays below the smallest level whose mean |Δτ| exceeded {b.tol:g} ("
+                    + (f"{b.harm_label}, injected error {b.harm:.2e}" if b.harm is not None else "none did")
+                    + f"); give --prompts at least {b.min_prompts} prompts to decide")
     if b.budget <= 0:
         pytest.fail(f"drift over budget (the drift matters for τ): {c.a.label} vs {c.b.label}, target layer {layer}: "
                     f"the drafter has no drift budget: even the smallest perturbation of the ladder ({b.limiting}) "

@@ -54,7 +54,7 @@ from dflash_eval.stats import Summary, summarize
 from dflash_eval.tau import simulate_tau
 
 __all__ = ["DEFAULT_LADDER", "Perturbation", "parse_ladder", "perturb_layers", "measure_ladder", "find_budget",
-           "Level", "DriftBudget", "GateCheck", "gate_check", "impact"]
+           "find_harm", "Level", "DriftBudget", "GateCheck", "gate_check", "impact"]
 
 _GROUP_BYTES = 1 << 30  # feature bytes per batched simulation
 
@@ -91,6 +91,13 @@ def measure_ladder(drafter: Any, head: Any, prompts: Sequence[tuple[str, dict[in
         for j, k in enumerate(drafted):
             taus[k] = flat[j * n:(j + 1) * n]
     return [t if t is not None else [] for t in taus], injected
+
+
+def find_harm(points: Sequence[tuple[float, float]], tol: float) -> int | None:
+    """Index of the level with the smallest injected error whose mean |Δτ| exceeds ``tol`` (``points``: (injected
+    error, mean |Δτ|)): the smallest perturbation that measurably hurt τ on these prompts, or None."""
+    over = [i for i, (_, low) in enumerate(points) if low > tol]
+    return min(over, key=lambda i: points[i][0]) if over else None
 
 
 def find_budget(points: Sequence[tuple[float, float]], tol: float) -> tuple[float, bool, int | None]:
@@ -163,12 +170,16 @@ class DriftBudget:
     lower_bound: bool = False
     limiting: str | None = None  # label of the first level over the tolerance
     skipped: list[str] = field(default_factory=list)
+    min_prompts: int = 0  # fewer prompts than this: a gate failure is inconclusive unless the drift reaches `harm`
+    harm: float | None = None  # injected error of the smallest level whose mean |Δτ| exceeds tol
+    harm_label: str | None = None
+    selected: int | None = None  # prompts of the run's selection (the budget may be measured on more)
 
     @classmethod
     def build(cls, *, drafter: str, base: str, prompt_ids: Sequence[str], base_tau: Sequence[float],
               ladder: Sequence[Perturbation], taus: Sequence[Sequence[float]],
               injected: Sequence[Sequence[Sequence[float]]], tol: float, safety: float, seed: int, spec: str,
-              skipped: Sequence[str] = ()) -> DriftBudget:
+              skipped: Sequence[str] = (), min_prompts: int = 0, selected: int | None = None) -> DriftBudget:
         """Judge measured levels (:func:`measure_ladder`'s output) by the rule."""
         levels = []
         for p, ts, inj in zip(ladder, taus, injected):
@@ -178,8 +189,21 @@ class DriftBudget:
         budget, lower, first = find_budget([(lv.injected, lv.summary.ci_high) for lv in levels], tol)
         for lv in levels:
             lv.within = lv.injected <= budget and lv.summary.ci_high <= tol
+        harm = find_harm([(lv.injected, lv.summary.mean) for lv in levels], tol)
         return cls(drafter, base, list(prompt_ids), list(base_tau), levels, tol, safety, seed, spec, budget, lower,
-                   None if first is None else levels[first].perturbation.label, list(skipped))
+                   None if first is None else levels[first].perturbation.label, list(skipped), min_prompts,
+                   None if harm is None else levels[harm].injected,
+                   None if harm is None else levels[harm].perturbation.label, selected)
+
+    @property
+    def n_measured(self) -> int:
+        """Prompts whose |Δτ| entered the CIs (a prompt without a speculative round has none)."""
+        return sum(1 for t in self.base_tau if not math.isnan(t))
+
+    @property
+    def conclusive(self) -> bool:
+        """Whether the budget was measured on enough prompts to fail a gate on (``--drift-budget-min-prompts``)."""
+        return self.n_measured >= self.min_prompts
 
     @property
     def base_mean_tau(self) -> float:
@@ -194,8 +218,11 @@ class DriftBudget:
         bound = ">= " if self.lower_bound else ""
         why = ("every level of the ladder stayed within it" if self.lower_bound else
                f"next level {self.limiting!r} moved τ by more" if self.limiting else "")
+        extra = (f", {len(self.prompt_ids) - self.selected} of them beyond the {self.selected} selected "
+                 f"(--drift-budget-min-prompts {self.min_prompts})"
+                 if self.selected is not None and len(self.prompt_ids) > self.selected else "")
         return (f"drift budget {bound}{self.budget:.2e} (drafter {self.drafter[:12]}, {self.base} features of "
-                f"{len(self.prompt_ids)} prompts; largest injected relative error whose mean |Δτ| stays <= "
+                f"{len(self.prompt_ids)} prompts{extra}; largest injected relative error whose mean |Δτ| stays <= "
                 f"{self.tol:g} with 95 % confidence; "
                 f"{why})")
 
@@ -205,6 +232,8 @@ class DriftBudget:
                 "base_tau": dict(zip(self.prompt_ids, self.base_tau)), "tol": self.tol, "safety": self.safety,
                 "seed": self.seed, "ladder": self.ladder, "budget": self.budget, "lower_bound": self.lower_bound,
                 "limiting": self.limiting, "gate_limit": self.gate_limit, "skipped": self.skipped,
+                "min_prompts": self.min_prompts, "conclusive": self.conclusive, "harm": self.harm,
+                "harm_level": self.harm_label, "selected_prompts": self.selected,
                 "rule": "largest injected relative feature error e such that every perturbation with injected error "
                         "<= e keeps the upper end of the bootstrap 95 % CI of the mean over prompts of "
                         "|τ(perturbed) - τ(unperturbed)| <= tol",
@@ -223,10 +252,24 @@ class GateCheck:
     budget: float
     safety: float
     lower_bound: bool = False
+    conclusive: bool = True  # the budget was measured on at least --drift-budget-min-prompts prompts
+    harm: float | None = None  # the smallest injected error that measurably hurt τ (DriftBudget.harm)
 
     @property
     def passed(self) -> bool:
         return self.max_rel_err * self.safety <= self.budget
+
+    @property
+    def outcome(self) -> str:
+        """``pass`` (drift x safety within the budget); ``fail`` when over it and the budget is conclusive, or on any
+        budget once drift x safety reaches a level whose mean |Δτ| exceeded the tolerance (the drift is as large as
+        a perturbation that measurably hurt τ on these prompts); else ``inconclusive``: the budget, measured on too
+        few prompts, is too noisy to fail a drafter on."""
+        if self.passed:
+            return "pass"
+        if self.conclusive or (self.harm is not None and self.max_rel_err * self.safety >= self.harm):
+            return "fail"
+        return "inconclusive"
 
     @property
     def margin(self) -> float:
@@ -236,14 +279,15 @@ class GateCheck:
     def to_json(self) -> dict[str, Any]:
         return {"comparison": self.comparison, "layer": self.layer, "max_rel_err": self.max_rel_err,
                 "mean_rel_err": self.mean_rel_err, "worst_prompt": self.worst_prompt, "budget": self.budget,
-                "safety": self.safety, "margin": self.margin, "lower_bound": self.lower_bound, "passed": self.passed}
+                "safety": self.safety, "margin": self.margin, "lower_bound": self.lower_bound, "passed": self.passed,
+                "outcome": self.outcome}
 
 
 def gate_check(comparison: str, layer: int, rel_errs: dict[str, float], budget: DriftBudget) -> GateCheck:
     """The gate for one comparison and layer: the worst prompt's relative error x safety <= budget."""
     worst = max(rel_errs, key=lambda p: rel_errs[p])
     return GateCheck(comparison, layer, rel_errs[worst], sum(rel_errs.values()) / len(rel_errs), worst,
-                     budget.budget, budget.safety, budget.lower_bound)
+                     budget.budget, budget.safety, budget.lower_bound, budget.conclusive, budget.harm)
 
 
 def impact(rel_err: float, budget: DriftBudget, *, bound: bool = False) -> str:

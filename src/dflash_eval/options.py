@@ -180,6 +180,10 @@ class EvalSettings:
     drift_budget_safety: float = opt(5.0, "drift gate: worst measured drift per layer x this <= the drift budget",
                                      "float")
     drift_budget_seed: int = opt(0, "seed of the drift budget's noise", "int")
+    drift_budget_min_prompts: int = opt(32, "measure the drift budget on at least this many prompts: a smaller "
+                                        "selection is extended with the next prompts of --prompts; where --prompts "
+                                        "holds fewer, a gate failure is inconclusive (a skip) unless drift x "
+                                        "safety reaches a level whose mean |Δτ| exceeded the tolerance", "int")
     kernel_fault: str | None = opt(None, "diagnostic: perturb the delta-rule kernels of the evaluation's feature "
                                    "extraction: noise:REL or round:bf16|fp16|fp8 (completions unaffected)")
     report_dir: Path = opt(Path("reports"), "where eval.json, eval.md and eval.png are written", "path")
@@ -216,6 +220,8 @@ class EvalSettings:
             raise ConfigError(f"--generation-batch must be >= 1, got {self.generation_batch}")
         if self.max_blocks is not None and self.max_blocks < 1:
             raise ConfigError(f"--max-blocks must be >= 1, got {self.max_blocks}")
+        if self.drift_budget_min_prompts < 1:
+            raise ConfigError(f"--drift-budget-min-prompts must be >= 1, got {self.drift_budget_min_prompts}")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise ConfigError(f"--num-prompts must be >= 1, got {self.num_prompts}")
         if self.completions == "sglang" and not self.sglang_url and not self.sglang_launch:

@@ -32,11 +32,12 @@ eval.json (schema 1; documented in README.md)::
      "drift_accept": [{"comparison", "prompt_id", "tau_a", "tau_b", "diff", "tol", "passed", "a", "b"}],
      "drift_budget": {"drafter", "base", "n_prompts", "prompt_ids", "base_mean_tau", "base_tau": {id: tau}, "tol",
                       "safety", "seed", "ladder", "budget", "lower_bound", "limiting", "gate_limit", "skipped", "rule",
+                      "min_prompts", "conclusive", "harm", "harm_level", "selected_prompts",
                       "levels": [{"kind", "label", "nominal", "injected_rel_err", "mean_tau", "mean_abs_dtau",
                                   "ci95": [lo, hi], "max_abs_dtau", "within", "abs_dtau": {id: |Δτ|}}]}
                      (when the budget was measured or read: the drift tests),
      "drift_gate": [{"comparison", "layer", "max_rel_err", "mean_rel_err", "worst_prompt", "budget", "safety",
-                     "margin", "lower_bound", "passed"}],
+                     "margin", "lower_bound", "passed", "outcome"}],
      "fingerprint": {...} (when computed), "timings": {"wall_s", "sum": {stage: s}, "per_worker": {w: {...}},
      "spans": {w: [[stage, start, end]]}},
      "cache": {worker: {"hits", "misses", "produced", "corrupted", ...}},

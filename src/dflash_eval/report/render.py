@@ -151,7 +151,20 @@ def budget_line(data: dict[str, Any]) -> str | None:
     return (f"drift budget of drafter {str(b['drafter'])[:12]}: {bound}{_sci(b['budget'])} relative feature error "
             f"(largest injected error whose mean |Δτ| over {b['n_prompts']} prompts stays <= {b['tol']:g}, upper end "
             f"of its 95 % CI; {b['base']} features, mean τ {_fmt(b['base_mean_tau'])}; {why}); gate: measured drift "
-            f"x {b['safety']:g} <= budget, i.e. drift <= {_sci(b['gate_limit'])}")
+            f"x {b['safety']:g} <= budget, i.e. drift <= {_sci(b['gate_limit'])}" + _budget_prompts_note(b))
+
+
+def _budget_prompts_note(b: dict[str, Any]) -> str:
+    """Where the budget's prompts came from, and whether it is conclusive (fewer than the minimum: not)."""
+    n, sel, least = b["n_prompts"], b.get("selected_prompts"), b.get("min_prompts")
+    note = f"; measured on the {n} first prompts of --prompts ({sel} selected)" if sel is not None and n > sel else ""
+    if b.get("conclusive") is False:
+        harm = b.get("harm_level")
+        note += (f"; fewer than --drift-budget-min-prompts {least}: over it a gate is inconclusive unless the drift x "
+                 f"{b['safety']:g} reaches " + (f"{harm} ({_sci(b['harm'])}), the smallest level whose mean |Δτ| "
+                                               f"exceeded {b['tol']:g}" if harm else
+                                               f"a level whose mean |Δτ| exceeds {b['tol']:g} (none did)"))
+    return note
 
 
 def ladder_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -176,7 +189,8 @@ def gate_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         scaled = None if err is None else err * g["safety"]
         rows.append([g["comparison"], str(g["layer"]), _sci(err), g.get("worst_prompt", "-"), _sci(scaled),
                      (">= " if g.get("lower_bound") else "") + _sci(g["budget"]), margin,
-                     "PASS" if g["passed"] else "FAIL"])
+                     {"pass": "PASS", "inconclusive": "INCONCLUSIVE"}.get(g.get("outcome"),
+                                                                          "PASS" if g["passed"] else "FAIL")])
     return header, rows
 
 

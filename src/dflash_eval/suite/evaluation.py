@@ -276,10 +276,43 @@ class DrafterEvaluation:
         the cache under every input (drafter, code, feature entries, prompts, ladder, seed); the tolerance and the
         safety factor are applied when it is read, so changing them recomputes nothing."""
         if self._budget is None:
-            self._budget = self._memo_budget()
+            self._budget = self._budget_evaluation()._memo_budget(selected=len(self.inputs.prompts))
         return self._budget
 
-    def _memo_budget(self) -> DriftBudget:
+    def _budget_evaluation(self) -> DrafterEvaluation:
+        """Where the budget is measured: this evaluation when the selection holds at least
+        ``--drift-budget-min-prompts`` prompts (or ``--prompts`` holds no more), else an evaluation of the same
+        drafter on the first that many prompts of ``--prompts`` (the selection and the prompts after it), whose
+        completions and features are produced and cached like the selection's (:mod:`dflash_eval.suite.prompt_view`).
+        The selection's own τ, drift and reports stay on the selection."""
+        from dflash_eval.prompts import load_prompt_spec
+        from dflash_eval.suite.prompt_view import PromptView
+
+        s, selected = self.settings, self.inputs.prompts
+        if len(selected) >= s.drift_budget_min_prompts or s.num_prompts is None:
+            return self
+        more = load_prompt_spec(s.prompts, limit=s.drift_budget_min_prompts, data_dir=s.prompt_data_dir,
+                                humaneval_wrapper=s.humaneval_wrapper)
+        if len(more) <= len(selected) or [p.id for p in more[:len(selected)]] != [p.id for p in selected]:
+            return self
+        drafter = self.drafter  # a drafter that does not fit the target stops here, before anything is produced
+        view = PromptView(self.inputs, more)
+        store = FeatureStore(view)  # type: ignore[arg-type]
+        store.probes = self.store.probes  # the kernels were probed once in this process
+        ev = DrafterEvaluation(view, References(view, self.references.sglang_client),  # type: ignore[arg-type]
+                               store, s)
+        ev._adopt(self, drafter)
+        return ev
+
+    def _adopt(self, other: DrafterEvaluation, drafter: Any) -> None:
+        """Take ``other``'s checkpoint, validated drafter and check results instead of reading them again."""
+        self._checkpoint = other.checkpoint
+        self.__dict__["drafter"] = drafter
+        for name in ("checks", "refusal", "layer_ids"):
+            if name in other.__dict__:
+                self.__dict__[name] = other.__dict__[name]
+
+    def _memo_budget(self, selected: int | None = None) -> DriftBudget:
         """One cache entry per ladder level (τ of every prompt and the injected errors under that perturbation), so
         the levels can be measured by several xdist workers side by side (:meth:`Cache.produce_many` over groups of
         levels, one group per worker; one group of all levels in a single process) and a changed ladder reuses the
@@ -288,7 +321,8 @@ class DrafterEvaluation:
         cache = self.inputs.cache
         ladder = parse_ladder(s.drift_budget_ladder)
         usable = [p for p in ladder if p.available]
-        base = self.tau_results if side == self.inputs.eval_side else self.tau_for(side, ())
+        extended = selected is not None and len(prompts) > selected  # a budget view: its chains alone, no DDTree
+        base = self.tau_results if side == self.inputs.eval_side and not extended else self.tau_for(side, ())
         base_tau = [base[p.id].chain.tau for p in prompts]
         ids = [p.id for p in prompts]
         common = {**self._tau_fields(side, ()), "code": _code_digest("drift_budget.py", "drift_ladder.py", "dtypes.py"),
@@ -350,7 +384,8 @@ class DrafterEvaluation:
             taus=[e.tensors["tau"].tolist() for e in entries],
             injected=[e.tensors["injected"].tolist() for e in entries], tol=s.drift_budget_tol,
             safety=s.drift_budget_safety, seed=s.drift_budget_seed, spec=s.drift_budget_ladder,
-            skipped=[f"{p.label}: this torch has no such dtype" for p in ladder if not p.available])
+            skipped=[f"{p.label}: this torch has no such dtype" for p in ladder if not p.available],
+            min_prompts=s.drift_budget_min_prompts, selected=selected)
 
     def drift_gate(self, name: str) -> dict[int, GateCheck]:
         """The gate of comparison ``name`` per target layer: its worst prompt's drift x safety <= the budget."""
