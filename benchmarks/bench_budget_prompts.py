@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         drafter = noisy_drafter(args.drafter, work / "drafter", args.weight_noise) if args.weight_noise else args.drafter
         cache = args.cache or work / "cache"
-        print("| run | budget prompts | mean τ | budget | limiting level | harm level | worst bf16 drift | "
+        print("| run | budget prompts | their mean τ | budget | limiting level | harm level | worst bf16 drift | "
               "bf16-vs-fp32 gate |\n|---|---|---|---|---|---|---|---|")
         for n in [int(x) for x in args.sizes.split(",")]:
             for label, extra in ((f"{n} selected, budget on them", [f"--drift-budget-min-prompts={n}"]),
