@@ -33,7 +33,7 @@ __all__ = ["SERVER_MAX_DISAGREEMENT", "CHECK_LOGITS_BUDGET", "Disagreement", "ch
 #: with (at least one token: a bf16 server flips near-ties); above it the server is refused.
 SERVER_MAX_DISAGREEMENT = 0.1
 #: Most logits (rows x padded length x vocabulary) that one batched forward of the check may produce.
-CHECK_LOGITS_BUDGET = 2**30
+CHECK_LOGITS_BUDGET = 2**28  # 1 GiB of float32 logits
 
 
 @dataclass(frozen=True)
