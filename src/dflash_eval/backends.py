@@ -12,8 +12,8 @@ Backends:
 - ``auto``: ``fla`` on CUDA when the fla package is installed, else ``torch``.
 
 Choosing a backend imports nothing: planning a run only asks whether fla is installed. Its ops are imported, and a
-broken installation reported, where its kernels are first used (:func:`use_backend`, feature extraction), so a run
-whose features all come from the cache never pays fla's import (7 s on a GPU machine).
+broken installation reported, where its kernels are first used (:func:`use_backend`: feature extraction, and the
+kernel probe of :mod:`dflash_eval.kernel_probe`, which runs them in every process that reads features, warm or not).
 
 Fault injection (a test and diagnostic hook, never a default): ``<backend>+<fault>`` runs ``<backend>`` with its
 delta-rule output perturbed, so a test can produce kernel drift of a chosen size on any machine:
@@ -149,7 +149,7 @@ def fla_available() -> bool:
 def fla_installed() -> bool:
     """True when the ``fla`` package is installed; imports nothing. What planning a run needs: whether fla can be
     chosen. Whether it imports is checked where its kernels are first used (:func:`check_backend_device` with
-    ``imports=True``), so a run whose features all come from the cache never imports fla."""
+    ``imports=True``)."""
     try:
         return importlib.util.find_spec("fla") is not None
     except (ImportError, ValueError):

@@ -263,7 +263,8 @@ class Inputs:
     @cached_property
     def head(self) -> Any:
         """The target's input embedding and lm_head; without a loaded target (a warm cache) read straight from the
-        safetensors weights, so a warm run never imports transformers or builds the model."""
+        safetensors weights, so a warm run never builds the model (it imports transformers only for the modeling
+        module whose kernels :mod:`dflash_eval.kernel_probe` runs)."""
         from dflash_eval.head import TargetHead
 
         if self.target_loaded:
