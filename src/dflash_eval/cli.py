@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("run", add_help=False, help="run the eval suite with pytest; every pytest and suite option passes "
                    "through (`dflash-eval run --help`: pytest's help, group dflash-eval)")
+    sub.add_parser("sets", add_help=False, help="list the built-in prompt sets, where their data must be and whether "
+                   "it is present here (`dflash-eval sets --help`)")
     g = sub.add_parser("gate", help="evaluate one or more drafter checkpoints in one process and compare them",
                        description="Evaluate each --drafter against the same target and prompts, reusing the "
                                    "target pieces, completions and features across checkpoints; print a comparison "
@@ -267,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["run"]:  # everything after `run` belongs to pytest
         return run_suite(argv[1:])
+    if argv[:1] == ["sets"]:  # its own parser (dflash_eval.cli_sets); no torch import
+        from dflash_eval.cli_sets import sets_command
+
+        return sets_command(argv[1:])
     ap = build_parser()
     try:
         ns = ap.parse_args(argv)

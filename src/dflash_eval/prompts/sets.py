@@ -46,7 +46,7 @@ from dflash_eval.prompts.prompt import Prompt, check_id, expand_turns, make_prom
 
 __all__ = ["SetDefinition", "BUILTIN_DEFINITIONS", "BUILTIN_SETS", "HUMANEVAL_WRAPPERS", "MATH_WRAPPER",
            "HUMANEVAL_REFERENCE_WRAPPER", "DEFINITION_KEYS", "load_humaneval", "load_set", "load_prompt_spec",
-           "resolve_spec_paths", "DEFAULT_PROMPT_DATA_DIR"]
+           "resolve_spec_paths", "DEFAULT_PROMPT_DATA_DIR", "data_candidates", "fetch_hint"]
 
 MATH_WRAPPER = "{text}\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_REFERENCE_WRAPPER = ("Write a solution to the following problem and make sure that it passes the tests:\n"
@@ -136,17 +136,28 @@ def prompts_from_rows(d: SetDefinition, rows: list[dict[str, Any]], where: str) 
     return out
 
 
+def data_candidates(d: SetDefinition, base: Path) -> list[Path]:
+    """Where set ``d`` is looked for under the data folder ``base``, in order: ``<base>/<name>`` (a save_to_disk
+    folder or a repository snapshot), then ``<base>/<name>.parquet`` / ``.arrow`` / ``.jsonl`` / ``.json``."""
+    return [base / d.name] + [base / f"{d.name}{s}" for s in DATA_SUFFIXES]
+
+
+def fetch_hint(d: SetDefinition, base: Path) -> str:
+    """The ``datasets`` call that writes set ``d`` where :func:`load_set` reads it (empty without a public source)."""
+    if not d.source:
+        return ""
+    return (f"load_dataset({d.source!r}" + (f", {d.config!r}" if d.config else "") +
+            (f", split={d.split!r}" if d.split else "") + f").save_to_disk({str(base / d.name)!r})")
+
+
 def load_set(d: SetDefinition, data_dir: Path | None = None) -> list[Prompt]:
     """The prompts of definition ``d`` from ``d.path``, else from ``<data_dir>/<name>[.parquet|.jsonl|.json]``."""
     path = d.path
     if path is None:
         base = Path(data_dir) if data_dir is not None else DEFAULT_PROMPT_DATA_DIR
-        cands = [base / d.name] + [base / f"{d.name}{s}" for s in DATA_SUFFIXES]
-        path = next((c for c in cands if c.exists()), None)
+        path = next((c for c in data_candidates(d, base) if c.exists()), None)
         if path is None:
-            hint = (f"load_dataset({d.source!r}" + (f", {d.config!r}" if d.config else "") +
-                    (f", split={d.split!r}" if d.split else "") + f").save_to_disk({str(base / d.name)!r})"
-                    if d.source else "")
+            hint = fetch_hint(d, base)
             raise ConfigError(
                 f"prompt set {d.name!r} ({d.describe()}) not found: put it at {base / d.name} (a datasets "
                 f"save_to_disk folder or a dataset repository snapshot) or {base / d.name}.parquet / .jsonl / .json"
