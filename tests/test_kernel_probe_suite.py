@@ -7,7 +7,9 @@ on the bundled target and drafter, each run a pytest of its own in a subprocess)
    test's folder adding 1e-2 relative noise to its output): under ``--cache-only`` the run stops with an error naming
    the changed kernel and what to do; without it the run says by name that the linear-attention kernel's output
    changed since these features were cached, re-extracts the features with the patched kernel, and the drift
-   regression and golden fingerprint tests fail exactly as on a cold cache (the same run on an empty cache).
+   regression and golden fingerprint tests fail exactly as on a cold cache (the same run on an empty cache);
+4. a golden fingerprint recorded by a clean run holds the probe's digests, and the patched run's fingerprint failures
+   name the kernel whose output changed since the recording.
 
 Run: ``pytest tests/test_kernel_probe_suite.py -p no:cacheprovider``
 """
@@ -15,6 +17,7 @@ Run: ``pytest tests/test_kernel_probe_suite.py -p no:cacheprovider``
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -50,11 +53,11 @@ def suite(pytester, suite_checkout, tmp_path):
     suite_checkout()
     (pytester.path / "noisy_kernel.py").write_text(NOISY_KERNEL)
 
-    def run(name: str, cache: str, *args: str):
+    def run(name: str, cache: str, *args: str, select: str = SELECT, golden: Path = ROOT / "golden"):
         report = tmp_path / name
         res = pytester.runpytest_subprocess(
-            "tests_eval", "-q", "-k", SELECT, "--target-model", str(TARGET), "--drafter", str(DRAFTER),
-            "--prompts", "humaneval:2", "--cache-dir", str(tmp_path / cache), "--golden-dir", str(ROOT / "golden"),
+            "tests_eval", "-q", "-k", select, "--target-model", str(TARGET), "--drafter", str(DRAFTER),
+            "--prompts", "humaneval:2", "--cache-dir", str(tmp_path / cache), "--golden-dir", str(golden),
             "--floors-file", str(ROOT / "golden" / "tau_floors.json"), "--report-dir", str(report), *args,
             timeout=600)
         data = json.loads((report / "eval.json").read_text()) if (report / "eval.json").is_file() else {}
@@ -71,7 +74,7 @@ def probes(data: dict) -> dict[str, dict]:
     return {f"{p['backend']}/{p['dtype']}": p for p in data["provenance"]["kernel_probe"]["probes"]}
 
 
-def test_a_kernel_patched_under_a_warm_cache_is_caught_as_on_a_cold_cache(suite):
+def test_a_kernel_patched_under_a_warm_cache_is_caught_as_on_a_cold_cache(suite, tmp_path):
     cold, cold_data = suite("cold", "cache")
     assert cold.ret == 0, cold.stdout.str()
     clean = probes(cold_data)
@@ -87,6 +90,12 @@ def test_a_kernel_patched_under_a_warm_cache_is_caught_as_on_a_cold_cache(suite)
     assert warm_data["provenance"]["kernel_probe"]["changed"] == [] and "kernel's output changed" not in \
         warm.stdout.str()
     assert 0 < warm_data["provenance"]["kernel_probe"]["seconds"] < 30
+    golden = tmp_path / "golden"
+    shutil.copytree(ROOT / "golden", golden)
+    rec, _ = suite("record", "cache", "--update-fingerprints", select="fingerprint", golden=golden)
+    recorded = json.loads((golden / "fingerprints" / "cpu-torch-float32.json").read_text())
+    assert rec.ret == 0 and recorded["kernel_probe"] == {k: v["digest"] for k, v in clean["torch/float32"][
+        "kernels"].items()}, rec.stdout.str()
 
     only, _ = suite("cache_only", "cache", "-p", "noisy_kernel", "--cache-only")
     out = only.stdout.str()
@@ -110,6 +119,10 @@ def test_a_kernel_patched_under_a_warm_cache_is_caught_as_on_a_cold_cache(suite)
     assert any(t.startswith("test_drift_regression[torch-vs-torch-recurrent") for t in failed(data)), failed(data)
     assert {t for t in failed(data) if t.startswith("test_fingerprint_regression")} == {
         f"test_fingerprint_regression[L{i}]" for i in range(8)}
+
+    named, _ = suite("patched_golden", "cache", "-p", "noisy_kernel", select="fingerprint", golden=golden)
+    assert named.ret == 1 and "kernel probe against the golden's: the output of linear_attention_chunk changed" in \
+        named.stdout.str(), named.stdout.str()
 
     fresh, fresh_data = suite("patched_cold", "cold_cache", "-p", "noisy_kernel")
     assert fresh.ret == 1 and fresh_data["provenance"]["kernel_probe"]["changed"] == []

@@ -194,8 +194,18 @@ def test_fingerprint_regression(layer, eval_session) -> None:
         fault = f" (this run's kernels carry --kernel-fault {fp['kernel_fault']})" if fp.get("kernel_fault") else ""
         pytest.fail(f"fingerprint regression: the numerics changed since the golden was recorded ({path}){fault}: "
                     f"target layer {layer}: {change.describe()}; layers that moved: {sorted(moved)}; versions at "
-                    f"recording {was}, now {now}; " + _fingerprint_impact(eval_session, layer, want, got, change),
-                    pytrace=False)
+                    f"recording {was}, now {now}; " + _probe_change(golden.get("kernel_probe"), fp["kernel_probe"])
+                    + _fingerprint_impact(eval_session, layer, want, got, change), pytrace=False)
+
+
+def _probe_change(was: dict | None, now: dict) -> str:
+    """Which kernels' probe digests (dflash_eval.kernel_probe) differ from the golden's; nothing for a golden recorded
+    without them."""
+    if not was:
+        return ""
+    moved = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
+    return (f"kernel probe against the golden's: the output of {', '.join(moved)} changed; " if moved
+            else "kernel probe: every kernel's output as at recording; ")
 
 
 def _fingerprint_impact(eval_session, layer: int, want: dict, got: dict, change) -> str:
