@@ -68,12 +68,14 @@ def test_layer_capture_on_a_cached_forward_equals_layer_features(tiny_target: Ta
     from transformers import DynamicCache
 
     from dflash_eval.features import LayerCapture
+    from dflash_eval.online import cache_keyword
 
     ids = torch.arange(3, 30)
     layers = [2, 0, tiny_target.num_layers - 1]
     ref = layer_features(tiny_target.model, ids, layers)
     with torch.no_grad(), LayerCapture(tiny_target.model, layers) as cap:
-        tiny_target.model(ids[None], past_key_values=DynamicCache(config=tiny_target.model.config), use_cache=True)
+        cache = {cache_keyword(tiny_target.model): DynamicCache(config=tiny_target.model.config)}
+        tiny_target.model(ids[None], **cache, use_cache=True)
         per = cap.per_layer()
         feats = cap.features()
     assert list(per) == layers

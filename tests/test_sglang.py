@@ -282,7 +282,8 @@ def canned() -> Iterator[Callable[[Responder], Canned]]:
 
         httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         httpd.daemon_threads = True
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        # shutdown() at teardown returns once serve_forever sees it: at its next poll (0.5 s by default)
+        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(httpd)
         state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
         return state
