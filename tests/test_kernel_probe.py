@@ -7,7 +7,8 @@
 - the backend decides what is probed (``torch-recurrent`` probes the recurrent function for prefill; a ``+<fault>``
   suffix is already in the cache key and is not probed); the head shapes come from config.json, dense targets get
   the attention probe alone, a missing field is an error naming the file and the key;
-- the registry of digests names the kernel whose output changed since features were cached;
+- the registry of digests names the kernel whose output changed since features were cached; xdist workers' probes
+  merge into one ``provenance.kernel_probe`` block that validates against eval.json's schema;
 - with fla on a GPU, fla's chunk kernel is probed (skipped on a CPU, naming what was not checked).
 
 Run: ``pytest tests/test_kernel_probe.py -p no:cacheprovider``
@@ -207,3 +208,37 @@ def test_fla_chunk_kernel_is_probed_on_a_gpu():
     torch_r = probe(TARGET, "torch", torch.bfloat16, "cuda")
     assert torch_r.kernels["linear_attention_chunk"].digest != r.kernels["linear_attention_chunk"].digest
     assert torch_r.kernels["attention"].digest == r.kernels["attention"].digest
+
+
+def test_workers_probes_merge_into_one_valid_block(tmp_path, modeling, monkeypatch):
+    """Two xdist workers' ``provenance.kernel_probe``: each probe once, the change only one of them noticed kept, the
+    probe time per worker; the merged eval.json validates against the published schema."""
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (the test extra) validates eval.json")
+    from importlib import resources
+
+    from dflash_eval import report
+
+    reg = tmp_path / "registry"
+    clean = KernelProbes(TARGET, "cpu", registry_dir=reg)
+    was = clean.get("torch", torch.float32)
+    inner = _inner(modeling.torch_chunk_gated_delta_rule)
+    monkeypatch.setattr(modeling, "torch_chunk_gated_delta_rule",
+                        lambda q, k, v, g, beta, **kw: inner(q, k, v, g * 1.1, beta, **kw))
+    gw0, gw1 = (KernelProbes(TARGET, "cpu", registry_dir=reg) for _ in range(2))
+    for w in (gw0, gw1):
+        w.get("torch", torch.float32)
+        w.get("torch-recurrent", torch.float32)
+    gw0.note_change("torch", torch.float32, was.digest, {k: v.digest for k, v in was.kernels.items()}, "features")
+    frags = [{"worker": name, "provenance": {"backend": "torch", "kernel_probe": w.to_json()}, "prompts": {}}
+             for name, w in (("gw1", gw1), ("gw0", gw0))]
+    data = report.merge(frags, wall_s=1.0)
+    kp = data["provenance"]["kernel_probe"]
+    assert [(p["backend"], p["dtype"]) for p in kp["probes"]] == [("torch", "float32"), ("torch-recurrent", "float32")]
+    assert [c["label"] for c in kp["changed"]] == ["torch/float32"] and set(kp["per_worker"]) == {"gw0", "gw1"}
+    assert kp["seconds"] == round(max(gw0.seconds, gw1.seconds), 6) > 0
+    schema = json.loads(resources.files("dflash_eval.report").joinpath("eval.schema.json").read_text())
+    data["tests"] = {"counts": {}, "outcomes": {}}
+    jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(data)))
+    data["provenance"]["kernel_probe"]["changed"][0]["kinds"] = ["conv1d"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(data)))
