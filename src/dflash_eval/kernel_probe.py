@@ -52,7 +52,8 @@ from dflash_eval.errors import ConfigError
 from dflash_eval.target import TargetDir
 
 __all__ = ["KernelDigest", "ProbeResult", "ProbeShapes", "KernelProbes", "KernelOutputChanged", "KERNEL_KINDS",
-           "probe", "modeling_module", "attention_implementation", "tensor_digest", "kernel_change", "PROBE_SEED"]
+           "probe", "modeling_module", "attention_implementation", "tensor_digest", "kernel_change", "change_message",
+           "PROBE_SEED"]
 
 PROBE_SEED = 20240611
 CHUNK_T = 80  # more than one 64-token chunk of the chunked delta rule, the last one padded
@@ -222,8 +223,8 @@ class ProbeResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "dtype": self.dtype, "device": self.device, "digest": self.digest,
-                "seconds": round(self.seconds, 6), "import_seconds": round(self.import_seconds, 6), "shapes": self.shapes.to_json(),
-                "kernels": {k: v.to_json() for k, v in sorted(self.kernels.items())}}
+                "seconds": round(self.seconds, 6), "import_seconds": round(self.import_seconds, 6),
+                "shapes": self.shapes.to_json(), "kernels": {k: v.to_json() for k, v in sorted(self.kernels.items())}}
 
 
 def _inputs(gen: torch.Generator, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
@@ -244,7 +245,7 @@ def _delta_rule_inputs(gen: torch.Generator, t: int, linear: tuple[int, int, int
 def _probe_delta_rule(fn: Callable[..., Any], gen: torch.Generator, t: int, linear: tuple[int, int, int, int],
                       dtype: torch.dtype, dev: torch.device, *, with_state: bool) -> KernelDigest:
     x = _delta_rule_inputs(gen, t, linear, dtype, dev)
-    hk, hv, dk, dv = linear
+    _, hv, dk, dv = linear
     state = (torch.randn((1, hv, dk, dv), generator=gen, dtype=torch.float32) * 0.1).to(dev) if with_state else None
     out, final = fn(x["query"], x["key"], x["value"], g=x["g"], beta=x["beta"], initial_state=state,
                     output_final_state=True, use_qk_l2norm_in_kernel=True)
