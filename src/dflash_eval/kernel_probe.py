@@ -335,6 +335,7 @@ class KernelProbes:
     target_dir: TargetDir
     device: torch.device | str
     registry_dir: Path | None = None
+    record: bool = True  # False (--cache-only): the registry is read, never written
     results: dict[tuple[str, str], ProbeResult] = field(default_factory=dict)
     changes: list[dict[str, Any]] = field(default_factory=list)
 
@@ -381,7 +382,7 @@ class KernelProbes:
         message naming the changed kernel."""
         path = self._registry_path(r)
         data = self._read(path)
-        if path is None or r.digest in data["digests"]:
+        if path is None or not self.record or r.digest in data["digests"]:
             return
         data["digests"][r.digest] = {"kernels": {k: v.digest for k, v in r.kernels.items()},
                                      "functions": {k: v.function for k, v in r.kernels.items()},

@@ -45,7 +45,7 @@ class FeatureStore:
         self._memo: dict[tuple[str, str, str], dict[int, torch.Tensor]] = {}
         self._fingerprint: dict[str, Any] | None = None
         self.probes = KernelProbes(inputs.target_dir, inputs.settings.torch_device,
-                                   registry_dir=inputs.cache.base / "kernel_probes")
+                                   registry_dir=inputs.cache.base / "kernel_probes", record=not inputs.cache.cache_only)
 
     def kernel_digest(self, side: Side) -> str:
         """The digest of the side's kernels' output in this process (:mod:`dflash_eval.kernel_probe`; probed on the
