@@ -24,8 +24,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {"-k tau, -n 0": ["-k", "tau", "-n", "0"], "-k tau, -n 2": ["-k", "tau", "-n", "2"],
-           "full, -n 0": ["-n", "0"], "full, -n 2": ["-n", "2"]}
+CONFIGS = {"tau-n0": ["-k", "tau", "-n", "0"], "tau-n2": ["-k", "tau", "-n", "2"], "full-n0": ["-n", "0"],
+           "full-n2": ["-n", "2"]}  # warm `-k tau` and the full suite, each without and with two xdist workers
 
 
 def outcomes(junit: Path) -> dict[str, str]:
