@@ -1,6 +1,6 @@
 """GPU lane measurements: fla vs torch hidden-state drift, functional τ drift, extraction speed vs the FLOP floor.
 
-Run on the H200 (fla installed; see README "GPU lane"):
+Run on the H200 (fla installed; see docs/gpu-lab.md):
 
     python benchmarks/gpu_drift.py --out $OUT/gpu_drift.json
 

@@ -1,6 +1,6 @@
 """GPU lane for the drift budget: every number docs/drift-budget.md needs from a CUDA machine with fla, in one run.
 
-Run on the GPU (fla installed; see README "GPU lane"; about 5-8 minutes on one H200 with a cold cache)::
+Run on the GPU (fla installed; see docs/gpu-lab.md; about 5-8 minutes on one H200 with a cold cache)::
 
     python benchmarks/gpu_drift_budget.py --out $OUT          # or: OUT=... bash scripts/gpu_lane.sh budget
 

@@ -1,7 +1,7 @@
 """Where the GPU time of the two target-forward stages goes, at Qwen3.6-27B widths: feature extraction against its
 matmul-FLOP floor, and batched greedy generation, each broken down by kernel family with ``torch.profiler``.
 
-Run on a CUDA machine with fla (see README "GPU lane")::
+Run on a CUDA machine with fla (see docs/gpu-lab.md)::
 
     python benchmarks/gpu_profile.py --out $OUT/gpu_profile.json
 

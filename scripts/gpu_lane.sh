@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU lane (stages, one or more per call: drift, suite, fp32, goldens, faults, scaling, startup, warm, wide, gen,
-# speed, budget, profile; default all = drift + suite) for a CUDA machine with fla (see README "GPU lane"). Writes
+# speed, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md). Writes
 # everything under $OUT (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
 # transformers 5.23.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
