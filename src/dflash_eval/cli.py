@@ -165,7 +165,9 @@ def gate(ns: argparse.Namespace) -> int:
 
     err = sys.stderr
     drafters = [Path(d).expanduser() for d in ns.drafter]
-    drafters = [d if d.is_absolute() else Path.cwd() / d for d in drafters]
+    from dflash_eval.paths import normal_path
+
+    drafters = [normal_path(d if d.is_absolute() else Path.cwd() / d) for d in drafters]
     problems, settings = [], []
     for d in drafters:
         if not d.exists():

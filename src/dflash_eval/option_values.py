@@ -1,5 +1,6 @@
 """Parsing one option's raw value (a string from the command line, the environment or the ini file, or a typed
-default) into its typed value; relative paths and ``--prompts`` file items are made absolute against a base folder.
+default) into its typed value; relative paths and ``--prompts`` file items are made absolute against a base folder
+and normalised (:func:`dflash_eval.paths.normal_path`).
 
 Used by :func:`dflash_eval.options.resolve` and :meth:`dflash_eval.options.EvalSettings.from_mapping`.
 """
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dflash_eval.errors import ConfigError
+from dflash_eval.paths import normal_path
 
 __all__ = ["parse_value", "resolve_prompt_spec"]
 
@@ -67,7 +69,7 @@ def parse_value(spec: _Spec, raw: Any, base: Path | None) -> Any:
             raise ConfigError(f"{spec.flag}: expected a number, got {raw!r}") from exc
     if spec.kind == "path":
         p = Path(str(raw)).expanduser()
-        return p if p.is_absolute() or base is None else base / p
+        return normal_path(p if p.is_absolute() or base is None else base / p)
     if spec.kind == "spec":
         return resolve_prompt_spec(raw, base)
     if spec.kind == "choice" and str(raw) not in spec.choices:

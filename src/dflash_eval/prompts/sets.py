@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import ConfigError
+from dflash_eval.paths import normal_path
 from dflash_eval.prompts.datafiles import DATA_SUFFIXES, read_rows
 from dflash_eval.prompts.files import load_prompts
 from dflash_eval.prompts.prompt import Prompt, check_id, expand_turns, make_prompt
@@ -341,7 +342,7 @@ def resolve_spec_paths(raw: Any, base: Path | None) -> str:
             p = Path(path).expanduser()
             if not p.is_absolute() and base is not None:
                 p = base / p
-            out.append(f"{name}={p}{sep}{tail}")
+            out.append(f"{name}={normal_path(p)}{sep}{tail}")
             continue
         if item.partition(":")[0] in BUILTIN_DEFINITIONS:
             out.append(item)
@@ -350,6 +351,6 @@ def resolve_spec_paths(raw: Any, base: Path | None) -> str:
         if not p.is_absolute() and base is not None and (
                 (base / p).exists() or item.endswith((".jsonl", ".json", ".yaml", ".yml", ".toml")) or "/" in item):
             p = base / p
-        out.append(str(p))
+        out.append(str(normal_path(p)))
     return ",".join(out)
 
