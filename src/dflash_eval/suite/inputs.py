@@ -357,7 +357,7 @@ class Inputs:
             t = self.target
             return {"path": str(t.path), "identity": self.target_identity, "num_layers": t.num_layers,
                     "hidden_size": t.hidden_size, "vocab_size": t.vocab_size, "layer_types": t.layer_types,
-                    "dtype": str(t.dtype), "device": str(t.device), "loaded": True}
+                    "dtype": str(t.dtype).removeprefix("torch."), "device": str(t.device), "loaded": True}
         if self._identity is None:
             return None
         try:
@@ -367,4 +367,5 @@ class Inputs:
         return {"path": str(self.settings.target_model), "identity": self.target_identity,
                 "num_layers": cfg.get("num_hidden_layers"), "hidden_size": cfg.get("hidden_size"),
                 "vocab_size": cfg.get("vocab_size"), "layer_types": cfg.get("layer_types"),
-                "dtype": str(self.settings.torch_dtype), "device": str(self.settings.torch_device), "loaded": False}
+                "dtype": str(self.settings.torch_dtype).removeprefix("torch."),
+                "device": str(self.settings.torch_device), "loaded": False}

@@ -21,6 +21,7 @@ from dflash_eval.suite.online_tau import OnlineTau
 from dflash_eval.suite.references import CompletionRecord
 from dflash_eval.tau import macro_tau
 from dflash_eval.verdict import judge_categories, judge_prompts, mean_thresholds
+from dflash_eval.workdir import run_location
 
 __all__ = ["EvalResult", "TauSummary", "build_result", "prompt_rows", "tau_summary"]
 
@@ -173,8 +174,8 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
         worker=inp.worker_id, settings=s.to_dict(), timings={k: round(v, 4) for k, v in inp.meter.timings.items()},
         counts=dict(inp.meter.counts), spans=list(inp.meter.spans), cache=inp.cache.stats.to_dict(),
         sglang=sglang or None, target=target,
-        provenance=provenance(backend=s.feature_backend, dtype=s.torch_dtype, device=s.torch_device) if target
-        else None, tau=tau, fingerprint=fingerprint, context=context)
+        provenance=provenance(backend=s.feature_backend, dtype=s.torch_dtype, device=s.torch_device,
+                              **run_location()) if target else None, tau=tau, fingerprint=fingerprint, context=context)
     if result.provenance is not None and ev.store.probes.results:  # the kernels the features' keys carry
         result.provenance["kernel_probe"] = ev.store.probes.to_json()
     if ev.checkpoint_read:
