@@ -247,8 +247,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("dflash-eval")
     if data:
         width = getattr(terminalreporter, "_tw", None)
-        terminalreporter.write(report.render_terminal(data, width=getattr(width, "fullwidth", 120)))
+        terminalreporter.write(report.render_terminal(data, width=getattr(width, "fullwidth", 120),
+                                                      max_rows=None if config.option.verbose > 0 else
+                                                      report.TERMINAL_ROWS_SHOWN))
     for m in config.stash.get(MESSAGES, []):
         terminalreporter.write_line(m)
-    for line in (data or {}).get("diagnoses", []):  # the named cause, once, last
-        terminalreporter.write_line(f"dflash-eval: {line}")
+    if data:  # the verdict last (the named causes in it, once)
+        failed = sum(len(terminalreporter.stats.get(k, [])) for k in ("failed", "error"))
+        try:
+            report_dir = get_settings(config).report_dir
+        except DFlashEvalError:
+            report_dir = None
+        terminalreporter.write_sep("-", "dflash-eval verdict")
+        for line in report.verdict_lines(data, report_dir=report_dir, failed_tests=failed, exitstatus=exitstatus):
+            terminalreporter.write_line(line)

@@ -1,8 +1,11 @@
-"""drift_budget.png: the drafter's τ against injected feature error, with this run's measured drift marked.
+"""drift_budget.png: how much feature error the drafter tolerates, and where this run's measured drift lies.
 
-Left: mean chain τ per perturbation of the drift budget's ladder (noise as a line, rounding as labelled points);
-right: mean |Δτ| with its bootstrap 95 % CI and the tolerance. Both mark the budget, the gate's limit
-(budget / safety factor) and, per drift comparison, the worst measured relative error over prompts and layers.
+Readable without docs/drift-budget.md: the title gives the drift gate's verdict and the numbers behind it (worst
+measured drift x safety factor against the budget), a subtitle says what the budget is. Left, the main panel: mean
+|Δτ| over prompts (the change of τ the injected error causes) with its bootstrap 95 % CI against the tolerance, the
+budget, the gate limit (budget / safety) and each comparison's worst measured drift; right: mean chain τ on an axis
+from 1 (the τ of a drafter that never helps), so a change of a few hundredths looks as small as it is. Injected
+noise is a line, rounding to a lower-precision dtype labelled points. One legend under both panels, fonts at 9-12 pt.
 Written with matplotlib's Agg backend, atomically, next to eval.png.
 """
 
@@ -12,8 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.atomic import atomic_write_with
+from dflash_eval.report.summary import gate_outcome
 
-__all__ = ["write_budget_plot", "measured_drifts"]
+__all__ = ["write_budget_plot", "budget_figure", "measured_drifts", "budget_title", "FONT_PT"]
+
+#: Font size (points) of the legend, tick labels and annotations; axis labels and titles are larger.
+FONT_PT = 9
+_VERDICT_COLOURS = {"pass": "#1b7837", "fail": "#b2182b", "inconclusive": "#d95f02", None: "#333333"}
 
 
 def measured_drifts(data: dict[str, Any]) -> dict[str, float]:
@@ -28,59 +36,113 @@ def measured_drifts(data: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def budget_title(data: dict[str, Any]) -> tuple[str, str]:
+    """The plot's title (the gate's verdict and its numbers) and subtitle (what the budget is)."""
+    b = data["drift_budget"]
+    outcome = gate_outcome(data)
+    bound = ">= " if b.get("lower_bound") else ""
+    drifts = measured_drifts(data)
+    if outcome is None:
+        title = f"drift budget {bound}{b['budget']:.2g}: no drift was gated in this run"
+    else:
+        name, worst = max(drifts.items(), key=lambda kv: kv[1]) if drifts else ("-", float("nan"))
+        rel = "<=" if outcome == "pass" else ">" if outcome == "fail" else "vs"
+        title = (f"drift gate {outcome.upper()}: worst measured drift {worst:.2g} ({name}) x safety {b['safety']:g} "
+                 f"= {worst * b['safety']:.2g} {rel} budget {bound}{b['budget']:.2g}")
+    sub = (f"budget = largest injected feature error that keeps mean |Δτ| <= {b['tol']:g} (upper end of its 95 % CI), "
+           f"measured on {b['n_prompts']} prompts from {b['base']} features; drafter {str(b['drafter'])[:12]}")
+    return title, sub
+
+
+def _levels(b: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ladder's levels that have numbers (strict JSON writes NaN, no prompt with a round, as null), in order of
+    injected error."""
+    levels = [lv for lv in b["levels"]
+              if None not in (lv.get("injected_rel_err"), lv.get("mean_tau"), lv.get("mean_abs_dtau"), *lv["ci95"])]
+    return sorted(levels, key=lambda lv: lv["injected_rel_err"])
+
+
 def write_budget_plot(data: dict[str, Any], path: Path) -> Path | None:
     """Write the plot (None when eval.json holds no drift budget)."""
+    fig = budget_figure(data)
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_with(path, lambda p: fig.savefig(p, format="png", dpi=100))
+    plt.close(fig)
+    return path
+
+
+def budget_figure(data: dict[str, Any]) -> Any:
+    """The plot's matplotlib figure (None when eval.json holds no drift budget with numbers); the caller closes it."""
     b = data.get("drift_budget")
     if not b or not b.get("levels"):
+        return None
+    levels = _levels(b)
+    if not levels:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    levels = [lv for lv in b["levels"]  # strict JSON writes NaN (no prompt with a round) as null: not plotted
-              if None not in (lv.get("injected_rel_err"), lv.get("mean_tau"), lv.get("mean_abs_dtau"), *lv["ci95"])]
-    levels.sort(key=lambda lv: lv["injected_rel_err"])
-    if not levels:
-        return None
     noise = [lv for lv in levels if lv["kind"] == "noise"]
     rounds = [lv for lv in levels if lv["kind"] == "round"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    drifts = measured_drifts(data)
     floor = min([lv["injected_rel_err"] for lv in levels if lv["injected_rel_err"] > 0] +
-                [v for v in measured_drifts(data).values() if v > 0] + [1e-3])
-    for ax, key in ((ax1, "mean_tau"), (ax2, "mean_abs_dtau")):
+                [v for v in drifts.values() if v > 0] + [1e-3])
+    fig, (ax_d, ax_t) = plt.subplots(1, 2, figsize=(13, 6.2), gridspec_kw={"width_ratios": [3, 2]})
+    for ax, key in ((ax_d, "mean_abs_dtau"), (ax_t, "mean_tau")):
         if noise:
-            ys = [lv[key] for lv in noise]
-            xs = [lv["injected_rel_err"] for lv in noise]
+            xs, ys = [lv["injected_rel_err"] for lv in noise], [lv[key] for lv in noise]
             if key == "mean_abs_dtau":
                 err = [[max(0.0, lv[key] - lv["ci95"][0]) for lv in noise],
                        [max(0.0, lv["ci95"][1] - lv[key]) for lv in noise]]
-                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label="relative Gaussian noise (95 % CI)")
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color="C0",
+                            label="injected Gaussian noise (bars: 95 % CI of mean |Δτ|)")
             else:
-                ax.plot(xs, ys, marker="o", label="relative Gaussian noise")
-        for lv in rounds:
+                ax.plot(xs, ys, marker="o", color="C0")
+        for k, lv in enumerate(rounds):
             x = max(lv["injected_rel_err"], floor / 10)
-            ax.scatter([x], [lv[key]], marker="s", zorder=3)
-            ax.annotate(lv["label"], (x, lv[key]), textcoords="offset points", xytext=(4, 4), fontsize=7)
-        ax.axvline(b["budget"], color="green", linewidth=2,
-                   label=f"budget {'>= ' if b['lower_bound'] else ''}{b['budget']:.2e}")
-        ax.axvline(b["gate_limit"], color="green", linestyle=":", label=f"gate limit (budget / {b['safety']:g})")
-        for k, (name, v) in enumerate(sorted(measured_drifts(data).items())):
-            ax.axvline(max(v, floor / 10), color=f"C{k + 3}", linestyle="--", label=f"measured: {name} {v:.1e}")
+            ax.scatter([x], [lv[key]], marker="s", color="C1", zorder=3,
+                       label="rounding to a lower-precision dtype" if k == 0 and ax is ax_d else None)
+            if ax is ax_d:  # labelled once (staggered: rounding levels lie close together)
+                ax.annotate(lv["label"], (x, lv[key]), textcoords="offset points", xytext=(4, 6 + 12 * (k % 2)),
+                            fontsize=FONT_PT)
+        ax.axvline(b["budget"], color="green", linewidth=2.2,
+                   label=None if ax is ax_t else f"drift budget {'>= ' if b['lower_bound'] else ''}{b['budget']:.2g}")
+        ax.axvline(b["gate_limit"], color="green", linestyle=":", linewidth=2,
+                   label=None if ax is ax_t else
+                   f"gate limit = budget / {b['safety']:g} = {b['gate_limit']:.2g} (a measured drift must stay left)")
+        for k, (name, v) in enumerate(sorted(drifts.items())):
+            ax.axvline(max(v, floor / 10), color=f"C{k + 3}", linestyle="--", linewidth=1.8,
+                       label=None if ax is ax_t else f"measured drift {name}: {v:.2g}")
         ax.set_xscale("log")
-        ax.set_xlabel("injected relative feature error ||f' - f|| / ||f||")
-    ax1.axhline(b["base_mean_tau"], color="gray", linewidth=1, label=f"unperturbed τ {b['base_mean_tau']:.3f}")
-    ax1.axhspan(b["base_mean_tau"] - b["tol"], b["base_mean_tau"] + b["tol"], color="gray", alpha=0.12,
-                label=f"± tolerance {b['tol']:g} (the rule judges the CI of mean |Δτ|, right)")
-    ax1.set_ylabel("mean chain τ")
-    ax1.set_title(f"drafter {str(b['drafter'])[:12]}: τ vs injected feature error", fontsize=9)
-    ax2.axhline(b["tol"], color="red", linewidth=1, label=f"tolerance {b['tol']:g}")
-    ax2.set_ylabel("mean |Δτ| over prompts")
-    ax2.set_title(f"{b['n_prompts']} prompts, {b['base']} features, seed {b['seed']}", fontsize=9)
-    for ax in (ax1, ax2):
-        ax.legend(fontsize=6, loc="best")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_with(path, lambda p: fig.savefig(p, format="png", dpi=100))
-    plt.close(fig)
-    return path
+        ax.set_xlabel("injected relative feature error ||f' - f|| / ||f||", fontsize=FONT_PT + 1)
+        ax.tick_params(labelsize=FONT_PT)
+        ax.grid(True, which="major", alpha=0.3)
+    top = max([b["tol"] * 2] + [lv["ci95"][1] for lv in levels])
+    ax_d.axhspan(0, b["tol"], color="green", alpha=0.08)
+    ax_d.axhline(b["tol"], color="red", linewidth=1.5, label=f"tolerance: mean |Δτ| <= {b['tol']:g}")
+    ax_d.set_ylim(0, top * 1.08)
+    ax_d.set_ylabel("mean |Δτ| over prompts (change of τ caused by the error)", fontsize=FONT_PT + 1)
+    ax_d.set_title("change of τ against injected error", fontsize=FONT_PT + 2)
+    base = b["base_mean_tau"]
+    ax_t.axhline(base, color="gray", linewidth=1)
+    ax_t.axhspan(base - b["tol"], base + b["tol"], color="gray", alpha=0.15)
+    ax_t.set_ylim(1.0, max(base, max(lv["mean_tau"] for lv in levels)) * 1.1)
+    ax_t.set_ylabel("mean chain τ (from 1: a drafter that never helps)", fontsize=FONT_PT + 1)
+    ax_t.set_title(f"τ itself: unperturbed {base:.3f} (grey band ± {b['tol']:g})", fontsize=FONT_PT + 2)
+    title, sub = budget_title(data)
+    fig.suptitle(title, fontsize=FONT_PT + 4, fontweight="bold", color=_VERDICT_COLOURS[gate_outcome(data)])
+    fig.text(0.5, 0.905, sub, ha="center", fontsize=FONT_PT + 1)
+    handles, labels = ax_d.get_legend_handles_labels()
+    rank = ("injected", "rounding", "tolerance", "drift budget", "gate limit", "measured")
+    order = sorted(range(len(labels)), key=lambda i: next((r for r, w in enumerate(rank)
+                                                           if labels[i].startswith(w)), len(rank)))
+    handles, labels = [handles[i] for i in order], [labels[i] for i in order]
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=FONT_PT, frameon=False)
+    fig.tight_layout(rect=(0, 0.05 + 0.035 * ((len(labels) + 1) // 2), 1, 0.89))
+    return fig

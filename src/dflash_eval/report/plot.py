@@ -31,12 +31,13 @@ def _num(x: Any) -> float | None:
 
 
 def worst_prompts(prompts: dict[str, dict[str, Any]], k: int = WORST_SHOWN) -> list[str]:
-    """Up to ``k`` prompt ids, failing first, then by margin τ - floor (τ alone without a floor), smallest first."""
-    def key(pid: str) -> tuple[int, float]:
+    """Up to ``k`` prompt ids, failing first, then by margin τ - floor (τ alone without a floor), smallest first;
+    margins equal to two decimals (floors recorded as measured τ minus one margin) by τ, lowest first."""
+    def key(pid: str) -> tuple[int, float, float]:
         r = prompts[pid]
         tau, floor = _num(r.get("tau")), _num(r.get("floor"))
         margin = (tau if tau is not None else -math.inf) - (floor or 0.0)
-        return (0 if r.get("passed") is False else 1, margin)
+        return (0 if r.get("passed") is False else 1, round(margin, 2), -math.inf if tau is None else tau)
     return sorted(prompts, key=key)[:k]
 
 

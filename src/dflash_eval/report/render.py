@@ -10,11 +10,19 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.paths import normal_path
 from dflash_eval.report.acceptance import acceptance_rows, conversation_rows
+from dflash_eval.report.plot import worst_prompts
 from dflash_eval.stats import ddtree_budgets
 
 __all__ = ["tau_rows", "category_rows", "drift_rows", "baseline_line", "budget_line", "ladder_rows", "gate_rows",
-           "render_terminal", "render_markdown", "fmt"]
+           "render_terminal", "render_markdown", "fmt", "TERMINAL_ROWS_FULL", "TERMINAL_ROWS_SHOWN", "plain_dtype",
+           "plain_versions"]
+
+#: The terminal prints every prompt's row up to this many prompts (conversations likewise) ...
+TERMINAL_ROWS_FULL = 15
+#: ... and beyond, only the rows of this many prompts with the least room above their floors (eval.md: all).
+TERMINAL_ROWS_SHOWN = 10
 
 
 def _ci(s: dict[str, Any] | None) -> str:
@@ -194,19 +202,50 @@ def gate_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def render_terminal(data: dict[str, Any], *, width: int = 120) -> str:
-    """The τ tables, the drift summary and the drift budget as text (rich tables, no colour codes)."""
+def _shown_prompts(data: dict[str, Any], limit: int | None) -> list[str] | None:
+    """The prompts whose rows the terminal prints, worst first (:func:`worst_prompts`), or None for all of them:
+    ``limit`` None, or at most :data:`TERMINAL_ROWS_FULL` prompts."""
+    prompts = data.get("prompts", {})
+    if limit is None or len(prompts) <= max(limit, TERMINAL_ROWS_FULL):
+        return None
+    return worst_prompts(prompts, limit)
+
+
+def _collapse(rows: list[list[str]], keys: set[str], shown: list[str] | None) -> list[list[str]]:
+    """The rows whose first cell is one of ``shown`` (in that order), then the rows that are not keyed by ``keys``
+    (means, categories) in their order; every row when ``shown`` is None."""
+    if shown is None:
+        return rows
+    order = {k: i for i, k in enumerate(shown)}
+    keyed = sorted((r for r in rows if r[0] in order), key=lambda r: order[r[0]])  # stable: sources stay in order
+    return keyed + [r for r in rows if r[0] not in keys]
+
+
+def _collapsed_caption(what: str, shown: list[str] | None, total: int, order: str) -> str | None:
+    if shown is None:
+        return None
+    return f"{len(shown)} of {total} {what} ({order}); … {total - len(shown)} more in eval.md, all here with pytest -v"
+
+
+def render_terminal(data: dict[str, Any], *, width: int = 120, max_rows: int | None = TERMINAL_ROWS_SHOWN) -> str:
+    """The τ tables, the drift summary and the drift budget as text (rich tables, no colour codes). Beyond
+    :data:`TERMINAL_ROWS_FULL` prompts, the per-prompt tables keep only the ``max_rows`` prompts with the least room
+    above their floors (conversations: the lowest τ) and say how many more eval.md holds; ``max_rows`` None: all."""
     from rich.console import Console
     from rich.table import Table
 
     buf = io.StringIO()
     console = Console(file=buf, width=max(120, width), force_terminal=False, color_system=None, highlight=False)
+    prompts = data.get("prompts", {})
+    shown = _shown_prompts(data, max_rows)
+    order = "failing first, then least room above the floor"
     header, rows = tau_rows(data)
     if rows:
-        t = Table(title=_title(data), show_lines=False)
+        t = Table(title=_title(data), show_lines=False,
+                  caption=_collapsed_caption("prompts", shown, len(prompts), order))
         for h in header:
             t.add_column(h, justify="left" if h == "prompt" else "right")
-        for r in rows:
+        for r in _collapse(rows, set(prompts), shown):
             t.add_row(*r)
         console.print(t)
     if baseline_line(data):
@@ -220,12 +259,19 @@ def render_terminal(data: dict[str, Any], *, width: int = 120) -> str:
         for r in crows:
             t.add_row(*r)
         console.print(t)
-    for title, (ah, arows) in ((_ACCEPT_TITLE, acceptance_rows(data)), (_CONV_TITLE, conversation_rows(data))):
+    convs = data.get("conversations") or {}
+    conv_shown = None if max_rows is None or len(convs) <= max(max_rows, TERMINAL_ROWS_FULL) else sorted(
+        convs, key=lambda c: _order(convs[c].get("tau")))[:max_rows]
+    for title, (ah, arows), keys, keep, caption in (
+            (_ACCEPT_TITLE, acceptance_rows(data), set(prompts), shown,
+             _collapsed_caption("prompts", shown, len(prompts), order)),
+            (_CONV_TITLE, conversation_rows(data), set(convs), conv_shown,
+             _collapsed_caption("conversations", conv_shown, len(convs), "lowest conversation τ first"))):
         if arows:
-            t = Table(title=title)
+            t = Table(title=title, caption=caption)
             for h in ah:
                 t.add_column(h, justify="left" if h in ("scope", "source", "conversation", "category") else "right")
-            for r in arows:
+            for r in _collapse(arows, keys, keep):
                 t.add_row(*r)
             console.print(t)
     for title, (hh, rr) in (("hidden-state drift, regression check (worst prompt per layer)", drift_rows(data)),
@@ -254,8 +300,30 @@ _CONV_TITLE = "multi-turn conversations (τ per turn; conversation τ over all i
 def _title(data: dict[str, Any]) -> str:
     t = data.get("target", {})
     d = data.get("drafter", {})
-    return (f"τ per prompt — target {Path(t.get('path', '?')).name} ({str(t.get('identity', '?'))[:12]}), "
-            f"drafter {Path(d.get('path', '?')).name} ({str(d.get('fingerprint', '?'))[:12]})")
+    return (f"τ per prompt — target {normal_path(t.get('path', '?')).name} ({str(t.get('identity', '?'))[:12]}), "
+            f"drafter {normal_path(d.get('path', '?')).name} ({str(d.get('fingerprint', '?'))[:12]})")
+
+
+def plain_dtype(dtype: Any) -> str:
+    """A dtype as a reader writes it: ``float32`` (eval.json of older runs held ``torch.float32``)."""
+    return "?" if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def plain_versions(versions: Any) -> str:
+    """Library versions as text: ``torch 2.13.0, transformers 5.20.0, fla not installed, python 3.11.7``."""
+    if not isinstance(versions, dict) or not versions:
+        return "?"
+    return ", ".join(f"{k} {v if v is not None else 'not installed'}" for k, v in versions.items())
+
+
+def _git_text(p: dict[str, Any]) -> str:
+    """``host h, git abc123def456 (dirty) in /repo`` for eval.md's provenance line ("" when neither is known)."""
+    parts = [f"host {p['host']}"] if p.get("host") else []
+    g = p.get("git")
+    if g:
+        state = {True: " (uncommitted changes)", False: "", None: " (state unknown)"}[g.get("dirty")]
+        parts.append(f"git commit {str(g.get('commit'))[:12]}{state}" + (f" in `{g['root']}`" if g.get("root") else ""))
+    return ", ".join(parts)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -271,10 +339,13 @@ def render_markdown(data: dict[str, Any]) -> str:
     if data.get("diagnoses"):  # named causes first: they explain the failures below
         parts += [f"**{line}**" for line in data["diagnoses"]] + [""]
     t, d, p = data.get("target", {}), data.get("drafter", {}), data.get("provenance", {})
-    parts.append(f"- target: `{t.get('path', '?')}` identity `{str(t.get('identity', '?'))[:16]}`, "
-                 f"{t.get('num_layers', '?')} layers, dtype {t.get('dtype', '?')}, device {t.get('device', '?')}")
-    parts.append(f"- drafter: `{d.get('path', '?')}` fingerprint `{str(d.get('fingerprint', '?'))[:16]}`")
-    parts.append(f"- backend {p.get('backend', '?')}, versions {p.get('versions', {})}")
+    parts.append(f"- target: `{normal_path(t.get('path', '?'))}` identity `{str(t.get('identity', '?'))[:16]}`, "
+                 f"{t.get('num_layers', '?')} layers, dtype {plain_dtype(t.get('dtype'))}, device "
+                 f"{t.get('device', '?')}")
+    parts.append(f"- drafter: `{normal_path(d.get('path', '?'))}` fingerprint `{str(d.get('fingerprint', '?'))[:16]}`")
+    parts.append(f"- backend {p.get('backend', '?')}, versions: {plain_versions(p.get('versions'))}")
+    if _git_text(p):
+        parts.append(f"- ran on {_git_text(p)}")
     kp = p.get("kernel_probe") or {}
     if kp.get("probes"):
         parts.append("- kernel probe (" + f"{kp.get('seconds', 0.0) * 1e3:.0f} ms): " + ", ".join(

@@ -26,12 +26,12 @@ def write_reports(data: dict[str, Any], report_dir: Path) -> dict[str, Path]:
     atomic_write_text(paths["json"], dumps_strict(data) + "\n")  # NaN -> null (schema: eval.schema.json)
     md = render_markdown(data)
     atomic_write_text(paths["md"], md)
-    png = write_plot(data, report_dir / "eval.png")
-    if png is not None:
-        paths["png"] = png
-    budget_png = write_budget_plot(data, report_dir / "drift_budget.png")
-    if budget_png is not None:
-        paths["budget_png"] = budget_png
+    for key, name, plot in (("png", "eval.png", write_plot), ("budget_png", "drift_budget.png", write_budget_plot)):
+        written = plot(data, report_dir / name)
+        if written is not None:
+            paths[key] = written
+        else:  # nothing to plot this run: a plot left by an earlier run would be read as this one's
+            (report_dir / name).unlink(missing_ok=True)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         with open(summary, "a", encoding="utf-8") as fh:
@@ -41,7 +41,7 @@ def write_reports(data: dict[str, Any], report_dir: Path) -> dict[str, Path]:
 
 def finish(data: dict[str, Any], settings: Any) -> list[str]:
     """Apply the update options (through :mod:`dflash_eval.golden`), write the reports; returns lines for the
-    terminal."""
+    terminal (what was written besides the reports)."""
     msgs = []
     if settings.update_tau_floors and data.get("prompts"):
         path = golden.update_floors(data, settings)
@@ -50,8 +50,7 @@ def finish(data: dict[str, Any], settings: Any) -> list[str]:
     if settings.update_fingerprints and data.get("fingerprint"):
         fp = golden.update_fingerprint(data["fingerprint"], settings.golden_dir)
         msgs.append(f"feature fingerprint written to {fp}")
-    paths = write_reports(data, settings.report_dir)
-    msgs.insert(0, "reports: " + ", ".join(str(p) for p in paths.values()))
+    write_reports(data, settings.report_dir)  # the verdict printed last names them (report.summary)
     for change in ((data.get("provenance") or {}).get("kernel_probe") or {}).get("changed", []):
         msgs.append(f"kernel probe: {change['message']}; re-extracted with the live kernels")
     return msgs

@@ -1,0 +1,133 @@
+"""The run's verdict in a few lines, printed last in the terminal's dflash-eval section (after the tables): PASS or
+FAIL and why, the mean τ against its floor, the prompts with the least room above their floors, the drift gate's
+outcome and where the reports are.
+
+The run passes when τ passes its floors (:func:`tau_verdict`: the mean and every gated prompt and category), the
+drift gate has no failing row (:func:`gate_outcome`), the drafter was not refused and no test failed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.report.plot import worst_prompts
+from dflash_eval.verdict import refused
+
+__all__ = ["WORST_NAMED", "REPORT_FILES", "tau_verdict", "gate_outcome", "verdict_lines"]
+
+#: How many prompts the verdict names (those with the least room above their floors).
+WORST_NAMED = 3
+#: The files of a run's report folder, in the order the verdict lists them.
+REPORT_FILES = ("eval.md", "eval.json", "eval.png", "drift_budget.png")
+
+
+def tau_verdict(data: dict[str, Any]) -> bool | None:
+    """τ against its floors: the mean and every gated prompt and category pass (None: τ was not measured)."""
+    if "mean_tau" not in data:
+        return None
+    prompts = data.get("prompts", {})
+    cats = data.get("categories") or {}
+    return bool(data.get("mean_passed")) and not any(r.get("passed") is False for r in prompts.values()) \
+        and not any(r.get("passed") is False for r in cats.values())
+
+
+def gate_outcome(data: dict[str, Any]) -> str | None:
+    """The drift gate over all its rows: "fail" when one fails, else "inconclusive" when one is, else "pass"
+    (None: no drift was gated in this run)."""
+    rows = data.get("drift_gate") or []
+    if not rows:
+        return None
+    outcomes = [r.get("outcome") or ("pass" if r.get("passed") else "fail") for r in rows]
+    return "fail" if "fail" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+def _against(value: Any, floor: Any) -> str:
+    """``4.314 >= floor 4.064`` (or ``<``; ``no floor`` when there is none)."""
+    if floor is None:
+        return f"{_num(value)} (no floor)"
+    ok = value is not None and not (isinstance(value, float) and math.isnan(value)) and value >= floor
+    return f"{_num(value)} {'>=' if ok else '<'} floor {_num(floor)}"
+
+
+def _mean_text(data: dict[str, Any]) -> str:
+    """``mean chain τ 4.314 >= floor 4.064 over 37 prompts, none below its floor`` (categories that fail named)."""
+    prompts = data.get("prompts", {})
+    below = [p for p, r in prompts.items() if r.get("passed") is False]
+    cats = [c for c, r in (data.get("categories") or {}).items() if r.get("passed") is False and c != "all"]
+    text = (f"mean chain τ {_against(data.get('mean_tau'), data.get('mean_floor'))} over {len(prompts)} prompts, "
+            + ("none below its floor" if not below else "1 below its floor" if len(below) == 1 else
+               f"{len(below)} below their floors"))
+    return text + (f"; categories below their floors: {', '.join(sorted(cats))}" if cats else "")
+
+
+def _detail_line(data: dict[str, Any]) -> str | None:
+    """The DDTree means against their floors and the prompts with the least room above their floors."""
+    floors = data.get("mean_ddtree_floor") or {}
+    parts = [f"mean DDTree-{b} τ {_against(v, floors.get(b))}" for b, v in (data.get("mean_ddtree") or {}).items()]
+    prompts = data.get("prompts", {})
+    named = []
+    for pid in worst_prompts(prompts, WORST_NAMED) if prompts else []:
+        r = prompts[pid]
+        floor = "" if r.get("floor") is None else f" / {_num(r.get('floor'))}"
+        named.append(f"{pid} {_num(r.get('tau'))}{floor}" + (" FAIL" if r.get("passed") is False else ""))
+    if named:
+        parts.append("lowest prompts (chain τ / floor): " + ", ".join(named))
+    return "; ".join(parts) or None
+
+
+def _gate_line(data: dict[str, Any]) -> str:
+    outcome = gate_outcome(data)
+    rows = data["drift_gate"]
+    b = data.get("drift_budget") or {}
+    over = [r for r in rows if (r.get("outcome") or ("pass" if r.get("passed") else "fail")) != "pass"]
+    budget = (">= " if b.get("lower_bound") else "") + f"{b['budget']:.2e}" if b.get("budget") is not None else "-"
+    tight = min(rows, key=lambda r: math.inf if r.get("margin") is None else r["margin"])
+    limit = f"the gate limit {b['gate_limit']:.2e} (" if b.get("gate_limit") is not None else "the gate limit ("
+    detail = (f"{len(rows) - len(over)} of {len(rows)} comparison layers within {limit}drift budget {budget} / safety "
+              f"{tight['safety']:g})")
+    if tight.get("max_rel_err") is not None and tight.get("margin") is not None and tight["margin"] != math.inf:
+        detail += (f"; tightest: {tight['comparison']} layer {tight['layer']}, drift {tight['max_rel_err']:.2e}, "
+                   f"budget / drift {tight['margin']:.3g}x")
+    return f"drift gate: {outcome.upper()}, {detail}"
+
+
+def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests: int = 0,
+                  exitstatus: int = 0) -> list[str]:
+    """The verdict block (module docstring). Its first line says it all: ``dflash-eval: PASS`` or ``dflash-eval:
+    FAIL (why)``, the mean τ against its floor and the drift gate's outcome; then the details, the named causes and
+    the reports. ``failed_tests``: failed tests and errors of the whole run; ``exitstatus``: pytest's (not 0: never
+    a pass)."""
+    tau, gate, refusal = tau_verdict(data), gate_outcome(data), refused(data)
+    why = []
+    if refusal:
+        why.append("the drafter was refused by " + ", ".join(c["check"] for c in refusal))
+    if tau is False:
+        why.append("τ below its floors")
+    if gate == "fail":
+        why.append("drift over budget")
+    if failed_tests:
+        why.append(f"{failed_tests} test{'s' if failed_tests > 1 else ''} failed")
+    passed = not why and exitstatus == 0
+    if not why and exitstatus != 0:
+        why.append(f"pytest exit status {exitstatus}")
+    head = "dflash-eval: " + ("PASS" if passed else "FAIL") + (f" ({'; '.join(why)})" if why else "")
+    summary = [_mean_text(data) if tau is not None else "τ not measured in this selection",
+               "drift gate " + (gate.upper() if gate else "not run")]
+    lines = [f"{head} — {'; '.join(summary)}"]
+    detail = _detail_line(data) if tau is not None else None
+    if detail:
+        lines.append(detail)
+    if gate is not None:
+        lines.append(_gate_line(data))
+    lines += [f"cause: {d}" for d in data.get("diagnoses", [])]
+    if report_dir is not None:
+        names = [n for n in REPORT_FILES if (Path(report_dir) / n).is_file()]
+        if names:
+            lines.append(f"reports: {report_dir}/ ({', '.join(names)}; eval.md holds every table in full)")
+    return lines
