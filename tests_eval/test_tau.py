@@ -71,10 +71,11 @@ def _skip_when_no_acceptance(eval_session, request) -> None:
         pytest.skip(f"{NO_ACCEPTANCE.split(':')[0]}: reported once, by test_mean_tau")
 
 
-def _check(r, t: Threshold, what: str, eval_session, record_property) -> None:
-    record_property("tau", round(r.tau, 4))  # shows up in --junitxml as <property>
-    record_property("floor", t.floor)
-    record_property("rounds", r.rounds)
+def _check(r, t: Threshold, what: str, eval_session, testcase_property) -> None:
+    testcase_property("tau", round(r.tau, 4))  # --junitxml: a <testcase> property under xunit1 (every family:
+    # the suite properties dflash_eval.prompt.<id>.*, pytest_plugin/junit.py)
+    testcase_property("floor", t.floor)
+    testcase_property("rounds", r.rounds)
     _skip_when_recording(eval_session)
     if _no_acceptance(eval_session):
         pytest.fail(f"{what}: {NO_ACCEPTANCE}; {_describe(r, t.floor)}", pytrace=False)
@@ -88,17 +89,17 @@ def _check(r, t: Threshold, what: str, eval_session, record_property) -> None:
     assert t.passed, f"{what}: τ below floor: {_describe(r, t.floor)}{_warned(eval_session)}"
 
 
-def test_tau(prompt_id, tau_results, eval_session, record_property, request) -> None:
+def test_tau(prompt_id, tau_results, eval_session, testcase_property, request) -> None:
     """Chain τ of this prompt >= its floor."""
     if isinstance(prompt_id, SetupError):
         prompt_id.fail()
     _skip_when_no_acceptance(eval_session, request)
     r = tau_results[prompt_id].chain
     t = prompt_threshold(prompt_id, r.tau, eval_session.floors)
-    _check(r, t, f"prompt {prompt_id!r} chain", eval_session, record_property)
+    _check(r, t, f"prompt {prompt_id!r} chain", eval_session, testcase_property)
 
 
-def test_ddtree_tau(prompt_id, budget, tau_results, eval_session, record_property, request) -> None:
+def test_ddtree_tau(prompt_id, budget, tau_results, eval_session, testcase_property, request) -> None:
     """DDTree-N τ of this prompt >= its floor."""
     for v in (prompt_id, budget):
         if isinstance(v, SetupError):
@@ -106,29 +107,29 @@ def test_ddtree_tau(prompt_id, budget, tau_results, eval_session, record_propert
     _skip_when_no_acceptance(eval_session, request)
     r = tau_results[prompt_id].ddtree[budget]
     t = prompt_threshold(prompt_id, r.tau, eval_session.floors, budget)
-    _check(r, t, f"prompt {prompt_id!r} DDTree-{budget}", eval_session, record_property)
+    _check(r, t, f"prompt {prompt_id!r} DDTree-{budget}", eval_session, testcase_property)
 
 
-def test_mean_tau(tau_results, eval_session, record_property) -> None:
+def test_mean_tau(tau_results, eval_session, testcase_property) -> None:
     """Macro-averaged chain τ and DDTree-N τ over all prompts >= the aggregate floors."""
     summary = eval_session.tau_summary()
     _skip_when_recording(eval_session)
     if _no_acceptance(eval_session):
-        record_property("verdict", "FAIL")
+        testcase_property("verdict", "FAIL")
         pytest.fail(f"{NO_ACCEPTANCE}: mean chain τ {summary.mean_tau:.3f} over {len(tau_results)} prompts"
                     f"{_warned(eval_session)}", pytrace=False)
     floors = eval_session.floors
     problems = []
     thresholds = mean_thresholds(summary.mean_tau, summary.mean_ddtree, floors)
     for t in thresholds:
-        record_property(f"mean_tau_{t.label}", round(t.value, 4))  # --junitxml <property>, like the floors
-        record_property(f"mean_floor_{t.label}", t.floor)
+        testcase_property(f"mean_tau_{t.label}", round(t.value, 4))  # --junitxml <property>, like the floors
+        testcase_property(f"mean_floor_{t.label}", t.floor)
         if t.missing:
             problems.append(floors.missing_message(f"the mean {t.label} τ", floors.missing()) +
                             f" (measured {t.value:.3f})")
         elif not t.passed:
             problems.append(f"mean {t.label} τ {t.value:.3f} < floor {t.floor} over {len(tau_results)} prompts")
-    record_property("verdict", "FAIL" if problems else "PASS")
+    testcase_property("verdict", "FAIL" if problems else "PASS")
     assert not problems, "\n".join(problems) + _warned(eval_session)
 
 

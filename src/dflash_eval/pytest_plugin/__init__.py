@@ -12,7 +12,8 @@ was started in; from the ini file or the defaults, from the rootdir.
 
 Hooks live in :mod:`.hooks`, fixtures in :mod:`.fixtures` (session scope, thin wrappers over
 :class:`dflash_eval.session.EvalSession`), parametrization helpers for test modules (the suite's and a user's own)
-in :mod:`.params`, progress lines in :mod:`.progress`, junit properties in :mod:`.junit`.
+in :mod:`.params`, progress lines in :mod:`.progress`, junit properties (and the ``testcase_property`` fixture)
+in :mod:`.junit`.
 """
 
 from dflash_eval.pytest_plugin.fixtures import (SUITE_FIXTURES, drafter, eval_features, eval_session, eval_settings,
@@ -21,12 +22,13 @@ from dflash_eval.pytest_plugin.hooks import (pytest_addoption, pytest_collection
                                              pytest_configure_node, pytest_runtest_call, pytest_runtest_makereport,
                                              pytest_runtestloop, pytest_sessionfinish, pytest_sessionstart,
                                              pytest_terminal_summary, pytest_testnodedown)
+from dflash_eval.pytest_plugin.junit import testcase_property
 from dflash_eval.pytest_plugin.params import SetupError, collect, prompt_ids, safe_id, setup_error_param
 from dflash_eval.pytest_plugin.state import get_session, get_settings, settings_from_config
 
 __all__ = ["SetupError", "collect", "prompt_ids", "safe_id", "setup_error_param", "get_session", "get_settings",
            "settings_from_config", "SUITE_FIXTURES", "drafter", "eval_features", "eval_session", "eval_settings",
-           "reference_completions", "sglang", "target", "tau_results", "pytest_addoption",
+           "reference_completions", "sglang", "target", "tau_results", "testcase_property", "pytest_addoption",
            "pytest_collection_modifyitems", "pytest_configure", "pytest_configure_node",
            "pytest_runtest_call", "pytest_runtest_makereport", "pytest_runtestloop", "pytest_sessionfinish",
            "pytest_sessionstart", "pytest_terminal_summary", "pytest_testnodedown"]

@@ -1,34 +1,62 @@
-"""The run's τ and verdict as properties of the junit XML (``--junitxml``): global ``<properties>`` of the test
-suite, so a CI system that reads junit sees the mean τ, its floor and the verdict without opening eval.json.
+"""The run's τ and verdict as properties of the junit XML (``--junitxml``), valid under every ``junit_family``.
 
-Properties: ``dflash_eval.mean_tau``, ``dflash_eval.mean_floor``, ``dflash_eval.mean_ddtree<N>``,
-``dflash_eval.prompts`` (how many were evaluated), ``dflash_eval.failed_prompts``, ``dflash_eval.verdict``
-(``PASS`` / ``FAIL``: the mean and every gated prompt and category against their floors).
+Test-suite ``<properties>`` (what ``record_testsuite_property`` writes; pytest's default family ``xunit2`` allows
+properties only there), added by the xdist controller from the merged results, so a CI system that reads junit
+sees the numbers without opening eval.json:
+
+- the run: ``dflash_eval.mean_tau``, ``dflash_eval.mean_floor``, ``dflash_eval.mean_ddtree<N>``,
+  ``dflash_eval.prompts`` (how many were evaluated), ``dflash_eval.failed_prompts``, ``dflash_eval.verdict``
+  (``PASS`` / ``FAIL``: the mean and every gated prompt and category against their floors) and, when the drift
+  gate ran, ``dflash_eval.drift_gate`` (``PASS`` / ``FAIL`` / ``INCONCLUSIVE``);
+- each prompt (the τ tests ``test_tau[<prompt>]`` and ``test_ddtree_tau[<prompt>-ddtree<N>]``):
+  ``dflash_eval.prompt.<prompt>.tau``, ``.floor``, ``.rounds``, ``.ddtree<N>.tau``, ``.ddtree<N>.floor`` and
+  ``.verdict``.
+
+Under ``junit_family = xunit1`` (or ``legacy``) the τ tests also carry ``tau``, ``floor`` and ``rounds`` as
+properties of their own test case, through the :func:`testcase_property` fixture; under ``xunit2`` that fixture
+records nothing (pytest's ``record_property`` would warn there: test-case properties are not valid xunit2).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-__all__ = ["junit_properties", "add_junit_properties"]
+__all__ = ["junit_properties", "add_junit_properties", "testcase_property", "testcase_properties_allowed"]
+
+#: The junit families whose schema allows ``<properties>`` inside a ``<testcase>``.
+TESTCASE_PROPERTY_FAMILIES = ("xunit1", "legacy")
 
 
 def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
     """The properties of merged eval.json ``data`` (empty without τ)."""
     if "mean_tau" not in data:
         return {}
+    from dflash_eval.report.summary import gate_outcome, tau_verdict
+
     prompts = data.get("prompts", {})
     failed = [p for p, r in prompts.items() if r.get("passed") is False]
-    cats = [c for c, r in (data.get("categories") or {}).items() if r.get("passed") is False]
     out: dict[str, Any] = {"dflash_eval.mean_tau": _round(data.get("mean_tau")),
                            "dflash_eval.mean_floor": _round(data.get("mean_floor"))}
     for b, v in (data.get("mean_ddtree") or {}).items():
         out[f"dflash_eval.mean_ddtree{b}"] = _round(v)
     out["dflash_eval.prompts"] = len(prompts)
     out["dflash_eval.failed_prompts"] = len(failed)
-    out["dflash_eval.verdict"] = "PASS" if data.get("mean_passed") and not failed and not cats else "FAIL"
+    out["dflash_eval.verdict"] = "PASS" if tau_verdict(data) else "FAIL"
+    gate = gate_outcome(data)
+    if gate is not None:
+        out["dflash_eval.drift_gate"] = gate.upper()
+    for pid, r in prompts.items():
+        key = f"dflash_eval.prompt.{pid}"
+        out[f"{key}.tau"] = _round(r.get("tau"))
+        out[f"{key}.floor"] = _round(r.get("floor"))
+        out[f"{key}.rounds"] = r.get("rounds", "-")
+        for b, v in (r.get("ddtree") or {}).items():
+            out[f"{key}.ddtree{b}.tau"] = _round(v)
+            out[f"{key}.ddtree{b}.floor"] = _round((r.get("ddtree_floor") or {}).get(b))
+        out[f"{key}.verdict"] = {True: "PASS", False: "FAIL", None: "-"}[r.get("passed")]
     return out
 
 
@@ -37,7 +65,7 @@ def _round(x: Any) -> Any:
 
 
 def add_junit_properties(config: pytest.Config, data: dict[str, Any]) -> None:
-    """Add :func:`junit_properties` to the junit XML of this run, when one is written."""
+    """Add :func:`junit_properties` to the junit XML of this run as test-suite properties, when one is written."""
     try:
         from _pytest.junitxml import xml_key
     except ImportError:  # pragma: no cover - pytest moved it: no properties, never a failed run
@@ -47,3 +75,21 @@ def add_junit_properties(config: pytest.Config, data: dict[str, Any]) -> None:
         return
     for name, value in junit_properties(data).items():
         xml.add_global_property(name, value)
+
+
+def testcase_properties_allowed(config: pytest.Config) -> bool:
+    """Whether this run's ``junit_family`` allows properties of a test case (xunit1, legacy)."""
+    return str(config.getini("junit_family")) in TESTCASE_PROPERTY_FAMILIES
+
+
+@pytest.fixture
+def testcase_property(request: pytest.FixtureRequest) -> Callable[[str, object], None]:
+    """``record(name, value)``: a property of the calling test's junit ``<testcase>`` where the junit family allows
+    one (xunit1, legacy; what ``record_property`` does), else nothing: the same numbers are test-suite properties
+    (:func:`junit_properties`), valid under xunit2 and written without a warning."""
+    if not testcase_properties_allowed(request.config):
+        return lambda name, value: None
+
+    def record(name: str, value: object) -> None:
+        request.node.user_properties.append((name, value))
+    return record
