@@ -41,6 +41,14 @@ def suite_checkout(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.fixture(scope="session")
+def target_modules_imported() -> None:
+    """Import what loading the bundled target imports (transformers' modeling module, torch's operator libraries)
+    before in-process pytester runs of the suite: pytester drops the modules a run imported, and torch refuses to
+    register its operator libraries twice when a later run imports them again."""
+    load_target(ROOT / "fixtures" / "target", device="cpu", dtype="fp32")
+
+
+@pytest.fixture(scope="session")
 def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_random_target(tmp_path_factory.mktemp("tiny_target"), seed=0)
 

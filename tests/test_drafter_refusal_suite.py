@@ -51,12 +51,7 @@ def _randomised(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def drafters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from dflash_eval.target import load_target
-
-    # The model's modules imported here, outside the in-process runs: pytester drops the modules a run imported, and
-    # torch refuses to register its operator libraries twice when a later run imports them again.
-    load_target(TARGET, dtype="fp32")
+def drafters(tmp_path_factory: pytest.TempPathFactory, target_modules_imported: None) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("refusal")
 
     def four_layers(cfg: dict) -> None:  # fc.weight stays [H, 3 H]

@@ -27,15 +27,7 @@ SELECT = "within_budget or drift_regression"
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    # Import the target's modeling module before the in-process runs: pytester restores sys.modules after each
-    # run, and a second run that loads the target (features under a new fault) would not find it again.
-    import transformers
-
-    from dflash_eval.backends import loaded_hybrid_modules
-
-    loaded_hybrid_modules()
-    transformers.Qwen3_5ForCausalLM  # noqa: B018
+def dirs(tmp_path_factory, target_modules_imported):
     d = tmp_path_factory.mktemp("drift_gate")
     return {"root": d, "cache": d / "cache"}
 

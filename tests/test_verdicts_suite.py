@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
+def dirs(tmp_path_factory, target_modules_imported):
     d = tmp_path_factory.mktemp("verdicts")
     degraded = d / "degraded_drafter"
     shutil.copytree(DRAFTER, degraded)
