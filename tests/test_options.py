@@ -88,8 +88,9 @@ def test_pytest_plugin_and_cli_register_the_same_options(pytester):
     for o in OPTIONS:
         assert config.getoption(o.name) is None and config.getini(o.ini) == ""
     ns = build_parser().parse_args(["gate", "--drafter", "d"])
-    assert {o.name for o in OPTIONS} <= set(vars(ns)) and ns.drafter == ["d"]
-    assert all(getattr(ns, o.name) is None for o in OPTIONS if o.name != "drafter")
+    gate_options = {o.name for o in OPTIONS if o.applies_to("gate")}  # the gate registers only what it honours
+    assert gate_options <= set(vars(ns)) and not ({o.name for o in OPTIONS} - gate_options) & set(vars(ns))
+    assert ns.drafter == ["d"] and all(getattr(ns, name) is None for name in gate_options if name != "drafter")
     assert main(["gate", "--drafter", "d", "--completions", "nope"]) == 2  # argparse rejects a bad choice
 
 
@@ -102,12 +103,18 @@ def test_pytest_help_lists_every_option(pytester):
         assert o.flag in text and o.ini in text
 
 
-def test_gate_help_lists_every_option_but_drafter(capsys):
-    assert main(["gate", "--help"]) == 0
-    text = capsys.readouterr().out
-    for o in OPTIONS:
-        assert o.flag in text and o.env in text
-    assert "DFLASH_EVAL_DRAFTER " not in text and "dflash_" not in text
+def test_gate_and_record_help_list_only_the_options_they_honour(capsys):
+    for command in ("gate", "record"):
+        assert main([command, "--help"]) == 0
+        text = capsys.readouterr().out
+        flat = " ".join(text.split())
+        for o in OPTIONS:
+            if o.name == "drafter" and command == "gate":  # the gate's own --drafter (repeated), no env
+                continue
+            assert (f"[env {o.env}]" in flat) == o.applies_to(command), (command, o.flag)
+            assert bool(re.search(rf"^\s+{re.escape(o.flag)}[ ,\n]", text, re.M)) == o.applies_to(command), o.flag
+        assert "dflash_" not in text
+    assert "DFLASH_EVAL_DRAFTER]" not in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------------------------------- resolution
@@ -220,8 +227,8 @@ def test_bad_values_name_the_flag(source, needle, tmp_path):
 def test_plugin_and_cli_report_bad_values_naming_the_flag(pytester, capsys):
     with pytest.raises(ConfigError, match="--tau-margin: expected a number, got 'lots'"):
         settings_from_config(pytester.parseconfig("-p", PLUGIN, "--tau-margin", "lots"))
-    assert main(["gate", "--drafter", str(FIXTURE_DRAFTER), "--tau-margin", "lots"]) == 2
-    assert "bad input: --tau-margin: expected a number, got 'lots'" in capsys.readouterr().err
+    assert main(["gate", "--drafter", str(FIXTURE_DRAFTER), "--baseline-drop-tol", "lots"]) == 2
+    assert "bad input: --baseline-drop-tol: expected a number, got 'lots'" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------------------- docs

@@ -169,8 +169,8 @@ def test_fingerprint_regression(layer, eval_session) -> None:
     s = eval_session.settings
     fp = eval_session.store.fingerprint()
     path = fingerprint_path(s.golden_dir, fp["device_kind"], fp["backend"], fp["dtype"])
-    record = ("`pytest tests_eval -k fingerprint --update-fingerprints` with this run's --device, "
-              "--hidden-state-backend and --dtype")
+    record = ("`dflash-eval record` with this run's options (or --update-fingerprints in this run's pytest command: "
+              "its --device, --hidden-state-backend and --dtype pick the file)")
     if s.update_fingerprints:
         pytest.skip(f"recorded: --update-fingerprints writes {path} at the end of the session; nothing was checked")
     if not path.is_file():

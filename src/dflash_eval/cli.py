@@ -50,19 +50,23 @@ EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _add_suite_options(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
-    from dflash_eval.options import add_options
+    """The suite options the gate honours (the others are refused: :func:`main`)."""
+    from dflash_eval.command_options import add_command_options
 
-    g = p.add_argument_group("suite options (as in `dflash-eval run`; env DFLASH_EVAL_<NAME> when not given)")
-    add_options(g.add_argument, skip=skip, strict_choices=True)
+    add_command_options(p, "gate", skip=skip)
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dflash-eval", description="Evaluate DFlash speculative-decoding drafters: "
-                                 "`run` the pytest suite, or `gate` several checkpoints in one process.")
+                                 "`record` a new model's golden records once, then `run` the pytest suite against "
+                                 "them, or `gate` several checkpoints in one process.")
     ap.add_argument("--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("run", add_help=False, help="run the eval suite with pytest; every pytest and suite option passes "
                    "through (`dflash-eval run --help`: pytest's help, group dflash-eval)")
+    sub.add_parser("record", add_help=False, help="measure a target/drafter/prompt selection once and write the τ "
+                   "floors, completion snapshots and fingerprint later runs gate against (`dflash-eval record "
+                   "--help`)")
     sub.add_parser("sets", add_help=False, help="list the built-in prompt sets, where their data must be and whether "
                    "it is present here (`dflash-eval sets --help`)")
     g = sub.add_parser("gate", help="evaluate one or more drafter checkpoints in one process and compare them",
@@ -83,14 +87,15 @@ def _version() -> str:
     return f"dflash-eval {__version__}"
 
 
-def _settings(ns: argparse.Namespace, drafter: Path) -> EvalSettings:
-    """One checkpoint's EvalSettings: CLI > env > default (no ini file); relative paths against the current
-    directory."""
+def _settings(ns: argparse.Namespace, drafter: Path, *, check: bool = True) -> EvalSettings:
+    """One checkpoint's EvalSettings: CLI > env > default (no ini file; env only of the options the gate honours);
+    relative paths against the current directory. ``check=False``: the values parsed, not checked (no torch)."""
+    from dflash_eval.command_options import environ_for
     from dflash_eval.options import resolve
 
     cwd = Path.cwd()
-    return resolve(lambda name: drafter if name == "drafter" else getattr(ns, name, None), environ=os.environ,
-                   invocation_dir=cwd, root=cwd)
+    return resolve(lambda name: drafter if name == "drafter" else getattr(ns, name, None),
+                   environ=environ_for(os.environ, "gate"), invocation_dir=cwd, root=cwd, check=check)
 
 
 def _fmt(x: float | None) -> str:
@@ -158,11 +163,6 @@ def _render(rows: list[dict[str, Any]], budgets: list[int], stream: Any) -> None
 
 
 def gate(ns: argparse.Namespace) -> int:
-    from dflash_eval.torch_check import require_torch
-
-    require_torch()  # before the session module imports it (ConfigError: exit 2 naming how to install it)
-    from dflash_eval.session import EvalSession
-
     err = sys.stderr
     drafters = [Path(d).expanduser() for d in ns.drafter]
     from dflash_eval.paths import normal_path
@@ -175,6 +175,18 @@ def gate(ns: argparse.Namespace) -> int:
     if problems:
         print("dflash-eval gate: bad input:\n  " + "\n  ".join(problems), file=err)
         return EXIT_BAD_INPUT
+    from dflash_eval.preflight import preflight
+
+    try:  # the checks that need no torch first: bad values, paths and prompt files answer in about a second
+        for d in drafters:
+            preflight(_settings(ns, d, check=False))
+    except DFlashEvalError as exc:
+        print(f"dflash-eval gate: bad input: {exc}", file=err)
+        return EXIT_BAD_INPUT
+    from dflash_eval.torch_check import require_torch
+
+    require_torch()  # before the session module imports it (ConfigError: exit 2 naming how to install it)
+    from dflash_eval.session import EvalSession
 
     def say(m: str) -> None:
         if not ns.quiet:
@@ -189,6 +201,12 @@ def gate(ns: argparse.Namespace) -> int:
             sessions[-1].check_inputs()
     except DFlashEvalError as exc:
         print(f"dflash-eval gate: bad input: {exc}", file=err)
+        return EXIT_BAD_INPUT
+    from dflash_eval.golden_records import gate_floors_message, missing_floors
+
+    missing = missing_floors(sessions[0])
+    if missing:  # nothing to gate against: exit 2 naming the floors file and the command that records it
+        print(f"dflash-eval gate: {gate_floors_message(missing, _record_command(ns.argv))}", file=err)
         return EXIT_BAD_INPUT
 
     from dflash_eval.suite.progress import throttled
@@ -222,9 +240,13 @@ def gate(ns: argparse.Namespace) -> int:
     return EXIT_FAIL if failed else EXIT_OK
 
 
-def run_suite(args: list[str]) -> int:
-    """``dflash-eval run``: pytest on the suite's modules with ``args``; returns pytest's exit status."""
+def run_suite(args: list[str], *, command: str = "run", plugins: list[Any] | None = None) -> int:
+    """``dflash-eval run``: pytest on the suite's modules with ``args``; returns pytest's exit status. ``command``:
+    the ``dflash-eval`` command running it (messages name the next command in that form); ``plugins``: plugin
+    objects registered for this run."""
     import pytest
+
+    from dflash_eval.invocation import started_as_command
 
     from dflash_eval.pytest_plugin.suite_args import SUITE_PACKAGE, suite_dir
 
@@ -243,7 +265,9 @@ def run_suite(args: list[str]) -> int:
     # This process imported dflash_eval already, so pytest cannot rewrite the plugin's asserts (it has none to).
     quiet = ["-W", "ignore:Module already imported so cannot be rewritten; dflash_eval"
                    ":pytest.PytestAssertRewriteWarning"]
-    return int(pytest.main(["-p", "dflash_eval.pytest_plugin", *quiet, *where, *extra, *joined_option_values(args)]))
+    with started_as_command(command, args):
+        return int(pytest.main(["-p", "dflash_eval.pytest_plugin", *quiet, *where, *extra,
+                                *joined_option_values(args)], plugins=plugins or []))
 
 
 def joined_option_values(args: list[str]) -> list[str]:
@@ -267,10 +291,42 @@ def joined_option_values(args: list[str]) -> list[str]:
     return out
 
 
+def _record_command(gate_args: list[str]) -> str:
+    """The ``dflash-eval record`` command for the gate's target and prompts, from its first ``--drafter`` (whose τ
+    sets the bar)."""
+    from dflash_eval.invocation import option_pieces, shell_join
+
+    out, seen = [], False
+    for spec, piece in option_pieces(gate_args):
+        if spec is None or not spec.applies_to("record") or (spec.name == "drafter" and seen):
+            continue
+        seen = seen or spec.name == "drafter"
+        out += piece
+    return shell_join(["dflash-eval", "record", *out])
+
+
+def _refuse(args: list[str]) -> bool:
+    """Suite options the gate does not honour: one message naming them (exit 2), never accepted and ignored."""
+    from dflash_eval.command_options import refused
+
+    why = {name: "the gate only judges; `dflash-eval record` writes floors, snapshots and the fingerprint" for name in
+           ("update_tau_floors", "update_fingerprints", "tau_margin", "golden_dir")}
+    problems = refused(args, "gate", why=why)
+    if problems:
+        print("dflash-eval gate: bad input: options it does not take:\n  " + "\n  ".join(problems), file=sys.stderr)
+    return bool(problems)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["run"]:  # everything after `run` belongs to pytest
         return run_suite(argv[1:])
+    if argv[:1] == ["record"]:  # its own parser (dflash_eval.cli_record); pytest options pass through
+        from dflash_eval.cli_record import record_command
+
+        return record_command(argv[1:])
+    if argv[:1] == ["gate"] and _refuse(argv[1:]):
+        return EXIT_BAD_INPUT
     if argv[:1] == ["sets"]:  # its own parser (dflash_eval.cli_sets); no torch import
         from dflash_eval.cli_sets import sets_command
 
@@ -284,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.print_help()
         return EXIT_BAD_INPUT
     if ns.command == "gate":
+        ns.argv = argv[1:]
         try:
             return gate(ns)
         except ConfigError as exc:

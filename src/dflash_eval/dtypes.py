@@ -15,7 +15,7 @@ from dflash_eval.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["parse_dtype", "ROUNDINGS", "rounding_available", "round_through"]
+__all__ = ["check_dtype_name", "parse_dtype", "ROUNDINGS", "rounding_available", "round_through"]
 
 _DTYPES = {  # name -> attribute of torch
     "bf16": "bfloat16", "bfloat16": "bfloat16",
@@ -25,15 +25,26 @@ _DTYPES = {  # name -> attribute of torch
 ROUNDINGS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}  # rounding name -> attribute of torch
 
 
+def check_dtype_name(value: str, *, flag: str | None = None, allow_auto: bool = True) -> None:
+    """ConfigError unless ``value`` names a dtype (``auto`` too where ``allow_auto``), listing every choice; needs
+    no torch (the options' value checks run before it is imported)."""
+    key = str(value).lower().removeprefix("torch.")
+    if key in _DTYPES or (allow_auto and key == "auto"):
+        return
+    choices = (["auto"] if allow_auto else []) + ["bf16", "fp16", "fp32"]
+    aliases = sorted(set(_DTYPES) - set(choices))
+    where = f"{flag}: " if flag else ""
+    raise ConfigError(f"{where}unknown dtype {value!r}; choose one of {', '.join(choices)} "
+                      f"(also accepted: {', '.join(aliases)})")
+
+
 def parse_dtype(value: str | torch.dtype) -> torch.dtype:
     import torch
 
     if isinstance(value, torch.dtype):
         return value
-    key = str(value).lower().removeprefix("torch.")
-    if key not in _DTYPES:
-        raise ConfigError(f"unknown dtype {value!r}; choose one of bf16, fp16, fp32")
-    return getattr(torch, _DTYPES[key])
+    check_dtype_name(str(value), allow_auto=False)
+    return getattr(torch, _DTYPES[str(value).lower().removeprefix("torch.")])
 
 
 def rounding_available(name: str) -> bool:

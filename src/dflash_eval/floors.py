@@ -1,9 +1,12 @@
 """τ floors: the minimum acceptable τ per prompt, kept in ``golden/tau_floors.json`` (read here; written only by
 :mod:`dflash_eval.golden`; judged only by :mod:`dflash_eval.verdict`).
 
-Floors are written from a measured run minus a stated margin, by the documented command::
+Floors are written from a measured run minus a stated margin, by ``dflash-eval record`` with the options of the run
+to gate (which also writes the completion snapshots and the feature fingerprint), or by any suite run with
+``--update-tau-floors``::
 
-    pytest tests_eval -k tau --update-tau-floors --tau-margin 0.25
+    dflash-eval record --target-model models/x --drafter ckpt/step_5000 --prompts humaneval:40 --tau-margin 0.25
+    pytest tests_eval -k tau --update-tau-floors --tau-margin 0.25     # a checkout, the bundled fixtures
 
 File layout (schema 2)::
 
@@ -44,7 +47,7 @@ from dflash_eval.errors import ConfigError
 __all__ = ["Floors", "load_floors", "make_floors", "floor_value", "UPDATE_COMMAND"]
 
 SCHEMA = 2
-UPDATE_COMMAND = "pytest tests_eval -k tau --update-tau-floors --tau-margin 0.25"
+UPDATE_COMMAND = "dflash-eval record"  # with the options of the run to gate (a pytest run: --update-tau-floors)
 
 
 def floor_value(measured: float, margin: float) -> float:
@@ -117,8 +120,9 @@ class Floors:
     def missing_message(self, what: str, ids: list[str] | None = None) -> str:
         where = self.path or "golden/tau_floors.json"
         lacking = f" (no floor for prompts {ids[:5]}{' ...' if len(ids) > 5 else ''})" if ids else ""
-        return (f"no τ floor for {what} in {where}{lacking}; record floors with `{UPDATE_COMMAND}`, or pass "
-                "--tau-floor VALUE (the mean) / --tau-floor-prompt VALUE (every prompt)")
+        return (f"no τ floor for {what} in {where}{lacking}; record floors with `{UPDATE_COMMAND}` and this run's "
+                "options (pytest: --update-tau-floors), or pass --tau-floor VALUE (the mean) / --tau-floor-prompt "
+                "VALUE (every prompt)")
 
 
 def _context(data: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +186,8 @@ def make_floors(
     return {
         "schema": SCHEMA,
         "margin": margin,
-        "note": f"measured τ minus margin, floored at 1.0; regenerate with `{UPDATE_COMMAND}`",
+        "note": f"measured τ minus margin, floored at 1.0; regenerate with `{UPDATE_COMMAND}` and the options of "
+                "the gated run (a pytest run: --update-tau-floors)",
         "drafter": drafter,
         "context": context,
         "chain": dict(sorted(chain.items())),

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_eval.backends import BACKENDS, parse_fault, resolve_backend, with_fault
 from dflash_eval.drift_ladder import DEFAULT_LADDER, parse_ladder
-from dflash_eval.dtypes import parse_dtype
+from dflash_eval.dtypes import check_dtype_name, parse_dtype
 from dflash_eval.errors import ConfigError
 from dflash_eval.option_values import parse_value, resolve_prompt_spec
 from dflash_eval.prompts import CHAT_TEMPLATE_MODES, DEFAULT_PROMPT_DATA_DIR, HUMANEVAL_WRAPPERS, THINKING_MODES
@@ -35,8 +35,9 @@ from dflash_eval.prompts import CHAT_TEMPLATE_MODES, DEFAULT_PROMPT_DATA_DIR, HU
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["COMPLETION_SOURCES", "DEFAULT_PROMPTS", "OUTSIDE_PROMPTS", "REQUIRED", "OPTIONS", "OPTIONS_BY_NAME",
-           "OptionSpec", "EvalSettings", "add_options", "in_repo", "resolve", "resolve_prompt_spec", "worker_info"]
+__all__ = ["COMMANDS", "COMPLETION_SOURCES", "DEFAULT_PROMPTS", "OUTSIDE_PROMPTS", "REQUIRED", "OPTIONS",
+           "OPTIONS_BY_NAME", "OptionSpec", "EvalSettings", "add_options", "in_repo", "resolve", "resolve_prompt_spec",
+           "worker_info"]
 
 COMPLETION_SOURCES = ("local", "sglang", "cache")
 DEFAULT_PROMPTS = "humaneval:16,fixtures/prompts.jsonl"
@@ -53,7 +54,13 @@ class _Marker:
 
 SAME = _Marker("SAME")  # an option whose default is the same inside and outside this repository
 REQUIRED = _Marker("REQUIRED")  # no default outside this repository: the option must be given
+#: The commands that read options: ``run`` (the pytest suite: ``dflash-eval run``, ``pytest``), ``gate``
+#: (``dflash-eval gate``: τ of several checkpoints against the floors) and ``record`` (``dflash-eval record``: the
+#: suite's recording tests, writing floors, snapshots and the fingerprint). The suite honours every option.
+COMMANDS = ("run", "gate", "record")
+_RUN_GATE, _RUN_RECORD, _RUN = ("run", "gate"), ("run", "record"), ("run",)
 _PROJECT_NAME = re.compile(r'^name\s*=\s*["\']dflash-eval["\']\s*$', re.MULTILINE)
+_DEVICE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(:\d+)?$")  # a torch device string's form (torch checks the type)
 
 
 def in_repo(root: Path) -> bool:
@@ -74,12 +81,13 @@ def worker_info() -> tuple[str, int, int]:
 
 
 def opt(default: Any, help: str, kind: str = "str", choices: Iterable[str] = (),  # noqa: A002
-        outside: Any = SAME) -> Any:
+        outside: Any = SAME, commands: Iterable[str] = COMMANDS) -> Any:
     """One option's field. ``kind``: str | path | spec (--prompts: file items resolved like paths) | int | float |
     bool | ints | choice. A ``None`` default makes the option nullable (unset). ``outside``: the default outside a
-    checkout of this repository (:data:`REQUIRED`: none, the option must be given)."""
+    checkout of this repository (:data:`REQUIRED`: none, the option must be given). ``commands``: the commands of
+    :data:`COMMANDS` that honour it (the others refuse it)."""
     return field(default=default, metadata={"help": help, "kind": kind, "choices": tuple(choices),
-                                            "outside": outside})
+                                            "outside": outside, "commands": tuple(commands)})
 
 
 # ------------------------------------------------------------------------------------------------------ settings
@@ -95,7 +103,7 @@ class EvalSettings:
                         "or a training .pt file", "path", outside=REQUIRED)
     drafter_config: Path | None = opt(None, "config.json for a bare .pt drafter without an embedded config", "path")
     reference_drafter: Path | None = opt(None, "a reference drafter directory: test_checkpoint lists every "
-                                         "architecture difference against it", "path")
+                                         "architecture difference against it", "path", commands=_RUN)
     prompts: str = opt(DEFAULT_PROMPTS, "prompt sets and files, comma-separated: built-in sets by name (gsm8k, "
                        "math500, humaneval, mbpp, mt-bench; NAME:N for the first N), local data NAME=PATH[:FIELD][:N] "
                        "(datasets save_to_disk folder, parquet, arrow, json, jsonl), .yaml/.toml set definitions and "
@@ -117,7 +125,8 @@ class EvalSettings:
                                 "unpadded)", "int")
     max_blocks: int | None = opt(None, "stop each τ simulation after this many speculative rounds", "int")
     online_tau: bool = opt(False, "also run the real speculative loop (the target verifies each drafted block) on "
-                           "every prompt and report its τ and per-position acceptance beside the offline ones", "bool")
+                           "every prompt and report its τ and per-position acceptance beside the offline ones", "bool",
+                           commands=_RUN_GATE)
     ddtree_budget: tuple[int, ...] = opt((8,), "DDTree node budget(s); repeat the option or give a comma list "
                                          "(e.g. 4,8)", "ints")
     device: str = opt("auto", "device for the target and drafter: auto (cuda if available, else cpu), cpu, cuda, "
@@ -128,64 +137,73 @@ class EvalSettings:
     hidden_state_backend: str = opt("auto", "linear-attention kernels for the evaluation's target forwards",
                                     "choice", BACKENDS)
     reference_backend: str = opt("torch", "backend the drafter was trained on: the drift tests compare the "
-                                 "evaluation backend's features against it", "choice", BACKENDS)
+                                 "evaluation backend's features against it", "choice", BACKENDS, commands=_RUN)
     completions: str = opt("local", "where reference completions come from on a cache miss: local (target's greedy "
                            "generation), sglang (--sglang-url), cache (never compute; fail on a miss)", "choice",
                            COMPLETION_SOURCES)
     sglang_url: str | None = opt(None, "URL of a running SGLang server serving the target (for --completions "
                                  "sglang; default http://127.0.0.1:30000 with --sglang-launch)")
     sglang_launch: str | None = opt(None, "command that starts the SGLang server (own process group, log in the "
-                                    "report dir, stopped at session end); only run when completions are not cached")
+                                    "report dir, stopped at session end); only run when completions are not cached",
+                                    commands=_RUN_RECORD)
     sglang_timeout: float = opt(600.0, "seconds to wait in all for the SGLang server to be ready (/health_generate "
                                 "200)", "float")
     sglang_request_timeout: float = opt(600.0, "seconds each POST /generate request may take", "float")
     sglang_model_name: str | None = opt(None, "name /model_info must match (default: the target directory's name)")
     require_sglang: bool = opt(False, "CI gate: no SGLang server with a cold completion cache is a failure (else the "
-                               "completion-dependent tests are skipped)", "bool")
+                               "completion-dependent tests are skipped)", "bool", commands=_RUN_RECORD)
     cache_dir: Path = opt(Path(".dflash_cache"), "content-addressed cache of completions and features", "path")
     cache_only: bool = opt(False, "never compute: fail on any cache miss or corrupted entry", "bool")
     rehash: bool = opt(False, "re-hash the target's config and weight files instead of trusting the identity "
                        "memoised under their inodes, sizes and times (e.g. after rewriting weights in place)", "bool")
     tau_floor: float | None = opt(None, "floor of the MEAN τ over the selected prompts, chain and every DDTree "
                                   "budget (replaces the mean floor derived from the floors file; prompts without a "
-                                  "per-prompt floor are then not gated one by one)", "float")
+                                  "per-prompt floor are then not gated one by one)", "float", commands=_RUN_GATE)
     tau_floor_prompt: float | None = opt(None, "floor of EVERY prompt's chain and DDTree τ (replaces the floors "
-                                         "file's per-prompt floors)", "float")
+                                         "file's per-prompt floors)", "float", commands=_RUN_GATE)
     allow_settings_mismatch: bool = opt(False, "use a floors file or --baseline recorded with other τ-relevant "
                                         "settings (target, max_new_tokens, block size, chat template, thinking, "
-                                        "dtype, backend) with a warning instead of refusing it", "bool")
+                                        "dtype, backend) with a warning instead of refusing it", "bool",
+                                        commands=_RUN_GATE)
     baseline: Path | None = opt(None, "an earlier reports/eval.json: compare this run's chain τ prompt by prompt "
                                 "(paired, bootstrap CI); test_baseline_tau_drop / test_baseline_tau_ceiling",
-                                "path")
+                                "path", commands=_RUN_GATE)
     baseline_drop_tol: float = opt(0.02, "largest relative drop of the paired mean chain τ against --baseline that "
-                                   "still passes", "float")
+                                   "still passes", "float", commands=_RUN_GATE)
     baseline_rise_tol: float = opt(0.25, "largest relative rise of the paired mean chain τ against --baseline that "
-                                   "still passes (a bigger jump suggests a future-token leak)", "float")
-    update_tau_floors: bool = opt(False, "rewrite golden/tau_floors.json from this run's τ minus --tau-margin", "bool")
-    tau_margin: float = opt(0.25, "margin subtracted from measured τ by --update-tau-floors", "float")
+                                   "still passes (a bigger jump suggests a future-token leak)", "float",
+                                   commands=_RUN_GATE)
+    update_tau_floors: bool = opt(False, "rewrite golden/tau_floors.json from this run's τ minus --tau-margin", "bool",
+                                  commands=_RUN)
+    tau_margin: float = opt(0.25, "margin subtracted from measured τ by --update-tau-floors", "float",
+                            commands=_RUN_RECORD)
     floors_file: Path = opt(Path("golden/tau_floors.json"), "τ floors file", "path")
     golden_dir: Path = opt(Path("golden"), "folder of golden files (floors, feature fingerprint, completion "
-                           "snapshots)", "path")
+                           "snapshots)", "path", commands=_RUN_RECORD)
     update_fingerprints: bool = opt(False, "rewrite the golden fingerprint of this run's device kind, backend and dtype "
-                                    "(golden/fingerprints/<kind>-<backend>-<dtype>.json)", "bool")
+                                    "(golden/fingerprints/<kind>-<backend>-<dtype>.json)", "bool", commands=_RUN)
     drift_rel_tol: float | None = opt(None, "regression check: max relative L2 error of features between backends/"
-                                      "dtypes (default: 5e-3 fp32, 5e-2 when bf16/fp16 is involved)", "float")
+                                      "dtypes (default: 5e-3 fp32, 5e-2 when bf16/fp16 is involved)", "float",
+                                      commands=_RUN)
     drift_cos_tol: float | None = opt(None, "regression check: min cosine similarity of features (default: 0.9999 "
-                                      "fp32, 0.998 bf16)", "float")
-    drift_accept_tol: float = opt(0.5, "max |τ(eval features) - τ(reference features)| per prompt", "float")
+                                      "fp32, 0.998 bf16)", "float", commands=_RUN)
+    drift_accept_tol: float = opt(0.5, "max |τ(eval features) - τ(reference features)| per prompt", "float",
+                                  commands=_RUN)
     drift_budget_ladder: str = opt(DEFAULT_LADDER, "perturbations measuring the drafter's drift budget: relative "
-                                   "Gaussian noise sizes and rounding dtypes (bf16, fp16, fp8)")
+                                   "Gaussian noise sizes and rounding dtypes (bf16, fp16, fp8)", commands=_RUN)
     drift_budget_tol: float = opt(0.1, "largest mean |Δτ| over the prompts (upper end of its 95 % CI) a feature "
-                                  "perturbation may cause within the drift budget", "float")
+                                  "perturbation may cause within the drift budget", "float", commands=_RUN)
     drift_budget_safety: float = opt(5.0, "drift gate: worst measured drift per layer x this <= the drift budget",
-                                     "float")
-    drift_budget_seed: int = opt(0, "seed of the drift budget's noise", "int")
+                                     "float", commands=_RUN)
+    drift_budget_seed: int = opt(0, "seed of the drift budget's noise", "int", commands=_RUN)
     drift_budget_min_prompts: int = opt(32, "measure the drift budget on at least this many prompts: a smaller "
                                         "selection is extended with the next prompts of --prompts; where --prompts "
                                         "holds fewer, a gate failure is inconclusive (a skip) unless drift x "
-                                        "safety reaches a level whose mean |Δτ| exceeded the tolerance", "int")
+                                        "safety reaches a level whose mean |Δτ| exceeded the tolerance", "int",
+                                        commands=_RUN)
     kernel_fault: str | None = opt(None, "diagnostic: perturb the delta-rule kernels of the evaluation's feature "
-                                   "extraction: noise:REL or round:bf16|fp16|fp8 (completions unaffected)")
+                                   "extraction: noise:REL or round:bf16|fp16|fp8 (completions unaffected)",
+                                   commands=_RUN_GATE)
     report_dir: Path = opt(Path("reports"), "where eval.json, eval.md and eval.png are written", "path")
     torch_threads: int | None = opt(None, "torch intra-op threads for CPU work, on GPU runs too (default: torch's "
                                     "own, one per physical core, divided among the xdist workers, at least 1)", "int")
@@ -213,7 +231,15 @@ class EvalSettings:
         return s
 
     def validate(self) -> None:
-        """Cheap consistency checks that need no model (bad values raise ConfigError before anything runs)."""
+        """Cheap consistency checks that need no model (bad values raise ConfigError before anything runs):
+        :meth:`validate_values`, then the device and backends against this machine (imports torch)."""
+        self.validate_values()
+        self.torch_device  # noqa: B018 - validates the device string
+        self.eval_backend  # noqa: B018 - e.g. fla on a CPU-only machine: BackendError naming the fix
+        self.feature_backend  # noqa: B018
+
+    def validate_values(self) -> None:
+        """The checks of :meth:`validate` that need neither torch nor the machine's devices (ConfigError)."""
         if self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.generation_batch < 1:
@@ -240,14 +266,16 @@ class EvalSettings:
         if self.kernel_fault and (self.update_fingerprints or self.update_tau_floors):
             raise ConfigError(f"--kernel-fault {self.kernel_fault} is a diagnostic: golden records are never written "
                               "from faulty kernels; drop --update-fingerprints / --update-tau-floors, or the fault")
-        self.feature_backend  # noqa: B018 - an unknown --kernel-fault: BackendError naming the forms
+        if self.kernel_fault is not None:
+            parse_fault(self.kernel_fault)  # BackendError naming the forms
         for name in ("hidden_state_backend", "reference_backend"):
             if getattr(self, name) not in BACKENDS:
                 raise ConfigError(f"--{name.replace('_', '-')}: unknown backend {getattr(self, name)!r}; "
                                   f"choose one of {', '.join(BACKENDS)}")
-        parse_dtype(self.dtype) if self.dtype != "auto" else None
-        self.torch_device  # noqa: B018 - validates the device string
-        self.eval_backend  # noqa: B018 - e.g. fla on a CPU-only machine: BackendError naming the fix
+        check_dtype_name(self.dtype, flag="--dtype")
+        if not _DEVICE.match(self.device):
+            raise ConfigError(f"--device: invalid device {self.device!r}; choose one of auto (cuda if available, else "
+                              "cpu), cpu, cuda, cuda:N (or another torch device type, e.g. mps)")
 
     # ------------------------------------------------------------------------------------------- resolved
     @property
@@ -315,6 +343,7 @@ class OptionSpec:
     kind: str = "str"  # str | path | spec (--prompts: files resolved like paths) | int | float | bool | ints | choice
     choices: tuple[str, ...] = ()
     outside: Any = SAME  # the default outside a checkout of this repository (REQUIRED: must be given)
+    commands: tuple[str, ...] = COMMANDS  # the commands that honour it (:data:`COMMANDS`)
 
     @property
     def flag(self) -> str:
@@ -350,6 +379,10 @@ class OptionSpec:
         """The default inside (``repo``) or outside a checkout of this repository (:data:`REQUIRED`: none)."""
         return self.default if repo or self.outside is SAME else self.outside
 
+    def applies_to(self, command: str) -> bool:
+        """Whether ``command`` (one of :data:`COMMANDS`) honours this option."""
+        return command in self.commands
+
 
 OPTIONS: tuple[OptionSpec, ...] = tuple(OptionSpec(f.name, f.default, **f.metadata)
                                         for f in fields(EvalSettings) if "help" in f.metadata)
@@ -357,9 +390,10 @@ OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
 
 
 def add_options(add_argument: Callable[..., Any], *, add_ini: Callable[..., Any] | None = None,
-                skip: Iterable[str] = (), strict_choices: bool = False) -> None:
-    """Register every option (but those in ``skip``) through ``add_argument`` (argparse's ``add_argument`` or
-    pytest's ``group.addoption``) and, given ``add_ini`` (pytest's ``parser.addini``), its ini key.
+                skip: Iterable[str] = (), strict_choices: bool = False, command: str = "run") -> None:
+    """Register every option ``command`` honours (but those in ``skip``) through ``add_argument`` (argparse's
+    ``add_argument`` or pytest's ``group.addoption``) and, given ``add_ini`` (pytest's ``parser.addini``), its ini
+    key.
 
     Every option's CLI value defaults to ``None`` (unset: :func:`resolve` falls back to env, ini, default). With
     ``add_ini`` the help names env and ini keys and the default; without, the env key only. ``strict_choices``:
@@ -367,7 +401,7 @@ def add_options(add_argument: Callable[..., Any], *, add_ini: Callable[..., Any]
     """
     skip = set(skip)
     for spec in OPTIONS:
-        if spec.name in skip:
+        if spec.name in skip or not spec.applies_to(command):
             continue
         where = f"env {spec.env}, ini {spec.ini}; default: {spec.shown_default}" if add_ini else f"env {spec.env}"
         kw: dict[str, Any] = {"default": None, "dest": spec.name, "help": f"{spec.help} [{where}]".replace("%", "%%")}

@@ -20,9 +20,10 @@ import pytest
 from dflash_eval.errors import DFlashEvalError, DrafterRefused
 from dflash_eval.options import add_options
 from dflash_eval.pytest_plugin.fixtures import refused_reason, uses_suite_fixtures
+from dflash_eval.pytest_plugin.golden_check import GoldenCheck
 from dflash_eval.pytest_plugin.progress import REPORTER, WORKERINPUT_KEY, ProgressReporter, enabled
 from dflash_eval.pytest_plugin.state import (FRAGMENTS, MERGED, MESSAGES, OUTCOMES, SESSION, SGLANG, START,
-                                             get_session, get_settings, is_controller)
+                                             get_session, get_settings, is_controller, settings_from_config)
 from dflash_eval.pytest_plugin.suite_args import runs_suite
 
 __all__ = ["pytest_addoption", "pytest_configure", "pytest_configure_node", "pytest_testnodedown",
@@ -33,6 +34,7 @@ WORKEROUTPUT_KEY = "dflash_eval_fragment"
 SUITE_REPORT_ATTR = "dflash_eval_suite"  # set on the reports of tests that use the suite's fixtures
 CHECKED = pytest.StashKey[bool]()
 DEFERRED_CHECK = pytest.StashKey[bool]()
+PREFLIGHT = pytest.StashKey[bool]()
 MARKERS = (
     "slow: takes more than a few seconds on a 2-core CPU (deselect with -m 'not slow')",
     "gpu: needs a CUDA device; skipped on CPU-only machines with a reason naming what was not checked",
@@ -56,6 +58,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[START] = time.time()
     config.pluginmanager.register(_OutcomeRecorder(config), "dflash-eval-outcomes")
     config.pluginmanager.register(_InterruptHandler(config), "dflash-eval-interrupt")
+    config.pluginmanager.register(GoldenCheck(config), "dflash-eval-golden-check")
     if config.option.help:
         return
     if is_controller(config) and enabled(config):
@@ -146,11 +149,14 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Bad options or inputs are one usage error (exit 4) before collection, when the run includes the suite.
 
-    An xdist controller checks them when its test loop starts instead (:func:`pytest_runtestloop`): the check
-    imports torch, and done here it would delay the workers' start by that long. No test runs before it."""
+    The checks that need no torch (:mod:`dflash_eval.preflight`: option values, paths, prompt files) run first, in
+    about a second. An xdist controller makes the rest (they import torch) when its test loop starts instead
+    (:func:`pytest_runtestloop`): done here they would delay the workers' start by that long. No test runs before
+    them."""
     config = session.config
     if not is_controller(config) or not runs_suite(config) or config.option.collectonly:
         return
+    _preflight(config)
     if config.pluginmanager.has_plugin("dsession"):
         config.stash[DEFERRED_CHECK] = True
         return
@@ -165,8 +171,22 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, Any, Any]:
     return (yield)
 
 
+def _preflight(config: pytest.Config) -> None:
+    """The torch-free checks of the options and input files (once): a usage error naming every problem."""
+    if config.stash.get(PREFLIGHT, False):
+        return
+    config.stash[PREFLIGHT] = True
+    from dflash_eval.preflight import preflight
+
+    try:
+        preflight(settings_from_config(config, check=False))
+    except DFlashEvalError as exc:
+        raise pytest.UsageError(f"dflash-eval: {exc}") from None
+
+
 def _check_inputs(config: pytest.Config) -> None:
     config.stash[CHECKED] = True
+    _preflight(config)
     from dflash_eval.torch_check import require_torch
 
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -28,6 +27,7 @@ from dflash_eval.drift import Comparison, Side, drift_comparisons
 from dflash_eval.errors import ConfigError, DFlashEvalError, EvalError
 from dflash_eval.floors import Floors, load_floors
 from dflash_eval.options import EvalSettings, worker_info
+from dflash_eval.preflight import input_problems, target_config_problem
 from dflash_eval.prompts import Prompt, encode_prompt, load_prompt_spec, template_has_thinking_switch
 from dflash_eval.suite.progress import Meter, default_progress_sink
 from dflash_eval.target import TargetDir
@@ -90,32 +90,21 @@ class Inputs:
             raise ConfigError(f"cannot share target resources between sessions whose options differ in {diff}")
 
     def preflight(self) -> None:
-        """Check every input path at once; ConfigError lists all that are missing or unreadable."""
-        s = self.settings
-        problems = []
-        cfg = s.target_model / "config.json"
-        if not cfg.is_file():
-            problems.append(f"--target-model {s.target_model}: " + (
-                "no config.json (not a transformers model directory)" if s.target_model.is_dir() else "not found"))
-        elif not os.access(cfg, os.R_OK):
-            problems.append(f"--target-model {cfg}: not readable")
-        else:
-            try:
-                self.target_dir.check_json_files()  # config.json and tokenizer JSON files parse
-            except ConfigError as exc:
-                problems.append(f"--target-model {exc}")
-        if not s.drafter.exists():
-            problems.append(f"--drafter {s.drafter}: not found (a drafter directory or a .pt file)")
-        for name in ("drafter_config", "reference_drafter"):
-            v = getattr(s, name)
-            if v is not None and not v.exists():
-                problems.append(f"--{name.replace('_', '-')} {v}: not found")
-        try:
-            self.prompts  # noqa: B018 - loads every set/file of the spec (JSONL errors name the line)
-        except ConfigError as exc:
-            problems.append(f"--prompts {s.prompts}: {exc}")
+        """Check every input path at once (:func:`dflash_eval.preflight.input_problems`, the tokenizer's JSON files
+        too); ConfigError lists all that are missing or unreadable."""
+        problems = input_problems(self.settings, target_check=self._target_problem, load_prompts=lambda: self.prompts)
         if problems:
             raise ConfigError("unusable inputs:\n  " + "\n  ".join(problems))
+
+    def _target_problem(self, settings: EvalSettings) -> str | None:
+        """config.json (:func:`~dflash_eval.preflight.target_config_problem`), then the tokenizer's JSON files."""
+        problem = target_config_problem(settings)
+        if problem is None:
+            try:
+                self.target_dir.check_json_files()
+            except ConfigError as exc:
+                return f"--target-model {exc}"
+        return problem
 
     # ------------------------------------------------------------------------------------------------ prompts
     @cached_property
