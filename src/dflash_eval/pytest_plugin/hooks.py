@@ -275,9 +275,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if data:  # the verdict last (the named causes in it, once)
         failed = sum(len(terminalreporter.stats.get(k, [])) for k in ("failed", "error"))
         try:
-            report_dir = get_settings(config).report_dir
+            settings = get_settings(config)
+            report_dir, recorded = settings.report_dir, bool(settings.update_tau_floors)
         except DFlashEvalError:
-            report_dir = None
+            report_dir, recorded = None, False
         terminalreporter.write_sep("-", "dflash-eval verdict")
-        for line in report.verdict_lines(data, report_dir=report_dir, failed_tests=failed, exitstatus=exitstatus):
+        for line in report.verdict_lines(data, report_dir=report_dir, failed_tests=failed, exitstatus=exitstatus,
+                                         recorded=recorded):
             terminalreporter.write_line(line)

@@ -98,11 +98,11 @@ def _gate_line(data: dict[str, Any]) -> str:
 
 
 def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests: int = 0,
-                  exitstatus: int = 0) -> list[str]:
+                  exitstatus: int = 0, recorded: bool = False) -> list[str]:
     """The verdict block (module docstring). Its first line says it all: ``dflash-eval: PASS`` or ``dflash-eval:
     FAIL (why)``, the mean τ against its floor and the drift gate's outcome; then the details, the named causes and
     the reports. ``failed_tests``: failed tests and errors of the whole run; ``exitstatus``: pytest's (not 0: never
-    a pass)."""
+    a pass); ``recorded``: this run wrote the τ floors it is judged against (--update-tau-floors), which it says."""
     tau, gate, refusal = tau_verdict(data), gate_outcome(data), refused(data)
     why = []
     if refusal:
@@ -117,7 +117,8 @@ def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests
     if not why and exitstatus != 0:
         why.append(f"pytest exit status {exitstatus}")
     head = "dflash-eval: " + ("PASS" if passed else "FAIL") + (f" ({'; '.join(why)})" if why else "")
-    summary = [_mean_text(data) if tau is not None else "τ not measured in this selection",
+    mean = _mean_text(data) + (" (floors written by this run)" if recorded else "")
+    summary = [mean if tau is not None else "τ not measured in this selection",
                "drift gate " + (gate.upper() if gate else "not run")]
     lines = [f"{head} — {'; '.join(summary)}"]
     detail = _detail_line(data) if tau is not None else None
