@@ -21,6 +21,7 @@ from dflash_eval.errors import DFlashEvalError, DrafterRefused
 from dflash_eval.options import add_options
 from dflash_eval.pytest_plugin.fixtures import refused_reason, uses_suite_fixtures
 from dflash_eval.pytest_plugin.golden_check import GoldenCheck
+from dflash_eval.pytest_plugin.rootdir_check import warn_moved_rootdir
 from dflash_eval.pytest_plugin.progress import REPORTER, WORKERINPUT_KEY, ProgressReporter, enabled
 from dflash_eval.pytest_plugin.state import (FRAGMENTS, MERGED, MESSAGES, OUTCOMES, SESSION, SGLANG, START,
                                              get_session, get_settings, is_controller, settings_from_config)
@@ -61,6 +62,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(GoldenCheck(config), "dflash-eval-golden-check")
     if config.option.help:
         return
+    if is_controller(config):
+        warn_moved_rootdir(config)  # `pytest --target-model ../x` moved reports/ and the cache: say where
     if is_controller(config) and enabled(config):
         config.stash[REPORTER] = ProgressReporter(config)
 
