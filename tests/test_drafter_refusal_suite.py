@@ -75,6 +75,7 @@ def suite(pytester, drafters, suite_checkout):  # type: ignore[no-untyped-def]
         res = pytester.runpytest_inprocess(
             "tests_eval", "-q", "-rs", "--target-model", str(TARGET), "--drafter", str(drafter), "--prompts", SUBSET,
             "--cache-dir", str(drafters["root"] / "cache"), "--golden-dir", str(GOLDEN),
+            "--floors-file", str(GOLDEN / "tau_floors.json"),  # recorded floors (none: one usage error, no tests)
             "--report-dir", str(drafters["root"] / report), *args)
         return res, drafters["root"] / report / "eval.json"
 
