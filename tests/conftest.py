@@ -26,15 +26,15 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def suite_checkout(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Path]:
     """``suite_checkout(addopts="")``: the pytester directory made a checkout of the suite (a copy of tests_eval/, a
-    conftest loading the plugin, an ini with ``addopts`` after the common ones), with no ``DFLASH_EVAL_*`` variable
-    of the calling environment; returns the directory."""
+    conftest loading the plugin, an ini with ``addopts`` after the common ones), with no ``DFLASH_EVAL_*`` or
+    ``PYTEST_XDIST_*`` variable of the calling environment; returns the directory."""
 
     def make(addopts: str = "") -> Path:
         shutil.copytree(ROOT / "tests_eval", pytester.path / "tests_eval")
         pytester.makeconftest('pytest_plugins = ["dflash_eval.pytest_plugin"]')
         pytester.makeini(f"[pytest]\naddopts = -p no:cacheprovider --import-mode=importlib {addopts}".rstrip() + "\n")
-        for k in [k for k in os.environ if k.startswith("DFLASH_EVAL_")]:
-            monkeypatch.delenv(k)
+        for k in [k for k in os.environ if k.startswith(("DFLASH_EVAL_", "PYTEST_XDIST_"))]:
+            monkeypatch.delenv(k)  # the run is a session of its own, not a worker of this one's xdist
         return pytester.path
 
     return make
