@@ -128,3 +128,26 @@ def test_options_a_command_does_not_honour_are_refused_and_their_env_not_read():
 def test_every_command_refuses_something_and_the_suite_nothing(command):
     assert any(not o.applies_to(command) for o in OPTIONS)
     assert all(o.applies_to("run") for o in OPTIONS)
+
+
+def test_record_and_gate_refuse_what_they_do_not_honour(capsys):
+    from dflash_eval.cli import main
+
+    assert main(["record", "--target-model", "m", "--baseline", "old.json", "--update-tau-floors", "-n", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--baseline: not an option of `dflash-eval record` (honoured by `dflash-eval run` / pytest, " in err
+    assert "--update-tau-floors: not an option of `dflash-eval record` (it always writes the τ floors)" in err
+    assert main(["gate", "--drafter", "d", "--update-fingerprints", "--drift-rel-tol=1", "--tau-floor", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dflash-eval gate: bad input: options it does not take:")
+    assert "--update-fingerprints: not an option of `dflash-eval gate` (the gate only judges; `dflash-eval record` " \
+           "writes floors, snapshots and the fingerprint)" in err
+    assert "--drift-rel-tol: not an option of `dflash-eval gate`" in err and "--tau-floor" not in err
+
+
+def test_record_narrows_the_selection_to_the_recording_tests():
+    from dflash_eval.cli_record import RECORDING_KEYWORDS, with_recording_keywords
+
+    assert with_recording_keywords(["--drafter", "d"]) == ["--drafter", "d", "-k", RECORDING_KEYWORDS]
+    assert with_recording_keywords(["-k", "mean", "-n", "2"]) == ["-n", "2", "-k", f"(mean) and ({RECORDING_KEYWORDS})"]
+    assert with_recording_keywords(["-kfoo"])[-1] == f"(foo) and ({RECORDING_KEYWORDS})"

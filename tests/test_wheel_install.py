@@ -13,9 +13,12 @@ that every requirement the wheel declares is satisfied there replaces pip's reso
 4. ``pytest --pyargs dflash_eval.tests_eval`` without ``--target-model``: exit 4 and one message;
 5. ``dflash-eval run`` on 2 bundled prompts plus the documented user test file: exit 0, reports in the temporary
    folder (not in the checkout), every suite test and the user's tests recorded, eval.json valid against the schema;
+   then a first run on a new model (the bundled one copied into a repository of its own, nothing recorded): one
+   usage error naming ``dflash-eval record``, ``dflash-eval gate`` exits 2 naming the floors file, and after
+   ``dflash-eval record`` the same ``dflash-eval run`` is green without a PytestWarning;
 6. in the checkout, ``pytest`` with the installed entry point and the repository's conftest: the plugin once.
 
-Run: ``pytest tests/test_wheel_install.py -p no:cacheprovider`` (about a minute on a 2-core CPU).
+Run: ``pytest tests/test_wheel_install.py -p no:cacheprovider`` (2-3 minutes on a 2-core CPU).
 """
 
 from __future__ import annotations
@@ -136,6 +139,27 @@ def test_installed_wheel_runs_the_suite_from_anywhere(tmp_path):
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (the test extra) validates eval.json")
     schema = json.loads((Path(site.stdout.strip()) / "dflash_eval" / "report" / "eval.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(data)
+
+    # A first run on a new model from a repository of its own: one usage error naming `dflash-eval record`, the gate
+    # without floors exits 2 naming the floors file it looked for; recorded, the same run is green.
+    mine = work / "myrepo"
+    shutil.copytree(ROOT / "fixtures" / "target", mine / "models" / "mytarget")
+    shutil.copytree(ROOT / "fixtures" / "drafter", mine / "ckpt" / "released")
+    lines = (ROOT / "fixtures" / "prompts.jsonl").read_text().splitlines(keepends=True)
+    (mine / "prompts.jsonl").write_text("".join(lines[:2]))
+    new = ["--target-model", "models/mytarget", "--drafter", "ckpt/released", "--prompts", "prompts.jsonl",
+           "--max-new-tokens", "24", "-p", "no:cacheprovider"]
+    cli = str(venv / "bin" / "dflash-eval")
+    p = run([cli, "run", *new], cwd=mine)
+    assert p.returncode == 4 and p.stderr.count("ERROR:") == 1 and "FAILED" not in p.stdout, p.stdout + p.stderr
+    assert f"{mine}/golden/tau_floors.json does not exist" in p.stderr
+    assert "\n  dflash-eval record " + " ".join(new) + "\n" in p.stderr, p.stderr
+    p = run([cli, "gate", "--drafter", "ckpt/released", *new[:2], *new[4:8], "--quiet"], cwd=mine)
+    assert p.returncode == 2 and f"no τ floors to gate against: {mine}/golden/tau_floors.json" in p.stderr, p.stderr
+    p = run([cli, "record", *new], cwd=mine)
+    assert p.returncode == 0 and "dflash-eval record: wrote" in p.stdout, p.stdout[-6000:] + p.stderr[-3000:]
+    p = run([cli, "run", *new], cwd=mine)
+    assert p.returncode == 0 and "PytestWarning" not in p.stdout + p.stderr, p.stdout[-6000:] + p.stderr[-3000:]
     t_suite = time.perf_counter() - t0 - t_install
 
     # The checkout with the package installed: the entry point and conftest.py's pytest_plugins name one plugin.

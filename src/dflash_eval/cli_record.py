@@ -36,7 +36,8 @@ import pytest
 from dflash_eval.command_options import add_command_options, refused
 from dflash_eval.invocation import args_for, shell_join, suite_options
 
-__all__ = ["record_command", "build_record_parser", "RecordPlugin", "RECORDING_TESTS", "EXIT_REFUSED"]
+__all__ = ["record_command", "build_record_parser", "with_recording_keywords", "RecordPlugin", "RECORDING_TESTS",
+           "RECORDING_KEYWORDS", "EXIT_REFUSED"]
 
 EXIT_REFUSED = 2
 #: The suite's tests a recording run keeps: {test module: test functions}.
@@ -46,6 +47,9 @@ RECORDING_TESTS = {
     "test_hidden_state_drift.py": ("test_fingerprint_regression",),
 }
 RECORDING_OPTIONS = ["--update-tau-floors", "--update-fingerprints", "--snapshot-update"]
+#: The same selection as a -k expression (pytest-xdist workers collect without this process's plugin objects): the
+#: suite's test ids never contain "tau" but in the τ tests, and the completion module holds only recording tests.
+RECORDING_KEYWORDS = "tau or test_reference_completions or test_fingerprint_regression"
 _ALWAYS = {"update_tau_floors": "it always writes the τ floors", "update_fingerprints": "it always writes the "
            "feature fingerprint"}
 
@@ -165,6 +169,23 @@ def summary(plugin: RecordPlugin, argv: list[str]) -> tuple[list[str], bool]:
     return out, floors_written
 
 
+def with_recording_keywords(argv: list[str]) -> list[str]:
+    """``argv`` with its ``-k`` expression (if any) narrowed to the recording tests (:data:`RECORDING_KEYWORDS`)."""
+    out, user = [], None
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "-k" and i + 1 < len(argv):
+            user, i = argv[i + 1], i + 2
+            continue
+        if a.startswith("-k") and len(a) > 2:
+            user, i = a[2:].removeprefix("="), i + 1
+            continue
+        out.append(a)
+        i += 1
+    return [*out, "-k", RECORDING_KEYWORDS if user is None else f"({user}) and ({RECORDING_KEYWORDS})"]
+
+
 def record_command(argv: list[str]) -> int:
     """``dflash-eval record ARGS``: see the module docstring; returns the exit status."""
     if any(a in ("-h", "--help") for a in argv[:argv.index("--") if "--" in argv else len(argv)]):
@@ -179,7 +200,7 @@ def record_command(argv: list[str]) -> int:
     from dflash_eval.cli import run_suite
 
     plugin = RecordPlugin()
-    rc = run_suite([*argv, *RECORDING_OPTIONS], command="record", plugins=[plugin])
+    rc = run_suite([*with_recording_keywords(argv), *RECORDING_OPTIONS], command="record", plugins=[plugin])
     if rc == int(pytest.ExitCode.USAGE_ERROR):
         return rc
     lines, floors_written = summary(plugin, argv)
