@@ -93,7 +93,8 @@ def test_first_run_record_then_gate(repo):
     floors = json.loads((repo / "golden" / "tau_floors.json").read_text())
     assert sorted(floors["chain"]) == ["code-0", "text-0"] and sorted(floors["ddtree"]["8"]) == ["code-0", "text-0"]
     assert "dflash-eval record" in floors["note"] and "tests_eval" not in floors["note"]
-    snaps = sorted(p.name for p in (repo / "golden" / "snapshots" / "mytarget" / "test_reference_completions").iterdir())
+    snap_dir = repo / "golden" / "snapshots" / "mytarget" / "test_reference_completions"
+    snaps = sorted(p.name for p in snap_dir.iterdir())
     assert snaps == ["test_reference_completion[code-0].json", "test_reference_completion[text-0].json"]
     assert list((repo / "golden" / "fingerprints").glob("*.json"))
     assert "  τ floors     golden/tau_floors.json: 2 prompts, chain and DDTree-8, measured τ - 0.25" in p.stdout
@@ -104,7 +105,8 @@ def test_first_run_record_then_gate(repo):
     p = run(gate_run, repo)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-8000:]
-    assert " failed" not in p.stdout.splitlines()[-1] and "PytestWarning" not in out and "PytestConfigWarning" not in out
+    assert " failed" not in p.stdout.splitlines()[-1] and "PytestWarning" not in out
+    assert "PytestConfigWarning" not in out
     assert json.loads((repo / "reports" / "eval.json").read_text())["mean_passed"] is True
     p = run(gate, repo)
     assert p.returncode == 0 and "1/1 checkpoint(s) passed" in p.stdout, p.stdout + p.stderr

@@ -26,7 +26,8 @@ PROMPTS = [SimpleNamespace(id="p-0", category="code"), SimpleNamespace(id="p-1",
            SimpleNamespace(id="q-0", category="math")]
 SELECTED = ["test_tau.py::test_tau[p-0]", "test_tau.py::test_tau[p-1]", "test_tau.py::test_tau[q-0]",
             "test_tau.py::test_ddtree_tau[p-0-ddtree8]", "test_tau.py::test_mean_tau",
-            "test_tau.py::test_category_mean_tau[math]", "test_reference_completions.py::test_reference_completion[p-0]",
+            "test_tau.py::test_category_mean_tau[math]",
+            "test_reference_completions.py::test_reference_completion[p-0]",
             "test_reference_completions.py::test_reference_completion[q-0]", "test_checkpoint.py::test_config_loads"]
 
 
@@ -67,7 +68,7 @@ def test_only_what_the_selected_tests_need(tmp_path):
     assert m.floors == {"DDTree-8": ["q-0"], "chain": ["q-0"]} and m.floors_exists
     msg = missing_message(m, "mine", "CMD")
     assert f"{s.settings.floors_file} has no chain floor for 1 of 3 prompts (q-0)" in msg
-    assert missing_records(s, SELECTED[8:], updates_snapshots=False).__bool__() is False  # a test needing neither
+    assert not missing_records(s, SELECTED[8:], updates_snapshots=False)  # a test needing neither
     assert not missing_records(s, ["test_tau.py::test_tau[setup-error]"], updates_snapshots=False)
 
 

@@ -161,11 +161,10 @@ def summary(plugin: RecordPlugin, argv: list[str]) -> tuple[list[str], bool]:
     gate_args = args_for(argv, "run", drop=("--snapshot-update", "--snapshot-no-cleanup"))
     out = ["dflash-eval record: wrote", *lines, "gate against them (the same options) with:",
            "  " + shell_join(["dflash-eval", "run", *gate_args])]
-    cmp = [a for a in suite_options(argv, "gate") if a]
-    drafter_at = [i for i, a in enumerate(cmp) if a.split("=", 1)[0] == "--drafter"]
-    if drafter_at:
+    gate_options = suite_options(argv, "gate")  # the gate's own --drafter among them, when given here
+    if any(a.split("=", 1)[0] == "--drafter" for a in gate_options):
         out += ["or compare checkpoints against the floors with:",
-                "  " + shell_join(["dflash-eval", "gate", *cmp, "--drafter", "CKPT2"])]
+                "  " + shell_join(["dflash-eval", "gate", *gate_options, "--drafter", "CKPT2"])]
     return out, floors_written
 
 
