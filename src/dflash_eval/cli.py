@@ -14,14 +14,20 @@ It prints a comparison table (checkpoint, mean τ, DDTree-N τ, worst prompt, ve
 ``--floors-file`` or ``--tau-floor``) and writes the combined report of all checkpoints to ``--report-dir``
 (``gate.json``, ``gate.md``: :mod:`dflash_eval.report.gate`).
 
-Exit status: 0 every checkpoint passes; 1 at least one fails (τ below a floor, a missing floor, τ dropped or rose
-beyond the ``--baseline`` tolerances, a drafter that does not fit the target); 2 bad input, reported once before any
-work (a path that does not exist, an invalid option value, an unreadable config.json, a floors file or baseline
-recorded with other τ-relevant settings).
+Exit status: 0 every checkpoint passes; 1 at least one fails (τ below a floor, τ dropped or rose beyond the
+``--baseline`` tolerances, a drafter that does not fit the target); 2 bad input, reported once before any work (a
+path that does not exist, an invalid option value, an unreadable config.json, a floors file or baseline recorded
+with other τ-relevant settings, an option the gate does not honour), or no τ floors for the selected prompts and no
+explicit threshold: the message names the floors file it looked for and the ``dflash-eval record`` command for the
+first checkpoint. Values, paths and prompt files are checked before torch is imported (:mod:`dflash_eval.preflight`).
 
-Every suite option (``pytest --help``, group "dflash-eval") is accepted with the same name, and read from
-``DFLASH_EVAL_<NAME>`` when not given; relative paths are relative to the current directory (the bundled-fixture
-defaults, e.g. ``fixtures/target``, apply only in a checkout of this repository). Ini files are not read.
+The suite options the gate honours (``commands`` in :mod:`dflash_eval.options`; ``dflash-eval gate --help``) are
+accepted with the same name, and read from ``DFLASH_EVAL_<NAME>`` when not given; relative paths are relative to the
+current directory (the bundled-fixture defaults, e.g. ``fixtures/target``, apply only in a checkout of this
+repository). Ini files are not read. The others (the recording options, the drift tolerances, ...) are refused.
+
+``dflash-eval record ...`` (:mod:`dflash_eval.cli_record`) records a new model's floors, snapshots and fingerprint;
+``dflash-eval sets`` (:mod:`dflash_eval.cli_sets`) lists the built-in prompt sets.
 
 Example::
 
