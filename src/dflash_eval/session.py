@@ -103,8 +103,10 @@ class EvalSession:
             return False
         raise ConfigError(f"{what} {path} was recorded with other τ-relevant settings than this run:\n  {lines}\n"
                           f"(this run: {describe(self.run_context())}). Record floors for these settings "
-                          "(--update-tau-floors), pass --floors-file / --baseline files recorded with them, give "
-                          "explicit thresholds (--tau-floor, --tau-floor-prompt), or --allow-settings-mismatch")
+                          "(`dflash-eval record` with this run's options, or --update-tau-floors in its pytest "
+                          "command; a --floors-file and --golden-dir of their own keep another target's records "
+                          "apart), pass --floors-file / --baseline files recorded with them, give explicit "
+                          "thresholds (--tau-floor, --tau-floor-prompt), or --allow-settings-mismatch")
 
     @property
     def floors(self) -> Floors:
