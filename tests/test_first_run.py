@@ -128,20 +128,20 @@ def test_plain_pytest_names_its_own_recording_command(repo):
 
 
 def test_a_rootdir_moved_by_an_option_value_is_a_warning(repo, tmp_path):
-    work, models = tmp_path / "work", tmp_path / "shared"
+    work, models = tmp_path / "work", tmp_path / "models"
     work.mkdir()
     shutil.copytree(repo / "models" / "mytarget", models / "mytarget")
     common = ["--pyargs", "dflash_eval.tests_eval", "--collect-only", "-p", "no:cacheprovider",
               f"--drafter={repo / 'ckpt' / 'released'}", f"--prompts={repo / 'prompts.jsonl'}"]
-    p = run(["pytest", *common, "--target-model", "../shared/mytarget"], work)
+    p = run(["pytest", *common, "--target-model", "../models/mytarget"], work)
     assert p.returncode == 0, p.stdout + p.stderr
     text = " ".join(p.stdout.split())
     assert f"rootdir: {tmp_path}\n" in p.stdout  # pytest's own choice: the common ancestor of work/ and the model
     assert (f"PytestConfigWarning: dflash-eval: pytest chose {tmp_path} as its rootdir, not {work}: it took the "
-            "value of --target-model (../shared/mytarget) for a test path") in text, p.stdout
+            "value of --target-model (../models/mytarget) for a test path") in text, p.stdout
     assert f"reports go to {tmp_path}/reports, the cache to {tmp_path}/.dflash_cache" in text
-    assert "--target-model=../shared/mytarget" in text and f"--rootdir={work}" in text
-    p = run(["pytest", *common, "--target-model=../shared/mytarget"], work)
+    assert "--target-model=../models/mytarget" in text and f"--rootdir={work}" in text
+    p = run(["pytest", *common, "--target-model=../models/mytarget"], work)
     assert p.returncode == 0 and f"rootdir: {work}\n" in p.stdout and "dflash-eval: pytest chose" not in p.stdout
-    p = run(["pytest", *common, "--target-model", "../shared/mytarget", f"--rootdir={work}"], work)
+    p = run(["pytest", *common, "--target-model", "../models/mytarget", f"--rootdir={work}"], work)
     assert p.returncode == 0 and "dflash-eval: pytest chose" not in p.stdout
