@@ -96,7 +96,7 @@ def measure_ladder(drafter: Any, head: Any, prompts: Sequence[tuple[str, dict[in
 def find_harm(points: Sequence[tuple[float, float]], tol: float) -> int | None:
     """Index of the level with the smallest injected error whose mean |Δτ| exceeds ``tol`` (``points``: (injected
     error, mean |Δτ|)): the smallest perturbation that measurably hurt τ on these prompts, or None."""
-    over = [i for i, (_, low) in enumerate(points) if low > tol]
+    over = [i for i, (_, mean) in enumerate(points) if mean > tol]
     return min(over, key=lambda i: points[i][0]) if over else None
 
 

@@ -285,14 +285,12 @@ class DrafterEvaluation:
         drafter on the first that many prompts of ``--prompts`` (the selection and the prompts after it), whose
         completions and features are produced and cached like the selection's (:mod:`dflash_eval.suite.prompt_view`).
         The selection's own τ, drift and reports stay on the selection."""
-        from dflash_eval.prompts import load_prompt_spec
         from dflash_eval.suite.prompt_view import PromptView
 
         s, selected = self.settings, self.inputs.prompts
         if len(selected) >= s.drift_budget_min_prompts or s.num_prompts is None:
             return self
-        more = load_prompt_spec(s.prompts, limit=s.drift_budget_min_prompts, data_dir=s.prompt_data_dir,
-                                humaneval_wrapper=s.humaneval_wrapper)
+        more = self.inputs.first_prompts(s.drift_budget_min_prompts)
         if len(more) <= len(selected) or [p.id for p in more[:len(selected)]] != [p.id for p in selected]:
             return self
         drafter = self.drafter  # a drafter that does not fit the target stops here, before anything is produced

@@ -109,8 +109,12 @@ class Inputs:
     # ------------------------------------------------------------------------------------------------ prompts
     @cached_property
     def prompts(self) -> list[Prompt]:
+        return self.first_prompts(self.settings.num_prompts)
+
+    def first_prompts(self, limit: int | None) -> list[Prompt]:
+        """The first ``limit`` prompts of ``--prompts`` (all of them for None): the selection is ``--num-prompts``'s."""
         s = self.settings
-        return load_prompt_spec(s.prompts, limit=s.num_prompts, data_dir=s.prompt_data_dir,
+        return load_prompt_spec(s.prompts, limit=limit, data_dir=s.prompt_data_dir,
                                 humaneval_wrapper=s.humaneval_wrapper)
 
     @cached_property
