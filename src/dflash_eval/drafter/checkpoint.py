@@ -172,6 +172,7 @@ def build_drafter(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "bf16",
     spec: TargetSpec | None = None,
+    checks: list[Check] | None = None,
 ) -> DFlashDrafter:
     """Instantiate the drafter and load its weights; refuse on any failing validation check (DrafterRefused, an
     ArchitectureMismatch naming every failed check).
@@ -179,8 +180,9 @@ def build_drafter(
     Args:
         ckpt: from :func:`read_checkpoint`.
         spec: the target to validate against (when None, the checks compare with the drafter's own config).
+        checks: the checks already run on ``ckpt`` against ``spec`` (run here when None).
     """
-    refusal = fit_refusal(ckpt, spec)
+    refusal = fit_refusal(ckpt, spec, checks)
     if refusal is not None:
         raise refusal
     model = DFlashDrafter(ckpt.config)

@@ -144,6 +144,7 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
     out["cache"] = {f.get("worker", "?"): f.get("cache", {}) for f in fragments}
     oc = dict(outcomes or {})
     out["tests"] = {"counts": dict(Counter(oc.values())), "outcomes": oc}
-    if diagnoses(out):
-        out["diagnoses"] = diagnoses(out)
+    named = diagnoses(out)
+    if named:
+        out["diagnoses"] = named
     return out

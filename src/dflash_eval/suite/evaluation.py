@@ -152,7 +152,7 @@ class DrafterEvaluation:
         spec = self.inputs.spec
         with self.inputs.meter.timed("drafter_load"):
             return build_drafter(self.checkpoint, device=self.settings.torch_device, dtype=self.settings.torch_dtype,
-                                 spec=spec)
+                                 spec=spec, checks=self.checks)
 
     # ------------------------------------------------------------------------------------------------ inputs
     def completions(self) -> dict[str, CompletionRecord]:
@@ -247,7 +247,6 @@ class DrafterEvaluation:
     def drift(self, name: str) -> Drift:
         """Per-prompt per-layer feature drift and per-prompt τ on each side for comparison ``name``."""
         if name not in self._drift:
-            self._check_layers()
             c = self.inputs.comparison(name)
             fa, fb = self.features(c.a), self.features(c.b)
             stats = {p.id: {i: DriftStat(name, p.id, i, *drift_stat(fa[p.id][i], fb[p.id][i]), c.rel_tol, c.cos_tol)

@@ -95,10 +95,12 @@ class FeatureStore:
         recent such digest once per process (a :class:`KernelOutputChanged` warning, eval.json's
         ``provenance.kernel_probe.changed``); under ``--cache-only`` raise CacheError saying what to do instead."""
         cache = self.inputs.cache
-        for digest, kernels in self.probes.earlier(side.backend, side.dtype).items():
-            stale = next((pid for pid, seq in seqs.items() for i in layers
-                          if not cache.exists("features", self.key(seq, i, side))
-                          and cache.exists("features", cache_key("features", self.fields(seq, i, side,
+        earlier = self.probes.earlier(side.backend, side.dtype)
+        missing = [(pid, seq, i) for pid, seq in seqs.items() for i in layers
+                   if earlier and not cache.exists("features", self.key(seq, i, side))]
+        for digest, kernels in earlier.items():
+            stale = next((pid for pid, seq, i in missing
+                          if cache.exists("features", cache_key("features", self.fields(seq, i, side,
                                                                                          kernels=digest)))), None)
             if stale is None:
                 continue
