@@ -158,8 +158,4 @@ class EvalSession:
         fp = self.store.fingerprint() if self.store.fingerprint_computed else None
         tau = self.tau_summary() if self.evaluation.tau_computed else None
         context = self.run_context() if self.evaluation.checkpoint_read and self.inputs.identity_known else None
-        result = build_result(self.evaluation, tau=tau, sglang=self.sglang_info, fingerprint=fp, context=context)
-        ev = self.evaluation
-        if result.drafter is not None and ev.refusal_known and ev.refusal is not None:  # eval.json drafter.refused
-            result.drafter["refused"] = [{"check": n, "message": m} for n, m in ev.refusal.checks]
-        return result
+        return build_result(self.evaluation, tau=tau, sglang=self.sglang_info, fingerprint=fp, context=context)

@@ -13,6 +13,7 @@ from typing import Any
 from dflash_eval.paths import normal_path
 from dflash_eval.report.acceptance import acceptance_rows, conversation_rows
 from dflash_eval.report.plot import worst_prompts
+from dflash_eval.report.summary import row_outcome
 from dflash_eval.stats import ddtree_budgets
 
 __all__ = ["tau_rows", "category_rows", "drift_rows", "baseline_line", "budget_line", "ladder_rows", "gate_rows",
@@ -197,8 +198,7 @@ def gate_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         scaled = None if err is None else err * g["safety"]
         rows.append([g["comparison"], str(g["layer"]), _sci(err), g.get("worst_prompt", "-"), _sci(scaled),
                      (">= " if g.get("lower_bound") else "") + _sci(g["budget"]), margin,
-                     {"pass": "PASS", "inconclusive": "INCONCLUSIVE"}.get(g.get("outcome"),
-                                                                          "PASS" if g["passed"] else "FAIL")])
+                     row_outcome(g).upper()])
     return header, rows
 
 

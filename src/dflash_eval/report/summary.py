@@ -33,13 +33,18 @@ def tau_verdict(data: dict[str, Any]) -> bool | None:
         and not any(r.get("passed") is False for r in cats.values())
 
 
+def row_outcome(row: dict[str, Any]) -> str:
+    """A drift_gate row's outcome: its ``outcome`` field, else (reports from before it) pass / fail by ``passed``."""
+    return row.get("outcome") or ("pass" if row.get("passed") else "fail")
+
+
 def gate_outcome(data: dict[str, Any]) -> str | None:
     """The drift gate over all its rows: "fail" when one fails, else "inconclusive" when one is, else "pass"
     (None: no drift was gated in this run)."""
     rows = data.get("drift_gate") or []
     if not rows:
         return None
-    outcomes = [r.get("outcome") or ("pass" if r.get("passed") else "fail") for r in rows]
+    outcomes = [row_outcome(r) for r in rows]
     return "fail" if "fail" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
 
 
@@ -85,7 +90,7 @@ def _gate_line(data: dict[str, Any]) -> str:
     outcome = gate_outcome(data)
     rows = data["drift_gate"]
     b = data.get("drift_budget") or {}
-    over = [r for r in rows if (r.get("outcome") or ("pass" if r.get("passed") else "fail")) != "pass"]
+    over = [r for r in rows if row_outcome(r) != "pass"]
     budget = (">= " if b.get("lower_bound") else "") + f"{b['budget']:.2e}" if b.get("budget") is not None else "-"
     tight = min(rows, key=lambda r: math.inf if r.get("margin") is None else r["margin"])
     limit = f"the gate limit {b['gate_limit']:.2e} (" if b.get("gate_limit") is not None else "the gate limit ("

@@ -32,7 +32,7 @@ from dflash_eval.provenance import device_kind, library_versions
 from dflash_eval.suite.conversations import HistoryMissing, turn_groups, turn_prompt_ids
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
-from dflash_eval.suite.server_check import SERVER_MAX_DISAGREEMENT, check_server_completions
+from dflash_eval.suite.server_check import SERVER_MAX_DISAGREEMENT, check_server_completions, teacher_forced_tensors
 
 __all__ = ["CompletionRecord", "References", "SERVER_MAX_DISAGREEMENT", "argmax_fields", "out_of_vocab",
            "teacher_forced_tensors"]
@@ -328,9 +328,3 @@ def argmax_fields(inp: Inputs, seq: list[int]) -> dict[str, Any]:
 
 def argmax_expected(n: int) -> Expected:
     return Expected(tensors={"argmax": (torch.int64, (n,)), "margin": (torch.float32, (n,))})
-
-
-def teacher_forced_tensors(logits: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The argmax entry's tensors from [T, V] float32 logits: argmax and top1 - top2 margin per position."""
-    top = logits.topk(2, dim=-1)
-    return {"argmax": top.indices[:, 0].cpu(), "margin": (top.values[:, 0] - top.values[:, 1]).cpu()}

@@ -181,6 +181,8 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
     if ev.checkpoint_read:
         ck = ev.checkpoint
         result.drafter = {"path": str(ck.source), "fingerprint": ck.fingerprint, "config": ck.config.to_dict()}
+        if ev.refusal_known and ev.refusal is not None:  # the architecture checks that refused it
+            result.drafter["refused"] = [{"check": n, "message": m} for n, m in ev.refusal.checks]
     if ev.drifts:
         result.drift, result.drift_accept = _drift_rows(ev)
     if ev.budget_computed:

@@ -27,6 +27,7 @@ from dflash_eval.errors import EvalError
 from dflash_eval.generation import generation_groups
 
 __all__ = ["SERVER_MAX_DISAGREEMENT", "CHECK_LOGITS_BUDGET", "Disagreement", "check_server_completions",
+           "teacher_forced_tensors",
            "disagreement", "teacher_forced_batch"]
 
 #: Largest fraction of a fetched completion's tokens that the local target's teacher-forced argmax may disagree
@@ -59,6 +60,12 @@ def disagreement(pid: str, ids: list[int], argmax: torch.Tensor, margin: torch.T
     return Disagreement(pid, wrong, len(ids), list(ids), pred, margin.tolist())
 
 
+def teacher_forced_tensors(logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The argmax entry's tensors from [T, V] float32 logits: argmax and top1 - top2 margin per position."""
+    top = logits.topk(2, dim=-1)
+    return {"argmax": top.indices[:, 0].cpu(), "margin": (top.values[:, 0] - top.values[:, 1]).cpu()}
+
+
 @torch.no_grad()
 def teacher_forced_batch(model: Any, rows: list[tuple[list[int], list[int]]], device: Any,
                          pad_id: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -71,8 +78,8 @@ def teacher_forced_batch(model: Any, rows: list[tuple[list[int], list[int]]], de
     logits = model(input_ids=ids.to(device)).logits
     out = []
     for n, (p, c) in enumerate(rows):
-        top = logits[n, len(p) - 1:len(p) - 1 + len(c)].float().topk(2, dim=-1)
-        out.append((top.indices[:, 0].cpu(), (top.values[:, 0] - top.values[:, 1]).cpu()))
+        t = teacher_forced_tensors(logits[n, len(p) - 1:len(p) - 1 + len(c)].float())
+        out.append((t["argmax"], t["margin"]))
     return out
 
 
