@@ -34,7 +34,8 @@ from typing import Any
 import pytest
 
 from dflash_eval.command_options import add_command_options, refused
-from dflash_eval.invocation import args_for, shell_join, suite_options
+from dflash_eval.golden_records import FLOOR_TESTS, SNAPSHOT_MODULE, SNAPSHOT_TEST
+from dflash_eval.invocation import RECORD_FLAGS, args_for, shell_join, suite_options
 
 __all__ = ["record_command", "build_record_parser", "with_recording_keywords", "RecordPlugin", "RECORDING_TESTS",
            "RECORDING_KEYWORDS", "EXIT_REFUSED"]
@@ -42,11 +43,10 @@ __all__ = ["record_command", "build_record_parser", "with_recording_keywords", "
 EXIT_REFUSED = 2
 #: The suite's tests a recording run keeps: {test module: test functions}.
 RECORDING_TESTS = {
-    "test_tau.py": ("test_tau", "test_ddtree_tau", "test_mean_tau", "test_category_mean_tau"),
-    "test_reference_completions.py": ("test_reference_completion", "test_teacher_forced_agreement"),
+    "test_tau.py": FLOOR_TESTS,
+    f"{SNAPSHOT_MODULE}.py": (SNAPSHOT_TEST, "test_teacher_forced_agreement"),
     "test_hidden_state_drift.py": ("test_fingerprint_regression",),
 }
-RECORDING_OPTIONS = ["--update-tau-floors", "--update-fingerprints", "--snapshot-update"]
 #: The same selection as a -k expression (pytest-xdist workers collect without this process's plugin objects): the
 #: suite's test ids never contain "tau" but in the τ tests, and the completion module holds only recording tests.
 RECORDING_KEYWORDS = "tau or test_reference_completions or test_fingerprint_regression"
@@ -83,10 +83,10 @@ class RecordPlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         from dflash_eval.floors import load_floors
-        from dflash_eval.pytest_plugin.state import get_settings
+        from dflash_eval.pytest_plugin.state import settings_from_config
 
-        try:
-            self.floors_before = load_floors(get_settings(session.config).floors_file).raw
+        try:  # the floors file's path needs no validation (which imports torch, ahead of the xdist workers' start)
+            self.floors_before = load_floors(settings_from_config(session.config, check=False).floors_file).raw
         except Exception:  # noqa: BLE001 - bad options or a malformed file: the run's usage error says so
             self.floors_before = {}
 
@@ -101,7 +101,7 @@ class RecordPlugin:
             items[:] = keep
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call" and report.passed and "::test_reference_completion[" in report.nodeid:
+        if report.when == "call" and report.passed and f"::{SNAPSHOT_TEST}[" in report.nodeid:
             self.snapshots.append(report.nodeid)
 
 
@@ -199,7 +199,7 @@ def record_command(argv: list[str]) -> int:
     from dflash_eval.cli import run_suite
 
     plugin = RecordPlugin()
-    rc = run_suite([*with_recording_keywords(argv), *RECORDING_OPTIONS], command="record", plugins=[plugin])
+    rc = run_suite([*with_recording_keywords(argv), *RECORD_FLAGS], command="record", plugins=[plugin])
     if rc == int(pytest.ExitCode.USAGE_ERROR):
         return rc
     lines, floors_written = summary(plugin, argv)

@@ -243,9 +243,10 @@ def _finish(config: pytest.Config) -> None:
             config.stash[FRAGMENTS].append(frag)
     if not is_controller(config):
         return
+    from dflash_eval.verdict import refused
+
     frags = config.stash[FRAGMENTS]
-    if not frags or not any(("prompts" in f or "drift" in f or "fingerprint" in f or
-                             (f.get("drafter") or {}).get("refused")) for f in frags):
+    if not frags or not any(("prompts" in f or "drift" in f or "fingerprint" in f or refused(f)) for f in frags):
         return
     from dflash_eval import report
 
