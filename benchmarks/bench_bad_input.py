@@ -1,6 +1,6 @@
 """Time to the first bad-input message, before and after the torch-free checks, side by side in one run.
 
-"Before" is the source tree of ``--before`` (default: the last commit before :mod:`dflash_eval.preflight`), taken
+"Before" is the source tree of ``--before`` (default: the last commit before :mod:`dflash_eval.options.preflight`), taken
 out of git into a temporary folder (``git archive``: nothing in the working tree or the repository changes);
 "after" is this working tree. Each case runs as a fresh interpreter with ``PYTHONPATH`` set to one tree's ``src/``
 (the suite's modules copied in as ``dflash_eval/tests_eval``), from an empty temporary folder, alternating before
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BEFORE = "b527096"  # the last commit before the torch-free checks (dflash_eval.preflight)
+BEFORE = "b527096"  # the last commit before the torch-free checks (dflash_eval.options.preflight)
 TARGET, DRAFTER = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter"
 
 

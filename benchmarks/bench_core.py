@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 from dflash_eval.drafter import TargetSpec, build_drafter, read_checkpoint
-from dflash_eval.features import extract_features
-from dflash_eval.generation import greedy_generate_batch
-from dflash_eval.head import TargetHead
-from dflash_eval.online import online_generate
-from dflash_eval.tau import chain_tau, draft_table, macro_tau, simulate_tau
-from dflash_eval.target import load_target
+from dflash_eval.metrics.online_loop import online_generate
+from dflash_eval.metrics.tau import chain_tau, draft_table, macro_tau, simulate_tau
+from dflash_eval.target.generation import greedy_generate_batch
+from dflash_eval.target.head import TargetHead
+from dflash_eval.target.hidden_states import extract_features
+from dflash_eval.target.loader import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
 

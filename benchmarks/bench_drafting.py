@@ -7,9 +7,9 @@ budget of the suite:
 - before: every start of every prompt drafted as the suite did before the lock-step simulation (256 starts per
   forward grouped by prompt and padded to the longest group with duplicate rows, the context's keys and values
   recomputed in every forward; reproduced here with the same drafting primitive), then rows looked up;
-- table: :func:`dflash_eval.tau.draft_table` (every start, no padding rows, context keys and values once), then
-  :func:`~dflash_eval.tau.chain_tau` / :func:`~dflash_eval.tau.ddtree_tau` look the rows up;
-- lock-step: :func:`dflash_eval.tau.simulate_tau`, drafting only the (prompt, start) pairs some path visits.
+- table: :func:`dflash_eval.metrics.tau.draft_table` (every start, no padding rows, context keys and values once), then
+  :func:`~dflash_eval.metrics.tau.chain_tau` / :func:`~dflash_eval.metrics.tau.ddtree_tau` look the rows up;
+- lock-step: :func:`dflash_eval.metrics.tau.simulate_tau`, drafting only the (prompt, start) pairs some path visits.
 
 Two workloads: the evaluation side (chain and every DDTree budget, top-k = the largest budget) and a chain-only
 simulation (top-1), which the drift tests run once per other side of each comparison (``--drift-sides``, 2 on a
@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from dflash_eval.options import EvalSettings
-from dflash_eval.session import EvalSession
 from dflash_eval.drafter import block_ids, draft_logits
-from dflash_eval.tau import DraftTable, chain_tau, ddtree_tau, draft_table, simulate_tau
+from dflash_eval.metrics.tau import DraftTable, chain_tau, ddtree_tau, draft_table, simulate_tau
+from dflash_eval.options.settings import EvalSettings
+from dflash_eval.suite.session import EvalSession
 
 
 def _items(session: EvalSession) -> list[tuple[torch.Tensor, torch.Tensor, int]]:

@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_generation import add_target_args, wide_inputs  # noqa: E402
 
-from dflash_eval.generation import greedy_generate_batch  # noqa: E402
+from dflash_eval.target.generation import greedy_generate_batch  # noqa: E402
 
 
 def _profile_split(prof: cProfile.Profile) -> dict[str, Any]:

@@ -11,7 +11,7 @@ bundled prompts' lengths, no EOS stop so every row runs the full length)::
         --out $OUT/bench_generation_h200.json
 
 Prints tokens/s of both ways and their ratio (``--batch 32,16``: each size; ``--variants suite,cudnn``: each size
-as the suite generates and with cuDNN attention allowed, see ``dflash_eval.generation``; one-at-a-time generation
+as the suite generates and with cuDNN attention allowed, see ``dflash_eval.target.generation``; one-at-a-time generation
 runs interleaved with the first combination, batch by batch, so both see the same load), and whether every
 prompt's ids are identical. A prompt whose ids differ is reported with the first differing position and the
 one-at-a-time target's top1 - top2 logit margin there: a tiny margin is a near-tie flipped by summation order, a
@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from dflash_eval.backends import use_backend
-from dflash_eval.generation import generation_groups, greedy_generate, greedy_generate_batch
+from dflash_eval.target.backends import use_backend
+from dflash_eval.target.generation import generation_groups, greedy_generate, greedy_generate_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def _sync(dev: torch.device) -> None:
 
 def bundled_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, list[int]]]:
     """The bundled target and the suite's prompt ids (same sets, chat template and tokenization as the suite)."""
-    from dflash_eval.options import EvalSettings
+    from dflash_eval.options.settings import EvalSettings
     from dflash_eval.suite.inputs import Inputs
 
     values = {"target_model": args.target, "device": args.device, "dtype": args.dtype,
@@ -65,8 +65,8 @@ def wide_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, list[int]]]:
     """A random target at Qwen3.6-27B widths (``--wide-layers`` layers) and random prompts."""
     from transformers import Qwen3_5ForCausalLM
 
-    from dflash_eval.dtypes import parse_dtype
-    from dflash_eval.tiny import qwen35_text_config
+    from dflash_eval.common.dtypes import parse_dtype
+    from dflash_eval.testing.tiny import qwen35_text_config
 
     dev = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     cfg = qwen35_text_config(vocab_size=args.wide_vocab, hidden_size=args.wide_hidden,

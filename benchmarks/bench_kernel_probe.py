@@ -1,4 +1,4 @@
-"""Benchmark: what the kernel probe (:mod:`dflash_eval.kernel_probe`) costs, and that its digest is the same in
+"""Benchmark: what the kernel probe (:mod:`dflash_eval.target.kernel_probe`) costs, and that its digest is the same in
 separate processes.
 
 For the bundled target and a config at 27B widths (hidden 5120; Gated DeltaNet 16 key / 48 value heads of dim 128;
@@ -37,9 +37,9 @@ def child(target: str, backend: str, dtype: str, device: str, repeats: int) -> d
     """One fresh process: the first probe, then ``repeats`` more."""
     import torch
 
-    from dflash_eval.dtypes import parse_dtype
-    from dflash_eval.kernel_probe import probe
-    from dflash_eval.target import TargetDir
+    from dflash_eval.common.dtypes import parse_dtype
+    from dflash_eval.target.kernel_probe import probe
+    from dflash_eval.target.loader import TargetDir
 
     dt = parse_dtype(dtype)
     first = probe(TargetDir(target), backend, dt, device)
@@ -64,7 +64,7 @@ def main() -> None:
         t, b, d, dev, n = args.child
         print(json.dumps(child(t, b, d, dev, int(n))))
         return
-    from dflash_eval.backends import fla_available
+    from dflash_eval.target.backends import fla_available
 
     backends = args.backends or (["torch", "torch-recurrent"]
                                  + (["fla"] if args.device.startswith("cuda") and fla_available() else []))

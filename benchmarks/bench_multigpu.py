@@ -43,7 +43,7 @@ def build_wide(out: Path, hidden: int, layers: int) -> tuple[Path, Path]:
     import torch
 
     from dflash_eval.drafter import DFlashDrafter, save_drafter
-    from dflash_eval.tiny import build_random_target, random_drafter_config
+    from dflash_eval.testing.tiny import build_random_target, random_drafter_config
 
     scale = hidden / 5120
     dev = "cuda" if torch.cuda.is_available() else "cpu"

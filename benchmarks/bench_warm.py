@@ -43,8 +43,8 @@ def build_targets(work: Path, a: argparse.Namespace) -> tuple[Path, Path, float]
     from safetensors.torch import save_file
     from transformers import Qwen3_5ForCausalLM
 
-    from dflash_eval.dtypes import parse_dtype
-    from dflash_eval.tiny import build_tokenizer, qwen35_text_config
+    from dflash_eval.common.dtypes import parse_dtype
+    from dflash_eval.testing.tiny import build_tokenizer, qwen35_text_config
 
     deep, shallow = work / "target_deep", work / "target_1layer"
     deep.mkdir(parents=True, exist_ok=True)
@@ -87,7 +87,7 @@ def make_drafter(target: Path, out: Path, seed: int, layer_ids: tuple[int, ...])
     import torch
 
     from dflash_eval.drafter import DFlashDrafter, save_drafter
-    from dflash_eval.tiny import random_drafter_config
+    from dflash_eval.testing.tiny import random_drafter_config
 
     torch.manual_seed(seed)
     cfg = random_drafter_config(target, num_features=len(layer_ids), target_layer_ids=layer_ids)

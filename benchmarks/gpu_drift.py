@@ -27,16 +27,16 @@ from typing import Any
 
 import torch
 
-from dflash_eval.backends import fla_available, use_backend
 from dflash_eval.drafter import TargetSpec, build_drafter, read_checkpoint
-from dflash_eval.drift import layer_drift
-from dflash_eval.features import layer_features
-from dflash_eval.generation import greedy_generate
-from dflash_eval.head import TargetHead
-from dflash_eval.provenance import library_versions
-from dflash_eval.tau import chain_tau, draft_table
-from dflash_eval.target import load_target
-from dflash_eval.tiny import qwen35_text_config
+from dflash_eval.metrics.drift import layer_drift
+from dflash_eval.metrics.tau import chain_tau, draft_table
+from dflash_eval.target.backends import fla_available, use_backend
+from dflash_eval.target.generation import greedy_generate
+from dflash_eval.target.head import TargetHead
+from dflash_eval.target.hidden_states import layer_features
+from dflash_eval.target.loader import load_target
+from dflash_eval.target.provenance import library_versions
+from dflash_eval.testing.tiny import qwen35_text_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ bf16-minus-fp32 direction amplified); the subset sensitivity of budgets already 
     .venv/bin/python benchmarks/gpu_drift_budget.py --subsets-of reports/eval.json
 
 For each target dtype (bf16, fp32), with fla as the evaluation backend and torch as the drafter's reference
-backend, on the suite's default prompts and cache layout (:class:`dflash_eval.session.EvalSession`):
+backend, on the suite's default prompts and cache layout (:class:`dflash_eval.suite.session.EvalSession`):
 
 1. the bundled drafter's drift budget (every ladder level: injected error, mean τ, mean |Δτ|, CI) and the time
    it took to measure;
@@ -48,13 +48,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from dflash_eval.backends import fla_available  # noqa: E402
-from dflash_eval.drift_budget import Perturbation, find_budget, perturb_layers  # noqa: E402
-from dflash_eval.options import EvalSettings  # noqa: E402
-from dflash_eval.provenance import device_name, library_versions  # noqa: E402
-from dflash_eval.session import EvalSession  # noqa: E402
-from dflash_eval.stats import summarize  # noqa: E402
-from dflash_eval.tau import simulate_tau  # noqa: E402
+from dflash_eval.metrics.drift_budget import Perturbation, find_budget, perturb_layers  # noqa: E402
+from dflash_eval.metrics.stats import summarize  # noqa: E402
+from dflash_eval.metrics.tau import simulate_tau  # noqa: E402
+from dflash_eval.options.settings import EvalSettings  # noqa: E402
+from dflash_eval.suite.session import EvalSession  # noqa: E402
+from dflash_eval.target.backends import fla_available  # noqa: E402
+from dflash_eval.target.provenance import device_name, library_versions  # noqa: E402
 
 ALPHAS = (1, 3, 10, 30, 100, 300)
 

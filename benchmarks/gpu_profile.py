@@ -11,7 +11,7 @@ compiles and autotunes the kernels, on:
 - extraction: one forward over ``--tokens`` tokens through every layer (what the feature stage runs per prompt),
   against ``2 x parameters x tokens`` FLOPs at the bf16 matmul rate measured in the same run;
 - generation: ``--batch`` prompts of ``--prompt-len`` tokens, ``--new-tokens`` greedy tokens each
-  (:func:`dflash_eval.generation.greedy_generate_batch`), wall time per decode step.
+  (:func:`dflash_eval.target.generation.greedy_generate_batch`), wall time per decode step.
 
 For each, one profiled repetition gives the CUDA time per kernel family (matmul, fla's linear-attention kernels,
 attention, normalisation / activation / elementwise, copies, other) and the share of the wall time the GPU was busy;
@@ -33,11 +33,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from dflash_eval.backends import fla_available, use_backend  # noqa: E402
-from dflash_eval.features import layer_features  # noqa: E402
-from dflash_eval.generation import greedy_generate_batch  # noqa: E402
-from dflash_eval.provenance import library_versions  # noqa: E402
-from dflash_eval.tiny import qwen35_text_config  # noqa: E402
+from dflash_eval.target.backends import fla_available, use_backend  # noqa: E402
+from dflash_eval.target.generation import greedy_generate_batch  # noqa: E402
+from dflash_eval.target.hidden_states import layer_features  # noqa: E402
+from dflash_eval.target.provenance import library_versions  # noqa: E402
+from dflash_eval.testing.tiny import qwen35_text_config  # noqa: E402
 
 FAMILIES = [  # (family, pattern on the kernel name), first match wins
     ("matmul", r"gemm|cutlass|sm90_xmma|nvjet|cublas|matmul|wgmma"),
@@ -80,7 +80,8 @@ def timed(fn, reps: int) -> float:
 
 def profile(fn) -> dict[str, Any]:
     """CUDA time by kernel family for one call of ``fn``, the wall time of that call, and the top kernels."""
-    from torch.profiler import ProfilerActivity, profile as tprofile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
 
     sync()
     with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from dflash_eval.drafter import DFlashDrafter, DrafterConfig, save_drafter
-from dflash_eval.head import TargetHead
-from dflash_eval.target import Target, load_target
-from dflash_eval.tiny import build_random_target, random_drafter_config
+from dflash_eval.target.head import TargetHead
+from dflash_eval.target.loader import Target, load_target
+from dflash_eval.testing.tiny import build_random_target, random_drafter_config
 
 pytest_plugins = ["pytester"]  # tests/test_options.py runs the eval-suite plugin in a pytest of its own
 
@@ -83,7 +83,7 @@ def tiny_drafter_dir(tiny_drafter: DFlashDrafter, tmp_path_factory: pytest.TempP
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip ``gpu`` / ``fla`` tests where they cannot run, with a reason naming what was not checked."""
-    from dflash_eval.backends import fla_available
+    from dflash_eval.target.backends import fla_available
 
     cuda = torch.cuda.is_available()
     for item in items:

@@ -1,4 +1,4 @@
-"""Per-position acceptance rates and histograms (dflash_eval.acceptance), their tables in the reports, and the
+"""Per-position acceptance rates and histograms (dflash_eval.metrics.acceptance_rates), their tables in the reports, and the
 multi-turn tables rebuilt when merging."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import random
 import pytest
 
 from dflash_eval import report
-from dflash_eval.acceptance import acceptance_table, histogram, pool, position_rates
-from dflash_eval.report.acceptance import acceptance_rows, conversation_rows
-from dflash_eval.stats import category_table
-from dflash_eval.tau import TauResult
+from dflash_eval.metrics.acceptance_rates import acceptance_table, histogram, pool, position_rates
+from dflash_eval.metrics.stats import category_table
+from dflash_eval.metrics.tau import TauResult
+from dflash_eval.report.acceptance_rows import acceptance_rows, conversation_rows
 
 
 def test_rates_by_hand() -> None:

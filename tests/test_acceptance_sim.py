@@ -7,8 +7,15 @@ import pytest
 import torch
 
 from dflash_eval.drafter import block_ids, draft_logits
-from dflash_eval.tau import (DraftTable, build_ddtree, chain_tau, ddtree_tau, draft_table, macro_tau,
-                             simulate_tau)
+from dflash_eval.metrics.tau import (
+    DraftTable,
+    build_ddtree,
+    chain_tau,
+    ddtree_tau,
+    draft_table,
+    macro_tau,
+    simulate_tau,
+)
 
 B = 4  # block size: slots 1..3 are drafted
 
@@ -93,7 +100,7 @@ def test_macro_average() -> None:
 
 
 def test_draft_table_batching_is_exact(tiny_drafter, tiny_head, tiny_target) -> None:  # type: ignore[no-untyped-def]
-    from dflash_eval.features import extract_features
+    from dflash_eval.target.hidden_states import extract_features
 
     ids = torch.arange(5, 60)
     feats, _ = extract_features(tiny_target, ids, tiny_drafter.config.target_layer_ids, backend="torch")

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.atomic import atomic_write_text
+from dflash_eval.common.atomic import atomic_write_text
 
 WRITE = """
 import os, sys
 os.umask(int(sys.argv[2], 8))
-from dflash_eval.atomic import atomic_write_text
+from dflash_eval.common.atomic import atomic_write_text
 atomic_write_text(__import__("pathlib").Path(sys.argv[1]), "x")
 """
 
@@ -32,7 +32,7 @@ def test_written_file_honours_the_umask(tmp_path: Path, umask: str, mode: int) -
 
 
 def test_failed_write_leaves_nothing(tmp_path: Path) -> None:
-    from dflash_eval.atomic import atomic_write_with
+    from dflash_eval.common.atomic import atomic_write_with
 
     def broken(path: Path) -> None:
         path.write_text("half")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_eval import backends
-from dflash_eval.backends import resolve_backend, use_backend
 from dflash_eval.errors import BackendError
-from dflash_eval.features import layer_features
-from dflash_eval.target import Target
+from dflash_eval.target.backends import resolve_backend, use_backend
+from dflash_eval.target.hidden_states import layer_features
+from dflash_eval.target import backends
+from dflash_eval.target.loader import Target
 
 
 def test_switch_and_restore() -> None:

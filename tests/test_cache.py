@@ -1,4 +1,4 @@
-"""Unit tests of dflash_eval.cache: round trip, key separation, corruption detection, --cache-only, derived entries,
+"""Unit tests of dflash_eval.cache.store: round trip, key separation, corruption detection, --cache-only, derived entries,
 locking, the order in which produce_many runs jobs, and memo."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from dflash_eval.cache import Cache, CacheCorruption, Job, cache_key, ids_digest
+from dflash_eval.cache.store import Cache, CacheCorruption, Job, cache_key, ids_digest
 from dflash_eval.errors import CacheError
 
 FIELDS = {"target": "abc", "tokens": ids_digest([1, 2, 3]), "layer": 1, "backend": "torch", "dtype": "float32"}
@@ -104,7 +104,7 @@ def test_concurrent_processes_produce_once(tmp_path):
     """Four processes race for the same entry: exactly one produces it, the others read it."""
     script = textwrap.dedent(f"""
         import sys, time, torch
-        from dflash_eval.cache import Cache
+        from dflash_eval.cache.store import Cache
         c = Cache({str(tmp_path)!r}, worker=sys.argv[1])
         def produce():
             time.sleep(0.5)
@@ -218,7 +218,7 @@ def test_memo_writes_nothing_under_cache_only_and_survives_an_unwritable_cache(t
 
 
 def test_read_checks_dtype_shape_fields_and_meta_against_the_request(tmp_path):
-    from dflash_eval.cache import Expected
+    from dflash_eval.cache.store import Expected
 
     cache = Cache(tmp_path)
     key = cache_key("features", FIELDS)
@@ -251,7 +251,7 @@ def test_read_checks_dtype_shape_fields_and_meta_against_the_request(tmp_path):
 
 
 def test_get_or_produce_recomputes_an_entry_written_for_other_fields(tmp_path):
-    from dflash_eval.cache import Expected
+    from dflash_eval.cache.store import Expected
 
     cache = Cache(tmp_path)
     calls, produce = produce_counter()

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import dflash_eval.target as target_mod
-from dflash_eval.cli import main
+import dflash_eval.target.loader as target_mod
+from dflash_eval.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_TARGET = ROOT / "fixtures" / "target"
@@ -120,7 +120,7 @@ def test_run_passes_pytest_arguments_through_and_outside_a_checkout_needs_a_targ
 
 def test_run_joins_suite_option_values():
     """pytest picks its rootdir before plugin options exist: `--target-model DIR` must reach it as one argument."""
-    from dflash_eval.cli import joined_option_values
+    from dflash_eval.cli.main import joined_option_values
 
     assert joined_option_values(["--target-model", "/m", "-k", "tau", "--cache-only", "--ddtree-budget", "4",
                                  "--prompts=p.jsonl", "tests"]) == [

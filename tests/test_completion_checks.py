@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-import dflash_eval.generation as generation_mod
-from dflash_eval.cache import CacheCorruption
+import dflash_eval.target.generation as generation_mod
+from dflash_eval.cache.store import CacheCorruption
 from dflash_eval.errors import EvalError
-from dflash_eval.options import EvalSettings
-from dflash_eval.session import EvalSession
+from dflash_eval.options.settings import EvalSettings
 from dflash_eval.sglang import Completion
+from dflash_eval.suite.session import EvalSession
 
 
 def _session(target, drafter, tmp_path, **extra: Any) -> EvalSession:

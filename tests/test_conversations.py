@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-import dflash_eval.generation as generation_mod
-import dflash_eval.online as online_mod
+import dflash_eval.metrics.online_loop as online_mod
+import dflash_eval.target.generation as generation_mod
 from dflash_eval.errors import ConfigError
-from dflash_eval.generation import greedy_generate
-from dflash_eval.options import EvalSettings
+from dflash_eval.metrics.tau_context import mismatches
+from dflash_eval.options.settings import EvalSettings
 from dflash_eval.prompts import RAW_TURN_SEPARATOR, encode_messages
-from dflash_eval.run_context import mismatches
-from dflash_eval.session import EvalSession
 from dflash_eval.sglang.generate import Completion
+from dflash_eval.suite.session import EvalSession
+from dflash_eval.target.generation import greedy_generate
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>"

@@ -13,7 +13,7 @@ import pytest
 from dflash_eval.drafter import CHECKS, TargetSpec, TargetVocabulary, read_checkpoint
 from dflash_eval.drafter.vocabulary import OUTLIER_Z, read_tokenizer_facts, row_stat
 from dflash_eval.errors import ConfigError
-from dflash_eval.head import TargetHead
+from dflash_eval.target.head import TargetHead
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET, DRAFTER = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter"

@@ -25,7 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash_eval.verdict import NO_ACCEPTANCE
+from dflash_eval.metrics.verdict import NO_ACCEPTANCE
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET, DRAFTER, GOLDEN = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter", ROOT / "golden"

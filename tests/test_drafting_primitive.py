@@ -9,11 +9,11 @@ import torch
 from torch import Tensor
 
 from dflash_eval.drafter import DFlashDrafter, block_ids, draft_logits
-from dflash_eval.features import LayerCapture, layer_features
-from dflash_eval.head import TargetHead
-from dflash_eval.online import online_generate
-from dflash_eval.target import Target
-from dflash_eval.tau import draft_table
+from dflash_eval.metrics.online_loop import online_generate
+from dflash_eval.metrics.tau import draft_table
+from dflash_eval.target.head import TargetHead
+from dflash_eval.target.hidden_states import LayerCapture, layer_features
+from dflash_eval.target.loader import Target
 
 
 @dataclass

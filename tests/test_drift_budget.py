@@ -1,4 +1,4 @@
-"""Unit tests of dflash_eval.drift_budget: the budget rule on synthetic τ curves, the perturbations, the batched
+"""Unit tests of dflash_eval.metrics.drift_budget: the budget rule on synthetic τ curves, the perturbations, the batched
 measurement against the plain draft path, the gate and the τ-impact messages; and the budget through a session
 (cached once, tolerance applied on read).
 
@@ -14,13 +14,22 @@ import math
 import pytest
 import torch
 
-from dflash_eval.drift_budget import (DriftBudget, Perturbation, find_budget, find_harm, gate_check, impact,
-                                      measure_ladder, parse_ladder, perturb_layers)
-from dflash_eval.dtypes import round_through
+from dflash_eval.common.dtypes import round_through
 from dflash_eval.errors import ConfigError
-from dflash_eval.options import EvalSettings
-from dflash_eval.session import EvalSession
-from dflash_eval.tau import chain_tau, draft_table
+from dflash_eval.metrics.drift_budget import (
+    DriftBudget,
+    Perturbation,
+    find_budget,
+    find_harm,
+    gate_check,
+    impact,
+    measure_ladder,
+    parse_ladder,
+    perturb_layers,
+)
+from dflash_eval.metrics.tau import chain_tau, draft_table
+from dflash_eval.options.settings import EvalSettings
+from dflash_eval.suite.session import EvalSession
 
 
 def curve(threshold: float, tol: float = 0.1) -> list[tuple[float, float]]:

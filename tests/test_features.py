@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dflash_eval.features import extract_features, layer_features
-from dflash_eval.target import Target
+from dflash_eval.target.hidden_states import extract_features, layer_features
+from dflash_eval.target.loader import Target
 
 
 def test_plus_one_convention(tiny_target: Target) -> None:
@@ -52,7 +52,7 @@ def test_concatenation_order_and_provenance(tiny_target: Target) -> None:
 
 
 def test_head_read_selectively_equals_loaded_model(tiny_target: Target, tiny_target_dir) -> None:  # type: ignore[no-untyped-def]
-    from dflash_eval.head import TargetHead
+    from dflash_eval.target.head import TargetHead
 
     full = TargetHead.from_model(tiny_target.model)
     part = TargetHead.from_pretrained(tiny_target_dir, dtype="fp32")
@@ -67,8 +67,8 @@ def test_layer_capture_on_a_cached_forward_equals_layer_features(tiny_target: Ta
     """The capture the online loop keeps on its cached forwards gives exactly what layer_features gives."""
     from transformers import DynamicCache
 
-    from dflash_eval.features import LayerCapture
-    from dflash_eval.online import cache_keyword
+    from dflash_eval.metrics.online_loop import cache_keyword
+    from dflash_eval.target.hidden_states import LayerCapture
 
     ids = torch.arange(3, 30)
     layers = [2, 0, tiny_target.num_layers - 1]
@@ -86,8 +86,8 @@ def test_layer_capture_on_a_cached_forward_equals_layer_features(tiny_target: Ta
 
 def test_online_loop_captures_the_same_prefill_features_as_layer_features(  # type: ignore[no-untyped-def]
         tiny_target: Target, tiny_drafter, tiny_head, monkeypatch) -> None:
-    from dflash_eval.features import LayerCapture
-    from dflash_eval.online import online_generate
+    from dflash_eval.metrics.online_loop import online_generate
+    from dflash_eval.target.hidden_states import LayerCapture
 
     seen: list[torch.Tensor] = []
     real = LayerCapture.features
@@ -110,7 +110,7 @@ def test_layer_capture_removes_its_hooks_and_checks_layer_ids(tiny_target: Targe
     import pytest
 
     from dflash_eval.errors import ArchitectureMismatch
-    from dflash_eval.features import LayerCapture
+    from dflash_eval.target.hidden_states import LayerCapture
 
     ids = torch.arange(3, 10)
     with LayerCapture(tiny_target.model, [1]) as cap, torch.no_grad():

@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_eval.drift import (FINGERPRINT_TOL, SKETCH_DIM, fingerprint, fingerprint_change, layer_drift, sketch,
-                               sketch_rel_err)
+from dflash_eval.metrics.drift import (
+    FINGERPRINT_TOL,
+    SKETCH_DIM,
+    fingerprint,
+    fingerprint_change,
+    layer_drift,
+    sketch,
+    sketch_rel_err,
+)
 
 
 def test_the_projection_is_fixed_and_linear() -> None:

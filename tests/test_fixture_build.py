@@ -29,10 +29,10 @@ def _snapshot(folder: Path) -> dict[str, str]:
 @pytest.mark.slow
 def test_mini_build_runs_and_loads(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dflash_eval.drafter import DFlashDrafter, load_config_file
-    from safetensors.torch import load_file
 
     before = _snapshot(FIXTURES)
     out = tmp_path / "fx"
@@ -78,7 +78,7 @@ def test_mini_build_runs_and_loads(tmp_path: Path) -> None:
 
     # one draft pass through the borrowed head works end to end
     from dflash_eval.drafter import block_ids, draft_logits
-    from dflash_eval.head import TargetHead
+    from dflash_eval.target.head import TargetHead
 
     ids = torch.tensor(tok.encode(prompts[0]["text"]))
     with torch.no_grad():
@@ -94,7 +94,7 @@ def test_mini_build_runs_and_loads(tmp_path: Path) -> None:
 def test_training_pieces() -> None:
     """Fast checks of the recipe's building blocks (no build)."""
     torch = pytest.importorskip("torch")
-    from dflash_eval.training import cosine_lr, default_gamma, sample_anchors, slot_weights
+    from dflash_eval.testing.training import cosine_lr, default_gamma, sample_anchors, slot_weights
 
     w = slot_weights(8, default_gamma(8))
     assert w[0] == 0 and abs(float(w[1]) - 1.0) < 1e-6 and abs(float(w[5]) - float(torch.exp(torch.tensor(-1.0)))) < 1e-6

@@ -1,6 +1,6 @@
-"""Unit tests of dflash_eval.floors (floor arithmetic, per-prompt floors, aggregate floors derived from the selected
+"""Unit tests of dflash_eval.metrics.floors (floor arithmetic, per-prompt floors, aggregate floors derived from the selected
 prompts, explicit thresholds, schema-1 files, malformed files) and the floors file round trip through
-dflash_eval.golden.write_floors."""
+dflash_eval.golden.writer.write_floors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import math
 import pytest
 
 from dflash_eval.errors import ConfigError
-from dflash_eval.floors import (
+from dflash_eval.golden.writer import write_floors
+from dflash_eval.metrics.floors import (
     SCHEMA,
     UPDATE_COMMAND,
     Floors,
@@ -18,7 +19,6 @@ from dflash_eval.floors import (
     load_floors,
     make_floors,
 )
-from dflash_eval.golden import write_floors
 
 CTX = {"target": "t" * 64, "max_new_tokens": 128, "max_blocks": None, "block_size": 8, "chat_template": "off",
        "dtype": "float32", "backend": "torch"}

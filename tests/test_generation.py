@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dflash_eval.generation import attention_backends, generation_groups, greedy_generate, greedy_generate_batch
-from dflash_eval.target import Target
+from dflash_eval.target.generation import attention_backends, generation_groups, greedy_generate, greedy_generate_batch
+from dflash_eval.target.loader import Target
 
 # Lengths differ by up to 37 tokens: every batch below left-pads most rows, by more than the conv kernel.
 PROMPTS = [list(range(5, 45)), list(range(60, 67)), [7, 3, 9, 11, 200, 14, 15, 3, 99, 41, 42, 43, 44],

@@ -1,7 +1,7 @@
-"""What a run needs from the golden folder and lacks (:mod:`dflash_eval.golden_records`), the commands the messages
-name in the form the run was started with (:mod:`dflash_eval.invocation`), and the per-command option applicability
-(:mod:`dflash_eval.command_options`). No model, no torch: the session is a stand-in holding settings, floors and
-prompts (the same attributes :class:`dflash_eval.session.EvalSession` answers with).
+"""What a run needs from the golden folder and lacks (:mod:`dflash_eval.golden.needed`), the commands the messages
+name in the form the run was started with (:mod:`dflash_eval.cli.invocation`), and the per-command option applicability
+(:mod:`dflash_eval.options.commands`). No model, no torch: the session is a stand-in holding settings, floors and
+prompts (the same attributes :class:`dflash_eval.suite.session.EvalSession` answers with).
 
 Run: ``pytest tests/test_golden_records.py -p no:cacheprovider -n 0``
 """
@@ -15,12 +15,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from dflash_eval.command_options import environ_for, refused
-from dflash_eval.floors import load_floors
-from dflash_eval.golden_records import (gate_floors_message, missing_floors, missing_message, missing_records,
-                                        snapshot_path)
-from dflash_eval.invocation import args_for, record_command, started_as, started_as_command, suite_options
-from dflash_eval.options import OPTIONS
+from dflash_eval.cli.invocation import args_for, record_command, started_as, started_as_command, suite_options
+from dflash_eval.golden.needed import (
+    gate_floors_message,
+    missing_floors,
+    missing_message,
+    missing_records,
+    snapshot_path,
+)
+from dflash_eval.metrics.floors import load_floors
+from dflash_eval.options.commands import environ_for, refused
+from dflash_eval.options.settings import OPTIONS
 
 PROMPTS = [SimpleNamespace(id="p-0", category="code"), SimpleNamespace(id="p-1", category="code"),
            SimpleNamespace(id="q-0", category="math")]
@@ -132,7 +137,7 @@ def test_every_command_refuses_something_and_the_suite_nothing(command):
 
 
 def test_record_and_gate_refuse_what_they_do_not_honour(capsys):
-    from dflash_eval.cli import main
+    from dflash_eval.cli.main import main
 
     assert main(["record", "--target-model", "m", "--baseline", "old.json", "--update-tau-floors", "-n", "2"]) == 2
     err = capsys.readouterr().err
@@ -147,7 +152,7 @@ def test_record_and_gate_refuse_what_they_do_not_honour(capsys):
 
 
 def test_record_narrows_the_selection_to_the_recording_tests():
-    from dflash_eval.cli_record import RECORDING_KEYWORDS, with_recording_keywords
+    from dflash_eval.cli.record import RECORDING_KEYWORDS, with_recording_keywords
 
     assert with_recording_keywords(["--drafter", "d"]) == ["--drafter", "d", "-k", RECORDING_KEYWORDS]
     assert with_recording_keywords(["-k", "mean", "-n", "2"]) == ["-n", "2", "-k", f"(mean) and ({RECORDING_KEYWORDS})"]

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_eval.backends import use_backend
-from dflash_eval.drift import layer_drift
-from dflash_eval.features import layer_features
-from dflash_eval.target import load_target
+from dflash_eval.metrics.drift import layer_drift
+from dflash_eval.target.backends import use_backend
+from dflash_eval.target.hidden_states import layer_features
+from dflash_eval.target.loader import load_target
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fla]
 
@@ -31,8 +31,8 @@ def test_fla_matches_torch_fallback_fp32(tiny_target_dir) -> None:  # type: igno
 
 
 def test_fla_greedy_generation_runs_and_restores(tiny_target_dir) -> None:  # type: ignore[no-untyped-def]
-    from dflash_eval import backends
-    from dflash_eval.generation import greedy_generate
+    from dflash_eval.target.generation import greedy_generate
+    from dflash_eval.target import backends
 
     target = load_target(tiny_target_dir, device="cuda", dtype="bf16")
     mod = backends.loaded_hybrid_modules()[0]
@@ -44,7 +44,7 @@ def test_fla_greedy_generation_runs_and_restores(tiny_target_dir) -> None:  # ty
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="not checked: --device-map across GPUs needs >= 2 GPUs")
 def test_device_map_spreads_target_and_features_agree(tiny_target_dir) -> None:  # type: ignore[no-untyped-def]
-    from dflash_eval.features import extract_features
+    from dflash_eval.target.hidden_states import extract_features
 
     single = load_target(tiny_target_dir, device="cuda:0", dtype="fp32")
     split = load_target(tiny_target_dir, dtype="fp32", device_map="balanced")

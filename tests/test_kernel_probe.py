@@ -1,4 +1,4 @@
-"""The kernel probe (:mod:`dflash_eval.kernel_probe`) on the bundled target's head shapes:
+"""The kernel probe (:mod:`dflash_eval.target.kernel_probe`) on the bundled target's head shapes:
 
 - an unchanged kernel gives the same digest bit for bit in two separate processes, and the probe's kernel calls take
   well under a second on a CPU;
@@ -26,8 +26,8 @@ import pytest
 import torch
 
 from dflash_eval.errors import ConfigError
-from dflash_eval.kernel_probe import KernelProbes, ProbeShapes, probe
-from dflash_eval.target import TargetDir
+from dflash_eval.target.kernel_probe import KernelProbes, ProbeShapes, probe
+from dflash_eval.target.loader import TargetDir
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = TargetDir(ROOT / "fixtures" / "target")
@@ -35,8 +35,8 @@ MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
 
 SCRIPT = """
 import json, sys, torch
-from dflash_eval.kernel_probe import probe
-from dflash_eval.target import TargetDir
+from dflash_eval.target.kernel_probe import probe
+from dflash_eval.target.loader import TargetDir
 out = {}
 for dtype in (torch.float32, torch.bfloat16):
     r = probe(TargetDir(sys.argv[1]), "torch", dtype, "cpu")

@@ -1,4 +1,4 @@
-"""The suite's options: one declaration (:class:`dflash_eval.options.EvalSettings`' fields) drives the pytest plugin's
+"""The suite's options: one declaration (:class:`dflash_eval.options.settings.EvalSettings`' fields) drives the pytest plugin's
 and the ``dflash-eval`` CLI's registration, one resolver (CLI > env > ini > default) serves both, and the option
 table in docs/eval_suite.md is generated from it.
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.cli import build_parser, main
+from dflash_eval.cli.main import build_parser, main
 from dflash_eval.errors import ConfigError
-from dflash_eval.option_table import DOCS_COMMAND, render_option_table, with_option_table
-from dflash_eval.options import OPTIONS, OPTIONS_BY_NAME, EvalSettings, add_options, in_repo, resolve
+from dflash_eval.options.settings import OPTIONS, OPTIONS_BY_NAME, EvalSettings, add_options, in_repo, resolve
+from dflash_eval.options.table import DOCS_COMMAND, render_option_table, with_option_table
 from dflash_eval.pytest_plugin import settings_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,7 +255,7 @@ def test_option_table_rows_and_regeneration():
 
 
 def test_options_command_checks_and_writes_docs(tmp_path, capsys):
-    from dflash_eval.option_table import main as options_main
+    from dflash_eval.options.table import main as options_main
 
     md = tmp_path / "doc.md"
     md.write_text("<!-- options-table:start -->\n<!-- options-table:end -->\n")

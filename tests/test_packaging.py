@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -30,12 +30,23 @@ def test_package_list_covers_the_source_tree_and_the_suite():
     st = PYPROJECT["tool"]["setuptools"]
     src = ROOT / "src"
     found = sorted(".".join(p.parent.relative_to(src).parts) for p in src.rglob("__init__.py"))
-    assert sorted(st["packages"]) == sorted(found + ["dflash_eval.tests_eval"]), \
-        "pyproject [tool.setuptools] packages must list every package under src/ plus dflash_eval.tests_eval"
+    assert "dflash_eval.testing" in found
+    shipped = [p for p in found if p != "dflash_eval.testing"]
+    assert sorted(st["packages"]) == sorted(shipped + ["dflash_eval.tests_eval"]), \
+        "pyproject [tool.setuptools] packages must list every package under src/ but dflash_eval.testing, plus " \
+        "dflash_eval.tests_eval"
     assert st["package-dir"] == {"": "src", "dflash_eval.tests_eval": "tests_eval"}
     assert (ROOT / "tests_eval" / "__init__.py").is_file() and (ROOT / "tests_eval" / "test_tau.py").is_file()
     assert "eval.schema.json" in {p.name for p in (src / "dflash_eval" / "report").glob("*.json")}
     assert st["package-data"]["dflash_eval.report"] == ["*.json"]
+
+
+def test_no_shipped_module_imports_the_testing_package():
+    """dflash_eval.testing is not in the wheel: a shipped module importing it would fail in an installed package."""
+    pkg = ROOT / "src" / "dflash_eval"
+    offenders = [str(p.relative_to(pkg)) for p in sorted(pkg.rglob("*.py"))
+                 if p.parent.name != "testing" and "dflash_eval.testing" in p.read_text(encoding="utf-8")]
+    assert offenders == []
 
 
 def test_entry_point_name_is_the_module_conftest_loads():
@@ -45,7 +56,7 @@ def test_entry_point_name_is_the_module_conftest_loads():
     assert eps == {PLUGIN: PLUGIN}
     conftest = (ROOT / "conftest.py").read_text(encoding="utf-8")
     assert f'pytest_plugins = ["{PLUGIN}"]' in conftest
-    assert PYPROJECT["project"]["scripts"] == {"dflash-eval": "dflash_eval.cli:main"}
+    assert PYPROJECT["project"]["scripts"] == {"dflash-eval": "dflash_eval.cli.main:main"}
 
 
 def test_torch_is_not_a_dependency():
@@ -67,16 +78,16 @@ def test_plugin_given_twice_registers_once(pytester):
 IMPORT_CHECK = """
 import sys
 {body}
-bad = sorted(m for m in ("torch", "transformers", "dflash_eval.session", "matplotlib") if m in sys.modules)
+bad = sorted(m for m in ("torch", "transformers", "dflash_eval.suite.session", "matplotlib") if m in sys.modules)
 print("HEAVY", bad)
 """
 
 
 @pytest.mark.parametrize("body", [
-    "import dflash_eval.options, dflash_eval.pytest_plugin",
-    "from dflash_eval.cli import build_parser; build_parser().format_help()",
+    "import dflash_eval.options.settings, dflash_eval.pytest_plugin",
+    "from dflash_eval.cli.main import build_parser; build_parser().format_help()",
     "import pytest; rc = pytest.main(['--help', '-p', 'dflash_eval.pytest_plugin']); assert rc == 0",
-    "from dflash_eval.cli import main; assert main(['gate', '--help']) == 0",
+    "from dflash_eval.cli.main import main; assert main(['gate', '--help']) == 0",
 ], ids=["import-plugin", "cli-parser", "pytest-help", "gate-help"])
 def test_option_registration_and_help_import_no_torch(body, tmp_path):
     """Fast help: registering the options (pytest's and the CLI's) imports neither torch nor transformers."""
@@ -125,9 +136,9 @@ def test_markers_are_registered_by_the_plugin(pytester):
 def test_missing_torch_is_one_clear_error(monkeypatch, capsys):
     import importlib.util
 
-    from dflash_eval.cli import main
+    from dflash_eval.cli.main import main
+    from dflash_eval.common.torch_check import require_torch
     from dflash_eval.errors import ConfigError
-    from dflash_eval.torch_check import require_torch
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from dflash_eval import report
-from dflash_eval.options import resolve, resolve_prompt_spec
-from dflash_eval.paths import normal_path
+from dflash_eval.common.paths import normal_path
+from dflash_eval.common.workdir import git_state, run_location
+from dflash_eval.options.settings import resolve, resolve_prompt_spec
 from dflash_eval.report.strict_json import dumps_strict
-from dflash_eval.workdir import git_state, run_location
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 

@@ -1,5 +1,5 @@
 """Bad input answers before the heavy imports: option values, paths and prompt files are checked without torch or
-transformers (:mod:`dflash_eval.preflight`), by ``dflash-eval run``, plain ``pytest --pyargs dflash_eval.tests_eval``
+transformers (:mod:`dflash_eval.options.preflight`), by ``dflash-eval run``, plain ``pytest --pyargs dflash_eval.tests_eval``
 and ``dflash-eval gate``, with the usual exit codes (4 under pytest, 2 for the gate) and one message naming the
 option and the file. Each case runs in a fresh interpreter from a folder that is not a checkout, and asserts that
 neither torch nor transformers was imported when the message came (``benchmarks/bench_bad_input.py`` times it).
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.dtypes import check_dtype_name
+from dflash_eval.common.dtypes import check_dtype_name
 from dflash_eval.errors import ConfigError
-from dflash_eval.options import resolve
-from dflash_eval.preflight import preflight
+from dflash_eval.options.preflight import preflight
+from dflash_eval.options.settings import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET, DRAFTER = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter"
 # The command runs in this interpreter; the last line says which heavy modules it had imported by then.
-PROBE = ("import sys\nfrom dflash_eval.cli import main\nrc = main(sys.argv[1:])\n"
+PROBE = ("import sys\nfrom dflash_eval.cli.main import main\nrc = main(sys.argv[1:])\n"
          "print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\nsys.exit(rc)\n")
 PYTEST_PROBE = ("import sys, pytest\nrc = pytest.main(sys.argv[1:])\n"
                 "print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\nsys.exit(rc)\n")

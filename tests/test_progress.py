@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dflash_eval.pytest_plugin.progress import ProgressReporter, WorkerFileSink, aggregate, interval
+from dflash_eval.pytest_plugin.progress_reporter import ProgressReporter, WorkerFileSink, aggregate, interval
 from dflash_eval.suite.progress import Meter, Progress, ProgressEvent, throttled
 
 ROOT = Path(__file__).resolve().parents[1]

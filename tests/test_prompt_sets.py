@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.prompts import sets as prompt_sets
 from dflash_eval.errors import ConfigError
-from dflash_eval.prompts import encode_prompt
-from dflash_eval.prompts import load_prompt_spec
-from dflash_eval.stats import by_category, summarize
+from dflash_eval.metrics.stats import by_category, summarize
+from dflash_eval.prompts import encode_prompt, load_prompt_spec
+from dflash_eval.prompts import sets as prompt_sets
 
 
 def test_humaneval_is_the_published_set() -> None:

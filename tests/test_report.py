@@ -11,7 +11,7 @@ import pytest
 
 from dflash_eval import report
 from dflash_eval.errors import ConfigError
-from dflash_eval.options import OPTIONS, OPTIONS_BY_NAME, EvalSettings
+from dflash_eval.options.settings import OPTIONS, OPTIONS_BY_NAME, EvalSettings
 from dflash_eval.pytest_plugin import safe_id, settings_from_config
 
 
@@ -117,9 +117,9 @@ def test_every_option_has_help_env_and_ini():
 
 
 def test_category_tables_and_floors(tmp_path):
-    from dflash_eval.floors import load_floors, make_floors
-    from dflash_eval.golden import write_floors
-    from dflash_eval.verdict import judge_run
+    from dflash_eval.golden.writer import write_floors
+    from dflash_eval.metrics.floors import load_floors, make_floors
+    from dflash_eval.metrics.verdict import judge_run
 
     frag = fragment("master", {"a": 2.0, "b": 1.0, "c": 4.0})
     frag["prompts"]["c"]["category"] = "code"
@@ -151,7 +151,7 @@ def test_category_tables_and_floors(tmp_path):
     assert data["mean_floor"] == pytest.approx(6.5 / 3)
 
 def test_prompt_spec_resolution(tmp_path):
-    from dflash_eval.options import resolve_prompt_spec
+    from dflash_eval.options.settings import resolve_prompt_spec
 
     (tmp_path / "here.jsonl").write_text('{"text": "x"}\n')
     assert resolve_prompt_spec("humaneval:2, here.jsonl", tmp_path) == f"humaneval:2,{tmp_path / 'here.jsonl'}"

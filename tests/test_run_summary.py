@@ -9,7 +9,6 @@ Run: ``pytest tests/test_run_summary.py -p no:cacheprovider``
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Unit tests of dflash_eval.session and its stages: drift comparisons, the light head, empty completions, the τ
+"""Unit tests of dflash_eval.suite.session and its stages: drift comparisons, the light head, empty completions, the τ
 memo, layer reuse across drafters."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-import dflash_eval.generation as generation_mod
+import dflash_eval.target.generation as generation_mod
 from dflash_eval.errors import EvalError
-from dflash_eval.options import EvalSettings
-from dflash_eval.session import EvalSession
+from dflash_eval.options.settings import EvalSettings
+from dflash_eval.suite.session import EvalSession
 
 
 @pytest.fixture

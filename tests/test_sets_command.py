@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.cli import main
+from dflash_eval.cli.main import main
 from dflash_eval.prompts import BUILTIN_SETS, load_prompt_spec
 
 GSM8K_ROWS = [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "What is 2 + 3?", "answer": "5"}]
@@ -112,7 +112,7 @@ def test_bad_argument_is_exit_2(capsys):
 
 
 def test_no_torch_import(data_dir, tmp_path):
-    code = ("import sys; from dflash_eval.cli import main; rc = main(['sets', '--json']); "
+    code = ("import sys; from dflash_eval.cli.main import main; rc = main(['sets', '--json']); "
             "heavy = sorted(m for m in ('torch', 'transformers', 'pyarrow', 'numpy') if m in sys.modules); "
             "print('HEAVY', heavy, file=sys.stderr); sys.exit(rc)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_EVAL_")}

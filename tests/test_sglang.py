@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import requests
+from sglang_standin import request_counts
 
 import dflash_eval
 from dflash_eval.sglang import (
@@ -44,7 +45,6 @@ from dflash_eval.sglang import (
     server_info,
     wait_until_ready,
 )
-from sglang_standin import request_counts
 
 pytestmark = pytest.mark.sglang
 

@@ -280,7 +280,7 @@ def test_interrupted_run_stops_the_launched_server(tmp_path: Path, sig: signal.S
 
 def test_sglang_settings_validation(tmp_path: Path) -> None:
     from dflash_eval.errors import DFlashEvalError
-    from dflash_eval.options import EvalSettings
+    from dflash_eval.options.settings import EvalSettings
     from dflash_eval.sglang import DEFAULT_LAUNCH_URL, SGLangService
 
     s = EvalSettings.from_mapping({"completions": "sglang", "sglang_launch": "serve --port 30000"}, base=tmp_path)

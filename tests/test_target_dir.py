@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dflash_eval.errors import ConfigError
-from dflash_eval.target import Target, TargetDir
+from dflash_eval.target.loader import Target, TargetDir
 
 TEXT = {"num_hidden_layers": 6, "hidden_size": 128, "vocab_size": 1000, "eos_token_id": [7, 8],
         "layer_types": ["linear_attention", "full_attention"] * 3, "tie_word_embeddings": True}

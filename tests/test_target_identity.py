@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-import dflash_eval.target as target_mod
+import dflash_eval.target.loader as target_mod
 from dflash_eval.errors import ConfigError
-from dflash_eval.options import EvalSettings
+from dflash_eval.options.settings import EvalSettings
 from dflash_eval.suite.inputs import Inputs
-from dflash_eval.target import TargetDir
+from dflash_eval.target.loader import TargetDir
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Unit tests of dflash_eval.verdict: the floor rule, judging eval.json's prompt rows, means and categories (their
+"""Unit tests of dflash_eval.metrics.verdict: the floor rule, judging eval.json's prompt rows, means and categories (their
 floors derived from the selected prompts' floors), explicit thresholds (--tau-floor: the mean only;
 --tau-floor-prompt: every prompt), the gate's reasons, and re-judging a run against rewritten floors (no model)."""
 
@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from dflash_eval.floors import Floors
-from dflash_eval.stats import category_table
-from dflash_eval.verdict import (
+from dflash_eval.metrics.floors import Floors
+from dflash_eval.metrics.stats import category_table
+from dflash_eval.metrics.verdict import (
     Threshold,
     category_thresholds,
     gate_reasons,
@@ -322,13 +322,13 @@ def test_category_table_then_judge_matches_judge_run():
     ([NAN, NAN], False),
 ])
 def test_no_acceptance(taus, expected):
-    from dflash_eval.verdict import no_acceptance
+    from dflash_eval.metrics.verdict import no_acceptance
 
     assert no_acceptance(taus) is expected
 
 
 def test_no_acceptance_is_the_first_gate_reason_and_a_diagnosis():
-    from dflash_eval.verdict import NO_ACCEPTANCE, diagnoses
+    from dflash_eval.metrics.verdict import NO_ACCEPTANCE, diagnoses
 
     rows = {p: {"tau": 1.0, "floor": 3.0, "ddtree_floor": {}, "passed": False} for p in ("a", "b")}
     reasons = gate_reasons(rows, [Threshold("chain", 1.0, 3.0)])
@@ -340,7 +340,7 @@ def test_no_acceptance_is_the_first_gate_reason_and_a_diagnosis():
 
 def test_no_acceptance_under_floors_that_accept_it_is_no_diagnosis():
     """``--tau-floor 1`` for a random drafter: τ 1.00 everywhere passes, and is not a failure to explain."""
-    from dflash_eval.verdict import diagnoses, no_acceptance_fails
+    from dflash_eval.metrics.verdict import diagnoses, no_acceptance_fails
 
     rows = {p: {"tau": 1.0, "floor": None, "ddtree_floor": {}, "passed": None} for p in ("a", "b")}
     data = {"prompts": rows, "mean_tau": 1.0, "mean_floor": 1.0, "mean_ddtree": {}, "mean_ddtree_floor": {}}

@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash_eval.cli import main as cli_main
+from dflash_eval.cli.main import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET, DRAFTER, FLOORS = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter", ROOT / "golden" / "tau_floors.json"

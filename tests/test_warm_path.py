@@ -20,16 +20,16 @@ import pytest
 import torch
 import transformers
 
-import dflash_eval.features as features_mod
-import dflash_eval.generation as generation_mod
-import dflash_eval.head as head_mod
-import dflash_eval.target as target_mod
+import dflash_eval.target.generation as generation_mod
+import dflash_eval.target.head as head_mod
+import dflash_eval.target.hidden_states as features_mod
+import dflash_eval.target.loader as target_mod
 from dflash_eval.drafter import DFlashDrafter, save_drafter
 from dflash_eval.errors import CheckpointError, ConfigError
-from dflash_eval.head import EMBED_KEYS, HEAD_KEYS, TargetHead
-from dflash_eval.options import EvalSettings
-from dflash_eval.session import EvalSession
-from dflash_eval.tiny import build_random_target, random_drafter_config
+from dflash_eval.options.settings import EvalSettings
+from dflash_eval.suite.session import EvalSession
+from dflash_eval.target.head import EMBED_KEYS, HEAD_KEYS, TargetHead
+from dflash_eval.testing.tiny import build_random_target, random_drafter_config
 
 TEXTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):"]
 

@@ -5,7 +5,7 @@ Does the drift matter for this drafter? (acceptance; the gate)
 
 - ``test_drift_within_budget[<comparison>-L<layer>]``: the worst prompt's relative L2 error at this target layer,
   times ``--drift-budget-safety``, is within the drafter's drift budget: the largest injected relative feature
-  error whose mean |Δτ| over the prompts stays within ``--drift-budget-tol`` (:mod:`dflash_eval.drift_budget`,
+  error whose mean |Δτ| over the prompts stays within ``--drift-budget-tol`` (:mod:`dflash_eval.metrics.drift_budget`,
   measured on this run's reference features and cached).
 - ``test_functional_drift_accept_len[<comparison>-<prompt>]``: |acceptance length with eval features - with
   reference features| within ``--drift-accept-tol``.
@@ -33,12 +33,12 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.backends import split_backend
-from dflash_eval.drift import fingerprint_change
-from dflash_eval.drift_budget import impact
 from dflash_eval.errors import DFlashEvalError
+from dflash_eval.metrics.drift import fingerprint_change
+from dflash_eval.metrics.drift_budget import impact
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
-from dflash_eval.target import TargetDir
+from dflash_eval.target.backends import split_backend
+from dflash_eval.target.loader import TargetDir
 
 
 def _marks(c):
@@ -164,7 +164,7 @@ def test_fingerprint_regression(layer, eval_session) -> None:
     transformers)."""
     if isinstance(layer, SetupError):
         layer.fail()
-    from dflash_eval.golden import FINGERPRINT_DIR, fingerprint_path
+    from dflash_eval.golden.writer import FINGERPRINT_DIR, fingerprint_path
 
     s = eval_session.settings
     fp = eval_session.store.fingerprint()
@@ -199,7 +199,7 @@ def test_fingerprint_regression(layer, eval_session) -> None:
 
 
 def _probe_change(was: dict | None, now: dict) -> str:
-    """Which kernels' probe digests (dflash_eval.kernel_probe) differ from the golden's; nothing for a golden recorded
+    """Which kernels' probe digests (dflash_eval.target.kernel_probe) differ from the golden's; nothing for a golden recorded
     without them."""
     if not was:
         return ""

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from dflash_eval.golden.writer import golden_extension
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
-from dflash_eval.golden import golden_extension
 
 NEAR_TIE = 1e-3  # logit margin below which a divergence is a numerical near-tie, not a disagreement
 

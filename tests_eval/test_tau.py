@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import pytest
 
+from dflash_eval.metrics.verdict import (
+    NO_ACCEPTANCE,
+    Threshold,
+    category_thresholds,
+    mean_thresholds,
+    no_acceptance_fails,
+    prompt_threshold,
+)
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
-from dflash_eval.verdict import (NO_ACCEPTANCE, Threshold, category_thresholds, mean_thresholds,
-                                 no_acceptance_fails, prompt_threshold)
 
 #: Architecture checks whose warning names a cause of lost τ (quoted in τ failures).
 TAU_WARNINGS = ("target_layer_ids_range", "target_layer_ids_last_layer", "mask_token_match")

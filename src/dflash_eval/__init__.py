@@ -1,8 +1,68 @@
 """dflash-eval: evaluate DFlash speculative-decoding drafters as pytest tests.
 
-Modules: config / checkpoint / drafter / validate (the drafter and its checks), target / backends / features /
-generation (the target, its linear-attention kernels and hidden states), drafting / tau / online (τ offline and
-online), provenance, atomic, errors.
+The public face is what this module exports; every other module is private by convention and may move.
+
+    from dflash_eval import EvalSession, EvalSettings
+
+    settings = EvalSettings.from_mapping({"target_model": "fixtures/target", "drafter": "fixtures/drafter",
+                                          "prompts": "fixtures/prompts.jsonl"})
+    result = EvalSession(settings).result()      # the typed result behind reports/eval.json
+    print(result.tau.mean_tau, result.tau.mean_ddtree)
+
+Packages, by concern: ``options`` (declared once, parsed, preflight checks), ``prompts`` (sets, files, formatting),
+``target`` (the target model, its kernels and features), ``drafter`` (config, model, checkpoints, checks),
+``sglang`` (the completion server), ``cache`` (the on-disk cache), ``metrics`` (τ, drift, drift budget, floors,
+verdict), ``suite`` (the stages of one run), ``report`` (eval.json, eval.md, plots), ``golden`` (the golden
+records), ``pytest_plugin`` and ``cli`` (the two front ends). ``testing`` builds random tiny models for tests and
+is not part of the wheel.
+
+Importing this module imports neither torch nor transformers: the names below load on first use.
 """
 
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from dflash_eval.errors import (
+    ArchitectureMismatch,
+    BackendError,
+    CacheError,
+    CheckpointError,
+    ConfigError,
+    DFlashEvalError,
+    DrafterRefused,
+    EvalError,
+)
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "EvalSettings": "dflash_eval.options.settings",
+    "EvalSession": "dflash_eval.suite.session",
+    "EvalResult": "dflash_eval.suite.results",
+    "TauSummary": "dflash_eval.suite.results",
+    "PromptTau": "dflash_eval.suite.evaluation",
+}
+
+__all__ = ["__version__", *_LAZY, "DFlashEvalError", "ConfigError", "CheckpointError", "ArchitectureMismatch",
+           "DrafterRefused", "BackendError", "CacheError", "EvalError"]
+
+if TYPE_CHECKING:
+    from dflash_eval.options.settings import EvalSettings
+    from dflash_eval.suite.evaluation import PromptTau
+    from dflash_eval.suite.results import EvalResult, TauSummary
+    from dflash_eval.suite.session import EvalSession
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dflash_eval' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

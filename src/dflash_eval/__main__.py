@@ -1,7 +1,7 @@
-"""``python -m dflash_eval``: the ``dflash-eval`` command line (see :mod:`dflash_eval.cli`)."""
+"""``python -m dflash_eval``: the ``dflash-eval`` command line (see :mod:`dflash_eval.cli.main`)."""
 
 import sys
 
-from dflash_eval.cli import main
+from dflash_eval.cli.main import main
 
 sys.exit(main())

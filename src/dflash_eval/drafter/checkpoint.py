@@ -28,12 +28,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from dflash_eval.atomic import atomic_write_with
+from dflash_eval.common.atomic import atomic_write_with
+from dflash_eval.common.dtypes import parse_dtype
 from dflash_eval.drafter.checks import Check, TargetSpec, run_checks
 from dflash_eval.drafter.config import DrafterConfig, load_config_file
 from dflash_eval.drafter.model import DFlashDrafter
 from dflash_eval.drafter.vocabulary import TargetVocabulary
-from dflash_eval.dtypes import parse_dtype
 from dflash_eval.errors import CheckpointError, ConfigError, DrafterRefused
 
 __all__ = ["Checkpoint", "read_checkpoint", "fit_refusal", "build_drafter", "save_drafter"]

@@ -249,7 +249,7 @@ class DrafterConfig:
 
     def save(self, path: Path) -> None:
         """Write config.json atomically."""
-        from dflash_eval.atomic import atomic_write_text
+        from dflash_eval.common.atomic import atomic_write_text
 
         atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 

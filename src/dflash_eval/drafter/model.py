@@ -3,7 +3,7 @@
 Modules (unprefixed checkpoint keys): ``fc`` (Linear L*H -> H, no bias), ``hidden_norm``, ``layers.{i}``
 (Qwen3-style pre-norm decoder layers whose attention injects the projected target context as extra keys and
 values, non-causal within the block, absolute RoPE positions), final ``norm``. No embedding and no lm_head:
-the drafter borrows the target's (see :mod:`dflash_eval.head`).
+the drafter borrows the target's (see :mod:`dflash_eval.target.head`).
 
 Shapes used throughout: ``N`` sequences, ``T`` context positions, ``R`` blocks per sequence, ``B`` block size,
 ``H`` hidden size. One forward drafts R blocks per sequence at once; block r of sequence n sees the context
@@ -12,7 +12,7 @@ rounds exact: masked context positions contribute exactly zero attention weight.
 
 A block at ``start`` is ``[token at start, MASK x (B-1)]`` (:func:`block_ids`) at positions ``start ..
 start+B-1`` and sees the context features strictly before ``start``. :func:`draft_logits` turns blocks into
-logits through the target's borrowed embedding and lm_head; offline τ (:func:`dflash_eval.tau.draft_table`),
+logits through the target's borrowed embedding and lm_head; offline τ (:func:`dflash_eval.metrics.tau.draft_table`),
 the online loop and training all draft through it.
 
 Quick check::
@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from dflash_eval.drafter.config import DrafterConfig
 
 if TYPE_CHECKING:
-    from dflash_eval.head import TargetHead
+    from dflash_eval.target.head import TargetHead
 
 __all__ = ["DFlashDrafter", "ContextKV", "RMSNorm", "rope_cos_sin", "rope_frequencies", "activation",
            "expected_shapes", "block_ids", "draft_logits"]

@@ -15,12 +15,28 @@ Example::
 
 from dflash_eval.prompts.datafiles import read_rows
 from dflash_eval.prompts.files import load_prompts, parse_prompt_line
-from dflash_eval.prompts.formatting import (CHAT_TEMPLATE_MODES, RAW_TURN_SEPARATOR, THINKING_MODES,
-                                            conversation_messages, encode_messages, encode_prompt,
-                                            has_chat_template, template_has_thinking_switch)
+from dflash_eval.prompts.formatting import (
+                                            CHAT_TEMPLATE_MODES,
+                                            RAW_TURN_SEPARATOR,
+                                            THINKING_MODES,
+                                            conversation_messages,
+                                            encode_messages,
+                                            encode_prompt,
+                                            has_chat_template,
+                                            template_has_thinking_switch,
+)
 from dflash_eval.prompts.prompt import Prompt, expand_turns
-from dflash_eval.prompts.sets import (BUILTIN_DEFINITIONS, BUILTIN_SETS, DEFAULT_PROMPT_DATA_DIR, HUMANEVAL_WRAPPERS,
-                                      SetDefinition, load_humaneval, load_prompt_spec, load_set, resolve_spec_paths)
+from dflash_eval.prompts.sets import (
+                                            BUILTIN_DEFINITIONS,
+                                            BUILTIN_SETS,
+                                            DEFAULT_PROMPT_DATA_DIR,
+                                            HUMANEVAL_WRAPPERS,
+                                            SetDefinition,
+                                            load_humaneval,
+                                            load_prompt_spec,
+                                            load_set,
+                                            resolve_spec_paths,
+)
 
 __all__ = ["Prompt", "expand_turns", "load_prompts", "parse_prompt_line", "read_rows", "BUILTIN_DEFINITIONS",
            "BUILTIN_SETS", "DEFAULT_PROMPT_DATA_DIR", "HUMANEVAL_WRAPPERS", "SetDefinition", "load_humaneval",

@@ -18,8 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import ConfigError
-from dflash_eval.prompts.sets import (BUILTIN_DEFINITIONS, SetDefinition, data_candidates, fetch_hint, load_humaneval,
-                                      load_set)
+from dflash_eval.prompts.sets import (
+    BUILTIN_DEFINITIONS,
+    SetDefinition,
+    data_candidates,
+    fetch_hint,
+    load_humaneval,
+    load_set,
+)
 
 __all__ = ["SetEntry", "set_entries", "check_entry", "humaneval_package_file", "render_text"]
 

@@ -39,8 +39,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.common.paths import normal_path
 from dflash_eval.errors import ConfigError
-from dflash_eval.paths import normal_path
 from dflash_eval.prompts.datafiles import DATA_SUFFIXES, read_rows
 from dflash_eval.prompts.files import load_prompts
 from dflash_eval.prompts.prompt import Prompt, check_id, expand_turns, make_prompt

@@ -1,5 +1,5 @@
-"""The plugin's pytest hooks; each delegates: options to :mod:`dflash_eval.options`, results to
-:mod:`dflash_eval.session`, reports to :mod:`dflash_eval.report`, progress to :mod:`.progress`.
+"""The plugin's pytest hooks; each delegates: options to :mod:`dflash_eval.options.settings`, results to
+:mod:`dflash_eval.suite.session`, reports to :mod:`dflash_eval.report`, progress to :mod:`.progress`.
 
 Loading the plugin and ``pytest --help`` import no torch; settings are validated (and torch imported) only when a
 run includes the suite (:func:`runs_suite`) or a test uses one of its fixtures. Under pytest-xdist each worker
@@ -18,13 +18,24 @@ from typing import Any
 import pytest
 
 from dflash_eval.errors import DFlashEvalError, DrafterRefused
-from dflash_eval.options import add_options
+from dflash_eval.options.settings import add_options
 from dflash_eval.pytest_plugin.fixtures import refused_reason, uses_suite_fixtures
 from dflash_eval.pytest_plugin.golden_check import GoldenCheck
+from dflash_eval.pytest_plugin.progress_reporter import REPORTER, WORKERINPUT_KEY, ProgressReporter, enabled
 from dflash_eval.pytest_plugin.rootdir_check import warn_moved_rootdir
-from dflash_eval.pytest_plugin.progress import REPORTER, WORKERINPUT_KEY, ProgressReporter, enabled
-from dflash_eval.pytest_plugin.state import (FRAGMENTS, MERGED, MESSAGES, OUTCOMES, SESSION, SGLANG, START,
-                                             get_session, get_settings, is_controller, settings_from_config)
+from dflash_eval.pytest_plugin.state import (
+    FRAGMENTS,
+    MERGED,
+    MESSAGES,
+    OUTCOMES,
+    SESSION,
+    SGLANG,
+    START,
+    get_session,
+    get_settings,
+    is_controller,
+    settings_from_config,
+)
 from dflash_eval.pytest_plugin.suite_args import runs_suite
 
 __all__ = ["pytest_addoption", "pytest_configure", "pytest_configure_node", "pytest_testnodedown",
@@ -152,7 +163,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Bad options or inputs are one usage error (exit 4) before collection, when the run includes the suite.
 
-    The checks that need no torch (:mod:`dflash_eval.preflight`: option values, paths, prompt files) run first, in
+    The checks that need no torch (:mod:`dflash_eval.options.preflight`: option values, paths, prompt files) run first, in
     about a second. An xdist controller makes the rest (they import torch) when its test loop starts instead
     (:func:`pytest_runtestloop`): done here they would delay the workers' start by that long. No test runs before
     them."""
@@ -179,7 +190,7 @@ def _preflight(config: pytest.Config) -> None:
     if config.stash.get(PREFLIGHT, False):
         return
     config.stash[PREFLIGHT] = True
-    from dflash_eval.preflight import preflight
+    from dflash_eval.options.preflight import preflight
 
     try:
         preflight(settings_from_config(config, check=False))
@@ -190,7 +201,7 @@ def _preflight(config: pytest.Config) -> None:
 def _check_inputs(config: pytest.Config) -> None:
     config.stash[CHECKED] = True
     _preflight(config)
-    from dflash_eval.torch_check import require_torch
+    from dflash_eval.common.torch_check import require_torch
 
     try:
         require_torch()
@@ -226,7 +237,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         config.stash[MESSAGES] = [f"dflash-eval: could not write the reports: {type(exc).__name__}: {exc}"]
         if is_controller(config):
             config.stash.setdefault(MERGED, {})
-    from dflash_eval.verdict import refused
+    from dflash_eval.metrics.verdict import refused
 
     if refused(config.stash.get(MERGED, None) or {}) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the tests that needed the drafter were skipped
@@ -243,7 +254,7 @@ def _finish(config: pytest.Config) -> None:
             config.stash[FRAGMENTS].append(frag)
     if not is_controller(config):
         return
-    from dflash_eval.verdict import refused
+    from dflash_eval.metrics.verdict import refused
 
     frags = config.stash[FRAGMENTS]
     if not frags or not any(("prompts" in f or "drift" in f or "fingerprint" in f or refused(f)) for f in frags):

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from dflash_eval.errors import DFlashEvalError
-from dflash_eval.options import OPTIONS
+from dflash_eval.options.settings import OPTIONS
 
 __all__ = ["moved_rootdir", "warn_moved_rootdir"]
 

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from dflash_eval.errors import DFlashEvalError
-from dflash_eval.options import EvalSettings, resolve
+from dflash_eval.options.settings import EvalSettings, resolve
 
 if TYPE_CHECKING:  # the session (and torch) is imported when a test needs it, not when the plugin loads
-    from dflash_eval.session import EvalSession
+    from dflash_eval.suite.session import EvalSession
 
 __all__ = ["settings_from_config", "get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES", "START", "SGLANG",
            "MERGED", "MESSAGES", "is_controller"]
@@ -56,8 +56,8 @@ def get_session(config: pytest.Config) -> EvalSession:
     """The process's EvalSession (created on first use; its progress lines go to the plugin's reporter)."""
     if SESSION not in config.stash:
         settings = get_settings(config)  # bad options raise here, before the session (and torch) is imported
-        from dflash_eval.pytest_plugin.progress import progress_sink
-        from dflash_eval.session import EvalSession
+        from dflash_eval.pytest_plugin.progress_reporter import progress_sink
+        from dflash_eval.suite.session import EvalSession
 
         session = EvalSession(settings)
         session.inputs.progress = progress_sink(config)

@@ -5,8 +5,16 @@ and the files plus golden updates at the end of a run (:mod:`.write`)."""
 from dflash_eval.report.budget_plot import measured_drifts, write_budget_plot
 from dflash_eval.report.merge import SCHEMA, merge
 from dflash_eval.report.plot import write_plot
-from dflash_eval.report.render import (TERMINAL_ROWS_SHOWN, category_rows, drift_rows, gate_rows, ladder_rows,
-                                       render_markdown, render_terminal, tau_rows)
+from dflash_eval.report.render import (
+                                       TERMINAL_ROWS_SHOWN,
+                                       category_rows,
+                                       drift_rows,
+                                       gate_rows,
+                                       ladder_rows,
+                                       render_markdown,
+                                       render_terminal,
+                                       tau_rows,
+)
 from dflash_eval.report.summary import gate_outcome, tau_verdict, verdict_lines
 from dflash_eval.report.write import finish, write_reports
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.atomic import atomic_write_with
+from dflash_eval.common.atomic import atomic_write_with
 from dflash_eval.report.summary import gate_outcome
 
 __all__ = ["write_budget_plot", "budget_figure", "measured_drifts", "budget_title", "FONT_PT"]

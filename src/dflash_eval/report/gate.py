@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.atomic import atomic_write_text
+from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.report.strict_json import dumps_strict
 
 __all__ = ["GATE_SCHEMA", "gate_data", "render_gate_markdown", "write_gate_report"]

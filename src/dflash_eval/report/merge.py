@@ -42,7 +42,7 @@ eval.json (schema 1; documented in README.md)::
      "spans": {w: [[stage, start, end]]}},
      "cache": {worker: {"hits", "misses", "produced", "corrupted", ...}},
      "tests": {"counts": {outcome: n}, "outcomes": {nodeid: outcome}},
-     "diagnoses": [line] (named causes of a failing run, dflash_eval.verdict.diagnoses; absent when none)}
+     "diagnoses": [line] (named causes of a failing run, dflash_eval.metrics.verdict.diagnoses; absent when none)}
 
 A drafter refused by architecture checks adds ``"refused": [{"check", "message"}]`` to "drafter" and
 ``"mean_passed": false``.
@@ -54,8 +54,8 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from dflash_eval.stats import category_table, conversation_table, ddtree_budgets, turn_table
-from dflash_eval.verdict import diagnoses, judge_categories, mean_passed
+from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
+from dflash_eval.metrics.verdict import diagnoses, judge_categories, mean_passed
 
 __all__ = ["SCHEMA", "merge"]
 

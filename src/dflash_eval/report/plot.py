@@ -16,9 +16,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.acceptance import acceptance_table
-from dflash_eval.atomic import atomic_write_with
-from dflash_eval.stats import ddtree_budgets
+from dflash_eval.common.atomic import atomic_write_with
+from dflash_eval.metrics.acceptance_rates import acceptance_table
+from dflash_eval.metrics.stats import ddtree_budgets
 
 __all__ = ["write_plot", "worst_prompts", "WORST_SHOWN"]
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import io
 import math
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-from dflash_eval.paths import normal_path
-from dflash_eval.report.acceptance import acceptance_rows, conversation_rows
+from dflash_eval.common.paths import normal_path
+from dflash_eval.metrics.stats import ddtree_budgets
+from dflash_eval.report.acceptance_rows import acceptance_rows, conversation_rows
 from dflash_eval.report.plot import worst_prompts
 from dflash_eval.report.summary import row_outcome
-from dflash_eval.stats import ddtree_budgets
 
 __all__ = ["tau_rows", "category_rows", "drift_rows", "baseline_line", "budget_line", "ladder_rows", "gate_rows",
            "render_terminal", "render_markdown", "fmt", "TERMINAL_ROWS_FULL", "TERMINAL_ROWS_SHOWN", "plain_dtype",

@@ -12,8 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.metrics.verdict import refused
 from dflash_eval.report.plot import worst_prompts
-from dflash_eval.verdict import refused
 
 __all__ = ["WORST_NAMED", "REPORT_FILES", "tau_verdict", "gate_outcome", "verdict_lines"]
 

@@ -7,14 +7,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dflash_eval import golden
-from dflash_eval.atomic import atomic_write_text
-from dflash_eval.floors import load_floors
+from dflash_eval.common.atomic import atomic_write_text
+from dflash_eval.golden import writer as golden
+from dflash_eval.metrics.floors import load_floors
+from dflash_eval.metrics.verdict import judge_run
 from dflash_eval.report.budget_plot import write_budget_plot
 from dflash_eval.report.plot import write_plot
 from dflash_eval.report.render import render_markdown
 from dflash_eval.report.strict_json import dumps_strict
-from dflash_eval.verdict import judge_run
 
 __all__ = ["write_reports", "finish"]
 
@@ -40,7 +40,7 @@ def write_reports(data: dict[str, Any], report_dir: Path) -> dict[str, Path]:
 
 
 def finish(data: dict[str, Any], settings: Any) -> list[str]:
-    """Apply the update options (through :mod:`dflash_eval.golden`), write the reports; returns lines for the
+    """Apply the update options (through :mod:`dflash_eval.golden.writer`), write the reports; returns lines for the
     terminal (what was written besides the reports)."""
     msgs = []
     if settings.update_tau_floors and data.get("prompts"):

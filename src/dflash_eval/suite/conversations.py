@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dflash_eval.cache import ids_digest
+from dflash_eval.cache.store import ids_digest
 from dflash_eval.errors import EvalError
 from dflash_eval.prompts import RAW_TURN_SEPARATOR, Prompt, conversation_messages, encode_messages
 

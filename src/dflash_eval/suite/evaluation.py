@@ -2,15 +2,14 @@
 
 The checkpoint is read once and validated against the target before anything is produced for it; τ of every
 prompt (chain and each DDTree budget) comes from one lock-step simulation that drafts, batched over prompts, only
-the block starts the simulated loops visit (:func:`dflash_eval.tau.simulate_tau`), and is memoised in the cache
+the block starts the simulated loops visit (:func:`dflash_eval.metrics.tau.simulate_tau`), and is memoised in the cache
 under a key that covers every input (drafter weights and config, the code that drafts and simulates, the exact
 feature entries, budgets, max_blocks), so a warm run does not even run the drafter; drift compares the features
-of two sides of a :class:`~dflash_eval.drift.Comparison` and the τ each gives.
+of two sides of a :class:`~dflash_eval.metrics.drift.Comparison` and the τ each gives.
 """
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
@@ -19,29 +18,27 @@ from typing import Any
 
 import torch
 
-from dflash_eval.options import EvalSettings
-from dflash_eval.cache import Expected, Job, cache_key
-from dflash_eval.drift import Comparison, DriftStat, Side, drift_stat
-from dflash_eval.drift_budget import DriftBudget, GateCheck, Perturbation, gate_check, measure_ladder, parse_ladder
-from dflash_eval.provenance import device_kind, library_versions
+from dflash_eval.cache.code_version import CODE_VERSION
+from dflash_eval.cache.store import Expected, Job, cache_key
+from dflash_eval.metrics.drift import Comparison, DriftStat, Side, drift_stat
+from dflash_eval.metrics.drift_budget import (
+    DriftBudget,
+    GateCheck,
+    Perturbation,
+    gate_check,
+    measure_ladder,
+    parse_ladder,
+)
+from dflash_eval.metrics.tau import TauResult, simulate_tau
+from dflash_eval.options.settings import EvalSettings
 from dflash_eval.suite.feature_store import Features, FeatureStore
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
 from dflash_eval.suite.references import CompletionRecord, References
-from dflash_eval.tau import TauResult, simulate_tau
+from dflash_eval.target.provenance import device_kind, library_versions
 
 __all__ = ["DrafterEvaluation", "PromptTau", "Drift"]
 
-def _code_digest(*extra: str) -> str:
-    """sha256 of the source of the modules that decide τ (tau, head, the drafter package, and ``extra`` modules of
-    the package): a change to any of them invalidates memoised τ."""
-    here = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    paths = [here / "tau.py", here / "head.py", *sorted((here / "drafter").glob("*.py")), *(here / e for e in extra)]
-    for path in paths:
-        h.update(path.relative_to(here).as_posix().encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
 
 
 @dataclass
@@ -192,7 +189,7 @@ class DrafterEvaluation:
         comps = self.completions()
         return {
             "drafter": self.checkpoint.fingerprint, "drafter_config": self.checkpoint.config.to_dict(),
-            "code": _code_digest(), "budgets": list(budgets), "max_blocks": self.settings.max_blocks,
+            "code": CODE_VERSION, "budgets": list(budgets), "max_blocks": self.settings.max_blocks,
             "dtype": str(self.settings.torch_dtype), "device_kind": device_kind(self.settings.torch_device),
             "versions": library_versions(),
             "items": [{"prompt_len": len(comps[p.id].prompt_ids),
@@ -271,7 +268,7 @@ class DrafterEvaluation:
         return self._budget is not None
 
     def drift_budget(self) -> DriftBudget:
-        """The drafter's drift budget (:mod:`dflash_eval.drift_budget`) on the reference side's features, memoised in
+        """The drafter's drift budget (:mod:`dflash_eval.metrics.drift_budget`) on the reference side's features, memoised in
         the cache under every input (drafter, code, feature entries, prompts, ladder, seed); the tolerance and the
         safety factor are applied when it is read, so changing them recomputes nothing."""
         if self._budget is None:
@@ -322,7 +319,7 @@ class DrafterEvaluation:
         base = self.tau_results if side == self.inputs.eval_side and not extended else self.tau_for(side, ())
         base_tau = [base[p.id].chain.tau for p in prompts]
         ids = [p.id for p in prompts]
-        common = {**self._tau_fields(side, ()), "code": _code_digest("drift_budget.py", "drift_ladder.py", "dtypes.py"),
+        common = {**self._tau_fields(side, ()), "code": CODE_VERSION,
                   "prompt_ids": ids, "seed": s.drift_budget_seed}
 
         def fields(level: Perturbation) -> dict[str, Any]:

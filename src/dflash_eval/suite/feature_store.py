@@ -5,7 +5,7 @@ drafter reading other target layers reuses the layers already cached and extract
 target forward per prompt (one cache job per prompt, spread over xdist workers). Also the per-layer fingerprint of a
 fixed text (regression detection across library upgrades).
 
-The kernel probe (:mod:`dflash_eval.kernel_probe`) runs the side's kernels in this process before the first key is
+The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the side's kernels in this process before the first key is
 made, so features extracted by kernels that computed something else (patched, rebuilt, another Triton or driver
 under the same versions) are never served: they are re-extracted, with a :class:`KernelOutputChanged` warning
 naming the kernel whose output changed (or, under ``--cache-only``, an error saying what to do).
@@ -19,16 +19,17 @@ from typing import Any
 
 import torch
 
-from dflash_eval.backends import check_backend_device, use_backend
-from dflash_eval.cache import Job, cache_key, ids_digest
-from dflash_eval.entry_checks import Expected
-from dflash_eval.drift import Side, fingerprint as layer_fingerprint
+from dflash_eval.cache.entry_checks import Expected
+from dflash_eval.cache.store import Job, cache_key, ids_digest
 from dflash_eval.errors import CacheError, EvalError
-from dflash_eval.kernel_probe import KernelOutputChanged, KernelProbes
-from dflash_eval.provenance import device_kind, kernel_versions, library_versions, provenance
+from dflash_eval.metrics.drift import Side
+from dflash_eval.metrics.drift import fingerprint as layer_fingerprint
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
 from dflash_eval.suite.references import CompletionRecord, argmax_fields, teacher_forced_tensors
+from dflash_eval.target.backends import check_backend_device, use_backend
+from dflash_eval.target.kernel_probe import KernelOutputChanged, KernelProbes
+from dflash_eval.target.provenance import device_kind, kernel_versions, library_versions, provenance
 
 __all__ = ["FeatureStore", "FINGERPRINT_TEXT"]
 
@@ -48,7 +49,7 @@ class FeatureStore:
                                    registry_dir=inputs.cache.base / "kernel_probes", record=not inputs.cache.cache_only)
 
     def kernel_digest(self, side: Side) -> str:
-        """The digest of the side's kernels' output in this process (:mod:`dflash_eval.kernel_probe`; probed on the
+        """The digest of the side's kernels' output in this process (:mod:`dflash_eval.target.kernel_probe`; probed on the
         first call per backend and dtype)."""
         if not self.probes.probed(side.backend, side.dtype):
             with self.inputs.meter.timed("kernel_probe"):
@@ -181,7 +182,7 @@ class FeatureStore:
         ``with_argmax`` (:meth:`_shares_argmax`): the forward runs to the logits (the teacher-forced argmax's own
         forward, with the layers captured on the way: the same features as a forward stopped after the deepest
         layer, bit for bit) and writes the argmax entry too, so the argmax costs no forward of its own."""
-        from dflash_eval.features import LayerCapture, layer_features
+        from dflash_eval.target.hidden_states import LayerCapture, layer_features
 
         inp = self.inputs
         have = self._read_layers(seq, layers, side)

@@ -21,16 +21,16 @@ from typing import Any
 
 import torch
 
-from dflash_eval.backends import check_backend_device
-from dflash_eval.cache import Cache, Expected
-from dflash_eval.drift import Comparison, Side, drift_comparisons
+from dflash_eval.cache.store import Cache, Expected
 from dflash_eval.errors import ConfigError, DFlashEvalError, EvalError
-from dflash_eval.floors import Floors, load_floors
-from dflash_eval.options import EvalSettings, worker_info
-from dflash_eval.preflight import input_problems, target_config_problem
+from dflash_eval.metrics.drift import Comparison, Side, drift_comparisons
+from dflash_eval.metrics.floors import Floors, load_floors
+from dflash_eval.options.preflight import input_problems, target_config_problem
+from dflash_eval.options.settings import EvalSettings, worker_info
 from dflash_eval.prompts import Prompt, encode_prompt, load_prompt_spec, template_has_thinking_switch
 from dflash_eval.suite.progress import Meter, default_progress_sink
-from dflash_eval.target import TargetDir
+from dflash_eval.target.backends import check_backend_device
+from dflash_eval.target.loader import TargetDir
 
 __all__ = ["Inputs", "DRAFTER_OPTIONS"]
 
@@ -90,14 +90,14 @@ class Inputs:
             raise ConfigError(f"cannot share target resources between sessions whose options differ in {diff}")
 
     def preflight(self) -> None:
-        """Check every input path at once (:func:`dflash_eval.preflight.input_problems`, the tokenizer's JSON files
+        """Check every input path at once (:func:`dflash_eval.options.preflight.input_problems`, the tokenizer's JSON files
         too); ConfigError lists all that are missing or unreadable."""
         problems = input_problems(self.settings, target_check=self._target_problem, load_prompts=lambda: self.prompts)
         if problems:
             raise ConfigError("unusable inputs:\n  " + "\n  ".join(problems))
 
     def _target_problem(self, settings: EvalSettings) -> str | None:
-        """config.json (:func:`~dflash_eval.preflight.target_config_problem`), then the tokenizer's JSON files."""
+        """config.json (:func:`~dflash_eval.options.preflight.target_config_problem`), then the tokenizer's JSON files."""
         problem = target_config_problem(settings)
         if problem is None:
             try:
@@ -124,7 +124,7 @@ class Inputs:
     @cached_property
     def floors(self) -> Floors:
         """The floors file and the explicit thresholds, for the selected prompts (not yet checked against the run's
-        context: :meth:`dflash_eval.session.EvalSession.floors` does that)."""
+        context: :meth:`dflash_eval.suite.session.EvalSession.floors` does that)."""
         s = self.settings
         return load_floors(s.floors_file, mean_override=s.tau_floor, prompt_override=s.tau_floor_prompt).select(
             {p.id: p.category for p in self.prompts})
@@ -170,7 +170,7 @@ class Inputs:
     def target(self) -> Any:
         """The loaded target model and tokenizer (loaded on first use only)."""
         if self._target is None:
-            from dflash_eval.target import load_target
+            from dflash_eval.target.loader import load_target
 
             s = self.settings
             with self.meter.timed("target_load"):
@@ -257,8 +257,8 @@ class Inputs:
     def head(self) -> Any:
         """The target's input embedding and lm_head; without a loaded target (a warm cache) read straight from the
         safetensors weights, so a warm run never builds the model (it imports transformers only for the modeling
-        module whose kernels :mod:`dflash_eval.kernel_probe` runs)."""
-        from dflash_eval.head import TargetHead
+        module whose kernels :mod:`dflash_eval.target.kernel_probe` runs)."""
+        from dflash_eval.target.head import TargetHead
 
         if self.target_loaded:
             return TargetHead.from_model(self.target.model)

@@ -1,5 +1,5 @@
 """τ from the real speculative loop (``--online-tau``): the target verifies every drafted block
-(:func:`dflash_eval.online.online_generate`, greedy, stopping at EOS and at ``--max-new-tokens`` like the reference
+(:func:`dflash_eval.metrics.online_loop.online_generate`, greedy, stopping at EOS and at ``--max-new-tokens`` like the reference
 completions), reported beside the offline simulation's τ and per-position acceptance.
 
 On the same greedy completion both count the same rounds (up to numerical near-ties between a batched and an
@@ -11,17 +11,16 @@ the generation settings; it is a real computation (a cache miss, refused under `
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dflash_eval.cache import ids_digest
-from dflash_eval.provenance import device_kind, library_versions
+from dflash_eval.cache.code_version import CODE_VERSION
+from dflash_eval.cache.store import ids_digest
+from dflash_eval.metrics.tau import TauResult
 from dflash_eval.suite.progress import Progress
-from dflash_eval.tau import TauResult
+from dflash_eval.target.provenance import device_kind, library_versions
 
 if TYPE_CHECKING:
     from dflash_eval.suite.evaluation import DrafterEvaluation
@@ -42,13 +41,6 @@ class OnlineTau:
         return self.first_divergence is None
 
 
-def _code_digest() -> str:
-    here = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for path in [here / "online.py", here / "features.py", here / "head.py", *sorted((here / "drafter").glob("*.py"))]:
-        h.update(path.relative_to(here).as_posix().encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
 
 
 def _divergence(a: list[int], b: list[int]) -> int | None:
@@ -65,13 +57,13 @@ def online_tau(ev: DrafterEvaluation) -> dict[str, OnlineTau]:
     prompts = inp.prompts
     fields: dict[str, Any] = {
         "target": inp.target_identity, "drafter": ev.checkpoint.fingerprint,
-        "drafter_config": ev.checkpoint.config.to_dict(), "code": _code_digest(),
+        "drafter_config": ev.checkpoint.config.to_dict(), "code": CODE_VERSION,
         "prompts": [ids_digest(comps[p.id].prompt_ids) for p in prompts], "max_new_tokens": s.max_new_tokens,
         "max_blocks": s.max_blocks, "stop_at_eos": True, "backend": s.eval_backend, "dtype": str(s.torch_dtype),
         "device_kind": device_kind(s.torch_device), "versions": library_versions()}
 
     def produce() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        from dflash_eval.online import online_generate
+        from dflash_eval.metrics.online_loop import online_generate
 
         prog = Progress("online speculative decoding", len(prompts), inp.progress)
         tensors = {}

@@ -2,7 +2,7 @@
 
 A long production (reference completions, target features, τ drafting) reports a :class:`ProgressEvent` per step
 (done / total, tokens, elapsed, ETA) to a *sink*: the pytest plugin's terminal reporter
-(:mod:`dflash_eval.pytest_plugin.progress`), the gate CLI's stderr, or :func:`default_progress_sink`. Sinks are
+(:mod:`dflash_eval.pytest_plugin.progress_reporter`), the gate CLI's stderr, or :func:`default_progress_sink`. Sinks are
 called on every step; :func:`throttled` keeps one line per interval (and always the first and the last).
 """
 

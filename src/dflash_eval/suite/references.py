@@ -23,16 +23,16 @@ from typing import Any
 
 import torch
 
-from dflash_eval.backends import use_backend
-from dflash_eval.cache import CacheEntry, Job, cache_key, ids_digest
-from dflash_eval.entry_checks import Expected
+from dflash_eval.cache.entry_checks import Expected
+from dflash_eval.cache.store import CacheEntry, Job, cache_key, ids_digest
 from dflash_eval.errors import EvalError
-from dflash_eval.generation import generation_groups
-from dflash_eval.provenance import device_kind, library_versions
 from dflash_eval.suite.conversations import HistoryMissing, turn_groups, turn_prompt_ids
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
 from dflash_eval.suite.server_check import SERVER_MAX_DISAGREEMENT, check_server_completions, teacher_forced_tensors
+from dflash_eval.target.backends import use_backend
+from dflash_eval.target.generation import generation_groups
+from dflash_eval.target.provenance import device_kind, library_versions
 
 __all__ = ["CompletionRecord", "References", "SERVER_MAX_DISAGREEMENT", "argmax_fields", "out_of_vocab",
            "teacher_forced_tensors"]
@@ -234,7 +234,7 @@ class References:
 
     def _generate_local(self, pids: list[str], prog: Progress) -> None:
         """Greedy-generate, in one batch, the completions of those of ``pids`` not cached yet, and cache each."""
-        from dflash_eval.generation import greedy_generate_batch
+        from dflash_eval.target.generation import greedy_generate_batch
 
         inp = self.inputs
         todo = [p for p in pids if not self._local_cached(p)]

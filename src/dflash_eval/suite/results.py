@@ -1,7 +1,7 @@
 """The fifth stage: everything one process measured, as one typed object that turns into eval.json's fields.
 
 :func:`build_result` reads the earlier stages (it never computes: what was not asked for during the run is left
-out) and judges τ through :mod:`dflash_eval.verdict`. Under pytest-xdist each worker sends its
+out) and judges τ through :mod:`dflash_eval.metrics.verdict`. Under pytest-xdist each worker sends its
 :meth:`EvalResult.to_json` to the controller, which merges them (:func:`dflash_eval.report.merge`).
 """
 
@@ -10,18 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflash_eval.acceptance import acceptance_block, histogram, position_rates
-from dflash_eval.baseline import BaselineComparison
-from dflash_eval.floors import Floors
-from dflash_eval.provenance import provenance
+from dflash_eval.common.workdir import run_location
+from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, position_rates
+from dflash_eval.metrics.baseline import BaselineComparison
+from dflash_eval.metrics.floors import Floors
+from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
+from dflash_eval.metrics.tau import macro_tau
+from dflash_eval.metrics.verdict import judge_categories, judge_prompts, mean_thresholds
 from dflash_eval.prompts import Prompt
-from dflash_eval.stats import category_table, conversation_table, ddtree_budgets, turn_table
 from dflash_eval.suite.evaluation import DrafterEvaluation, PromptTau
 from dflash_eval.suite.online_tau import OnlineTau
 from dflash_eval.suite.references import CompletionRecord
-from dflash_eval.tau import macro_tau
-from dflash_eval.verdict import judge_categories, judge_prompts, mean_thresholds
-from dflash_eval.workdir import run_location
+from dflash_eval.target.provenance import provenance
 
 __all__ = ["EvalResult", "TauSummary", "build_result", "prompt_rows", "tau_summary"]
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from dflash_eval.backends import use_backend
 from dflash_eval.errors import EvalError
-from dflash_eval.generation import generation_groups
+from dflash_eval.target.backends import use_backend
+from dflash_eval.target.generation import generation_groups
 
 __all__ = ["SERVER_MAX_DISAGREEMENT", "CHECK_LOGITS_BUDGET", "Disagreement", "check_server_completions",
            "teacher_forced_tensors",

@@ -1,0 +1,1 @@
+"""The ``dflash-eval`` command line: run, gate, record, sets."""

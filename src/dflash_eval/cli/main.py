@@ -1,0 +1,359 @@
+"""``dflash-eval`` console entry point (also ``python -m dflash_eval``).
+
+``dflash-eval run [pytest arguments]`` runs the eval suite (the installed package ``dflash_eval.tests_eval``, or
+``tests_eval/`` of a checkout) with pytest in this process: every suite option (``--target-model``, ``--drafter``,
+...) and every pytest option (``-k tau``, ``-n 2``, ``--junitxml``) passes through, ``--snapshot-warn-unused`` is
+added unless a ``--snapshot-*`` option is given, and the exit status is pytest's (0 pass, 1 failures, 4 bad input).
+``dflash-eval run --help`` prints pytest's help with the "dflash-eval" group.
+
+``dflash-eval gate --drafter A --drafter B ...`` evaluates one or more drafter checkpoints against the same target
+and prompts in ONE process: the target's embedding/lm_head, tokenizer, prompt ids, reference completions and
+features are loaded (or produced) once and shared by every checkpoint's :class:`~dflash_eval.suite.session.EvalSession`
+(``EvalSession(..., shared=first)``), so each checkpoint after the first costs only drafter work.
+It prints a comparison table (checkpoint, mean τ, DDTree-N τ, worst prompt, verdict against the floors of
+``--floors-file`` or ``--tau-floor``) and writes the combined report of all checkpoints to ``--report-dir``
+(``gate.json``, ``gate.md``: :mod:`dflash_eval.report.gate`).
+
+Exit status: 0 every checkpoint passes; 1 at least one fails (τ below a floor, τ dropped or rose beyond the
+``--baseline`` tolerances, a drafter that does not fit the target); 2 bad input, reported once before any work (a
+path that does not exist, an invalid option value, an unreadable config.json, a floors file or baseline recorded
+with other τ-relevant settings, an option the gate does not honour), or no τ floors for the selected prompts and no
+explicit threshold: the message names the floors file it looked for and the ``dflash-eval record`` command for the
+first checkpoint. Values, paths and prompt files are checked before torch is imported (:mod:`dflash_eval.options.preflight`).
+
+The suite options the gate honours (``commands`` in :mod:`dflash_eval.options.settings`; ``dflash-eval gate --help``) are
+accepted with the same name, and read from ``DFLASH_EVAL_<NAME>`` when not given; relative paths are relative to the
+current directory (the bundled-fixture defaults, e.g. ``fixtures/target``, apply only in a checkout of this
+repository). Ini files are not read. The others (the recording options, the drift tolerances, ...) are refused.
+
+``dflash-eval record ...`` (:mod:`dflash_eval.cli.record`) records a new model's floors, snapshots and fingerprint;
+``dflash-eval sets`` (:mod:`dflash_eval.cli.sets`) lists the built-in prompt sets.
+
+Example::
+
+    dflash-eval gate --drafter ckpt/step_4000 --drafter ckpt/step_5000 --target-model /models/Qwen3-8B \\
+        --prompts prompts.jsonl --max-new-tokens 512 --tau-floor 3.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dflash_eval.errors import ConfigError, DFlashEvalError
+
+if TYPE_CHECKING:
+    from dflash_eval.options.settings import EvalSettings
+
+__all__ = ["main", "build_parser", "gate", "run_suite", "joined_option_values"]
+
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _add_suite_options(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    """The suite options the gate honours (the others are refused: :func:`main`)."""
+    from dflash_eval.options.commands import add_command_options
+
+    add_command_options(p, "gate", skip=skip)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dflash-eval", description="Evaluate DFlash speculative-decoding drafters: "
+                                 "`record` a new model's golden records once, then `run` the pytest suite against "
+                                 "them, or `gate` several checkpoints in one process.")
+    ap.add_argument("--version", action="version", version=_version())
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("run", add_help=False, help="run the eval suite with pytest; every pytest and suite option passes "
+                   "through (`dflash-eval run --help`: pytest's help, group dflash-eval)")
+    sub.add_parser("record", add_help=False, help="measure a target/drafter/prompt selection once and write the τ "
+                   "floors, completion snapshots and fingerprint later runs gate against (`dflash-eval record "
+                   "--help`)")
+    sub.add_parser("sets", add_help=False, help="list the built-in prompt sets, where their data must be and whether "
+                   "it is present here (`dflash-eval sets --help`)")
+    g = sub.add_parser("gate", help="evaluate one or more drafter checkpoints in one process and compare them",
+                       description="Evaluate each --drafter against the same target and prompts, reusing the "
+                                   "target pieces, completions and features across checkpoints; print a comparison "
+                                   "table. Exit 0: all pass, 1: any fails, 2: bad input.")
+    g.add_argument("--drafter", action="append", required=True, metavar="CKPT",
+                   help="a drafter checkpoint (directory or training .pt); repeat for several")
+    g.add_argument("--json", dest="json_out", metavar="FILE", help="also write the comparison as JSON to FILE")
+    g.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    _add_suite_options(g, skip=("drafter",))
+    return ap
+
+
+def _version() -> str:
+    from dflash_eval import __version__
+
+    return f"dflash-eval {__version__}"
+
+
+def _settings(ns: argparse.Namespace, drafter: Path, *, check: bool = True) -> EvalSettings:
+    """One checkpoint's EvalSettings: CLI > env > default (no ini file; env only of the options the gate honours);
+    relative paths against the current directory. ``check=False``: the values parsed, not checked (no torch)."""
+    from dflash_eval.options.commands import environ_for
+    from dflash_eval.options.settings import resolve
+
+    cwd = Path.cwd()
+    return resolve(lambda name: drafter if name == "drafter" else getattr(ns, name, None),
+                   environ=environ_for(os.environ, "gate"), invocation_dir=cwd, root=cwd, check=check)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+def _sglang_client(s: EvalSettings) -> Any:
+    """A ready client of the running SGLang server (readiness and identity checked once; nothing is launched)."""
+    from dflash_eval.sglang import DEFAULT_LAUNCH_URL, SGLangClient
+
+    return SGLangClient.connect(s.sglang_url or DEFAULT_LAUNCH_URL,
+                                expected_name=s.sglang_model_name or s.target_model.name,
+                                ready_timeout_s=s.sglang_timeout, request_timeout_s=s.sglang_request_timeout)
+
+
+def _evaluate(session: Any) -> dict[str, Any]:
+    """One checkpoint's row: mean τ, DDTree τ, worst prompt, verdict and the reasons of a failure."""
+    from dflash_eval.metrics.verdict import gate_reasons, mean_thresholds
+
+    summary = session.tau_summary()
+    verdicts = summary.prompts
+    reasons = gate_reasons(verdicts, mean_thresholds(summary.mean_tau, summary.mean_ddtree, session.floors),
+                           prompt_floors_required=session.floors.prompt_floors_required)
+    cmp = summary.baseline
+    if cmp is not None and not cmp.drop_passed:
+        reasons.append(f"τ dropped against the baseline: {100 * cmp.rel_change:+.2f} % "
+                       f"(allowed -{100 * cmp.drop_tol:g} %)")
+    if cmp is not None and not cmp.rise_passed:
+        reasons.append(f"τ rose {100 * cmp.rel_change:+.2f} % against the baseline (allowed +{100 * cmp.rise_tol:g} "
+                       "%): check the drafter for a future-token leak")
+    worst = min(verdicts.items(), key=lambda kv: kv[1]["tau"]) if verdicts else None
+    return {
+        "drafter": str(session.settings.drafter), "fingerprint": session.evaluation.checkpoint.fingerprint,
+        "mean_tau": summary.mean_tau, "mean_ddtree": summary.mean_ddtree,
+        "mean_floor": summary.mean_floor, "worst_prompt": worst[0] if worst else None,
+        "worst_tau": worst[1]["tau"] if worst else None, "worst_floor": worst[1]["floor"] if worst else None,
+        "passed": not reasons, "reasons": reasons, "baseline": cmp.to_json() if cmp is not None else None,
+        "prompts": {pid: {"tau": v["tau"], "ddtree": v["ddtree"], "floor": v["floor"], "passed": v["passed"]}
+                    for pid, v in verdicts.items()},
+    }
+
+
+def _render(rows: list[dict[str, Any]], budgets: list[int], stream: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="dflash-eval gate", show_lines=False)
+    t.add_column("checkpoint", overflow="fold")
+    t.add_column("mean τ", justify="right")
+    for b in budgets:
+        t.add_column(f"DDTree-{b} τ", justify="right")
+    t.add_column("worst prompt (τ / floor)", overflow="fold")
+    t.add_column("verdict", overflow="fold")
+    for r in rows:
+        if "error" in r:
+            t.add_row(r["drafter"], "-", *["-" for _ in budgets], "-", f"[red]ERROR[/red] {r['error']}")
+            continue
+        worst = f"{r['worst_prompt']} ({_fmt(r['worst_tau'])} / {_fmt(r['worst_floor'])})" \
+            if r["worst_prompt"] is not None else "-"
+        verdict = "[green]PASS[/green]" if r["passed"] else "[red]FAIL[/red] " + "; ".join(r["reasons"])
+        t.add_row(r["drafter"], _fmt(r["mean_tau"]), *[_fmt(r["mean_ddtree"].get(str(b))) for b in budgets],
+                  worst, verdict)
+    console = Console(file=stream, width=None if stream.isatty() else 160, highlight=False)
+    console.print(t)
+
+
+def gate(ns: argparse.Namespace) -> int:
+    err = sys.stderr
+    drafters = [Path(d).expanduser() for d in ns.drafter]
+    from dflash_eval.common.paths import normal_path
+
+    drafters = [normal_path(d if d.is_absolute() else Path.cwd() / d) for d in drafters]
+    problems, settings = [], []
+    for d in drafters:
+        if not d.exists():
+            problems.append(f"--drafter {d}: not found (a drafter directory or a .pt file)")
+    if problems:
+        print("dflash-eval gate: bad input:\n  " + "\n  ".join(problems), file=err)
+        return EXIT_BAD_INPUT
+    from dflash_eval.options.preflight import preflight
+
+    try:  # the checks that need no torch first: bad values, paths and prompt files answer in about a second
+        for d in drafters:
+            preflight(_settings(ns, d, check=False))
+    except DFlashEvalError as exc:
+        print(f"dflash-eval gate: bad input: {exc}", file=err)
+        return EXIT_BAD_INPUT
+    from dflash_eval.common.torch_check import require_torch
+
+    require_torch()  # before the session module imports it (ConfigError: exit 2 naming how to install it)
+    from dflash_eval.suite.session import EvalSession
+
+    def say(m: str) -> None:
+        if not ns.quiet:
+            print(m, file=err, flush=True)
+
+    sessions: list[EvalSession] = []
+    try:  # every input of every checkpoint checked before any work: bad input is exit 2
+        for d in drafters:
+            settings.append(_settings(ns, d))
+            sessions.append(EvalSession(settings[-1], worker=("master", 0, 1), log=say,
+                                        shared=sessions[0] if sessions else None))
+            sessions[-1].check_inputs()
+    except DFlashEvalError as exc:
+        print(f"dflash-eval gate: bad input: {exc}", file=err)
+        return EXIT_BAD_INPUT
+    from dflash_eval.golden.needed import gate_floors_message, missing_floors
+
+    missing = missing_floors(sessions[0])
+    if missing:  # nothing to gate against: exit 2 naming the floors file and the command that records it
+        print(f"dflash-eval gate: {gate_floors_message(missing, _record_command(ns.argv))}", file=err)
+        return EXIT_BAD_INPUT
+
+    from dflash_eval.suite.progress import throttled
+
+    rows: list[dict[str, Any]] = []
+    t_all = time.perf_counter()
+    progress = None if ns.quiet else throttled(say, 2.0)
+    for s, sess in zip(settings, sessions):
+        sess.inputs.progress = progress
+        t0 = time.perf_counter()
+        try:
+            if s.completions == "sglang" and not s.cache_only and not sess.references.cached():
+                sess.references.sglang_client = _sglang_client(s)
+            row = _evaluate(sess)
+        except DFlashEvalError as exc:
+            row = {"drafter": str(s.drafter), "passed": False, "error": f"{type(exc).__name__}: {exc}"}
+        row["seconds"] = round(time.perf_counter() - t0, 3)
+        say(f"[dflash-eval] {s.drafter}: {'PASS' if row['passed'] else 'FAIL'} in {row['seconds']:.2f} s")
+        rows.append(row)
+    _render(rows, list(settings[0].ddtree_budget), sys.stdout)
+    failed = [r for r in rows if not r["passed"]]
+    print(f"{len(rows) - len(failed)}/{len(rows)} checkpoint(s) passed in {time.perf_counter() - t_all:.1f} s")
+    from dflash_eval.common.atomic import atomic_write_text
+    from dflash_eval.report.gate import write_gate_report
+    from dflash_eval.report.strict_json import dumps_strict
+
+    if ns.json_out:
+        atomic_write_text(Path(ns.json_out), dumps_strict({"checkpoints": rows, "passed": not failed}) + "\n")
+    paths = write_gate_report(rows, settings[0], wall_s=time.perf_counter() - t_all)
+    print("reports: " + ", ".join(str(p) for p in paths.values()))
+    return EXIT_FAIL if failed else EXIT_OK
+
+
+def run_suite(args: list[str], *, command: str = "run", plugins: list[Any] | None = None) -> int:
+    """``dflash-eval run``: pytest on the suite's modules with ``args``; returns pytest's exit status. ``command``:
+    the ``dflash-eval`` command running it (messages name the next command in that form); ``plugins``: plugin
+    objects registered for this run."""
+    import pytest
+
+    from dflash_eval.cli.invocation import started_as_command
+    from dflash_eval.pytest_plugin.suite_args import SUITE_PACKAGE, suite_dir
+
+    if suite_dir() is not None:
+        where = ["--pyargs", SUITE_PACKAGE]
+    else:  # a checkout where the package is not installed: the suite's folder next to src/
+        repo_suite = Path(__file__).resolve().parents[2] / "tests_eval"
+        if not (repo_suite / "test_tau.py").is_file():
+            print(f"dflash-eval run: the suite's package {SUITE_PACKAGE} is not installed (pip install dflash-eval)",
+                  file=sys.stderr)
+            return int(pytest.ExitCode.USAGE_ERROR)
+        # the rootdir stays the current folder (else pytest takes the checkout's, found from the suite's path)
+        keep = any(a.startswith("--rootdir") for a in args)
+        where = [str(repo_suite)] + ([] if keep else [f"--rootdir={Path.cwd()}"])
+    extra = [] if any(a.startswith("--snapshot-") for a in args) else ["--snapshot-warn-unused"]
+    # This process imported dflash_eval already, so pytest cannot rewrite the plugin's asserts (it has none to).
+    quiet = ["-W", "ignore:Module already imported so cannot be rewritten; dflash_eval"
+                   ":pytest.PytestAssertRewriteWarning"]
+    with started_as_command(command, args):
+        return int(pytest.main(["-p", "dflash_eval.pytest_plugin", *quiet, *where, *extra,
+                                *joined_option_values(args)], plugins=plugins or []))
+
+
+def joined_option_values(args: list[str]) -> list[str]:
+    """``--target-model DIR`` as ``--target-model=DIR`` for every suite option that takes a value.
+
+    pytest picks its rootdir (and ini file) before plugins register their options, and takes every unknown
+    argument that names an existing path for a test path: ``--target-model /models/x`` would move the rootdir (and
+    with it the default ``reports/`` and ``.dflash_cache/``) to a common ancestor of the model folders."""
+    from dflash_eval.options.settings import OPTIONS
+
+    takes_value = {o.flag for o in OPTIONS if o.kind != "bool"}
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        if args[i] in takes_value and i + 1 < len(args):
+            out.append(f"{args[i]}={args[i + 1]}")
+            i += 2
+        else:
+            out.append(args[i])
+            i += 1
+    return out
+
+
+def _record_command(gate_args: list[str]) -> str:
+    """The ``dflash-eval record`` command for the gate's target and prompts, from its first ``--drafter`` (whose τ
+    sets the bar)."""
+    from dflash_eval.cli.invocation import option_pieces, shell_join
+
+    out, seen = [], False
+    for spec, piece in option_pieces(gate_args):
+        if spec is None or not spec.applies_to("record") or (spec.name == "drafter" and seen):
+            continue
+        seen = seen or spec.name == "drafter"
+        out += piece
+    return shell_join(["dflash-eval", "record", *out])
+
+
+def _refuse(args: list[str]) -> bool:
+    """Suite options the gate does not honour: one message naming them (exit 2), never accepted and ignored."""
+    from dflash_eval.options.commands import refused
+
+    why = {name: "the gate only judges; `dflash-eval record` writes floors, snapshots and the fingerprint" for name in
+           ("update_tau_floors", "update_fingerprints", "tau_margin", "golden_dir")}
+    problems = refused(args, "gate", why=why)
+    if problems:
+        print("dflash-eval gate: bad input: options it does not take:\n  " + "\n  ".join(problems), file=sys.stderr)
+    return bool(problems)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run"]:  # everything after `run` belongs to pytest
+        return run_suite(argv[1:])
+    if argv[:1] == ["record"]:  # its own parser (dflash_eval.cli.record); pytest options pass through
+        from dflash_eval.cli.record import record_command
+
+        return record_command(argv[1:])
+    if argv[:1] == ["gate"] and _refuse(argv[1:]):
+        return EXIT_BAD_INPUT
+    if argv[:1] == ["sets"]:  # its own parser (dflash_eval.cli.sets); no torch import
+        from dflash_eval.cli.sets import sets_command
+
+        return sets_command(argv[1:])
+    ap = build_parser()
+    try:
+        ns = ap.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    if ns.command is None:
+        ap.print_help()
+        return EXIT_BAD_INPUT
+    if ns.command == "gate":
+        ns.argv = argv[1:]
+        try:
+            return gate(ns)
+        except ConfigError as exc:
+            print(f"dflash-eval gate: bad input: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    ap.error(f"unknown command {ns.command!r}")
+    return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The golden folder: the one writer of its records, and which records a run needs and does not have."""

@@ -1,0 +1,83 @@
+"""The only writer of the golden folder: τ floors, the feature fingerprint, and (through syrupy) the reference
+completion snapshots.
+
+- ``--update-tau-floors`` rewrites the floors file from a finished run's τ minus ``--tau-margin``
+  (:func:`update_floors`);
+- ``--update-fingerprints`` rewrites ``<golden>/fingerprints/<device kind>-<backend>-<dtype>.json``, the golden
+  per-layer fingerprint of the run's device kind, evaluation backend and dtype (:func:`update_fingerprint`);
+- ``--snapshot-update`` lets syrupy rewrite ``<golden>/snapshots/<target dir name>/<test module>/<test>.json``
+  through :class:`GoldenJSONExtension` (one sorted JSON file per assertion; the target's folder name keeps the
+  snapshots of different targets apart).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from syrupy.extensions.json import JSONSnapshotExtension
+
+from dflash_eval.common.atomic import atomic_write_text
+from dflash_eval.metrics.floors import load_floors, make_floors
+from dflash_eval.metrics.stats import ddtree_budgets
+
+__all__ = ["GoldenJSONExtension", "golden_extension", "update_floors", "update_fingerprint", "write_floors",
+           "fingerprint_path", "FINGERPRINT_DIR"]
+
+FINGERPRINT_DIR = "fingerprints"
+
+
+class GoldenJSONExtension(JSONSnapshotExtension):
+    """JSON snapshots stored under ``<golden_dir>/snapshots/<target_name>/`` (not ``__snapshots__``); use the
+    subclass that :func:`golden_extension` makes for a run's folders."""
+
+    golden_dir: Path = Path("golden")
+    target_name: str = "target"
+
+    @classmethod
+    def dirname(cls, *, test_location: Any) -> str:
+        return str(Path(cls.golden_dir) / "snapshots" / cls.target_name / test_location.basename)
+
+
+@functools.lru_cache(maxsize=None)
+def golden_extension(golden_dir: Path, target_name: str) -> type[GoldenJSONExtension]:
+    """The snapshot extension for one run's golden folder and target (one class per pair, so syrupy sees one
+    extension per location; no process-wide state, so runs in one process do not leak into each other)."""
+    return type("GoldenJSONExtension", (GoldenJSONExtension,),
+                {"golden_dir": Path(golden_dir), "target_name": target_name or "target"})
+
+
+def write_floors(path: str | Path, doc: dict[str, Any]) -> None:
+    atomic_write_text(Path(path), json.dumps(doc, indent=2, sort_keys=False) + "\n")
+
+
+def update_floors(data: dict[str, Any], settings: Any) -> Path:
+    """Rewrite the floors file from merged eval.json ``data`` (measured τ minus ``settings.tau_margin``), with the
+    run's τ-relevant settings as its context."""
+    prev = load_floors(settings.floors_file).raw
+    pr = data["prompts"]
+    doc = make_floors(
+        {p: r["tau"] for p, r in pr.items()},
+        {int(b): {p: r["ddtree"][b] for p, r in pr.items() if b in r["ddtree"]} for b in ddtree_budgets(pr)},
+        margin=settings.tau_margin, context=data.get("context") or {},
+        drafter=data.get("drafter", {}).get("fingerprint"), previous=prev)
+    write_floors(settings.floors_file, doc)
+    return Path(settings.floors_file)
+
+
+def fingerprint_path(golden_dir: Path, device_kind: str, backend: str, dtype: str) -> Path:
+    """Where the golden fingerprint of one (device kind, backend, dtype) lives, e.g.
+    ``golden/fingerprints/nvidia-h200-fla-bfloat16.json``."""
+    slug = re.sub(r"[^a-z0-9.]+", "-", f"{device_kind}-{backend}-{dtype}".lower()).strip("-")
+    return Path(golden_dir) / FINGERPRINT_DIR / f"{slug}.json"
+
+
+def update_fingerprint(fingerprint: dict[str, Any], golden_dir: Path) -> Path:
+    """Rewrite the golden fingerprint of the fingerprint's own device kind, backend and dtype."""
+    path = fingerprint_path(golden_dir, fingerprint["device_kind"], fingerprint["backend"], fingerprint["dtype"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
+    return path

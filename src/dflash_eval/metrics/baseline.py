@@ -1,0 +1,123 @@
+"""Comparing a run's τ with a baseline: an earlier reports/eval.json (the last good checkpoint), prompt by prompt.
+
+The comparison is paired over the prompts both runs have: the mean of the per-prompt differences (this run minus
+the baseline), a percentile-bootstrap 95 % confidence interval of it (:func:`dflash_eval.metrics.stats.summarize`) and the
+change relative to the baseline's mean over the same prompts. Two rules, each its own test:
+
+- drop: the run fails when mean chain τ fell by more than ``--baseline-drop-tol`` (relative);
+- ceiling: the run fails when mean chain τ rose by more than ``--baseline-rise-tol`` (relative): τ that jumps up is
+  more often a bug than a breakthrough (a drafter that sees future tokens scores near the block size).
+
+The defaults come from measured noise (docs/eval_suite.md, "Baseline tolerances"). A baseline recorded with other
+τ-relevant settings (:mod:`dflash_eval.metrics.tau_context`) is refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.errors import ConfigError
+from dflash_eval.metrics.stats import summarize
+
+__all__ = ["Baseline", "BaselineComparison", "load_baseline", "compare"]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The per-prompt τ and run context of an earlier eval.json."""
+
+    path: Path
+    tau: dict[str, float]
+    context: dict[str, Any]
+    drafter: str | None
+
+
+def load_baseline(path: str | Path) -> Baseline:
+    """Read an eval.json as a baseline (ConfigError naming the file and the problem)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--baseline {path}: not found (an earlier reports/eval.json)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"--baseline {path}: not valid JSON ({exc})") from exc
+    prompts = data.get("prompts") if isinstance(data, dict) else None
+    if not isinstance(prompts, dict) or not prompts:
+        raise ConfigError(f"--baseline {path}: no 'prompts' with τ (is it a reports/eval.json of a τ run?)")
+    try:
+        tau = {str(p): float(r["tau"]) for p, r in prompts.items() if r.get("tau") is not None}
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"--baseline {path}: malformed 'prompts' entry ({type(exc).__name__}: {exc})") from exc
+    context = data.get("context") if isinstance(data.get("context"), dict) else {}
+    return Baseline(path, tau, dict(context), (data.get("drafter") or {}).get("fingerprint"))
+
+
+@dataclass(frozen=True)
+class BaselineComparison:
+    """This run against a baseline (see module docstring)."""
+
+    path: str
+    deltas: dict[str, tuple[float, float]]  # prompt id -> (baseline τ, this run's τ)
+    missing: list[str]  # selected prompts the baseline does not have
+    drop_tol: float
+    rise_tol: float
+
+    @property
+    def n(self) -> int:
+        return len(self.deltas)
+
+    @property
+    def mean_baseline(self) -> float:
+        return _mean([b for b, _ in self.deltas.values()])
+
+    @property
+    def mean_run(self) -> float:
+        return _mean([a for _, a in self.deltas.values()])
+
+    @property
+    def diff(self) -> Any:
+        """Summary (mean, median, bootstrap 95 % CI) of the paired differences this run - baseline."""
+        return summarize([a - b for b, a in self.deltas.values()])
+
+    @property
+    def rel_change(self) -> float:
+        base = self.mean_baseline
+        return self.diff.mean / base if base and not math.isnan(base) else float("nan")
+
+    @property
+    def drop_passed(self) -> bool:
+        return self.n > 0 and not math.isnan(self.rel_change) and self.rel_change >= -self.drop_tol
+
+    @property
+    def rise_passed(self) -> bool:
+        return self.n > 0 and not math.isnan(self.rel_change) and self.rel_change <= self.rise_tol
+
+    def describe(self) -> str:
+        d = self.diff
+        return (f"mean chain τ {self.mean_baseline:.3f} (baseline {self.path}) -> {self.mean_run:.3f} over {self.n} "
+                f"paired prompts: Δ {d.mean:+.3f} (95% CI [{d.ci_low:+.3f}, {d.ci_high:+.3f}]), "
+                f"{100 * self.rel_change:+.2f} % (allowed -{100 * self.drop_tol:g} % .. +{100 * self.rise_tol:g} %)")
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.diff
+        return {"path": self.path, "n": self.n, "missing": list(self.missing), "mean_baseline": self.mean_baseline,
+                "mean_run": self.mean_run, "mean_diff": d.mean, "ci95": [d.ci_low, d.ci_high],
+                "rel_change": self.rel_change, "drop_tol": self.drop_tol, "rise_tol": self.rise_tol,
+                "drop_passed": self.drop_passed, "rise_passed": self.rise_passed,
+                "prompts": {p: {"baseline": b, "run": a, "delta": a - b} for p, (b, a) in self.deltas.items()}}
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def compare(run_tau: dict[str, float], baseline: Baseline, *, drop_tol: float, rise_tol: float) -> BaselineComparison:
+    """Pair ``run_tau`` (prompt id -> chain τ) with the baseline's τ of the same prompts."""
+    deltas = {p: (baseline.tau[p], t) for p, t in run_tau.items()
+              if p in baseline.tau and not math.isnan(t) and not math.isnan(baseline.tau[p])}
+    return BaselineComparison(str(baseline.path), deltas, [p for p in run_tau if p not in baseline.tau],
+                              drop_tol, rise_tol)

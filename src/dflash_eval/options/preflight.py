@@ -1,0 +1,104 @@
+"""The checks of a run's option values and input files that need neither torch nor transformers.
+
+Bad input (a path that does not exist, an invalid option value, a prompt file with a bad line, ``humaneval:0``, a
+malformed floors file) is answered by these checks in about a second, before the heavy imports: torch and
+transformers take 5-60 s on a loaded 2-core machine (``python benchmarks/bench_bad_input.py`` measures both
+paths). The pytest plugin runs :func:`preflight` at session start (before collection, and before pytest-xdist
+starts its workers); ``dflash-eval gate`` and ``dflash-eval record`` run it before anything else. The checks that
+need torch follow (:meth:`dflash_eval.options.settings.EvalSettings.validate`: the device and backends on this machine;
+:meth:`dflash_eval.suite.session.EvalSession.check_inputs`: tokenizer files, the drafter's config, floors and baseline
+against the run's settings).
+
+Example (the options resolved without the torch checks, as the plugin does)::
+
+    from pathlib import Path
+    from dflash_eval.options.settings import resolve
+    from dflash_eval.options.preflight import preflight
+    given = {"target_model": "models/x", "drafter": "ckpt/step_5000"}
+    preflight(resolve(given.get, environ={}, invocation_dir=Path.cwd(), root=Path.cwd(), check=False))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from dflash_eval.errors import ConfigError
+from dflash_eval.metrics.baseline import load_baseline
+from dflash_eval.metrics.floors import load_floors
+
+if TYPE_CHECKING:
+    from dflash_eval.options.settings import EvalSettings
+
+__all__ = ["preflight", "input_problems", "target_config_problem"]
+
+
+def target_config_problem(settings: EvalSettings) -> str | None:
+    """What is wrong with ``--target-model``'s config.json (absent, unreadable, not a JSON object), or None."""
+    d = settings.target_model
+    cfg = d / "config.json"
+    if not cfg.is_file():
+        return f"--target-model {d}: " + ("no config.json (not a transformers model directory)" if d.is_dir()
+                                          else "not found")
+    if not os.access(cfg, os.R_OK):
+        return f"--target-model {cfg}: not readable"
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        return f"--target-model {cfg}: not valid JSON ({exc})"
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"--target-model {cfg}: cannot read ({exc})"
+    if not isinstance(data, dict):
+        return f"--target-model {cfg}: not a JSON object"
+    return None
+
+
+def _load_prompts(settings: EvalSettings) -> Any:
+    from dflash_eval.prompts import load_prompt_spec
+
+    return load_prompt_spec(settings.prompts, limit=settings.num_prompts, data_dir=settings.prompt_data_dir,
+                            humaneval_wrapper=settings.humaneval_wrapper)
+
+
+def input_problems(settings: EvalSettings, *, target_check: Callable[[EvalSettings], str | None] | None = None,
+                   load_prompts: Callable[[], Any] | None = None) -> list[str]:
+    """Every problem of the input paths and files, one line each naming the option and the file: the target's
+    config.json (``target_check``, default :func:`target_config_problem`), the drafter paths, ``--baseline``
+    (read as :func:`~dflash_eval.metrics.baseline.load_baseline` does), the floors file's JSON and the prompt spec
+    (``load_prompts``, default: read it; JSONL errors name the line)."""
+    s = settings
+    problems = []
+    target = (target_check or target_config_problem)(s)
+    if target:
+        problems.append(target)
+    if not s.drafter.exists():
+        problems.append(f"--drafter {s.drafter}: not found (a drafter directory or a .pt file)")
+    for name in ("drafter_config", "reference_drafter"):
+        v = getattr(s, name)
+        if v is not None and not v.exists():
+            problems.append(f"--{name.replace('_', '-')} {v}: not found")
+    try:
+        if s.baseline is not None:
+            load_baseline(s.baseline)  # its messages name --baseline and the file
+    except ConfigError as exc:
+        problems.append(str(exc))
+    try:
+        load_floors(s.floors_file)  # an absent file is no error here; a malformed one names the file
+    except ConfigError as exc:
+        problems.append(f"--floors-file {exc}")
+    try:
+        (load_prompts or (lambda: _load_prompts(s)))()
+    except ConfigError as exc:
+        problems.append(f"--prompts {s.prompts}: {exc}")
+    return problems
+
+
+def preflight(settings: EvalSettings) -> None:
+    """The option values (:meth:`~dflash_eval.options.settings.EvalSettings.validate_values`), then every input problem at
+    once (:func:`input_problems`); ConfigError, without importing torch."""
+    settings.validate_values()
+    problems = input_problems(settings)
+    if problems:
+        raise ConfigError("unusable inputs:\n  " + "\n  ".join(problems))

@@ -1,0 +1,456 @@
+"""The eval suite's options: each declared once, as a field of :class:`EvalSettings`, and everything derived from it.
+
+A field's metadata holds the option's help, kind and choices; from it come ``--name`` on the command line,
+``DFLASH_EVAL_<NAME>`` in the environment and ``dflash_<name>`` in the ini file ([tool.pytest.ini_options]).
+:func:`add_options` registers them (pytest's ``group.addoption`` and argparse's ``add_argument`` alike),
+:func:`resolve` is the one resolver (precedence CLI > env > ini > default; relative paths and ``--prompts`` file
+items made absolute there) and :mod:`dflash_eval.options.table` writes the table in ``docs/eval_suite.md``
+(``python -m dflash_eval.options.table --write-docs docs/eval_suite.md``). :class:`EvalSettings` also resolves ``auto``
+device, dtype and backends.
+
+The defaults that point at this repository's bundled fixtures (``--target-model``, ``--drafter``, the prompt file in
+``--prompts``) apply only when the root directory is a checkout of this project (:func:`in_repo`); elsewhere
+``--target-model`` and ``--drafter`` must be given and ``--prompts`` defaults to ``humaneval:16``.
+
+Importing this module (and registering the options) imports no torch: ``pytest --help`` stays fast. torch is
+imported when a device or dtype is resolved.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dflash_eval.common.dtypes import check_dtype_name, parse_dtype
+from dflash_eval.errors import ConfigError
+from dflash_eval.metrics.drift_ladder import DEFAULT_LADDER, parse_ladder
+from dflash_eval.options.values import parse_value, resolve_prompt_spec
+from dflash_eval.prompts import CHAT_TEMPLATE_MODES, DEFAULT_PROMPT_DATA_DIR, HUMANEVAL_WRAPPERS, THINKING_MODES
+from dflash_eval.target.backends import BACKENDS, parse_fault, resolve_backend, with_fault
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["COMMANDS", "COMPLETION_SOURCES", "DEFAULT_PROMPTS", "OUTSIDE_PROMPTS", "REQUIRED", "OPTIONS",
+           "OPTIONS_BY_NAME", "OptionSpec", "EvalSettings", "add_options", "in_repo", "resolve", "resolve_prompt_spec",
+           "worker_info"]
+
+COMPLETION_SOURCES = ("local", "sglang", "cache")
+DEFAULT_PROMPTS = "humaneval:16,fixtures/prompts.jsonl"
+OUTSIDE_PROMPTS = "humaneval:16"  # --prompts default outside a checkout of this repository (no fixtures/ there)
+
+
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+SAME = _Marker("SAME")  # an option whose default is the same inside and outside this repository
+REQUIRED = _Marker("REQUIRED")  # no default outside this repository: the option must be given
+#: The commands that read options: ``run`` (the pytest suite: ``dflash-eval run``, ``pytest``), ``gate``
+#: (``dflash-eval gate``: τ of several checkpoints against the floors) and ``record`` (``dflash-eval record``: the
+#: suite's recording tests, writing floors, snapshots and the fingerprint). The suite honours every option.
+COMMANDS = ("run", "gate", "record")
+_RUN_GATE, _RUN_RECORD, _RUN = ("run", "gate"), ("run", "record"), ("run",)
+_PROJECT_NAME = re.compile(r'^name\s*=\s*["\']dflash-eval["\']\s*$', re.MULTILINE)
+_DEVICE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(:\d+)?$")  # a torch device string's form (torch checks the type)
+
+
+def in_repo(root: Path) -> bool:
+    """Whether ``root`` is a checkout of this project (its ``pyproject.toml`` names the project ``dflash-eval``):
+    only there do the defaults that point at the bundled ``fixtures/`` apply."""
+    try:
+        return bool(_PROJECT_NAME.search((Path(root) / "pyproject.toml").read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def worker_info() -> tuple[str, int, int]:
+    """(worker id, worker index, worker count) from pytest-xdist's environment ("master", 0, 1 without xdist)."""
+    wid = os.environ.get("PYTEST_XDIST_WORKER", "master")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    idx = int(wid[2:]) if wid.startswith("gw") and wid[2:].isdigit() else 0
+    return wid, idx, count
+
+
+def opt(default: Any, help: str, kind: str = "str", choices: Iterable[str] = (),  # noqa: A002
+        outside: Any = SAME, commands: Iterable[str] = COMMANDS) -> Any:
+    """One option's field. ``kind``: str | path | spec (--prompts: file items resolved like paths) | int | float |
+    bool | ints | choice. A ``None`` default makes the option nullable (unset). ``outside``: the default outside a
+    checkout of this repository (:data:`REQUIRED`: none, the option must be given). ``commands``: the commands of
+    :data:`COMMANDS` that honour it (the others refuse it)."""
+    return field(default=default, metadata={"help": help, "kind": kind, "choices": tuple(choices),
+                                            "outside": outside, "commands": tuple(commands)})
+
+
+# ------------------------------------------------------------------------------------------------------ settings
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Resolved suite settings; each field but ``origins`` is one option (its help: ``pytest --help``)."""
+
+    target_model: Path = opt(Path("fixtures/target"), "target model directory (transformers layout)", "path",
+                             outside=REQUIRED)
+    drafter: Path = opt(Path("fixtures/drafter"), "drafter: a released directory (config.json + model.safetensors) "
+                        "or a training .pt file", "path", outside=REQUIRED)
+    drafter_config: Path | None = opt(None, "config.json for a bare .pt drafter without an embedded config", "path")
+    reference_drafter: Path | None = opt(None, "a reference drafter directory: test_checkpoint lists every "
+                                         "architecture difference against it", "path", commands=_RUN)
+    prompts: str = opt(DEFAULT_PROMPTS, "prompt sets and files, comma-separated: built-in sets by name (gsm8k, "
+                       "math500, humaneval, mbpp, mt-bench; NAME:N for the first N), local data NAME=PATH[:FIELD][:N] "
+                       "(datasets save_to_disk folder, parquet, arrow, json, jsonl), .yaml/.toml set definitions and "
+                       "JSONL files (one {id, category, text|turns} object a line)", "spec",
+                       outside=OUTSIDE_PROMPTS)
+    prompt_data_dir: Path = opt(DEFAULT_PROMPT_DATA_DIR, "where built-in sets named without a path are read: "
+                                "<dir>/<name> (save_to_disk folder or dataset repository snapshot) or "
+                                "<dir>/<name>.parquet|.jsonl|.json; nothing is downloaded", "path")
+    humaneval_wrapper: str = opt("none", "HumanEval prompt text: none (the raw problem) or reference (wrapped as the "
+                                 "reference DFlash benchmark does, for comparable τ)", "choice", HUMANEVAL_WRAPPERS)
+    chat_template: str = opt("auto", "format prompts with the target tokenizer's chat template: auto (when it has "
+                             "one), on (required), off (raw text)", "choice", CHAT_TEMPLATE_MODES)
+    thinking: str = opt("off", "enable_thinking passed to the chat template (Qwen3/3.5/3.6): off (as the reference "
+                        "benchmark) or on (needs a template with the switch)", "choice", THINKING_MODES)
+    num_prompts: int | None = opt(None, "use only the first N prompts", "int")
+    max_new_tokens: int = opt(128, "length of the reference completions (tokens)", "int")
+    generation_batch: int = opt(32, "prompts per batch of local greedy generation (left-padded, similar lengths "
+                                "together; under xdist at least one batch per worker; 1: one prompt at a time, "
+                                "unpadded)", "int")
+    max_blocks: int | None = opt(None, "stop each τ simulation after this many speculative rounds", "int")
+    online_tau: bool = opt(False, "also run the real speculative loop (the target verifies each drafted block) on "
+                           "every prompt and report its τ and per-position acceptance beside the offline ones", "bool",
+                           commands=_RUN_GATE)
+    ddtree_budget: tuple[int, ...] = opt((8,), "DDTree node budget(s); repeat the option or give a comma list "
+                                         "(e.g. 4,8)", "ints")
+    device: str = opt("auto", "device for the target and drafter: auto (cuda if available, else cpu), cpu, cuda, "
+                      "cuda:N")
+    device_map: str | None = opt(None, "load the target across GPUs with accelerate (e.g. auto) when it does not fit "
+                                 "on one; inputs go to the first device (use with -n 0)")
+    dtype: str = opt("auto", "dtype of the target and drafter: auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32")
+    hidden_state_backend: str = opt("auto", "linear-attention kernels for the evaluation's target forwards",
+                                    "choice", BACKENDS)
+    reference_backend: str = opt("torch", "backend the drafter was trained on: the drift tests compare the "
+                                 "evaluation backend's features against it", "choice", BACKENDS, commands=_RUN)
+    completions: str = opt("local", "where reference completions come from on a cache miss: local (target's greedy "
+                           "generation), sglang (--sglang-url), cache (never compute; fail on a miss)", "choice",
+                           COMPLETION_SOURCES)
+    sglang_url: str | None = opt(None, "URL of a running SGLang server serving the target (for --completions "
+                                 "sglang; default http://127.0.0.1:30000 with --sglang-launch)")
+    sglang_launch: str | None = opt(None, "command that starts the SGLang server (own process group, log in the "
+                                    "report dir, stopped at session end); only run when completions are not cached",
+                                    commands=_RUN_RECORD)
+    sglang_timeout: float = opt(600.0, "seconds to wait in all for the SGLang server to be ready (/health_generate "
+                                "200)", "float")
+    sglang_request_timeout: float = opt(600.0, "seconds each POST /generate request may take", "float")
+    sglang_model_name: str | None = opt(None, "name /model_info must match (default: the target directory's name)")
+    require_sglang: bool = opt(False, "CI gate: no SGLang server with a cold completion cache is a failure (else the "
+                               "completion-dependent tests are skipped)", "bool", commands=_RUN_RECORD)
+    cache_dir: Path = opt(Path(".dflash_cache"), "content-addressed cache of completions and features", "path")
+    cache_only: bool = opt(False, "never compute: fail on any cache miss or corrupted entry", "bool")
+    rehash: bool = opt(False, "re-hash the target's config and weight files instead of trusting the identity "
+                       "memoised under their inodes, sizes and times (e.g. after rewriting weights in place)", "bool")
+    tau_floor: float | None = opt(None, "floor of the MEAN τ over the selected prompts, chain and every DDTree "
+                                  "budget (replaces the mean floor derived from the floors file; prompts without a "
+                                  "per-prompt floor are then not gated one by one)", "float", commands=_RUN_GATE)
+    tau_floor_prompt: float | None = opt(None, "floor of EVERY prompt's chain and DDTree τ (replaces the floors "
+                                         "file's per-prompt floors)", "float", commands=_RUN_GATE)
+    allow_settings_mismatch: bool = opt(False, "use a floors file or --baseline recorded with other τ-relevant "
+                                        "settings (target, max_new_tokens, block size, chat template, thinking, "
+                                        "dtype, backend) with a warning instead of refusing it", "bool",
+                                        commands=_RUN_GATE)
+    baseline: Path | None = opt(None, "an earlier reports/eval.json: compare this run's chain τ prompt by prompt "
+                                "(paired, bootstrap CI); test_baseline_tau_drop / test_baseline_tau_ceiling",
+                                "path", commands=_RUN_GATE)
+    baseline_drop_tol: float = opt(0.02, "largest relative drop of the paired mean chain τ against --baseline that "
+                                   "still passes", "float", commands=_RUN_GATE)
+    baseline_rise_tol: float = opt(0.25, "largest relative rise of the paired mean chain τ against --baseline that "
+                                   "still passes (a bigger jump suggests a future-token leak)", "float",
+                                   commands=_RUN_GATE)
+    update_tau_floors: bool = opt(False, "rewrite golden/tau_floors.json from this run's τ minus --tau-margin", "bool",
+                                  commands=_RUN)
+    tau_margin: float = opt(0.25, "margin subtracted from measured τ by --update-tau-floors", "float",
+                            commands=_RUN_RECORD)
+    floors_file: Path = opt(Path("golden/tau_floors.json"), "τ floors file", "path")
+    golden_dir: Path = opt(Path("golden"), "folder of golden files (floors, feature fingerprint, completion "
+                           "snapshots)", "path", commands=_RUN_RECORD)
+    update_fingerprints: bool = opt(False, "rewrite the golden fingerprint of this run's device kind, backend and dtype "
+                                    "(golden/fingerprints/<kind>-<backend>-<dtype>.json)", "bool", commands=_RUN)
+    drift_rel_tol: float | None = opt(None, "regression check: max relative L2 error of features between backends/"
+                                      "dtypes (default: 5e-3 fp32, 5e-2 when bf16/fp16 is involved)", "float",
+                                      commands=_RUN)
+    drift_cos_tol: float | None = opt(None, "regression check: min cosine similarity of features (default: 0.9999 "
+                                      "fp32, 0.998 bf16)", "float", commands=_RUN)
+    drift_accept_tol: float = opt(0.5, "max |τ(eval features) - τ(reference features)| per prompt", "float",
+                                  commands=_RUN)
+    drift_budget_ladder: str = opt(DEFAULT_LADDER, "perturbations measuring the drafter's drift budget: relative "
+                                   "Gaussian noise sizes and rounding dtypes (bf16, fp16, fp8)", commands=_RUN)
+    drift_budget_tol: float = opt(0.1, "largest mean |Δτ| over the prompts (upper end of its 95 % CI) a feature "
+                                  "perturbation may cause within the drift budget", "float", commands=_RUN)
+    drift_budget_safety: float = opt(5.0, "drift gate: worst measured drift per layer x this <= the drift budget",
+                                     "float", commands=_RUN)
+    drift_budget_seed: int = opt(0, "seed of the drift budget's noise", "int", commands=_RUN)
+    drift_budget_min_prompts: int = opt(32, "measure the drift budget on at least this many prompts: a smaller "
+                                        "selection is extended with the next prompts of --prompts; where --prompts "
+                                        "holds fewer, a gate failure is inconclusive (a skip) unless drift x "
+                                        "safety reaches a level whose mean |Δτ| exceeded the tolerance", "int",
+                                        commands=_RUN)
+    kernel_fault: str | None = opt(None, "diagnostic: perturb the delta-rule kernels of the evaluation's feature "
+                                   "extraction: noise:REL or round:bf16|fp16|fp8 (completions unaffected)",
+                                   commands=_RUN_GATE)
+    report_dir: Path = opt(Path("reports"), "where eval.json, eval.md and eval.png are written", "path")
+    torch_threads: int | None = opt(None, "torch intra-op threads for CPU work, on GPU runs too (default: torch's "
+                                    "own, one per physical core, divided among the xdist workers, at least 1)", "int")
+    origins: dict[str, str] = field(default_factory=dict, compare=False)  # option name -> cli | env | ini | default
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any], *, base: Path | None = None,
+                     origins: dict[str, str] | None = None) -> EvalSettings:
+        """Build from raw option values (strings or typed); missing names take their defaults.
+
+        Relative paths are resolved against ``base`` when given (:func:`resolve` gives each source its own base).
+        """
+        unknown = set(values) - set(OPTIONS_BY_NAME)
+        if unknown:
+            raise ConfigError(f"unknown eval option(s): {sorted(unknown)}")
+        return cls._build({o.name: parse_value(o, values.get(o.name, o.default), base) for o in OPTIONS}, origins)
+
+    @classmethod
+    def _build(cls, parsed: dict[str, Any], origins: dict[str, str] | None, *, check: bool = True) -> EvalSettings:
+        """From parsed values; ``None`` for a non-nullable option means its default."""
+        kwargs = {o.name: parsed[o.name] for o in OPTIONS if parsed[o.name] is not None or o.nullable}
+        s = cls(**kwargs, origins=dict(origins or {}))
+        if check:
+            s.validate()
+        return s
+
+    def validate(self) -> None:
+        """Cheap consistency checks that need no model (bad values raise ConfigError before anything runs):
+        :meth:`validate_values`, then the device and backends against this machine (imports torch)."""
+        self.validate_values()
+        self.torch_device  # noqa: B018 - validates the device string
+        self.eval_backend  # noqa: B018 - e.g. fla on a CPU-only machine: BackendError naming the fix
+        self.feature_backend  # noqa: B018
+
+    def validate_values(self) -> None:
+        """The checks of :meth:`validate` that need neither torch nor the machine's devices (ConfigError)."""
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.generation_batch < 1:
+            raise ConfigError(f"--generation-batch must be >= 1, got {self.generation_batch}")
+        if self.max_blocks is not None and self.max_blocks < 1:
+            raise ConfigError(f"--max-blocks must be >= 1, got {self.max_blocks}")
+        if self.drift_budget_min_prompts < 1:
+            raise ConfigError(f"--drift-budget-min-prompts must be >= 1, got {self.drift_budget_min_prompts}")
+        if self.num_prompts is not None and self.num_prompts < 1:
+            raise ConfigError(f"--num-prompts must be >= 1, got {self.num_prompts}")
+        if self.completions == "sglang" and not self.sglang_url and not self.sglang_launch:
+            raise ConfigError("--completions sglang needs --sglang-url URL (a running server) or --sglang-launch CMD")
+        if self.sglang_launch and self.completions != "sglang":
+            raise ConfigError(f"--sglang-launch needs --completions sglang (got --completions {self.completions})")
+        for name in ("sglang_timeout", "sglang_request_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
+        if self.tau_margin < 0:
+            raise ConfigError(f"--tau-margin must be >= 0, got {self.tau_margin}")
+        for name in ("baseline_drop_tol", "baseline_rise_tol", "drift_budget_tol", "drift_budget_safety"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        parse_ladder(self.drift_budget_ladder)
+        if self.kernel_fault and (self.update_fingerprints or self.update_tau_floors):
+            raise ConfigError(f"--kernel-fault {self.kernel_fault} is a diagnostic: golden records are never written "
+                              "from faulty kernels; drop --update-fingerprints / --update-tau-floors, or the fault")
+        if self.kernel_fault is not None:
+            parse_fault(self.kernel_fault)  # BackendError naming the forms
+        for name in ("hidden_state_backend", "reference_backend"):
+            if getattr(self, name) not in BACKENDS:
+                raise ConfigError(f"--{name.replace('_', '-')}: unknown backend {getattr(self, name)!r}; "
+                                  f"choose one of {', '.join(BACKENDS)}")
+        check_dtype_name(self.dtype, flag="--dtype")
+        if not _DEVICE.match(self.device):
+            raise ConfigError(f"--device: invalid device {self.device!r}; choose one of auto (cuda if available, else "
+                              "cpu), cpu, cuda, cuda:N (or another torch device type, e.g. mps)")
+
+    # ------------------------------------------------------------------------------------------- resolved
+    @property
+    def torch_device(self) -> torch.device:
+        """``auto``: CPU without CUDA; with N GPUs under pytest-xdist, worker gwK takes ``cuda:K % N`` (one GPU per
+        worker, all sharing the cache); otherwise the current CUDA device."""
+        import torch
+
+        if self.device == "auto":
+            if not torch.cuda.is_available():
+                return torch.device("cpu")
+            _, index, count = worker_info()
+            n = torch.cuda.device_count()
+            return torch.device(f"cuda:{index % n}") if count > 1 and n > 1 else torch.device("cuda")
+        try:
+            dev = torch.device(self.device)
+        except RuntimeError as exc:
+            raise ConfigError(f"--device: invalid device {self.device!r} ({exc})") from exc
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"--device {self.device}: CUDA is not available on this machine")
+        return dev
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        import torch
+
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+        return parse_dtype(self.dtype)
+
+    @property
+    def eval_backend(self) -> str:
+        """The concrete backend of the evaluation's target forwards (``auto`` resolved; fla checked)."""
+        return resolve_backend(self.hidden_state_backend, self.torch_device)
+
+    @property
+    def feature_backend(self) -> str:
+        """The backend of the evaluation's feature extraction: :attr:`eval_backend`, with ``--kernel-fault``."""
+        return with_fault(self.eval_backend, None if self.kernel_fault is None else parse_fault(self.kernel_fault))
+
+    @property
+    def ref_backend(self) -> str:
+        name = resolve_backend(self.reference_backend, self.torch_device) if self.reference_backend != "fla" \
+            else "fla"
+        return name
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("origins")
+        return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+# ------------------------------------------------------------------------------------------------------ options
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One suite option (derived from an :class:`EvalSettings` field): ``--name`` on the command line,
+    ``DFLASH_EVAL_<NAME>`` in the environment and ``dflash_<name>`` in the ini file ([tool.pytest.ini_options]);
+    precedence CLI > env > ini > default."""
+
+    name: str  # python name, e.g. "target_model"
+    default: Any
+    help: str
+    kind: str = "str"  # str | path | spec (--prompts: files resolved like paths) | int | float | bool | ints | choice
+    choices: tuple[str, ...] = ()
+    outside: Any = SAME  # the default outside a checkout of this repository (REQUIRED: must be given)
+    commands: tuple[str, ...] = COMMANDS  # the commands that honour it (:data:`COMMANDS`)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "DFLASH_EVAL_" + self.name.upper()
+
+    @property
+    def ini(self) -> str:
+        return "dflash_" + self.name
+
+    @property
+    def nullable(self) -> bool:
+        """Unset is a valid value (the default is ``None``)."""
+        return self.default is None
+
+    @property
+    def shown_default(self) -> str:
+        """The default as ``pytest --help`` and the docs show it."""
+        if self.default is None:
+            return "unset"
+        if isinstance(self.default, tuple):
+            return ",".join(map(str, self.default))
+        if self.outside is REQUIRED:
+            return f"{self.default} in this repository, else required"
+        if self.outside is not SAME:
+            return f"{self.default} in this repository, else {self.outside}"
+        return str(self.default)
+
+    def default_for(self, repo: bool) -> Any:
+        """The default inside (``repo``) or outside a checkout of this repository (:data:`REQUIRED`: none)."""
+        return self.default if repo or self.outside is SAME else self.outside
+
+    def applies_to(self, command: str) -> bool:
+        """Whether ``command`` (one of :data:`COMMANDS`) honours this option."""
+        return command in self.commands
+
+
+OPTIONS: tuple[OptionSpec, ...] = tuple(OptionSpec(f.name, f.default, **f.metadata)
+                                        for f in fields(EvalSettings) if "help" in f.metadata)
+OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def add_options(add_argument: Callable[..., Any], *, add_ini: Callable[..., Any] | None = None,
+                skip: Iterable[str] = (), strict_choices: bool = False, command: str = "run") -> None:
+    """Register every option ``command`` honours (but those in ``skip``) through ``add_argument`` (argparse's
+    ``add_argument`` or pytest's ``group.addoption``) and, given ``add_ini`` (pytest's ``parser.addini``), its ini
+    key.
+
+    Every option's CLI value defaults to ``None`` (unset: :func:`resolve` falls back to env, ini, default). With
+    ``add_ini`` the help names env and ini keys and the default; without, the env key only. ``strict_choices``:
+    argparse rejects a value outside a choice option's choices (else :func:`resolve` raises ConfigError).
+    """
+    skip = set(skip)
+    for spec in OPTIONS:
+        if spec.name in skip or not spec.applies_to(command):
+            continue
+        where = f"env {spec.env}, ini {spec.ini}; default: {spec.shown_default}" if add_ini else f"env {spec.env}"
+        kw: dict[str, Any] = {"default": None, "dest": spec.name, "help": f"{spec.help} [{where}]".replace("%", "%%")}
+        if spec.kind == "bool":
+            kw.update(action="store_const", const=True)
+        elif spec.kind == "ints":
+            kw.update(action="append", metavar="N[,N...]")
+        elif spec.kind == "choice" and strict_choices:
+            kw.update(choices=spec.choices)
+        elif spec.kind == "choice":
+            kw.update(metavar="{" + ",".join(spec.choices) + "}")
+        add_argument(spec.flag, **kw)
+        if add_ini is not None:
+            add_ini(spec.ini, help=f"{spec.help} (same as {spec.flag})", type="string", default="")
+
+
+def resolve(cli: Callable[[str], Any], *, environ: Mapping[str, str], invocation_dir: Path, root: Path,
+            ini: Callable[[str], Any] | None = None, ini_dir: Path | None = None, check: bool = True) -> EvalSettings:
+    """Every option's value, CLI > env > ini > default, parsed and validated into :class:`EvalSettings` (with
+    ``origins``); raises ConfigError naming the option's flag.
+
+    ``cli(name)`` is the command line's value of an option (``None``: not given), ``ini(ini_key)`` the ini file's
+    (``None``/empty: not set). Relative paths and ``--prompts`` file items are made absolute against the source's
+    directory: ``invocation_dir`` for CLI and env, ``ini_dir`` (default ``root``) for the ini file, ``root`` for
+    the defaults. Outside a checkout of this repository (:func:`in_repo` of ``root``) the bundled-fixture defaults do
+    not apply: a missing ``--target-model`` / ``--drafter`` is one ConfigError. ``check=False`` skips
+    :meth:`EvalSettings.validate` (no torch import: values only parsed).
+    """
+    parsed: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    repo, required = in_repo(root), []
+    for spec in OPTIONS:
+        raw, env = cli(spec.name), environ.get(spec.env)
+        ini_raw = ini(spec.ini) if ini is not None else None
+        if raw is not None:
+            base, origins[spec.name] = invocation_dir, "cli"
+        elif env is not None and env != "":
+            raw, base, origins[spec.name] = env, invocation_dir, "env"
+        elif ini_raw not in (None, "", []):
+            raw, base, origins[spec.name] = ini_raw, ini_dir or root, "ini"
+        else:
+            raw, base, origins[spec.name] = spec.default_for(repo), root, "default"
+            if raw is REQUIRED:
+                required.append(spec)
+                continue
+        parsed[spec.name] = parse_value(spec, raw, base)
+    if required:
+        raise ConfigError(
+            " and ".join(s.flag for s in required) + f" required: {root} is not a checkout of the dflash-eval "
+            "repository, so there is no bundled default; give " + ", ".join(
+                f"{s.flag} PATH (or env {s.env})" for s in required))
+    return EvalSettings._build(parsed, origins, check=check)

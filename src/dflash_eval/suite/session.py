@@ -1,0 +1,161 @@
+"""One evaluation run in one process: the stages of :mod:`dflash_eval.suite` composed in order.
+
+options -> :class:`~dflash_eval.suite.inputs.Inputs` (drafter-independent) -> :class:`~dflash_eval.suite.references.
+References` (completions) -> :class:`~dflash_eval.suite.feature_store.FeatureStore` (features) ->
+:class:`~dflash_eval.suite.evaluation.DrafterEvaluation` (τ, drift) -> :class:`~dflash_eval.suite.results.EvalResult`.
+
+The pytest plugin makes one session per process (per xdist worker); ``dflash-eval gate`` makes one per checkpoint,
+each after the first sharing the first one's inputs, completions and features (``shared=``).
+
+Example (outside pytest)::
+
+    settings = EvalSettings.from_mapping({"target_model": "fixtures/target", "drafter": "fixtures/drafter",
+                                          "prompts": "fixtures/prompts.jsonl"})
+    session = EvalSession(settings)
+    for pid, r in session.tau_results.items():
+        print(pid, r.chain.tau, {b: t.tau for b, t in r.ddtree.items()})
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from dflash_eval.errors import ConfigError
+from dflash_eval.metrics.baseline import Baseline, BaselineComparison, compare, load_baseline
+from dflash_eval.metrics.drift_budget import DriftBudget, GateCheck
+from dflash_eval.metrics.floors import Floors
+from dflash_eval.metrics.tau_context import describe, mismatches
+from dflash_eval.options.settings import EvalSettings
+from dflash_eval.suite.evaluation import DrafterEvaluation, Drift, PromptTau
+from dflash_eval.suite.feature_store import FeatureStore
+from dflash_eval.suite.inputs import Inputs
+from dflash_eval.suite.online_tau import online_tau
+from dflash_eval.suite.references import CompletionRecord, References
+from dflash_eval.suite.results import EvalResult, TauSummary, build_result, tau_summary
+
+__all__ = ["EvalSession", "EvalSettings", "CompletionRecord", "PromptTau", "Drift", "EvalResult", "TauSummary"]
+
+
+class EvalSession:
+    """The stages of one run (see module docstring); each attribute is one stage."""
+
+    def __init__(self, settings: EvalSettings, *, worker: tuple[str, int, int] | None = None,
+                 log: Callable[[str], None] | None = None, shared: EvalSession | None = None) -> None:
+        if shared is not None:
+            shared.inputs.check_shareable(settings)
+            self.inputs, self.references, self.store = shared.inputs, shared.references, shared.store
+        else:
+            self.inputs = Inputs(settings, worker=worker, log=log)
+            self.references = References(self.inputs)
+            self.store = FeatureStore(self.inputs)
+        self.settings = settings
+        self.evaluation = DrafterEvaluation(self.inputs, self.references, self.store, settings)
+        self.sglang_info: dict[str, Any] | None = None  # the SGLang service's description (eval.json "sglang")
+        self._tau_summary: TauSummary | None = None
+        self._floors: Floors | None = None
+        self._baseline: Baseline | None = None
+
+    # The questions the suite's tests and the CLI ask, each answered by one stage.
+    @property
+    def tau_results(self) -> dict[str, PromptTau]:
+        return self.evaluation.tau_results
+
+    def completions(self) -> dict[str, CompletionRecord]:
+        return self.evaluation.completions()
+
+    def drift(self, name: str) -> Drift:
+        return self.evaluation.drift(name)
+
+    def drift_budget(self) -> DriftBudget:
+        return self.evaluation.drift_budget()
+
+    def drift_gate(self, name: str) -> dict[int, GateCheck]:
+        return self.evaluation.drift_gate(name)
+
+    # ------------------------------------------------------------------------------------------------ goldens
+    def run_context(self) -> dict[str, Any]:
+        """The settings that change τ (:mod:`dflash_eval.metrics.tau_context`), recorded with floors and reports."""
+        s, inp = self.settings, self.inputs
+        ctx = {"target": inp.target_identity, "max_new_tokens": s.max_new_tokens, "max_blocks": s.max_blocks,
+               "block_size": self.evaluation.checkpoint.config.block_size,
+               "chat_template": inp.prompt_format["chat_template"], "thinking": inp.prompt_format["enable_thinking"],
+               "dtype": str(s.torch_dtype).removeprefix("torch."), "backend": s.feature_backend}
+        if any(p.extra.get("set") == "humaneval" for p in inp.prompts):  # the wrapper changes HumanEval's text
+            ctx["humaneval_wrapper"] = s.humaneval_wrapper
+        return ctx
+
+    def _refuse_or_warn(self, what: str, path: Any, recorded: dict[str, Any], *, explicit: bool) -> bool:
+        """Check a recorded context against this run: True when it matches (or mismatches are allowed, with a
+        warning); False when explicit thresholds make the file unnecessary (warning); ConfigError otherwise."""
+        diffs = mismatches(recorded, self.run_context())
+        if not diffs:
+            return True
+        lines = "\n  ".join(diffs)
+        if self.settings.allow_settings_mismatch:
+            warnings.warn(f"{what} {path} was recorded with other τ-relevant settings (used anyway: "
+                          f"--allow-settings-mismatch):\n  {lines}", UserWarning, stacklevel=2)
+            return True
+        if explicit:
+            warnings.warn(f"{what} {path} ignored: it was recorded with other τ-relevant settings and explicit "
+                          f"thresholds were given:\n  {lines}", UserWarning, stacklevel=2)
+            return False
+        raise ConfigError(f"{what} {path} was recorded with other τ-relevant settings than this run:\n  {lines}\n"
+                          f"(this run: {describe(self.run_context())}). Record floors for these settings "
+                          "(`dflash-eval record` with this run's options, or --update-tau-floors in its pytest "
+                          "command; a --floors-file and --golden-dir of their own keep another target's records "
+                          "apart), pass --floors-file / --baseline files recorded with them, give explicit "
+                          "thresholds (--tau-floor, --tau-floor-prompt), or --allow-settings-mismatch")
+
+    @property
+    def floors(self) -> Floors:
+        """The run's floors: the floors file when it was recorded with this run's settings (checked once), and the
+        explicit thresholds."""
+        if self._floors is None:
+            fl = self.inputs.floors
+            if fl.raw and fl.context and not self.settings.update_tau_floors and not self._refuse_or_warn(
+                    "floors file", fl.path, fl.context, explicit=fl.explicit):
+                fl = fl.without_file()
+            self._floors = fl
+        return self._floors
+
+    @property
+    def baseline(self) -> Baseline | None:
+        """The --baseline eval.json, checked against this run's settings (None without --baseline)."""
+        if self._baseline is None and self.settings.baseline is not None:
+            b = load_baseline(self.settings.baseline)
+            self._refuse_or_warn("--baseline", b.path, b.context, explicit=False)
+            self._baseline = b
+        return self._baseline
+
+    def check_inputs(self) -> None:
+        """Everything that can be wrong with the inputs, checked before any work: paths, prompts, the target's
+        config.json, the drafter's config.json, the floors file and the baseline against this run's settings
+        (ConfigError naming the file)."""
+        self.inputs.preflight()
+        self.inputs.target_dir.num_layers  # noqa: B018 - config.json readable, valid JSON, with the layer count
+        self.evaluation.check_config()
+        self.floors  # noqa: B018
+        self.baseline  # noqa: B018
+
+    def baseline_comparison(self) -> BaselineComparison | None:
+        b = self.baseline
+        if b is None:
+            return None
+        return compare({p: r.chain.tau for p, r in self.tau_results.items()}, b,
+                       drop_tol=self.settings.baseline_drop_tol, rise_tol=self.settings.baseline_rise_tol)
+
+    def tau_summary(self) -> TauSummary:
+        """τ of every prompt judged against the floors, the means and the per-category table."""
+        if self._tau_summary is None:
+            online = online_tau(self.evaluation) if self.settings.online_tau else None
+            self._tau_summary = tau_summary(self.evaluation, self.floors, self.baseline_comparison(), online)
+        return self._tau_summary
+
+    def result(self) -> EvalResult:
+        """What this process measured, judged (never computes anything new)."""
+        fp = self.store.fingerprint() if self.store.fingerprint_computed else None
+        tau = self.tau_summary() if self.evaluation.tau_computed else None
+        context = self.run_context() if self.evaluation.checkpoint_read and self.inputs.identity_known else None
+        return build_result(self.evaluation, tau=tau, sglang=self.sglang_info, fingerprint=fp, context=context)
