@@ -67,13 +67,17 @@ class DrafterEvaluation:
     """One drafter (``settings.drafter``) against the shared earlier stages."""
 
     def __init__(self, inputs: Inputs, references: References, store: FeatureStore,
-                 settings: EvalSettings | None = None) -> None:
+                 settings: EvalSettings | None = None, *, checkpoint: Any = None, live: Any = None) -> None:
+        """``checkpoint``: the drafter's :class:`~dflash_eval.drafter.Checkpoint` when it is not read from
+        ``settings.drafter`` (an in-memory state dict); ``live``: a drafter module to evaluate as it is (its own
+        weights, device and dtype) instead of one built from the checkpoint, after the same architecture checks."""
         self.inputs, self.references, self.store = inputs, references, store
         self.settings = settings or inputs.settings  # differs from the inputs' only in the drafter options
         self._tau: dict[tuple[Side, tuple[int, ...]], dict[str, PromptTau]] = {}
         self._drift: dict[str, Drift] = {}
         self._budget: DriftBudget | None = None
-        self._checkpoint: Any = None
+        self._checkpoint: Any = checkpoint
+        self._live = live
 
     # ------------------------------------------------------------------------------------------------ drafter
     @property
@@ -94,6 +98,8 @@ class DrafterEvaluation:
         it does not implement) is one error naming the file and the key, before any test."""
         from dflash_eval.drafter import load_config_file
 
+        if self._checkpoint is not None:  # given in memory: its config was parsed when it was made
+            return
         d, path = self.settings.drafter, self.settings.drafter_config
         if path is None and (d.is_dir() or d.suffix == ".safetensors"):
             path = d / "config.json" if d.is_dir() else d.parent / "config.json"
@@ -146,6 +152,8 @@ class DrafterEvaluation:
 
         if self.refusal is not None:
             raise self.refusal.with_traceback(None)
+        if self._live is not None:
+            return self._live
         spec = self.inputs.spec
         with self.inputs.meter.timed("drafter_load"):
             return build_drafter(self.checkpoint, device=self.settings.torch_device, dtype=self.settings.torch_dtype,

@@ -42,7 +42,10 @@ class EvalSession:
     """The stages of one run (see module docstring); each attribute is one stage."""
 
     def __init__(self, settings: EvalSettings, *, worker: tuple[str, int, int] | None = None,
-                 log: Callable[[str], None] | None = None, shared: EvalSession | None = None) -> None:
+                 log: Callable[[str], None] | None = None, shared: EvalSession | None = None,
+                 checkpoint: Any = None, live: Any = None) -> None:
+        """``checkpoint`` / ``live``: a drafter given in memory (:class:`~dflash_eval.suite.evaluation.
+        DrafterEvaluation`); :class:`dflash_eval.Evaluator` makes them."""
         if shared is not None:
             shared.inputs.check_shareable(settings)
             self.inputs, self.references, self.store = shared.inputs, shared.references, shared.store
@@ -51,7 +54,8 @@ class EvalSession:
             self.references = References(self.inputs)
             self.store = FeatureStore(self.inputs)
         self.settings = settings
-        self.evaluation = DrafterEvaluation(self.inputs, self.references, self.store, settings)
+        self.evaluation = DrafterEvaluation(self.inputs, self.references, self.store, settings,
+                                            checkpoint=checkpoint, live=live)
         self.sglang_info: dict[str, Any] | None = None  # the SGLang service's description (eval.json "sglang")
         self._tau_summary: TauSummary | None = None
         self._floors: Floors | None = None
