@@ -1,4 +1,4 @@
-"""Online speculative decoding: the target verifies each drafted block (greedy), no reference needed.
+"""Online speculative decoding: the target verifies each drafted block (greedy or sampled), no reference needed.
 
 The DFlash speculative loop with a real target cache. A hybrid target's linear-attention state
 (conv + recurrent) cannot be cropped after a rejection, so each round snapshots the cache, verifies the block
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,13 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+Pick = Callable[[Tensor, Tensor], Tensor]  # (logits [n, V], absolute positions [n]) -> the target's tokens [n]
+
+
+def _argmax(logits: Tensor, positions: Tensor) -> Tensor:
+    return logits.argmax(-1)
+
+
 @dataclass
 class OnlineResult:
     tokens: list[int]  # generated tokens (the completion)
@@ -60,8 +68,16 @@ def online_generate(
     backend: str = "auto",
     stop_at_eos: bool = False,
     max_blocks: int | None = None,
+    pick: Pick | None = None,
 ) -> OnlineResult:
-    """Run greedy DFlash speculative decoding and return the completion and per-round acceptance lengths."""
+    """Run DFlash speculative decoding and return the completion and per-round acceptance lengths.
+
+    ``pick(logits [n, V], positions [n])`` is the target's token at each verified position (absolute positions in
+    prompt + completion); default argmax (greedy). At temperature > 0 it samples
+    (:func:`dflash_eval.target.sampling.sample_tokens` with a stream seed): the drafts stay argmax, a draft is
+    accepted while it equals the target's token there, and the first token that differs is the bonus (z-lab's
+    loop)."""
+    pick = pick or _argmax
     model = target.model
     dev = target.device
     cfg = drafter.config
@@ -79,7 +95,7 @@ def online_generate(
         forwards += 1
         # Projected context (fc + hidden_norm act per position): grown by the committed positions each round.
         ctx = drafter.project_context(cap.features()[0].to(drafter.fc.weight.device))[None]  # positions 0..P-1
-        bonus = int(out.logits[0, -1].argmax())
+        bonus = int(pick(out.logits[0, -1:], torch.tensor([prompt.shape[0]]))[0])
         generated = [bonus]
         lens: list[int] = []
         done = (eos is not None and bonus == eos) or max_new_tokens <= 1
@@ -93,7 +109,7 @@ def online_generate(
             snapshot = copy.deepcopy(cache)
             ver = model(block[None], **{kw: cache}, use_cache=True)
             forwards += 1
-            post = ver.logits[0].argmax(-1)  # posterior[k] = target's token after block[:k+1]
+            post = pick(ver.logits[0], torch.arange(start + 1, start + 1 + b))  # target's token after block[:k+1]
             limit = min(b - 1, max_new_tokens - 1 - len(generated))
             acc = 0
             while acc < limit and int(draft[acc]) == int(post[acc]):

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from dflash_eval.target.backends import use_backend
+from dflash_eval.target.sampling import SamplingParams, SeededSampler
 
 __all__ = ["greedy_generate", "greedy_generate_batch", "generation_groups", "attention_backends"]
 
@@ -57,16 +58,21 @@ def greedy_generate_batch(
     backend: str = "auto",
     stop_at_eos: bool = True,
     cudnn_attention: bool = False,
+    sampling: tuple[SamplingParams, list[int]] | None = None,
 ) -> list[list[int]]:
     """Greedy (argmax) continuations of ``prompts`` in one left-padded batch: the generated ids of each prompt,
     at most ``max_new_tokens``, each cut after its first EOS (included) when ``stop_at_eos``.
 
     Runs ``model.generate`` with the target's cache (chunked prefill, recurrent decode for hybrid layers) under
     the chosen linear-attention backend. A single prompt is not padded at all. ``cudnn_attention``: let torch pick
-    cuDNN attention (off by default, see :func:`attention_backends`).
+    cuDNN attention (off by default, see :func:`attention_backends`). ``sampling``: (params, one stream seed per
+    prompt) to sample instead (:class:`~dflash_eval.target.sampling.SeededSampler`, position-indexed draws, so a
+    row's tokens do not depend on the batch it is in); greedy params leave generation greedy.
     """
     if not prompts:
         return []
+    from transformers import LogitsProcessorList
+
     rows = [torch.as_tensor(p, dtype=torch.long).flatten().cpu() for p in prompts]
     if any(r.numel() == 0 for r in rows):
         raise ValueError(f"empty prompt at index {next(i for i, r in enumerate(rows) if r.numel() == 0)}")
@@ -78,6 +84,10 @@ def greedy_generate_batch(
     for n, r in enumerate(rows):
         ids[n, width - r.numel():] = r
         mask[n, width - r.numel():] = 1
+    extra: dict[str, Any] = {}
+    if sampling is not None and not sampling[0].greedy:
+        extra["logits_processor"] = LogitsProcessorList([SeededSampler(sampling[0], list(sampling[1]),
+                                                                       [r.numel() for r in rows], width)])
     with use_backend(backend, target.device), attention_backends(target.device, cudnn_attention):
         out = target.model.generate(
             ids.to(target.device),
@@ -87,6 +97,7 @@ def greedy_generate_batch(
             do_sample=False,
             eos_token_id=eos,
             pad_token_id=pad,
+            **extra,
         )
     results = []
     for row in out[:, width:].tolist():
