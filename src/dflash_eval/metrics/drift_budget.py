@@ -41,56 +41,83 @@ Run it through the suite (it is cached per drafter, feature entries, ladder, see
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from dflash_eval.metrics.drift_ladder import DEFAULT_LADDER, Perturbation, parse_ladder, perturb_layers
 from dflash_eval.metrics.stats import Summary, summarize
 from dflash_eval.metrics.tau import simulate_tau
+from dflash_eval.metrics.tau_chunks import DEFAULT_CHUNK_MEMORY, bytes_per_token, lengths_of, plan_chunks
 
 __all__ = ["DEFAULT_LADDER", "Perturbation", "parse_ladder", "perturb_layers", "measure_ladder", "find_budget",
            "find_harm", "Level", "DriftBudget", "GateCheck", "gate_check", "impact"]
 
-_GROUP_BYTES = 1 << 30  # feature bytes per batched simulation
+Prompt = tuple[str, dict[int, Tensor], Tensor, int]  # (prompt id, {layer: features [T, H]}, token ids [T], prompt_len)
 
 
-def measure_ladder(drafter: Any, head: Any, prompts: Sequence[tuple[str, dict[int, Tensor], Tensor, int]],
-                   ladder: Sequence[Perturbation], *, base_tau: Sequence[float] | None = None, seed: int = 0,
-                   max_blocks: int | None = None,
-                   group_bytes: int = _GROUP_BYTES) -> tuple[list[list[float]], list[list[list[float]]]]:
+def measure_ladder(drafter: Any, head: Any, prompts: Sequence[Prompt], ladder: Sequence[Perturbation], *,
+                   base_tau: Sequence[float] | None = None, seed: int = 0, max_blocks: int | None = None,
+                   memory: int | None = DEFAULT_CHUNK_MEMORY,
+                   progress: Callable[[int], None] | None = None) -> tuple[list[list[float]], list[list[list[float]]]]:
     """Chain τ of every prompt under every perturbation: ``(tau[level][prompt], injected[level][prompt][layer])``.
 
-    ``prompts``: (prompt id, {layer: features [T, H]}, token ids [T], prompt_len). Levels go through
-    :func:`dflash_eval.metrics.tau.simulate_tau` together (every chain in lock-step, drafting only the starts it visits), as
-    many per call as ``group_bytes`` of features allow. A level that leaves every feature bit-identical (e.g. bf16
-    rounding of bf16 features) takes ``base_tau`` instead, when given.
+    The prompts go in chunks of about ``memory`` bytes (:mod:`dflash_eval.metrics.tau_chunks`: a prompt's features
+    as read, each level's perturbed copy and its contexts; a :class:`~dflash_eval.metrics.tau_chunks.LazyItems` of
+    prompts is read chunk by chunk); within a chunk, the levels go through
+    :func:`dflash_eval.metrics.tau.simulate_tau` together (every chain in lock-step, drafting only the starts it
+    visits), as many per call as the budget allows. The noise of a prompt is seeded by its id, so the chunks change
+    nothing. A level that leaves a chunk's features bit-identical (e.g. bf16 rounding of bf16 features) takes
+    ``base_tau`` instead, when given. ``progress``: called with the positions simulated so far, out of
+    ``len(ladder)`` x the sum of ``T - 1 - prompt_len``.
     """
+    lengths = lengths_of(prompts, lambda p: int(p[2].shape[0]))
+    per_token = bytes_per_token(drafter)
+    taus: list[list[float]] = [[float("nan")] * len(prompts) for _ in ladder]
+    injected: list[list[list[float]]] = [[[] for _ in prompts] for _ in ladder]
+    done = 0
+    for order in plan_chunks(lengths, per_token, memory):
+        chunk = [prompts[i] for i in order]
+        size = len(order) * max(lengths[i] for i in order) * per_token
+        step = len(ladder) if memory is None else max(1, memory // max(1, size))
+        positions = sum(max(0, int(toks.shape[0]) - 1 - plen) for _, _, toks, plen in chunk)
+        for g0 in range(0, len(ladder), step):
+            group = range(g0, min(g0 + step, len(ladder)))
+            sims = _measure_group(drafter, head, chunk, [ladder[k] for k in group], base_tau and
+                                  [base_tau[i] for i in order], seed, max_blocks,
+                                  None if progress is None else lambda d, base=done: progress(base + d))
+            for k, (ts, errs) in zip(group, sims):
+                for n, i in enumerate(order):
+                    taus[k][i], injected[k][i] = ts[n], errs[n]
+            done += positions * len(group)
+            if progress is not None:
+                progress(done)
+        del chunk
+    return taus, injected
+
+
+def _measure_group(drafter: Any, head: Any, chunk: Sequence[Prompt], levels: Sequence[Perturbation],
+                   base_tau: Sequence[float] | None, seed: int, max_blocks: int | None,
+                   progress: Callable[[int], None] | None) -> list[tuple[list[float], list[list[float]]]]:
+    """(τ of each prompt of ``chunk``, its injected errors) under each of ``levels``, in one simulation."""
     dt = next(drafter.parameters()).dtype
-    n = len(prompts)
-    per_level = sum(sum(f.numel() for f in feats.values()) * torch.finfo(dt).bits // 8 for _, feats, _, _ in prompts)
-    step = max(1, group_bytes // max(1, per_level))
-    taus: list[list[float] | None] = [None] * len(ladder)
-    injected: list[list[list[float]]] = [[] for _ in ladder]
-    for g0 in range(0, len(ladder), step):
-        items, drafted = [], []
-        for k in range(g0, min(g0 + step, len(ladder))):
-            level = [perturb_layers(feats, ladder[k], seed=seed, prompt_id=pid, dtype=dt)
-                     for pid, feats, _, _ in prompts]
-            injected[k] = [e for _, e in level]
-            if base_tau is not None and not any(x for _, e in level for x in e):
-                taus[k] = list(base_tau)
-                continue
-            drafted.append(k)
-            items += [(f, toks, plen) for (f, _), (_, _, toks, plen) in zip(level, prompts)]
-        flat = [r.chain.tau for r in simulate_tau(drafter, head, items, (), max_blocks=max_blocks)]
-        for j, k in enumerate(drafted):
-            taus[k] = flat[j * n:(j + 1) * n]
-    return [t if t is not None else [] for t in taus], injected
+    out: list[tuple[list[float], list[list[float]]]] = []
+    items, drafted = [], []
+    for k, lv in enumerate(levels):
+        level = [perturb_layers(feats, lv, seed=seed, prompt_id=pid, dtype=dt) for pid, feats, _, _ in chunk]
+        out.append((list(base_tau) if base_tau else [], [e for _, e in level]))
+        if base_tau is not None and not any(x for _, e in level for x in e):
+            continue
+        drafted.append(k)
+        items += [(f, toks, plen) for (f, _), (_, _, toks, plen) in zip(level, chunk)]
+    flat = [r.chain.tau for r in simulate_tau(drafter, head, items, (), max_blocks=max_blocks, progress=progress)]
+    n = len(chunk)
+    for j, k in enumerate(drafted):
+        out[k] = (flat[j * n:(j + 1) * n], out[k][1])
+    return out
 
 
 def find_harm(points: Sequence[tuple[float, float]], tol: float) -> int | None:

@@ -38,7 +38,6 @@ Example::
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +46,8 @@ import torch
 from torch import Tensor
 
 from dflash_eval.drafter.model import ContextKV, DFlashDrafter, block_ids, draft_logits
+from dflash_eval.metrics.ddtree import build_ddtree
+from dflash_eval.metrics.tau_chunks import LazyItems, bytes_per_token, lengths_of, plan_chunks
 from dflash_eval.target.head import TargetHead
 
 __all__ = ["TauResult", "DraftTable", "SimulatedTau", "draft_table", "simulate_tau", "chain_path", "ddtree_path",
@@ -217,6 +218,8 @@ def simulate_tau(
     *,
     max_blocks: int | None = None,
     chunk: int = 256,
+    memory: int | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[SimulatedTau]:
     """Chain and DDTree-``b`` τ (each budget) of every item, drafting only the starts the simulations visit.
 
@@ -225,9 +228,40 @@ def simulate_tau(
     batched forward (``chunk`` blocks at most) with the top ``max(budgets)`` candidates (as :func:`draft_table`
     with that ``top_k``), and hands each path its block. Same τ as :func:`draft_table` + :func:`chain_tau` /
     :func:`ddtree_tau`: a block's drafts do not depend on which other blocks share its forward.
+
+    ``memory`` (bytes): simulate the items in chunks of about that much memory
+    (:func:`dflash_eval.metrics.tau_chunks.plan_chunks`; exact: τ of an item does not depend on the others); an
+    item of ``items`` (e.g. a :class:`~dflash_eval.metrics.tau_chunks.LazyItems`) is taken only for its chunk and
+    let go after it. ``None``: every item in one simulation. ``progress``: called after every round with the
+    positions covered so far (over all items: a finished item counts all of its ``T - 1 - prompt_len``).
     """
     if not items:
         return []
+    for bud in budgets:
+        if bud < 1:
+            raise ValueError(f"DDTree budget must be >= 1, got {bud}")
+    lengths = lengths_of(items, lambda it: int(it[1].shape[0]))
+    plan = plan_chunks(lengths, bytes_per_token(drafter), memory)
+    out: dict[int, SimulatedTau] = {}
+    done = 0
+    for order in plan:
+        chunk_items = [items[i] for i in order] if len(plan) > 1 or isinstance(items, LazyItems) else list(items)
+        base = done
+
+        def report(covered: int, base: int = base) -> None:
+            if progress is not None:
+                progress(base + covered)
+
+        out.update(zip(order, _simulate_chunk(drafter, head, chunk_items, budgets, max_blocks, chunk, report)))
+        done += sum(max(0, lengths[i] - 1 - int(chunk_items[n][2])) for n, i in enumerate(order))
+        del chunk_items
+    return [out[i] for i in range(len(items))]
+
+
+def _simulate_chunk(drafter: DFlashDrafter, head: TargetHead, items: Items, budgets: Sequence[int],
+                    max_blocks: int | None, chunk: int, report: Callable[[int], None]) -> list[SimulatedTau]:
+    """:func:`simulate_tau` of one chunk of items (every path in lock-step); ``report(positions covered)`` after
+    every round."""
     b, k = drafter.config.block_size, _top_k(head, max(budgets, default=1))
     toks = [t.cpu().to(torch.long) for _, t, _ in items]
     kv = _contexts(drafter, items)
@@ -253,10 +287,19 @@ def simulate_tau(
         waiting.clear()
         for i, key, path, s in current:
             step(i, key, path, drafted[(i, s)])
+        report(_covered(items, toks, waiting))
     counts = [0] * len(items)
     for i, _ in drafted:
         counts[i] += 1
     return [SimulatedTau(d["chain"], {bud: d[bud] for bud in budgets}, n) for d, n in zip(done, counts)]
+
+
+def _covered(items: Items, toks: Sequence[Tensor], waiting: Sequence[tuple[int, Any, Any, int]]) -> int:
+    """Positions the item's slowest waiting path has passed, summed over the items (a finished item: all of its)."""
+    low: dict[int, int] = {}
+    for i, _, _, s in waiting:
+        low[i] = min(low.get(i, s), s)
+    return sum((low[i] if i in low else int(toks[i].shape[0]) - 1) - int(p) for i, (_, _, p) in enumerate(items))
 
 
 def _follow(path: Path, lookup: Callable[[int], Drafts]) -> TauResult:
@@ -292,41 +335,6 @@ def chain_tau(table: DraftTable, *, max_blocks: int | None = None) -> TauResult:
     """Simulate the greedy DFlash chain loop on the reference (see module docstring)."""
     return _follow(chain_path(table.tokens.tolist(), table.prompt_len, table.block_size, max_blocks=max_blocks),
                    table.drafts)
-
-
-@dataclass(frozen=True)
-class TreeNode:
-    depth: int  # 1..B-1
-    rank: int  # index into the top-k list of this depth
-    parent: int  # index of the parent node, -1 for the root
-    token: int
-    score: float
-
-
-def build_ddtree(ids: Tensor, logp: Tensor, budget: int) -> list[TreeNode]:
-    """Best-first DDTree over one block's per-slot top-k lists ([B-1, K] each); ``budget`` non-root nodes.
-
-    Start from (depth 1, rank 0); each pop adds a node and pushes its next sibling (same depth, rank + 1) and its
-    first child (depth + 1, rank 0). Scores are sums of per-depth log-probs. Ties break by insertion order.
-    """
-    depths, k = int(ids.shape[0]), int(ids.shape[1])
-    lp = logp.tolist()
-    tok = ids.tolist()
-    nodes: list[TreeNode] = []
-    counter = 0
-    heap: list[tuple[float, int, int, int, int, float]] = [(-lp[0][0], counter, 1, 0, -1, 0.0)]
-    while heap and len(nodes) < budget:
-        neg, _, depth, rank, parent, parent_score = heapq.heappop(heap)
-        score = -neg
-        nodes.append(TreeNode(depth, rank, parent, tok[depth - 1][rank], score))
-        me = len(nodes) - 1
-        if rank + 1 < k:
-            counter += 1
-            heapq.heappush(heap, (-(parent_score + lp[depth - 1][rank + 1]), counter, depth, rank + 1, parent, parent_score))
-        if depth < depths:
-            counter += 1
-            heapq.heappush(heap, (-(score + lp[depth][0]), counter, depth + 1, 0, me, score))
-    return nodes
 
 
 def ddtree_path(tokens: list[int], prompt_len: int, block_size: int, budget: int, *,
