@@ -102,7 +102,7 @@ def test_measured_ladder_equals_the_plain_draft_path(tiny_drafter, tiny_head):
     base = [chain_tau(tb) for tb in draft_table(tiny_drafter, tiny_head, [
         (torch.cat([f[i] for i in layers], -1), toks, pl) for _, f, toks, pl in prompts])]
     taus, inj = measure_ladder(tiny_drafter, tiny_head, prompts, ladder, base_tau=[r.tau for r in base], seed=3,
-                               group_bytes=1)
+                               memory=1)
     batched, inj2 = measure_ladder(tiny_drafter, tiny_head, prompts, ladder, seed=3)
     assert taus == batched and inj == inj2 and len(taus) == 3 and len(inj[0][0]) == len(layers)
     for p, ts in zip(ladder, taus):  # each level against a plain draft pass of the same perturbed features
