@@ -1,6 +1,6 @@
 """The suite's options: one declaration (:class:`dflash_eval.options.settings.EvalSettings`' fields) drives the pytest plugin's
 and the ``dflash-eval`` CLI's registration, one resolver (CLI > env > ini > default) serves both, and the option
-table in docs/eval_suite.md is generated from it.
+table in docs/reference.md is generated from it.
 
 Run: ``pytest tests/test_options.py -p no:cacheprovider``
 """
@@ -235,8 +235,8 @@ def test_plugin_and_cli_report_bad_values_naming_the_flag(pytester, capsys):
 
 
 def test_docs_option_table_is_current():
-    doc = (ROOT / "docs" / "eval_suite.md").read_text(encoding="utf-8")
-    assert with_option_table(doc) == doc, f"docs/eval_suite.md: the option table is stale; run: {DOCS_COMMAND}"
+    doc = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
+    assert with_option_table(doc) == doc, f"docs/reference.md: the option table is stale; run: {DOCS_COMMAND}"
 
 
 def test_option_table_rows_and_regeneration():

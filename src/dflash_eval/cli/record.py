@@ -14,7 +14,7 @@ the snapshots go to ``<--golden-dir>/snapshots/<target folder name>/``, the fing
 ``<--golden-dir>/fingerprints/<device kind>-<backend>-<dtype>.json``.
 
 Options: the suite options ``record`` honours (``dflash-eval record --help``; the option table of
-``docs/eval_suite.md`` says which command honours which), and pytest's own (``-n 2``, ``-x``, ``--junitxml``),
+``docs/reference.md`` says which command honours which), and pytest's own (``-n 2``, ``-x``, ``--junitxml``),
 which pass through. An option ``record`` does not honour (thresholds, ``--baseline``, the drift tolerances,
 ``--update-tau-floors`` / ``--update-fingerprints``, which it always does) is refused before anything runs.
 

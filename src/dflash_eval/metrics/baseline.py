@@ -8,7 +8,7 @@ change relative to the baseline's mean over the same prompts. Two rules, each it
 - ceiling: the run fails when mean chain τ rose by more than ``--baseline-rise-tol`` (relative): τ that jumps up is
   more often a bug than a breakthrough (a drafter that sees future tokens scores near the block size).
 
-The defaults come from measured noise (docs/eval_suite.md, "Baseline tolerances"). A baseline recorded with other
+The defaults come from measured noise (docs/manual.md, "Baseline tolerances"). A baseline recorded with other
 τ-relevant settings (:mod:`dflash_eval.metrics.tau_context`) is refused before anything runs.
 """
 

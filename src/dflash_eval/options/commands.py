@@ -1,7 +1,7 @@
 """Which suite options each ``dflash-eval`` command honours, and one clear refusal of the others.
 
 Every suite option declares the commands that honour it (``commands`` in :mod:`dflash_eval.options.settings`; the option
-table of ``docs/eval_suite.md`` shows them): the suite (``run``: ``dflash-eval run``, ``pytest``) honours all,
+table of ``docs/reference.md`` shows them): the suite (``run``: ``dflash-eval run``, ``pytest``) honours all,
 ``gate`` and ``record`` a subset. A command's ``--help`` lists only its options (:func:`add_command_options`); a
 suite option it does not honour is refused with exit 2 naming the commands that do (:func:`refused`), never
 accepted and ignored. Environment variables ``DFLASH_EVAL_<NAME>`` of options a command does not honour are not

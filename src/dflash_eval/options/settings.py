@@ -4,8 +4,8 @@ A field's metadata holds the option's help, kind and choices; from it come ``--n
 ``DFLASH_EVAL_<NAME>`` in the environment and ``dflash_<name>`` in the ini file ([tool.pytest.ini_options]).
 :func:`add_options` registers them (pytest's ``group.addoption`` and argparse's ``add_argument`` alike),
 :func:`resolve` is the one resolver (precedence CLI > env > ini > default; relative paths and ``--prompts`` file
-items made absolute there) and :mod:`dflash_eval.options.table` writes the table in ``docs/eval_suite.md``
-(``python -m dflash_eval.options.table --write-docs docs/eval_suite.md``). :class:`EvalSettings` also resolves ``auto``
+items made absolute there) and :mod:`dflash_eval.options.table` writes the table in ``docs/reference.md``
+(``python -m dflash_eval.options.table --write-docs docs/reference.md``). :class:`EvalSettings` also resolves ``auto``
 device, dtype and backends.
 
 The defaults that point at this repository's bundled fixtures (``--target-model``, ``--drafter``, the prompt file in

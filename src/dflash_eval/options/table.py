@@ -1,6 +1,6 @@
-"""The option table of ``docs/eval_suite.md``, generated from the declarations in :mod:`dflash_eval.options.settings`.
+"""The option table of ``docs/reference.md``, generated from the declarations in :mod:`dflash_eval.options.settings`.
 
-Regenerate: ``python -m dflash_eval.options.table --write-docs docs/eval_suite.md``; ``--check-docs`` exits 1 when the
+Regenerate: ``python -m dflash_eval.options.table --write-docs docs/reference.md``; ``--check-docs`` exits 1 when the
 table is stale (a unit test does the same).
 """
 
@@ -14,13 +14,13 @@ from dflash_eval.options.settings import OPTIONS
 
 __all__ = ["render_option_table", "with_option_table", "main", "DOCS_COMMAND", "TABLE_START", "TABLE_END"]
 
-DOCS_COMMAND = "python -m dflash_eval.options.table --write-docs docs/eval_suite.md"
+DOCS_COMMAND = "python -m dflash_eval.options.table --write-docs docs/reference.md"
 TABLE_START, TABLE_END = "<!-- options-table:start -->", "<!-- options-table:end -->"
 
 
 def render_option_table() -> str:
     """The markdown table of every option (flag, env, ini, default, the commands that honour it, meaning) kept in
-    ``docs/eval_suite.md``; ``run`` is the suite (``dflash-eval run``, ``pytest``), ``gate`` and ``record`` the
+    ``docs/reference.md``; ``run`` is the suite (``dflash-eval run``, ``pytest``), ``gate`` and ``record`` the
     ``dflash-eval`` commands (each refuses the options it does not honour)."""
     rows = ["| option | env | ini | default | commands | meaning |", "|---|---|---|---|---|---|"]
     for o in OPTIONS:
