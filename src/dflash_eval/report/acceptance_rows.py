@@ -13,20 +13,9 @@ import math
 from typing import Any
 
 from dflash_eval.metrics.acceptance_rates import acceptance_block, acceptance_table, position_rates, row_histograms
+from dflash_eval.report.format import fmt, percent_list, span
 
-__all__ = ["acceptance_rows", "conversation_rows", "percent_list"]
-
-
-def percent_list(values: list[float]) -> str:
-    """Fractions as whole percentages separated by spaces (``"93 81 70"``; ``-`` for NaN)."""
-    return " ".join("-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.0f}"
-                    for v in values)
-
-
-def _fmt(x: Any) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{x:.3f}" if isinstance(x, float) else str(x)
+__all__ = ["acceptance_rows", "conversation_rows"]
 
 
 def _row(scope: str, source: str, block: dict[str, Any]) -> list[str]:
@@ -34,7 +23,7 @@ def _row(scope: str, source: str, block: dict[str, Any]) -> list[str]:
     rounds = block.get("rounds", sum(hist))
     shares = [c / rounds for c in hist] if rounds else [math.nan] * len(hist)
     rates = block.get("position_rates") or position_rates(hist)
-    return [scope, source, str(rounds), _fmt(block.get("tau")), percent_list(rates), percent_list(shares)]
+    return [scope, source, str(rounds), fmt(block.get("tau")), percent_list(rates), percent_list(shares)]
 
 
 def acceptance_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -59,11 +48,11 @@ def conversation_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]
     """Header and rows of the multi-turn table; no rows without conversations."""
     convs = data.get("conversations") or {}
     header = ["conversation", "category", "τ per turn", "conversation τ", "rounds"]
-    rows = [[cid, str(c.get("category", "-")), " / ".join(_fmt(t) for t in c.get("turn_tau", [])),
-             _fmt(c.get("tau")), str(c.get("rounds", "-"))] for cid, c in convs.items()]
+    rows = [[cid, str(c.get("category", "-")), " / ".join(fmt(t) for t in c.get("turn_tau", [])),
+             fmt(c.get("tau")), str(c.get("rounds", "-"))] for cid, c in convs.items()]
     for k, t in (data.get("turns") or {}).items():
         ch = t.get("chain", {})
         lo, hi = (ch.get("ci95") or [None, None])[:2]
-        rows.append([f"turn {k} (mean of {ch.get('n', 0)})", "", f"{_fmt(ch.get('mean'))} (CI95 {_fmt(lo)}–{_fmt(hi)})",
-                     _fmt(t.get("acceptance", {}).get("tau")), str(t.get("acceptance", {}).get("rounds", "-"))])
+        rows.append([f"turn {k} (mean of {ch.get('n', 0)})", "", f"{fmt(ch.get('mean'))} (CI95 {span(lo, hi)})",
+                     fmt(t.get("acceptance", {}).get("tau")), str(t.get("acceptance", {}).get("rounds", "-"))])
     return header, rows

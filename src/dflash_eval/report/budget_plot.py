@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.common.atomic import atomic_write_with
+from dflash_eval.report.format import fmt
 from dflash_eval.report.summary import gate_outcome
 
 __all__ = ["write_budget_plot", "budget_figure", "measured_drifts", "budget_title", "FONT_PT"]
@@ -36,6 +37,10 @@ def measured_drifts(data: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _g(x: Any) -> str:
+    return fmt(x, 2, "g")
+
+
 def budget_title(data: dict[str, Any]) -> tuple[str, str]:
     """The plot's title (the gate's verdict and its numbers) and subtitle (what the budget is)."""
     b = data["drift_budget"]
@@ -43,14 +48,15 @@ def budget_title(data: dict[str, Any]) -> tuple[str, str]:
     bound = ">= " if b.get("lower_bound") else ""
     drifts = measured_drifts(data)
     if outcome is None:
-        title = f"drift budget {bound}{b['budget']:.2g}: no drift was gated in this run"
+        title = f"drift budget {bound}{_g(b['budget'])}: no drift was gated in this run"
     else:
         name, worst = max(drifts.items(), key=lambda kv: kv[1]) if drifts else ("-", float("nan"))
         rel = "<=" if outcome == "pass" else ">" if outcome == "fail" else "vs"
-        title = (f"drift gate {outcome.upper()}: worst measured drift {worst:.2g} ({name}) x safety {b['safety']:g} "
-                 f"= {worst * b['safety']:.2g} {rel} budget {bound}{b['budget']:.2g}")
-    sub = (f"budget = largest injected feature error that keeps mean |Δτ| <= {b['tol']:g} (upper end of its 95 % CI), "
-           f"measured on {b['n_prompts']} prompts from {b['base']} features; drafter {str(b['drafter'])[:12]}")
+        title = (f"drift gate {outcome.upper()}: worst measured drift {_g(worst)} ({name}) x safety "
+                 f"{fmt(b['safety'], 6, 'g')} = {_g(worst * b['safety'])} {rel} budget {bound}{_g(b['budget'])}")
+    sub = (f"budget = largest injected feature error that keeps mean |Δτ| <= {fmt(b['tol'], 6, 'g')} (upper end of "
+           f"its 95 % CI), measured on {b['n_prompts']} prompts from {b['base']} features; drafter "
+           f"{str(b['drafter'])[:12]}")
     return title, sub
 
 
@@ -75,6 +81,77 @@ def write_budget_plot(data: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+def _noise_and_rounding(ax: Any, key: str, levels: list[dict[str, Any]], floor: float, *, main: bool) -> None:
+    """One panel's injected-noise line (with CI bars on the main panel) and rounding points (labelled there)."""
+    noise = [lv for lv in levels if lv["kind"] == "noise"]
+    rounds = [lv for lv in levels if lv["kind"] == "round"]
+    if noise:
+        xs, ys = [lv["injected_rel_err"] for lv in noise], [lv[key] for lv in noise]
+        if main:
+            err = [[max(0.0, lv[key] - lv["ci95"][0]) for lv in noise],
+                   [max(0.0, lv["ci95"][1] - lv[key]) for lv in noise]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color="C0",
+                        label="injected Gaussian noise (bars: 95 % CI of mean |Δτ|)")
+        else:
+            ax.plot(xs, ys, marker="o", color="C0")
+    for k, lv in enumerate(rounds):
+        x = max(lv["injected_rel_err"], floor / 10)
+        ax.scatter([x], [lv[key]], marker="s", color="C1", zorder=3,
+                   label="rounding to a lower-precision dtype" if k == 0 and main else None)
+        if main:  # labelled once (staggered: rounding levels lie close together)
+            ax.annotate(lv["label"], (x, lv[key]), textcoords="offset points", xytext=(4, 6 + 12 * (k % 2)),
+                        fontsize=FONT_PT)
+
+
+def _limits(ax: Any, b: dict[str, Any], drifts: dict[str, float], floor: float, *, main: bool) -> None:
+    """The budget, the gate limit and each comparison's measured drift as vertical lines (labelled on the main
+    panel), the log x axis and its grid."""
+    bound = ">= " if b["lower_bound"] else ""
+    ax.axvline(b["budget"], color="green", linewidth=2.2, label=f"drift budget {bound}{_g(b['budget'])}" if main
+               else None)
+    ax.axvline(b["gate_limit"], color="green", linestyle=":", linewidth=2, label=None if not main else
+               f"gate limit = budget / {fmt(b['safety'], 6, 'g')} = {_g(b['gate_limit'])} (a measured drift must "
+               "stay left)")
+    for k, (name, v) in enumerate(sorted(drifts.items())):
+        ax.axvline(max(v, floor / 10), color=f"C{k + 3}", linestyle="--", linewidth=1.8,
+                   label=f"measured drift {name}: {_g(v)}" if main else None)
+    ax.set_xscale("log")
+    ax.set_xlabel("injected relative feature error ||f' - f|| / ||f||", fontsize=FONT_PT + 1)
+    ax.tick_params(labelsize=FONT_PT)
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _axes_ranges(ax_d: Any, ax_t: Any, b: dict[str, Any], levels: list[dict[str, Any]]) -> None:
+    """The tolerance band and the y ranges and labels of both panels."""
+    tol = fmt(b["tol"], 6, "g")
+    top = max([b["tol"] * 2] + [lv["ci95"][1] for lv in levels])
+    ax_d.axhspan(0, b["tol"], color="green", alpha=0.08)
+    ax_d.axhline(b["tol"], color="red", linewidth=1.5, label=f"tolerance: mean |Δτ| <= {tol}")
+    ax_d.set_ylim(0, top * 1.08)
+    ax_d.set_ylabel("mean |Δτ| over prompts (change of τ caused by the error)", fontsize=FONT_PT + 1)
+    ax_d.set_title("change of τ against injected error", fontsize=FONT_PT + 2)
+    base = b["base_mean_tau"]
+    ax_t.axhline(base, color="gray", linewidth=1)
+    ax_t.axhspan(base - b["tol"], base + b["tol"], color="gray", alpha=0.15)
+    ax_t.set_ylim(1.0, max(base, max(lv["mean_tau"] for lv in levels)) * 1.1)
+    ax_t.set_ylabel("mean chain τ (from 1: a drafter that never helps)", fontsize=FONT_PT + 1)
+    ax_t.set_title(f"τ itself: unperturbed {fmt(base)} (grey band ± {tol})", fontsize=FONT_PT + 2)
+
+
+def _titles_and_legend(fig: Any, ax_d: Any, data: dict[str, Any]) -> None:
+    """The verdict title (in the verdict's colour), the subtitle and one legend under both panels."""
+    title, sub = budget_title(data)
+    fig.suptitle(title, fontsize=FONT_PT + 4, fontweight="bold", color=_VERDICT_COLOURS[gate_outcome(data)])
+    fig.text(0.5, 0.905, sub, ha="center", fontsize=FONT_PT + 1)
+    handles, labels = ax_d.get_legend_handles_labels()
+    rank = ("injected", "rounding", "tolerance", "drift budget", "gate limit", "measured")
+    order = sorted(range(len(labels)), key=lambda i: next((r for r, w in enumerate(rank)
+                                                           if labels[i].startswith(w)), len(rank)))
+    handles, labels = [handles[i] for i in order], [labels[i] for i in order]
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=FONT_PT, frameon=False)
+    fig.tight_layout(rect=(0, 0.05 + 0.035 * ((len(labels) + 1) // 2), 1, 0.89))
+
+
 def budget_figure(data: dict[str, Any]) -> Any:
     """The plot's matplotlib figure (None when eval.json holds no drift budget with numbers); the caller closes it."""
     b = data.get("drift_budget")
@@ -88,61 +165,13 @@ def budget_figure(data: dict[str, Any]) -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    noise = [lv for lv in levels if lv["kind"] == "noise"]
-    rounds = [lv for lv in levels if lv["kind"] == "round"]
     drifts = measured_drifts(data)
     floor = min([lv["injected_rel_err"] for lv in levels if lv["injected_rel_err"] > 0] +
                 [v for v in drifts.values() if v > 0] + [1e-3])
     fig, (ax_d, ax_t) = plt.subplots(1, 2, figsize=(13, 6.2), gridspec_kw={"width_ratios": [3, 2]})
     for ax, key in ((ax_d, "mean_abs_dtau"), (ax_t, "mean_tau")):
-        if noise:
-            xs, ys = [lv["injected_rel_err"] for lv in noise], [lv[key] for lv in noise]
-            if key == "mean_abs_dtau":
-                err = [[max(0.0, lv[key] - lv["ci95"][0]) for lv in noise],
-                       [max(0.0, lv["ci95"][1] - lv[key]) for lv in noise]]
-                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color="C0",
-                            label="injected Gaussian noise (bars: 95 % CI of mean |Δτ|)")
-            else:
-                ax.plot(xs, ys, marker="o", color="C0")
-        for k, lv in enumerate(rounds):
-            x = max(lv["injected_rel_err"], floor / 10)
-            ax.scatter([x], [lv[key]], marker="s", color="C1", zorder=3,
-                       label="rounding to a lower-precision dtype" if k == 0 and ax is ax_d else None)
-            if ax is ax_d:  # labelled once (staggered: rounding levels lie close together)
-                ax.annotate(lv["label"], (x, lv[key]), textcoords="offset points", xytext=(4, 6 + 12 * (k % 2)),
-                            fontsize=FONT_PT)
-        ax.axvline(b["budget"], color="green", linewidth=2.2,
-                   label=None if ax is ax_t else f"drift budget {'>= ' if b['lower_bound'] else ''}{b['budget']:.2g}")
-        ax.axvline(b["gate_limit"], color="green", linestyle=":", linewidth=2,
-                   label=None if ax is ax_t else
-                   f"gate limit = budget / {b['safety']:g} = {b['gate_limit']:.2g} (a measured drift must stay left)")
-        for k, (name, v) in enumerate(sorted(drifts.items())):
-            ax.axvline(max(v, floor / 10), color=f"C{k + 3}", linestyle="--", linewidth=1.8,
-                       label=None if ax is ax_t else f"measured drift {name}: {v:.2g}")
-        ax.set_xscale("log")
-        ax.set_xlabel("injected relative feature error ||f' - f|| / ||f||", fontsize=FONT_PT + 1)
-        ax.tick_params(labelsize=FONT_PT)
-        ax.grid(True, which="major", alpha=0.3)
-    top = max([b["tol"] * 2] + [lv["ci95"][1] for lv in levels])
-    ax_d.axhspan(0, b["tol"], color="green", alpha=0.08)
-    ax_d.axhline(b["tol"], color="red", linewidth=1.5, label=f"tolerance: mean |Δτ| <= {b['tol']:g}")
-    ax_d.set_ylim(0, top * 1.08)
-    ax_d.set_ylabel("mean |Δτ| over prompts (change of τ caused by the error)", fontsize=FONT_PT + 1)
-    ax_d.set_title("change of τ against injected error", fontsize=FONT_PT + 2)
-    base = b["base_mean_tau"]
-    ax_t.axhline(base, color="gray", linewidth=1)
-    ax_t.axhspan(base - b["tol"], base + b["tol"], color="gray", alpha=0.15)
-    ax_t.set_ylim(1.0, max(base, max(lv["mean_tau"] for lv in levels)) * 1.1)
-    ax_t.set_ylabel("mean chain τ (from 1: a drafter that never helps)", fontsize=FONT_PT + 1)
-    ax_t.set_title(f"τ itself: unperturbed {base:.3f} (grey band ± {b['tol']:g})", fontsize=FONT_PT + 2)
-    title, sub = budget_title(data)
-    fig.suptitle(title, fontsize=FONT_PT + 4, fontweight="bold", color=_VERDICT_COLOURS[gate_outcome(data)])
-    fig.text(0.5, 0.905, sub, ha="center", fontsize=FONT_PT + 1)
-    handles, labels = ax_d.get_legend_handles_labels()
-    rank = ("injected", "rounding", "tolerance", "drift budget", "gate limit", "measured")
-    order = sorted(range(len(labels)), key=lambda i: next((r for r, w in enumerate(rank)
-                                                           if labels[i].startswith(w)), len(rank)))
-    handles, labels = [handles[i] for i in order], [labels[i] for i in order]
-    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=FONT_PT, frameon=False)
-    fig.tight_layout(rect=(0, 0.05 + 0.035 * ((len(labels) + 1) // 2), 1, 0.89))
+        _noise_and_rounding(ax, key, levels, floor, main=ax is ax_d)
+        _limits(ax, b, drifts, floor, main=ax is ax_d)
+    _axes_ranges(ax_d, ax_t, b, levels)
+    _titles_and_legend(fig, ax_d, data)
     return fig

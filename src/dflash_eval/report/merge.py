@@ -80,6 +80,30 @@ def _kernel_probes(fragments: list[dict[str, Any]]) -> dict[str, Any] | None:
             "changed": list(changed.values()), "per_worker": {w: b.get("seconds", 0.0) for w, b in blocks}}
 
 
+def _drift(fragments: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The drift rows (one per comparison, prompt and layer) and the drift τ rows (per comparison and prompt)."""
+    drift: dict[tuple, Any] = {}
+    accept: dict[tuple, Any] = {}
+    for f in fragments:
+        for r in f.get("drift", []):
+            drift[(r["comparison"], r["prompt_id"], r["layer"])] = r
+        for r in f.get("drift_accept", []):
+            accept[(r["comparison"], r["prompt_id"])] = r
+    return list(drift.values()), list(accept.values())
+
+
+def _timings(fragments: list[dict[str, Any]], wall_s: float | None) -> dict[str, Any]:
+    """The run's wall time, every stage's seconds summed over processes, per worker, and the workers' spans."""
+    total: dict[str, float] = defaultdict(float)
+    for f in fragments:
+        for k, v in f.get("timings", {}).items():
+            total[k] += v
+    return {"wall_s": None if wall_s is None else round(wall_s, 3),
+            "sum": {k: round(v, 3) for k, v in sorted(total.items())},
+            "per_worker": {f.get("worker", "?"): f.get("timings", {}) for f in fragments},
+            "spans": {f.get("worker", "?"): f.get("spans", []) for f in fragments if f.get("spans")}}
+
+
 def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = None,
           wall_s: float | None = None) -> dict[str, Any]:
     """Merge per-process fragments (identical measurements from several workers are de-duplicated)."""
@@ -117,29 +141,14 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
         out["conversations"], out["turns"] = convs["conversations"], convs.get("turns", {})
     elif any(r.get("conversation") for r in out["prompts"].values()):
         out["conversations"], out["turns"] = conversation_table(out["prompts"]), turn_table(out["prompts"])
-    drift: dict[tuple, Any] = {}
-    accept: dict[tuple, Any] = {}
-    for f in fragments:
-        for r in f.get("drift", []):
-            drift[(r["comparison"], r["prompt_id"], r["layer"])] = r
-        for r in f.get("drift_accept", []):
-            accept[(r["comparison"], r["prompt_id"])] = r
-    out["drift"] = list(drift.values())
-    out["drift_accept"] = list(accept.values())
+    out["drift"], out["drift_accept"] = _drift(fragments)
     probes = _kernel_probes(fragments)
     if probes is not None:
         out["provenance"] = {**out.get("provenance", {}), "kernel_probe": probes}
     gate = {(r["comparison"], r["layer"]): r for f in fragments for r in f.get("drift_gate", [])}
     if gate or "drift_budget" in out:
         out["drift_gate"] = list(gate.values())
-    total: dict[str, float] = defaultdict(float)
-    for f in fragments:
-        for k, v in f.get("timings", {}).items():
-            total[k] += v
-    out["timings"] = {"wall_s": None if wall_s is None else round(wall_s, 3),
-                      "sum": {k: round(v, 3) for k, v in sorted(total.items())},
-                      "per_worker": {f.get("worker", "?"): f.get("timings", {}) for f in fragments},
-                      "spans": {f.get("worker", "?"): f.get("spans", []) for f in fragments if f.get("spans")}}
+    out["timings"] = _timings(fragments, wall_s)
     out["counts"] = {f.get("worker", "?"): f.get("counts", {}) for f in fragments}
     out["cache"] = {f.get("worker", "?"): f.get("cache", {}) for f in fragments}
     oc = dict(outcomes or {})

@@ -19,6 +19,7 @@ from typing import Any
 from dflash_eval.common.atomic import atomic_write_with
 from dflash_eval.metrics.acceptance_rates import acceptance_table
 from dflash_eval.metrics.stats import ddtree_budgets
+from dflash_eval.report.format import fmt
 
 __all__ = ["write_plot", "worst_prompts", "WORST_SHOWN"]
 
@@ -52,7 +53,7 @@ def _worst_panel(ax: Any, prompts: dict[str, dict[str, Any]], budgets: list[str]
     right = blended_transform_factory(ax.transAxes, ax.transData)
     for yy, p, t in zip(y, ids, taus):  # "τ / floor" beside the axes: readable without hunting for the tick
         f = _num(prompts[p].get("floor"))
-        ax.text(1.01, yy, f"{t:.2f} / {'-' if f is None else f'{f:.2f}'}", transform=right, fontsize=7,
+        ax.text(1.01, yy, f"{fmt(t, 2)} / {fmt(f, 2)}", transform=right, fontsize=7,
                 va="center", color=_COLORS[prompts[p].get("passed")])
     floors = [(yy, _num(prompts[p].get("floor"))) for yy, p in zip(y, ids)]
     floors = [(yy, f) for yy, f in floors if f is not None]
@@ -100,9 +101,9 @@ def _distribution_panel(ax: Any, data: dict[str, Any], budgets: list[str]) -> No
         ax.hist(vals, bins=edges, histtype="step", linewidth=1.5, color=color, label=label)
     mean, floor = _num(data.get("mean_tau")), _num(data.get("mean_floor"))
     if mean is not None:
-        ax.axvline(mean, color="black", linewidth=1.2, label=f"mean {mean:.3f}")
+        ax.axvline(mean, color="black", linewidth=1.2, label=f"mean {fmt(mean)}")
     if floor is not None:
-        ax.axvline(floor, color=_COLORS[False], linestyle="--", linewidth=1.2, label=f"mean floor {floor:.3f}")
+        ax.axvline(floor, color=_COLORS[False], linestyle="--", linewidth=1.2, label=f"mean floor {fmt(floor)}")
     from matplotlib.ticker import MaxNLocator
 
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -128,11 +129,11 @@ def write_plot(data: dict[str, Any], path: Path) -> Path | None:
     _worst_panel(fig.add_subplot(grid[:, 0]), prompts, budgets)
     _distribution_panel(fig.add_subplot(grid[0, 1]), data, budgets)
     _acceptance_panels(data, fig.add_subplot(grid[1, 1]), fig.add_subplot(grid[2, 1]))
-    mean, floor = _num(data.get("mean_tau")), _num(data.get("mean_floor"))
+    mean, floor = data.get("mean_tau"), data.get("mean_floor")
     failing = sum(1 for r in prompts.values() if r.get("passed") is False)
     verdict = "" if data.get("mean_passed") is None else (" PASS" if data["mean_passed"] else " FAIL")
     fig.suptitle(f"{len(prompts)} prompts, {failing} below their floor; mean chain τ "
-                 f"{'-' if mean is None else f'{mean:.3f}'} (floor {'-' if floor is None else f'{floor:.3f}'}){verdict}",
+                 f"{fmt(mean)} (floor {fmt(floor)}){verdict}",
                  fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

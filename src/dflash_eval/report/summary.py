@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.metrics.verdict import refused
+from dflash_eval.report.format import fmt, is_number
 from dflash_eval.report.plot import worst_prompts
 
 __all__ = ["WORST_NAMED", "REPORT_FILES", "tau_verdict", "gate_outcome", "verdict_lines"]
@@ -48,16 +49,12 @@ def gate_outcome(data: dict[str, Any]) -> str | None:
     return "fail" if "fail" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
 
 
-def _num(x: Any) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
-
-
 def _against(value: Any, floor: Any) -> str:
     """``4.314 >= floor 4.064`` (or ``<``; ``no floor`` when there is none)."""
     if floor is None:
-        return f"{_num(value)} (no floor)"
-    ok = value is not None and not (isinstance(value, float) and math.isnan(value)) and value >= floor
-    return f"{_num(value)} {'>=' if ok else '<'} floor {_num(floor)}"
+        return f"{fmt(value)} (no floor)"
+    ok = is_number(value) and value >= floor
+    return f"{fmt(value)} {'>=' if ok else '<'} floor {fmt(floor)}"
 
 
 def _mean_text(data: dict[str, Any]) -> str:
@@ -79,8 +76,8 @@ def _detail_line(data: dict[str, Any]) -> str | None:
     named = []
     for pid in worst_prompts(prompts, WORST_NAMED) if prompts else []:
         r = prompts[pid]
-        floor = "" if r.get("floor") is None else f" / {_num(r.get('floor'))}"
-        named.append(f"{pid} {_num(r.get('tau'))}{floor}" + (" FAIL" if r.get("passed") is False else ""))
+        floor = "" if r.get("floor") is None else f" / {fmt(r.get('floor'))}"
+        named.append(f"{pid} {fmt(r.get('tau'))}{floor}" + (" FAIL" if r.get("passed") is False else ""))
     if named:
         parts.append("lowest prompts (chain τ / floor): " + ", ".join(named))
     return "; ".join(parts) or None
@@ -91,14 +88,14 @@ def _gate_line(data: dict[str, Any]) -> str:
     rows = data["drift_gate"]
     b = data.get("drift_budget") or {}
     over = [r for r in rows if row_outcome(r) != "pass"]
-    budget = (">= " if b.get("lower_bound") else "") + f"{b['budget']:.2e}" if b.get("budget") is not None else "-"
+    budget = (">= " if b.get("lower_bound") else "") + fmt(b["budget"], 2, "e") if b.get("budget") is not None else "-"
     tight = min(rows, key=lambda r: math.inf if r.get("margin") is None else r["margin"])
-    limit = f"the gate limit {b['gate_limit']:.2e} (" if b.get("gate_limit") is not None else "the gate limit ("
+    limit = "the gate limit " + (f"{fmt(b['gate_limit'], 2, 'e')} (" if b.get("gate_limit") is not None else "(")
     detail = (f"{len(rows) - len(over)} of {len(rows)} comparison layers within {limit}drift budget {budget} / safety "
-              f"{tight['safety']:g})")
+              f"{fmt(tight['safety'], 6, 'g')})")
     if tight.get("max_rel_err") is not None and tight.get("margin") is not None and tight["margin"] != math.inf:
-        detail += (f"; tightest: {tight['comparison']} layer {tight['layer']}, drift {tight['max_rel_err']:.2e}, "
-                   f"budget / drift {tight['margin']:.3g}x")
+        detail += (f"; tightest: {tight['comparison']} layer {tight['layer']}, drift "
+                   f"{fmt(tight['max_rel_err'], 2, 'e')}, budget / drift {fmt(tight['margin'], 3, 'g')}x")
     return f"drift gate: {outcome.upper()}, {detail}"
 
 

@@ -3,7 +3,6 @@ golden-update options at the end of a run."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from dflash_eval.metrics.verdict import judge_run
 from dflash_eval.report.budget_plot import write_budget_plot
 from dflash_eval.report.plot import write_plot
 from dflash_eval.report.render import render_markdown
+from dflash_eval.report.step_summary import append_step_summary
 from dflash_eval.report.strict_json import dumps_strict
 
 __all__ = ["write_reports", "finish"]
@@ -32,10 +32,7 @@ def write_reports(data: dict[str, Any], report_dir: Path) -> dict[str, Path]:
             paths[key] = written
         else:  # nothing to plot this run: a plot left by an earlier run would be read as this one's
             (report_dir / name).unlink(missing_ok=True)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write(md + "\n")
+    append_step_summary(md)
     return paths
 
 
