@@ -38,7 +38,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -104,10 +103,6 @@ def _settings(ns: argparse.Namespace, drafter: Path, *, check: bool = True) -> E
                    environ=environ_for(os.environ, "gate"), invocation_dir=cwd, root=cwd, check=check)
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
-
-
 def _sglang_client(s: EvalSettings) -> Any:
     """A ready client of the running SGLang server (readiness and identity checked once; nothing is launched)."""
     from dflash_eval.sglang import DEFAULT_LAUNCH_URL, SGLangClient
@@ -117,78 +112,51 @@ def _sglang_client(s: EvalSettings) -> Any:
                                 ready_timeout_s=s.sglang_timeout, request_timeout_s=s.sglang_request_timeout)
 
 
-def _evaluate(session: Any) -> dict[str, Any]:
-    """One checkpoint's row: mean τ, DDTree τ, worst prompt, verdict and the reasons of a failure."""
-    from dflash_eval.metrics.verdict import gate_reasons, mean_thresholds
-
-    summary = session.tau_summary()
-    verdicts = summary.prompts
-    reasons = gate_reasons(verdicts, mean_thresholds(summary.mean_tau, summary.mean_ddtree, session.floors),
-                           prompt_floors_required=session.floors.prompt_floors_required)
-    cmp = summary.baseline
-    if cmp is not None and not cmp.drop_passed:
-        reasons.append(f"τ dropped against the baseline: {100 * cmp.rel_change:+.2f} % "
-                       f"(allowed -{100 * cmp.drop_tol:g} %)")
-    if cmp is not None and not cmp.rise_passed:
-        reasons.append(f"τ rose {100 * cmp.rel_change:+.2f} % against the baseline (allowed +{100 * cmp.rise_tol:g} "
-                       "%): check the drafter for a future-token leak")
-    worst = min(verdicts.items(), key=lambda kv: kv[1]["tau"]) if verdicts else None
-    return {
-        "drafter": str(session.settings.drafter), "fingerprint": session.evaluation.checkpoint.fingerprint,
-        "mean_tau": summary.mean_tau, "mean_ddtree": summary.mean_ddtree,
-        "mean_floor": summary.mean_floor, "worst_prompt": worst[0] if worst else None,
-        "worst_tau": worst[1]["tau"] if worst else None, "worst_floor": worst[1]["floor"] if worst else None,
-        "passed": not reasons, "reasons": reasons, "baseline": cmp.to_json() if cmp is not None else None,
-        "prompts": {pid: {"tau": v["tau"], "ddtree": v["ddtree"], "floor": v["floor"], "passed": v["passed"]}
-                    for pid, v in verdicts.items()},
-    }
-
-
-def _render(rows: list[dict[str, Any]], budgets: list[int], stream: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title="dflash-eval gate", show_lines=False)
-    t.add_column("checkpoint", overflow="fold")
-    t.add_column("mean τ", justify="right")
-    for b in budgets:
-        t.add_column(f"DDTree-{b} τ", justify="right")
-    t.add_column("worst prompt (τ / floor)", overflow="fold")
-    t.add_column("verdict", overflow="fold")
-    for r in rows:
-        if "error" in r:
-            t.add_row(r["drafter"], "-", *["-" for _ in budgets], "-", f"[red]ERROR[/red] {r['error']}")
-            continue
-        worst = f"{r['worst_prompt']} ({_fmt(r['worst_tau'])} / {_fmt(r['worst_floor'])})" \
-            if r["worst_prompt"] is not None else "-"
-        verdict = "[green]PASS[/green]" if r["passed"] else "[red]FAIL[/red] " + "; ".join(r["reasons"])
-        t.add_row(r["drafter"], _fmt(r["mean_tau"]), *[_fmt(r["mean_ddtree"].get(str(b))) for b in budgets],
-                  worst, verdict)
-    console = Console(file=stream, width=None if stream.isatty() else 160, highlight=False)
-    console.print(t)
-
-
-def gate(ns: argparse.Namespace) -> int:
-    err = sys.stderr
-    drafters = [Path(d).expanduser() for d in ns.drafter]
+def _drafter_paths(ns: argparse.Namespace, err: Any) -> list[Path] | None:
+    """The --drafter paths, absolute; None (after one message naming every problem) when one does not exist or an
+    option value, path or prompt file is bad (the checks that need no torch)."""
     from dflash_eval.common.paths import normal_path
-
-    drafters = [normal_path(d if d.is_absolute() else Path.cwd() / d) for d in drafters]
-    problems, settings = [], []
-    for d in drafters:
-        if not d.exists():
-            problems.append(f"--drafter {d}: not found (a drafter directory or a .pt file)")
-    if problems:
-        print("dflash-eval gate: bad input:\n  " + "\n  ".join(problems), file=err)
-        return EXIT_BAD_INPUT
     from dflash_eval.options.preflight import preflight
 
+    drafters = [Path(d).expanduser() for d in ns.drafter]
+    drafters = [normal_path(d if d.is_absolute() else Path.cwd() / d) for d in drafters]
+    problems = [f"--drafter {d}: not found (a drafter directory or a .pt file)" for d in drafters if not d.exists()]
+    if problems:
+        print("dflash-eval gate: bad input:\n  " + "\n  ".join(problems), file=err)
+        return None
     try:  # the checks that need no torch first: bad values, paths and prompt files answer in about a second
         for d in drafters:
             preflight(_settings(ns, d, check=False))
     except DFlashEvalError as exc:
         print(f"dflash-eval gate: bad input: {exc}", file=err)
+        return None
+    return drafters
+
+
+def _report(ns: argparse.Namespace, rows: list[Any], settings: EvalSettings, t_all: float) -> int:
+    """The comparison table on stdout, the --json file, gate.json and gate.md; the exit status."""
+    from dflash_eval.common.atomic import atomic_write_text
+    from dflash_eval.report.gate import gate_table, write_gate_report
+    from dflash_eval.report.strict_json import dumps_strict
+    from dflash_eval.report.tables import print_tables
+
+    failed = [r for r in rows if not r.passed]
+    print_tables([gate_table(rows, list(settings.ddtree_budget), terminal=True)], sys.stdout)
+    print(f"{len(rows) - len(failed)}/{len(rows)} checkpoint(s) passed in {time.perf_counter() - t_all:.1f} s")
+    if ns.json_out:
+        atomic_write_text(Path(ns.json_out), dumps_strict({"checkpoints": [r.to_json() for r in rows],
+                                                           "passed": not failed}) + "\n")
+    paths = write_gate_report(rows, settings, wall_s=time.perf_counter() - t_all)
+    print("reports: " + ", ".join(str(p) for p in paths.values()))
+    return EXIT_FAIL if failed else EXIT_OK
+
+
+def gate(ns: argparse.Namespace) -> int:
+    err = sys.stderr
+    drafters = _drafter_paths(ns, err)
+    if drafters is None:
         return EXIT_BAD_INPUT
+    settings: list[EvalSettings] = []
     from dflash_eval.common.torch_check import require_torch
 
     require_torch()  # before the session module imports it (ConfigError: exit 2 naming how to install it)
@@ -215,9 +183,11 @@ def gate(ns: argparse.Namespace) -> int:
         print(f"dflash-eval gate: {gate_floors_message(missing, _record_command(ns.argv))}", file=err)
         return EXIT_BAD_INPUT
 
+    from dflash_eval.report.format import fmt
+    from dflash_eval.report.gate import error_row, gate_row
     from dflash_eval.suite.progress import throttled
 
-    rows: list[dict[str, Any]] = []
+    rows: list[Any] = []
     t_all = time.perf_counter()
     progress = None if ns.quiet else throttled(say, 2.0)
     for s, sess in zip(settings, sessions):
@@ -226,24 +196,14 @@ def gate(ns: argparse.Namespace) -> int:
         try:
             if s.completions == "sglang" and not s.cache_only and not sess.references.cached():
                 sess.references.sglang_client = _sglang_client(s)
-            row = _evaluate(sess)
+            row = gate_row(sess.tau_summary(), sess.floors, drafter=str(s.drafter),
+                           fingerprint=sess.evaluation.checkpoint.fingerprint)
         except DFlashEvalError as exc:
-            row = {"drafter": str(s.drafter), "passed": False, "error": f"{type(exc).__name__}: {exc}"}
-        row["seconds"] = round(time.perf_counter() - t0, 3)
-        say(f"[dflash-eval] {s.drafter}: {'PASS' if row['passed'] else 'FAIL'} in {row['seconds']:.2f} s")
+            row = error_row(str(s.drafter), exc)
+        row.seconds = round(time.perf_counter() - t0, 3)
+        say(f"[dflash-eval] {s.drafter}: {'PASS' if row.passed else 'FAIL'} in {fmt(row.seconds, 2)} s")
         rows.append(row)
-    _render(rows, list(settings[0].ddtree_budget), sys.stdout)
-    failed = [r for r in rows if not r["passed"]]
-    print(f"{len(rows) - len(failed)}/{len(rows)} checkpoint(s) passed in {time.perf_counter() - t_all:.1f} s")
-    from dflash_eval.common.atomic import atomic_write_text
-    from dflash_eval.report.gate import write_gate_report
-    from dflash_eval.report.strict_json import dumps_strict
-
-    if ns.json_out:
-        atomic_write_text(Path(ns.json_out), dumps_strict({"checkpoints": rows, "passed": not failed}) + "\n")
-    paths = write_gate_report(rows, settings[0], wall_s=time.perf_counter() - t_all)
-    print("reports: " + ", ".join(str(p) for p in paths.values()))
-    return EXIT_FAIL if failed else EXIT_OK
+    return _report(ns, rows, settings[0], t_all)
 
 
 def run_suite(args: list[str], *, command: str = "run", plugins: list[Any] | None = None) -> int:

@@ -1,5 +1,7 @@
-"""The combined report of ``dflash-eval gate``: every checkpoint of one gate run in ``<report-dir>/gate.json`` and
-``<report-dir>/gate.md`` (also appended to ``$GITHUB_STEP_SUMMARY`` when set).
+"""The gate's report: one :class:`GateRow` per checkpoint, made from its judged τ (:func:`gate_row`, from the typed
+:class:`~dflash_eval.suite.results.TauSummary`), written as ``<report-dir>/gate.json`` and ``<report-dir>/gate.md``
+(also appended to ``$GITHUB_STEP_SUMMARY`` when set) and printed as the gate's terminal table, all through the one
+rendering layer (:mod:`.format`, :mod:`.tables`).
 
 gate.json (strict JSON, NaN written as null)::
 
@@ -16,92 +18,181 @@ gate.md: the comparison table (one row per checkpoint) and the prompts with the 
 
 from __future__ import annotations
 
-import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.atomic import atomic_write_text
+from dflash_eval.metrics.verdict import gate_reasons, mean_thresholds
+from dflash_eval.report.format import MISSING, fmt, is_number
+from dflash_eval.report.step_summary import append_step_summary
 from dflash_eval.report.strict_json import dumps_strict
+from dflash_eval.report.tables import TextTable, markdown_table
 
-__all__ = ["GATE_SCHEMA", "gate_data", "render_gate_markdown", "write_gate_report"]
+if TYPE_CHECKING:
+    from dflash_eval.metrics.baseline import BaselineComparison
+    from dflash_eval.metrics.floors import Floors
+    from dflash_eval.suite.results import TauSummary
+
+__all__ = ["GATE_SCHEMA", "WORST_SHOWN", "GateRow", "gate_row", "error_row", "baseline_reasons", "gate_data",
+           "gate_table", "worst_prompts_table", "render_gate_markdown", "write_gate_report"]
 
 GATE_SCHEMA = 1
+#: How many prompts gate.md's lowest-τ table shows.
 WORST_SHOWN = 20
 
 
-def gate_data(rows: list[dict[str, Any]], settings: Any, *, wall_s: float | None = None) -> dict[str, Any]:
+@dataclass
+class GateRow:
+    """One checkpoint of a gate run: its mean τ per budget against the mean floor, its lowest prompt, its verdict and
+    why it failed; or (``error`` set) the error that stopped its evaluation. ``seconds``: its evaluation's time."""
+
+    drafter: str
+    passed: bool
+    fingerprint: str | None = None
+    mean_tau: float | None = None
+    mean_ddtree: dict[str, float] = field(default_factory=dict)
+    mean_floor: float | None = None
+    worst_prompt: str | None = None
+    worst_tau: float | None = None
+    worst_floor: float | None = None
+    reasons: list[str] = field(default_factory=list)
+    baseline: dict[str, Any] | None = None
+    prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    error: str | None = None
+    seconds: float | None = None
+
+    @property
+    def name(self) -> str:
+        """The checkpoint's folder or file name (gate.md's short name)."""
+        return Path(self.drafter).name or self.drafter
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as gate.json's ``checkpoints`` entry."""
+        if self.error is not None:
+            return {"drafter": self.drafter, "passed": self.passed, "error": self.error, "seconds": self.seconds}
+        return {"drafter": self.drafter, "fingerprint": self.fingerprint, "mean_tau": self.mean_tau,
+                "mean_ddtree": self.mean_ddtree, "mean_floor": self.mean_floor, "worst_prompt": self.worst_prompt,
+                "worst_tau": self.worst_tau, "worst_floor": self.worst_floor, "passed": self.passed,
+                "reasons": self.reasons, "baseline": self.baseline, "prompts": self.prompts,
+                "seconds": self.seconds}
+
+
+def baseline_reasons(cmp: BaselineComparison | None) -> list[str]:
+    """Why the τ against ``--baseline`` fails the gate: a drop beyond the drop tolerance, a rise beyond the rise
+    tolerance (empty without a baseline or when both hold)."""
+    out = []
+    if cmp is not None and not cmp.drop_passed:
+        out.append(f"τ dropped against the baseline: {fmt(100 * cmp.rel_change, 2, '+f')} % "
+                   f"(allowed -{fmt(100 * cmp.drop_tol, 6, 'g')} %)")
+    if cmp is not None and not cmp.rise_passed:
+        out.append(f"τ rose {fmt(100 * cmp.rel_change, 2, '+f')} % against the baseline (allowed "
+                   f"+{fmt(100 * cmp.rise_tol, 6, 'g')} %): check the drafter for a future-token leak")
+    return out
+
+
+def gate_row(summary: TauSummary, floors: Floors, *, drafter: str, fingerprint: str) -> GateRow:
+    """A checkpoint's row from its judged τ: the means against ``floors``, the prompt with the lowest chain τ, the
+    reasons of a failure (:func:`~dflash_eval.metrics.verdict.gate_reasons`, :func:`baseline_reasons`)."""
+    verdicts = summary.prompts
+    reasons = gate_reasons(verdicts, mean_thresholds(summary.mean_tau, summary.mean_ddtree, floors),
+                           prompt_floors_required=floors.prompt_floors_required) + baseline_reasons(summary.baseline)
+    worst = min(verdicts.items(), key=lambda kv: kv[1]["tau"]) if verdicts else None
+    return GateRow(
+        drafter=drafter, passed=not reasons, fingerprint=fingerprint, mean_tau=summary.mean_tau,
+        mean_ddtree=summary.mean_ddtree, mean_floor=summary.mean_floor,
+        worst_prompt=worst[0] if worst else None, worst_tau=worst[1]["tau"] if worst else None,
+        worst_floor=worst[1]["floor"] if worst else None, reasons=reasons,
+        baseline=summary.baseline.to_json() if summary.baseline is not None else None,
+        prompts={pid: {"tau": v["tau"], "ddtree": v["ddtree"], "floor": v["floor"], "passed": v["passed"]}
+                 for pid, v in verdicts.items()})
+
+
+def error_row(drafter: str, exc: BaseException) -> GateRow:
+    """The row of a checkpoint whose evaluation stopped with ``exc`` (it fails the gate)."""
+    return GateRow(drafter=drafter, passed=False, error=f"{type(exc).__name__}: {exc}")
+
+
+def _worst_cell(r: GateRow) -> str:
+    if r.worst_prompt is None:
+        return MISSING
+    return f"{r.worst_prompt} ({fmt(r.worst_tau)} / {fmt(r.worst_floor)})"
+
+
+def _verdict_cell(r: GateRow) -> str:
+    if r.error is not None:
+        return f"ERROR {r.error}"
+    return "PASS" if r.passed else "FAIL: " + "; ".join(r.reasons)
+
+
+def gate_table(rows: list[GateRow], budgets: list[Any], *, terminal: bool = False) -> TextTable:
+    """The comparison table, one row per checkpoint: mean τ, DDTree-N τ, mean floor, worst prompt (τ / floor),
+    verdict and seconds. ``terminal``: the terminal's form (the checkpoint's whole path, without the mean floor and
+    the seconds) instead of gate.md's (the checkpoint's name)."""
+    bs = [str(b) for b in budgets]
+    header = ["checkpoint", "mean τ"] + [f"DDTree-{b} τ" for b in bs] + ["mean floor", "worst prompt (τ / floor)",
+                                                                         "verdict", "s"]
+    cells = []
+    for r in rows:
+        cells.append([r.drafter if terminal else r.name, fmt(r.mean_tau)] + [fmt(r.mean_ddtree.get(b)) for b in bs]
+                     + [fmt(r.mean_floor), _worst_cell(r), _verdict_cell(r), fmt(r.seconds)])
+    if terminal:
+        drop = {header.index("mean floor"), header.index("s")}
+        header = [h for i, h in enumerate(header) if i not in drop]
+        cells = [[c for i, c in enumerate(row) if i not in drop] for row in cells]
+    fold = frozenset({"checkpoint", "worst prompt (τ / floor)", "verdict"})
+    return TextTable(header, cells, title="dflash-eval gate" if terminal else None, left=fold, fold=fold)
+
+
+def worst_prompts_table(rows: list[GateRow], limit: int = WORST_SHOWN) -> TextTable:
+    """The ``limit`` prompts with the lowest chain τ over the evaluated checkpoints (worst first): the prompt's
+    floor and every checkpoint's τ (`` FAIL`` below its floor)."""
+    evaluated = [r for r in rows if r.error is None]
+    pids = list(dict.fromkeys(p for r in evaluated for p in r.prompts))
+
+    def low(p: str) -> float:
+        vals = [r.prompts[p]["tau"] for r in evaluated if p in r.prompts]
+        return min((v for v in vals if is_number(v)), default=float("-inf"))
+
+    def cell(v: dict[str, Any] | None) -> str:
+        return MISSING if not v else fmt(v.get("tau")) + (" FAIL" if v.get("passed") is False else "")
+
+    cells = [[p, fmt(next((r.prompts[p]["floor"] for r in evaluated if p in r.prompts), None))]
+             + [cell(r.prompts.get(p)) for r in evaluated] for p in sorted(pids, key=low)[:limit]]
+    title = f"Lowest chain τ ({len(cells)} of {len(pids)} prompts, worst first)"
+    return TextTable(["prompt", "floor"] + [r.name for r in evaluated], cells, title=title)
+
+
+def gate_data(rows: list[GateRow], settings: Any, *, wall_s: float | None = None) -> dict[str, Any]:
     """gate.json's content from the gate's per-checkpoint rows."""
     opts = {k: v for k, v in settings.to_dict().items() if k != "drafter"}
     return {"schema": GATE_SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "wall_s": None if wall_s is None else round(wall_s, 3), "passed": all(r["passed"] for r in rows),
-            "settings": opts, "budgets": list(settings.ddtree_budget), "checkpoints": rows}
+            "wall_s": None if wall_s is None else round(wall_s, 3), "passed": all(r.passed for r in rows),
+            "settings": opts, "budgets": list(settings.ddtree_budget), "checkpoints": [r.to_json() for r in rows]}
 
 
-def _fmt(x: Any) -> str:
-    return "-" if not isinstance(x, (int, float)) or x != x else f"{x:.3f}"
-
-
-def _name(row: dict[str, Any]) -> str:
-    return Path(str(row["drafter"])).name or str(row["drafter"])
-
-
-def render_gate_markdown(data: dict[str, Any]) -> str:
-    rows, budgets = data["checkpoints"], [str(b) for b in data["budgets"]]
-    ok = sum(r["passed"] for r in rows)
+def render_gate_markdown(rows: list[GateRow], settings: dict[str, Any], budgets: list[Any]) -> str:
+    """gate.md (module docstring); ``settings``: gate.json's (the target and prompts it names)."""
+    ok = sum(r.passed for r in rows)
     parts = ["## dflash-eval gate", "", f"{ok}/{len(rows)} checkpoint(s) passed; target "
-             f"`{data['settings'].get('target_model')}`, prompts `{data['settings'].get('prompts')}`", ""]
-    header = (["checkpoint", "mean τ"] + [f"DDTree-{b} τ" for b in budgets]
-              + ["mean floor", "worst prompt (τ / floor)", "verdict", "s"])
-    parts += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for r in rows:
-        if "error" in r:
-            cells = [_name(r), "-"] + ["-"] * len(budgets) + ["-", "-", f"ERROR {r['error']}", _fmt(r.get("seconds"))]
-        else:
-            worst = f"{r['worst_prompt']} ({_fmt(r['worst_tau'])} / {_fmt(r['worst_floor'])})" \
-                if r.get("worst_prompt") is not None else "-"
-            verdict = "PASS" if r["passed"] else "FAIL: " + "; ".join(r["reasons"])
-            cells = [_name(r), _fmt(r["mean_tau"])] + [_fmt(r["mean_ddtree"].get(b)) for b in budgets] + [
-                _fmt(r.get("mean_floor")), worst, verdict, _fmt(r.get("seconds"))]
-        parts.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    evaluated = [r for r in rows if "prompts" in r]
-    if evaluated:
-        pids = list(dict.fromkeys(p for r in evaluated for p in r["prompts"]))
-
-        def low(p: str) -> float:
-            vals = [r["prompts"][p]["tau"] for r in evaluated if p in r["prompts"]]
-            vals = [v for v in vals if isinstance(v, (int, float)) and v == v]
-            return min(vals) if vals else float("-inf")
-
-        worst = sorted(pids, key=low)[:WORST_SHOWN]
-        parts += ["", f"### Lowest chain τ ({len(worst)} of {len(pids)} prompts, worst first)", "",
-                  "| prompt | floor | " + " | ".join(_name(r) for r in evaluated) + " |",
-                  "|---|---|" + "|".join("---" for _ in evaluated) + "|"]
-        for p in worst:
-            floor = next((r["prompts"][p]["floor"] for r in evaluated if p in r["prompts"]), None)
-            cells = [_cell(r["prompts"].get(p)) for r in evaluated]
-            parts.append(f"| {p} | {_fmt(floor)} | " + " | ".join(cells) + " |")
+             f"`{settings.get('target_model')}`, prompts `{settings.get('prompts')}`", "",
+             markdown_table(gate_table(rows, budgets))]
+    worst = worst_prompts_table(rows)
+    if worst.header[2:]:
+        parts += ["", f"### {worst.title}", "", markdown_table(worst)]
     return "\n".join(parts) + "\n"
 
 
-def _cell(v: dict[str, Any] | None) -> str:
-    if not v:
-        return "-"
-    mark = " FAIL" if v.get("passed") is False else ""
-    return _fmt(v.get("tau")) + mark
-
-
-def write_gate_report(rows: list[dict[str, Any]], settings: Any, *, wall_s: float | None = None) -> dict[str, Path]:
-    """Write gate.json and gate.md under ``settings.report_dir`` (atomically); returns their paths."""
+def write_gate_report(rows: list[GateRow], settings: Any, *, wall_s: float | None = None) -> dict[str, Path]:
+    """Write gate.json and gate.md under ``settings.report_dir`` (atomically) and append gate.md to the step
+    summary; returns their paths."""
     data = gate_data(rows, settings, wall_s=wall_s)
     out = Path(settings.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "gate.json", "md": out / "gate.md"}
     atomic_write_text(paths["json"], dumps_strict(data) + "\n")
-    md = render_gate_markdown(data)
+    md = render_gate_markdown(rows, data["settings"], data["budgets"])
     atomic_write_text(paths["md"], md)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write(md + "\n")
+    append_step_summary(md)
     return paths
