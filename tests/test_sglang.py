@@ -326,7 +326,7 @@ def test_url_trailing_slash_and_scheme_checks() -> None:
 # happy path (stand-in with the tiny model)
 
 
-@pytest.mark.slow  # the happy stand-in's warm-up and model load: ~15 s on a 2-core CPU
+@pytest.mark.slow  # the happy stand-in's warm-up and model load (docs/benchmarks.md, "The fast test lane")
 def test_warmup_phases_then_ready(happy: HappyServer) -> None:
     assert happy.refused_before_bind, "the port must refuse connections while the model loads"
     assert happy.health_during_warmup == 503
@@ -348,7 +348,7 @@ def test_wait_until_ready_polls_through_refused_and_503(
     assert "connection refused" in seen and "HTTP 503" in seen and "ready after" in seen
 
 
-@pytest.mark.slow  # the happy stand-in's warm-up and model load: ~15 s on a 2-core CPU
+@pytest.mark.slow  # the happy stand-in's warm-up and model load (docs/benchmarks.md, "The fast test lane")
 def test_completions_equal_model_generate(happy: HappyServer, reference_model: Callable, tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
@@ -370,7 +370,7 @@ def test_completions_equal_model_generate(happy: HappyServer, reference_model: C
     assert generate_greedy(happy.standin.url + "/", PROMPTS, max_new_tokens=n, timeout_s=30, batch_size=32) == got
 
 
-@pytest.mark.slow  # the happy stand-in's warm-up and model load: ~15 s on a 2-core CPU
+@pytest.mark.slow  # the happy stand-in's warm-up and model load (docs/benchmarks.md, "The fast test lane")
 def test_stop_token_ids(happy: HappyServer, reference_model: Callable) -> None:
     prompt = PROMPTS[0]
     full = reference_model(prompt, 10)
@@ -381,7 +381,7 @@ def test_stop_token_ids(happy: HappyServer, reference_model: Callable) -> None:
     assert c.finish_reason == ({"type": "stop", "matched": stop} if k + 1 < 10 else {"type": "length", "length": 10})
 
 
-@pytest.mark.slow  # the happy stand-in's warm-up and model load: ~15 s on a 2-core CPU
+@pytest.mark.slow  # the happy stand-in's warm-up and model load (docs/benchmarks.md, "The fast test lane")
 def test_identity_and_server_info(happy: HappyServer, tiny_model_dir: Path) -> None:
     info = check_identity(happy.standin.url, expected_name=MODEL_NAME, timeout_s=5)
     assert info["model_path"] == str(tiny_model_dir)
@@ -660,7 +660,7 @@ def ready_and_serving(model_path: str) -> Responder:
     return respond
 
 
-@pytest.mark.slow  # the happy stand-in's warm-up and model load: ~15 s on a 2-core CPU
+@pytest.mark.slow  # the happy stand-in's warm-up and model load (docs/benchmarks.md, "The fast test lane")
 def test_service_start_checks_readiness_and_identity_once_then_hands_over_a_client(
     happy: HappyServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -240,9 +240,9 @@ def test_interrupted_run_stops_the_launched_server(tmp_path: Path, sig: signal.S
     """The launched server's whole group is gone promptly after the signal, and pytest exits non-zero.
 
     Waits are on events (the server's log line, the group being gone, the process exiting), each bounded
-    generously: on a loaded 2-core machine starting pytest alone took about a minute. The server is stopped
-    before pytest's own interrupt handling (0.1 s after SIGINT there); pytest then exits within seconds (the
-    plugin cuts the traceback rendering and the heap walks that took 15-19 s there)."""
+    generously: starting pytest alone is slow on a loaded machine. The server is stopped before pytest's own
+    interrupt handling; pytest then exits promptly (the plugin cuts the traceback rendering and the heap walks;
+    timings: ``benchmarks/bench_interrupt.py``)."""
     port = free_port()
     argv = suite_argv(tmp_path, "--sglang-launch", standin_cmd(port, "--mode", "never-ready"),
                       "--sglang-url", f"http://127.0.0.1:{port}", "--sglang-timeout", "600")

@@ -320,5 +320,5 @@ def draft_logits(drafter: DFlashDrafter, head: TargetHead, context: Tensor | Con
     """
     hidden = drafter(head.embed(blocks), context, starts)  # [N,R,B,H]
     # contiguous: a strided 4-D input makes the lm_head a batched matmul against its weight expanded per block
-    # (about 2x the time); the flattened matmul gives the same values
+    # (slower: docs/benchmarks.md, "Cold run: drafter without copies"); the flattened matmul gives the same values
     return head.logits(hidden[:, :, 1:].contiguous()).float()

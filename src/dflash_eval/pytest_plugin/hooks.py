@@ -1,5 +1,5 @@
 """The plugin's pytest hooks; each delegates: options to :mod:`dflash_eval.options.settings`, results to
-:mod:`dflash_eval.suite.session`, reports to :mod:`dflash_eval.report`, progress to :mod:`.progress`.
+:mod:`dflash_eval.suite.session`, reports to :mod:`dflash_eval.report`, progress to :mod:`.progress_reporter`.
 
 Loading the plugin and ``pytest --help`` import no torch; settings are validated (and torch imported) only when a
 run includes the suite (:func:`runs_suite`) or a test uses one of its fixtures. Under pytest-xdist each worker
@@ -82,11 +82,11 @@ def pytest_configure(config: pytest.Config) -> None:
 class _InterruptHandler:
     """Ctrl-C / SIGINT: stop a launched SGLang server before anything else, then make the exit prompt.
 
-    Measured on a loaded 2-core machine (an interrupted ``--sglang-launch`` run exited 15-19 s after SIGINT, the
-    server itself stopped within 0.1 s): pytest renders the interrupt's whole traceback - about 70 frames of its
-    own and pluggy's, each source file parsed into an AST - only to print its last line (3.6-6 s), then runs
-    four full garbage collections (its unraisable- and thread-exception plugins, one triggered by the rendering,
-    interpreter shutdown), each walking the whole heap of torch, transformers and the model (1-1.6 s each). So,
+    Without it pytest's exit is slow (docs/benchmarks.md, "Interrupting a run with a launched SGLang server"):
+    pytest renders the interrupt's whole traceback - about 70 frames of its own and pluggy's, each source file
+    parsed into an AST - only to print its last line, then runs four full garbage collections (its unraisable-
+    and thread-exception plugins, one triggered by the rendering, interpreter shutdown), each walking the whole
+    heap of torch, transformers and the model. So,
     unless ``--full-trace`` asks for the whole traceback, it is cut to the entry pytest reports; and the heap is
     frozen (``gc.freeze``: the process is about to end), leaving those collections only the new objects."""
 

@@ -1,6 +1,6 @@
 """Merging the per-process results of a run (the controller's and every xdist worker's) into eval.json's data.
 
-eval.json (schema 1; documented in README.md)::
+eval.json (schema 1; documented in docs/reference.md)::
 
     {"schema": 1, "created": ISO time, "settings": {...},
      "target": {"path", "identity", "num_layers", "hidden_size", "vocab_size", "layer_types", "dtype", "device"},

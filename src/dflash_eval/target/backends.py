@@ -142,7 +142,7 @@ def _fla_functions() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
 
 def fla_available() -> bool:
     """True when fla's gated delta rule ops import (they still need CUDA to run). Importing them imports all of
-    fla, and with it transformers and much of torch: 7 s on a GPU machine (docs/gpu-drift.md)."""
+    fla, and with it transformers and much of torch (what that costs on a GPU machine: docs/gpu-drift.md)."""
     return _fla_functions() is not None
 
 

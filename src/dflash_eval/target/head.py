@@ -82,7 +82,8 @@ class TargetHead:
         if head_key is None and not tied:
             raise CheckpointError(f"{path}: no lm_head among {list(HEAD_KEYS)} and tie_word_embeddings is false")
         head_w = emb_w if head_key is None else _read_tensor(head_key, files[head_key]).to(device=dev, dtype=dt)
-        # from_pretrained skips the random init (normal_ on a meta tensor imports torch._refs: ~1 s per process)
+        # from_pretrained skips the random init (costly in a fresh process: docs/benchmarks.md, "The target head
+        # without a random init")
         embed = nn.Embedding.from_pretrained(emb_w, freeze=True)
         lm_head = nn.Linear(head_w.shape[1], head_w.shape[0], bias=False, device="meta")
         lm_head.weight = nn.Parameter(head_w, requires_grad=False)
