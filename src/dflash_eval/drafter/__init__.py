@@ -14,7 +14,14 @@ Example::
 
 from __future__ import annotations
 
-from dflash_eval.drafter.checkpoint import Checkpoint, build_drafter, fit_refusal, read_checkpoint, save_drafter
+from dflash_eval.drafter.checkpoint import (
+    Checkpoint,
+    build_drafter,
+    checkpoint_from_state_dict,
+    fit_refusal,
+    read_checkpoint,
+    save_drafter,
+)
 from dflash_eval.drafter.checks import CHECKS, Check, TargetSpec, compare_architectures, run_checks
 from dflash_eval.drafter.config import DrafterConfig, default_target_layer_ids, load_config_file
 from dflash_eval.drafter.model import ContextKV, DFlashDrafter, block_ids, draft_logits, expected_shapes
@@ -28,6 +35,7 @@ __all__ = [
     "default_target_layer_ids",
     "Checkpoint",
     "read_checkpoint",
+    "checkpoint_from_state_dict",
     "build_drafter",
     "fit_refusal",
     "save_drafter",

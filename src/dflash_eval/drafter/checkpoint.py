@@ -36,7 +36,8 @@ from dflash_eval.drafter.model import DFlashDrafter
 from dflash_eval.drafter.vocabulary import TargetVocabulary
 from dflash_eval.errors import CheckpointError, ConfigError, DrafterRefused
 
-__all__ = ["Checkpoint", "read_checkpoint", "fit_refusal", "build_drafter", "save_drafter"]
+__all__ = ["Checkpoint", "read_checkpoint", "checkpoint_from_state_dict", "fit_refusal", "build_drafter",
+           "save_drafter"]
 
 _PREFIXES = ("module.", "model.", "draft_model.")
 
@@ -152,6 +153,19 @@ def read_checkpoint(
             f"{path}: no drafter config: none embedded under 'config' and no {cfg_file}; pass --drafter-config FILE"
         )
     return Checkpoint(source=path, config=cfg, state_dict=sd, fingerprint=_fingerprint(sd))
+
+
+def checkpoint_from_state_dict(state_dict: dict[str, Tensor], config: DrafterConfig, *,
+                               source: str | Path) -> Checkpoint:
+    """A checkpoint held in memory (a training loop's state dict, keys optionally prefixed ``module.``): the same
+    :class:`Checkpoint` :func:`read_checkpoint` gives for these weights saved, fingerprint included. The tensors are
+    not copied. ``source``: what reports name it by."""
+    bad = sorted(k for k, v in state_dict.items() if not isinstance(v, Tensor))
+    if bad or not state_dict:
+        raise CheckpointError(f"{source}: a drafter state dict maps parameter names to tensors; "
+                              + (f"not tensors: {bad[:5]}" if bad else "it is empty"))
+    sd = _strip_prefix({k: v.detach() for k, v in state_dict.items()})
+    return Checkpoint(source=Path(source), config=config, state_dict=sd, fingerprint=_fingerprint(sd))
 
 
 def fit_refusal(ckpt: Checkpoint, spec: TargetSpec | None,

@@ -1,0 +1,195 @@
+"""The in-process API: one :class:`Evaluator` per target and prompt set, ``evaluate(drafter, step=...)`` per checkpoint.
+
+Everything that does not depend on the drafter (prompts and their token ids, the target's head, the reference
+completions, the target features) is produced once by the first call, from the cache when it is warm, and kept in
+memory: each later call costs drafter work only (no target forward, no cache read of features). ``evaluate``
+returns the suite's typed result (:class:`~dflash_eval.suite.results.EvalResult`, the fields behind eval.json);
+the verdict of the checkpoint, against the floors and across steps, is the :class:`~dflash_eval.training_loop.
+history.CheckpointRecord` in :attr:`Evaluator.records` (and, given a history file, appended to it).
+
+Example (a training loop)::
+
+    from dflash_eval import Evaluator
+    ev = Evaluator({"target_model": "fixtures/target", "prompts": "fixtures/prompts.jsonl",
+                    "report_dir": "runs/x/eval"}, history=True)
+    for step in range(total):
+        train_step(drafter)
+        if step % 500 == 0:
+            result = ev.evaluate(drafter, step=step)       # the live module, on its device, in training mode
+            print(step, result.tau.mean_tau, ev.records[-1].verdict)
+
+``dflash-eval gate`` evaluates every checkpoint through this class, and the pytest plugin makes its session with
+:meth:`Evaluator.session`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.options.preflight import target_config_problem
+from dflash_eval.options.settings import EvalSettings
+from dflash_eval.suite.inputs import DRAFTER_OPTIONS
+from dflash_eval.suite.results import EvalResult
+from dflash_eval.suite.session import EvalSession
+from dflash_eval.training_loop.drafter_input import DrafterInput, drafter_input, evaluation_mode
+from dflash_eval.training_loop.history import CheckpointRecord, History, checkpoint_reasons
+from dflash_eval.training_loop.reference_tau import ReferenceTau, reference_session
+
+__all__ = ["Evaluator", "settings_digest", "NOT_TAU_OPTIONS"]
+
+#: Options that change where things go or how a run is judged, never a τ: left out of the settings digest.
+NOT_TAU_OPTIONS = frozenset({
+    "cache_dir", "cache_only", "rehash", "report_dir", "torch_threads", "generation_batch", "completions",
+    "sglang_url", "sglang_launch", "sglang_timeout", "sglang_request_timeout", "sglang_model_name", "require_sglang",
+    "tau_floor", "tau_floor_prompt", "allow_settings_mismatch", "baseline", "baseline_drop_tol", "baseline_rise_tol",
+    "update_tau_floors", "tau_margin", "floors_file", "golden_dir", "update_fingerprints", "drift_rel_tol",
+    "drift_cos_tol", "drift_accept_tol", "drift_budget_tol", "drift_budget_safety", "reference_backend",
+    "online_tau", "device_map"})
+
+
+def settings_digest(session: EvalSession) -> str:
+    """A digest of what makes τ of two checkpoints comparable: the τ-relevant options, the target's content
+    identity and the selected prompt ids (records of one digest are compared across steps)."""
+    s = session.settings.to_dict()
+    kept = {k: v for k, v in s.items() if k not in DRAFTER_OPTIONS and k not in NOT_TAU_OPTIONS}
+    kept["dtype"], kept["device"] = str(session.settings.torch_dtype), session.settings.torch_device.type
+    doc = {"settings": kept, "target": session.inputs.target_identity,
+           "prompts": [p.id for p in session.inputs.prompts]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Evaluator:
+    """τ of drafter checkpoints against one target and prompt set (see module docstring).
+
+    Args:
+        settings: :class:`~dflash_eval.EvalSettings`, or a mapping of option names to values
+            (``EvalSettings.from_mapping``: relative paths against the current folder).
+        history: a :class:`History`, a JSONL path, or True for ``<report_dir>/history.jsonl``; every evaluation
+            appends one record to it. None/False: records are kept in memory only.
+        trackers: objects with ``log(record, result)`` and ``close()`` (:mod:`dflash_eval.training_loop.trackers`).
+        log: where progress lines go (default: nowhere).
+        drift_budget: also measure each checkpoint's drift budget (drafter work: one τ simulation per ladder level).
+        plateau_window: K of the plateau notice (no gain beyond noise over the last K checkpoints).
+    """
+
+    def __init__(self, settings: EvalSettings | Mapping[str, Any] | None = None, *,
+                 history: History | str | Path | bool | None = None, trackers: Sequence[Any] = (),
+                 log: Callable[[str], None] | None = None, worker: tuple[str, int, int] | None = None,
+                 drift_budget: bool = False, plateau_window: int = 4) -> None:
+        if not isinstance(settings, EvalSettings):
+            settings = EvalSettings.from_mapping(dict(settings or {}), base=Path.cwd())
+        if plateau_window < 2:
+            raise ValueError(f"plateau_window must be >= 2, got {plateau_window}")
+        self.settings = settings
+        self.base = EvalSession(settings, worker=worker, log=log)
+        if history is True:
+            history = settings.report_dir / "history.jsonl"
+        self.history = history if isinstance(history, History) or not history else History(Path(history))
+        self.trackers = list(trackers)
+        self.drift_budget, self.plateau_window = drift_budget, plateau_window
+        self.records: list[CheckpointRecord] = []
+        self._reference: ReferenceTau | None = None
+        self._digest: str | None = None
+        self._pending: dict[str, EvalSession] = {}
+
+    @property
+    def inputs(self) -> Any:
+        """The shared drafter-independent stage (:class:`~dflash_eval.suite.inputs.Inputs`)."""
+        return self.base.inputs
+
+    @property
+    def digest(self) -> str:
+        """:func:`settings_digest` of this evaluator's settings."""
+        if self._digest is None:
+            self._digest = settings_digest(self.base)
+        return self._digest
+
+    def check_inputs(self) -> None:
+        """The drafter-independent inputs, checked before any work: the target's config.json and tokenizer files,
+        the prompts (ConfigError naming the file). A drafter's own files are checked when it is evaluated."""
+        problem = target_config_problem(self.settings)
+        if problem is not None:
+            from dflash_eval.errors import ConfigError
+
+            raise ConfigError(f"unusable inputs:\n  {problem}")
+        self.inputs.target_dir.check_json_files()
+        self.inputs.prompts  # noqa: B018 - JSONL errors name the line
+
+    # ------------------------------------------------------------------------------------------------ sessions
+    def _input(self, drafter: Any, config: Any, name: str | None) -> DrafterInput:
+        s = self.settings
+        on_disk = isinstance(drafter, (str, os.PathLike))  # its config is read with the checkpoint
+        return drafter_input(drafter, config=config, name=name, device=s.torch_device, dtype=s.torch_dtype,
+                             num_target_layers=None if on_disk else self.inputs.num_layers,
+                             vocabulary=None if on_disk else self.inputs.vocabulary)
+
+    def _new_session(self, src: DrafterInput) -> EvalSession:
+        settings = replace(self.settings, drafter=src.path) if src.path is not None else self.settings
+        return EvalSession(settings, shared=self.base, checkpoint=src.checkpoint, live=src.live)
+
+    def session(self, drafter: Any = None, *, config: Any = None, name: str | None = None) -> EvalSession:
+        """The :class:`~dflash_eval.suite.session.EvalSession` of ``drafter`` (a path; None: ``settings.drafter``,
+        this evaluator's own first session) sharing this evaluator's inputs. A path's session is kept until
+        :meth:`evaluate` evaluates that path (its checks already run)."""
+        if drafter is None:
+            return self.base
+        src = self._input(drafter, config, name)
+        session = self._new_session(src)
+        if src.path is not None:
+            self._pending[str(src.path)] = session
+        return session
+
+    def reference(self) -> ReferenceTau | None:
+        """τ of ``--reference-drafter`` on the shared prompts, measured once (None without it)."""
+        if self._reference is None and self.settings.reference_drafter is not None:
+            ref = reference_session(self.base)
+            assert ref is not None
+            self._reference = ReferenceTau.measure(ref)
+        return self._reference
+
+    # ------------------------------------------------------------------------------------------------ evaluate
+    def evaluate(self, drafter: Any = None, *, step: int | None = None, config: Any = None,
+                 name: str | None = None) -> EvalResult:
+        """Evaluate one drafter: a checkpoint path (None: ``settings.drafter``), a state dict with ``config``, or
+        a live drafter module (see :mod:`~dflash_eval.training_loop.drafter_input`). ``step``: the training step,
+        recorded in the history and the result's ``drafter.step``; ``name``: its label in reports.
+
+        Raises the suite's errors: ConfigError / CheckpointError for bad input, DrafterRefused when the drafter
+        does not fit the target (naming every failed architecture check)."""
+        src = self._input(drafter if drafter is not None else self.settings.drafter, config, name)
+        session = self._pending.pop(str(src.path), None) if src.path is not None else None
+        session = session or self._new_session(src)
+        with evaluation_mode(src.module):
+            summary = session.tau_summary()
+            if self.drift_budget:
+                session.drift_budget()
+            result = session.result()
+        assert result.drafter is not None and result.tau is not None
+        result.drafter.update(path=src.label, step=step)
+        reference = self.reference()
+        if reference is not None:
+            result.drafter["reference"] = reference.block({p: r["tau"] for p, r in summary.prompts.items()})
+        record = CheckpointRecord.of(result, step=step, digest=self.digest, reasons=checkpoint_reasons(session))
+        record = self.history.append(record, window=self.plateau_window) if self.history else \
+            record.judged([r for r in self.records if r.settings_digest == self.digest], self.plateau_window)
+        self.records.append(record)
+        for tracker in self.trackers:
+            tracker.log(record, result)
+        return result
+
+    def close(self) -> None:
+        """Close the trackers (flushes their files)."""
+        for tracker in self.trackers:
+            tracker.close()
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -1,0 +1,186 @@
+"""The history of a training run's evaluations: one JSON line per evaluated checkpoint (``history.jsonl`` in the
+report folder by default).
+
+A record holds the step, the time, the drafter (label and weight fingerprint), mean chain τ and each DDTree
+budget's mean τ with their bootstrap 95 % CIs, the same per category, every prompt's chain τ (what the verdicts
+across steps pair, :mod:`dflash_eval.training_loop.trend`), the drift budget when measured, the reference drafter's
+τ and the paired difference against it, the verdict against the floors with its reasons, the trend verdicts
+(``regression``: a failure; ``plateau``: a notice) and the settings digest (records of one digest are comparable).
+
+Appending is atomic and safe under concurrent writers: under a file lock (``history.jsonl.lock``, filelock) the
+file is read, the new record judged against the earlier ones and the whole file written to a temporary file that
+is renamed over it (:mod:`dflash_eval.common.atomic`). A writer killed at any point leaves the history as it was
+before its append or with the append complete, never a torn line; the OS releases its lock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from dflash_eval.common.atomic import atomic_write_text
+from dflash_eval.errors import ConfigError, EvalError
+from dflash_eval.training_loop import trend
+
+__all__ = ["CheckpointRecord", "History", "checkpoint_reasons"]
+
+
+def _ci(block: dict[str, Any] | None) -> list[float]:
+    ci = (block or {}).get("ci95") or [math.nan, math.nan]
+    return [float(ci[0]), float(ci[1])]
+
+
+def _categories(cats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {c: {"n": v.get("n"), "tau": v["chain"]["mean"], "ci95": _ci(v["chain"]),
+                "ddtree": {b: {"tau": d["mean"], "ci95": _ci(d)} for b, d in v.get("ddtree", {}).items()}}
+            for c, v in cats.items()}
+
+
+def _reference(block: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not block:
+        return None
+    paired = block["paired"]
+    return {"path": block["path"], "fingerprint": block["fingerprint"], "mean_tau": block["mean_tau"],
+            "mean_ddtree": block["mean_ddtree"], "mean_diff": paired["mean_diff"], "ci95": paired["ci95"],
+            "n": paired["n"]}
+
+
+def checkpoint_reasons(session: Any) -> list[str] | None:
+    """Why the session's checkpoint fails its floors (empty: it passes), as the gate judges it: prompts and means
+    against the floors, and ``--baseline``'s drop and ceiling; None when there are no floors at all (no floors file
+    for the prompts, no ``--tau-floor`` / ``--tau-floor-prompt``) and no baseline."""
+    from dflash_eval.metrics.verdict import gate_reasons, mean_thresholds
+
+    summary, floors = session.tau_summary(), session.floors
+    if not floors.raw and not floors.explicit and summary.baseline is None:
+        return None
+    reasons = gate_reasons(summary.prompts, mean_thresholds(summary.mean_tau, summary.mean_ddtree, floors),
+                           prompt_floors_required=floors.prompt_floors_required) if floors.raw or floors.explicit \
+        else []
+    cmp = summary.baseline
+    if cmp is not None and not cmp.drop_passed:
+        reasons.append(f"τ dropped against the baseline: {100 * cmp.rel_change:+.2f} % (allowed -"
+                       f"{100 * cmp.drop_tol:g} %)")
+    if cmp is not None and not cmp.rise_passed:
+        reasons.append(f"τ rose {100 * cmp.rel_change:+.2f} % against the baseline (allowed +"
+                       f"{100 * cmp.rise_tol:g} %): check the drafter for a future-token leak")
+    return reasons
+
+
+@dataclass
+class CheckpointRecord:
+    """One evaluated checkpoint (see module docstring); ``passed``: against the floors (None: no floors)."""
+
+    step: int | None
+    time: str
+    drafter: str
+    fingerprint: str
+    settings_digest: str
+    mean_tau: float
+    mean_tau_ci95: list[float]
+    mean_ddtree: dict[str, float]
+    mean_ddtree_ci95: dict[str, list[float]]
+    mean_floor: float | None
+    categories: dict[str, dict[str, Any]]
+    prompts: dict[str, float]
+    drift_budget: float | None = None
+    reference: dict[str, Any] | None = None
+    passed: bool | None = None
+    reasons: list[str] = field(default_factory=list)
+    regression: str | None = None
+    plateau: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        """``fail`` (below a floor, or a regression across steps), ``pass`` (every floor met) or ``unjudged`` (no
+        floors, no regression)."""
+        if self.passed is False or self.regression:
+            return "fail"
+        return "pass" if self.passed else "unjudged"
+
+    @classmethod
+    def of(cls, result: Any, *, step: int | None, digest: str, reasons: list[str] | None) -> CheckpointRecord:
+        """The record of an :class:`~dflash_eval.suite.results.EvalResult` (its τ computed), not judged yet."""
+        tau, drafter = result.tau, result.drafter
+        cats = _categories(tau.categories)
+        budget = (result.drift_budget or {}).get("budget")
+        return cls(step=step, time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   drafter=str(drafter["path"]), fingerprint=drafter["fingerprint"], settings_digest=digest,
+                   mean_tau=tau.mean_tau, mean_tau_ci95=cats.get("all", {}).get("ci95", [math.nan, math.nan]),
+                   mean_ddtree=dict(tau.mean_ddtree),
+                   mean_ddtree_ci95={b: d["ci95"] for b, d in cats.get("all", {}).get("ddtree", {}).items()},
+                   mean_floor=tau.mean_floor, categories=cats, prompts={p: r["tau"] for p, r in tau.prompts.items()},
+                   drift_budget=budget, reference=_reference(drafter.get("reference")),
+                   passed=None if reasons is None else not reasons, reasons=list(reasons or []))
+
+    def judged(self, records: list[CheckpointRecord], window: int) -> CheckpointRecord:
+        """This record with its trend verdicts against ``records`` (earlier records of the same settings digest)."""
+        earlier = trend.earlier_than(self, records)
+        return replace(self, regression=trend.regression(self, earlier), plateau=trend.plateau(self, earlier, window))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "verdict": self.verdict}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CheckpointRecord:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class History:
+    """The JSONL history file (see module docstring)."""
+
+    def __init__(self, path: str | Path, *, lock_timeout_s: float = 120.0) -> None:
+        self.path = Path(path)
+        self.lock_timeout_s = lock_timeout_s
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    def _lock(self) -> FileLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.lock_path), timeout=self.lock_timeout_s)
+
+    def read(self) -> list[CheckpointRecord]:
+        """Every record, in the order written ([] when the file does not exist); ConfigError naming the file and
+        line of a line that is not a record."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        out = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(CheckpointRecord.from_json(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, AttributeError) as exc:
+                raise ConfigError(f"{self.path}:{n}: not a history record ({type(exc).__name__}: {exc}); a file "
+                                  "edited by hand? Move it away to start a new history") from exc
+        return out
+
+    def append(self, record: CheckpointRecord, *, window: int = 4) -> CheckpointRecord:
+        """Judge ``record`` against the earlier records of its settings digest and append it, atomically under
+        the lock (EvalError naming the lock file when another writer holds it for ``lock_timeout_s``)."""
+        try:
+            with self._lock():
+                records = self.read()
+                judged = record.judged([r for r in records if r.settings_digest == record.settings_digest], window)
+                old = self.path.read_text(encoding="utf-8") if self.path.exists() else ""
+                line = json.dumps(judged.to_json(), sort_keys=True, allow_nan=True)
+                atomic_write_text(self.path, old + ("" if not old or old.endswith("\n") else "\n") + line + "\n")
+        except Timeout as exc:
+            raise EvalError(f"{self.lock_path}: another writer held the history's lock for {self.lock_timeout_s:g} s"
+                            " (a stuck process? the lock is released when it exits)") from exc
+        return judged
+
+    def has(self, drafter: str, step: int | None, digest: str) -> bool:
+        """Whether a checkpoint (its label/path and step) was recorded under ``digest``."""
+        return any(r.drafter == drafter and r.step == step and r.settings_digest == digest for r in self.read())
