@@ -40,6 +40,16 @@ def test_progress_reports_start_and_every_step():
     Progress("silent", 2, None).step(1)  # no sink: nothing to call
 
 
+def test_a_stage_counted_in_tokens_reports_where_it_stands_and_extrapolates_tokens():
+    got: list[ProgressEvent] = []
+    p = Progress("τ drafting", 100, got.append, unit="positions")
+    p.reach(30)
+    p.reach(30)  # no move: no event
+    p.reach(250)  # capped at the total
+    assert [(e.done, e.tokens) for e in got] == [(0, 0), (30, 30), (100, 100)] and got[-1].finished
+    assert ProgressEvent("τ drafting", 30, 100, 30, 3.0, "positions").eta_s == pytest.approx(7.0)
+
+
 def test_throttled_keeps_first_last_and_one_per_interval(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr("dflash_eval.suite.progress.time.monotonic", lambda: clock[0])

@@ -103,6 +103,15 @@ class Progress:
         self.tokens += tokens
         self._emit()
 
+    def reach(self, done: int) -> None:
+        """Where a production counted in tokens stands (e.g. the positions a τ simulation has covered): ``done`` of
+        ``total``, each a token; an event only when it moved (the ETA then extrapolates tokens, not prompts)."""
+        done = min(int(done), self.total)
+        if done > self.done:
+            self.tokens += done - self.done
+            self.done = done
+            self._emit()
+
     def _emit(self) -> None:
         if self.sink is not None:
             self.sink(ProgressEvent(self.what, self.done, self.total, self.tokens,
