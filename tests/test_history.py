@@ -1,0 +1,171 @@
+"""The history of a training run's evaluations (dflash_eval.training_loop.history) and the verdicts across steps
+(training_loop.trend): appends from two concurrent writer processes all land, a writer killed inside its append
+leaves the history as it was and its lock free, regressions beyond noise fail, a plateau is noticed, and the trend
+table and plot are written from the records."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash_eval.errors import ConfigError
+from dflash_eval.training_loop.history import CheckpointRecord, History
+from dflash_eval.training_loop.trend import paired_diff, plateau, regression
+from dflash_eval.training_loop.trend_plot import write_trend_plot
+from dflash_eval.training_loop.trend_table import trend_table, write_trend_table
+
+WAIT_S = 120  # every wait on another process is bounded
+
+
+def record(step: int | None, taus: list[float], *, digest: str = "d1", drafter: str | None = None) -> CheckpointRecord:
+    mean = sum(taus) / len(taus)
+    return CheckpointRecord(step=step, time="2026-01-01T00:00:00+00:00", drafter=drafter or f"ckpt/step_{step}",
+                            fingerprint=f"fp{step}", settings_digest=digest, mean_tau=mean,
+                            mean_tau_ci95=[mean - 0.1, mean + 0.1], mean_ddtree={"8": mean + 0.3},
+                            mean_ddtree_ci95={"8": [mean + 0.2, mean + 0.4]}, mean_floor=1.5,
+                            categories={"all": {"n": len(taus), "tau": mean, "ci95": [mean - 0.1, mean + 0.1],
+                                                "ddtree": {}},
+                                        "code": {"n": 2, "tau": taus[0], "ci95": [0, 0], "ddtree": {}},
+                                        "prose": {"n": 2, "tau": taus[-1], "ci95": [0, 0], "ddtree": {}}},
+                            prompts={f"p{i}": t for i, t in enumerate(taus)}, passed=True)
+
+
+BASE = [3.0, 3.4, 2.8, 3.9, 3.1, 3.6, 2.9, 3.3, 3.5, 3.2]
+
+
+# ------------------------------------------------------------------------------------------------ verdicts
+def test_regression_beyond_noise_fails_and_noise_does_not():
+    best = record(100, [t + 1.0 for t in BASE])
+    worse = record(200, [t + 0.6 for t in BASE])  # every prompt 0.4 lower: the CI lies below 0
+    assert regression(worse, [record(50, BASE), best]) is not None
+    assert "step 100" in regression(worse, [record(50, BASE), best])
+    noisy = record(200, [t + 1.0 + (0.3 if i % 2 else -0.3) for i, t in enumerate(BASE)])  # mean equal, noisy
+    assert regression(noisy, [best]) is None
+    assert regression(best, []) is None
+    d = paired_diff(worse, best)
+    assert d.n == len(BASE) and d.mean == pytest.approx(-0.4) and d.ci_high < 0
+
+
+def test_plateau_notice_over_the_last_k_checkpoints():
+    rising = [record(s, [t + 0.3 * k for t in BASE]) for k, s in enumerate((100, 200, 300, 400))]
+    assert plateau(rising[-1], rising[:-1], 3) is None  # each step gains on the one before
+    flat = [record(100, BASE)] + [record(s, [t + (0.05 if (i + s // 100) % 2 else -0.05) for i, t in
+                                             enumerate(BASE)]) for s in (200, 300, 400)]
+    note = plateau(flat[-1], flat[:-1], 3)
+    assert note is not None and "last 3 checkpoints" in note and "step 100" in note
+    assert plateau(flat[2], flat[:2], 3) is None  # fewer than K + 1 checkpoints: no notice yet
+
+
+def test_judged_record_compares_only_earlier_steps():
+    hist = [record(100, BASE), record(300, [t + 1 for t in BASE])]
+    mid = record(200, [t + 0.5 for t in BASE]).judged(hist, 4)
+    assert mid.regression is None  # step 300 comes after it
+    late = record(400, [t + 0.5 for t in BASE]).judged(hist, 4)
+    assert late.regression is not None and late.verdict == "fail"
+
+
+# ------------------------------------------------------------------------------------------------ the file
+def test_append_read_round_trip_and_has(tmp_path):
+    h = History(tmp_path / "history.jsonl")
+    assert h.read() == []
+    out = h.append(record(100, BASE))
+    h.append(record(200, [t - 1 for t in BASE]))
+    got = h.read()
+    assert [r.step for r in got] == [100, 200] and got[0] == out
+    assert got[1].regression is not None  # judged against step 100 under the lock
+    assert h.has("ckpt/step_100", 100, "d1") and not h.has("ckpt/step_100", 100, "other")
+    line = json.loads((tmp_path / "history.jsonl").read_text().splitlines()[1])
+    assert line["verdict"] == "fail" and line["prompts"]["p0"] == BASE[0] - 1
+
+
+def test_a_line_that_is_no_record_is_named(tmp_path):
+    p = tmp_path / "history.jsonl"
+    History(p).append(record(1, BASE))
+    p.write_text(p.read_text() + "{not json\n")
+    with pytest.raises(ConfigError, match=r"history\.jsonl:2: not a history record"):
+        History(p).read()
+
+
+def _writer(path: str, name: str, n: int, go: mp.Event) -> None:
+    go.wait(WAIT_S)
+    h = History(path)
+    for i in range(n):
+        h.append(record(i, [t + i * 0.01 for t in BASE], drafter=f"{name}/{i}"))
+
+
+def test_two_concurrent_writer_processes_lose_nothing(tmp_path):
+    ctx = mp.get_context("spawn")
+    go = ctx.Event()
+    path = str(tmp_path / "history.jsonl")
+    procs = [ctx.Process(target=_writer, args=(path, name, 15, go)) for name in ("a", "b")]
+    for p in procs:
+        p.start()
+    go.set()  # both start appending at once
+    for p in procs:
+        p.join(WAIT_S)
+        assert p.exitcode == 0
+    got = History(path).read()
+    assert len(got) == 30
+    for name in ("a", "b"):
+        assert [r.drafter for r in got if r.drafter.startswith(name)] == [f"{name}/{i}" for i in range(15)]
+    assert all(json.loads(line) for line in Path(path).read_text().splitlines())
+
+
+def _killed_writer(path: str, inside: mp.Event) -> None:
+    """Append, but stop for good halfway through writing the new file (the parent kills this process there)."""
+    import time
+
+    from dflash_eval.common import atomic
+    from dflash_eval.training_loop import history
+
+    def half_write(target: Path, text: str) -> None:
+        with atomic.atomic_path(target) as tmp:
+            tmp.write_text(text[: len(text) // 2])
+            inside.set()
+            while True:
+                time.sleep(1)
+
+    history.atomic_write_text = half_write
+    History(path).append(record(999, BASE, drafter="killed"))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+def test_a_killed_writer_leaves_the_history_whole_and_its_lock_free(tmp_path):
+    path = tmp_path / "history.jsonl"
+    h = History(path, lock_timeout_s=WAIT_S)
+    h.append(record(1, BASE))
+    before = path.read_bytes()
+    ctx = mp.get_context("spawn")
+    inside = ctx.Event()
+    p = ctx.Process(target=_killed_writer, args=(str(path), inside))
+    p.start()
+    assert inside.wait(WAIT_S), "the writer never reached its write"
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(WAIT_S)
+    assert p.exitcode == -signal.SIGKILL
+    assert path.read_bytes() == before  # the half-written new file never replaced it
+    h.append(record(2, BASE))  # the lock died with its holder
+    assert [r.step for r in h.read()] == [1, 2]
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+def test_trend_table_and_plot(tmp_path):
+    recs = [record(s, [t + 0.2 * k for t in BASE]) for k, s in enumerate((300, 100, 200))]
+    recs[0].reference = {"path": "ref", "fingerprint": "x", "mean_tau": 3.0, "mean_ddtree": {}, "mean_diff": 0.4,
+                         "ci95": [0.3, 0.5], "n": 10}
+    text = trend_table(recs)
+    lines = text.splitlines()
+    assert lines[0].startswith("| step | drafter | mean τ") and "reference τ" in lines[0]
+    assert [ln.split("|")[1].strip() for ln in lines[2:]] == ["100", "200", "300"]  # step order
+    assert "+0.400 [0.30, 0.50]" in lines[4]
+    md = write_trend_table(recs, tmp_path / "history.md")
+    assert "`d1`" in md.read_text()
+    png = write_trend_plot(recs, tmp_path / "history.png")
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert write_trend_plot([], tmp_path / "none.png") is None
