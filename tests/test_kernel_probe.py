@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from dflash_eval.errors import ConfigError
-from dflash_eval.target.kernel_probe import KernelProbes, ProbeShapes, probe
+from dflash_eval.target.kernel_probe import ProbeShapes, probe
+from dflash_eval.target.kernel_registry import KernelProbes
 from dflash_eval.target.loader import TargetDir
 
 ROOT = Path(__file__).resolve().parents[1]

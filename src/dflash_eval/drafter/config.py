@@ -20,7 +20,8 @@ Fields are read as the reference implementation reads them (z-lab's ``DFlashDraf
   (reference releases disagree on which one wins);
 - features of newer drafter variants that this implementation does not compute (sliding-window or causal drafter
   layers) are refused;
-- ``dflash_config`` is an allow-list (:data:`DFLASH_READ`, :data:`DFLASH_NEUTRAL`, :data:`DFLASH_IGNORED`): keys
+- ``dflash_config`` is an allow-list (:data:`DFLASH_READ`, :data:`DFLASH_NEUTRAL`, :data:`DFLASH_IGNORED`, in
+  :mod:`dflash_eval.drafter.config_refusals` with the other refusals): keys
   read here are used, keys of drafter variants that SGLang's DFlash parser implements
   (``python/sglang/srt/speculative/dflash_utils.py``, ``parse_dflash_draft_config``) are accepted only at the value
   that leaves the computation unchanged, and any other key is refused naming it, the file and what SGLang does
@@ -42,47 +43,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.drafter.config_refusals import (
+    DFLASH_IGNORED,
+    DFLASH_NEUTRAL,
+    DFLASH_READ,
+    SUPPORTED_ARCHITECTURES,
+    check_architectures,
+    check_unsupported,
+)
 from dflash_eval.drafter.vocabulary import TargetVocabulary, resolve_mask_token_id
 from dflash_eval.errors import ConfigError
 
 __all__ = ["DrafterConfig", "default_target_layer_ids", "load_config_file", "SUPPORTED_ARCHITECTURES",
            "ROPE_TYPES", "QWEN3_DEFAULTS", "DFLASH_READ", "DFLASH_NEUTRAL", "DFLASH_IGNORED"]
 
-SUPPORTED_ARCHITECTURES = ("DFlashDraftModel",)
 #: RoPE types applied exactly as transformers computes them (static frequencies); others are refused.
 ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 #: transformers' ``Qwen3Config`` defaults for the fields a drafter config may leave out (transformers 4.57-5.x).
 QWEN3_DEFAULTS: dict[str, Any] = {"rope_theta": 10_000.0, "head_dim": 128, "hidden_act": "silu",
                                   "attention_bias": False, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768}
-#: ``dflash_config`` keys this implementation reads.
-DFLASH_READ = ("mask_token_id", "mask_token", "target_layer_ids", "block_size", "num_target_layers")
-#: ``dflash_config`` keys of drafter variants: (the value that leaves the computation unchanged, what is done with
-#: another value and by whom). Accepted only at that value (for softcapping also 0, which SGLang reads as off).
-DFLASH_NEUTRAL: dict[str, tuple[Any, str]] = {
-    "output_multiplier": (1.0, "SGLang multiplies the draft logits by it"),
-    "final_logit_softcapping": (None, "SGLang soft-caps the draft logits at it (tanh)"),
-    "conv_kernel_size": (0, "SGLang adds a grouped convolution of DFlash2-style drafters (with conv_group_size)"),
-    "conv_group_size": (0, "SGLang adds a grouped convolution of DFlash2-style drafters (with conv_kernel_size)"),
-    "selector_rank": (0, "SGLang re-scores each slot's top-k candidates with a low-rank selector (with "
-                         "selector_top_k)"),
-    "selector_top_k": (0, "SGLang re-scores each slot's top-k candidates with a low-rank selector (with "
-                          "selector_rank)"),
-    "attention_sink_bias": (False, "SGLang adds a learned per-head sink logit to every attention softmax (MiMo "
-                                   "drafters)"),
-    "attention_value_scale": (None, "SGLang scales the attention values V by it before attention (MiMo drafters)"),
-    "projector_type": (None, "SGLang replaces the fc + hidden_norm projection of the target features by another "
-                             "('domino': a GRU projector)"),
-    "sample_from_anchor": (True, "with false SGLang takes the Nemotron 3.5 draft layout (another query layout and "
-                                 "the checkpoint's own vocabulary modules)"),
-    "input_embedding_scale": (1.0, "DFlash2 drafters scale the block tokens' input embeddings by it (SGLang's "
-                                   "DFlash parser does not read it)"),
-}
-#: ``dflash_config`` keys SGLang reads only together with a refused feature (a Domino projector, sliding-window
-#: drafter layers): without it they change nothing, with it the config is refused for that feature.
-DFLASH_IGNORED = ("shift_label", "pure_draft_prefix_len", "gru_hidden_dim", "emb_dim", "swa_window_size")
-_SGLANG_PARSER = "SGLang's DFlash config parser (python/sglang/srt/speculative/dflash_utils.py)"
-_SGLANG_FILES = "SGLang: python/sglang/srt/speculative/dflash_utils.py, parse_dflash_draft_config"
-_NOT_SGLANG = ("input_embedding_scale",)  # a key of DFLASH_NEUTRAL that SGLang's parser does not read
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -106,6 +85,11 @@ _REQUIRED = (
     "num_key_value_heads",
     "vocab_size",
 )
+#: Top-level fields read into :class:`DrafterConfig`; the others are kept in ``extra`` (written back by ``to_dict``).
+_KNOWN = frozenset(_REQUIRED) | {
+    "head_dim", "rope_theta", "rms_norm_eps", "hidden_act", "attention_bias", "block_size", "dflash_config",
+    "num_target_layers", "dtype", "torch_dtype", "rope_scaling", "rope_parameters", "max_position_embeddings",
+}
 
 
 @dataclass(frozen=True)
@@ -170,50 +154,24 @@ class DrafterConfig:
             ConfigError: a required field is missing or has the wrong type, or a field asks for something this
                 implementation does not compute.
         """
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
-        _check_architectures(data, source)
-        missing = [k for k in _REQUIRED if k not in data]
-        if missing:
-            raise ConfigError(f"{source}: missing required field(s) {missing} (a Qwen3-style drafter config needs them)")
-        dcfg = data.get("dflash_config") or {}
-        if not isinstance(dcfg, dict):
-            raise ConfigError(f"{source}: 'dflash_config' must be an object, got {type(dcfg).__name__}")
-        _check_unsupported(data, dcfg, source)
+        dcfg = _dflash_section(data, source)
         block_size = _block_size(data, dcfg, source)
-        mask_token = dcfg.get("mask_token", data.get("mask_token"))
-        if mask_token is not None and (not isinstance(mask_token, str) or not mask_token):
-            raise ConfigError(f"{source}: 'dflash_config.mask_token' must be a non-empty string, got {mask_token!r}")
+        mask_token = _mask_token(data, dcfg, source)
         mask_token_id = _mask_token_id(dcfg.get("mask_token_id", data.get("mask_token_id")), mask_token, vocabulary,
                                        source)
         n_target = dcfg.get("num_target_layers", data.get("num_target_layers", num_target_layers))
-        layer_ids = dcfg.get("target_layer_ids", data.get("target_layer_ids"))
-        if layer_ids is None:
-            if n_target is None:
-                raise ConfigError(
-                    f"{source}: no 'dflash_config.target_layer_ids' and no 'num_target_layers' for the default rule")
-            layer_ids = default_target_layer_ids(int(n_target), int(data["num_hidden_layers"]))
-        if not isinstance(layer_ids, (list, tuple)) or not all(isinstance(i, int) for i in layer_ids):
-            raise ConfigError(f"{source}: 'dflash_config.target_layer_ids' must be a list of ints, got {layer_ids!r}")
-        head_dim = data["head_dim"] if "head_dim" in data else QWEN3_DEFAULTS["head_dim"]
-        if head_dim is None:  # an explicit null: the attention falls back to hidden_size // heads
-            head_dim = int(data["hidden_size"]) // int(data["num_attention_heads"])
+        layer_ids = _layer_ids(data, dcfg, n_target, source)
         rope_type, rope_theta, rope_params = _rope(data, source)
-        known = set(_REQUIRED) | {
-            "head_dim", "rope_theta", "rms_norm_eps", "hidden_act", "attention_bias", "block_size",
-            "dflash_config", "num_target_layers", "dtype", "torch_dtype", "rope_scaling", "rope_parameters",
-            "max_position_embeddings",
-        }
         return cls(
             hidden_size=int(data["hidden_size"]),
             intermediate_size=int(data["intermediate_size"]),
             num_hidden_layers=int(data["num_hidden_layers"]),
             num_attention_heads=int(data["num_attention_heads"]),
             num_key_value_heads=int(data["num_key_value_heads"]),
-            head_dim=int(head_dim),
+            head_dim=_head_dim(data),
             vocab_size=int(data["vocab_size"]),
             block_size=block_size,
-            target_layer_ids=tuple(int(i) for i in layer_ids),
+            target_layer_ids=layer_ids,
             mask_token_id=mask_token_id,
             mask_token=mask_token,
             num_target_layers=None if n_target is None else int(n_target),
@@ -225,7 +183,7 @@ class DrafterConfig:
             rope_type=rope_type,
             rope_params=rope_params,
             max_position_embeddings=int(_get(data, "max_position_embeddings")),
-            extra={k: v for k, v in data.items() if k not in known},
+            extra={k: v for k, v in data.items() if k not in _KNOWN},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -260,55 +218,50 @@ def _get(data: dict[str, Any], key: str) -> Any:
     return QWEN3_DEFAULTS[key] if value is None else value
 
 
-def _check_architectures(data: dict[str, Any], source: str) -> None:
-    archs = data.get("architectures")
-    if archs is None:
-        return
-    if isinstance(archs, str):
-        archs = [archs]
-    if not isinstance(archs, list) or not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-        raise ConfigError(
-            f"{source}: 'architectures' is {data['architectures']!r}, but this evaluator implements only "
-            f"{list(SUPPORTED_ARCHITECTURES)} (a drafter of another family, e.g. DFlash2 or EAGLE-3, has other "
-            "modules and another drafting rule)")
+def _dflash_section(data: Any, source: str) -> dict[str, Any]:
+    """The config's ``dflash_config`` object ({} when absent), after the checks that refuse a config outright: not
+    an object, another architecture, a missing required field, a feature this implementation does not compute."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    check_architectures(data, source)
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise ConfigError(f"{source}: missing required field(s) {missing} (a Qwen3-style drafter config needs them)")
+    dcfg = data.get("dflash_config") or {}
+    if not isinstance(dcfg, dict):
+        raise ConfigError(f"{source}: 'dflash_config' must be an object, got {type(dcfg).__name__}")
+    check_unsupported(data, dcfg, source)
+    return dcfg
 
 
-def _check_unsupported(data: dict[str, Any], dcfg: dict[str, Any], source: str) -> None:
-    """Refuse fields that ask for computations this implementation does not do (naming the field)."""
-    if data.get("is_causal"):
-        raise ConfigError(f"{source}: 'is_causal' is {data['is_causal']!r}: only non-causal DFlash blocks are "
-                          "supported")
-    window = data.get("sliding_window") if data.get("use_sliding_window") else None
-    types = data.get("layer_types")
-    if types is None and window is not None:
-        first = int(data.get("max_window_layers", 28))
-        types = ["sliding_attention" if i >= first else "full_attention" for i in range(int(data["num_hidden_layers"]))]
-    bad = sorted({t for t in types or [] if t != "full_attention"})
-    if bad:
-        raise ConfigError(f"{source}: drafter layer types {bad} ('layer_types' / 'use_sliding_window'): only "
-                          "full-attention drafter layers are supported")
-    _check_dflash_keys(data, dcfg, source)
+def _mask_token(data: dict[str, Any], dcfg: dict[str, Any], source: str) -> str | None:
+    """``dflash_config.mask_token`` (or top-level ``mask_token``): None or a non-empty string."""
+    mask_token = dcfg.get("mask_token", data.get("mask_token"))
+    if mask_token is not None and (not isinstance(mask_token, str) or not mask_token):
+        raise ConfigError(f"{source}: 'dflash_config.mask_token' must be a non-empty string, got {mask_token!r}")
+    return mask_token
 
 
-def _check_dflash_keys(data: dict[str, Any], dcfg: dict[str, Any], source: str) -> None:
-    """``dflash_config`` as an allow-list: a key of a drafter variant at a value that changes the computation, or a
-    key nobody reads, is refused naming the key, the file and what SGLang does with it."""
-    for key, (neutral, sglang) in DFLASH_NEUTRAL.items():
-        where = f"dflash_config.{key}" if key in dcfg else key
-        value = dcfg.get(key, data.get(key, neutral))
-        if value != neutral and not (neutral is None and value == 0) and not (neutral == 0 and value is None):
+def _layer_ids(data: dict[str, Any], dcfg: dict[str, Any], n_target: Any, source: str) -> tuple[int, ...]:
+    """``dflash_config.target_layer_ids`` (or top level), else the default rule for ``n_target`` target layers."""
+    layer_ids = dcfg.get("target_layer_ids", data.get("target_layer_ids"))
+    if layer_ids is None:
+        if n_target is None:
             raise ConfigError(
-                f"{source}: '{where}' is {value!r}: {sglang}{'' if key in _NOT_SGLANG else f' ({_SGLANG_FILES})'}; "
-                "this evaluator implements only the "
-                "plain DFlash drafter, so the τ it measured would not be the τ of that drafter as it is served "
-                f"(leave '{key}' out, or set it to {json.dumps(neutral)}, only if the drafter was trained without it)")
-    unknown = sorted(k for k in dcfg if k not in DFLASH_READ and k not in DFLASH_NEUTRAL and k not in DFLASH_IGNORED)
-    if unknown:
-        raise ConfigError(
-            f"{source}: 'dflash_config' key(s) {unknown}: not read by this evaluator, and {_SGLANG_PARSER} ignores "
-            f"them too (known keys: {sorted([*DFLASH_READ, *DFLASH_NEUTRAL, *DFLASH_IGNORED])}); a drafter trained "
-            "with what they ask for would be served and evaluated without it: remove them only if the drafter was "
-            "trained without them")
+                f"{source}: no 'dflash_config.target_layer_ids' and no 'num_target_layers' for the default rule")
+        layer_ids = default_target_layer_ids(int(n_target), int(data["num_hidden_layers"]))
+    if not isinstance(layer_ids, (list, tuple)) or not all(isinstance(i, int) for i in layer_ids):
+        raise ConfigError(f"{source}: 'dflash_config.target_layer_ids' must be a list of ints, got {layer_ids!r}")
+    return tuple(int(i) for i in layer_ids)
+
+
+def _head_dim(data: dict[str, Any]) -> int:
+    """``head_dim``: Qwen3Config's default when absent; an explicit null falls back to hidden_size // heads (as the
+    attention does)."""
+    head_dim = data["head_dim"] if "head_dim" in data else QWEN3_DEFAULTS["head_dim"]
+    if head_dim is None:
+        head_dim = int(data["hidden_size"]) // int(data["num_attention_heads"])
+    return int(head_dim)
 
 
 def _mask_token_id(value: Any, mask_token: str | None, vocabulary: TargetVocabulary | None, source: str) -> int:

@@ -57,6 +57,33 @@ class OnlineResult:
     target_forwards: int
 
 
+def _context(drafter: DFlashDrafter, cap: LayerCapture) -> Tensor:
+    """[1, T, H] the drafter's projected context (fc + hidden_norm) of the positions the last target forward saw."""
+    return drafter.project_context(cap.features()[0].to(drafter.fc.weight.device))[None]
+
+
+def _draft_block(drafter: DFlashDrafter, head: TargetHead, ctx: Tensor, bonus: int, start: int,
+                 dev: torch.device) -> Tensor:
+    """[B] the block the target verifies (on ``dev``, the target's device): the bonus token at position ``start``
+    and the drafter's argmax guesses for the B-1 positions after it."""
+    ids = block_ids(torch.tensor([bonus], device=dev), drafter.config.block_size, drafter.config.mask_token_id)
+    logits = draft_logits(drafter, head, ctx, ids[None], torch.tensor([[start]], device=dev))
+    block = ids[0].clone()
+    block[1:] = logits[0, 0].argmax(-1)  # [B-1]
+    return block
+
+
+def _accepted(draft: Tensor, post: Tensor, limit: int, eos: int | None) -> int:
+    """How many drafted tokens equal the target's token at their position (at most ``limit``); a drafted EOS is not
+    accepted: it becomes the new bonus token and ends the generation."""
+    acc = 0
+    while acc < limit and int(draft[acc]) == int(post[acc]):
+        if eos is not None and int(draft[acc]) == eos:
+            break
+        acc += 1
+    return acc
+
+
 @torch.no_grad()
 def online_generate(
     target: Any,
@@ -80,13 +107,12 @@ def online_generate(
     pick = pick or _argmax
     model = target.model
     dev = target.device
-    cfg = drafter.config
-    b = cfg.block_size
+    b = drafter.config.block_size
     eos = target.eos_token_id if stop_at_eos else None
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=dev)
     forwards = 0
     # Features of every target forward (prefill, verify, commit) are captured; the context takes the commits'.
-    with LayerCapture(model, tuple(cfg.target_layer_ids)) as cap, use_backend(backend, dev):
+    with LayerCapture(model, tuple(drafter.config.target_layer_ids)) as cap, use_backend(backend, dev):
         from transformers import DynamicCache
 
         cache = DynamicCache(config=model.config)
@@ -94,35 +120,25 @@ def online_generate(
         out = model(prompt[None], **{kw: cache}, use_cache=True)
         forwards += 1
         # Projected context (fc + hidden_norm act per position): grown by the committed positions each round.
-        ctx = drafter.project_context(cap.features()[0].to(drafter.fc.weight.device))[None]  # positions 0..P-1
+        ctx = _context(drafter, cap)  # positions 0..P-1
         bonus = int(pick(out.logits[0, -1:], torch.tensor([prompt.shape[0]]))[0])
         generated = [bonus]
         lens: list[int] = []
         done = (eos is not None and bonus == eos) or max_new_tokens <= 1
         while not done and (max_blocks is None or len(lens) < max_blocks):
             start = prompt.shape[0] + len(generated) - 1  # position of the bonus token
-            ids = block_ids(torch.tensor([bonus], device=dev), b, cfg.mask_token_id)  # [1,B]
-            logits = draft_logits(drafter, head, ctx, ids[None], torch.tensor([[start]], device=dev))
-            draft = logits[0, 0].argmax(-1)  # [B-1]
-            block = ids[0].clone()
-            block[1:] = draft
+            block = _draft_block(drafter, head, ctx, bonus, start, dev)
             snapshot = copy.deepcopy(cache)
             ver = model(block[None], **{kw: cache}, use_cache=True)
             forwards += 1
             post = pick(ver.logits[0], torch.arange(start + 1, start + 1 + b))  # target's token after block[:k+1]
-            limit = min(b - 1, max_new_tokens - 1 - len(generated))
-            acc = 0
-            while acc < limit and int(draft[acc]) == int(post[acc]):
-                if eos is not None and int(draft[acc]) == eos:
-                    break  # EOS becomes the new bonus below and ends the generation
-                acc += 1
+            acc = _accepted(block[1:], post, min(b - 1, max_new_tokens - 1 - len(generated)), eos)
             new_bonus = int(post[acc])
             # Restore the pre-verify state and commit block[:acc+1] for real (features for the context).
             cache = snapshot
             model(block[None, : acc + 1], **{kw: cache}, use_cache=True)
             forwards += 1
-            new = drafter.project_context(cap.features()[0].to(drafter.fc.weight.device))[None]
-            ctx = torch.cat([ctx, new], dim=1)
+            ctx = torch.cat([ctx, _context(drafter, cap)], dim=1)
             generated.extend(int(t) for t in block[1: acc + 1])
             generated.append(new_bonus)
             lens.append(acc + 1)

@@ -1,12 +1,13 @@
 """The eval suite's options: each declared once, as a field of :class:`EvalSettings`, and everything derived from it.
 
-A field's metadata holds the option's help, kind and choices; from it come ``--name`` on the command line,
-``DFLASH_EVAL_<NAME>`` in the environment and ``dflash_<name>`` in the ini file ([tool.pytest.ini_options]).
-:func:`add_options` registers them (pytest's ``group.addoption`` and argparse's ``add_argument`` alike),
-:func:`resolve` is the one resolver (precedence CLI > env > ini > default; relative paths and ``--prompts`` file
-items made absolute there) and :mod:`dflash_eval.options.table` writes the table in ``docs/reference.md``
-(``python -m dflash_eval.options.table --write-docs docs/reference.md``). :class:`EvalSettings` also resolves ``auto``
-device, dtype and backends.
+A field is declared with :func:`dflash_eval.options.declaration.opt` (its help, kind and choices); from it come
+``--name`` on the command line, ``DFLASH_EVAL_<NAME>`` in the environment and ``dflash_<name>`` in the ini file
+([tool.pytest.ini_options]). :func:`add_options` registers them (pytest's ``group.addoption`` and argparse's
+``add_argument`` alike), :func:`resolve` is the one resolver (precedence CLI > env > ini > default; relative paths
+and ``--prompts`` file items made absolute there; the machinery is :mod:`dflash_eval.options.sources`), the value
+checks are :mod:`dflash_eval.options.value_checks` and :mod:`dflash_eval.options.table` writes the table in
+``docs/reference.md`` (``python -m dflash_eval.options.table --write-docs docs/reference.md``).
+:class:`EvalSettings` also resolves ``auto`` device, dtype and backends.
 
 The defaults that point at this repository's bundled fixtures (``--target-model``, ``--drafter``, the prompt file in
 ``--prompts``) apply only when the root directory is a checkout of this project (:func:`in_repo`); elsewhere
@@ -19,15 +20,17 @@ imported when a device or dtype is resolved.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_eval.common.dtypes import check_dtype_name, parse_dtype
+from dflash_eval.common.dtypes import parse_dtype
 from dflash_eval.errors import ConfigError
-from dflash_eval.metrics.drift_ladder import DEFAULT_LADDER, parse_ladder
+from dflash_eval.metrics.drift_ladder import DEFAULT_LADDER
+from dflash_eval.options.declaration import COMMANDS, REQUIRED, OptionSpec, declared_options, opt
+from dflash_eval.options.sources import gather, in_repo, register_options
+from dflash_eval.options.value_checks import check_values
 from dflash_eval.options.values import parse_value, resolve_prompt_spec
 from dflash_eval.prompts import CHAT_TEMPLATE_MODES, DEFAULT_PROMPT_DATA_DIR, HUMANEVAL_WRAPPERS, THINKING_MODES
 from dflash_eval.target.backends import BACKENDS, parse_fault, resolve_backend, with_fault
@@ -43,33 +46,7 @@ COMPLETION_SOURCES = ("local", "sglang", "cache")
 DEFAULT_PROMPTS = "humaneval:16,fixtures/prompts.jsonl"
 OUTSIDE_PROMPTS = "humaneval:16"  # --prompts default outside a checkout of this repository (no fixtures/ there)
 
-
-class _Marker:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-SAME = _Marker("SAME")  # an option whose default is the same inside and outside this repository
-REQUIRED = _Marker("REQUIRED")  # no default outside this repository: the option must be given
-#: The commands that read options: ``run`` (the pytest suite: ``dflash-eval run``, ``pytest``), ``gate``
-#: (``dflash-eval gate``: τ of several checkpoints against the floors) and ``record`` (``dflash-eval record``: the
-#: suite's recording tests, writing floors, snapshots and the fingerprint). The suite honours every option.
-COMMANDS = ("run", "gate", "record")
-_RUN_GATE, _RUN_RECORD, _RUN = ("run", "gate"), ("run", "record"), ("run",)
-_PROJECT_NAME = re.compile(r'^name\s*=\s*["\']dflash-eval["\']\s*$', re.MULTILINE)
-_DEVICE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(:\d+)?$")  # a torch device string's form (torch checks the type)
-
-
-def in_repo(root: Path) -> bool:
-    """Whether ``root`` is a checkout of this project (its ``pyproject.toml`` names the project ``dflash-eval``):
-    only there do the defaults that point at the bundled ``fixtures/`` apply."""
-    try:
-        return bool(_PROJECT_NAME.search((Path(root) / "pyproject.toml").read_text(encoding="utf-8")))
-    except (OSError, UnicodeDecodeError):
-        return False
+_RUN_GATE, _RUN_RECORD, _RUN = ("run", "gate"), ("run", "record"), ("run",)  # the commands of some options
 
 
 def worker_info() -> tuple[str, int, int]:
@@ -78,16 +55,6 @@ def worker_info() -> tuple[str, int, int]:
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     idx = int(wid[2:]) if wid.startswith("gw") and wid[2:].isdigit() else 0
     return wid, idx, count
-
-
-def opt(default: Any, help: str, kind: str = "str", choices: Iterable[str] = (),  # noqa: A002
-        outside: Any = SAME, commands: Iterable[str] = COMMANDS) -> Any:
-    """One option's field. ``kind``: str | path | spec (--prompts: file items resolved like paths) | int | float |
-    bool | ints | choice. A ``None`` default makes the option nullable (unset). ``outside``: the default outside a
-    checkout of this repository (:data:`REQUIRED`: none, the option must be given). ``commands``: the commands of
-    :data:`COMMANDS` that honour it (the others refuse it)."""
-    return field(default=default, metadata={"help": help, "kind": kind, "choices": tuple(choices),
-                                            "outside": outside, "commands": tuple(commands)})
 
 
 # ------------------------------------------------------------------------------------------------------ settings
@@ -239,43 +206,9 @@ class EvalSettings:
         self.feature_backend  # noqa: B018
 
     def validate_values(self) -> None:
-        """The checks of :meth:`validate` that need neither torch nor the machine's devices (ConfigError)."""
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if self.generation_batch < 1:
-            raise ConfigError(f"--generation-batch must be >= 1, got {self.generation_batch}")
-        if self.max_blocks is not None and self.max_blocks < 1:
-            raise ConfigError(f"--max-blocks must be >= 1, got {self.max_blocks}")
-        if self.drift_budget_min_prompts < 1:
-            raise ConfigError(f"--drift-budget-min-prompts must be >= 1, got {self.drift_budget_min_prompts}")
-        if self.num_prompts is not None and self.num_prompts < 1:
-            raise ConfigError(f"--num-prompts must be >= 1, got {self.num_prompts}")
-        if self.completions == "sglang" and not self.sglang_url and not self.sglang_launch:
-            raise ConfigError("--completions sglang needs --sglang-url URL (a running server) or --sglang-launch CMD")
-        if self.sglang_launch and self.completions != "sglang":
-            raise ConfigError(f"--sglang-launch needs --completions sglang (got --completions {self.completions})")
-        for name in ("sglang_timeout", "sglang_request_timeout"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
-        if self.tau_margin < 0:
-            raise ConfigError(f"--tau-margin must be >= 0, got {self.tau_margin}")
-        for name in ("baseline_drop_tol", "baseline_rise_tol", "drift_budget_tol", "drift_budget_safety"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        parse_ladder(self.drift_budget_ladder)
-        if self.kernel_fault and (self.update_fingerprints or self.update_tau_floors):
-            raise ConfigError(f"--kernel-fault {self.kernel_fault} is a diagnostic: golden records are never written "
-                              "from faulty kernels; drop --update-fingerprints / --update-tau-floors, or the fault")
-        if self.kernel_fault is not None:
-            parse_fault(self.kernel_fault)  # BackendError naming the forms
-        for name in ("hidden_state_backend", "reference_backend"):
-            if getattr(self, name) not in BACKENDS:
-                raise ConfigError(f"--{name.replace('_', '-')}: unknown backend {getattr(self, name)!r}; "
-                                  f"choose one of {', '.join(BACKENDS)}")
-        check_dtype_name(self.dtype, flag="--dtype")
-        if not _DEVICE.match(self.device):
-            raise ConfigError(f"--device: invalid device {self.device!r}; choose one of auto (cuda if available, else "
-                              "cpu), cpu, cuda, cuda:N (or another torch device type, e.g. mps)")
+        """The checks of :meth:`validate` that need neither torch nor the machine's devices (ConfigError):
+        :func:`dflash_eval.options.value_checks.check_values`."""
+        check_values(self)
 
     # ------------------------------------------------------------------------------------------- resolved
     @property
@@ -316,12 +249,6 @@ class EvalSettings:
         """The backend of the evaluation's feature extraction: :attr:`eval_backend`, with ``--kernel-fault``."""
         return with_fault(self.eval_backend, None if self.kernel_fault is None else parse_fault(self.kernel_fault))
 
-    @property
-    def ref_backend(self) -> str:
-        name = resolve_backend(self.reference_backend, self.torch_device) if self.reference_backend != "fla" \
-            else "fla"
-        return name
-
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("origins")
@@ -331,61 +258,7 @@ class EvalSettings:
 # ------------------------------------------------------------------------------------------------------ options
 
 
-@dataclass(frozen=True)
-class OptionSpec:
-    """One suite option (derived from an :class:`EvalSettings` field): ``--name`` on the command line,
-    ``DFLASH_EVAL_<NAME>`` in the environment and ``dflash_<name>`` in the ini file ([tool.pytest.ini_options]);
-    precedence CLI > env > ini > default."""
-
-    name: str  # python name, e.g. "target_model"
-    default: Any
-    help: str
-    kind: str = "str"  # str | path | spec (--prompts: files resolved like paths) | int | float | bool | ints | choice
-    choices: tuple[str, ...] = ()
-    outside: Any = SAME  # the default outside a checkout of this repository (REQUIRED: must be given)
-    commands: tuple[str, ...] = COMMANDS  # the commands that honour it (:data:`COMMANDS`)
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return "DFLASH_EVAL_" + self.name.upper()
-
-    @property
-    def ini(self) -> str:
-        return "dflash_" + self.name
-
-    @property
-    def nullable(self) -> bool:
-        """Unset is a valid value (the default is ``None``)."""
-        return self.default is None
-
-    @property
-    def shown_default(self) -> str:
-        """The default as ``pytest --help`` and the docs show it."""
-        if self.default is None:
-            return "unset"
-        if isinstance(self.default, tuple):
-            return ",".join(map(str, self.default))
-        if self.outside is REQUIRED:
-            return f"{self.default} in this repository, else required"
-        if self.outside is not SAME:
-            return f"{self.default} in this repository, else {self.outside}"
-        return str(self.default)
-
-    def default_for(self, repo: bool) -> Any:
-        """The default inside (``repo``) or outside a checkout of this repository (:data:`REQUIRED`: none)."""
-        return self.default if repo or self.outside is SAME else self.outside
-
-    def applies_to(self, command: str) -> bool:
-        """Whether ``command`` (one of :data:`COMMANDS`) honours this option."""
-        return command in self.commands
-
-
-OPTIONS: tuple[OptionSpec, ...] = tuple(OptionSpec(f.name, f.default, **f.metadata)
-                                        for f in fields(EvalSettings) if "help" in f.metadata)
+OPTIONS: tuple[OptionSpec, ...] = declared_options(EvalSettings)
 OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
 
 
@@ -399,23 +272,8 @@ def add_options(add_argument: Callable[..., Any], *, add_ini: Callable[..., Any]
     ``add_ini`` the help names env and ini keys and the default; without, the env key only. ``strict_choices``:
     argparse rejects a value outside a choice option's choices (else :func:`resolve` raises ConfigError).
     """
-    skip = set(skip)
-    for spec in OPTIONS:
-        if spec.name in skip or not spec.applies_to(command):
-            continue
-        where = f"env {spec.env}, ini {spec.ini}; default: {spec.shown_default}" if add_ini else f"env {spec.env}"
-        kw: dict[str, Any] = {"default": None, "dest": spec.name, "help": f"{spec.help} [{where}]".replace("%", "%%")}
-        if spec.kind == "bool":
-            kw.update(action="store_const", const=True)
-        elif spec.kind == "ints":
-            kw.update(action="append", metavar="N[,N...]")
-        elif spec.kind == "choice" and strict_choices:
-            kw.update(choices=spec.choices)
-        elif spec.kind == "choice":
-            kw.update(metavar="{" + ",".join(spec.choices) + "}")
-        add_argument(spec.flag, **kw)
-        if add_ini is not None:
-            add_ini(spec.ini, help=f"{spec.help} (same as {spec.flag})", type="string", default="")
+    register_options(OPTIONS, add_argument, add_ini=add_ini, skip=skip, strict_choices=strict_choices,
+                     command=command)
 
 
 def resolve(cli: Callable[[str], Any], *, environ: Mapping[str, str], invocation_dir: Path, root: Path,
@@ -430,27 +288,6 @@ def resolve(cli: Callable[[str], Any], *, environ: Mapping[str, str], invocation
     not apply: a missing ``--target-model`` / ``--drafter`` is one ConfigError. ``check=False`` skips
     :meth:`EvalSettings.validate` (no torch import: values only parsed).
     """
-    parsed: dict[str, Any] = {}
-    origins: dict[str, str] = {}
-    repo, required = in_repo(root), []
-    for spec in OPTIONS:
-        raw, env = cli(spec.name), environ.get(spec.env)
-        ini_raw = ini(spec.ini) if ini is not None else None
-        if raw is not None:
-            base, origins[spec.name] = invocation_dir, "cli"
-        elif env is not None and env != "":
-            raw, base, origins[spec.name] = env, invocation_dir, "env"
-        elif ini_raw not in (None, "", []):
-            raw, base, origins[spec.name] = ini_raw, ini_dir or root, "ini"
-        else:
-            raw, base, origins[spec.name] = spec.default_for(repo), root, "default"
-            if raw is REQUIRED:
-                required.append(spec)
-                continue
-        parsed[spec.name] = parse_value(spec, raw, base)
-    if required:
-        raise ConfigError(
-            " and ".join(s.flag for s in required) + f" required: {root} is not a checkout of the dflash-eval "
-            "repository, so there is no bundled default; give " + ", ".join(
-                f"{s.flag} PATH (or env {s.env})" for s in required))
+    parsed, origins = gather(OPTIONS, cli, environ=environ, invocation_dir=invocation_dir, root=root, ini=ini,
+                             ini_dir=ini_dir)
     return EvalSettings._build(parsed, origins, check=check)

@@ -90,52 +90,24 @@ def wait_until_ready(
     interval = max(0.01, poll_interval_s)
     last_seen = "no answer yet"
     attempts = 0
-
-    def process_exit_error() -> SGLangError | None:
-        if process is None:
-            return None
-        code = process.poll()
-        if code is None:
-            return None
-        return SGLangError(
-            f"SGLang server for {base} (pid {process.pid}) exited with code {code} after "
-            f"{time.monotonic() - start:.1f}s, before {probe} answered 200 (last status: {last_seen}).\n"
-            f"--- server log tail ({log_path}) ---\n{log_tail(log_path)}"
-        )
-
     while True:
-        err = process_exit_error()
+        err = _exit_error(process, base, probe, start, last_seen, log_path)
         if err is not None:
             raise err
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
         attempts += 1
-        req_timeout = max(0.05, min(request_timeout_s, remaining))
-        try:
-            response = requests.get(probe, timeout=(req_timeout, req_timeout))
-        except requests.exceptions.RequestException as exc:
-            last_seen = describe_exception(exc)
-        else:
-            if response.status_code == 200:
-                waited = time.monotonic() - start
-                logger.info("SGLang %s ready after %.1fs (%d polls)", base, waited, attempts)
-                return waited
-            body = excerpt(response.content, 200)
-            last_seen = f"HTTP {response.status_code}" + (f" {body!r}" if body else "")
+        seen = _poll(probe, max(0.05, min(request_timeout_s, remaining)))
+        if seen is None:
+            waited = time.monotonic() - start
+            logger.info("SGLang %s ready after %.1fs (%d polls)", base, waited, attempts)
+            return waited
+        last_seen = seen
         logger.debug("SGLang %s not ready after %.1fs: %s", base, time.monotonic() - start, last_seen)
-        # Sleep in short slices so that a dying process is noticed at once.
-        wake = min(deadline, time.monotonic() + interval)
-        while True:
-            now = time.monotonic()
-            if now >= wake:
-                break
-            if process is not None and process.poll() is not None:
-                break
-            time.sleep(min(0.1, wake - now))
+        _pause(min(deadline, time.monotonic() + interval), process)
         interval = min(max_interval_s, interval * 2)
-
-    err = process_exit_error()
+    err = _exit_error(process, base, probe, start, last_seen, log_path)
     if err is not None:
         raise err
     waited = time.monotonic() - start
@@ -143,6 +115,45 @@ def wait_until_ready(
     raise SGLangError(
         f"SGLang server at {base} not ready after {waited:.1f}s (timeout {timeout_s:g}s, {attempts} polls of "
         f"{probe}); last status: {last_seen}{tail}"
+    )
+
+
+def _poll(probe: str, timeout_s: float) -> str | None:
+    """One ``GET`` of the readiness URL: None when it answered 200, else what was seen (the status and a body
+    excerpt, or the exception)."""
+    try:
+        response = requests.get(probe, timeout=(timeout_s, timeout_s))
+    except requests.exceptions.RequestException as exc:
+        return describe_exception(exc)
+    if response.status_code == 200:
+        return None
+    body = excerpt(response.content, 200)
+    return f"HTTP {response.status_code}" + (f" {body!r}" if body else "")
+
+
+def _pause(wake: float, process: subprocess.Popen | None) -> None:
+    """Sleep until the monotonic time ``wake``, in short slices so that a dying ``process`` is noticed at once."""
+    while True:
+        now = time.monotonic()
+        if now >= wake:
+            return
+        if process is not None and process.poll() is not None:
+            return
+        time.sleep(min(0.1, wake - now))
+
+
+def _exit_error(process: subprocess.Popen | None, base: str, probe: str, start: float, last_seen: str,
+                log_path: Path | None) -> SGLangError | None:
+    """The error to raise when the launched server ``process`` has exited (None while it runs, or without one)."""
+    if process is None:
+        return None
+    code = process.poll()
+    if code is None:
+        return None
+    return SGLangError(
+        f"SGLang server for {base} (pid {process.pid}) exited with code {code} after "
+        f"{time.monotonic() - start:.1f}s, before {probe} answered 200 (last status: {last_seen}).\n"
+        f"--- server log tail ({log_path}) ---\n{log_tail(log_path)}"
     )
 
 

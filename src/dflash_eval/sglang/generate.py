@@ -180,6 +180,62 @@ def _parse_item(item: Any, *, index: int, where: str, max_new_tokens: int) -> Co
     )
 
 
+def _check_arguments(base: str, *, max_new_tokens: Any, batch_size: Any, timeout_s: float) -> None:
+    """SGLangError naming the argument: ``max_new_tokens`` and ``batch_size`` ints >= 1, ``timeout_s`` > 0."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise SGLangError(f"generate_greedy({base!r}): max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise SGLangError(f"generate_greedy({base!r}): batch_size must be an int >= 1, got {batch_size!r}")
+    if timeout_s <= 0:
+        raise SGLangError(f"generate_greedy({base!r}): timeout_s must be > 0, got {timeout_s}")
+
+
+def _sampling_params(max_new_tokens: int, stop_token_ids: list[int] | None) -> dict[str, Any]:
+    """Greedy (``temperature: 0``) sampling parameters of every request."""
+    params: dict[str, Any] = {
+        "temperature": 0.0,
+        "max_new_tokens": max_new_tokens,
+        "ignore_eos": False,
+        "skip_special_tokens": True,
+    }
+    if stop_token_ids:
+        params["stop_token_ids"] = [int(t) for t in stop_token_ids]
+    return params
+
+
+def _request(endpoint: str, payload: dict[str, Any], *, where: str, timeout_s: float, expected: int) -> list[Any]:
+    """POST one batch and return its answer: a JSON list of ``expected`` items (a bare object for a one-prompt
+    batch is taken as a list of it); anything else raises SGLangError naming ``where``."""
+    sent = time.monotonic()
+    try:
+        status, body = _post_json(endpoint, payload, sent + timeout_s)
+    except (requests.exceptions.RequestException, TimeoutError) as exc:
+        raise SGLangError(
+            f"{where}: no complete answer after {time.monotonic() - sent:.1f}s (timeout {timeout_s:g}s per "
+            f"request): {describe_exception(exc)}"
+        ) from exc
+    if status != 200:
+        raise SGLangError(f"{where}: HTTP {status} after {time.monotonic() - sent:.1f}s; body: {excerpt(body)!r}")
+    try:
+        decoded = json.loads(body)
+    except ValueError as exc:
+        raise SGLangError(
+            f"{where}: HTTP 200 but the body is not valid JSON ({exc}); body: {excerpt(body)!r}"
+        ) from exc
+    if isinstance(decoded, dict) and expected == 1 and "output_ids" in decoded:
+        decoded = [decoded]  # tolerate a single-prompt batch answered with a bare object
+    if not isinstance(decoded, list):
+        raise SGLangError(
+            f"{where}: malformed response: expected a JSON list of {expected} items, got "
+            f"{type(decoded).__name__}: {excerpt(json.dumps(decoded))!r}"
+        )
+    if len(decoded) != expected:
+        raise SGLangError(
+            f"{where}: malformed response: list has {len(decoded)} items for a batch of {expected} prompts"
+        )
+    return decoded
+
+
 def generate_greedy(
     url: str,
     batch_input_ids: list[list[int]],
@@ -204,57 +260,18 @@ def generate_greedy(
     """
     base = normalize_url(url)
     endpoint = base + "/generate"
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise SGLangError(f"generate_greedy({base!r}): max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise SGLangError(f"generate_greedy({base!r}): batch_size must be an int >= 1, got {batch_size!r}")
-    if timeout_s <= 0:
-        raise SGLangError(f"generate_greedy({base!r}): timeout_s must be > 0, got {timeout_s}")
+    _check_arguments(base, max_new_tokens=max_new_tokens, batch_size=batch_size, timeout_s=timeout_s)
     prompts = _check_prompts(batch_input_ids)
     if not prompts:
         return []
-    sampling_params: dict[str, Any] = {
-        "temperature": 0.0,
-        "max_new_tokens": max_new_tokens,
-        "ignore_eos": False,
-        "skip_special_tokens": True,
-    }
-    if stop_token_ids:
-        sampling_params["stop_token_ids"] = [int(t) for t in stop_token_ids]
-
+    sampling_params = _sampling_params(max_new_tokens, stop_token_ids)
     start = time.monotonic()
     results: list[Completion] = []
     for first in range(0, len(prompts), batch_size):
         chunk = prompts[first : first + batch_size]
         where = f"POST {endpoint} (prompts {first}..{first + len(chunk) - 1} of {len(prompts)})"
-        payload = {"input_ids": chunk, "sampling_params": sampling_params}
-        sent = time.monotonic()
-        try:
-            status, body = _post_json(endpoint, payload, sent + timeout_s)
-        except (requests.exceptions.RequestException, TimeoutError) as exc:
-            raise SGLangError(
-                f"{where}: no complete answer after {time.monotonic() - sent:.1f}s (timeout {timeout_s:g}s per "
-                f"request): {describe_exception(exc)}"
-            ) from exc
-        if status != 200:
-            raise SGLangError(f"{where}: HTTP {status} after {time.monotonic() - sent:.1f}s; body: {excerpt(body)!r}")
-        try:
-            decoded = json.loads(body)
-        except ValueError as exc:
-            raise SGLangError(
-                f"{where}: HTTP 200 but the body is not valid JSON ({exc}); body: {excerpt(body)!r}"
-            ) from exc
-        if isinstance(decoded, dict) and len(chunk) == 1 and "output_ids" in decoded:
-            decoded = [decoded]  # tolerate a single-prompt batch answered with a bare object
-        if not isinstance(decoded, list):
-            raise SGLangError(
-                f"{where}: malformed response: expected a JSON list of {len(chunk)} items, got "
-                f"{type(decoded).__name__}: {excerpt(json.dumps(decoded))!r}"
-            )
-        if len(decoded) != len(chunk):
-            raise SGLangError(
-                f"{where}: malformed response: list has {len(decoded)} items for a batch of {len(chunk)} prompts"
-            )
+        decoded = _request(endpoint, {"input_ids": chunk, "sampling_params": sampling_params}, where=where,
+                           timeout_s=timeout_s, expected=len(chunk))
         for i, item in enumerate(decoded):
             results.append(_parse_item(item, index=first + i, where=where, max_new_tokens=max_new_tokens))
     logger.debug("SGLang %s: %d greedy completions in %.1fs", base, len(results), time.monotonic() - start)

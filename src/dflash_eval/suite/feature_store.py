@@ -28,7 +28,7 @@ from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
 from dflash_eval.suite.references import CompletionRecord, argmax_fields, teacher_forced_tensors
 from dflash_eval.target.backends import check_backend_device, use_backend
-from dflash_eval.target.kernel_probe import KernelOutputChanged, KernelProbes
+from dflash_eval.target.kernel_registry import KernelOutputChanged, KernelProbes
 from dflash_eval.target.provenance import device_kind, kernel_versions, library_versions, provenance
 
 __all__ = ["FeatureStore", "FINGERPRINT_TEXT"]

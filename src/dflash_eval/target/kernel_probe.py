@@ -18,10 +18,9 @@ config.json: no model is built), in the run's dtype and on its device, and hashe
 
 Hybrid (Gated DeltaNet) targets get all three, dense ones the attention probe alone. An unchanged kernel gives the
 same digest bit for bit in every process (CPU probes run with one thread, so the digest does not depend on
-``--torch-threads`` or the xdist worker count). :class:`KernelProbes` keeps one :class:`ProbeResult` per
-(backend, dtype) of a run, and the probe's registry in the cache (``<cache>/v1/kernel_probes/``) remembers which
-digests features were extracted with, so a run can say which kernel changed since cached features were written
-(:func:`kernel_change`).
+``--torch-threads`` or the xdist worker count). :class:`dflash_eval.target.kernel_registry.KernelProbes` keeps one
+:class:`ProbeResult` per (backend, dtype) of a run and the registry of the digests cached features were extracted
+with.
 
 Example::
 
@@ -38,7 +37,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
@@ -46,28 +45,21 @@ from typing import Any
 
 import torch
 
-from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.errors import ConfigError
 from dflash_eval.target.backends import split_backend, use_backend
 from dflash_eval.target.loader import TargetDir
 
-__all__ = ["KernelDigest", "ProbeResult", "ProbeShapes", "KernelProbes", "KernelOutputChanged", "KERNEL_KINDS",
-           "probe", "modeling_module", "attention_implementation", "tensor_digest", "kernel_change", "change_message",
-           "PROBE_SEED"]
+__all__ = ["KernelDigest", "ProbeResult", "ProbeShapes", "KERNEL_KINDS", "probe", "modeling_module",
+           "attention_implementation", "tensor_digest", "PROBE_SEED"]
 
 PROBE_SEED = 20240611
 CHUNK_T = 80  # more than one 64-token chunk of the chunked delta rule, the last one padded
 RECURRENT_T = 4  # decode steps from a non-zero state
 ATTENTION_T = 24
-REGISTRY_SIZE = 16  # digests remembered per (backend, dtype, device kind, shapes)
 #: kernel name -> which kind of kernel it is, as messages say it
 KERNEL_KINDS = {"linear_attention_chunk": "linear-attention", "linear_attention_recurrent": "linear-attention",
                 "attention": "attention"}
 _CHUNK, _RECUR = "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"
-
-
-class KernelOutputChanged(UserWarning):
-    """A kernel's output differs from the one cached features were extracted with (they are re-extracted)."""
 
 
 def tensor_digest(tensors: dict[str, torch.Tensor | None]) -> str:
@@ -306,116 +298,3 @@ def probe(target_dir: TargetDir, backend: str, dtype: torch.dtype, device: torch
             torch.set_num_threads(threads)
     return ProbeResult(base, str(dtype).removeprefix("torch."), str(dev), shapes, kernels,
                        seconds=time.perf_counter() - t1, import_seconds=t1 - t0)
-
-
-# ------------------------------------------------------------------------------------------------ changes
-def kernel_change(was: dict[str, str], now: ProbeResult) -> list[str]:
-    """The kernels (names of :data:`KERNEL_KINDS`) whose digest in ``now`` differs from ``was`` (kernel ->
-    digest), a kernel probed on one side only included."""
-    live = {k: v.digest for k, v in now.kernels.items()}
-    return sorted(k for k in set(was) | set(live) if was.get(k) != live.get(k))
-
-
-def change_message(result: ProbeResult, was: dict[str, str], changed: list[str], what: str) -> str:
-    """``the linear-attention kernel's output changed since these features were cached (...)``."""
-    kinds = sorted({KERNEL_KINDS.get(k, k) for k in changed}, key=lambda k: k != "linear-attention")
-    detail = "; ".join(f"{k} ({result.kernels[k].function if k in result.kernels else 'not probed now'}): output "
-                       f"digest {str(was.get(k, 'none'))[:12]} -> "
-                       f"{result.kernels[k].digest[:12] if k in result.kernels else 'none'}" for k in changed)
-    return (f"the {' and the '.join(kinds)} kernel's output changed since these {what} were cached (backend "
-            f"{result.backend!r}, {result.dtype}, {result.device}: {detail})")
-
-
-@dataclass
-class KernelProbes:
-    """The probes of one run, one per (backend, dtype), each run once per process on first use, and the cache's
-    registry of the digests features were extracted with (``<cache>/v1/kernel_probes/<context>.json``, context =
-    backend, dtype, device kind and head shapes)."""
-
-    target_dir: TargetDir
-    device: torch.device | str
-    registry_dir: Path | None = None
-    record: bool = True  # False (--cache-only): the registry is read, never written
-    results: dict[tuple[str, str], ProbeResult] = field(default_factory=dict)
-    changes: list[dict[str, Any]] = field(default_factory=list)
-
-    @staticmethod
-    def _key(backend: str, dtype: torch.dtype) -> tuple[str, str]:
-        return split_backend(backend)[0], str(dtype)
-
-    def probed(self, backend: str, dtype: torch.dtype) -> bool:
-        return self._key(backend, dtype) in self.results
-
-    def get(self, backend: str, dtype: torch.dtype) -> ProbeResult:
-        """The probe of ``backend`` (its fault suffix dropped) in ``dtype``, run on the first call."""
-        key = self._key(backend, dtype)
-        if key not in self.results:
-            self.results[key] = r = probe(self.target_dir, key[0], dtype, self.device)
-            self._register(r)
-        return self.results[key]
-
-    @property
-    def seconds(self) -> float:
-        """Every probe of this process: kernel calls and the modeling module's import."""
-        return sum(r.seconds + r.import_seconds for r in self.results.values())
-
-    # ------------------------------------------------------------------------------------ registry
-    def _registry_path(self, r: ProbeResult) -> Path | None:
-        if self.registry_dir is None:
-            return None
-        from dflash_eval.cache.store import cache_key
-        from dflash_eval.target.provenance import device_kind
-
-        ctx = {"backend": r.backend, "dtype": r.dtype, "device_kind": device_kind(r.device),
-               "shapes": r.shapes.to_json()}
-        return self.registry_dir / f"{cache_key('kernel_probe', ctx)[:32]}.json"
-
-    def _read(self, path: Path | None) -> dict[str, Any]:
-        try:
-            data = json.loads(path.read_text()) if path is not None else {}
-        except (OSError, ValueError):
-            data = {}
-        return data if isinstance(data, dict) and isinstance(data.get("digests"), dict) else {"digests": {}}
-
-    def _register(self, r: ProbeResult) -> None:
-        """Remember ``r``'s digest (and its kernels' digests) in the registry; an unwritable cache costs only the
-        message naming the changed kernel."""
-        path = self._registry_path(r)
-        data = self._read(path)
-        if path is None or not self.record or r.digest in data["digests"]:
-            return
-        data["digests"][r.digest] = {"kernels": {k: v.digest for k, v in r.kernels.items()},
-                                     "functions": {k: v.function for k, v in r.kernels.items()},
-                                     "seen": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        data["digests"] = dict(list(data["digests"].items())[-REGISTRY_SIZE:])
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
-        except OSError:
-            pass
-
-    def earlier(self, backend: str, dtype: torch.dtype) -> dict[str, dict[str, str]]:
-        """Digests other than the live one that features of (backend, dtype) may have been extracted with, the most
-        recently registered first: digest -> kernel -> kernel digest."""
-        r = self.get(backend, dtype)
-        seen = self._read(self._registry_path(r))["digests"].items()
-        return {d: dict(v.get("kernels", {})) for d, v in reversed(list(seen)) if d != r.digest and isinstance(v, dict)}
-
-    def note_change(self, backend: str, dtype: torch.dtype, was_digest: str, was: dict[str, str],
-                    what: str) -> str | None:
-        """Record (once per process and earlier digest) that cached ``what`` were extracted with kernels whose
-        digest was ``was_digest``; returns the message the first time, None after."""
-        r = self.get(backend, dtype)
-        if any(c["label"] == r.label and c["was"] == was_digest for c in self.changes):
-            return None
-        changed = kernel_change(was, r)
-        msg = change_message(r, was, changed, what)
-        self.changes.append({"label": r.label, "backend": r.backend, "dtype": r.dtype, "was": was_digest,
-                             "now": r.digest, "kernels": changed,
-                             "kinds": sorted({KERNEL_KINDS.get(k, k) for k in changed}), "message": msg})
-        return msg
-
-    def to_json(self) -> dict[str, Any]:
-        """eval.json's ``provenance.kernel_probe``."""
-        return {"seconds": round(self.seconds, 6), "probes": [r.to_json() for r in self.results.values()],
-                "changed": list(self.changes)}

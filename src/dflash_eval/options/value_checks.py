@@ -1,0 +1,84 @@
+"""The checks of the suite's option values that need neither torch nor the machine's devices: counts, the SGLang
+options, tolerances, the drift ladder, the kernel fault, backend and dtype names, the device string. Each raises
+one ConfigError naming the option; :meth:`dflash_eval.options.settings.EvalSettings.validate_values` runs them all.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from dflash_eval.common.dtypes import check_dtype_name
+from dflash_eval.errors import ConfigError
+from dflash_eval.metrics.drift_ladder import parse_ladder
+from dflash_eval.target.backends import BACKENDS, parse_fault
+
+if TYPE_CHECKING:
+    from dflash_eval.options.settings import EvalSettings
+
+__all__ = ["check_values"]
+
+_DEVICE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(:\d+)?$")  # a torch device string's form (torch checks the type)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_counts(s: EvalSettings) -> None:
+    """Counts that must be at least 1 where set."""
+    for name in ("max_new_tokens", "generation_batch", "max_blocks", "drift_budget_min_prompts", "num_prompts"):
+        value = getattr(s, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{_flag(name)} must be >= 1, got {value}")
+
+
+def check_sglang(s: EvalSettings) -> None:
+    """``--completions sglang`` with a server to ask, ``--sglang-launch`` only with it, positive timeouts."""
+    if s.completions == "sglang" and not s.sglang_url and not s.sglang_launch:
+        raise ConfigError("--completions sglang needs --sglang-url URL (a running server) or --sglang-launch CMD")
+    if s.sglang_launch and s.completions != "sglang":
+        raise ConfigError(f"--sglang-launch needs --completions sglang (got --completions {s.completions})")
+    for name in ("sglang_timeout", "sglang_request_timeout"):
+        if not getattr(s, name) > 0:
+            raise ConfigError(f"{_flag(name)} must be > 0 seconds, got {getattr(s, name)}")
+
+
+def check_tolerances(s: EvalSettings) -> None:
+    """Margins and tolerances that must not be negative."""
+    if s.tau_margin < 0:
+        raise ConfigError(f"--tau-margin must be >= 0, got {s.tau_margin}")
+    for name in ("baseline_drop_tol", "baseline_rise_tol", "drift_budget_tol", "drift_budget_safety"):
+        if not getattr(s, name) >= 0:
+            raise ConfigError(f"{_flag(name)} must be >= 0, got {getattr(s, name)}")
+
+
+def check_fault(s: EvalSettings) -> None:
+    """``--kernel-fault``: a diagnostic that never writes golden records, in one of the fault forms."""
+    if s.kernel_fault and (s.update_fingerprints or s.update_tau_floors):
+        raise ConfigError(f"--kernel-fault {s.kernel_fault} is a diagnostic: golden records are never written "
+                          "from faulty kernels; drop --update-fingerprints / --update-tau-floors, or the fault")
+    if s.kernel_fault is not None:
+        parse_fault(s.kernel_fault)  # BackendError naming the forms
+
+
+def check_names(s: EvalSettings) -> None:
+    """Backend names, the dtype name and the device string's form."""
+    for name in ("hidden_state_backend", "reference_backend"):
+        if getattr(s, name) not in BACKENDS:
+            raise ConfigError(f"{_flag(name)}: unknown backend {getattr(s, name)!r}; "
+                              f"choose one of {', '.join(BACKENDS)}")
+    check_dtype_name(s.dtype, flag="--dtype")
+    if not _DEVICE.match(s.device):
+        raise ConfigError(f"--device: invalid device {s.device!r}; choose one of auto (cuda if available, else "
+                          "cpu), cpu, cuda, cuda:N (or another torch device type, e.g. mps)")
+
+
+def check_values(s: EvalSettings) -> None:
+    """Every check of this module on the settings ``s``, in the order a user would fix them."""
+    check_counts(s)
+    check_sglang(s)
+    check_tolerances(s)
+    parse_ladder(s.drift_budget_ladder)
+    check_fault(s)
+    check_names(s)
