@@ -1,8 +1,9 @@
 """The only writer of the golden folder: τ floors, the feature fingerprint, and (through syrupy) the reference
 completion snapshots.
 
-- ``--update-tau-floors`` rewrites the floors file from a finished run's τ minus ``--tau-margin``
-  (:func:`update_floors`);
+- ``--update-tau-floors`` rewrites the floors file from a finished run's τ minus ``--tau-margin`` (at
+  ``--temperature`` > 0 minus a margin from each prompt's spread over samples, ``--tau-margin-sigmas``;
+  :func:`update_floors`);
 - ``--update-fingerprints`` rewrites ``<golden>/fingerprints/<device kind>-<backend>-<dtype>.json``, the golden
   per-layer fingerprint of the run's device kind, evaluation backend and dtype (:func:`update_fingerprint`);
 - ``--snapshot-update`` lets syrupy rewrite ``<golden>/snapshots/<target dir name>/<test module>/<test>.json``
@@ -22,6 +23,7 @@ from syrupy.extensions.json import JSONSnapshotExtension
 
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.metrics.floors import load_floors, make_floors
+from dflash_eval.metrics.sampled_tau import row_margins
 from dflash_eval.metrics.stats import ddtree_budgets
 
 __all__ = ["GoldenJSONExtension", "golden_extension", "update_floors", "update_fingerprint", "write_floors",
@@ -63,7 +65,8 @@ def update_floors(data: dict[str, Any], settings: Any) -> Path:
         {p: r["tau"] for p, r in pr.items()},
         {int(b): {p: r["ddtree"][b] for p, r in pr.items() if b in r["ddtree"]} for b in ddtree_budgets(pr)},
         margin=settings.tau_margin, context=data.get("context") or {},
-        drafter=data.get("drafter", {}).get("fingerprint"), previous=prev)
+        drafter=data.get("drafter", {}).get("fingerprint"), previous=prev,
+        margins=row_margins(pr, settings.tau_margin_sigmas), sigmas=settings.tau_margin_sigmas)
     write_floors(settings.floors_file, doc)
     return Path(settings.floors_file)
 

@@ -170,22 +170,31 @@ def make_floors(
     context: dict[str, Any],
     drafter: str | None = None,
     previous: dict[str, Any] | None = None,
+    margins: tuple[dict[str, float], dict[int, dict[str, float]]] | None = None,
+    sigmas: float | None = None,
 ) -> dict[str, Any]:
     """The floors document for measured per-prompt τ (entries of ``previous`` for prompts not measured are kept
-    when it was recorded in the same context)."""
+    when it was recorded in the same context). ``margins``: per-prompt margins (chain, per DDTree budget) of a run
+    at temperature > 0, derived from the spread over samples (``sigmas`` of them,
+    :func:`dflash_eval.metrics.sampled_tau.spread_margin`), used instead of ``margin``."""
     if margin < 0:
         raise ConfigError(f"--tau-margin must be >= 0, got {margin}")
     prev = previous or {}
     if _context(prev) and any(_context(prev).get(k) != v for k, v in context.items() if k in _context(prev)):
         prev = {}  # floors of another context are not kept beside these
     chain = dict(prev.get("chain", {}))
-    chain.update({k: floor_value(v, margin) for k, v in measured_chain.items()})
+    cm, dm = margins if margins is not None else ({}, {})
+    chain.update({k: floor_value(v, cm.get(k, margin)) for k, v in measured_chain.items()})
     ddtree = {str(b): dict(d) for b, d in prev.get("ddtree", {}).items()}
     for b, d in measured_ddtree.items():
-        ddtree.setdefault(str(b), {}).update({k: floor_value(v, margin) for k, v in d.items()})
+        ddtree.setdefault(str(b), {}).update({k: floor_value(v, dm.get(b, {}).get(k, margin)) for k, v in d.items()})
+    spread = {} if margins is None else {"margin_sigmas": sigmas, "margins": {
+        "chain": {k: round(v, 4) for k, v in sorted(cm.items())},
+        "ddtree": {str(b): {k: round(v, 4) for k, v in sorted(d.items())} for b, d in sorted(dm.items())}}}
     return {
         "schema": SCHEMA,
         "margin": margin,
+        **spread,
         "note": f"measured τ minus margin, floored at 1.0; regenerate with `{UPDATE_COMMAND}` and the options of "
                 "the gated run (a pytest run: --update-tau-floors)",
         "drafter": drafter,

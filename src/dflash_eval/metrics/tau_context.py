@@ -1,7 +1,8 @@
 """The settings that change τ, recorded with floors files and reports, and checked before they are compared.
 
 τ floors or a baseline recorded with 128 new tokens say nothing about a 512-token run; nor do ones from another
-target, block size, chat-template or thinking mode, HumanEval prompt wrapper, dtype or backend. Each floors file and each eval.json carries this
+target, block size, chat-template or thinking mode, HumanEval prompt wrapper, dtype or backend; nor do floors
+recorded at one temperature (or top-k, top-p, min-p, samples per prompt, sampling seed) for a run at another. Each floors file and each eval.json carries this
 context; :func:`mismatches` lists every field where a recorded context differs from the current run (fields the
 recording does not have are not checked, so older files stay usable).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TAU_FIELDS", "mismatches", "describe"]
+__all__ = ["TAU_FIELDS", "GREEDY_DEFAULTS", "mismatches", "describe", "sampling_context"]
 
 # field -> how a user changes it (named in the mismatch message)
 TAU_FIELDS: dict[str, str] = {
@@ -23,7 +24,17 @@ TAU_FIELDS: dict[str, str] = {
     "humaneval_wrapper": "--humaneval-wrapper",
     "dtype": "--dtype",
     "backend": "--hidden-state-backend",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "min_p": "--min-p",
+    "samples_per_prompt": "--samples-per-prompt",
+    "sampling_seed": "--sampling-seed",
 }
+
+#: The value a context without the field had: recordings made before sampling existed, and greedy runs (which
+#: record no sampling fields), were greedy, so a greedy floors file is refused for a sampled run and vice versa.
+GREEDY_DEFAULTS: dict[str, Any] = {"temperature": 0.0}
 
 
 def _show(field: str, value: Any) -> str:
@@ -33,6 +44,8 @@ def _show(field: str, value: Any) -> str:
 def mismatches(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """One line per τ-relevant field whose recorded value differs from the current run's."""
     out = []
+    recorded = {**GREEDY_DEFAULTS, **recorded} if "target" in recorded else recorded
+    current = {**GREEDY_DEFAULTS, **current} if "target" in current else current
     for f, how in TAU_FIELDS.items():
         if f in recorded and f in current and recorded[f] != current[f]:
             out.append(f"{f} ({how}): recorded {_show(f, recorded[f])}, this run {_show(f, current[f])}")
@@ -41,3 +54,13 @@ def mismatches(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
 
 def describe(context: dict[str, Any]) -> str:
     return ", ".join(f"{f}={_show(f, context[f])}" for f in TAU_FIELDS if f in context)
+
+
+def sampling_context(settings: Any) -> dict[str, Any]:
+    """The sampling fields of a run's context: none for a greedy run (its context stays as before), else the
+    temperature, top-k, top-p, min-p, samples per prompt and seed."""
+    if not settings.temperature > 0 or settings.sampling.greedy:
+        return {}
+    return {"temperature": float(settings.temperature), "top_k": int(settings.top_k), "top_p": float(settings.top_p),
+            "min_p": float(settings.min_p), "samples_per_prompt": int(settings.samples_per_prompt),
+            "sampling_seed": int(settings.sampling_seed)}

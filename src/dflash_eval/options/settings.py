@@ -91,6 +91,16 @@ class EvalSettings:
                                 "together; under xdist at least one batch per worker; 1: one prompt at a time, "
                                 "unpadded)", "int")
     max_blocks: int | None = opt(None, "stop each τ simulation after this many speculative rounds", "int")
+    temperature: float = opt(0.0, "the target's sampling temperature for τ (0: greedy references; > 0: "
+                             "--samples-per-prompt sampled references per prompt, τ their mean; "
+                             "docs/temperature.md)", "float")
+    top_k: int = opt(-1, "top-k of the target's sampling at --temperature > 0 (-1: all tokens)", "int")
+    top_p: float = opt(1.0, "top-p of the target's sampling at --temperature > 0 (1: all tokens)", "float")
+    min_p: float = opt(0.0, "min-p of the target's sampling at --temperature > 0 (0: off; SGLang's DFlash "
+                       "verification does not apply it)", "float")
+    samples_per_prompt: int = opt(8, "sampled reference completions per prompt at --temperature > 0", "int")
+    sampling_seed: int = opt(0, "seed of the sampled references (with the prompt id and sample index: one stream "
+                             "seed each, an SGLang sampling_seed)", "int")
     online_tau: bool = opt(False, "also run the real speculative loop (the target verifies each drafted block) on "
                            "every prompt and report its τ and per-position acceptance beside the offline ones", "bool",
                            commands=_RUN_GATE)
@@ -113,6 +123,9 @@ class EvalSettings:
     sglang_launch: str | None = opt(None, "command that starts the SGLang server (own process group, log in the "
                                     "report dir, stopped at session end); only run when completions are not cached",
                                     commands=_RUN_RECORD)
+    tau_margin_sigmas: float = opt(3.0, "at --temperature > 0 the floor margin is this many standard deviations "
+                                   "of the difference of two S-sample means (sqrt(2) x spread over samples / "
+                                   "sqrt(S)) instead of --tau-margin", "float", commands=_RUN_RECORD)
     sglang_timeout: float = opt(600.0, "seconds to wait in all for the SGLang server to be ready (/health_generate "
                                 "200)", "float")
     sglang_request_timeout: float = opt(600.0, "seconds each POST /generate request may take", "float")
@@ -209,6 +222,21 @@ class EvalSettings:
         """The checks of :meth:`validate` that need neither torch nor the machine's devices (ConfigError):
         :func:`dflash_eval.options.value_checks.check_values`."""
         check_values(self)
+        self.sampling  # noqa: B018 - ConfigError naming the sampling option
+
+    @property
+    def sampling(self) -> Any:
+        """The target's sampling for τ (:class:`dflash_eval.target.sampling.SamplingParams`); ConfigError naming
+        the option for a bad value."""
+        from dflash_eval.target.sampling_params import SamplingParams
+
+        if self.samples_per_prompt < 1:
+            raise ConfigError(f"--samples-per-prompt must be >= 1, got {self.samples_per_prompt}")
+        try:
+            return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
+        except ValueError as exc:
+            name = str(exc).split()[0]
+            raise ConfigError(f"--{name.replace('_', '-')}: {exc}") from exc
 
     # ------------------------------------------------------------------------------------------- resolved
     @property

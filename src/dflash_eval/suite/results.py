@@ -12,6 +12,7 @@ from typing import Any
 
 from dflash_eval.common.workdir import run_location
 from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, position_rates
+from dflash_eval.metrics.sampled_tau import sample_row
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
@@ -118,6 +119,7 @@ def prompt_rows(results: dict[str, PromptTau], floors: Floors,
             "floor": None, "ddtree_floor": {}, "prompt_tokens": r.prompt_tokens,
             "completion_tokens": r.completion_tokens, "passed": False,
         }
+        out[pid].update(sample_row(r.chain, r.ddtree))  # a sampled run's samples (nothing at temperature 0)
         rec = (completions or {}).get(pid)
         if rec is not None and rec.spec_accept_length is not None:  # the server ran the drafter itself
             out[pid]["server_accept_length"] = rec.spec_accept_length
