@@ -33,6 +33,13 @@ def check_counts(s: EvalSettings) -> None:
             raise ConfigError(f"{_flag(name)} must be >= 1, got {value}")
 
 
+def check_memory(s: EvalSettings) -> None:
+    """``--chunk-memory``: a memory size (:func:`dflash_eval.common.sizes.parse_memory`)."""
+    from dflash_eval.common.sizes import parse_memory
+
+    parse_memory(s.chunk_memory, flag="--chunk-memory")
+
+
 def check_sglang(s: EvalSettings) -> None:
     """``--completions sglang`` with a server to ask, ``--sglang-launch`` only with it, positive timeouts."""
     if s.completions == "sglang" and not s.sglang_url and not s.sglang_launch:
@@ -77,6 +84,7 @@ def check_names(s: EvalSettings) -> None:
 def check_values(s: EvalSettings) -> None:
     """Every check of this module on the settings ``s``, in the order a user would fix them."""
     check_counts(s)
+    check_memory(s)
     check_sglang(s)
     check_tolerances(s)
     parse_ladder(s.drift_budget_ladder)
