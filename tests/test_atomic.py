@@ -42,3 +42,16 @@ def test_failed_write_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="disk full"):
         atomic_write_with(tmp_path / "eval.json", broken)
     assert [p.name for p in tmp_path.iterdir()] == ["eval.json"] and (tmp_path / "eval.json").read_text() == "old"
+
+
+def test_a_write_that_is_not_durable_skips_only_the_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    atomic_write_text(tmp_path / "a.json", "durable")
+    assert len(synced) == 1
+    atomic_write_text(tmp_path / "b.json", "not durable", durable=False)
+    assert len(synced) == 1 and (tmp_path / "b.json").read_text() == "not durable"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]  # renamed into place, no temp file

@@ -4,6 +4,10 @@ A reader never sees a half-written file; an interrupted writer leaves only a ``.
 file gets the mode an ordinary ``open(path, "w")`` would give it (0666 less the process's umask: 0644 under the
 usual 022), not the 0600 of the temporary file, so reports and cache entries stay readable by a CI artifact step or
 a colleague.
+
+``durable=False`` skips the fsync: the rename still hides a half-written file from every reader while the machine
+runs, but after a power loss or kernel crash the file may be empty or torn. Only for files whose readers verify
+them (the cache's entries: size and sha256 against the manifest, refused when they do not match).
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ def file_mode() -> int:
 
 
 @contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success rename it onto ``path``, on error delete it."""
+def atomic_path(path: Path, *, durable: bool = True) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success (fsync'ed unless not ``durable``) rename it onto
+    ``path``, on error delete it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
@@ -50,21 +55,22 @@ def atomic_path(path: Path) -> Iterator[Path]:
     try:
         yield tmp_path
         os.chmod(tmp_path, file_mode())
-        with open(tmp_path, "rb") as fh:
-            os.fsync(fh.fileno())
+        if durable:
+            with open(tmp_path, "rb") as fh:
+                os.fsync(fh.fileno())
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    with atomic_path(path) as tmp:
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
+    with atomic_path(path, durable=durable) as tmp:
         tmp.write_bytes(data)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
 
 
 def atomic_write_with(path: Path, writer: Callable[[Path], None]) -> None:
