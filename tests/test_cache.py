@@ -1,5 +1,5 @@
 """Unit tests of dflash_eval.cache.store: round trip, key separation, corruption detection, --cache-only, derived entries,
-locking, the order in which produce_many runs jobs, and memo."""
+locking across processes, and memo (the batching of Cache.ensure: tests/test_cache_requests.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,17 @@ import textwrap
 import pytest
 import torch
 
-from dflash_eval.cache.store import Cache, CacheCorruption, Job, cache_key, ids_digest
+from dflash_eval.cache.store import Batch, Cache, CacheCorruption, Expected, Produced, Request, cache_key, ids_digest
 from dflash_eval.errors import CacheError
 
 FIELDS = {"target": "abc", "tokens": ids_digest([1, 2, 3]), "layer": 1, "backend": "torch", "dtype": "float32"}
+
+
+def get(cache: Cache, kind: str, fields: dict, produce, *, what: str = "", derived: bool = False,
+        expect: Expected | None = None):
+    """One request served by Cache.ensure (``produce``: () -> (tensors, meta))."""
+    req = Request(kind, fields, expect=expect or Expected(), what=what, derived=derived)
+    return cache.ensure([Batch([req], lambda todo: [Produced(*produce())])])[req.key]
 
 
 def produce_counter():
@@ -30,8 +37,8 @@ def produce_counter():
 def test_round_trip_and_single_production(tmp_path):
     cache = Cache(tmp_path)
     calls, produce = produce_counter()
-    e1 = cache.get_or_produce("features", FIELDS, produce)
-    e2 = cache.get_or_produce("features", FIELDS, produce)
+    e1 = get(cache, "features", FIELDS, produce)
+    e2 = get(cache, "features", FIELDS, produce)
     assert len(calls) == 1 and e1.produced and not e2.produced
     assert torch.equal(e2.tensors["features"], torch.arange(12, dtype=torch.float32).view(3, 4))
     assert e2.meta == {"note": "x"} and e2.manifest["fields"] == FIELDS
@@ -42,7 +49,7 @@ def test_round_trip_and_single_production(tmp_path):
 def test_keys_separate_backends_dtypes_and_tokens(tmp_path):
     cache = Cache(tmp_path)
     _, produce = produce_counter()
-    cache.get_or_produce("features", FIELDS, produce)
+    get(cache, "features", FIELDS, produce)
     for change in ({"backend": "fla"}, {"backend": "torch-recurrent"}, {"dtype": "bfloat16"},
                    {"tokens": ids_digest([1, 2, 4])}, {"layer": 2}):
         key = cache_key("features", {**FIELDS, **change})
@@ -53,7 +60,7 @@ def test_keys_separate_backends_dtypes_and_tokens(tmp_path):
 
 def _entry(cache):
     _, produce = produce_counter()
-    e = cache.get_or_produce("features", FIELDS, produce)
+    e = get(cache, "features", FIELDS, produce)
     return cache.entry_dir("features", e.key), e.key
 
 
@@ -75,7 +82,7 @@ def test_corrupted_entry_is_reported_and_recomputed(tmp_path, damage):
         assert cache.read("features", key) is None
     assert not d.exists()
     calls, produce = produce_counter()
-    e = Cache(tmp_path).get_or_produce("features", FIELDS, produce)
+    e = get(Cache(tmp_path), "features", FIELDS, produce)
     assert len(calls) == 1 and e.produced
 
 
@@ -83,7 +90,7 @@ def test_cache_only_miss_and_corruption_are_errors(tmp_path):
     only = Cache(tmp_path, cache_only=True)
     calls, produce = produce_counter()
     with pytest.raises(CacheError, match="--cache-only"):
-        only.get_or_produce("features", FIELDS, produce, what="features of prompt 'a'")
+        get(only, "features", FIELDS, produce, what="features of prompt 'a'")
     assert calls == [] and not (tmp_path / "v1" / "features").exists()
     d, key = _entry(Cache(tmp_path))
     assert Cache(tmp_path, cache_only=True).read("features", key) is not None
@@ -104,12 +111,13 @@ def test_concurrent_processes_produce_once(tmp_path):
     """Four processes race for the same entry: exactly one produces it, the others read it."""
     script = textwrap.dedent(f"""
         import sys, time, torch
-        from dflash_eval.cache.store import Cache
+        from dflash_eval.cache.store import Batch, Cache, Produced, Request
         c = Cache({str(tmp_path)!r}, worker=sys.argv[1])
-        def produce():
+        def produce(todo):
             time.sleep(0.5)
-            return {{"x": torch.ones(3)}}, {{}}
-        e = c.get_or_produce("features", {{"k": 1}}, produce)
+            return [Produced({{"x": torch.ones(3)}})]
+        req = Request("features", {{"k": 1}})
+        e = c.ensure([Batch([req], produce)])[req.key]
         print("produced" if e.produced else "read")
     """)
     procs = [subprocess.Popen([sys.executable, "-c", script, f"w{i}"], stdout=subprocess.PIPE, text=True)
@@ -122,7 +130,7 @@ def test_concurrent_processes_produce_once(tmp_path):
 def test_derived_entry_under_cache_only_is_produced_not_written_not_a_miss(tmp_path):
     only = Cache(tmp_path, cache_only=True)
     calls, produce = produce_counter()
-    e = only.get_or_produce("prompt_ids", FIELDS, produce, derived=True)
+    e = get(only, "prompt_ids", FIELDS, produce, derived=True)
     assert len(calls) == 1 and e.produced
     assert torch.equal(e.tensors["features"], torch.arange(12, dtype=torch.float32).view(3, 4))
     assert e.meta == {"note": "x"}
@@ -130,60 +138,10 @@ def test_derived_entry_under_cache_only_is_produced_not_written_not_a_miss(tmp_p
     assert only.stats.misses == 0 and only.stats.produced == 0
     # Without cache_only a derived entry is written (still not counted a miss) and read back next time.
     rw = Cache(tmp_path)
-    assert rw.get_or_produce("prompt_ids", FIELDS, produce, derived=True).produced
+    assert get(rw, "prompt_ids", FIELDS, produce, derived=True).produced
     assert rw.stats.misses == 0 and rw.stats.produced == 1
-    again = Cache(tmp_path, cache_only=True).get_or_produce("prompt_ids", FIELDS, produce, derived=True)
+    again = get(Cache(tmp_path, cache_only=True), "prompt_ids", FIELDS, produce, derived=True)
     assert not again.produced and len(calls) == 2
-
-
-def _jobs(n, order, present=()):
-    return [Job(f"job-{i}", lambda i=i: i in present or i in order, lambda i=i: order.append(i)) for i in range(n)]
-
-
-@pytest.mark.parametrize("index, count, expected", [(0, 1, [0, 1, 2, 3]), (0, 2, [0, 1, 2, 3]),
-                                                    (1, 2, [2, 3, 0, 1]), (2, 4, [2, 3, 0, 1]),
-                                                    (3, 4, [3, 0, 1, 2]), (1, 3, [1, 2, 3, 0])])
-def test_produce_many_rotates_each_workers_start(tmp_path, index, count, expected):
-    order: list[int] = []
-    Cache(tmp_path).produce_many(_jobs(4, order), worker_index=index, worker_count=count)
-    assert order == expected
-
-
-def test_produce_many_skips_present_jobs_and_defers_busy_ones(tmp_path):
-    cache = Cache(tmp_path)
-    order: list[int] = []
-    other = cache.lock("job-2")  # another process is producing job 2
-    other.acquire()
-    jobs = _jobs(5, order, present={4})
-
-    def last_then_release():
-        order.append(1)
-        other.release()  # the other process gave up: this worker produces job 2 after all
-
-    jobs[1] = Job("job-1", lambda: 1 in order, last_then_release)
-    cache.produce_many(jobs, worker_index=1, worker_count=2)
-    assert order == [3, 0, 1, 2]  # starts at 2 (busy: deferred), 4 already present, 2 last
-    order.clear()
-    cache.produce_many(_jobs(3, order, present={0, 1, 2}))
-    assert order == []
-
-
-def test_produce_many_does_not_produce_a_busy_job_another_process_finished(tmp_path):
-    cache = Cache(tmp_path)
-    order: list[int] = []
-    other = cache.lock("job-0")
-    other.acquire()
-    done_elsewhere: set[int] = set()
-
-    def produce_1():
-        order.append(1)
-        done_elsewhere.add(0)  # the other process wrote job 0 ...
-        other.release()  # ... and released its lock
-
-    jobs = [Job("job-0", lambda: 0 in done_elsewhere, lambda: order.append(0)),
-            Job("job-1", lambda: 1 in order, produce_1)]
-    cache.produce_many(jobs)
-    assert order == [1]
 
 
 def test_memo_computes_once_per_stamp_and_is_not_cache_stats(tmp_path):
@@ -250,18 +208,16 @@ def test_read_checks_dtype_shape_fields_and_meta_against_the_request(tmp_path):
         assert needle in str(err.value)
 
 
-def test_get_or_produce_recomputes_an_entry_written_for_other_fields(tmp_path):
-    from dflash_eval.cache.store import Expected
-
+def test_ensure_recomputes_an_entry_written_for_other_fields(tmp_path):
     cache = Cache(tmp_path)
     calls, produce = produce_counter()
     key = cache_key("features", FIELDS)
     cache.write("features", key, {"features": torch.zeros(3, 4)}, fields={**FIELDS, "layer": 7})
     with pytest.warns(CacheCorruption, match="fields.layer is 7"):
-        e = cache.get_or_produce("features", FIELDS, produce)
+        e = get(cache, "features", FIELDS, produce)
     assert calls == [1] and e.manifest["fields"] == FIELDS
     cache.write("features", key, {"features": torch.zeros(3, 4, dtype=torch.float64)}, fields=FIELDS)
     with pytest.warns(CacheCorruption, match="torch.float64"):
-        cache.get_or_produce("features", FIELDS, produce, expect=Expected(tensors={"features": (torch.float32,
+        get(cache, "features", FIELDS, produce, expect=Expected(tensors={"features": (torch.float32,
                                                                                                 (3, 4))}))
     assert calls == [1, 1]

@@ -74,7 +74,7 @@ def test_local_ids_outside_the_vocabulary_are_refused_naming_prompt_and_id(sessi
 
 def test_server_ids_outside_the_vocabulary_are_refused_before_caching(sglang_session):
     vocab = sglang_session.inputs.vocab_size
-    sglang_session.references.sglang_client = FakeServer(lambda p: [3, 4] if p[0] % 2 else [vocab, 4])
+    sglang_session.references.server.attach(FakeServer(lambda p: [3, 4] if p[0] % 2 else [vocab, 4]))
     with pytest.raises(EvalError, match=rf"token id {vocab} at completion position 0 is outside"):
         sglang_session.completions()
     assert not cached_completions(sglang_session)
@@ -97,7 +97,7 @@ def test_cached_ids_outside_the_vocabulary_are_not_used(session, monkeypatch):
 def test_server_that_answers_wrongly_is_refused_before_caching(sglang_session):
     vocab = sglang_session.inputs.vocab_size
     server = FakeServer(lambda p: [(p[-1] * 7 + 11 * k + 3) % vocab for k in range(8)])
-    sglang_session.references.sglang_client = server
+    sglang_session.references.server.attach(server)
     with pytest.raises(EvalError) as err:
         sglang_session.completions()
     msg = str(err.value)
@@ -128,7 +128,7 @@ def test_server_with_the_targets_answers_is_cached_with_locally_decoded_text(sgl
     inp = sglang_session.inputs
     greedy = {tuple(inp.prompt_ids[p.id]): generation_mod.greedy_generate(tiny_target, inp.prompt_ids[p.id], 8)
               for p in inp.prompts}
-    sglang_session.references.sglang_client = FakeServer(lambda p: greedy[tuple(p)], text="")
+    sglang_session.references.server.attach(FakeServer(lambda p: greedy[tuple(p)], text=""))
     comps = sglang_session.completions()
     for pid, rec in comps.items():
         assert rec.source == "sglang" and rec.output_ids == greedy[tuple(inp.prompt_ids[pid])]
@@ -145,7 +145,7 @@ def test_cached_zero_verify_rounds_read_as_no_server_accept_length(sglang_sessio
     inp = sglang_session.inputs
     greedy = {tuple(inp.prompt_ids[p.id]): generation_mod.greedy_generate(tiny_target, inp.prompt_ids[p.id], 8)
               for p in inp.prompts}
-    sglang_session.references.sglang_client = FakeServer(lambda p: greedy[tuple(p)])
+    sglang_session.references.server.attach(FakeServer(lambda p: greedy[tuple(p)]))
     sglang_session.completions()
     spec = {"a": {"spec_accept_length": 0, "spec_verify_ct": 0, "spec_accept_histogram": [0]},
             "b": {"spec_accept_length": 2.5, "spec_verify_ct": 3, "spec_accept_histogram": [1, 1, 1]}}

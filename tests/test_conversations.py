@@ -103,7 +103,7 @@ def test_sglang_completions_are_fetched_turn_by_turn(tiny_target_dir, tiny_draft
             return out
 
     client = Client()
-    s.references.sglang_client = client
+    s.references.server.attach(client)
     comps = s.completions()
     assert [len(b) for b in client.batches] == [2, 1]  # turn 1 with the single-turn prompt, then turn 2
     assert client.batches[1][0] == comps["c-t2"].prompt_ids

@@ -1,5 +1,6 @@
 """torch's CPU threads are shared among xdist workers on every device: two workers each with one thread per core
-would oversubscribe the CPU, on a GPU run too (its drift budget perturbs features on the CPU).
+would oversubscribe the CPU, on a GPU run too (its drift budget perturbs features on the CPU). The count is set once
+per process by the entry point (:func:`dflash_eval.suite.threads.set_torch_threads`), never by a stage constructor.
 
 Run: ``pytest tests/test_threads.py -p no:cacheprovider``
 """
@@ -11,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dflash_eval.suite import inputs as inputs_mod
-from dflash_eval.suite.progress import Meter
+from dflash_eval.options.settings import EvalSettings
+from dflash_eval.suite import threads as threads_mod
+from dflash_eval.suite.session import EvalSession
 
 
 @pytest.fixture
@@ -24,17 +26,23 @@ def restore_threads():
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_default_threads_are_divided_among_the_workers(device: str, monkeypatch, restore_threads) -> None:
-    monkeypatch.setattr(inputs_mod, "_DEFAULT_THREADS", 8)  # as on a machine with 8 physical cores
+    monkeypatch.setattr(threads_mod, "_DEFAULT_THREADS", 8)  # as on a machine with 8 physical cores
     for workers, want in [(1, 8), (2, 4), (3, 2), (16, 1)]:
-        fake = SimpleNamespace(settings=SimpleNamespace(torch_device=torch.device(device), torch_threads=None),
-                               worker_count=workers, meter=Meter())
-        inputs_mod.Inputs._set_threads(fake)  # type: ignore[arg-type]
-        assert torch.get_num_threads() == want and fake.meter.counts["torch_threads"] == want
+        settings = SimpleNamespace(torch_device=torch.device(device), torch_threads=None)
+        assert threads_mod.set_torch_threads(settings, workers) == want and torch.get_num_threads() == want
 
 
 def test_an_explicit_thread_count_wins(monkeypatch, restore_threads) -> None:
-    monkeypatch.setattr(inputs_mod, "_DEFAULT_THREADS", 8)
-    fake = SimpleNamespace(settings=SimpleNamespace(torch_device=torch.device("cuda"), torch_threads=3),
-                           worker_count=2, meter=Meter())
-    inputs_mod.Inputs._set_threads(fake)  # type: ignore[arg-type]
-    assert torch.get_num_threads() == 3
+    monkeypatch.setattr(threads_mod, "_DEFAULT_THREADS", 8)
+    settings = SimpleNamespace(torch_device=torch.device("cuda"), torch_threads=3)
+    assert threads_mod.set_torch_threads(settings, 2) == 3 and torch.get_num_threads() == 3
+
+
+def test_a_session_leaves_the_thread_count_alone_and_reports_it(tiny_target_dir, tiny_drafter_dir, tmp_path,
+                                                                  restore_threads) -> None:
+    torch.set_num_threads(1)
+    s = EvalSettings.from_mapping({"target_model": tiny_target_dir, "drafter": tiny_drafter_dir,
+                                   "prompts": "fixtures/prompts.jsonl", "cache_dir": tmp_path, "device": "cpu",
+                                   "torch_threads": 2})
+    session = EvalSession(s, worker=("master", 0, 1), progress=None)
+    assert torch.get_num_threads() == 1 and session.inputs.meter.counts["torch_threads"] == 1

@@ -42,13 +42,12 @@ def _prompts(tmp_path: Path) -> Path:
     return p
 
 
-def _session(target: Path, drafter: Path, tmp_path: Path, shared: EvalSession | None = None, **over) -> EvalSession:
+def _session(target: Path, drafter: Path, tmp_path: Path, shared: EvalSession | None = None, progress=None,
+             **over) -> EvalSession:
     values = {"target_model": target, "drafter": drafter, "prompts": _prompts(tmp_path),
               "cache_dir": tmp_path / "cache", "max_new_tokens": 8, "device": "cpu", "torch_threads": 1,
               "tau_floor": 1.0, **over}
-    s = EvalSession(EvalSettings.from_mapping(values), worker=("master", 0, 1), shared=shared)
-    s.inputs.progress = None
-    return s
+    return EvalSession(EvalSettings.from_mapping(values), worker=("master", 0, 1), shared=shared, progress=progress)
 
 
 def _drafter(target: Path, out: Path, seed: int = 1, **over) -> Path:
@@ -193,9 +192,8 @@ def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir
 
 
 def test_progress_lines_on_productions(tiny_target_dir, tiny_drafter_dir, tmp_path):
-    s = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
     lines: list[str] = []
-    s.inputs.progress = lambda event: lines.append(str(event))
+    s = _session(tiny_target_dir, tiny_drafter_dir, tmp_path, progress=lambda event: lines.append(str(event)))
     s.tau_results  # noqa: B018
     gen = [x for x in lines if "reference completions" in x]
     feat = [x for x in lines if "target features" in x]
@@ -206,8 +204,7 @@ def test_progress_lines_on_productions(tiny_target_dir, tiny_drafter_dir, tmp_pa
     assert f"0/{len(TEXTS)} prompts" in gen[0] and gen[0].endswith("ETA ?") and "ETA" in gen[1]
     assert drafting[0].split(": ")[1].startswith("0/") and " positions, " in drafting[-1]
     assert drafting[-1].endswith("done")
-    warm = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
-    warm.inputs.progress = lambda event: lines.append(str(event))
+    warm = _session(tiny_target_dir, tiny_drafter_dir, tmp_path, progress=lambda event: lines.append(str(event)))
     n = len(lines)
     warm.tau_results  # noqa: B018
     assert len(lines) == n  # nothing produced, nothing shown

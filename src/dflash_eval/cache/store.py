@@ -17,17 +17,17 @@ key fields, each tensor's dtype and shape, provenance); a truncated, corrupted o
 (:class:`CacheCorruption` warning) and treated as a miss (recomputed), or raises
 :class:`~dflash_eval.errors.CacheError` in ``cache_only`` mode.
 
-Concurrency (pytest-xdist workers, or parallel runs sharing a cache dir): every producer goes through one of two
-methods. :meth:`Cache.get_or_produce` (one entry) takes the entry's file lock, re-checks, and only then produces,
-so an entry is produced once per run; waiters read it. :meth:`Cache.produce_many` (many jobs, e.g. one target
-forward per prompt) rotates each worker's starting point and try-locks first, so workers produce different jobs
-in parallel. :meth:`Cache.memo` memoises a small JSON value under a stamp (the target's content hash).
+What a stage needs is stated as typed requests (:class:`~dflash_eval.cache.requests.Request`, grouped into
+:class:`~dflash_eval.cache.requests.Batch` es that one computation produces) and served by :meth:`Cache.ensure`: the
+one production protocol (lookup, miss counting, production under file locks spread over pytest-xdist workers,
+write, re-read; :mod:`dflash_eval.cache.requests`). :meth:`Cache.memo` memoises a small JSON value under a stamp
+(the target's content hash).
 
 Example::
 
     cache = Cache(".dflash_cache")
-    fields = {"target": ident, "layer": 3, ...}
-    entry = cache.get_or_produce("features", fields, lambda: ({"x": tensor}, {"note": "..."}))
+    req = Request("features", {"target": ident, "layer": 3, ...}, what="features of prompt 'p0', layer 3")
+    entry = cache.ensure([Batch([req], lambda todo: [Produced({"features": tensor}, {"note": "..."})])])[req.key]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,10 +50,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from dflash_eval.cache.entry_checks import Expected
+from dflash_eval.cache.keys import cache_key, canonical_json, ids_digest
+from dflash_eval.cache.requests import Batch, Produced, Request, StepReporter, ensure
 from dflash_eval.common.atomic import atomic_write_text, atomic_write_with
 from dflash_eval.errors import CacheError
 
-__all__ = ["Cache", "CacheEntry", "CacheCorruption", "Expected", "Job", "cache_key", "canonical_json", "ids_digest"]
+__all__ = ["Batch", "Cache", "CacheEntry", "CacheCorruption", "Expected", "Produced", "Request", "cache_key",
+           "canonical_json", "ids_digest"]
 
 SCHEMA = 1
 _DATA = "data.safetensors"
@@ -62,21 +65,6 @@ _MANIFEST = "manifest.json"
 
 class CacheCorruption(UserWarning):
     """A cache entry failed its integrity check and will be recomputed."""
-
-
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-def cache_key(kind: str, fields: dict[str, Any]) -> str:
-    """sha256 of ``kind`` + canonical JSON of the key fields."""
-    return hashlib.sha256(f"{kind}\n{canonical_json(fields)}".encode()).hexdigest()
-
-
-def ids_digest(ids: list[int] | torch.Tensor) -> str:
-    """sha256 of a token-id sequence (as little-endian int64)."""
-    t = torch.as_tensor(ids, dtype=torch.int64).contiguous().cpu()
-    return hashlib.sha256(t.numpy().astype("<i8").tobytes()).hexdigest()
 
 
 def _file_sha256(path: Path) -> str:
@@ -208,6 +196,19 @@ class Cache:
         """Cheap presence test (manifest present); integrity is checked by :meth:`read`."""
         return (self.entry_dir(kind, key) / _MANIFEST).is_file()
 
+    def lookup(self, request: Request, *, count: bool = True) -> CacheEntry | None:
+        """The entry serving ``request`` (it, else its first alternative present), checked against what each must
+        hold; None on a miss (never produces)."""
+        for q in (request, *request.alternatives):
+            e = self.read(q.kind, q.key, count=count, expect=q.expected)
+            if e is not None:
+                return e
+        return None
+
+    def has(self, request: Request) -> bool:
+        """Cheap presence test of ``request`` or one of its alternatives (integrity is checked on reading)."""
+        return any(self.exists(q.kind, q.key) for q in (request, *request.alternatives))
+
     # ------------------------------------------------------------------------------------------------ write
     def write(self, kind: str, key: str, tensors: dict[str, torch.Tensor], *, fields: dict[str, Any],
               meta: dict[str, Any] | None = None, seconds: float | None = None) -> CacheEntry:
@@ -280,70 +281,14 @@ class Cache:
         finally:
             lk.release()
 
-    def get_or_produce(
-        self,
-        kind: str,
-        fields: dict[str, Any],
-        produce: Callable[[], tuple[dict[str, torch.Tensor], dict[str, Any]]],
-        *,
-        what: str = "",
-        derived: bool = False,
-        expect: Expected | None = None,
-    ) -> CacheEntry:
-        """Read the entry for ``fields``; on a miss take its lock, re-check, produce, write and return it.
-
-        A cached entry must have been written for exactly ``fields`` and hold what ``expect`` asks for (tensor
-        dtypes and shapes, meta), else it is recomputed (:meth:`read`).
-
-        ``derived``: the entry is cheap to recompute from other entries or inputs (prompt ids, memoised τ): a
-        miss is not counted as one, and under ``cache_only`` it is produced but not written.
-        """
-        key = cache_key(kind, fields)
-        expect = Expected(fields=fields, tensors=expect.tensors, meta=expect.meta, validate=expect.validate) \
-            if expect is not None else Expected(fields=fields)
-        entry = self.read(kind, key, expect=expect)
-        if entry is not None:
-            return entry
-        if derived and self.cache_only:
-            tensors, meta = produce()
-            return CacheEntry(kind, key, tensors, meta, {"fields": fields}, produced=True)
-        if not derived:
-            self.miss(kind, key, what or kind)
-        with self.locked(f"{kind}-{key}"):
-            entry = self.read(kind, key, count=False, expect=expect)
-            if entry is not None:  # produced by another worker while we waited
-                if not derived:
-                    self.stats.misses -= 1
-                    self.stats.hits += 1
-                return entry
-            t0 = time.perf_counter()
-            tensors, meta = produce()
-            return self.write(kind, key, tensors, fields=fields, meta=meta, seconds=time.perf_counter() - t0)
-
-    def produce_many(self, jobs: list[Job], *, worker_index: int = 0, worker_count: int = 1) -> None:
-        """Run every job whose artifact is not present, each under its own lock, at most once across processes.
-
-        Worker ``k`` of ``n`` starts ``k/n`` of the way into ``jobs`` and first only *tries* each lock, so parallel
-        workers produce different jobs; then it waits for the jobs other processes held, re-checking each before
-        producing it.
-        """
-        k = (worker_index * len(jobs)) // worker_count if jobs and worker_count > 1 else 0
-        deferred = []
-        for job in jobs[k:] + jobs[:k]:
-            if job.present():
-                continue
-            with self.locked(job.lock, blocking=False) as got:
-                if not got:
-                    deferred.append(job)
-                    continue
-                if not job.present():
-                    job.produce()
-        for job in deferred:
-            if job.present():
-                continue
-            with self.locked(job.lock):
-                if not job.present():
-                    job.produce()
+    def ensure(self, batches: Sequence[Batch], *, prepare: Callable[[list[Request]], None] | None = None,
+               progress: Callable[[int], StepReporter] | None = None, worker_index: int = 0,
+               worker_count: int = 1) -> dict[str, CacheEntry]:
+        """Serve every request of ``batches``: lookup, production of the misses (each batch under its lock, spread
+        over ``worker_count`` processes), write, re-read (:func:`dflash_eval.cache.requests.ensure`);
+        ``{request.key: entry}``."""
+        return ensure(self, batches, prepare=prepare, progress=progress, worker_index=worker_index,
+                      worker_count=worker_count)
 
     def memo(self, name: str, stamp: dict[str, Any], compute: Callable[[], str], *, refresh: bool = False) -> str:
         """``compute()`` memoised in ``<root>/v1/<name>.json`` under ``stamp`` (e.g. the inodes, sizes and mtimes of
@@ -367,12 +312,3 @@ class Cache:
             except OSError:
                 pass
         return value
-
-
-@dataclass(frozen=True)
-class Job:
-    """One artifact to produce with :meth:`Cache.produce_many`: its lock name, a presence test, the producer."""
-
-    lock: str
-    present: Callable[[], bool]
-    produce: Callable[[], None]

@@ -122,8 +122,7 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[A
         with eval_session.inputs.cache.locked("sglang-server"):
             if not eval_session.references.cached():
                 needed = True
-                eval_session.references.sglang_client = svc.start()
-                eval_session.sglang_info = svc.info()
+                eval_session.references.server.attach(svc.start(), svc.info())
                 eval_session.completions()  # fetched and cached while holding the lock
     except SGLangUnavailable as exc:
         svc.stop()
@@ -145,7 +144,7 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[A
     try:
         yield svc if needed else None
     finally:
-        eval_session.references.sglang_client = None
+        eval_session.references.server.detach()
         svc.stop()
 
 

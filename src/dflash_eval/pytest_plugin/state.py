@@ -53,14 +53,19 @@ def get_settings(config: pytest.Config) -> EvalSettings:
 
 
 def get_session(config: pytest.Config) -> EvalSession:
-    """The process's EvalSession (created on first use; its progress lines go to the plugin's reporter)."""
+    """The process's EvalSession (created on first use, after torch's thread count is set for this process; its
+    progress lines go to the plugin's reporter)."""
     if SESSION not in config.stash:
         settings = get_settings(config)  # bad options raise here, before the session (and torch) is imported
+        from dflash_eval.options.settings import worker_info
         from dflash_eval.pytest_plugin.progress_reporter import progress_sink
+        from dflash_eval.suite.server_link import ServerLink
         from dflash_eval.suite.session import EvalSession
+        from dflash_eval.suite.threads import set_torch_threads
 
-        session = EvalSession(settings)
-        session.inputs.progress = progress_sink(config)
+        set_torch_threads(settings, worker_info()[2])  # once per process, before any stage computes
+        # the sglang fixture attaches its service's client to the link when completions are not cached
+        session = EvalSession(settings, progress=progress_sink(config), server=ServerLink())
         config.stash[SESSION] = session
         _freeze_heap_at_exit()
     return config.stash[SESSION]

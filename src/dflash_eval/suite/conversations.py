@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dflash_eval.cache.store import ids_digest
+from dflash_eval.cache.keys import ids_digest
+from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.errors import EvalError
 from dflash_eval.prompts import RAW_TURN_SEPARATOR, Prompt, conversation_messages, encode_messages
 
@@ -59,6 +60,7 @@ def turn_prompt_ids(inputs: Inputs, p: Prompt, replies: Sequence[str], previous:
         def encode() -> list[int]:
             return list(previous) + list(inputs.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    e = inputs.cache.get_or_produce("prompt_ids", fields, lambda: (
-        {"ids": torch.tensor(encode(), dtype=torch.long)}, {"prompt_id": p.id, "turn": p.turn}), derived=True)
+    req = Request("prompt_ids", fields, what=f"the token ids of prompt {p.id!r}", derived=True)
+    e = inputs.cache.ensure([Batch([req], lambda todo: [Produced(
+        {"ids": torch.tensor(encode(), dtype=torch.long)}, {"prompt_id": p.id, "turn": p.turn})])])[req.key]
     return e.tensors["ids"].tolist()

@@ -2,7 +2,10 @@
 
 One cache entry per (sequence, layer, backend, dtype, device kind, library versions, kernel probe digest): a
 drafter reading other target layers reuses the layers already cached and extracts only the missing ones, all in ONE
-target forward per prompt (one cache job per prompt, spread over xdist workers). Also the per-layer fingerprint of a
+target forward per prompt (one cache batch per prompt, spread over xdist workers). When that forward is the
+evaluation backend's in the evaluation dtype it runs to the logits and also gives the references stage's
+teacher-forced argmax entry of the sequence (that stage states the request and makes the entry from the logits:
+:mod:`dflash_eval.suite.teacher_forced`), so the argmax costs no forward of its own. Also the per-layer fingerprint of a
 fixed text (regression detection across library upgrades).
 
 The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the side's kernels in this process before the first key is
@@ -13,20 +16,20 @@ naming the kernel whose output changed (or, under ``--cache-only``, an error say
 
 from __future__ import annotations
 
-import time
 import warnings
 from typing import Any
 
 import torch
 
 from dflash_eval.cache.entry_checks import Expected
-from dflash_eval.cache.store import Job, cache_key, ids_digest
-from dflash_eval.errors import CacheError, EvalError
+from dflash_eval.cache.keys import cache_key, ids_digest
+from dflash_eval.cache.requests import Batch, Produced, Producer, Request
+from dflash_eval.errors import CacheError
 from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.drift import fingerprint as layer_fingerprint
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
-from dflash_eval.suite.references import CompletionRecord, argmax_fields, teacher_forced_tensors
+from dflash_eval.suite.references import CompletionRecord, References
 from dflash_eval.target.backends import check_backend_device, use_backend
 from dflash_eval.target.kernel_registry import KernelOutputChanged, KernelProbes
 from dflash_eval.target.provenance import device_kind, kernel_versions, library_versions, provenance
@@ -39,14 +42,17 @@ Features = dict[str, dict[int, torch.Tensor]]
 
 
 class FeatureStore:
-    """Cached target features (see module docstring), memoised in memory per (prompt, backend, dtype)."""
+    """Cached target features (see module docstring), memoised in memory per (prompt, backend, dtype), of the
+    sequences of ``references`` (whose teacher-forced argmax entries its forwards also give). ``probes``: the
+    process's kernel probes when another store made them already (the drift budget's prompt view)."""
 
-    def __init__(self, inputs: Inputs) -> None:
-        self.inputs = inputs
+    def __init__(self, inputs: Inputs, references: References, probes: KernelProbes | None = None) -> None:
+        self.inputs, self.references = inputs, references
         self._memo: dict[tuple[str, str, str], dict[int, torch.Tensor]] = {}
         self._fingerprint: dict[str, Any] | None = None
-        self.probes = KernelProbes(inputs.target_dir, inputs.settings.torch_device,
-                                   registry_dir=inputs.cache.base / "kernel_probes", record=not inputs.cache.cache_only)
+        self.probes = probes or KernelProbes(inputs.target_dir, inputs.settings.torch_device,
+                                             registry_dir=inputs.cache.base / "kernel_probes",
+                                             record=not inputs.cache.cache_only)
 
     def kernel_digest(self, side: Side) -> str:
         """The digest of the side's kernels' output in this process (:mod:`dflash_eval.target.kernel_probe`; probed on the
@@ -80,15 +86,26 @@ class FeatureStore:
                                              "device_kind": fields["device_kind"], "layer_ids": [int(layer)],
                                              "versions": fields["versions"], "kernel_probe": fields["kernels"]}})
 
-    def _read_layers(self, seq: list[int], layers: tuple[int, ...], side: Side) -> dict[int, torch.Tensor]:
-        """The cached layers of ``seq``, each checked against the request (dtype, shape, provenance) on every read:
-        an entry that does not fit is reported and recomputed (an error under --cache-only)."""
-        out = {}
-        for i in layers:
-            e = self.inputs.cache.read("features", self.key(seq, i, side), expect=self.expected(seq, i, side))
-            if e is not None:
-                out[i] = e.tensors["features"]
-        return out
+    def request(self, pid: str, seq: list[int], layer: int, side: Side) -> Request:
+        """The feature entry of one layer of ``seq`` (prompt ``pid``, or the fingerprint text) under ``side``."""
+        what = f"features of prompt {pid!r}, layer {layer}, {side.label}" if pid != "fingerprint" else \
+            f"the fingerprint's features, layer {layer}, {side.label}"
+        return Request("features", self.fields(seq, layer, side), expect=self.expected(seq, layer, side), what=what,
+                       item=pid)
+
+    def _batch(self, pid: str, seq: list[int], layers: tuple[int, ...], side: Side, lock: str) -> Batch:
+        """Every layer of ``layers`` of ``seq`` in one target forward; on the evaluation backend and dtype the
+        forward gives the references stage's argmax entry of ``seq`` too, when it is not cached."""
+        s = self.inputs.settings
+        also = [self.references.argmax_request(pid, seq)] if pid != "fingerprint" and (
+            side.backend == s.eval_backend and side.dtype == s.torch_dtype) else []
+        return Batch([self.request(pid, seq, i, side) for i in layers], self._extractor(pid, seq, side), lock=lock,
+                     also=also)
+
+    def _group_lock(self, seq: list[int], side: Side) -> str:
+        """One lock per (sequence, side): the layers of one sequence are extracted by one forward."""
+        return "features-" + cache_key("featgroup", {k: v for k, v in self.fields(seq, -1, side).items()
+                                                     if k != "layer"})
 
     def check_kernels(self, seqs: dict[str, list[int]], layers: tuple[int, ...], side: Side, what: str) -> None:
         """Before extracting what is missing: if any of these entries was cached with kernels of another probe
@@ -120,99 +137,61 @@ class FeatureStore:
     def features(self, completions: dict[str, CompletionRecord], side: Side, layers: tuple[int, ...]) -> Features:
         """Per prompt, per target layer features [T, H] of prompt + completion under ``side``."""
         inp = self.inputs
-        out: Features = {}
-        todo = []
         with inp.meter.timed("features"):
-            for p in inp.prompts:
-                memo = self._memo.setdefault((p.id, side.backend, str(side.dtype)), {})
-                need = tuple(i for i in layers if i not in memo)
-                if need:
-                    memo.update(self._read_layers(completions[p.id].sequence, need, side))
-                if any(i not in memo for i in layers):
-                    todo.append(p.id)
-            if todo:
-                self._produce(completions, todo, side, layers)
-            for p in inp.prompts:
-                memo = self._memo[(p.id, side.backend, str(side.dtype))]
-                out[p.id] = {i: memo[i] for i in layers}
-        return out
+            memos = {p.id: self._memo.setdefault((p.id, side.backend, str(side.dtype)), {}) for p in inp.prompts}
+            seqs = {pid: completions[pid].sequence for pid in memos}
+            batches = [self._batch(pid, seqs[pid], need, side, self._group_lock(seqs[pid], side))
+                       for pid, memo in memos.items() if (need := tuple(i for i in layers if i not in memo))]
+            if batches:
+                def prepare(misses: list[Request]) -> None:
+                    check_backend_device(side.backend, inp.settings.torch_device)  # fla (faulty or not) needs CUDA
+                    todo = list(dict.fromkeys(r.item for r in misses))
+                    self.check_kernels({f"prompt {pid!r}": seqs[pid] for pid in todo}, layers, side,
+                                       f"the features of {len(todo)} prompt(s)")
 
-    def _produce(self, completions: dict[str, CompletionRecord], todo: list[str], side: Side,
-                 layers: tuple[int, ...]) -> None:
+                entries = inp.cache.ensure(
+                    batches, prepare=prepare, worker_index=inp.worker_index, worker_count=inp.worker_count,
+                    progress=lambda n: Progress(f"target features ({side.label}, layers {list(layers)})", n,
+                                                inp.progress))
+                for b in batches:
+                    memo = memos[b.requests[0].item]
+                    memo.update({r.fields["layer"]: entries[r.key].tensors["features"] for r in b.requests})
+            return {pid: {i: memo[i] for i in layers} for pid, memo in memos.items()}
+
+    def _extractor(self, pid: str, seq: list[int], side: Side) -> Producer:
+        """The producer of a batch of :meth:`_batch`: one target forward for the layers asked (and the argmax).
+
+        With the argmax the forward runs to the logits (the teacher-forced argmax's own forward, with the layers
+        captured on the way: the same features as a forward stopped after the deepest layer, bit for bit)."""
         inp = self.inputs
-        check_backend_device(side.backend, inp.settings.torch_device)  # fla (with or without a fault) needs CUDA
-        self.check_kernels({f"prompt {pid!r}": completions[pid].sequence for pid in todo}, layers, side,
-                           f"the features of {len(todo)} prompt(s)")
-        prog = Progress(f"target features ({side.label}, layers {list(layers)})", len(todo), inp.progress)
-        jobs = []
-        for pid in todo:
-            seq = completions[pid].sequence
-            group = {k: v for k, v in self.fields(seq, -1, side).items() if k != "layer"}
-            jobs.append(Job("features-" + cache_key("featgroup", group),
-                            lambda seq=seq: all(inp.cache.exists("features", self.key(seq, i, side)) for i in layers),
-                            prog.wrap(lambda pid=pid, seq=seq: self._extract(pid, seq, layers, side, True),
-                                      lambda seq=seq: len(seq))))
-        for pid in todo:
-            seq = completions[pid].sequence
-            for i in layers:
-                if not inp.cache.exists("features", self.key(seq, i, side)):
-                    inp.cache.miss("features", self.key(seq, i, side),
-                                   f"features of prompt {pid!r}, layer {i}, {side.label}")
-        inp.cache.produce_many(jobs, worker_index=inp.worker_index, worker_count=inp.worker_count)
-        for pid in todo:
-            seq = completions[pid].sequence
-            memo = self._memo[(pid, side.backend, str(side.dtype))]
-            memo.update(self._read_layers(seq, tuple(i for i in layers if i not in memo), side))
-            lost = [i for i in layers if i not in memo]
-            if lost:
-                raise EvalError(f"features of prompt {pid!r} layers {lost} missing after extraction")
 
-    def _shares_argmax(self, side: Side, seq: list[int]) -> bool:
-        """Whether the forward extracting ``side``'s features of ``seq`` should also give the teacher-forced argmax
-        (:meth:`References.teacher_forced`): the side is the evaluation backend (no kernel fault) in the evaluation
-        dtype, as the argmax's forward is, and the argmax is not cached yet."""
-        s = self.inputs.settings
-        return (side.backend == s.eval_backend and side.dtype == s.torch_dtype
-                and not self.inputs.cache.exists("argmax", cache_key("argmax", argmax_fields(self.inputs, seq))))
+        def produce(todo: list[Request]) -> list[Produced]:
+            from dflash_eval.target.hidden_states import LayerCapture, layer_features
 
-    def _extract(self, pid: str, seq: list[int], layers: tuple[int, ...], side: Side,
-                 with_argmax: bool = False) -> None:
-        """One target forward for every layer of ``layers`` not cached yet; each layer written as its own entry.
-
-        ``with_argmax`` (:meth:`_shares_argmax`): the forward runs to the logits (the teacher-forced argmax's own
-        forward, with the layers captured on the way: the same features as a forward stopped after the deepest
-        layer, bit for bit) and writes the argmax entry too, so the argmax costs no forward of its own."""
-        from dflash_eval.target.hidden_states import LayerCapture, layer_features
-
-        inp = self.inputs
-        have = self._read_layers(seq, layers, side)
-        missing = tuple(i for i in layers if i not in have)
-        if not missing:
-            return
-        with_argmax = with_argmax and self._shares_argmax(side, seq)
-        t0 = time.perf_counter()
-        with inp.meter.timed("target_forward"), use_backend(side.backend, inp.settings.torch_device) as info:
-            if with_argmax:
-                model = inp.target.model
-                with torch.no_grad(), LayerCapture(model, missing) as cap:
-                    logits = model(input_ids=torch.tensor([seq], device=inp.target.device)).logits[0].float()
-                    feats = {i: t[0] for i, t in cap.per_layer().items()}
-            else:
-                feats = layer_features(inp.model_for(side.dtype), torch.tensor(seq, dtype=torch.long), list(missing))
-        inp.meter.counts["target_forwards"] += 1
-        dt = time.perf_counter() - t0
-        if with_argmax:
-            fields = argmax_fields(inp, seq)
-            inp.cache.write("argmax", cache_key("argmax", fields), teacher_forced_tensors(logits), fields=fields,
-                            meta={"prompt_id": pid}, seconds=dt)
-        for i in missing:
-            fields = self.fields(seq, i, side)
-            meta = {"prompt_id": pid, "provenance": provenance(backend=info.name, dtype=side.dtype,
-                                                               device=inp.settings.torch_device,
-                                                               kernel=info.chunk_impl, layer_ids=[i],
-                                                               kernel_probe=fields["kernels"])}
-            inp.cache.write("features", cache_key("features", fields), {"features": feats[i]}, fields=fields,
-                            meta=meta, seconds=dt / len(missing))
+            missing = tuple(int(r.fields["layer"]) for r in todo if r.kind == "features")
+            with_argmax = any(r.kind == "argmax" for r in todo)
+            with inp.meter.timed("target_forward"), use_backend(side.backend, inp.settings.torch_device) as info:
+                if with_argmax:
+                    model = inp.target.model
+                    with torch.no_grad(), LayerCapture(model, missing) as cap:
+                        logits = model(input_ids=torch.tensor([seq], device=inp.target.device)).logits[0].float()
+                        feats = {i: t[0] for i, t in cap.per_layer().items()}
+                else:
+                    feats = layer_features(inp.model_for(side.dtype), torch.tensor(seq, dtype=torch.long),
+                                           list(missing))
+            inp.meter.counts["target_forwards"] += 1
+            out = []
+            for r in todo:
+                if r.kind == "argmax":
+                    out.append(self.references.argmax_produced(pid, logits))
+                    continue
+                i = int(r.fields["layer"])
+                meta = {"prompt_id": pid, "provenance": provenance(
+                    backend=info.name, dtype=side.dtype, device=inp.settings.torch_device, kernel=info.chunk_impl,
+                    layer_ids=[i], kernel_probe=r.fields["kernels"])}
+                out.append(Produced({"features": feats[i]}, meta, tokens=len(seq)))
+            return out
+        return produce
 
     # ------------------------------------------------------------------------------------------------ fingerprint
     @property
@@ -236,14 +215,11 @@ class FeatureStore:
             ids = inp.text_ids(FINGERPRINT_TEXT, "fingerprint")  # cached: a warm run loads no tokenizer
             layers = tuple(range(inp.target_dir.num_layers))
             side = inp.eval_side  # the evaluation backend (with a kernel fault, if any) and dtype
-            feats = self._read_layers(ids, layers, side)
-            if len(feats) < len(layers):  # one forward, by whichever process takes the lock first
-                self.check_kernels({"the fingerprint text": ids}, layers, side, "the fingerprint's features")
-                inp.cache.produce_many([Job("fingerprint-" + cache_key("fingerprint", self.fields(ids, -1, side)),
-                                            lambda: all(inp.cache.exists("features", self.key(ids, i, side))
-                                                        for i in layers),
-                                            lambda: self._extract("fingerprint", ids, layers, side))])
-                feats = self._read_layers(ids, layers, side)
+            batch = self._batch("fingerprint", ids, layers, side,
+                                "fingerprint-" + cache_key("fingerprint", self.fields(ids, -1, side)))
+            entries = inp.cache.ensure([batch], prepare=lambda misses: self.check_kernels(
+                {"the fingerprint text": ids}, layers, side, "the fingerprint's features"))
+            feats = {int(r.fields["layer"]): entries[r.key].tensors["features"] for r in batch.requests}
             self._fingerprint = {
                 "target": inp.target_identity, "text": FINGERPRINT_TEXT, "tokens": ids_digest(ids),
                 "n_tokens": len(ids), "backend": s.eval_backend, "kernel_fault": s.kernel_fault,

@@ -12,7 +12,6 @@ target's content hash is memoised under each file's inode, size, mtime and ctime
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Callable
 from functools import cached_property
@@ -21,20 +20,23 @@ from typing import Any
 
 import torch
 
-from dflash_eval.cache.store import Cache, Expected
-from dflash_eval.errors import ConfigError, DFlashEvalError, EvalError
+from dflash_eval.cache.store import Cache
+from dflash_eval.errors import ConfigError, DFlashEvalError
 from dflash_eval.metrics.drift import Comparison, Side, drift_comparisons
 from dflash_eval.metrics.floors import Floors, load_floors
 from dflash_eval.options.preflight import input_problems, target_config_problem
 from dflash_eval.options.settings import EvalSettings, worker_info
-from dflash_eval.prompts import Prompt, encode_prompt, load_prompt_spec, template_has_thinking_switch
-from dflash_eval.suite.progress import Meter, default_progress_sink
+from dflash_eval.prompts import Prompt, load_prompt_spec
+from dflash_eval.suite.progress import Meter, Sink, default_progress_sink
+from dflash_eval.suite.prompt_tokens import prompt_format, text_ids, tokenize_prompts
 from dflash_eval.target.backends import check_backend_device
 from dflash_eval.target.loader import TargetDir
 
-__all__ = ["Inputs", "DRAFTER_OPTIONS"]
+__all__ = ["Inputs", "DEFAULT_PROGRESS", "DRAFTER_OPTIONS"]
 
 DRAFTER_OPTIONS = frozenset({"drafter", "drafter_config", "reference_drafter"})
+#: ``Inputs(progress=...)``'s default: :func:`~dflash_eval.suite.progress.default_progress_sink`.
+DEFAULT_PROGRESS = "default"
 
 
 def _file_stamp(path: Path) -> list[Any]:
@@ -43,43 +45,24 @@ def _file_stamp(path: Path) -> list[Any]:
     return [path.name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-_DEFAULT_THREADS: int | None = None
-
-
-def _default_threads() -> int:
-    """torch's intra-op thread count before this process first changed it (one per physical core)."""
-    global _DEFAULT_THREADS
-    if _DEFAULT_THREADS is None:
-        _DEFAULT_THREADS = max(1, torch.get_num_threads())
-    return _DEFAULT_THREADS
-
-
 class Inputs:
-    """Drafter-independent inputs of one process (see module docstring)."""
+    """Drafter-independent inputs of one process (see module docstring). ``progress``: where long productions
+    report (None: silent; by default :func:`~dflash_eval.suite.progress.default_progress_sink`)."""
 
     def __init__(self, settings: EvalSettings, *, worker: tuple[str, int, int] | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, progress: Sink | None | str = DEFAULT_PROGRESS) -> None:
         self.settings = settings
         self.worker_id, self.worker_index, self.worker_count = worker or worker_info()
         self.cache = Cache(settings.cache_dir, cache_only=settings.cache_only, worker=self.worker_id)
         self.meter = Meter()
+        self.meter.counts["torch_threads"] = torch.get_num_threads()  # set by the entry point (suite.threads)
         self.log = log or (lambda _m: None)
-        self.progress = default_progress_sink(self.worker_count)
+        self.progress: Sink | None = default_progress_sink(self.worker_count) if progress == DEFAULT_PROGRESS \
+            else progress  # type: ignore[assignment]
         self.target_dir = TargetDir(settings.target_model)
         self._target: Any = None
         self._identity: str | None = None
         self._models: dict[torch.dtype, Any] = {}
-        self._set_threads()
-
-    def _set_threads(self) -> None:
-        """CPU threads: ``--torch-threads``, else torch's own default (one per physical core) shared among the xdist
-        workers. Measured on 2 cores, a cold bundled run takes 48.5 s of pytest time with 2 threads against 55.5 s
-        with 1 (docs/benchmarks.md). Shared on a GPU run too: its CPU work (features read back from the cache and
-        perturbed for the drift budget, drift statistics) would otherwise run with one thread per core in every
-        worker, twice as many threads as cores under ``-n 2``."""
-        n = self.settings.torch_threads or max(1, _default_threads() // max(1, self.worker_count))
-        torch.set_num_threads(n)
-        self.meter.counts["torch_threads"] = n
 
     def check_shareable(self, settings: EvalSettings) -> None:
         """Raise ConfigError unless ``settings`` differ from ours only in the drafter options."""
@@ -95,6 +78,13 @@ class Inputs:
         problems = input_problems(self.settings, target_check=self._target_problem, load_prompts=lambda: self.prompts)
         if problems:
             raise ConfigError("unusable inputs:\n  " + "\n  ".join(problems))
+
+    def check_target_config(self) -> None:
+        """config.json readable, valid JSON, with a layer count of at least one (ConfigError naming the file)."""
+        layers = self.target_dir.num_layers
+        if layers < 1:
+            raise ConfigError(f"{self.target_dir.config_file}: num_hidden_layers is {layers}; a target needs at "
+                              "least one layer")
 
     def _target_problem(self, settings: EvalSettings) -> str | None:
         """config.json (:func:`~dflash_eval.options.preflight.target_config_problem`), then the tokenizer's JSON files."""
@@ -287,78 +277,39 @@ class Inputs:
     # ------------------------------------------------------------------------------------------------ prompt ids
     @cached_property
     def prompt_format(self) -> dict[str, Any]:
-        """How prompt text becomes token ids: ``{"chat_template": "on"|"off", "template_sha256": ...,
-        "enable_thinking": bool | None}`` (``auto`` resolved; thinking None without a template); part of the prompt
-        ids' cache key (completions and features key the resulting ids)."""
-        s = self.settings
-        mode, tmpl = s.chat_template, self.target_dir.chat_template_text()
-        if mode == "on" and tmpl is None:
-            raise ConfigError(f"--chat-template on, but the target tokenizer at {s.target_model} has no "
-                              "chat template (tokenizer_config.json 'chat_template' or chat_template.jinja)")
-        use = mode == "on" or (mode == "auto" and tmpl is not None)
-        if s.thinking == "on" and not use:
-            raise ConfigError(f"--thinking on needs the target's chat template, but prompts are raw text "
-                              f"(--chat-template {mode}" + ("" if tmpl else f"; {s.target_model} has no template")
-                              + ")")
-        if s.thinking == "on" and not template_has_thinking_switch(tmpl):
-            raise ConfigError(f"--thinking on, but the chat template of {s.target_model} has no enable_thinking "
-                              "switch (a Qwen3-style template reads it); leave --thinking off")
-        return {"chat_template": "on" if use else "off",
-                "template_sha256": hashlib.sha256(tmpl.encode()).hexdigest() if use and tmpl else None,
-                "enable_thinking": (s.thinking == "on") if use else None}
+        """How prompt text becomes token ids (:func:`~dflash_eval.suite.prompt_tokens.prompt_format`)."""
+        return prompt_format(self.settings, self.target_dir)
 
     @cached_property
     def prompt_ids(self) -> dict[str, list[int]]:
-        """Token ids of each prompt but later conversation turns (raw text or the chat template, see
-        :attr:`prompt_format`; no other special tokens); cached by tokenizer files + formatting + text (tokenizing is
-        not computing: under --cache-only a miss is tokenized, not written)."""
-        digest = self.target_dir.tokenizer_digest()
-        out: dict[str, list[int]] = {}
-        with self.meter.timed("tokenize"):
-            for p in self.prompts:
-                if p.follows:  # a later turn: its ids need the earlier replies (dflash_eval.suite.conversations)
-                    continue
-                fields = {"tokenizer": digest, "text": p.text, "add_special_tokens": False, **self.prompt_format}
-                e = self.cache.get_or_produce("prompt_ids", fields, lambda p=p: (
-                    {"ids": torch.tensor(self._tokenize(p))}, {"prompt_id": p.id}), derived=True,
-                    expect=Expected(tensors={"ids": (torch.int64, (None,))}))
-                out[p.id] = e.tensors["ids"].tolist()
-        return out
+        """Token ids of each prompt but later conversation turns, from the cache
+        (:func:`~dflash_eval.suite.prompt_tokens.tokenize_prompts`)."""
+        return tokenize_prompts(self)
 
     def text_ids(self, text: str, what: str) -> list[int]:
-        """Token ids of raw ``text`` (no chat template, no special tokens), cached like the prompt ids (keyed by the
-        tokenizer files and the text): a warm run needs no tokenizer, hence no transformers import, for them."""
-        fields = {"tokenizer": self.target_dir.tokenizer_digest(), "text": text, "add_special_tokens": False,
-                  "chat_template": "off"}
-        e = self.cache.get_or_produce("prompt_ids", fields, lambda: (
-            {"ids": torch.tensor([int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]],
-                                 dtype=torch.int64)}, {"text_of": what}), derived=True,
-            expect=Expected(tensors={"ids": (torch.int64, (None,))}))
-        return e.tensors["ids"].tolist()
-
-    def _tokenize(self, p: Prompt) -> list[int]:
-        ids = encode_prompt(self.tokenizer, p.text, chat_template=self.prompt_format["chat_template"],
-                            thinking=bool(self.prompt_format["enable_thinking"]))
-        if not ids:
-            raise EvalError(f"prompt {p.id!r} (line {p.line} of its set in --prompts {self.settings.prompts}) "
-                            "tokenizes to no tokens")
-        return ids
+        """Token ids of raw ``text`` (:func:`~dflash_eval.suite.prompt_tokens.text_ids`)."""
+        return text_ids(self, text, what)
 
     def describe_target(self) -> dict[str, Any] | None:
         """The ``target`` block of eval.json (None when nothing about the target was needed)."""
-        if self.target_loaded:
-            t = self.target
-            return {"path": str(t.path), "identity": self.target_identity, "num_layers": t.num_layers,
-                    "hidden_size": t.hidden_size, "vocab_size": t.vocab_size, "layer_types": t.layer_types,
-                    "dtype": str(t.dtype).removeprefix("torch."), "device": str(t.device), "loaded": True}
-        if self._identity is None:
-            return None
-        try:
-            cfg = self.target_dir.text
-        except (DFlashEvalError, OSError, ValueError):
-            cfg = {}
-        return {"path": str(self.settings.target_model), "identity": self.target_identity,
-                "num_layers": cfg.get("num_hidden_layers"), "hidden_size": cfg.get("hidden_size"),
-                "vocab_size": cfg.get("vocab_size"), "layer_types": cfg.get("layer_types"),
-                "dtype": str(self.settings.torch_dtype).removeprefix("torch."),
-                "device": str(self.settings.torch_device), "loaded": False}
+        return describe_target(self)
+
+
+def describe_target(inp: Inputs) -> dict[str, Any] | None:
+    """The ``target`` block of eval.json (None when nothing about the target was needed)."""
+    if inp.target_loaded:
+        t = inp.target
+        return {"path": str(t.path), "identity": inp.target_identity, "num_layers": t.num_layers,
+                "hidden_size": t.hidden_size, "vocab_size": t.vocab_size, "layer_types": t.layer_types,
+                "dtype": str(t.dtype).removeprefix("torch."), "device": str(t.device), "loaded": True}
+    if not inp.identity_known:
+        return None
+    try:
+        cfg = inp.target_dir.text
+    except (DFlashEvalError, OSError, ValueError):
+        cfg = {}
+    return {"path": str(inp.settings.target_model), "identity": inp.target_identity,
+            "num_layers": cfg.get("num_hidden_layers"), "hidden_size": cfg.get("hidden_size"),
+            "vocab_size": cfg.get("vocab_size"), "layer_types": cfg.get("layer_types"),
+            "dtype": str(inp.settings.torch_dtype).removeprefix("torch."),
+            "device": str(inp.settings.torch_device), "loaded": False}

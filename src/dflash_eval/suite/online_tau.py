@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dflash_eval.cache.code_version import CODE_VERSION
-from dflash_eval.cache.store import ids_digest
+from dflash_eval.cache.keys import ids_digest
+from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.metrics.tau import TauResult
 from dflash_eval.suite.progress import Progress
 from dflash_eval.target.provenance import device_kind, library_versions
@@ -41,8 +42,6 @@ class OnlineTau:
         return self.first_divergence is None
 
 
-
-
 def _divergence(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -62,7 +61,7 @@ def online_tau(ev: DrafterEvaluation) -> dict[str, OnlineTau]:
         "max_blocks": s.max_blocks, "stop_at_eos": True, "backend": s.eval_backend, "dtype": str(s.torch_dtype),
         "device_kind": device_kind(s.torch_device), "versions": library_versions()}
 
-    def produce() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def produce(todo: list[Request]) -> list[Produced]:
         from dflash_eval.metrics.online_loop import online_generate
 
         prog = Progress("online speculative decoding", len(prompts), inp.progress)
@@ -76,9 +75,10 @@ def online_tau(ev: DrafterEvaluation) -> dict[str, OnlineTau]:
             tensors[f"lens/{n}"] = torch.tensor(res.tau.accept_lengths, dtype=torch.int32)
             tensors[f"tokens/{n}"] = torch.tensor(res.tokens, dtype=torch.int64)
             prog.step(len(res.tokens))
-        return tensors, {"prompt_ids": [p.id for p in prompts]}
+        return [Produced(tensors, {"prompt_ids": [p.id for p in prompts]})]
 
-    entry = inp.cache.get_or_produce("online_tau", fields, produce, what="online speculative decoding of every prompt")
+    req = Request("online_tau", fields, what="online speculative decoding of every prompt")
+    entry = inp.cache.ensure([Batch([req], produce)])[req.key]
     bs = ev.checkpoint.config.block_size
     out = {}
     for n, p in enumerate(prompts):

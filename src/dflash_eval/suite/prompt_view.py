@@ -15,6 +15,7 @@ from typing import Any
 
 from dflash_eval.prompts import Prompt
 from dflash_eval.suite.inputs import Inputs
+from dflash_eval.suite.prompt_tokens import tokenize_prompts
 
 __all__ = ["PromptView"]
 
@@ -36,4 +37,4 @@ class PromptView:
     @cached_property
     def prompt_ids(self) -> dict[str, list[int]]:
         """Token ids of these prompts, by the run's own rule (:attr:`Inputs.prompt_ids`) and from the same cache."""
-        return Inputs.prompt_ids.func(self)  # type: ignore[attr-defined, arg-type]
+        return tokenize_prompts(self)

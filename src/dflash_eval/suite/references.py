@@ -17,20 +17,24 @@ replies (:mod:`dflash_eval.suite.conversations`).
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dflash_eval.cache.entry_checks import Expected
-from dflash_eval.cache.store import CacheEntry, Job, cache_key, ids_digest
+from dflash_eval.cache.keys import cache_key
+from dflash_eval.cache.requests import Batch, Produced, Request, StepReporter
+from dflash_eval.cache.store import CacheEntry
 from dflash_eval.errors import EvalError
+from dflash_eval.suite.completion_sources import CompletionSources, out_of_vocab
 from dflash_eval.suite.conversations import HistoryMissing, turn_groups, turn_prompt_ids
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
-from dflash_eval.suite.server_check import SERVER_MAX_DISAGREEMENT, check_server_completions, teacher_forced_tensors
-from dflash_eval.target.backends import use_backend
+from dflash_eval.suite.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_tensors
+from dflash_eval.suite.server_link import ServerLink
+from dflash_eval.suite.teacher_forced import TeacherForced, argmax_fields, argmax_produced, argmax_request
 from dflash_eval.target.generation import generation_groups
 from dflash_eval.target.provenance import device_kind, library_versions
 
@@ -38,14 +42,6 @@ __all__ = ["CompletionRecord", "References", "SERVER_MAX_DISAGREEMENT", "argmax_
            "teacher_forced_tensors"]
 
 _SOURCES = {"local": ("local",), "sglang": ("sglang",), "cache": ("local", "sglang")}
-
-
-def out_of_vocab(ids: list[int], vocab_size: int) -> tuple[int, int] | None:
-    """(position, id) of the first id outside ``0 .. vocab_size - 1``, or None."""
-    for k, t in enumerate(ids):
-        if not 0 <= t < vocab_size:
-            return k, t
-    return None
 
 
 @dataclass
@@ -67,17 +63,19 @@ class CompletionRecord:
 
 
 class References:
-    """Reference completions of :attr:`Inputs.prompts` (see module docstring).
+    """Reference completions of :attr:`Inputs.prompts` (see module docstring); the owner of the ``completion`` and
+    ``argmax`` cache kinds.
 
-    ``sglang_client``: a ready :class:`dflash_eval.sglang.SGLangClient`, needed only for ``--completions sglang``
-    on a cold cache (set by whoever started the service, before :meth:`completions`).
+    ``server``: how a ready SGLang client is reached (:class:`~dflash_eval.suite.server_link.ServerLink`), needed
+    only for ``--completions sglang`` on a cold cache.
     """
 
-    def __init__(self, inputs: Inputs, sglang_client: Any = None) -> None:
+    def __init__(self, inputs: Inputs, server: ServerLink | None = None) -> None:
         self.inputs = inputs
-        self.sglang_client = sglang_client
+        self.server = server if server is not None else ServerLink()
+        self.sources = CompletionSources(inputs, self.server, self.prompt_ids)
+        self.argmax = TeacherForced(inputs, self.completions)
         self._records: dict[str, CompletionRecord] = {}
-        self._argmax: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._turn_ids: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------------------------------------ keys
@@ -111,11 +109,11 @@ class References:
                 f["generation"] = "left-padded-batch"
         return f
 
-    def _key(self, pid: str, source: str) -> str:
-        return cache_key("completion", self.fields(pid, source))
-
-    def _expected(self, pid: str, source: str) -> Expected:
-        """A cached completion must be written for this request and hold 1-D int64 ids inside the vocabulary."""
+    def request(self, pid: str) -> Request:
+        """The completion entry of ``pid`` for the configured ``--completions`` source (``cache``: either source's
+        entry serves). A cached completion must be written for this request and hold 1-D int64 ids inside the
+        vocabulary."""
+        mode = self.inputs.settings.completions
         vocab = self.inputs.vocab_size
 
         def ids_in_vocab(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> str | None:
@@ -123,15 +121,16 @@ class References:
             return None if bad is None else (f"prompt {pid!r}: token id {bad[1]} at completion position {bad[0]} is "
                                              f"outside the target vocabulary (0..{vocab - 1})")
 
-        return Expected(fields=self.fields(pid, source), tensors={"output_ids": (torch.int64, (None,))},
-                        validate=ids_in_vocab)
+        expect = Expected(tensors={"output_ids": (torch.int64, (None,))}, validate=ids_in_vocab)
+        what = f"the reference completion of prompt {pid!r}" + (
+            " (--completions cache never generates)" if mode == "cache" else "")
+        reqs = [Request("completion", self.fields(pid, src), expect=expect, what=what, item=pid)
+                for src in _SOURCES[mode]]
+        return Request(reqs[0].kind, reqs[0].fields, expect=expect, what=what, item=pid, alternatives=tuple(reqs[1:]))
 
     def _read(self, pid: str) -> CompletionRecord | None:
-        for src in _SOURCES[self.inputs.settings.completions]:
-            entry = self.inputs.cache.read("completion", self._key(pid, src), expect=self._expected(pid, src))
-            if entry is not None:
-                return self._record(pid, entry)
-        return None
+        entry = self.inputs.cache.lookup(self.request(pid))
+        return None if entry is None else self._record(pid, entry)
 
     def _record(self, pid: str, entry: CacheEntry) -> CompletionRecord:
         ids = entry.tensors["output_ids"].tolist()
@@ -146,12 +145,9 @@ class References:
 
     def cached(self) -> bool:
         """Whether every prompt's completion is memoised or cached for the configured ``--completions`` source."""
-        cache = self.inputs.cache
-
         def one(pid: str) -> bool:
             try:
-                return any(cache.exists("completion", self._key(pid, src))
-                           for src in _SOURCES[self.inputs.settings.completions])
+                return self.inputs.cache.has(self.request(pid))
             except HistoryMissing:
                 return False
 
@@ -173,158 +169,46 @@ class References:
         return {p: self._records[p] for p in pids}
 
     def _ensure(self, pids: list[str]) -> None:
+        """The completions of one turn group: requests in batches of the configured source, served by the cache."""
         inp = self.inputs
-        for pid in pids:
-            rec = self._read(pid)
-            if rec is not None:
-                self._records[pid] = rec
-        todo = [p for p in pids if p not in self._records]
-        if not todo:
-            return
+        reqs = {p: self.request(p) for p in pids}
         mode = inp.settings.completions
-        for pid in todo:
-            inp.cache.miss("completion", self._key(pid, "local"), f"the reference completion of prompt {pid!r}" + (
-                " (--completions cache never generates)" if mode == "cache" else ""))
-        if mode == "cache":  # cache.miss raised already when cache_only; --completions cache alone also fails
-            raise EvalError(f"--completions cache: no cached completion for prompts {todo} "
-                            f"under {inp.settings.cache_dir}; run once with --completions local or sglang")
-        if mode == "sglang":
-            lock = "completion-sglang-" + cache_key("batch", {"keys": [self.fields(p, "sglang") for p in todo]})
-            inp.cache.produce_many([Job(lock, lambda: all(self._read(p) is not None for p in todo),
-                                        lambda: self._fetch_sglang([p for p in todo if self._read(p) is None]))])
-        else:
-            prog = Progress("reference completions (local generation)", len(todo), inp.progress)
+        progress: Callable[[int], StepReporter] | None = None
+        if mode == "local":
             # Batches of every prompt of this turn group, cached or not (each batch generates only what is missing):
             # every worker forms the same batches, hence takes the same locks, whatever another has written already.
             groups = generation_groups({p: len(self.prompt_ids(p)) for p in pids}, inp.settings.generation_batch,
                                        min_groups=inp.worker_count)
-            jobs = [Job("completion-" + cache_key("batch", {"keys": [self._key(p, "local") for p in grp]}),
-                        lambda grp=grp: all(self._local_cached(p) for p in grp),
-                        lambda grp=grp: self._generate_local(grp, prog)) for grp in groups]
-            inp.cache.produce_many(jobs, worker_index=inp.worker_index, worker_count=inp.worker_count)
-        for pid in todo:
-            rec = self._read(pid)
-            if rec is None:
-                raise EvalError(f"completion of prompt {pid!r} missing after production (cache dir unwritable?)")
-            self._records[pid] = rec
+            batches = [Batch([reqs[p] for p in grp], self.sources.generate_local,
+                             lock="completion-" + cache_key("batch", {"keys": [reqs[p].key for p in grp]}))
+                       for grp in groups]
+            progress = lambda n: Progress("reference completions (local generation)", n, inp.progress)  # noqa: E731
+        elif mode == "sglang":
+            batches = [Batch(list(reqs.values()), self.sources.fetch_sglang,
+                             lock="completion-sglang-" + cache_key("batch", {"keys": [r.key for r in reqs.values()]}))]
+        else:
+            batches = [Batch(list(reqs.values()), self._refuse_uncached)]
+        entries = inp.cache.ensure(batches, progress=progress, worker_index=inp.worker_index,
+                                   worker_count=inp.worker_count)
+        for pid in pids:
+            self._records[pid] = self._record(pid, entries[reqs[pid].key])
 
-    def _write(self, pid: str, source: str, ids: list[int], text: str, finish: Any, seconds: float,
-               extra_meta: dict[str, Any] | None = None) -> None:
-        self._check_ids(pid, source, ids)
-        fields = self.fields(pid, source)
-        self.inputs.cache.write("completion", cache_key("completion", fields), {"output_ids": torch.tensor(ids)},
-                                fields=fields, meta={"text": text, "source": source, "finish_reason": finish,
-                                                     "prompt_id": pid, **(extra_meta or {})}, seconds=seconds)
+    def _refuse_uncached(self, todo: list[Request]) -> list[Produced]:
+        """``--completions cache`` never generates."""
+        raise EvalError(f"--completions cache: no cached completion for prompts {[r.item for r in todo]} "
+                        f"under {self.inputs.settings.cache_dir}; run once with --completions local or sglang")
 
-    def _check_ids(self, pid: str, source: str, ids: list[int]) -> None:
-        """Refuse (before anything is cached) an empty completion or one with an id outside the vocabulary."""
-        if not ids:
-            raise EvalError(f"empty completion for prompt {pid!r} from {source}: nothing to evaluate "
-                            "(the target emitted EOS at once?); no cache entry written")
-        vocab = self.inputs.vocab_size
-        bad = out_of_vocab(ids, vocab)
-        if bad is not None:
-            raise EvalError(f"completion of prompt {pid!r} from {source}: token id {bad[1]} at completion position "
-                            f"{bad[0]} is outside the target vocabulary (0..{vocab - 1}, config.json vocab_size of "
-                            f"{self.inputs.settings.target_model}); the source does not serve this target's "
-                            "tokenizer? No cache entry written")
-
-    def _local_cached(self, pid: str) -> bool:
-        return self.inputs.cache.exists("completion", self._key(pid, "local"))
-
-    def _generate_local(self, pids: list[str], prog: Progress) -> None:
-        """Greedy-generate, in one batch, the completions of those of ``pids`` not cached yet, and cache each."""
-        from dflash_eval.target.generation import greedy_generate_batch
-
-        inp = self.inputs
-        todo = [p for p in pids if not self._local_cached(p)]
-        if not todo:
-            return
-        t0 = time.perf_counter()
-        with inp.meter.timed("generation"):
-            outs = greedy_generate_batch(inp.target, [self.prompt_ids(p) for p in todo], inp.settings.max_new_tokens,
-                                         backend=inp.settings.eval_backend)
-        for pid, ids in zip(todo, outs):  # every answer of the batch checked before any is cached
-            self._check_ids(pid, "local", ids)
-        seconds = (time.perf_counter() - t0) / len(todo)
-        for pid, ids in zip(todo, outs):
-            inp.meter.counts["generated_tokens"] += len(ids)
-            self._write(pid, "local", ids, inp.tokenizer.decode(ids, skip_special_tokens=True), None, seconds)
-            prog.step(len(ids))
-
-    def _fetch_sglang(self, pids: list[str]) -> None:
-        """Fetch greedy completions from the ready server and cache them; nothing is cached unless every answer
-        is valid and agrees with the local target (:func:`~dflash_eval.suite.server_check.check_server_completions`).
-        """
-        if not pids:
-            return
-        if self.sglang_client is None:
-            raise EvalError("--completions sglang: reference completions are not cached and no SGLang server was "
-                            "started (the suite's sglang fixture starts it; outside pytest pass a ready client)")
-        inp = self.inputs
-        t0 = time.perf_counter()
-        with inp.meter.timed("sglang"):
-            comps = self.sglang_client.generate_greedy([self.prompt_ids(p) for p in pids],
-                                                       max_new_tokens=inp.settings.max_new_tokens)
-        dt = (time.perf_counter() - t0) / max(1, len(pids))
-        for pid, c in zip(pids, comps):
-            self._check_ids(pid, "sglang", list(c.output_ids))
-        check_server_completions(inp, [(p, self.prompt_ids(p), list(c.output_ids)) for p, c in zip(pids, comps)],
-                                 getattr(self.sglang_client, "url", "the SGLang server"))
-        for pid, c in zip(pids, comps):
-            extra = {"server_text": c.text}
-            if c.spec_accept_length is not None:
-                extra.update(spec_accept_length=c.spec_accept_length, spec_verify_ct=c.spec_verify_ct)
-            if getattr(c, "spec_accept_histogram", None) is not None:
-                extra["spec_accept_histogram"] = list(c.spec_accept_histogram)
-            text = inp.tokenizer.decode(list(c.output_ids), skip_special_tokens=True)  # as local completions
-            self._write(pid, "sglang", list(c.output_ids), text, c.finish_reason, dt, extra)
-
-    # ------------------------------------------------------------------------------------------------ consistency
+    # ------------------------------------------------------------------------------------------------ argmax
     def teacher_forced(self, pid: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(argmax, top1 - top2 logit margin) of the target at every position of prompt + completion.
+        """(argmax, top1 - top2 logit margin) of the target at every position of prompt + completion
+        (:class:`~dflash_eval.suite.teacher_forced.TeacherForced`)."""
+        return self.argmax.get(pid)
 
-        Under xdist the first call produces every selected prompt's (:meth:`Cache.produce_many`: each worker starts
-        at its own offset and takes what no other worker holds), instead of one prompt per test: the tests of
-        different prompts land on different workers in no fixed order, and one lock per prompt would have the
-        workers take turns on them."""
-        if pid not in self._argmax:
-            inp = self.inputs
-            if inp.worker_count > 1 and not self._argmax:
-                comps = self.completions()
-                keys = {p.id: cache_key("argmax", argmax_fields(inp, comps[p.id].sequence)) for p in inp.prompts}
-                jobs = [Job("argmax-job-" + keys[p.id], lambda k=keys[p.id]: inp.cache.exists("argmax", k),
-                            lambda p=p.id, seq=comps[p.id].sequence: self._teacher_forced_seq(p, seq))
-                        for p in inp.prompts]
-                inp.cache.produce_many(jobs, worker_index=inp.worker_index, worker_count=inp.worker_count)
-            self._argmax[pid] = self._teacher_forced_seq(pid, self.completions()[pid].sequence)
-        return self._argmax[pid]
+    def argmax_request(self, pid: str, seq: list[int]) -> Request:
+        """The teacher-forced argmax entry of ``seq`` (for a forward that computes the logits anyway)."""
+        return argmax_request(self.inputs, pid, seq)
 
-    def _teacher_forced_seq(self, pid: str, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(argmax, margin) of one causal target forward over ``seq`` (cached under the exact tokens; the feature
-        store writes the entry too, from the forward that extracts the evaluation side's features)."""
-        inp = self.inputs
-        s = inp.settings
-
-        def produce() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-            with inp.meter.timed("target_forward"), use_backend(s.eval_backend, s.torch_device), torch.no_grad():
-                logits = inp.target.model(input_ids=torch.tensor([seq], device=inp.target.device)).logits[0].float()
-            inp.meter.counts["target_forwards"] += 1
-            return teacher_forced_tensors(logits), {"prompt_id": pid}
-
-        e = inp.cache.get_or_produce("argmax", argmax_fields(inp, seq), produce,
-                                     what=f"teacher-forced argmax of {pid!r}", expect=argmax_expected(len(seq)))
-        return e.tensors["argmax"], e.tensors["margin"]
-
-
-def argmax_fields(inp: Inputs, seq: list[int]) -> dict[str, Any]:
-    """Key fields of the teacher-forced argmax entry of ``seq``: the target's full causal forward on the evaluation
-    backend (no kernel fault) and dtype."""
-    s = inp.settings
-    return {"target": inp.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
-            "backend": s.eval_backend, "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
-            "versions": library_versions()}
-
-
-def argmax_expected(n: int) -> Expected:
-    return Expected(tensors={"argmax": (torch.int64, (n,)), "margin": (torch.float32, (n,))})
+    @staticmethod
+    def argmax_produced(pid: str, logits: torch.Tensor) -> Produced:
+        """The argmax entry made from the target's [T, V] float32 logits over the sequence."""
+        return argmax_produced(pid, logits)

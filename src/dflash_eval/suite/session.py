@@ -26,14 +26,16 @@ from dflash_eval.errors import ConfigError
 from dflash_eval.metrics.baseline import Baseline, BaselineComparison, compare, load_baseline
 from dflash_eval.metrics.drift_budget import DriftBudget, GateCheck
 from dflash_eval.metrics.floors import Floors
-from dflash_eval.metrics.tau_context import describe, mismatches
+from dflash_eval.metrics.tau_context import describe, mismatches, sampling_context
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.suite.evaluation import DrafterEvaluation, Drift, PromptTau
 from dflash_eval.suite.feature_store import FeatureStore
-from dflash_eval.suite.inputs import Inputs
+from dflash_eval.suite.inputs import DEFAULT_PROGRESS, Inputs
 from dflash_eval.suite.online_tau import online_tau
+from dflash_eval.suite.progress import Sink
 from dflash_eval.suite.references import CompletionRecord, References
 from dflash_eval.suite.results import EvalResult, TauSummary, build_result, tau_summary
+from dflash_eval.suite.server_link import ServerLink
 
 __all__ = ["EvalSession", "EvalSettings", "CompletionRecord", "PromptTau", "Drift", "EvalResult", "TauSummary"]
 
@@ -43,20 +45,23 @@ class EvalSession:
 
     def __init__(self, settings: EvalSettings, *, worker: tuple[str, int, int] | None = None,
                  log: Callable[[str], None] | None = None, shared: EvalSession | None = None,
-                 checkpoint: Any = None, live: Any = None) -> None:
+                 checkpoint: Any = None, live: Any = None, progress: Sink | None | str = DEFAULT_PROGRESS,
+                 server: ServerLink | None = None) -> None:
         """``checkpoint`` / ``live``: a drafter given in memory (:class:`~dflash_eval.suite.evaluation.
-        DrafterEvaluation`); :class:`dflash_eval.Evaluator` makes them."""
+        DrafterEvaluation`); :class:`dflash_eval.Evaluator` makes them. ``progress``: where long productions
+        report (:class:`~dflash_eval.suite.inputs.Inputs`); ``server``: how the completions stage reaches a ready
+        SGLang server (:class:`~dflash_eval.suite.server_link.ServerLink`; ``--completions sglang`` on a cold
+        cache). A ``shared`` session's stages come with its progress sink and server link."""
         if shared is not None:
             shared.inputs.check_shareable(settings)
             self.inputs, self.references, self.store = shared.inputs, shared.references, shared.store
         else:
-            self.inputs = Inputs(settings, worker=worker, log=log)
-            self.references = References(self.inputs)
-            self.store = FeatureStore(self.inputs)
+            self.inputs = Inputs(settings, worker=worker, log=log, progress=progress)
+            self.references = References(self.inputs, server)
+            self.store = FeatureStore(self.inputs, self.references)
         self.settings = settings
         self.evaluation = DrafterEvaluation(self.inputs, self.references, self.store, settings,
                                             checkpoint=checkpoint, live=live)
-        self.sglang_info: dict[str, Any] | None = None  # the SGLang service's description (eval.json "sglang")
         self._tau_summary: TauSummary | None = None
         self._floors: Floors | None = None
         self._baseline: Baseline | None = None
@@ -88,6 +93,7 @@ class EvalSession:
                "dtype": str(s.torch_dtype).removeprefix("torch."), "backend": s.feature_backend}
         if any(p.extra.get("set") == "humaneval" for p in inp.prompts):  # the wrapper changes HumanEval's text
             ctx["humaneval_wrapper"] = s.humaneval_wrapper
+        ctx.update(sampling_context(s))  # nothing at temperature 0
         return ctx
 
     def _refuse_or_warn(self, what: str, path: Any, recorded: dict[str, Any], *, explicit: bool) -> bool:
@@ -114,34 +120,46 @@ class EvalSession:
 
     @property
     def floors(self) -> Floors:
-        """The run's floors: the floors file when it was recorded with this run's settings (checked once), and the
-        explicit thresholds."""
-        if self._floors is None:
-            fl = self.inputs.floors
-            if fl.raw and fl.context and not self.settings.update_tau_floors and not self._refuse_or_warn(
-                    "floors file", fl.path, fl.context, explicit=fl.explicit):
-                fl = fl.without_file()
-            self._floors = fl
-        return self._floors
+        """The run's floors (:meth:`check_floors`, once)."""
+        return self.check_floors()
+
+    def check_floors(self) -> Floors:
+        """The floors file when it was recorded with this run's settings, and the explicit thresholds; ConfigError
+        naming the file when it was recorded with other τ-relevant settings (unless allowed or explicit). Checked
+        once: later calls return the first answer."""
+        if self._floors is not None:
+            return self._floors
+        fl = self.inputs.floors
+        if fl.raw and fl.context and not self.settings.update_tau_floors and not self._refuse_or_warn(
+                "floors file", fl.path, fl.context, explicit=fl.explicit):
+            fl = fl.without_file()
+        self._floors = fl
+        return fl
 
     @property
     def baseline(self) -> Baseline | None:
-        """The --baseline eval.json, checked against this run's settings (None without --baseline)."""
-        if self._baseline is None and self.settings.baseline is not None:
-            b = load_baseline(self.settings.baseline)
-            self._refuse_or_warn("--baseline", b.path, b.context, explicit=False)
-            self._baseline = b
-        return self._baseline
+        """The --baseline eval.json (:meth:`check_baseline`; None without --baseline)."""
+        return self.check_baseline()
+
+    def check_baseline(self) -> Baseline | None:
+        """The --baseline eval.json, checked against this run's settings (ConfigError naming it when it was
+        recorded with other τ-relevant settings); None without --baseline. Checked once."""
+        if self._baseline is not None or self.settings.baseline is None:
+            return self._baseline
+        b = load_baseline(self.settings.baseline)
+        self._refuse_or_warn("--baseline", b.path, b.context, explicit=False)
+        self._baseline = b
+        return b
 
     def check_inputs(self) -> None:
         """Everything that can be wrong with the inputs, checked before any work: paths, prompts, the target's
         config.json, the drafter's config.json, the floors file and the baseline against this run's settings
         (ConfigError naming the file)."""
         self.inputs.preflight()
-        self.inputs.target_dir.num_layers  # noqa: B018 - config.json readable, valid JSON, with the layer count
+        self.inputs.check_target_config()
         self.evaluation.check_config()
-        self.floors  # noqa: B018
-        self.baseline  # noqa: B018
+        self.check_floors()
+        self.check_baseline()
 
     def baseline_comparison(self) -> BaselineComparison | None:
         b = self.baseline
@@ -162,4 +180,5 @@ class EvalSession:
         fp = self.store.fingerprint() if self.store.fingerprint_computed else None
         tau = self.tau_summary() if self.evaluation.tau_computed else None
         context = self.run_context() if self.evaluation.checkpoint_read and self.inputs.identity_known else None
-        return build_result(self.evaluation, tau=tau, sglang=self.sglang_info, fingerprint=fp, context=context)
+        return build_result(self.evaluation, tau=tau, sglang=self.references.server.info, fingerprint=fp,
+                            context=context)

@@ -1,0 +1,111 @@
+"""The drafter's drift budget (:mod:`dflash_eval.metrics.drift_budget`), measured on the reference side's features and
+memoised in the cache: one ``drift_budget`` entry per ladder level (τ of every prompt and the injected errors
+under that perturbation), keyed by every input (drafter, code, feature entries, prompts, level, seed).
+
+The levels are measured by several xdist workers side by side (batches of levels, one per worker; one batch of
+all levels in a single process), and a changed ladder reuses the levels it keeps; within a batch the levels go
+through one lock-step simulation. The tolerance and the safety factor are applied when the budget is read, so
+changing them recomputes nothing. Where the selection holds fewer than ``--drift-budget-min-prompts`` prompts the
+budget is measured on the first that many prompts of ``--prompts`` (:func:`budget_evaluation`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dflash_eval.cache.code_version import CODE_VERSION
+from dflash_eval.cache.entry_checks import Expected
+from dflash_eval.cache.keys import cache_key
+from dflash_eval.cache.requests import Batch, Produced, Request
+from dflash_eval.metrics.drift_budget import DriftBudget, Perturbation, measure_ladder, parse_ladder
+from dflash_eval.suite.tau_memo import tau_fields
+
+if TYPE_CHECKING:
+    from dflash_eval.suite.evaluation import DrafterEvaluation
+
+__all__ = ["budget_evaluation", "memoised_budget"]
+
+
+def budget_evaluation(ev: DrafterEvaluation) -> DrafterEvaluation:
+    """Where the budget is measured: ``ev`` when the selection holds at least ``--drift-budget-min-prompts``
+    prompts (or ``--prompts`` holds no more), else an evaluation of the same drafter on the first that many prompts
+    of ``--prompts`` (the selection and the prompts after it), whose completions and features are produced and
+    cached like the selection's (:mod:`dflash_eval.suite.prompt_view`). The selection's own τ, drift and reports
+    stay on the selection."""
+    from dflash_eval.suite.evaluation import DrafterEvaluation
+    from dflash_eval.suite.feature_store import FeatureStore
+    from dflash_eval.suite.prompt_view import PromptView
+    from dflash_eval.suite.references import References
+
+    s, selected = ev.settings, ev.inputs.prompts
+    if len(selected) >= s.drift_budget_min_prompts or s.num_prompts is None:
+        return ev
+    more = ev.inputs.first_prompts(s.drift_budget_min_prompts)
+    if len(more) <= len(selected) or [p.id for p in more[:len(selected)]] != [p.id for p in selected]:
+        return ev
+    ev.check_drafter()  # a drafter that does not fit the target stops here, before anything is produced
+    view = PromptView(ev.inputs, more)
+    refs = References(view, ev.references.server)  # type: ignore[arg-type]
+    store = FeatureStore(view, refs, probes=ev.store.probes)  # type: ignore[arg-type]  # probed once per process
+    return DrafterEvaluation(view, refs, store, s, drafter_of=ev)  # type: ignore[arg-type]
+
+
+def memoised_budget(ev: DrafterEvaluation, selected: int | None = None) -> DriftBudget:
+    """The budget of ``ev``'s drafter on its prompts (``selected``: how many of them the run selected; more: a
+    budget view, whose base is its chains alone, no DDTree)."""
+    s, side, prompts = ev.settings, ev.inputs.reference_side, ev.inputs.prompts
+    ladder = parse_ladder(s.drift_budget_ladder)
+    usable = [p for p in ladder if p.available]
+    extended = selected is not None and len(prompts) > selected
+    base = ev.tau_results if side == ev.inputs.eval_side and not extended else ev.tau_for(side, ())
+    base_tau = [base[p.id].chain.tau for p in prompts]
+    ids = [p.id for p in prompts]
+    common = {**tau_fields(ev, side, ()), "code": CODE_VERSION, "prompt_ids": ids, "seed": s.drift_budget_seed}
+    n_p, n_l = len(prompts), len(ev.layer_ids)
+
+    def meta(level: Perturbation) -> dict[str, Any]:
+        return {"prompt_ids": ids, "base": side.label, "level": level.label}
+
+    reqs = {lv.label: Request("drift_budget", {**common, "level": lv.label}, derived=True, item=lv.label,
+                              what=f"the drift budget's level {lv.label}", expect=Expected(
+                                  tensors={"tau": (torch.float64, (n_p,)), "injected": (torch.float64, (n_p, n_l))},
+                                  meta=meta(lv)))
+            for lv in usable}
+    by_label = {lv.label: lv for lv in usable}
+
+    def produce(todo: list[Request]) -> list[Produced]:
+        levels = [by_label[r.item] for r in todo]
+        return [Produced(t, meta(lv)) for lv, t in zip(levels, _measure(ev, side, levels, base_tau))]
+
+    # batches of the whole ladder (not of what is missing now): every worker forms the same batches
+    n = max(1, min(ev.inputs.worker_count, len(usable)))
+    groups = [usable[g * len(usable) // n:(g + 1) * len(usable) // n] for g in range(n)]
+    batches = [Batch([reqs[lv.label] for lv in grp], produce,
+                     lock="drift_budget-" + cache_key("budget_group", {"keys": [reqs[lv.label].key for lv in grp]}))
+               for grp in groups if grp]
+    entries = ev.inputs.cache.ensure(batches, worker_index=ev.inputs.worker_index,
+                                     worker_count=ev.inputs.worker_count)
+    got = [entries[reqs[lv.label].key] for lv in usable]
+    return DriftBudget.build(
+        drafter=ev.checkpoint.fingerprint, base=side.label, prompt_ids=ids, base_tau=base_tau, ladder=usable,
+        taus=[e.tensors["tau"].tolist() for e in got], injected=[e.tensors["injected"].tolist() for e in got],
+        tol=s.drift_budget_tol, safety=s.drift_budget_safety, seed=s.drift_budget_seed, spec=s.drift_budget_ladder,
+        skipped=[f"{p.label}: this torch has no such dtype" for p in ladder if not p.available],
+        min_prompts=s.drift_budget_min_prompts, selected=selected)
+
+
+def _measure(ev: DrafterEvaluation, side: Any, levels: list[Perturbation],
+             base_tau: list[float]) -> list[dict[str, torch.Tensor]]:
+    """τ of every prompt and the injected errors under each of ``levels``, in one lock-step simulation."""
+    s, prompts = ev.settings, ev.inputs.prompts
+    comps, feats = ev.completions(), ev.features(side)
+    items = [(p.id, feats[p.id], torch.tensor(comps[p.id].sequence, dtype=torch.long), len(comps[p.id].prompt_ids))
+             for p in prompts]
+    with ev.inputs.meter.timed("drift_budget"):
+        taus, inj = measure_ladder(ev.drafter, ev.inputs.head, items, levels, base_tau=base_tau,
+                                   seed=s.drift_budget_seed, max_blocks=s.max_blocks)
+    return [{"tau": torch.tensor(t, dtype=torch.float64),
+             "injected": torch.tensor(e, dtype=torch.float64).reshape(len(prompts), len(ev.layer_ids))}
+            for t, e in zip(taus, inj)]

@@ -1,0 +1,99 @@
+"""τ of every prompt (chain and each DDTree budget) on one side's features, memoised in the cache.
+
+One lock-step simulation drafts, batched over prompts, only the block starts the simulated loops visit
+(:func:`dflash_eval.metrics.tau.simulate_tau`); its accept lengths are one ``tau`` cache entry keyed by every input
+(drafter weights and config, :data:`~dflash_eval.cache.code_version.CODE_VERSION`, the exact feature entries,
+budgets, max_blocks), so a warm run does not even run the drafter. The entry is derived (recomputed, not refused,
+under ``--cache-only``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dflash_eval.cache.code_version import CODE_VERSION
+from dflash_eval.cache.requests import Batch, Produced, Request
+from dflash_eval.metrics.drift import Side
+from dflash_eval.metrics.tau import TauResult, simulate_tau
+from dflash_eval.suite.progress import Progress
+from dflash_eval.target.provenance import device_kind, library_versions
+
+if TYPE_CHECKING:
+    from dflash_eval.suite.evaluation import DrafterEvaluation
+    from dflash_eval.suite.feature_store import Features
+
+__all__ = ["PromptTau", "memoised_tau", "tau_fields"]
+
+
+@dataclass
+class PromptTau:
+    """τ of one prompt: the chain loop and DDTree for each budget."""
+
+    prompt_id: str
+    category: str
+    chain: TauResult
+    ddtree: dict[int, TauResult]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def tau_fields(ev: DrafterEvaluation, side: Side, budgets: tuple[int, ...]) -> dict[str, Any]:
+    """The key fields of the τ entry of ``ev``'s drafter on ``side``'s features (also the drift budget's base)."""
+    comps = ev.completions()
+    s = ev.settings
+    return {
+        "drafter": ev.checkpoint.fingerprint, "drafter_config": ev.checkpoint.config.to_dict(),
+        "code": CODE_VERSION, "budgets": list(budgets), "max_blocks": s.max_blocks,
+        "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
+        "versions": library_versions(),
+        "items": [{"prompt_len": len(comps[p.id].prompt_ids),
+                   "features": [ev.store.key(comps[p.id].sequence, i, side) for i in ev.layer_ids]}
+                  for p in ev.inputs.prompts],
+    }
+
+
+def memoised_tau(ev: DrafterEvaluation, side: Side, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
+    """τ of every prompt from the cache, else simulated. Before one worker takes the τ lock and drafts, every xdist
+    worker extracts its share of the features (``prepare``): otherwise that one worker would extract them alone."""
+    prompts = ev.inputs.prompts
+
+    def produce(todo: list[Request]) -> list[Produced]:
+        res = simulate(ev, ev.features(side), budgets)
+        tensors = {}
+        for n, p in enumerate(prompts):
+            tensors[f"chain/{n}"] = torch.tensor(res[p.id].chain.accept_lengths, dtype=torch.int32)
+            for b in budgets:
+                tensors[f"ddtree{b}/{n}"] = torch.tensor(res[p.id].ddtree[b].accept_lengths, dtype=torch.int32)
+        return [Produced(tensors, {"prompt_ids": [p.id for p in prompts], "side": side.label})]
+
+    req = Request("tau", tau_fields(ev, side, budgets), what=f"τ of every prompt ({side.label})", derived=True)
+    entry = ev.inputs.cache.ensure([Batch([req], produce)], prepare=lambda misses: ev.features(side))[req.key]
+    comps = ev.completions()
+    bs = ev.checkpoint.config.block_size
+    return {p.id: PromptTau(
+        p.id, p.category, TauResult(entry.tensors[f"chain/{n}"].tolist(), bs, "chain"),
+        {b: TauResult(entry.tensors[f"ddtree{b}/{n}"].tolist(), bs, f"ddtree-{b}") for b in budgets},
+        len(comps[p.id].prompt_ids), len(comps[p.id].output_ids)) for n, p in enumerate(prompts)}
+
+
+def simulate(ev: DrafterEvaluation, feats: Features, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
+    """One lock-step simulation of every prompt's chain and DDTree loops on ``feats``."""
+    comps = ev.completions()
+    drafter = ev.drafter
+    dt = next(drafter.parameters()).dtype
+    items = []
+    for p in ev.inputs.prompts:
+        f = torch.cat([feats[p.id][i] for i in ev.layer_ids], dim=-1).to(dt)
+        items.append((f, torch.tensor(comps[p.id].sequence, dtype=torch.long), len(comps[p.id].prompt_ids)))
+    prog = Progress("τ drafting", sum(max(0, int(t.shape[0]) - 1 - n) for _, t, n in items), ev.inputs.progress,
+                    unit="positions")
+    with ev.inputs.meter.timed("drafting"):
+        sims = simulate_tau(drafter, ev.inputs.head, items, budgets, max_blocks=ev.settings.max_blocks)
+    ev.inputs.meter.counts["drafted_blocks"] += sum(r.drafted for r in sims)
+    prog.step(tokens=prog.total, n=prog.total)
+    return {p.id: PromptTau(p.id, p.category, r.chain, r.ddtree, len(comps[p.id].prompt_ids),
+                            len(comps[p.id].output_ids))
+            for p, r in zip(ev.inputs.prompts, sims)}
