@@ -9,6 +9,11 @@ The public face is what this module exports; every other module is private by co
     result = EvalSession(settings).result()      # the typed result behind reports/eval.json
     print(result.tau.mean_tau, result.tau.mean_ddtree)
 
+    from dflash_eval import Evaluator              # evaluate while you train (docs/training-loop.md)
+
+    evaluator = Evaluator(settings, history=True)  # target, prompts, completions and features: once
+    result = evaluator.evaluate(drafter_module, step=step)   # a path, a state dict + config=, or the live module
+
 Packages, by concern: ``options`` (declared once, parsed, preflight checks), ``prompts`` (sets, files, formatting),
 ``target`` (the target model, its kernels and features), ``drafter`` (config, model, checkpoints, checks),
 ``sglang`` (the completion server), ``cache`` (the on-disk cache), ``metrics`` (τ, drift, drift budget, floors,
@@ -43,6 +48,9 @@ _LAZY = {
     "EvalResult": "dflash_eval.suite.results",
     "TauSummary": "dflash_eval.suite.results",
     "PromptTau": "dflash_eval.suite.evaluation",
+    "Evaluator": "dflash_eval.training_loop.evaluator",
+    "History": "dflash_eval.training_loop.history",
+    "CheckpointRecord": "dflash_eval.training_loop.history",
 }
 
 __all__ = ["__version__", *_LAZY, "DFlashEvalError", "ConfigError", "CheckpointError", "ArchitectureMismatch",
@@ -53,6 +61,8 @@ if TYPE_CHECKING:
     from dflash_eval.suite.evaluation import PromptTau
     from dflash_eval.suite.results import EvalResult, TauSummary
     from dflash_eval.suite.session import EvalSession
+    from dflash_eval.training_loop.evaluator import Evaluator
+    from dflash_eval.training_loop.history import CheckpointRecord, History
 
 
 def __getattr__(name: str) -> Any:

@@ -76,18 +76,20 @@ class Evaluator:
         log: where progress lines go (default: nowhere).
         drift_budget: also measure each checkpoint's drift budget (drafter work: one τ simulation per ladder level).
         plateau_window: K of the plateau notice (no gain beyond noise over the last K checkpoints).
+        session_options: passed on to the first :class:`~dflash_eval.suite.session.EvalSession` (e.g. its
+            progress sink), whose stages every later session shares.
     """
 
     def __init__(self, settings: EvalSettings | Mapping[str, Any] | None = None, *,
                  history: History | str | Path | bool | None = None, trackers: Sequence[Any] = (),
                  log: Callable[[str], None] | None = None, worker: tuple[str, int, int] | None = None,
-                 drift_budget: bool = False, plateau_window: int = 4) -> None:
+                 drift_budget: bool = False, plateau_window: int = 4, **session_options: Any) -> None:
         if not isinstance(settings, EvalSettings):
             settings = EvalSettings.from_mapping(dict(settings or {}), base=Path.cwd())
         if plateau_window < 2:
             raise ValueError(f"plateau_window must be >= 2, got {plateau_window}")
         self.settings = settings
-        self.base = EvalSession(settings, worker=worker, log=log)
+        self.base = EvalSession(settings, worker=worker, log=log, **session_options)
         if history is True:
             history = settings.report_dir / "history.jsonl"
         self.history = history if isinstance(history, History) or not history else History(Path(history))
@@ -140,6 +142,8 @@ class Evaluator:
         if drafter is None:
             return self.base
         src = self._input(drafter, config, name)
+        if src.path is not None and str(src.path) in self._pending:
+            return self._pending[str(src.path)]
         session = self._new_session(src)
         if src.path is not None:
             self._pending[str(src.path)] = session

@@ -1,0 +1,112 @@
+"""``dflash-eval gate DIR`` over a training run's checkpoints: evaluated in step order (steps from their names),
+those already in the history skipped on the next run, a new one alone evaluated after it; the history's trend
+table and plot written beside it; the reference drafter's τ and the paired difference in the history and the
+table; TensorBoard and W&B logging where their libraries are installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dflash_eval.cli.main import main
+from dflash_eval.training_loop.history import History
+
+ROOT = Path(__file__).resolve().parents[1]
+DRAFTER, SECOND = ROOT / "fixtures" / "drafter", ROOT / "fixtures" / "second_drafter"
+
+pytestmark = pytest.mark.slow  # evaluates checkpoints on the bundled target
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gate-cache")
+
+
+def gate(run: Path, cache: Path, reports: Path, *extra: str) -> int:
+    return main(["gate", str(run), "--target-model", str(ROOT / "fixtures" / "target"), "--prompts",
+                 str(ROOT / "fixtures" / "prompts.jsonl"), "--num-prompts", "3", "--max-new-tokens", "24",
+                 "--tau-floor", "1.0", "--cache-dir", str(cache), "--report-dir", str(reports), "--quiet", *extra])
+
+
+def test_gate_dir_in_step_order_skipping_recorded_ones(tmp_path, cache, capsys):
+    run = tmp_path / "run"
+    for name, src in (("step_300", DRAFTER), ("checkpoint-100", SECOND), ("global_step200", DRAFTER)):
+        shutil.copytree(src, run / name)
+    (run / "notes.txt").write_text("not a checkpoint")
+    reports = tmp_path / "reports"
+    assert gate(run, cache, reports) == 0
+    hist = History(reports / "history.jsonl")
+    assert [(r.step, Path(r.drafter).name) for r in hist.read()] == [
+        (100, "checkpoint-100"), (200, "global_step200"), (300, "step_300")]
+    assert (reports / "history.md").is_file() and (reports / "history.png").is_file()
+    gate_json = json.loads((reports / "gate.json").read_text())
+    assert [Path(c["drafter"]).name for c in gate_json["checkpoints"]] == ["checkpoint-100", "global_step200",
+                                                                           "step_300"]
+    capsys.readouterr()
+    assert gate(run, cache, reports) == 0  # nothing new
+    assert "no new checkpoint" in capsys.readouterr().out
+    assert len(hist.read()) == 3
+    shutil.copytree(DRAFTER, run / "step_400")
+    assert gate(run, cache, reports) == 0
+    assert [r.step for r in hist.read()] == [100, 200, 300, 400]
+    assert [Path(c["drafter"]).name for c in json.loads((reports / "gate.json").read_text())["checkpoints"]] == [
+        "step_400"]
+
+
+def test_a_regression_beyond_noise_fails_the_gate(tmp_path, cache):
+    run = tmp_path / "run"
+    shutil.copytree(DRAFTER, run / "step_1")
+    shutil.copytree(SECOND, run / "step_2")  # the weaker drafter after the stronger one
+    reports = tmp_path / "reports"
+    assert gate(run, cache, reports) == 1
+    last = History(reports / "history.jsonl").read()[-1]
+    assert last.step == 2 and last.regression and "step 1" in last.regression and last.verdict == "fail"
+    assert "worse than the best checkpoint so far" in (reports / "history.md").read_text()
+
+
+def test_reference_drafter_tau_beside_each_checkpoint(tmp_path, cache):
+    run = tmp_path / "run"
+    shutil.copytree(DRAFTER, run / "step_5")
+    reports = tmp_path / "reports"
+    assert gate(run, cache, reports, "--reference-drafter", str(SECOND)) == 0
+    rec = History(reports / "history.jsonl").read()[-1]
+    ref = rec.reference
+    assert ref is not None and Path(ref["path"]) == SECOND and ref["n"] == 3
+    # the reference's own τ, evaluated as a drafter on the same prompts, and the paired difference
+    alone = tmp_path / "alone"
+    shutil.copytree(SECOND, alone / "step_1")
+    assert gate(alone, cache, tmp_path / "alone-reports") == 0
+    ref_alone = History(tmp_path / "alone-reports" / "history.jsonl").read()[-1]
+    assert ref["mean_tau"] == ref_alone.mean_tau
+    assert ref["mean_diff"] == pytest.approx(rec.mean_tau - ref_alone.mean_tau, abs=1e-12)
+    assert ref["mean_diff"] > 0 and ref["ci95"][0] <= ref["mean_diff"] <= ref["ci95"][1]
+    assert "reference τ" in (reports / "history.md").read_text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed")
+def test_tensorboard_event_files(tmp_path, cache):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    shutil.copytree(DRAFTER, run / "step_7")
+    assert gate(run, cache, tmp_path / "reports", "--tensorboard", str(tmp_path / "tb")) == 0
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    rec = History(tmp_path / "reports" / "history.jsonl").read()[-1]
+    (ev,) = acc.Scalars("tau/mean")
+    assert ev.step == 7 and ev.value == pytest.approx(rec.mean_tau, rel=1e-6)
+    assert "tau/position/1" in acc.Tags()["scalars"] and "tau/ddtree-8" in acc.Tags()["scalars"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
+def test_wandb_offline_run(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    shutil.copytree(DRAFTER, run / "step_9")
+    assert gate(run, cache, tmp_path / "reports", "--wandb", str(tmp_path / "wb")) == 0
+    files = list((tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1 and files[0].stat().st_size > 0
