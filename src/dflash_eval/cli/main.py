@@ -166,12 +166,20 @@ def gate(ns: argparse.Namespace) -> int:
         if not ns.quiet:
             print(m, file=err, flush=True)
 
+    from dflash_eval.suite.progress import throttled
+    from dflash_eval.suite.server_link import ServerLink
+    from dflash_eval.suite.threads import set_torch_threads
+
+    progress = None if ns.quiet else throttled(say, 2.0)
     sessions: list[EvalSession] = []
     try:  # every input of every checkpoint checked before any work: bad input is exit 2
         for d in drafters:
             settings.append(_settings(ns, d))
+            if not sessions:  # the stages of every checkpoint are the first one's: one link, one thread count
+                set_torch_threads(settings[0], 1)
+                server = ServerLink(lambda s=settings[0]: _sglang_client(s))  # connects when a fetch needs it
             sessions.append(EvalSession(settings[-1], worker=("master", 0, 1), log=say,
-                                        shared=sessions[0] if sessions else None))
+                                        shared=sessions[0] if sessions else None, progress=progress, server=server))
             sessions[-1].check_inputs()
     except DFlashEvalError as exc:
         print(f"dflash-eval gate: bad input: {exc}", file=err)
@@ -185,17 +193,12 @@ def gate(ns: argparse.Namespace) -> int:
 
     from dflash_eval.report.format import fmt
     from dflash_eval.report.gate import error_row, gate_row
-    from dflash_eval.suite.progress import throttled
 
     rows: list[Any] = []
     t_all = time.perf_counter()
-    progress = None if ns.quiet else throttled(say, 2.0)
     for s, sess in zip(settings, sessions):
-        sess.inputs.progress = progress
         t0 = time.perf_counter()
         try:
-            if s.completions == "sglang" and not s.cache_only and not sess.references.cached():
-                sess.references.sglang_client = _sglang_client(s)
             row = gate_row(sess.tau_summary(), sess.floors, drafter=str(s.drafter),
                            fingerprint=sess.evaluation.checkpoint.fingerprint)
         except DFlashEvalError as exc:
