@@ -72,12 +72,11 @@ def tau_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         rows.append(["MEAN", fmt(data.get("mean_tau"))] + [fmt(data.get("mean_ddtree", {}).get(b)) for b in bs]
                     + [fmt(data.get("mean_floor"))] + [fmt(data.get("mean_ddtree_floor", {}).get(b)) for b in bs]
                     + ["", verdict_text(bool(data.get("mean_passed")))])
-    online = [(r.get("online") or {}).get("tau") for r in prompts.values()]
-    if any(v is not None for v in online):  # the real speculative loop's τ beside the offline one (--online-tau)
-        _insert_column(header, rows, "online τ", online)
-    server = [r.get("server_accept_length") for r in prompts.values()]
-    if any(v is not None for v in server):  # the SGLang server ran the drafter: its accept length beside offline τ
-        _insert_column(header, rows, "server accept len", server)
+    # Columns shown by the fields' presence (a NaN τ is null in eval.json: the same table from the file and the run)
+    if any(r.get("online") for r in prompts.values()):  # the real speculative loop's τ (--online-tau)
+        _insert_column(header, rows, "online τ", [(r.get("online") or {}).get("tau") for r in prompts.values()])
+    if any("server_accept_length" in r for r in prompts.values()):  # the SGLang server's own accept length
+        _insert_column(header, rows, "server accept len", [r.get("server_accept_length") for r in prompts.values()])
     base = data.get("baseline")
     if base:  # per-prompt baseline τ and delta beside this run's
         header[2:2] = ["baseline τ", "Δτ"]
