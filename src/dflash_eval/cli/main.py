@@ -78,11 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Evaluate each --drafter against the same target and prompts, reusing the "
                                    "target pieces, completions and features across checkpoints; print a comparison "
                                    "table. Exit 0: all pass, 1: any fails, 2: bad input.")
-    g.add_argument("--drafter", action="append", required=True, metavar="CKPT",
-                   help="a drafter checkpoint (directory or training .pt); repeat for several")
+    g.add_argument("--drafter", action="append", default=None, metavar="CKPT",
+                   help="a drafter checkpoint (directory or training .pt); repeat for several (or give DIR)")
     g.add_argument("--json", dest="json_out", metavar="FILE", help="also write the comparison as JSON to FILE")
     g.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     _add_suite_options(g, skip=("drafter",))
+    from dflash_eval.cli.gate_run import add_training_options
+
+    add_training_options(g)
     return ap
 
 
@@ -133,6 +136,32 @@ def _drafter_paths(ns: argparse.Namespace, err: Any) -> list[Path] | None:
     return drafters
 
 
+def _training_run(ns: argparse.Namespace, err: Any) -> list[Any] | None:
+    """``gate DIR`` / ``--drafter-glob``: the run's checkpoints in step order (the first stands in for ``--drafter``
+    while the inputs are checked); [] with ``--drafter``; None (after one message) for bad input."""
+    from dflash_eval.cli.gate_run import first_checkpoints
+
+    run = ns.train_dir is not None or bool(ns.drafter_glob)
+    problem = None
+    if run and ns.drafter:
+        problem = "give --drafter CKPT or a training folder DIR / --drafter-glob GLOB, not both"
+    elif not run and not ns.drafter:
+        problem = "give --drafter CKPT (repeatable), a training folder DIR or --drafter-glob GLOB"
+    found: list[Any] = []
+    if problem is None and run:
+        try:
+            found = first_checkpoints(ns, lambda m: None if ns.quiet else print(m, file=err, flush=True))
+        except DFlashEvalError as exc:
+            problem = str(exc)
+        if problem is None and not found:
+            problem = f"no drafter checkpoints in {ns.train_dir or ', '.join(ns.drafter_glob)}"
+        ns.drafter = [str(found[0].path)] if found else []
+    if problem is not None:
+        print(f"dflash-eval gate: bad input: {problem}", file=err)
+        return None
+    return found
+
+
 def _report(ns: argparse.Namespace, rows: list[Any], settings: EvalSettings, t_all: float) -> int:
     """The comparison table on stdout, the --json file, gate.json and gate.md; the exit status."""
     from dflash_eval.common.atomic import atomic_write_text
@@ -153,6 +182,9 @@ def _report(ns: argparse.Namespace, rows: list[Any], settings: EvalSettings, t_a
 
 def gate(ns: argparse.Namespace) -> int:
     err = sys.stderr
+    found = _training_run(ns, err)
+    if found is None:
+        return EXIT_BAD_INPUT
     drafters = _drafter_paths(ns, err)
     if drafters is None:
         return EXIT_BAD_INPUT
@@ -160,7 +192,7 @@ def gate(ns: argparse.Namespace) -> int:
     from dflash_eval.common.torch_check import require_torch
 
     require_torch()  # before the session module imports it (ConfigError: exit 2 naming how to install it)
-    from dflash_eval.suite.session import EvalSession
+    from dflash_eval.cli.gate_run import gate_training_run, judged_row, make_evaluator, write_trend
 
     def say(m: str) -> None:
         if not ns.quiet:
@@ -171,15 +203,15 @@ def gate(ns: argparse.Namespace) -> int:
     from dflash_eval.suite.threads import set_torch_threads
 
     progress = None if ns.quiet else throttled(say, 2.0)
-    sessions: list[EvalSession] = []
+    sessions: list[Any] = []
     try:  # every input of every checkpoint checked before any work: bad input is exit 2
         for d in drafters:
             settings.append(_settings(ns, d))
             if not sessions:  # the stages of every checkpoint are the first one's: one link, one thread count
                 set_torch_threads(settings[0], 1)
                 server = ServerLink(lambda s=settings[0]: _sglang_client(s))  # connects when a fetch needs it
-            sessions.append(EvalSession(settings[-1], worker=("master", 0, 1), log=say,
-                                        shared=sessions[0] if sessions else None, progress=progress, server=server))
+                evaluator = make_evaluator(ns, settings[0], log=say, progress=progress, server=server)
+            sessions.append(evaluator.session(d))  # every checkpoint evaluated through the one Evaluator
             sessions[-1].check_inputs()
     except DFlashEvalError as exc:
         print(f"dflash-eval gate: bad input: {exc}", file=err)
@@ -192,21 +224,23 @@ def gate(ns: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
     from dflash_eval.report.format import fmt
-    from dflash_eval.report.gate import error_row, gate_row
 
     rows: list[Any] = []
     t_all = time.perf_counter()
-    for s, sess in zip(settings, sessions):
-        t0 = time.perf_counter()
-        try:
-            row = gate_row(sess.tau_summary(), sess.floors, drafter=str(s.drafter),
-                           fingerprint=sess.evaluation.checkpoint.fingerprint)
-        except DFlashEvalError as exc:
-            row = error_row(str(s.drafter), exc)
-        row.seconds = round(time.perf_counter() - t0, 3)
+    if found:  # a training run: its checkpoints in step order, those in the history skipped, --watch
+        rows = gate_training_run(ns, evaluator, found, say=say)
+    for s, sess in zip(settings, sessions if not found else []):
+        row = judged_row(evaluator, sess)
         say(f"[dflash-eval] {s.drafter}: {'PASS' if row.passed else 'FAIL'} in {fmt(row.seconds, 2)} s")
         rows.append(row)
-    return _report(ns, rows, settings[0], t_all)
+    evaluator.close()
+    trend = write_trend(evaluator)
+    if not rows:
+        print(f"no new checkpoint to evaluate; history: {', '.join(str(p) for p in trend)}")
+        return EXIT_OK
+    code = _report(ns, rows, settings[0], t_all)
+    print("history: " + ", ".join(str(p) for p in trend))
+    return code
 
 
 def run_suite(args: list[str], *, command: str = "run", plugins: list[Any] | None = None) -> int:

@@ -69,8 +69,10 @@ class EvalSettings:
     drafter: Path = opt(Path("fixtures/drafter"), "drafter: a released directory (config.json + model.safetensors) "
                         "or a training .pt file", "path", outside=REQUIRED)
     drafter_config: Path | None = opt(None, "config.json for a bare .pt drafter without an embedded config", "path")
-    reference_drafter: Path | None = opt(None, "a reference drafter directory: test_checkpoint lists every "
-                                         "architecture difference against it", "path", commands=_RUN)
+    reference_drafter: Path | None = opt(None, "a reference drafter directory: its τ on the same prompts is "
+                                         "reported beside the drafter's with the paired difference, and "
+                                         "test_checkpoint lists every architecture difference against it", "path",
+                                         commands=_RUN_GATE)
     prompts: str = opt(DEFAULT_PROMPTS, "prompt sets and files, comma-separated: built-in sets by name (gsm8k, "
                        "math500, humaneval, mbpp, mt-bench; NAME:N for the first N), local data NAME=PATH[:FIELD][:N] "
                        "(datasets save_to_disk folder, parquet, arrow, json, jsonl), .yaml/.toml set definitions and "
