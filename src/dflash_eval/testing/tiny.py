@@ -33,8 +33,14 @@ _TEXT = [
 ]
 
 
-def build_tokenizer(out_dir: Path, vocab_size: int = 300, texts: list[str] | None = None) -> Any:
-    """Train a small byte-level BPE tokenizer and save it as a standard HF fast tokenizer."""
+def build_tokenizer(out_dir: Path, vocab_size: int = 300, texts: list[str] | None = None, *,
+                    min_frequency: int = 0, model_max_length: int | None = None) -> Any:
+    """Train a byte-level BPE tokenizer with ``<|endoftext|>`` (eos, pad) and ``<|mask|>`` (mask) and save it as a
+    standard HF fast tokenizer in ``out_dir``; returns it.
+
+    ``texts``: the training text (default: a few lines of code and prose); ``min_frequency``: the fewest
+    occurrences of a merge (the trainer's default 0 when not given); ``model_max_length``: recorded in
+    tokenizer_config.json when given."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -43,12 +49,15 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 300, texts: list[str] | Non
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
+        min_frequency=min_frequency,
         special_tokens=[EOS_TOKEN, MASK_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts or _TEXT * 4, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, mask_token=MASK_TOKEN, pad_token=EOS_TOKEN)
+    limits = {} if model_max_length is None else {"model_max_length": model_max_length}
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, mask_token=MASK_TOKEN, pad_token=EOS_TOKEN,
+                                   **limits)
     fast.save_pretrained(str(out_dir))
     return fast
 
