@@ -595,34 +595,6 @@ def test_trickling_body_is_bounded_by_total_timeout(canned: Callable) -> None:
     assert not any(t.name.startswith("sglang-post") for t in threading.enumerate())
 
 
-def fetch_and_cache(url: str, prompts: list[list[int]], cache_file: Path, max_new_tokens: int) -> list[Completion]:
-    """The caller pattern used by the golden-completion cache: write only what generate_greedy returned."""
-    completions = generate_greedy(url, prompts, max_new_tokens=max_new_tokens, timeout_s=5, batch_size=2)
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    cache_file.write_text(json.dumps([c.output_ids for c in completions]))
-    return completions
-
-
-def test_fetch_and_cache_never_writes_on_error(canned: Callable, tmp_path: Path) -> None:
-    calls = {"n": 0}
-
-    def second_batch_bad(path: str, req: Any) -> tuple[int, bytes]:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            return echo_batch(path, req)  # first request fine ...
-        return 200, json.dumps([item([1, 2])]).encode()  # ... second one short
-
-    cache = tmp_path / "cache" / "golden.json"
-    for responder in (second_batch_bad, lambda p, r: (500, b"boom"), lambda p, r: (200, b"[{")):
-        server = canned(responder)
-        with pytest.raises(SGLangError):
-            fetch_and_cache(server.url, [[1], [2], [3], [4]], cache, max_new_tokens=2)
-        assert not cache.exists()
-    good = canned(echo_batch)
-    fetch_and_cache(good.url, [[1], [2], [3]], cache, max_new_tokens=2)
-    assert json.loads(cache.read_text()) == [[1, 1], [2, 2], [3, 3]]
-
-
 def test_input_validation(canned: Callable) -> None:
     server = canned(echo_batch)
     with pytest.raises(SGLangError, match="max_new_tokens"):

@@ -63,17 +63,6 @@ def run_suite(tmp: Path, *args: str, timeout: float = 300) -> subprocess.Complet
 def group_gone(pgid: int) -> bool:
     """No live (non-zombie) process is left in group ``pgid``."""
     return not group_members(pgid)
-    # members may be zombies not yet reaped by their (dead) parent: count only live ones
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                text = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = text[text.rfind(")") + 2:].split()
-            if len(fields) >= 3 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-                return False
-    return True
 
 
 def standin_pids(port: int) -> list[int]:
@@ -230,6 +219,25 @@ def test_a_server_wrong_on_a_later_prompt_fails_naming_it_and_caches_nothing(tmp
     # the cache directory holds no completion entry at all: not the wrong one, nor (by design) the right ones
     cached = cached_completions(tmp_path / "cache")
     assert ids[1] not in cached and cached == {}, cached
+    assert not list((tmp_path / "cache").glob("v1/completion/*/*/data.safetensors"))
+    assert standin_pids(port) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "says"), [("malformed-json", "the body is not valid JSON"),
+                                            ("generate-500", "HTTP 500")])
+def test_a_failed_fetch_fails_naming_the_url_and_caches_nothing(tmp_path: Path, mode: str, says: str) -> None:
+    """The suite's own fetch (the references stage through the SGLang client and the cache): a server whose
+    ``POST /generate`` answer is cut off or an HTTP error fails the run naming the URL and what was wrong, and the
+    cache holds no completion entry (a later run must not find a partial answer as ``source: sglang``)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = run_suite(tmp_path, "--sglang-launch", standin_cmd(port, "--mode", mode), "--sglang-url", url)
+    assert proc.returncode == 1, show(proc)
+    assert f"POST {url}/generate" in proc.stdout and says in proc.stdout, show(proc)
+    log = (tmp_path / "reports" / "sglang-server.log").read_text()
+    assert request_counts(log)["POST /generate"] >= 1, log
+    assert cached_completions(tmp_path / "cache") == {}
     assert not list((tmp_path / "cache").glob("v1/completion/*/*/data.safetensors"))
     assert standin_pids(port) == []
 
