@@ -241,7 +241,8 @@ def test_design_page_names_every_package_and_only_modules_that_exist():
 def test_link_checker_finds_dead_links_and_anchors(tmp_path):
     md = tmp_path / "x.md"
     (tmp_path / "there.md").write_text("# A title: with `code`, and (parens)\n## Twice\n## Twice\n")
-    md.write_text("# Here\n[a](there.md) [b](missing.md#part) [c](https://example.com/x) [d](#here) ![e](img/none.png)\n"
+    md.write_text("# Here\n[a](there.md) [b](missing.md#part) [c](https://example.com/x) [d](#here)\n"
+                  "![e](img/none.png)\n"
                   "[f](there.md#a-title-with-code-and-parens) [g](there.md#twice-1) [h](there.md#nowhere) [i](#gone)\n"
                   "```\n[not a link](nowhere.md)\n```\n")
     assert dead_links(md) == ["missing.md#part", "img/none.png", "there.md#nowhere", "#gone"]
@@ -260,7 +261,8 @@ def test_name_checker_tells_modules_from_missing_ones():
 def test_design_table_reader(tmp_path):
     md = tmp_path / "design.md"
     md.write_text("| package | concern | modules |\n|---|---|---|\n"
-                  "| `cache/` | the cache | `store` (`Cache`: read, `ensure`), `keys` (keys (sha256)); `eval.schema.json` |\n")
+                  "| `cache/` | the cache | `store` (`Cache`: read, `ensure`), `keys` (keys (sha256)); "
+                  "`eval.schema.json` |\n")
     assert design_table(md) == {"cache": ["store", "keys", "eval.schema.json"]}
 
 
