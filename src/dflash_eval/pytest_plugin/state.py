@@ -60,12 +60,13 @@ def get_session(config: pytest.Config) -> EvalSession:
         from dflash_eval.options.settings import worker_info
         from dflash_eval.pytest_plugin.progress_reporter import progress_sink
         from dflash_eval.suite.server_link import ServerLink
-        from dflash_eval.suite.session import EvalSession
         from dflash_eval.suite.threads import set_torch_threads
+        from dflash_eval.training_loop.evaluator import Evaluator
 
         set_torch_threads(settings, worker_info()[2])  # once per process, before any stage computes
-        # the sglang fixture attaches its service's client to the link when completions are not cached
-        session = EvalSession(settings, progress=progress_sink(config), server=ServerLink())
+        # the sglang fixture attaches its service's client to the link when completions are not cached; the
+        # session is the Evaluator's own (the API a training loop and dflash-eval gate use)
+        session = Evaluator(settings, progress=progress_sink(config), server=ServerLink()).base
         config.stash[SESSION] = session
         _freeze_heap_at_exit()
     return config.stash[SESSION]

@@ -46,12 +46,14 @@ class EvalSession:
     def __init__(self, settings: EvalSettings, *, worker: tuple[str, int, int] | None = None,
                  log: Callable[[str], None] | None = None, shared: EvalSession | None = None,
                  checkpoint: Any = None, live: Any = None, progress: Sink | None | str = DEFAULT_PROGRESS,
-                 server: ServerLink | None = None) -> None:
+                 server: ServerLink | None = None, yardstick: Any = None) -> None:
         """``checkpoint`` / ``live``: a drafter given in memory (:class:`~dflash_eval.suite.evaluation.
         DrafterEvaluation`); :class:`dflash_eval.Evaluator` makes them. ``progress``: where long productions
         report (:class:`~dflash_eval.suite.inputs.Inputs`); ``server``: how the completions stage reaches a ready
         SGLang server (:class:`~dflash_eval.suite.server_link.ServerLink`; ``--completions sglang`` on a cold
-        cache). A ``shared`` session's stages come with its progress sink and server link."""
+        cache). A ``shared`` session's stages come with its progress sink and server link. ``yardstick``: what
+        measures ``--reference-drafter``'s τ once per process (``reference()``, ``reference_measured``: the
+        :class:`dflash_eval.Evaluator`)."""
         if shared is not None:
             shared.inputs.check_shareable(settings)
             self.inputs, self.references, self.store = shared.inputs, shared.references, shared.store
@@ -65,6 +67,7 @@ class EvalSession:
         self._tau_summary: TauSummary | None = None
         self._floors: Floors | None = None
         self._baseline: Baseline | None = None
+        self._yardstick = yardstick
 
     # The questions the suite's tests and the CLI ask, each answered by one stage.
     @property
@@ -175,10 +178,19 @@ class EvalSession:
             self._tau_summary = tau_summary(self.evaluation, self.floors, self.baseline_comparison(), online)
         return self._tau_summary
 
+    def reference_comparison(self) -> dict[str, Any] | None:
+        """eval.json's ``drafter.reference``: ``--reference-drafter``'s τ on these prompts (measured on first use)
+        and the paired difference of this drafter's chain τ against it (None without a reference drafter)."""
+        ref = self._yardstick.reference() if self._yardstick is not None else None
+        return None if ref is None else ref.block({p: r["tau"] for p, r in self.tau_summary().prompts.items()})
+
     def result(self) -> EvalResult:
         """What this process measured, judged (never computes anything new)."""
         fp = self.store.fingerprint() if self.store.fingerprint_computed else None
         tau = self.tau_summary() if self.evaluation.tau_computed else None
         context = self.run_context() if self.evaluation.checkpoint_read and self.inputs.identity_known else None
-        return build_result(self.evaluation, tau=tau, sglang=self.references.server.info, fingerprint=fp,
-                            context=context)
+        result = build_result(self.evaluation, tau=tau, sglang=self.references.server.info, fingerprint=fp,
+                              context=context)
+        if tau is not None and result.drafter is not None and getattr(self._yardstick, "reference_measured", False):
+            result.drafter["reference"] = self.reference_comparison()
+        return result

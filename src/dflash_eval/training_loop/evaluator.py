@@ -89,7 +89,7 @@ class Evaluator:
         if plateau_window < 2:
             raise ValueError(f"plateau_window must be >= 2, got {plateau_window}")
         self.settings = settings
-        self.base = EvalSession(settings, worker=worker, log=log, **session_options)
+        self.base = EvalSession(settings, worker=worker, log=log, yardstick=self, **session_options)
         if history is True:
             history = settings.report_dir / "history.jsonl"
         self.history = history if isinstance(history, History) or not history else History(Path(history))
@@ -133,7 +133,7 @@ class Evaluator:
 
     def _new_session(self, src: DrafterInput) -> EvalSession:
         settings = replace(self.settings, drafter=src.path) if src.path is not None else self.settings
-        return EvalSession(settings, shared=self.base, checkpoint=src.checkpoint, live=src.live)
+        return EvalSession(settings, shared=self.base, checkpoint=src.checkpoint, live=src.live, yardstick=self)
 
     def session(self, drafter: Any = None, *, config: Any = None, name: str | None = None) -> EvalSession:
         """The :class:`~dflash_eval.suite.session.EvalSession` of ``drafter`` (a path; None: ``settings.drafter``,
@@ -148,6 +148,11 @@ class Evaluator:
         if src.path is not None:
             self._pending[str(src.path)] = session
         return session
+
+    @property
+    def reference_measured(self) -> bool:
+        """Whether :meth:`reference` measured the reference drafter's τ already."""
+        return self._reference is not None
 
     def reference(self) -> ReferenceTau | None:
         """τ of ``--reference-drafter`` on the shared prompts, measured once (None without it)."""
@@ -170,15 +175,13 @@ class Evaluator:
         session = self._pending.pop(str(src.path), None) if src.path is not None else None
         session = session or self._new_session(src)
         with evaluation_mode(src.module):
-            summary = session.tau_summary()
+            session.tau_summary()
+            self.reference()  # the reference drafter's τ (once), beside the drafter's in drafter.reference
             if self.drift_budget:
                 session.drift_budget()
             result = session.result()
         assert result.drafter is not None and result.tau is not None
         result.drafter.update(path=src.label, step=step)
-        reference = self.reference()
-        if reference is not None:
-            result.drafter["reference"] = reference.block({p: r["tau"] for p, r in summary.prompts.items()})
         record = CheckpointRecord.of(result, step=step, digest=self.digest, reasons=checkpoint_reasons(session))
         record = self.history.append(record, window=self.plateau_window) if self.history else \
             record.judged([r for r in self.records if r.settings_digest == self.digest], self.plateau_window)
