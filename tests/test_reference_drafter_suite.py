@@ -15,7 +15,7 @@ TARGET, DRAFTER = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter"
 SECOND = ROOT / "fixtures" / "second_drafter"
 pytestmark = pytest.mark.slow
 
-SELECT = "test_tau_against_reference_drafter or test_matches_reference_drafter or test_mean_tau"
+SELECT = "test_drafter_against_reference or test_matches_reference_drafter or test_mean_tau"
 
 
 def run(pytester, tmp: Path, drafter: Path, reference: Path):  # type: ignore[no-untyped-def]
@@ -32,7 +32,7 @@ def run(pytester, tmp: Path, drafter: Path, reference: Path):  # type: ignore[no
 def test_reference_drafter_tests_run_and_report(pytester, suite_checkout, tmp_path):
     suite_checkout()
     res, outcomes, data = run(pytester, tmp_path, DRAFTER, SECOND)
-    assert outcomes == {"test_matches_reference_drafter": "passed", "test_tau_against_reference_drafter": "passed",
+    assert outcomes == {"test_matches_reference_drafter": "passed", "test_drafter_against_reference": "passed",
                         "test_mean_tau": "passed"}, res.stdout.str()
     ref = data["drafter"]["reference"]
     assert Path(ref["path"]) == SECOND and set(ref["prompts"]) == set(data["prompts"])
@@ -44,6 +44,6 @@ def test_reference_drafter_tests_run_and_report(pytester, suite_checkout, tmp_pa
 def test_a_drafter_worse_than_its_reference_fails(pytester, suite_checkout, tmp_path):
     suite_checkout()
     res, outcomes, data = run(pytester, tmp_path, SECOND, DRAFTER)  # the roles swapped
-    assert outcomes["test_tau_against_reference_drafter"] == "failed", res.stdout.str()
+    assert outcomes["test_drafter_against_reference"] == "failed", res.stdout.str()
     assert "below the reference drafter's" in res.stdout.str()
     assert data["drafter"]["reference"]["paired"]["ci95"][1] < 0

@@ -13,7 +13,7 @@ import pytest
 from dflash_eval.errors import DFlashEvalError
 
 
-def test_tau_against_reference_drafter(eval_session, tau_results) -> None:
+def test_drafter_against_reference(eval_session, tau_results) -> None:
     if eval_session.settings.reference_drafter is None:
         pytest.skip("no --reference-drafter given")
     try:
