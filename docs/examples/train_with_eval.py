@@ -68,7 +68,20 @@ def collate(examples: list) -> tuple[torch.Tensor, ...]:
                                                                                             examples])
 
 
-def main(argv: list[str] | None = None) -> list[tuple[int, float, float]]:
+def make_evaluator(args: argparse.Namespace, target_dir: Path) -> Evaluator:
+    """The Evaluator of the bundled prompts, with a history of its own in the report folder."""
+    history = Path(args.report_dir) / "history.jsonl"
+    if history.exists():  # a new run: its own history (the records of one run are compared across steps)
+        history.unlink()
+    evaluator = Evaluator({"target_model": str(target_dir), "prompts": str(ROOT / "fixtures" / "prompts.jsonl"),
+                           "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
+                           "report_dir": args.report_dir, "cache_dir": args.cache_dir, "dtype": "fp32"},
+                          history=history)
+    evaluator.check_inputs()
+    return evaluator
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--every", type=int, default=50, help="evaluate every N steps (and at step 0 and the last)")
@@ -79,7 +92,12 @@ def main(argv: list[str] | None = None) -> list[tuple[int, float, float]]:
     ap.add_argument("--report-dir", default="reports/train_with_eval")
     ap.add_argument("--cache-dir", default=".dflash_cache")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[tuple[int, float, float]]:
+    """Train, evaluating every ``--every`` steps; returns (step, mean chain τ, mean DDTree-8 τ) per evaluation."""
+    args = parse_args(argv)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -96,14 +114,7 @@ def main(argv: list[str] | None = None) -> list[tuple[int, float, float]]:
                                  args.seed)
     print(f"training data: {len(examples)} sequences in {time.perf_counter() - t0:.0f} s")
 
-    history = Path(args.report_dir) / "history.jsonl"
-    if history.exists():  # a new run: its own history (the records of one run are compared across steps)
-        history.unlink()
-    evaluator = Evaluator({"target_model": str(target_dir), "prompts": str(ROOT / "fixtures" / "prompts.jsonl"),
-                           "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
-                           "report_dir": args.report_dir, "cache_dir": args.cache_dir, "dtype": "fp32"},
-                          history=history)
-    evaluator.check_inputs()
+    evaluator = make_evaluator(args, target_dir)
     opt = torch.optim.AdamW([{"params": [p for p in drafter.parameters() if p.ndim >= 2], "weight_decay": 0.01},
                              {"params": [p for p in drafter.parameters() if p.ndim < 2], "weight_decay": 0.0}],
                             lr=2e-3, betas=(0.9, 0.95))

@@ -192,7 +192,7 @@ def gate(ns: argparse.Namespace) -> int:
     from dflash_eval.common.torch_check import require_torch
 
     require_torch()  # before the session module imports it (ConfigError: exit 2 naming how to install it)
-    from dflash_eval.cli.gate_run import gate_training_run, judged_row, make_evaluator, write_trend
+    from dflash_eval.cli.gate_run import gate_training_run, judged_row, make_evaluator
 
     def say(m: str) -> None:
         if not ns.quiet:
@@ -233,12 +233,19 @@ def gate(ns: argparse.Namespace) -> int:
         row = judged_row(evaluator, sess)
         say(f"[dflash-eval] {s.drafter}: {'PASS' if row.passed else 'FAIL'} in {fmt(row.seconds, 2)} s")
         rows.append(row)
+    return _finish(ns, evaluator, rows, settings[0], t_all)
+
+
+def _finish(ns: argparse.Namespace, evaluator: Any, rows: list[Any], settings: EvalSettings, t_all: float) -> int:
+    """The trackers closed, the history's trend table and plot, then the gate's report (:func:`_report`)."""
+    from dflash_eval.cli.gate_run import write_trend
+
     evaluator.close()
     trend = write_trend(evaluator)
     if not rows:
         print(f"no new checkpoint to evaluate; history: {', '.join(str(p) for p in trend)}")
         return EXIT_OK
-    code = _report(ns, rows, settings[0], t_all)
+    code = _report(ns, rows, settings, t_all)
     print("history: " + ", ".join(str(p) for p in trend))
     return code
 
