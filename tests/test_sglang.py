@@ -316,6 +316,9 @@ def test_url_trailing_slash_and_scheme_checks() -> None:
     for bad in ("127.0.0.1:30000", "localhost:30000", "gpu-box", "", "ftp://host:1"):
         with pytest.raises(SGLangError, match="scheme|non-empty"):
             normalize_url(bad)
+    for bad in ("http://127.0.0.1:99999", "http://127.0.0.1:port", "http://127.0.0.1:0"):
+        with pytest.raises(SGLangError, match="invalid port"):
+            normalize_url(bad)
     with pytest.raises(SGLangError, match="http://127.0.0.1:30000"):
         wait_until_ready("127.0.0.1:30000", timeout_s=1)
     with pytest.raises(SGLangError, match="scheme"):

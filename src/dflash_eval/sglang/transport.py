@@ -45,9 +45,11 @@ def normalize_url(url: str) -> str:
     if parts.query or parts.fragment:
         raise SGLangError(f"SGLang URL {url!r} must not carry a query or fragment; give the server root")
     try:
-        parts.port  # noqa: B018 - raises ValueError on a bad port
+        port = parts.port  # ValueError for a port that is not a number in 0..65535
     except ValueError as exc:
         raise SGLangError(f"SGLang URL {url!r} has an invalid port: {exc}") from None
+    if port == 0:
+        raise SGLangError(f"SGLang URL {url!r} has an invalid port: 0 (a server listens on 1..65535)")
     return stripped.rstrip("/")
 
 

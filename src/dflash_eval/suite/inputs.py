@@ -79,6 +79,10 @@ class Inputs:
         if problems:
             raise ConfigError("unusable inputs:\n  " + "\n  ".join(problems))
 
+    def check_prompts(self) -> list[Prompt]:
+        """The selected prompts, loaded now: ConfigError naming the file and line of a bad ``--prompts`` entry."""
+        return self.prompts
+
     def check_target_config(self) -> None:
         """config.json readable, valid JSON, with a layer count of at least one (ConfigError naming the file)."""
         layers = self.target_dir.num_layers
@@ -181,28 +185,15 @@ class Inputs:
 
     @property
     def target_identity(self) -> str:
-        """Content hash of the target's config + weights (:meth:`_memoised_identity` unless the model is loaded)."""
+        """Content hash of the target's config + weights (:func:`memoised_identity` unless the model is loaded)."""
         if self._identity is None:
-            self._identity = self.target.identity() if self.target_loaded else self._memoised_identity()
+            self._identity = self.target.identity() if self.target_loaded else memoised_identity(self)
         return self._identity
 
     @property
     def identity_known(self) -> bool:
         """Whether the target's identity was needed (and computed) in this run."""
         return self._identity is not None
-
-    def _memoised_identity(self) -> str:
-        """:meth:`TargetDir.fingerprint`, memoised under each file's device, inode, size, mtime_ns and ctime_ns
-        (replacing or rewriting a file changes its inode or ctime even when size and mtime are restored);
-        ``--rehash`` re-hashes the files and overwrites the memo."""
-        d = self.target_dir
-        with self.meter.timed("target_hash"):
-            try:
-                files = [d.path / "config.json", *d.weight_files()]
-                stamp = {"path": str(d.path.resolve()), "files": [_file_stamp(f) for f in files if f.is_file()]}
-                return self.cache.memo("target_identity", stamp, d.fingerprint, refresh=self.settings.rehash)
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"cannot read the target model at {d.path}: {exc} (pass --target-model DIR)") from exc
 
     @cached_property
     def num_layers(self) -> int | None:
@@ -313,3 +304,17 @@ def describe_target(inp: Inputs) -> dict[str, Any] | None:
             "vocab_size": cfg.get("vocab_size"), "layer_types": cfg.get("layer_types"),
             "dtype": str(inp.settings.torch_dtype).removeprefix("torch."),
             "device": str(inp.settings.torch_device), "loaded": False}
+
+
+def memoised_identity(inp: Inputs) -> str:
+    """:meth:`TargetDir.fingerprint`, memoised under each file's device, inode, size, mtime_ns and ctime_ns
+    (replacing or rewriting a file changes its inode or ctime even when size and mtime are restored);
+    ``--rehash`` re-hashes the files and overwrites the memo."""
+    d = inp.target_dir
+    with inp.meter.timed("target_hash"):
+        try:
+            files = [d.path / "config.json", *d.weight_files()]
+            stamp = {"path": str(d.path.resolve()), "files": [_file_stamp(f) for f in files if f.is_file()]}
+            return inp.cache.memo("target_identity", stamp, d.fingerprint, refresh=inp.settings.rehash)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read the target model at {d.path}: {exc} (pass --target-model DIR)") from exc

@@ -121,7 +121,12 @@ class TargetDir:
 
     @cached_property
     def raw(self) -> dict[str, Any]:
-        """The parsed config.json as written."""
+        """The parsed config.json as written (:meth:`check_config`, once)."""
+        return self.check_config()
+
+    def check_config(self) -> dict[str, Any]:
+        """config.json parsed: ConfigError naming the directory or the file when it is missing, unreadable, not JSON
+        or not a JSON object."""
         if not self.path.is_dir():
             raise ConfigError(f"target model directory not found: {self.path} (pass --target-model DIR)")
         if not self.config_file.is_file():
@@ -207,7 +212,7 @@ class TargetDir:
     def check_json_files(self) -> None:
         """Parse config.json and every JSON tokenizer file; ConfigError naming the file and the JSON error (the
         first bad file) instead of a tokenizer library's traceback later."""
-        self.raw  # noqa: B018
+        self.check_config()
         for f in self.tokenizer_files():
             if f.suffix == ".json":
                 _read_json(f)

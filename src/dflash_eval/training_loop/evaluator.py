@@ -121,7 +121,7 @@ class Evaluator:
 
             raise ConfigError(f"unusable inputs:\n  {problem}")
         self.inputs.target_dir.check_json_files()
-        self.inputs.prompts  # noqa: B018 - JSONL errors name the line
+        self.inputs.check_prompts()  # JSONL errors name the line
 
     # ------------------------------------------------------------------------------------------------ sessions
     def _input(self, drafter: Any, config: Any, name: str | None) -> DrafterInput:
