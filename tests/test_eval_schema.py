@@ -98,10 +98,10 @@ def test_junit_properties_give_mean_tau_and_verdict():
     data["mean_tau"], data["mean_passed"] = 1.5, True
     props = junit_properties(data)
     assert props["dflash_eval.mean_tau"] == 1.5 and props["dflash_eval.mean_floor"] == 1.5
-    assert props["dflash_eval.failed_prompts"] == 1 and props["dflash_eval.metrics.verdict"] == "FAIL"
+    assert props["dflash_eval.failed_prompts"] == 1 and props["dflash_eval.verdict"] == "FAIL"
     data["prompts"]["c"]["passed"] = True
     data["categories"] = {}
-    assert junit_properties(data)["dflash_eval.metrics.verdict"] == "PASS"
+    assert junit_properties(data)["dflash_eval.verdict"] == "PASS"
     assert junit_properties({"prompts": {}}) == {}
 
 

@@ -64,7 +64,7 @@ def test_default_xunit2_has_no_warning_and_suite_properties(pytester, monkeypatc
     assert "warning" not in res.parseoutcomes(), out
     props = _suite_properties(root)
     data = json.loads((tmp_path / "x2" / "eval.json").read_text())
-    assert props["dflash_eval.metrics.verdict"] == "PASS" and props["dflash_eval.prompts"] == "2"
+    assert props["dflash_eval.verdict"] == "PASS" and props["dflash_eval.prompts"] == "2"
     assert float(props["dflash_eval.mean_tau"]) == pytest.approx(data["mean_tau"], abs=1e-4)
     assert len(data["prompts"]) == 2
     for pid, r in data["prompts"].items():  # τ of every τ test, per prompt
@@ -93,4 +93,4 @@ def test_default_xunit2_has_no_warning_and_suite_properties(pytester, monkeypatc
     first = next(iter(data["prompts"]))
     assert float(case_props[f"test_tau[{first}]"]["tau"]) == pytest.approx(data["prompts"][first]["tau"], abs=1e-4)
     assert case_props["test_mean_tau"]["verdict"] == "PASS"
-    assert _suite_properties(root)["dflash_eval.metrics.verdict"] == "PASS"
+    assert _suite_properties(root)["dflash_eval.verdict"] == "PASS"

@@ -57,6 +57,6 @@ def test_own_test_file_is_recorded_like_the_suite(pytester, monkeypatch, tmp_pat
 
     props = {p.get("name"): p.get("value") for p in ET.parse(tmp_path / "junit.xml").getroot().iter("property")
              if p.get("name", "").startswith("dflash")}
-    assert props["dflash_eval.metrics.verdict"] == "PASS" and props["dflash_eval.prompts"] == "2"
+    assert props["dflash_eval.verdict"] == "PASS" and props["dflash_eval.prompts"] == "2"
     assert float(props["dflash_eval.mean_tau"]) == pytest.approx(data["mean_tau"], abs=1e-4)
     assert props["dflash_eval.mean_floor"] == "1.0" and "dflash_eval.mean_ddtree8" in props

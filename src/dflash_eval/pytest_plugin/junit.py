@@ -5,7 +5,7 @@ properties only there), added by the xdist controller from the merged results, s
 sees the numbers without opening eval.json:
 
 - the run: ``dflash_eval.mean_tau``, ``dflash_eval.mean_floor``, ``dflash_eval.mean_ddtree<N>``,
-  ``dflash_eval.prompts`` (how many were evaluated), ``dflash_eval.failed_prompts``, ``dflash_eval.metrics.verdict``
+  ``dflash_eval.prompts`` (how many were evaluated), ``dflash_eval.failed_prompts``, ``dflash_eval.verdict``
   (``PASS`` / ``FAIL``: the mean and every gated prompt and category against their floors) and, when the drift
   gate ran, ``dflash_eval.drift_gate`` (``PASS`` / ``FAIL`` / ``INCONCLUSIVE``);
 - each prompt (the τ tests ``test_tau[<prompt>]`` and ``test_ddtree_tau[<prompt>-ddtree<N>]``):
@@ -44,7 +44,7 @@ def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
         out[f"dflash_eval.mean_ddtree{b}"] = _round(v)
     out["dflash_eval.prompts"] = len(prompts)
     out["dflash_eval.failed_prompts"] = len(failed)
-    out["dflash_eval.metrics.verdict"] = "PASS" if tau_verdict(data) else "FAIL"
+    out["dflash_eval.verdict"] = "PASS" if tau_verdict(data) else "FAIL"
     gate = gate_outcome(data)
     if gate is not None:
         out["dflash_eval.drift_gate"] = gate.upper()
