@@ -198,6 +198,20 @@ def test_wrong_model_fails_before_any_completion(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_sglang_model_name_is_the_name_the_server_must_serve(tmp_path: Path) -> None:
+    """``--sglang-model-name`` replaces the target folder's name as what ``/model_info`` must match: the stand-in
+    serving ``fixtures/target`` (accepted without the option) is refused for another name before any completion."""
+    port = free_port()
+    proc = run_suite(tmp_path, "--sglang-launch", standin_cmd(port), "--sglang-url", f"http://127.0.0.1:{port}",
+                     "--sglang-model-name", "Qwen3-8B")
+    assert proc.returncode == 1, show(proc)
+    assert "serves the wrong model: expected 'Qwen3-8B'" in proc.stdout, show(proc)
+    assert "POST /generate" not in (tmp_path / "reports" / "sglang-server.log").read_text()
+    assert not list((tmp_path / "cache").glob("v1/completion/*/*/manifest.json"))
+    assert standin_pids(port) == []
+
+
+@pytest.mark.slow
 def test_a_server_wrong_on_a_later_prompt_fails_naming_it_and_caches_nothing(tmp_path: Path) -> None:
     """The server answers the first prompt right and the second wrong (a replica behind a router serving other
     weights): every completion of the fetch is checked against the local target, the run fails naming the wrong
