@@ -27,7 +27,7 @@ current directory (the bundled-fixture defaults, e.g. ``fixtures/target``, apply
 repository). Ini files are not read. The others (the recording options, the drift tolerances, ...) are refused.
 
 ``dflash-eval record ...`` (:mod:`dflash_eval.cli.record`) records a new model's floors, snapshots and fingerprint;
-``dflash-eval sets`` (:mod:`dflash_eval.cli.sets`) lists the built-in prompt sets.
+``dflash-eval sets`` (:mod:`dflash_eval.cli.list_sets`) lists the built-in prompt sets.
 
 Example::
 
@@ -336,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         return record_command(argv[1:])
     if argv[:1] == ["gate"] and _refuse(argv[1:]):
         return EXIT_BAD_INPUT
-    if argv[:1] == ["sets"]:  # its own parser (dflash_eval.cli.sets); no torch import
-        from dflash_eval.cli.sets import sets_command
+    if argv[:1] == ["sets"]:  # its own parser (dflash_eval.cli.list_sets); no torch import
+        from dflash_eval.cli.list_sets import sets_command
 
         return sets_command(argv[1:])
     ap = build_parser()
