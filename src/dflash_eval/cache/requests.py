@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -131,17 +131,31 @@ class StepReporter(Protocol):
 class _Run:
     """One :func:`ensure` call's state: the entries served so far, and what this process produced."""
 
-    def __init__(self, cache: Cache, batches: Sequence[Batch], progress: Callable[[int], StepReporter] | None) -> None:
-        self.cache, self.batches, self.progress_factory = cache, list(batches), progress
+    def __init__(self, cache: Cache, batches: Sequence[Batch], progress: Callable[[int], StepReporter] | None,
+                 keep: bool = True) -> None:
+        self.cache, self.batches, self.progress_factory, self.keep = cache, list(batches), progress, keep
         self.entries: dict[str, CacheEntry] = {}
         self.reporter: StepReporter | None = None
+
+    def _find(self, r: Request, *, count: bool = True) -> CacheEntry | None:
+        """The entry serving ``r`` (read and checked), or, when entries are not kept, a tensorless stand-in for an
+        entry that is present (its consumer reads and checks it: :meth:`Cache.lookup`)."""
+        if self.keep:
+            return self.cache.lookup(r, count=count)
+        if not self.cache.has(r):
+            return None
+        if count:
+            self.cache.stats.hits += 1
+        from dflash_eval.cache.store import CacheEntry
+
+        return CacheEntry(r.kind, r.key, {}, {}, {})
 
     def lookup(self) -> list[Request]:
         """Read every request (its alternatives too); the misses, in order."""
         misses = []
         for b in self.batches:
             for r in b.requests:
-                e = self.cache.lookup(r)
+                e = self._find(r)
                 if e is None:
                     misses.append(r)
                 else:
@@ -170,12 +184,12 @@ class _Run:
                 from dflash_eval.cache.store import CacheEntry
 
                 e = CacheEntry(r.kind, r.key, p.tensors, p.meta, {"fields": dict(r.fields)}, produced=True)
-            self.entries[r.key] = e
+            self.entries[r.key] = e if self.keep else replace(e, tensors={})
             if r in b.requests and r.item:
                 tokens[r.item] = max(tokens.get(r.item, 0), p.tokens)
-        for n in tokens.values():
-            if self.reporter is not None:
-                self.reporter.step(n)
+        if self.reporter is not None and tokens:  # one step for the batch: its items finished together, and an
+            # ETA taken between the first item's step and the others' would extrapolate one item from the whole time
+            self.reporter.step(sum(tokens.values()), n=len(tokens))
 
     def produce_all(self, misses: list[Request], worker_index: int, worker_count: int) -> None:
         needed = [b for b in self.batches if any(r.key not in self.entries for r in b.requests)]
@@ -205,7 +219,7 @@ class _Run:
         for r in misses:
             if r.key in self.entries:
                 continue
-            e = self.cache.lookup(r, count=False)
+            e = self._find(r, count=False)
             if e is None:
                 raise CacheError(f"{r.label} ({r.kind}/{r.key[:16]} under {self.cache.root}) is missing after its "
                                  "production: is the cache directory writable, or did another process remove it?")
@@ -217,9 +231,11 @@ class _Run:
 
 def ensure(cache: Cache, batches: Sequence[Batch], *, prepare: Callable[[list[Request]], None] | None = None,
            progress: Callable[[int], StepReporter] | None = None, worker_index: int = 0,
-           worker_count: int = 1) -> dict[str, CacheEntry]:
-    """Every request of ``batches`` served (see module docstring): ``{request.key: entry}``."""
-    run = _Run(cache, batches, progress)
+           worker_count: int = 1, keep: bool = True) -> dict[str, CacheEntry]:
+    """Every request of ``batches`` served (see module docstring): ``{request.key: entry}``. ``keep=False``: the
+    entries are made present (produced where missing) but not read: their tensors are not held (``{}``), and each
+    is read and checked by its consumer when needed (a stage whose entries together exceed memory)."""
+    run = _Run(cache, batches, progress, keep)
     misses = run.lookup()
     if not misses:
         return run.entries

@@ -11,11 +11,18 @@ The key is the sha256 of the canonical JSON of the *key fields* (for features: t
 ids, the target layer id, the backend actually used, dtype, device kind and library versions; for completions:
 target identity, prompt ids, max_new_tokens and the source). An entry from one backend is therefore never served
 for another. Each file is written atomically (:mod:`dflash_eval.common.atomic`) and the manifest is written LAST: an
-entry without a manifest does not exist. On read the data file's size and sha256 are checked against the
-manifest, and the entry against what the reader expects (:class:`~dflash_eval.cache.entry_checks.Expected`: the manifest's
-key fields, each tensor's dtype and shape, provenance); a truncated, corrupted or unfitting entry is reported
+entry without a manifest does not exist. On read the data file's size is checked against the manifest, and its
+sha256, computed over the bytes read (the file is read once), on the first read of the entry in this process and
+whenever the file's size, mtime or inode changed since; then the entry against what the reader expects
+(:class:`~dflash_eval.cache.entry_checks.Expected`: the manifest's key fields, each tensor's dtype and shape,
+provenance); a truncated, corrupted or unfitting entry is reported
 (:class:`CacheCorruption` warning) and treated as a miss (recomputed), or raises
 :class:`~dflash_eval.errors.CacheError` in ``cache_only`` mode.
+
+Entries are written without fsync: the rename keeps a reader of a running machine from ever seeing a partial file,
+and an entry torn by a power loss or kernel crash fails its size or sha256 on its first read in the next session,
+like any truncated or planted entry, and is recomputed. What is not re-checked: a file rewritten in place, after this
+process verified it, to the same size within the same mtime tick.
 
 What a stage needs is stated as typed requests (:class:`~dflash_eval.cache.requests.Request`, grouped into
 :class:`~dflash_eval.cache.requests.Batch` es that one computation produces) and served by :meth:`Cache.ensure`: the
@@ -47,12 +54,12 @@ from typing import Any
 import torch
 from filelock import FileLock, Timeout
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save
 
 from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import cache_key, canonical_json, ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Request, StepReporter, ensure
-from dflash_eval.common.atomic import atomic_write_text, atomic_write_with
+from dflash_eval.common.atomic import atomic_write_bytes, atomic_write_text
 from dflash_eval.errors import CacheError
 
 __all__ = ["Batch", "Cache", "CacheEntry", "CacheCorruption", "Expected", "Produced", "Request", "cache_key",
@@ -65,14 +72,6 @@ _MANIFEST = "manifest.json"
 
 class CacheCorruption(UserWarning):
     """A cache entry failed its integrity check and will be recomputed."""
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass
@@ -121,6 +120,7 @@ class Cache:
         self.worker = worker
         self.lock_timeout_s = lock_timeout_s
         self.stats = CacheStats()
+        self._verified: dict[str, tuple[int, int, int, str]] = {}  # data file -> (size, mtime_ns, inode, sha256)
 
     # ------------------------------------------------------------------------------------------------ paths
     def entry_dir(self, kind: str, key: str) -> Path:
@@ -166,21 +166,8 @@ class Cache:
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 self._corrupt(kind, key, f"unreadable manifest: {type(exc).__name__}: {exc}")
                 return None
-            data = d / _DATA
-            if not data.is_file():
-                self._corrupt(kind, key, f"{_DATA} is missing")
-                return None
-            actual = data.stat().st_size
-            if actual != size:
-                self._corrupt(kind, key, f"{_DATA} has {actual} bytes, manifest says {size}: truncated?")
-                return None
-            if _file_sha256(data) != sha:
-                self._corrupt(kind, key, f"{_DATA} sha256 does not match the manifest")
-                return None
-            try:
-                tensors = load_file(str(data))
-            except (SafetensorError, OSError) as exc:
-                self._corrupt(kind, key, f"safetensors cannot read it: {exc}")
+            tensors = self._data(kind, key, d / _DATA, size, sha)
+            if tensors is None:
                 return None
             why = expect.problem(manifest, tensors) if expect is not None else None
             if why is not None:
@@ -191,6 +178,32 @@ class Cache:
             return CacheEntry(kind, key, tensors, manifest.get("meta", {}), manifest)
         finally:
             self.stats.read_s += time.perf_counter() - t0
+
+    def _data(self, kind: str, key: str, data: Path, size: int, sha: str) -> dict[str, torch.Tensor] | None:
+        """The tensors of an entry's data file, read once: its size checked against the manifest on every read, its
+        sha256 (over the bytes read, not a second pass over the file) on the first read in this process and again
+        whenever the file's size, mtime or inode changed since; None (reported, removed) when either fails or
+        safetensors cannot read it."""
+        try:
+            st = data.stat()
+            if st.st_size != size:
+                self._corrupt(kind, key, f"{_DATA} has {st.st_size} bytes, manifest says {size}: truncated?")
+                return None
+            raw = data.read_bytes()
+        except FileNotFoundError:
+            self._corrupt(kind, key, f"{_DATA} is missing")
+            return None
+        stamp = (st.st_size, st.st_mtime_ns, st.st_ino, sha)
+        if self._verified.get(str(data)) != stamp:
+            if len(raw) != size or hashlib.sha256(raw).hexdigest() != sha:
+                self._corrupt(kind, key, f"{_DATA} sha256 does not match the manifest")
+                return None
+            self._verified[str(data)] = stamp
+        try:
+            return load(raw)
+        except (SafetensorError, OSError) as exc:
+            self._corrupt(kind, key, f"safetensors cannot read it: {exc}")
+            return None
 
     def exists(self, kind: str, key: str) -> bool:
         """Cheap presence test (manifest present); integrity is checked by :meth:`read`."""
@@ -219,19 +232,19 @@ class Cache:
         d = self.entry_dir(kind, key)
         d.mkdir(parents=True, exist_ok=True)
         clean = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-        atomic_write_with(d / _DATA, lambda p: save_file(clean, str(p), metadata={"kind": kind, "key": key}))
-        data = d / _DATA
+        raw = save(clean, metadata={"kind": kind, "key": key})
+        atomic_write_bytes(d / _DATA, raw, durable=False)  # verified on reading: see the module docstring
         manifest = {
             "schema": SCHEMA,
             "kind": kind,
             "key": key,
             "fields": fields,
             "meta": meta or {},
-            "files": {_DATA: {"size": data.stat().st_size, "sha256": _file_sha256(data)}},
+            "files": {_DATA: {"size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "producer": {"worker": self.worker, "pid": os.getpid(), "seconds": seconds},
         }
-        atomic_write_text(d / _MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        atomic_write_text(d / _MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n", durable=False)
         self.stats.produced += 1
         self.stats.write_s += time.perf_counter() - t0
         self._log_production(kind, key, seconds)
@@ -283,12 +296,12 @@ class Cache:
 
     def ensure(self, batches: Sequence[Batch], *, prepare: Callable[[list[Request]], None] | None = None,
                progress: Callable[[int], StepReporter] | None = None, worker_index: int = 0,
-               worker_count: int = 1) -> dict[str, CacheEntry]:
+               worker_count: int = 1, keep: bool = True) -> dict[str, CacheEntry]:
         """Serve every request of ``batches``: lookup, production of the misses (each batch under its lock, spread
         over ``worker_count`` processes), write, re-read (:func:`dflash_eval.cache.requests.ensure`);
         ``{request.key: entry}``."""
         return ensure(self, batches, prepare=prepare, progress=progress, worker_index=worker_index,
-                      worker_count=worker_count)
+                      worker_count=worker_count, keep=keep)
 
     def memo(self, name: str, stamp: dict[str, Any], compute: Callable[[], str], *, refresh: bool = False) -> str:
         """``compute()`` memoised in ``<root>/v1/<name>.json`` under ``stamp`` (e.g. the inodes, sizes and mtimes of

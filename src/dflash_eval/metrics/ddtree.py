@@ -43,7 +43,8 @@ def build_ddtree(ids: Tensor, logp: Tensor, budget: int) -> list[TreeNode]:
         me = len(nodes) - 1
         if rank + 1 < k:
             counter += 1
-            heapq.heappush(heap, (-(parent_score + lp[depth - 1][rank + 1]), counter, depth, rank + 1, parent, parent_score))
+            heapq.heappush(heap, (-(parent_score + lp[depth - 1][rank + 1]), counter, depth, rank + 1, parent,
+                                  parent_score))
         if depth < depths:
             counter += 1
             heapq.heappush(heap, (-(score + lp[depth][0]), counter, depth + 1, 0, me, score))

@@ -3,10 +3,11 @@ memoised in the cache: one ``drift_budget`` entry per ladder level (τ of every 
 under that perturbation), keyed by every input (drafter, code, feature entries, prompts, level, seed).
 
 The levels are measured by several xdist workers side by side (batches of levels, one per worker; one batch of
-all levels in a single process), and a changed ladder reuses the levels it keeps; within a batch the levels go
-through one lock-step simulation. The tolerance and the safety factor are applied when the budget is read, so
-changing them recomputes nothing. Where the selection holds fewer than ``--drift-budget-min-prompts`` prompts the
-budget is measured on the first that many prompts of ``--prompts`` (:func:`budget_evaluation`).
+all levels in a single process), and a changed ladder reuses the levels it keeps; within a batch the prompts go in
+chunks of ``--chunk-memory`` (each chunk's features read for it alone), and a chunk's levels through one lock-step
+simulation (as many as the chunk memory holds). The tolerance and the safety factor are applied when the budget is
+read, so changing them recomputes nothing. Where the selection holds fewer than ``--drift-budget-min-prompts``
+prompts the budget is measured on the first that many prompts of ``--prompts`` (:func:`budget_evaluation`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from dflash_eval.cache.code_version import CODE_VERSION
 from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import cache_key
 from dflash_eval.cache.requests import Batch, Produced, Request
+from dflash_eval.common.sizes import parse_memory
 from dflash_eval.metrics.drift_budget import DriftBudget, Perturbation, measure_ladder, parse_ladder
+from dflash_eval.metrics.tau_chunks import LazyItems
+from dflash_eval.suite.progress import Progress
 from dflash_eval.suite.tau_memo import tau_fields
 
 if TYPE_CHECKING:
@@ -98,14 +102,23 @@ def memoised_budget(ev: DrafterEvaluation, selected: int | None = None) -> Drift
 
 def _measure(ev: DrafterEvaluation, side: Any, levels: list[Perturbation],
              base_tau: list[float]) -> list[dict[str, torch.Tensor]]:
-    """τ of every prompt and the injected errors under each of ``levels``, in one lock-step simulation."""
+    """τ of every prompt and the injected errors under each of ``levels``, prompt chunk by prompt chunk."""
     s, prompts = ev.settings, ev.inputs.prompts
     comps, feats = ev.completions(), ev.features(side)
-    items = [(p.id, feats[p.id], torch.tensor(comps[p.id].sequence, dtype=torch.long), len(comps[p.id].prompt_ids))
-             for p in prompts]
+    ids = [p.id for p in prompts]
+
+    def load(i: int) -> tuple[str, dict[int, torch.Tensor], torch.Tensor, int]:
+        pid = ids[i]
+        return pid, feats[pid], torch.tensor(comps[pid].sequence, dtype=torch.long), len(comps[pid].prompt_ids)
+
+    items = LazyItems([len(comps[pid].sequence) for pid in ids], load)
+    total = len(levels) * sum(max(0, len(comps[pid].sequence) - 1 - len(comps[pid].prompt_ids)) for pid in ids)
+    prog = Progress(f"drift budget ({len(levels)} levels)", total, ev.inputs.progress, unit="positions")
     with ev.inputs.meter.timed("drift_budget"):
         taus, inj = measure_ladder(ev.drafter, ev.inputs.head, items, levels, base_tau=base_tau,
-                                   seed=s.drift_budget_seed, max_blocks=s.max_blocks)
+                                   seed=s.drift_budget_seed, max_blocks=s.max_blocks,
+                                   memory=parse_memory(s.chunk_memory), progress=prog.reach)
+    prog.reach(total)
     return [{"tau": torch.tensor(t, dtype=torch.float64),
              "injected": torch.tensor(e, dtype=torch.float64).reshape(len(prompts), len(ev.layer_ids))}
             for t, e in zip(taus, inj)]

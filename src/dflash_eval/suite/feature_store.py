@@ -17,6 +17,7 @@ naming the kernel whose output changed (or, under ``--cache-only``, an error say
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from dflash_eval.cache.requests import Batch, Produced, Producer, Request
 from dflash_eval.errors import CacheError
 from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.drift import fingerprint as layer_fingerprint
+from dflash_eval.suite.feature_map import FeatureMap
 from dflash_eval.suite.inputs import Inputs
 from dflash_eval.suite.progress import Progress
 from dflash_eval.suite.references import CompletionRecord, References
@@ -38,17 +40,18 @@ __all__ = ["FeatureStore", "FINGERPRINT_TEXT"]
 
 FINGERPRINT_TEXT = "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b\n"
 
-Features = dict[str, dict[int, torch.Tensor]]
+Features = Mapping[str, dict[int, torch.Tensor]]  # prompt id -> {layer: [T, H]} (a FeatureMap: read on access)
 
 
 class FeatureStore:
-    """Cached target features (see module docstring), memoised in memory per (prompt, backend, dtype), of the
-    sequences of ``references`` (whose teacher-forced argmax entries its forwards also give). ``probes``: the
-    process's kernel probes when another store made them already (the drift budget's prompt view)."""
+    """Cached target features (see module docstring) of the sequences of ``references`` (whose teacher-forced argmax
+    entries its forwards also give), read from the cache when a consumer asks for a prompt
+    (:class:`~dflash_eval.suite.feature_map.FeatureMap`), never held for the session. ``probes``: the process's
+    kernel probes when another store made them already (the drift budget's prompt view)."""
 
     def __init__(self, inputs: Inputs, references: References, probes: KernelProbes | None = None) -> None:
         self.inputs, self.references = inputs, references
-        self._memo: dict[tuple[str, str, str], dict[int, torch.Tensor]] = {}
+        self._present: set[tuple[str, str, str, int]] = set()  # (prompt, backend, dtype, layer) ensured this session
         self._fingerprint: dict[str, Any] | None = None
         self.probes = probes or KernelProbes(inputs.target_dir, inputs.settings.torch_device,
                                              registry_dir=inputs.cache.base / "kernel_probes",
@@ -135,13 +138,23 @@ class FeatureStore:
             return
 
     def features(self, completions: dict[str, CompletionRecord], side: Side, layers: tuple[int, ...]) -> Features:
-        """Per prompt, per target layer features [T, H] of prompt + completion under ``side``."""
+        """Per prompt, per target layer features [T, H] of prompt + completion under ``side``: every entry made
+        present first (the missing ones extracted, spread over xdist workers; nothing read), then a
+        :class:`~dflash_eval.suite.feature_map.FeatureMap` that reads a prompt's layers when it is asked for."""
         inp = self.inputs
+        seqs = {p.id: completions[p.id].sequence for p in inp.prompts}
+        self.ensure(seqs, side, layers)
+        return FeatureMap(list(seqs), {pid: len(seq) for pid, seq in seqs.items()},
+                          lambda pid: self.read_prompt(pid, seqs[pid], side, layers))
+
+    def ensure(self, seqs: dict[str, list[int]], side: Side, layers: tuple[int, ...]) -> None:
+        """Make every feature entry of ``seqs`` x ``layers`` present (not read: each consumer reads and checks what it
+        needs); the entries ensured once are not looked up again in this session."""
+        inp = self.inputs
+        tag = (side.backend, str(side.dtype))
         with inp.meter.timed("features"):
-            memos = {p.id: self._memo.setdefault((p.id, side.backend, str(side.dtype)), {}) for p in inp.prompts}
-            seqs = {pid: completions[pid].sequence for pid in memos}
-            batches = [self._batch(pid, seqs[pid], need, side, self._group_lock(seqs[pid], side))
-                       for pid, memo in memos.items() if (need := tuple(i for i in layers if i not in memo))]
+            batches = [self._batch(pid, seq, need, side, self._group_lock(seq, side)) for pid, seq in seqs.items()
+                       if (need := tuple(i for i in layers if (pid, *tag, i) not in self._present))]
             if batches:
                 def prepare(misses: list[Request]) -> None:
                     check_backend_device(side.backend, inp.settings.torch_device)  # fla (faulty or not) needs CUDA
@@ -149,14 +162,30 @@ class FeatureStore:
                     self.check_kernels({f"prompt {pid!r}": seqs[pid] for pid in todo}, layers, side,
                                        f"the features of {len(todo)} prompt(s)")
 
-                entries = inp.cache.ensure(
-                    batches, prepare=prepare, worker_index=inp.worker_index, worker_count=inp.worker_count,
-                    progress=lambda n: Progress(f"target features ({side.label}, layers {list(layers)})", n,
-                                                inp.progress))
-                for b in batches:
-                    memo = memos[b.requests[0].item]
-                    memo.update({r.fields["layer"]: entries[r.key].tensors["features"] for r in b.requests})
-            return {pid: {i: memo[i] for i in layers} for pid, memo in memos.items()}
+                inp.cache.ensure(batches, prepare=prepare, worker_index=inp.worker_index,
+                                 worker_count=inp.worker_count, keep=False,
+                                 progress=lambda n: Progress(f"target features ({side.label}, layers {list(layers)})",
+                                                             n, inp.progress))
+            self._present.update((pid, *tag, i) for pid in seqs for i in layers)
+
+    def read_prompt(self, pid: str, seq: list[int], side: Side, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
+        """The layers of one prompt, read and checked (:meth:`Cache.lookup`); an entry that fails its check (reported
+        and removed by the cache) is extracted again, once."""
+        cache = self.inputs.cache
+        out = {}
+        for attempt in (0, 1):
+            for i in layers:
+                if i not in out and (e := cache.lookup(self.request(pid, seq, i, side), count=False)) is not None:
+                    out[i] = e.tensors["features"]
+            lost = [i for i in layers if i not in out]
+            if not lost:
+                return out
+            if attempt == 0:
+                tag = (side.backend, str(side.dtype))
+                self._present.difference_update((pid, *tag, i) for i in lost)
+                self.ensure({pid: seq}, side, tuple(lost))
+        raise CacheError(f"features of prompt {pid!r} layers {lost} ({side.label}) are missing after their "
+                         f"extraction: is the cache directory {cache.root} writable?")
 
     def _extractor(self, pid: str, seq: list[int], side: Side) -> Producer:
         """The producer of a batch of :meth:`_batch`: one target forward for the layers asked (and the argmax).

@@ -1,6 +1,7 @@
 """τ of every prompt (chain and each DDTree budget) on one side's features, memoised in the cache.
 
-One lock-step simulation drafts, batched over prompts, only the block starts the simulated loops visit
+One lock-step simulation per chunk of prompts (``--chunk-memory``; each chunk's features read from the cache for it
+alone) drafts, batched over prompts, only the block starts the simulated loops visit
 (:func:`dflash_eval.metrics.tau.simulate_tau`); its accept lengths are one ``tau`` cache entry keyed by every input
 (drafter weights and config, :data:`~dflash_eval.cache.code_version.CODE_VERSION`, the exact feature entries,
 budgets, max_blocks), so a warm run does not even run the drafter. The entry is derived (recomputed, not refused,
@@ -16,8 +17,10 @@ import torch
 
 from dflash_eval.cache.code_version import CODE_VERSION
 from dflash_eval.cache.requests import Batch, Produced, Request
+from dflash_eval.common.sizes import parse_memory
 from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.tau import TauResult, simulate_tau
+from dflash_eval.suite.feature_map import lazy_items
 from dflash_eval.suite.progress import Progress
 from dflash_eval.target.provenance import device_kind, library_versions
 
@@ -83,17 +86,16 @@ def simulate(ev: DrafterEvaluation, feats: Features, budgets: tuple[int, ...]) -
     """One lock-step simulation of every prompt's chain and DDTree loops on ``feats``."""
     comps = ev.completions()
     drafter = ev.drafter
-    dt = next(drafter.parameters()).dtype
-    items = []
-    for p in ev.inputs.prompts:
-        f = torch.cat([feats[p.id][i] for i in ev.layer_ids], dim=-1).to(dt)
-        items.append((f, torch.tensor(comps[p.id].sequence, dtype=torch.long), len(comps[p.id].prompt_ids)))
-    prog = Progress("τ drafting", sum(max(0, int(t.shape[0]) - 1 - n) for _, t, n in items), ev.inputs.progress,
-                    unit="positions")
+    ids = [p.id for p in ev.inputs.prompts]
+    items = lazy_items(feats, ids, ev.layer_ids, {pid: comps[pid].sequence for pid in ids},
+                       {pid: len(comps[pid].prompt_ids) for pid in ids}, next(drafter.parameters()).dtype)
+    prog = Progress("τ drafting", sum(max(0, len(comps[pid].sequence) - 1 - len(comps[pid].prompt_ids))
+                                      for pid in ids), ev.inputs.progress, unit="positions")
     with ev.inputs.meter.timed("drafting"):
-        sims = simulate_tau(drafter, ev.inputs.head, items, budgets, max_blocks=ev.settings.max_blocks)
+        sims = simulate_tau(drafter, ev.inputs.head, items, budgets, max_blocks=ev.settings.max_blocks,
+                            memory=parse_memory(ev.settings.chunk_memory), progress=prog.reach)
     ev.inputs.meter.counts["drafted_blocks"] += sum(r.drafted for r in sims)
-    prog.step(tokens=prog.total, n=prog.total)
+    prog.reach(prog.total)
     return {p.id: PromptTau(p.id, p.category, r.chain, r.ddtree, len(comps[p.id].prompt_ids),
                             len(comps[p.id].output_ids))
             for p, r in zip(ev.inputs.prompts, sims)}
