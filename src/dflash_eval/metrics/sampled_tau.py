@@ -21,16 +21,26 @@ at T = 1 the bundled target's τ sits near 1 and 0.25 below it is no floor at al
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_eval.metrics.sampled_ci import nested_ci, sampled_summary
 from dflash_eval.metrics.stats import Summary, summarize
 from dflash_eval.metrics.tau import TauResult
 
-__all__ = ["SampledTau", "pool_samples", "sample_row", "row_margins", "sample_ci", "nested_ci", "spread_margin", "samples_for_width"]
+__all__ = [
+    "SampledTau",
+    "nested_ci",
+    "pool_samples",
+    "row_margins",
+    "sample_ci",
+    "sample_row",
+    "sampled_summary",
+    "samples_for_width",
+    "spread_margin",
+]
 
 
 @dataclass
@@ -69,25 +79,6 @@ def pool_samples(samples: Sequence[TauResult], block_size: int, method: str) -> 
 def sample_ci(values: Sequence[float]) -> Summary:
     """Mean and percentile-bootstrap 95 % CI over one prompt's samples."""
     return summarize(values)
-
-
-def nested_ci(per_prompt: Mapping[str, Sequence[float]], *, resamples: int = 2000, seed: int = 0) -> Summary:
-    """Mean over prompts of each prompt's mean over samples, with a two-stage bootstrap 95 % CI (prompts
-    resampled with replacement, then each drawn prompt's samples)."""
-    groups = [[float(v) for v in vs] for vs in per_prompt.values() if vs]
-    if not groups:
-        nan = float("nan")
-        return Summary(0, nan, nan, nan, nan)
-    means = [statistics.fmean(g) for g in groups]
-    mean = statistics.fmean(means)
-    rng = random.Random(seed)
-    boot = []
-    for _ in range(resamples):
-        picks = rng.choices(groups, k=len(groups))
-        boot.append(statistics.fmean(statistics.fmean(rng.choices(g, k=len(g))) for g in picks))
-    boot.sort()
-    return Summary(len(groups), mean, statistics.median(means), boot[int(0.025 * (resamples - 1))],
-                   boot[int(round(0.975 * (resamples - 1)))])
 
 
 def spread_margin(sample_taus: Sequence[float], sigmas: float) -> float:
@@ -136,3 +127,4 @@ def row_margins(rows: Mapping[str, Mapping[str, Any]], sigmas: float) -> tuple[d
         for b, vals in r.get("ddtree_sample_tau", {}).items():
             dd.setdefault(int(b), {})[p] = spread_margin(vals, sigmas)
     return chain, dd
+

@@ -18,6 +18,9 @@ eval.json (schema 1; documented in docs/reference.md)::
                       "accept_lengths", "histogram", "position_rates", "tokens", "matches_reference",
                       "first_divergence"} (--online-tau)}},
      "mean_tau", "mean_floor", "mean_passed", "mean_ddtree": {budget: tau}, "mean_ddtree_floor": {budget: floor},
+     "sampled": {"prompts", "samples", "chain": {"n", "mean", "median", "ci95": [lo, hi]}, "ddtree": {budget: {...}},
+                 "online": {...}} (--temperature > 0: nested CI over prompts and samples; prompt rows add "samples",
+                "sample_tau", "sample_ci95", "ddtree_sample_tau"),
      "categories": {category | "all": {"n", "chain": {"n", "mean", "median", "ci95": [lo, hi]},
                     "ddtree": {budget: {...same...}}, "floor", "ddtree_floor": {budget: floor}, "passed",
                     "acceptance": {"chain" | "online" | "server": {"rounds", "tau", "histogram",
@@ -54,7 +57,13 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
+from dflash_eval.metrics.sampled_ci import sampled_summary
+from dflash_eval.metrics.stats import (
+    category_table,
+    conversation_table,
+    ddtree_budgets,
+    turn_table,
+)
 from dflash_eval.metrics.verdict import diagnoses, judge_categories, mean_passed
 
 __all__ = ["SCHEMA", "merge"]
@@ -136,6 +145,9 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
         judge_categories(cats, None, ddtree_budgets(out["prompts"]))
     if cats is not None:
         out["categories"] = cats
+    sampled = sampled_summary(out["prompts"])  # --temperature > 0: the nested CI over prompts and samples
+    if sampled is not None:
+        out["sampled"] = sampled
     convs = next((f for f in fragments if f.get("conversations")), None)
     if convs is not None:
         out["conversations"], out["turns"] = convs["conversations"], convs.get("turns", {})
