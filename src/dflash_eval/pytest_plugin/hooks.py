@@ -1,5 +1,6 @@
 """The plugin's pytest hooks; each delegates: options to :mod:`dflash_eval.options.settings`, results to
-:mod:`dflash_eval.suite.session`, reports to :mod:`dflash_eval.report`, progress to :mod:`.progress_reporter`.
+:mod:`dflash_eval.suite.session`, the end of the run (results gathered, reports, the terminal section) to
+:mod:`.run_report` and through it :mod:`dflash_eval.report`, progress to :mod:`.progress_reporter`.
 
 Loading the plugin and ``pytest --help`` import no torch; settings are validated (and torch imported) only when a
 run includes the suite (:func:`runs_suite`) or a test uses one of its fixtures. Under pytest-xdist each worker
@@ -10,7 +11,6 @@ sends its result to the controller through ``workeroutput``; the controller merg
 from __future__ import annotations
 
 import gc
-import json
 import time
 from collections.abc import Generator
 from typing import Any
@@ -23,16 +23,18 @@ from dflash_eval.pytest_plugin.fixtures import refused_reason, uses_suite_fixtur
 from dflash_eval.pytest_plugin.golden_check import GoldenCheck
 from dflash_eval.pytest_plugin.progress_reporter import REPORTER, WORKERINPUT_KEY, ProgressReporter, enabled
 from dflash_eval.pytest_plugin.rootdir_check import warn_moved_rootdir
+from dflash_eval.pytest_plugin.run_report import (
+    fail_a_refused_run,
+    gather_worker_result,
+    write_run_reports,
+    write_terminal_section,
+)
 from dflash_eval.pytest_plugin.state import (
     FRAGMENTS,
-    MERGED,
-    MESSAGES,
     OUTCOMES,
-    SESSION,
     SGLANG,
     START,
     get_session,
-    get_settings,
     is_controller,
     settings_from_config,
 )
@@ -42,7 +44,6 @@ __all__ = ["pytest_addoption", "pytest_configure", "pytest_configure_node", "pyt
            "pytest_runtest_makereport", "pytest_runtest_call", "pytest_sessionstart",
            "pytest_collection_modifyitems", "pytest_sessionfinish", "pytest_terminal_summary", "MARKERS"]
 
-WORKEROUTPUT_KEY = "dflash_eval_fragment"
 SUITE_REPORT_ATTR = "dflash_eval_suite"  # set on the reports of tests that use the suite's fixtures
 CHECKED = pytest.StashKey[bool]()
 DEFERRED_CHECK = pytest.StashKey[bool]()
@@ -135,9 +136,7 @@ def pytest_configure_node(node: Any) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    raw = (getattr(node, "workeroutput", {}) or {}).get(WORKEROUTPUT_KEY)
-    if raw:
-        node.config.stash[FRAGMENTS].append(json.loads(raw))
+    gather_worker_result(node)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -231,70 +230,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             svc.stop()
         except Exception as exc:  # noqa: BLE001
             print(f"dflash-eval: could not stop the SGLang server: {exc}")
-    try:
-        _finish(config)
-    except Exception as exc:  # noqa: BLE001 - reporting must never turn a test run into an internal error
-        config.stash[MESSAGES] = [f"dflash-eval: could not write the reports: {type(exc).__name__}: {exc}"]
-        if is_controller(config):
-            config.stash.setdefault(MERGED, {})
-    from dflash_eval.metrics.verdict import refused
-
-    if refused(config.stash.get(MERGED, None) or {}) and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the tests that needed the drafter were skipped
-
-
-def _finish(config: pytest.Config) -> None:
-    sess = config.stash.get(SESSION, None)
-    if sess is not None:
-        frag = sess.result().to_json()
-        if not is_controller(config):
-            config.workeroutput[WORKEROUTPUT_KEY] = json.dumps(frag)  # type: ignore[attr-defined]
-            return
-        if not config.pluginmanager.has_plugin("dsession"):  # an xdist controller only checked the inputs
-            config.stash[FRAGMENTS].append(frag)
-    if not is_controller(config):
-        return
-    from dflash_eval.metrics.verdict import refused
-
-    frags = config.stash[FRAGMENTS]
-    if not frags or not any(("prompts" in f or "drift" in f or "fingerprint" in f or refused(f)) for f in frags):
-        return
-    from dflash_eval import report
-
-    try:
-        settings = get_settings(config)
-    except DFlashEvalError:
-        return
-    data = report.merge(frags, outcomes=config.stash[OUTCOMES], wall_s=time.time() - config.stash[START])
-    config.stash[MERGED] = data
-    config.stash[MESSAGES] = report.finish(data, settings)
-    from dflash_eval.pytest_plugin.junit import add_junit_properties
-
-    add_junit_properties(config, data)
+    write_run_reports(config)
+    fail_a_refused_run(session)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    data = config.stash.get(MERGED, None)
-    if data is None:
-        return
-    from dflash_eval import report
-
-    terminalreporter.section("dflash-eval")
-    if data:
-        width = getattr(terminalreporter, "_tw", None)
-        terminalreporter.write(report.render_terminal(data, width=getattr(width, "fullwidth", 120),
-                                                      max_rows=None if config.option.verbose > 0 else
-                                                      report.TERMINAL_ROWS_SHOWN))
-    for m in config.stash.get(MESSAGES, []):
-        terminalreporter.write_line(m)
-    if data:  # the verdict last (the named causes in it, once)
-        failed = sum(len(terminalreporter.stats.get(k, [])) for k in ("failed", "error"))
-        try:
-            settings = get_settings(config)
-            report_dir, recorded = settings.report_dir, bool(settings.update_tau_floors)
-        except DFlashEvalError:
-            report_dir, recorded = None, False
-        terminalreporter.write_sep("-", "dflash-eval verdict")
-        for line in report.verdict_lines(data, report_dir=report_dir, failed_tests=failed, exitstatus=exitstatus,
-                                         recorded=recorded):
-            terminalreporter.write_line(line)
+    write_terminal_section(terminalreporter, exitstatus, config)

@@ -1,0 +1,114 @@
+"""The end of a run, between pytest and :mod:`dflash_eval.report.run_end`: each process's result gathered (an xdist
+worker hands its own to the controller through ``workeroutput``), the reports written on the controller with the
+junit properties, and the terminal's dflash-eval section. The hooks in :mod:`.hooks` call these."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from dflash_eval.errors import DFlashEvalError
+from dflash_eval.pytest_plugin.state import (
+    FRAGMENTS,
+    MERGED,
+    MESSAGES,
+    OUTCOMES,
+    SESSION,
+    START,
+    get_settings,
+    is_controller,
+)
+
+__all__ = ["WORKEROUTPUT_KEY", "gather_worker_result", "write_run_reports", "fail_a_refused_run",
+           "write_terminal_section"]
+
+WORKEROUTPUT_KEY = "dflash_eval_fragment"
+
+
+def gather_worker_result(node: Any) -> None:
+    """xdist controller: keep the result a finished worker sent."""
+    raw = (getattr(node, "workeroutput", {}) or {}).get(WORKEROUTPUT_KEY)
+    if raw:
+        node.config.stash[FRAGMENTS].append(json.loads(raw))
+
+
+def _own_result(config: pytest.Config) -> bool:
+    """This process's result, sent to the controller (a worker: True, nothing more to do here) or kept."""
+    sess = config.stash.get(SESSION, None)
+    if sess is None:
+        return False
+    frag = sess.result().to_json()
+    if not is_controller(config):
+        config.workeroutput[WORKEROUTPUT_KEY] = json.dumps(frag)  # type: ignore[attr-defined]
+        return True
+    if not config.pluginmanager.has_plugin("dsession"):  # an xdist controller only checked the inputs
+        config.stash[FRAGMENTS].append(frag)
+    return False
+
+
+def write_run_reports(config: pytest.Config) -> None:
+    """The controller merges every process's result and writes the reports (and the golden updates); the merged
+    data and the lines for the terminal go to the stash, the mean τ and the verdict to the junit XML. A failure is
+    one line for the terminal, never an internal error of the test run."""
+    try:
+        if _own_result(config) or not is_controller(config):
+            return
+        from dflash_eval import report
+        from dflash_eval.report.run_end import measured
+
+        frags = config.stash[FRAGMENTS]
+        if not frags or not measured(frags):
+            return
+        try:
+            settings = get_settings(config)
+        except DFlashEvalError:
+            return
+        data = report.merge(frags, outcomes=config.stash[OUTCOMES], wall_s=time.time() - config.stash[START])
+        config.stash[MERGED] = data  # the tables and the verdict are printed even when a file cannot be written
+        config.stash[MESSAGES] = report.finish(data, settings)
+        from dflash_eval.pytest_plugin.junit import add_junit_properties
+
+        add_junit_properties(config, data)
+    except Exception as exc:  # noqa: BLE001 - reporting must never turn a test run into an internal error
+        config.stash[MESSAGES] = [f"dflash-eval: could not write the reports: {type(exc).__name__}: {exc}"]
+        if is_controller(config):
+            config.stash.setdefault(MERGED, {})
+
+
+def fail_a_refused_run(session: pytest.Session) -> None:
+    """A drafter refused by an architecture check fails the run (exit 1) even when every test that needed it was
+    skipped naming the check."""
+    from dflash_eval.metrics.verdict import refused
+
+    if refused(session.config.stash.get(MERGED, None) or {}) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def write_terminal_section(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The dflash-eval section: the tables, the messages of the end of the run, the verdict last."""
+    data = config.stash.get(MERGED, None)
+    if data is None:
+        return
+    from dflash_eval.report.run_end import terminal_section
+
+    try:
+        settings = get_settings(config)
+        report_dir, recorded = settings.report_dir, bool(settings.update_tau_floors)
+    except DFlashEvalError:
+        report_dir, recorded = None, False
+    width = getattr(getattr(terminalreporter, "_tw", None), "fullwidth", 120)
+    failed = sum(len(terminalreporter.stats.get(k, [])) for k in ("failed", "error"))
+    section = terminal_section(data, config.stash.get(MESSAGES, []), width=width, verbose=config.option.verbose > 0,
+                               failed_tests=failed, exitstatus=exitstatus, report_dir=report_dir, recorded=recorded)
+    terminalreporter.section("dflash-eval")
+    if section.tables:
+        terminalreporter.write(section.tables)
+    for m in section.messages:
+        terminalreporter.write_line(m)
+    if section.verdict:  # the verdict last (the named causes in it, once)
+        terminalreporter.write_sep("-", "dflash-eval verdict")
+        for line in section.verdict:
+            terminalreporter.write_line(line)

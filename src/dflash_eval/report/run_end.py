@@ -1,0 +1,43 @@
+"""The report work at the end of a suite run, apart from pytest: whether the run measured anything to report
+(:func:`measured`; then :func:`~dflash_eval.report.merge.merge` and :func:`~dflash_eval.report.write.finish` write
+it), and the terminal's dflash-eval section (:func:`terminal_section`: the tables, what was written, the verdict
+last)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.metrics.verdict import refused
+from dflash_eval.report.render import TERMINAL_ROWS_SHOWN, render_terminal
+from dflash_eval.report.summary import verdict_lines
+
+__all__ = ["measured", "TerminalSection", "terminal_section"]
+
+
+def measured(fragments: list[dict[str, Any]]) -> bool:
+    """Whether any process measured something to report: τ, drift, a fingerprint, or a refused drafter."""
+    return any("prompts" in f or "drift" in f or "fingerprint" in f or refused(f) for f in fragments)
+
+
+@dataclass
+class TerminalSection:
+    """The terminal's dflash-eval section: the tables' text, the messages of the end of the run, and the verdict
+    lines printed last under their own separator."""
+
+    tables: str
+    messages: list[str]
+    verdict: list[str]
+
+
+def terminal_section(data: dict[str, Any], messages: list[str], *, width: int, verbose: bool, failed_tests: int,
+                     exitstatus: int, report_dir: Path | None, recorded: bool) -> TerminalSection:
+    """The section for merged ``data`` (empty: only the messages). ``verbose``: every row of the long tables;
+    ``failed_tests``, ``exitstatus``, ``report_dir``, ``recorded``: as :func:`dflash_eval.report.summary.verdict_lines`
+    takes them."""
+    if not data:
+        return TerminalSection("", list(messages), [])
+    tables = render_terminal(data, width=width, max_rows=None if verbose else TERMINAL_ROWS_SHOWN)
+    return TerminalSection(tables, list(messages), verdict_lines(data, report_dir=report_dir, failed_tests=failed_tests,
+                                                                 exitstatus=exitstatus, recorded=recorded))
