@@ -64,3 +64,13 @@ def test_nested_ci_widens_with_the_spread_within_prompts() -> None:
     assert narrow.mean == pytest.approx(wide.mean) == pytest.approx(1.5)
     assert narrow.ci_high - narrow.ci_low == pytest.approx(0.0)
     assert wide.ci_low < 1.5 < wide.ci_high
+
+
+def test_eval_md_and_terminal_show_the_nested_ci_of_a_sampled_run() -> None:
+    doc = _merged(True)
+    s = doc["sampled"]["chain"]
+    want = f"chain {s['mean']:.3f} ({s['ci95'][0]:.3f}..{s['ci95'][1]:.3f})"
+    md = report.render_markdown(doc)
+    assert "sampled at T=0.6: 3 prompts x 4 samples" in md and want in md and "online " in md
+    assert want in report.render_terminal(doc, width=400)
+    assert "sampled at" not in report.render_markdown(_merged(False))

@@ -13,6 +13,7 @@ from dflash_eval.report.acceptance_rows import acceptance_rows, conversation_row
 from dflash_eval.report.drift_rows import budget_line, drift_rows, gate_rows, ladder_rows
 from dflash_eval.report.format import fmt
 from dflash_eval.report.plot import worst_prompts
+from dflash_eval.report.sampled_line import sampled_line
 from dflash_eval.report.tables import TextTable, markdown_table, terminal_text
 from dflash_eval.report.tau_rows import baseline_line, budgets, category_rows, tau_rows
 
@@ -76,6 +77,7 @@ def _tau_tables(data: dict[str, Any], max_rows: int | None) -> list[TextTable | 
     return [TextTable(header, _collapse(rows, set(prompts), shown), title=_title(data), caption=caption,
                       left=frozenset({"prompt"})),
             baseline_line(data),
+            sampled_line(data),
             TextTable(*category_rows(data), no_wrap=True, left=frozenset({"category"}),
                       title=_category_title(data, "mean over prompts, bootstrap 95 % CI of the mean")),
             TextTable(ah, _collapse(arows, set(prompts), shown), title=_ACCEPT_TITLE, caption=caption,
@@ -175,7 +177,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     if data.get("diagnoses"):  # named causes first: they explain the failures below
         parts += [f"**{line}**" for line in data["diagnoses"]] + [""]
     parts += _provenance_lines(data)
-    parts += _section("τ per prompt", TextTable(*tau_rows(data)), baseline_line(data))
+    parts += _section("τ per prompt", TextTable(*tau_rows(data)), baseline_line(data), sampled_line(data))
     parts += _section(_category_title(data, "mean, median, bootstrap 95 % CI of the mean"),
                       TextTable(*category_rows(data)))
     for title, rows in ((_ACCEPT_TITLE, acceptance_rows(data)), (_CONV_TITLE, conversation_rows(data))):
