@@ -19,10 +19,10 @@ the exit status; then the least-squares line RSS = a + b x tokens per configurat
 JSON`` (an earlier run's ``--json``), its rows beside these. ``--tree DIR`` runs another checkout's ``src`` and
 ``tests_eval`` (e.g. ``git archive`` of an earlier commit) on the same target and prompts.
 
-Run (2 CPU cores: about 25 minutes for the defaults; ``--sizes 8,32`` takes two)::
+Run (the full suite at 512 prompts takes long on a small machine; ``--sizes 8,32`` is a quick look)::
 
     .venv/bin/python benchmarks/bench_memory.py --json benchmarks/results/memory-now.json
-    .venv/bin/python benchmarks/bench_memory.py --compare benchmarks/results/memory-before.json
+    .venv/bin/python benchmarks/bench_memory.py --compare benchmarks/results/memory-before.json -- --chunk-memory=64MiB
 """
 
 from __future__ import annotations
@@ -126,7 +126,8 @@ def one_run(a: argparse.Namespace, work: Path, paths: tuple[Path, Path, Path], n
             "peak_rss_mib": rss / 2**20, "wall_s": wall, "stages": {k: float(timings.get(k, 0.0)) for k in STAGES},
             "lines": len(lines), "skipped_lines": sum(line.startswith("SKIPPED") for line in lines),
             "mean_tau": data.get("mean_tau"),
-            "drift_budget": (data.get("drift_budget") or {}).get("budget"), "outcomes": data.get("tests", {}).get("outcomes", {}), "log": str(log)}
+            "drift_budget": (data.get("drift_budget") or {}).get("budget"),
+            "outcomes": data.get("tests", {}).get("outcomes", {}), "log": str(log)}
 
 
 def fit(rows: list[dict[str, Any]]) -> tuple[float, float] | None:
