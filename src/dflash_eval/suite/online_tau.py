@@ -7,6 +7,11 @@ incremental forward), so a disagreement points at a convention bug or at kernel 
 whether the online tokens reproduce the reference completion and where they first differ. One cache entry holds
 every prompt's online rounds and tokens, keyed by the target, the drafter, the code of the loop, the prompt ids and
 the generation settings; it is a real computation (a cache miss, refused under ``--cache-only``).
+
+At ``--temperature`` > 0 the loop runs once per sampled reference (prompt, sample k) with the target's tokens drawn
+by :func:`dflash_eval.target.sampling.sample_tokens` under that reference's stream seed: the same draws as the
+reference, so its tokens reproduce the reference and its rounds equal the offline chain's (``docs/temperature.md``).
+A prompt's online τ is then the mean over its samples, and the sampling settings and stream seeds join the key.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dflash_eval.target.provenance import device_kind, library_versions
 if TYPE_CHECKING:
     from dflash_eval.suite.evaluation import DrafterEvaluation
 
-__all__ = ["OnlineTau", "online_tau"]
+__all__ = ["OnlineTau", "divergence", "online_tau"]
 
 
 @dataclass
@@ -42,7 +47,9 @@ class OnlineTau:
         return self.first_divergence is None
 
 
-def _divergence(a: list[int], b: list[int]) -> int | None:
+def divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where ``a`` and ``b`` differ (the shorter length when one is a prefix of the
+    other); None when they are equal."""
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i
@@ -51,6 +58,10 @@ def _divergence(a: list[int], b: list[int]) -> int | None:
 
 def online_tau(ev: DrafterEvaluation) -> dict[str, OnlineTau]:
     """Every prompt's online τ (cache, else one online generation per prompt)."""
+    if ev.sampled:
+        from dflash_eval.suite.online_sampled import online_sampled_tau
+
+        return online_sampled_tau(ev)
     inp, s = ev.inputs, ev.settings
     comps = ev.completions()
     prompts = inp.prompts
@@ -85,6 +96,6 @@ def online_tau(ev: DrafterEvaluation) -> dict[str, OnlineTau]:
         toks = entry.tensors[f"tokens/{n}"].tolist()
         ref = comps[p.id].output_ids
         # max_blocks stops the loop early: compare only the tokens it produced
-        div = _divergence(toks, ref[:len(toks)] if s.max_blocks is not None else ref)
+        div = divergence(toks, ref[:len(toks)] if s.max_blocks is not None else ref)
         out[p.id] = OnlineTau(TauResult(entry.tensors[f"lens/{n}"].tolist(), bs, "online-chain"), len(toks), div)
     return out

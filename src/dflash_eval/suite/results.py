@@ -12,7 +12,7 @@ from typing import Any
 
 from dflash_eval.common.workdir import run_location
 from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, position_rates
-from dflash_eval.metrics.sampled_tau import sample_row
+from dflash_eval.metrics.sampled_tau import SampledTau, sample_row
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
@@ -96,9 +96,12 @@ class EvalResult:
 
 
 def _online_row(o: OnlineTau) -> dict[str, Any]:
-    return {**acceptance_block(histogram(o.tau.accept_lengths, o.tau.block_size)),
-            "accept_lengths": o.tau.accept_lengths, "tokens": o.tokens, "matches_reference": o.matches_reference,
-            "first_divergence": o.first_divergence}
+    row = {**acceptance_block(histogram(o.tau.accept_lengths, o.tau.block_size)),
+           "accept_lengths": o.tau.accept_lengths, "tokens": o.tokens, "matches_reference": o.matches_reference,
+           "first_divergence": o.first_divergence}
+    if isinstance(o.tau, SampledTau):  # at temperature > 0: the mean over the samples, as the offline τ
+        row.update(tau=o.tau.tau, samples=len(o.tau.samples), sample_tau=o.tau.sample_taus)
+    return row
 
 
 def prompt_rows(results: dict[str, PromptTau], floors: Floors,
