@@ -170,7 +170,7 @@ class DrafterEvaluation:
     # ------------------------------------------------------------------------------------------------ τ
     @property
     def sampled(self) -> bool:
-        """τ at ``--temperature`` > 0: on sampled references (:mod:`dflash_eval.suite.sampled_tau`)."""
+        """τ at ``--temperature`` > 0: on sampled references (:mod:`dflash_eval.suite.sampled_memo`)."""
         return self.settings.temperature > 0 and not self.settings.sampling.greedy
 
     @property
@@ -185,7 +185,7 @@ class DrafterEvaluation:
         references, or at ``--temperature`` > 0 the mean over each prompt's sampled references."""
         if self.sampled:
             if "_sampled_tau" not in self.__dict__:
-                from dflash_eval.suite.sampled_tau import sampled_tau
+                from dflash_eval.suite.sampled_memo import sampled_tau
 
                 self.check_drafter()
                 self.__dict__["_sampled_tau"] = sampled_tau(self, tuple(self.settings.ddtree_budget))
