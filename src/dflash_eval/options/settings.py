@@ -93,6 +93,10 @@ class EvalSettings:
                                 "together; under xdist at least one batch per worker; 1: one prompt at a time, "
                                 "unpadded)", "int")
     max_blocks: int | None = opt(None, "stop each τ simulation after this many speculative rounds", "int")
+    chunk_memory: str = opt("2GiB", "memory of one chunk of prompts in the τ simulations and the drift budget (their "
+                            "features, contexts and the drafter's context keys and values, host and device; e.g. "
+                            "512MiB, 8GiB): prompts are simulated chunk by chunk, with the same τ, so the run's "
+                            "memory does not grow with the number of prompts")
     temperature: float = opt(0.0, "the target's sampling temperature for τ (0: greedy references; > 0: "
                              "--samples-per-prompt sampled references per prompt, τ their mean; "
                              "docs/temperature.md)", "float")
@@ -125,9 +129,6 @@ class EvalSettings:
     sglang_launch: str | None = opt(None, "command that starts the SGLang server (own process group, log in the "
                                     "report dir, stopped at session end); only run when completions are not cached",
                                     commands=_RUN_RECORD)
-    tau_margin_sigmas: float = opt(3.0, "at --temperature > 0 the floor margin is this many standard deviations "
-                                   "of the difference of two S-sample means (sqrt(2) x spread over samples / "
-                                   "sqrt(S)) instead of --tau-margin", "float", commands=_RUN_RECORD)
     sglang_timeout: float = opt(600.0, "seconds to wait in all for the SGLang server to be ready (/health_generate "
                                 "200)", "float")
     sglang_request_timeout: float = opt(600.0, "seconds each POST /generate request may take", "float")
@@ -159,6 +160,9 @@ class EvalSettings:
                                   commands=_RUN)
     tau_margin: float = opt(0.25, "margin subtracted from measured τ by --update-tau-floors", "float",
                             commands=_RUN_RECORD)
+    tau_margin_sigmas: float = opt(3.0, "at --temperature > 0 the floor margin is this many standard deviations "
+                                   "of the difference of two S-sample means (sqrt(2) x spread over samples / "
+                                   "sqrt(S)) instead of --tau-margin", "float", commands=_RUN_RECORD)
     floors_file: Path = opt(Path("golden/tau_floors.json"), "τ floors file", "path")
     golden_dir: Path = opt(Path("golden"), "folder of golden files (floors, feature fingerprint, completion "
                            "snapshots)", "path", commands=_RUN_RECORD)
