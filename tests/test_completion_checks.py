@@ -162,10 +162,10 @@ def test_cached_zero_verify_rounds_read_as_no_server_accept_length(sglang_sessio
 
 def test_cached_features_of_another_dtype_are_recomputed(session):
     side = session.inputs.eval_side
-    feats = session.evaluation.features(side)
     pid = "a"
-    seq = session.completions()[pid].sequence
     layer = session.evaluation.layer_ids[0]
+    expected = session.evaluation.features(side)[pid][layer].clone()
+    seq = session.completions()[pid].sequence
     store, cache = session.store, session.inputs.cache
     key = store.key(seq, layer, side)
     entry = cache.read("features", key)
@@ -173,9 +173,9 @@ def test_cached_features_of_another_dtype_are_recomputed(session):
                 fields=entry.manifest["fields"], meta=entry.meta)  # a bf16 tensor under the fp32 key
     again = EvalSession(session.settings, worker=("master", 0, 1))
     with pytest.warns(CacheCorruption, match=r"tensor 'features' is torch.bfloat16, the request needs torch.float32"):
-        refetched = again.evaluation.features(side)
-    assert refetched[pid][layer].dtype == torch.float32
-    assert torch.equal(refetched[pid][layer], feats[pid][layer])
+        refetched = again.evaluation.features(side)[pid][layer]  # features are read when a consumer asks
+    assert refetched.dtype == torch.float32
+    assert torch.equal(refetched, expected)
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheCorruption)
-        EvalSession(session.settings, worker=("master", 0, 1)).evaluation.features(side)  # clean again
+        EvalSession(session.settings, worker=("master", 0, 1)).evaluation.features(side)[pid][layer]  # clean

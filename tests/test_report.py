@@ -110,7 +110,7 @@ def test_every_option_has_help_env_and_ini():
         assert o.help and o.env.startswith("DFLASH_EVAL_") and o.ini.startswith("dflash_")
     # the options with "tau" in their flag, listed on purpose (a new one is added here deliberately)
     assert {o.name for o in OPTIONS if "tau" in o.flag} == {"tau_floor", "tau_floor_prompt", "update_tau_floors",
-                                                            "tau_margin", "online_tau"}
+                                                            "tau_margin", "tau_margin_sigmas", "online_tau"}
     for name in ("tau_floor_prompt", "allow_settings_mismatch", "baseline", "baseline_drop_tol", "baseline_rise_tol"):
         assert name in OPTIONS_BY_NAME, name
     assert Path(EvalSettings.from_mapping({}).cache_dir) == Path(".dflash_cache")
