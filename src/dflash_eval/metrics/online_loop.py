@@ -57,6 +57,16 @@ class OnlineResult:
     target_forwards: int
 
 
+def _no_eos(logits: Tensor, eos: int | list[int] | None) -> Tensor:
+    """The first token's logits as the reference generation sees them: it generates at least one token
+    (``min_new_tokens=1``), so EOS is never the first token there, at any temperature."""
+    if eos is None:
+        return logits
+    out = logits.clone()
+    out[..., eos if isinstance(eos, list) else [eos]] = float("-inf")
+    return out
+
+
 def _context(drafter: DFlashDrafter, cap: LayerCapture) -> Tensor:
     """[1, T, H] the drafter's projected context (fc + hidden_norm) of the positions the last target forward saw."""
     return drafter.project_context(cap.features()[0].to(drafter.fc.weight.device))[None]
@@ -121,7 +131,7 @@ def online_generate(
         forwards += 1
         # Projected context (fc + hidden_norm act per position): grown by the committed positions each round.
         ctx = _context(drafter, cap)  # positions 0..P-1
-        bonus = int(pick(out.logits[0, -1:], torch.tensor([prompt.shape[0]]))[0])
+        bonus = int(pick(_no_eos(out.logits[0, -1:], target.eos_token_id), torch.tensor([prompt.shape[0]]))[0])
         generated = [bonus]
         lens: list[int] = []
         done = (eos is not None and bonus == eos) or max_new_tokens <= 1
