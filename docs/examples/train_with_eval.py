@@ -75,7 +75,10 @@ def make_evaluator(args: argparse.Namespace, target_dir: Path) -> Evaluator:
         history.unlink()
     evaluator = Evaluator({"target_model": str(target_dir), "prompts": str(ROOT / "fixtures" / "prompts.jsonl"),
                            "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
-                           "report_dir": args.report_dir, "cache_dir": args.cache_dir, "dtype": "fp32"},
+                           "report_dir": args.report_dir, "cache_dir": args.cache_dir, "dtype": "fp32",
+                           # a drafter in training has no floors of its own yet: τ >= 1 holds for any drafter, and
+                           # the trend across steps (the history's verdicts) is what this run judges
+                           "tau_floor": 1.0, "floors_file": str(Path(args.report_dir) / "tau_floors.json")},
                           history=history)
     evaluator.check_inputs()
     return evaluator
