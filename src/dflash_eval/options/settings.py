@@ -220,18 +220,27 @@ class EvalSettings:
         """Cheap consistency checks that need no model (bad values raise ConfigError before anything runs):
         :meth:`validate_values`, then the device and backends against this machine (imports torch)."""
         self.validate_values()
-        self.torch_device  # noqa: B018 - validates the device string
-        self.eval_backend  # noqa: B018 - e.g. fla on a CPU-only machine: BackendError naming the fix
-        self.feature_backend  # noqa: B018
+        self.check_device_and_backends()
+
+    def check_device_and_backends(self) -> None:
+        """The device string parses and the backends run on it (ConfigError / BackendError naming the fix, e.g. fla
+        on a CPU-only machine): what :attr:`feature_backend` resolves, through :attr:`eval_backend` and
+        :attr:`torch_device`."""
+        fault = None if self.kernel_fault is None else parse_fault(self.kernel_fault)
+        with_fault(resolve_backend(self.hidden_state_backend, self.torch_device), fault)
 
     def validate_values(self) -> None:
         """The checks of :meth:`validate` that need neither torch nor the machine's devices (ConfigError):
         :func:`dflash_eval.options.value_checks.check_values`."""
         check_values(self)
-        self.sampling  # noqa: B018 - ConfigError naming the sampling option
+        self.sampling_params()
 
     @property
     def sampling(self) -> Any:
+        """The target's sampling for τ: :meth:`sampling_params`."""
+        return self.sampling_params()
+
+    def sampling_params(self) -> Any:
         """The target's sampling for τ (:class:`dflash_eval.target.sampling.SamplingParams`); ConfigError naming
         the option for a bad value."""
         from dflash_eval.target.sampling_params import SamplingParams
