@@ -129,7 +129,8 @@ def test_online_tau_runs_the_speculative_loop(run):
 
 
 def test_generation_batch_sets_the_local_batches(run, tmp_path):
-    res, _ = run("-k", "reference_completion", "--generation-batch", "1", report="batch1", cache=tmp_path / "cold")
+    res, _ = run("-k", "test_mean_tau", "--tau-floor", "1.0", "--generation-batch", "1", report="batch1",
+                 cache=tmp_path / "cold")
     spans = [s for s in read_report(run, res)["timings"]["spans"]["master"] if s[0] == "generation"]
     assert len(spans) == 2, (res.stdout.str(), spans)  # one batch per prompt; the default 32 takes both in one
 
@@ -148,12 +149,12 @@ def test_drift_budget_safety_and_seed(run):
 
 
 def test_rehash_recomputes_the_target_identity(run, cache_dir):
-    run("-k", "reference_completion", report="identity")
+    run("-k", "teacher_forced", report="identity")
     (memo,) = cache_dir.rglob("target_identity.json")
     before = memo.stat().st_ino
-    run("-k", "reference_completion", report="identity_again")
+    run("-k", "teacher_forced", report="identity_again")
     assert memo.stat().st_ino == before  # read from the memo
-    run("-k", "reference_completion", "--rehash", report="identity_rehash")
+    run("-k", "teacher_forced", "--rehash", report="identity_rehash")
     assert memo.stat().st_ino != before  # computed again and written anew
 
 
