@@ -6,8 +6,12 @@ The public face is what this module exports; every other module is private by co
 
     settings = EvalSettings.from_mapping({"target_model": "fixtures/target", "drafter": "fixtures/drafter",
                                           "prompts": "fixtures/prompts.jsonl"})
-    result = EvalSession(settings).result()      # the typed result behind reports/eval.json
-    print(result.tau.mean_tau, result.tau.mean_ddtree)
+    session = EvalSession(settings)
+    summary = session.tau_summary()               # computes τ; session.result() then holds it (eval.json's data)
+    print(summary.mean_tau, summary.mean_ddtree)
+
+In a training loop, :class:`Evaluator` (docs/training-loop.md) evaluates checkpoints or a live drafter module
+against one target and prompt set, keeping a history of τ over steps.
 
     from dflash_eval import Evaluator              # evaluate while you train (docs/training-loop.md)
 
