@@ -16,8 +16,6 @@ Run from a checkout (docs/training-loop.md shows its output)::
 from __future__ import annotations
 
 import argparse
-import os
-import random
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from dflash_eval.drafter import DFlashDrafter, load_config_file
 from dflash_eval.target.head import TargetHead
 from dflash_eval.testing.training import (
     build_drafter_examples,
+    corpus_windows,
     cosine_lr,
     default_gamma,
     dflash_loss,
@@ -39,19 +38,9 @@ from dflash_eval.training_loop.trend_plot import write_trend_plot
 from dflash_eval.training_loop.trend_table import trend_table, write_trend_table
 
 ROOT = Path(__file__).resolve().parents[2]
-CORPUS = ("argparse.py", "dataclasses.py", "functools.py", "pathlib.py", "shutil.py", "typing.py")
-
-
 def training_examples(model, tokenizer, layer_ids, n: int, new_tokens: int, seed: int) -> list:
-    """The target's greedy continuations of ``n`` line-aligned windows of :data:`CORPUS`, with their features."""
-    stdlib = Path(os.__file__).resolve().parent
-    stream: list[int] = []
-    for name in CORPUS:
-        stream += tokenizer.encode((stdlib / name).read_text(encoding="utf-8")) + [tokenizer.eos_token_id]
-    nl = {i for t, i in tokenizer.get_vocab().items() if t.endswith("Ċ")}
-    starts = [i + 1 for i, t in enumerate(stream[:-200]) if t in nl]
-    rng = random.Random(seed)
-    prefixes = [stream[s:s + (48, 64, 96)[j % 3]] for j, s in enumerate(rng.choice(starts) for _ in range(n))]
+    """The target's greedy continuations of ``n`` line-aligned windows of the standard-library corpus, with their features."""
+    prefixes = corpus_windows(tokenizer, n, seed)
     conts = greedy_continuations(model, prefixes, new_tokens, batch_size=32)
     return build_drafter_examples(model, [p + c for p, c in zip(prefixes, conts)], [len(p) for p in prefixes],
                                   list(layer_ids))

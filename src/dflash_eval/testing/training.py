@@ -17,9 +17,13 @@ Everything here is deterministic given a seed and ``torch.set_num_threads`` (CPU
 from __future__ import annotations
 
 import math
+import os
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -353,3 +357,19 @@ def train_drafter(
     mean_acc = torch.stack(accs[-k:]).mean(0)
     return TrainResult(steps=cfg.steps, seconds=time.time() - t0, losses=losses, final_loss=sum(tail) / len(tail),
                        extra={f"acc_slot{i + 1}": float(a) for i, a in enumerate(mean_acc)})
+
+
+STDLIB_CORPUS = ("argparse.py", "dataclasses.py", "functools.py", "pathlib.py", "shutil.py", "typing.py")
+
+
+def corpus_windows(tokenizer: Any, n: int, seed: int, corpus: tuple[str, ...] = STDLIB_CORPUS) -> list[list[int]]:
+    """``n`` token windows of 48, 64 or 96 tokens (in turn) starting at random line starts of the standard library
+    modules ``corpus``, each module followed by EOS: the training sequences of the example and the second drafter."""
+    stdlib = Path(os.__file__).resolve().parent
+    stream: list[int] = []
+    for name in corpus:
+        stream += tokenizer.encode((stdlib / name).read_text(encoding="utf-8")) + [tokenizer.eos_token_id]
+    nl = {i for t, i in tokenizer.get_vocab().items() if t.endswith("Ċ")}
+    starts = [i + 1 for i, t in enumerate(stream[:-200]) if t in nl]
+    rng = random.Random(seed)
+    return [stream[s:s + (48, 64, 96)[j % 3]] for j, s in enumerate(rng.choice(starts) for _ in range(n))]
