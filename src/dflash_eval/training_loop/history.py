@@ -56,6 +56,7 @@ def checkpoint_reasons(session: Any) -> list[str] | None:
     against the floors, and ``--baseline``'s drop and ceiling; None when there are no floors at all (no floors file
     for the prompts, no ``--tau-floor`` / ``--tau-floor-prompt``) and no baseline."""
     from dflash_eval.metrics.verdict import gate_reasons, mean_thresholds
+    from dflash_eval.report.gate import baseline_reasons
 
     summary, floors = session.tau_summary(), session.floors
     if not floors.raw and not floors.explicit and summary.baseline is None:
@@ -63,14 +64,7 @@ def checkpoint_reasons(session: Any) -> list[str] | None:
     reasons = gate_reasons(summary.prompts, mean_thresholds(summary.mean_tau, summary.mean_ddtree, floors),
                            prompt_floors_required=floors.prompt_floors_required) if floors.raw or floors.explicit \
         else []
-    cmp = summary.baseline
-    if cmp is not None and not cmp.drop_passed:
-        reasons.append(f"τ dropped against the baseline: {100 * cmp.rel_change:+.2f} % (allowed -"
-                       f"{100 * cmp.drop_tol:g} %)")
-    if cmp is not None and not cmp.rise_passed:
-        reasons.append(f"τ rose {100 * cmp.rel_change:+.2f} % against the baseline (allowed +"
-                       f"{100 * cmp.rise_tol:g} %): check the drafter for a future-token leak")
-    return reasons
+    return reasons + baseline_reasons(summary.baseline)
 
 
 @dataclass
