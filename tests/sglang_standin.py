@@ -50,7 +50,11 @@ it (nor import torch): they start in a fraction of a second.
 
 ``POST /generate`` accepts exactly one of ``input_ids`` (``list[int]`` -> one object, ``list[list[int]]`` -> a list
 in the same order) or ``text`` (needs a tokenizer in the folder), and ``sampling_params`` as one dict or a list of
-dicts (one per prompt). Only greedy decoding (``temperature`` < 1e-6) is supported; anything else answers 400.
+dicts (one per prompt). ``temperature`` < 1e-6 is greedy; above it the stand-in samples with transformers'
+``generate(do_sample=True)`` under the request's ``temperature``, ``top_k`` (-1: all), ``top_p`` and ``min_p``
+(its own sampler: not the suite's, not SGLang's). As SGLang, it honours a request's ``sampling_seed`` only when
+started with ``--enable-deterministic-inference`` (``/server_info`` then says ``enable_deterministic_inference:
+true``): the draw is then a function of the seed and the prompt alone; otherwise the seed is ignored.
 
 Every answered request is logged as ``"METHOD PATH HTTP/1.1" STATUS``; :func:`request_counts` tallies a log's
 requests per path (how tests check that a client asked for readiness or identity only once).
@@ -143,6 +147,8 @@ class StandIn:
 
         transformers.logging.set_verbosity_error()
         torch.set_num_threads(1)
+        if not self.args.enable_deterministic_inference:  # SGLang's unseeded draws differ from one start to the next
+            torch.manual_seed(int.from_bytes(os.urandom(8), "little"))
         log(f"loading model from {self.model_path}")
         model = AutoModelForCausalLM.from_pretrained(self.model_path, local_files_only=True, dtype=torch.float32).eval()
         eos = model.generation_config.eos_token_id
@@ -166,8 +172,8 @@ class StandIn:
         import torch
 
         temperature = float(params.get("temperature", 1.0))
-        if temperature >= 1e-6:
-            raise BadRequest(f"the stand-in supports only greedy decoding (temperature 0), got {temperature}")
+        if temperature < 0:
+            raise BadRequest(f"temperature must be a non-negative finite number, got {temperature}")
         max_new = int(params.get("max_new_tokens", 128))
         if max_new < 1:
             raise BadRequest(f"max_new_tokens must be >= 1, got {max_new}")
@@ -181,9 +187,9 @@ class StandIn:
                 input_ids=ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new,
-                do_sample=False,
                 eos_token_id=sorted(stops) if stops else None,
                 pad_token_id=self.pad_id,
+                **self.sampling(params, temperature),
             )
             index, self.answered = self.answered, self.answered + 1
         gen = out[0, len(prompt) :].tolist()
@@ -220,6 +226,20 @@ class StandIn:
             hist[drafts // rounds + 1] += drafts % rounds
             meta["spec_accept_histogram"] = hist
         return {"text": text, "output_ids": gen, "meta_info": meta}
+
+    def sampling(self, params: dict[str, Any], temperature: float) -> dict[str, Any]:
+        """transformers ``generate`` arguments of one request's sampling (call under ``self.lock``: seeding sets
+        torch's global generator, which transformers' sampling draws from)."""
+        import torch
+
+        if temperature < 1e-6:
+            return {"do_sample": False}
+        seed = params.get("sampling_seed")
+        if seed is not None and self.args.enable_deterministic_inference:
+            torch.manual_seed(int(seed))
+        top_k = int(params.get("top_k", -1))
+        return {"do_sample": True, "temperature": temperature, "top_k": top_k if top_k > 0 else 0,
+                "top_p": float(params.get("top_p", 1.0)), "min_p": float(params.get("min_p", 0.0)) or None}
 
     def generate(self, request: Any) -> Any:
         self.load()
@@ -277,6 +297,7 @@ class StandIn:
             "host": self.args.host,
             "port": self.args.port,
             "speculative_algorithm": None,
+            "enable_deterministic_inference": bool(self.args.enable_deterministic_inference),
             "version": VERSION,
             "standin_mode": self.mode,
             "internal_states": [{"last_gen_throughput": 0.0}],
@@ -402,6 +423,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--synthetic-spec-accept-length", type=float, default=None, metavar="X",
                         help="SYNTHETIC (no drafter runs): emit meta_info.spec_accept_length ~= X and spec_verify_ct, "
                              "as a server with --speculative-algorithm would; for testing the reporting only")
+    parser.add_argument("--enable-deterministic-inference", action="store_true",
+                        help="honour each request's sampling_seed, as SGLang's flag of that name")
     return parser.parse_args(argv)
 
 

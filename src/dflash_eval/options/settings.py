@@ -247,10 +247,11 @@ class EvalSettings:
 
         if self.samples_per_prompt < 1:
             raise ConfigError(f"--samples-per-prompt must be >= 1, got {self.samples_per_prompt}")
-        if self.temperature > 0 and self.completions != "local":
-            raise ConfigError(f"--temperature {self.temperature} samples its references with the local target; "
-                              f"--completions {self.completions} serves greedy references only: use --completions "
-                              "local (docs/temperature.md)")
+        if self.temperature > 0 and self.online_tau and self.completions != "local":
+            raise ConfigError(f"--online-tau at --temperature {self.temperature} replays each sampled reference's "
+                              "random draws in the local speculative loop, which only references sampled locally "
+                              f"have (--completions {self.completions} takes the server's, drawn by its own "
+                              "sampler): use --completions local, or leave out --online-tau (docs/temperature.md)")
         try:
             return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
         except ValueError as exc:

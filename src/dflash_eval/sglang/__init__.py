@@ -2,7 +2,7 @@
 
 Import from here; the modules are :mod:`~dflash_eval.sglang.transport` (the error type, URL normalisation, log
 tail), :mod:`~dflash_eval.sglang.client` (readiness, identity, server info, :class:`SGLangClient`),
-:mod:`~dflash_eval.sglang.generate` (validated greedy ``POST /generate``), :mod:`~dflash_eval.sglang.ports`
+:mod:`~dflash_eval.sglang.generate` (validated greedy and seeded sampled ``POST /generate``), :mod:`~dflash_eval.sglang.ports`
 (is a port taken, and by which process), :mod:`~dflash_eval.sglang.launch` (launching and tearing down a server's
 process group) and :mod:`~dflash_eval.sglang.service` (the suite's server:
 launched or external, checked once, handing over a ready client).
@@ -23,7 +23,7 @@ URL, the time waited, the last status seen and the server log tail.
 from __future__ import annotations
 
 from dflash_eval.sglang.client import SGLangClient, check_identity, server_info, wait_until_ready
-from dflash_eval.sglang.generate import Completion, generate_greedy
+from dflash_eval.sglang.generate import Completion, generate_greedy, generate_sampled
 from dflash_eval.sglang.launch import LaunchedServer, process_alive
 from dflash_eval.sglang.service import DEFAULT_LAUNCH_URL, SERVER_LOG_NAME, SGLangService, SGLangUnavailable
 from dflash_eval.sglang.transport import SGLangError, log_tail, normalize_url
@@ -36,6 +36,7 @@ __all__ = [
     "wait_until_ready",
     "check_identity",
     "generate_greedy",
+    "generate_sampled",
     "server_info",
     "LaunchedServer",
     "SGLangService",

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import requests
 
-from dflash_eval.sglang.generate import Completion, generate_greedy
+from dflash_eval.sglang.generate import Completion, generate_greedy, generate_sampled
 from dflash_eval.sglang.transport import (
     SGLangError,
     connection_broke,
@@ -292,16 +292,31 @@ class SGLangClient:
     ) -> list[Completion]:
         """Greedy completions of ``batch_input_ids``, validated as :func:`generate_greedy` does, each request
         bounded by this client's ``request_timeout_s``."""
+        return self._call(lambda: generate_greedy(
+            self.url, batch_input_ids, max_new_tokens=max_new_tokens, timeout_s=self.request_timeout_s,
+            batch_size=self.batch_size, stop_token_ids=stop_token_ids))
+
+    def generate_sampled(
+        self,
+        batch_input_ids: list[list[int]],
+        *,
+        sampling: dict,
+        seeds: list[int],
+        max_new_tokens: int,
+        stop_token_ids: list[int] | None = None,
+    ) -> list[Completion]:
+        """Sampled completions of ``batch_input_ids`` (prompt i with ``sampling_seed: seeds[i]``), validated as
+        :func:`generate_sampled` does, each request bounded by this client's ``request_timeout_s``."""
+        return self._call(lambda: generate_sampled(
+            self.url, batch_input_ids, sampling=sampling, seeds=seeds, max_new_tokens=max_new_tokens,
+            timeout_s=self.request_timeout_s, batch_size=self.batch_size, stop_token_ids=stop_token_ids))
+
+    def _call(self, request: Callable[[], list[Completion]]) -> list[Completion]:
+        """Run one ``/generate`` call between liveness checks; a broken connection to a launched server waits for
+        its exit (``exit_wait_s``) so that the error carries the exit code and log tail."""
         self._check_alive()
         try:
-            out = generate_greedy(
-                self.url,
-                batch_input_ids,
-                max_new_tokens=max_new_tokens,
-                timeout_s=self.request_timeout_s,
-                batch_size=self.batch_size,
-                stop_token_ids=stop_token_ids,
-            )
+            out = request()
         except SGLangError as exc:
             if self.alive is None or not connection_broke(exc):
                 self._check_alive("while answering POST /generate")

@@ -1,9 +1,13 @@
-"""Greedy completions from an SGLang server's ``POST /generate``, validated completely before anything is returned.
+"""Completions from an SGLang server's ``POST /generate``, validated completely before anything is returned.
 
-The request carries ``input_ids`` and ``temperature: 0`` (argmax). :func:`generate_greedy` validates the whole
-response before returning anything, so a caller that caches its result can never cache a partial or malformed
-answer; every failure raises :class:`~dflash_eval.sglang.transport.SGLangError` naming the field and the URL.
-Each request is bounded by a total deadline (also against a server that trickles bytes), so no call can hang.
+:func:`generate_greedy` sends ``input_ids`` with ``temperature: 0`` (argmax); :func:`generate_sampled` sends one
+``sampling_params`` dict per prompt (SGLang's ``/generate`` takes a list, one per prompt): the temperature, top-k,
+top-p and min-p of the run and that prompt's ``sampling_seed``. SGLang honours a per-request ``sampling_seed`` only
+when the server runs with ``--enable-deterministic-inference`` (its seeded Gumbel-max sampler); otherwise it samples
+from its own generator and the seed has no effect. Both validate the whole response before returning anything, so
+a caller that caches the result can never cache a partial or malformed answer; every failure raises
+:class:`~dflash_eval.sglang.transport.SGLangError` naming the field and the URL. Each request is bounded by a total
+deadline (also against a server that trickles bytes), so no call can hang.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import requests
 
 from dflash_eval.sglang.transport import SGLangError, describe_exception, excerpt, normalize_url
 
-__all__ = ["Completion", "generate_greedy"]
+__all__ = ["Completion", "generate_greedy", "generate_sampled"]
 
 logger = logging.getLogger("dflash_eval.sglang")
 
@@ -142,7 +146,7 @@ def _parse_item(item: Any, *, index: int, where: str, max_new_tokens: int) -> Co
     if not output_ids:
         raise SGLangError(
             f"{where}: item [{index}] has an empty output_ids (finish_reason={finish!r}); "
-            f"a greedy completion must contain at least one token"
+            f"a reference completion must contain at least one token"
         )
     if len(output_ids) > max_new_tokens:
         raise bad("output_ids", f"has {len(output_ids)} tokens, more than max_new_tokens={max_new_tokens}")
@@ -180,14 +184,15 @@ def _parse_item(item: Any, *, index: int, where: str, max_new_tokens: int) -> Co
     )
 
 
-def _check_arguments(base: str, *, max_new_tokens: Any, batch_size: Any, timeout_s: float) -> None:
+def _check_arguments(base: str, *, max_new_tokens: Any, batch_size: Any, timeout_s: float,
+                     caller: str = "generate_greedy") -> None:
     """SGLangError naming the argument: ``max_new_tokens`` and ``batch_size`` ints >= 1, ``timeout_s`` > 0."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise SGLangError(f"generate_greedy({base!r}): max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        raise SGLangError(f"{caller}({base!r}): max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise SGLangError(f"generate_greedy({base!r}): batch_size must be an int >= 1, got {batch_size!r}")
+        raise SGLangError(f"{caller}({base!r}): batch_size must be an int >= 1, got {batch_size!r}")
     if timeout_s <= 0:
-        raise SGLangError(f"generate_greedy({base!r}): timeout_s must be > 0, got {timeout_s}")
+        raise SGLangError(f"{caller}({base!r}): timeout_s must be > 0, got {timeout_s}")
 
 
 def _sampling_params(max_new_tokens: int, stop_token_ids: list[int] | None) -> dict[str, Any]:
@@ -236,6 +241,24 @@ def _request(endpoint: str, payload: dict[str, Any], *, where: str, timeout_s: f
     return decoded
 
 
+def _generate(endpoint: str, prompts: list[list[int]], params: list[dict[str, Any]], *, max_new_tokens: int,
+              timeout_s: float, batch_size: int) -> list[Completion]:
+    """POST ``prompts`` (with ``params[i]`` for prompt i) in requests of at most ``batch_size``, one after another;
+    every item of every answer validated before anything is returned."""
+    results: list[Completion] = []
+    for first in range(0, len(prompts), batch_size):
+        chunk = prompts[first : first + batch_size]
+        where = f"POST {endpoint} (prompts {first}..{first + len(chunk) - 1} of {len(prompts)})"
+        chunk_params = params[first : first + batch_size]
+        # one dict for a batch whose prompts share their parameters (the greedy case), else one per prompt
+        sent: Any = chunk_params[0] if all(p == chunk_params[0] for p in chunk_params) else chunk_params
+        decoded = _request(endpoint, {"input_ids": chunk, "sampling_params": sent}, where=where,
+                           timeout_s=timeout_s, expected=len(chunk))
+        for i, item in enumerate(decoded):
+            results.append(_parse_item(item, index=first + i, where=where, max_new_tokens=max_new_tokens))
+    return results
+
+
 def generate_greedy(
     url: str,
     batch_input_ids: list[list[int]],
@@ -264,15 +287,61 @@ def generate_greedy(
     prompts = _check_prompts(batch_input_ids)
     if not prompts:
         return []
-    sampling_params = _sampling_params(max_new_tokens, stop_token_ids)
     start = time.monotonic()
-    results: list[Completion] = []
-    for first in range(0, len(prompts), batch_size):
-        chunk = prompts[first : first + batch_size]
-        where = f"POST {endpoint} (prompts {first}..{first + len(chunk) - 1} of {len(prompts)})"
-        decoded = _request(endpoint, {"input_ids": chunk, "sampling_params": sampling_params}, where=where,
-                           timeout_s=timeout_s, expected=len(chunk))
-        for i, item in enumerate(decoded):
-            results.append(_parse_item(item, index=first + i, where=where, max_new_tokens=max_new_tokens))
+    params = [_sampling_params(max_new_tokens, stop_token_ids)] * len(prompts)
+    results = _generate(endpoint, prompts, params, max_new_tokens=max_new_tokens, timeout_s=timeout_s,
+                        batch_size=batch_size)
     logger.debug("SGLang %s: %d greedy completions in %.1fs", base, len(results), time.monotonic() - start)
+    return results
+
+
+def _check_sampling(base: str, sampling: Any, seeds: Any, n: int) -> None:
+    """SGLangError naming the argument: ``sampling`` a dict with a temperature > 0, one int seed per prompt."""
+    if not isinstance(sampling, dict) or not isinstance(sampling.get("temperature"), (int, float)) \
+            or isinstance(sampling.get("temperature"), bool) or not sampling["temperature"] > 0:
+        raise SGLangError(f"generate_sampled({base!r}): sampling must be a dict of sampling_params with a "
+                          f"temperature > 0 (use generate_greedy for temperature 0), got {sampling!r}")
+    bad_keys = sorted(set(sampling) & {"max_new_tokens", "sampling_seed", "stop_token_ids"})
+    if bad_keys:
+        raise SGLangError(f"generate_sampled({base!r}): sampling must not set {bad_keys}: they are arguments of "
+                          "their own")
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or len(seeds) != n or not all(
+            isinstance(x, numbers.Integral) and not isinstance(x, bool) and 0 <= x < 2**63 for x in seeds):
+        raise SGLangError(f"generate_sampled({base!r}): seeds must be one int in 0 .. 2**63 - 1 per prompt "
+                          f"({n} prompts), got {excerpt(repr(seeds), 200)}")
+
+
+def generate_sampled(
+    url: str,
+    batch_input_ids: list[list[int]],
+    *,
+    sampling: dict[str, Any],
+    seeds: Sequence[int],
+    max_new_tokens: int,
+    timeout_s: float = 600.0,
+    batch_size: int = 32,
+    stop_token_ids: list[int] | None = None,
+) -> list[Completion]:
+    """Sampled completions of ``batch_input_ids`` from ``POST /generate``, one :class:`Completion` per prompt.
+
+    ``sampling``: the ``sampling_params`` fields of the draw (``temperature`` > 0, and ``top_k``, ``top_p``,
+    ``min_p`` as SGLang names them, e.g. :meth:`dflash_eval.target.sampling.SamplingParams.sglang`); prompt ``i``
+    is sent with ``sampling_seed: seeds[i]`` (honoured by a server started with
+    ``--enable-deterministic-inference``, see the module docstring). Requests, deadlines and validation as
+    :func:`generate_greedy`.
+    """
+    base = normalize_url(url)
+    endpoint = base + "/generate"
+    _check_arguments(base, max_new_tokens=max_new_tokens, batch_size=batch_size, timeout_s=timeout_s,
+                     caller="generate_sampled")
+    prompts = _check_prompts(batch_input_ids)
+    _check_sampling(base, sampling, seeds, len(prompts))
+    if not prompts:
+        return []
+    start = time.monotonic()
+    common = {**_sampling_params(max_new_tokens, stop_token_ids), **sampling}
+    params = [{**common, "sampling_seed": int(seed)} for seed in seeds]
+    results = _generate(endpoint, prompts, params, max_new_tokens=max_new_tokens, timeout_s=timeout_s,
+                        batch_size=batch_size)
+    logger.debug("SGLang %s: %d sampled completions in %.1fs", base, len(results), time.monotonic() - start)
     return results

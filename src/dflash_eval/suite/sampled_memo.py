@@ -1,11 +1,15 @@
 """τ at ``--temperature`` > 0: sampled reference completions and the chain / DDTree τ simulated on them.
 
-Each prompt gets ``--samples-per-prompt`` completions sampled from the target (locally, in left-padded batches;
-:func:`dflash_eval.target.generation.greedy_generate_batch` with ``sampling``), sample ``k`` drawn with the stream
-seed of (``--sampling-seed``, prompt id, k) (:func:`dflash_eval.target.sampling.stream_seed`). Each is one
-``sampled_completion`` cache entry keyed by the target, the prompt ids, the length, the sampling settings and the
-stream seed (so a run with more samples reuses the first ones; greedy completions and their snapshots are other
-entries, untouched). The chain and DDTree loops are simulated on every sample as on a greedy reference
+Each prompt gets ``--samples-per-prompt`` completions sampled from the target, sample ``k`` drawn with the stream
+seed of (``--sampling-seed``, prompt id, k) (:func:`dflash_eval.target.sampling.stream_seed`): with
+``--completions local`` by the local target in left-padded batches
+(:func:`dflash_eval.target.generation.greedy_generate_batch` with ``sampling``), with ``--completions sglang`` by
+the server, the stream seed sent as the request's ``sampling_seed`` and every answer checked against the local
+target before anything is cached (:mod:`dflash_eval.suite.sampled_server`). Each is one ``sampled_completion``
+cache entry keyed by the target, the prompt ids, the length, the source, the sampling settings and the stream seed
+(so a run with more samples reuses the first ones; greedy completions and their snapshots are other entries,
+untouched; ``--completions cache`` takes either source's entry). The memoised τ is keyed by the references'
+contents. The chain and DDTree loops are simulated on every sample as on a greedy reference
 (:func:`dflash_eval.metrics.tau.simulate_tau`, features of one target forward over the sampled sequence), one
 prompt's samples per batch; a prompt's τ is the mean over its samples
 (:class:`dflash_eval.metrics.sampled_tau.SampledTau`), memoised in one ``tau_sampled`` entry (derived).
@@ -22,6 +26,7 @@ import torch
 
 from dflash_eval.cache.code_version import CODE_VERSION
 from dflash_eval.cache.entry_checks import Expected
+from dflash_eval.cache.keys import ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.errors import EvalError
 from dflash_eval.metrics.sampled_tau import pool_samples
@@ -37,16 +42,29 @@ __all__ = ["sampled_completions", "sampled_tau", "completion_request"]
 Pair = tuple[str, int]  # (prompt id, sample index)
 
 
-def completion_request(ev: DrafterEvaluation, pid: str, sample: int) -> Request:
-    """The cache request of one sampled reference completion."""
+def _completion_fields(ev: DrafterEvaluation, pid: str, sample: int, source: str) -> dict[str, Any]:
     inp, s = ev.inputs, ev.settings
-    fields = {"target": inp.target_identity, "prompt_ids": ev.references.prompt_ids(pid),
-              "max_new_tokens": s.max_new_tokens, "source": "local", "sampling": s.sampling.to_dict(),
-              "stream_seed": stream_seed(s.sampling_seed, pid, sample), "backend": s.eval_backend,
-              "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device), "versions": library_versions(),
-              "stop_at_eos": True}
-    return Request("sampled_completion", fields, expect=Expected(tensors={"output_ids": (torch.int64, (None,))}),
-                   what=f"sampled reference completion {sample} of prompt {pid!r}", item=f"{pid}#{sample}")
+    fields: dict[str, Any] = {"target": inp.target_identity, "prompt_ids": ev.references.prompt_ids(pid),
+                              "max_new_tokens": s.max_new_tokens, "source": source, "sampling": s.sampling.to_dict(),
+                              "stream_seed": stream_seed(s.sampling_seed, pid, sample)}
+    if source == "local":
+        fields.update(backend=s.eval_backend, dtype=str(s.torch_dtype), device_kind=device_kind(s.torch_device),
+                      versions=library_versions(), stop_at_eos=True)
+    return fields
+
+
+def completion_request(ev: DrafterEvaluation, pid: str, sample: int) -> Request:
+    """The cache request of one sampled reference completion from the ``--completions`` source (``cache``: an
+    entry of either source serves; the server's entry has the stream seed it was sent as ``sampling_seed``)."""
+    mode = ev.settings.completions
+    sources = ("local", "sglang") if mode == "cache" else (mode,)
+    expect = Expected(tensors={"output_ids": (torch.int64, (None,))})
+    what = f"sampled reference completion {sample} of prompt {pid!r}" + (
+        " (--completions cache never samples)" if mode == "cache" else "")
+    reqs = [Request("sampled_completion", _completion_fields(ev, pid, sample, src), expect=expect, what=what,
+                    item=f"{pid}#{sample}") for src in sources]
+    return Request(reqs[0].kind, reqs[0].fields, expect=expect, what=what, item=reqs[0].item,
+                   alternatives=tuple(reqs[1:]))
 
 
 def _pairs(ev: DrafterEvaluation) -> list[Pair]:
@@ -54,6 +72,20 @@ def _pairs(ev: DrafterEvaluation) -> list[Pair]:
 
 
 def _producer(ev: DrafterEvaluation, pairs: list[Pair]) -> Any:
+    """The producer of one batch's missing sampled completions for the ``--completions`` source."""
+    mode = ev.settings.completions
+    if mode == "sglang":
+        from dflash_eval.suite.sampled_server import fetch_sampled
+
+        return lambda todo: fetch_sampled(ev, pairs, todo, completion_request)
+    if mode == "cache":
+        def refuse(todo: list[Request]) -> list[Produced]:
+            raise EvalError(f"--completions cache: no cached sampled completion for {[r.item for r in todo]} under "
+                            f"{ev.settings.cache_dir} (these sampling settings and --sampling-seed); run once with "
+                            "--completions local or sglang")
+
+        return refuse
+
     def produce(todo: list[Request]) -> list[Produced]:
         from dflash_eval.target.generation import greedy_generate_batch
 
@@ -71,7 +103,8 @@ def _producer(ev: DrafterEvaluation, pairs: list[Pair]) -> Any:
         inp.meter.counts["generated_tokens"] += sum(len(o) for o in outs)
         dt = (time.perf_counter() - t0) / max(1, len(want))
         made = {completion_request(ev, *p).key: Produced({"output_ids": torch.tensor(ids, dtype=torch.int64)},
-                                                         {"prompt_id": p[0], "sample": p[1], "seconds": dt},
+                                                         {"prompt_id": p[0], "sample": p[1], "seconds": dt,
+                                                          "source": "local"},
                                                          tokens=len(ids))
                 for p, ids in zip(want, outs)}
         return [made[r.key] for r in todo]
@@ -98,13 +131,15 @@ def sampled_completions(ev: DrafterEvaluation) -> dict[str, list[list[int]]]:
     return out
 
 
-def _tau_fields(ev: DrafterEvaluation, budgets: tuple[int, ...]) -> dict[str, Any]:
+def _tau_fields(ev: DrafterEvaluation, comps: dict[str, list[list[int]]], budgets: tuple[int, ...]) -> dict[str, Any]:
+    """The τ entry's key: the drafter, the settings and every sampled reference by its content (whichever source
+    served it)."""
     s = ev.settings
     return {"drafter": ev.checkpoint.fingerprint, "drafter_config": ev.checkpoint.config.to_dict(),
             "code": CODE_VERSION, "budgets": list(budgets), "max_blocks": s.max_blocks,
             "backend": ev.inputs.eval_side.backend, "dtype": str(s.torch_dtype),
             "device_kind": device_kind(s.torch_device), "versions": library_versions(),
-            "completions": [completion_request(ev, *p).key for p in _pairs(ev)]}
+            "completions": [ids_digest(ev.references.prompt_ids(pid) + comps[pid][k]) for pid, k in _pairs(ev)]}
 
 
 def _simulate(ev: DrafterEvaluation, comps: dict[str, list[list[int]]], budgets: tuple[int, ...]) -> Produced:
@@ -140,7 +175,7 @@ def sampled_tau(ev: DrafterEvaluation, budgets: tuple[int, ...]) -> dict[str, Pr
     from dflash_eval.suite.evaluation import PromptTau
 
     comps = sampled_completions(ev)
-    req = Request("tau_sampled", _tau_fields(ev, budgets), what="τ of every prompt on its sampled references",
+    req = Request("tau_sampled", _tau_fields(ev, comps, budgets), what="τ of every prompt on its sampled references",
                   derived=True)
     entry = ev.inputs.cache.ensure([Batch([req], lambda todo: [_simulate(ev, comps, budgets)])])[req.key]
     bs, t = ev.checkpoint.config.block_size, entry.tensors

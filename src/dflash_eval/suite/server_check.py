@@ -27,8 +27,7 @@ from dflash_eval.target.backends import use_backend
 from dflash_eval.target.generation import generation_groups
 
 __all__ = ["SERVER_MAX_DISAGREEMENT", "CHECK_LOGITS_BUDGET", "Disagreement", "check_server_completions",
-           "teacher_forced_tensors",
-           "disagreement", "teacher_forced_batch"]
+           "teacher_forced_tensors", "disagreement", "teacher_forced_batch", "teacher_forced_logits"]
 
 #: Largest fraction of a fetched completion's tokens that the local target's teacher-forced argmax may disagree
 #: with (at least one token: a bf16 server flips near-ties); above it the server is refused.
@@ -67,18 +66,25 @@ def teacher_forced_tensors(logits: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def teacher_forced_batch(model: Any, rows: list[tuple[list[int], list[int]]], device: Any,
-                         pad_id: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def teacher_forced_logits(model: Any, rows: list[tuple[list[int], list[int]]], device: Any,
+                          pad_id: int = 0) -> list[torch.Tensor]:
     """One right-padded causal forward of ``model`` over every (prompt ids, completion ids) of ``rows``: for each
-    row the argmax and top-1 minus top-2 logit margin at the positions that predict its completion tokens."""
+    row the float32 logits [len(completion), V] at the positions that predict its completion tokens."""
     width = max(len(p) + len(c) for p, c in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     for n, (p, c) in enumerate(rows):
         ids[n, :len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
     logits = model(input_ids=ids.to(device)).logits
+    return [logits[n, len(p) - 1:len(p) - 1 + len(c)].float() for n, (p, c) in enumerate(rows)]
+
+
+def teacher_forced_batch(model: Any, rows: list[tuple[list[int], list[int]]], device: Any,
+                         pad_id: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`teacher_forced_logits` as, for each row, the argmax and top-1 minus top-2 logit margin at the
+    positions that predict its completion tokens."""
     out = []
-    for n, (p, c) in enumerate(rows):
-        t = teacher_forced_tensors(logits[n, len(p) - 1:len(p) - 1 + len(c)].float())
+    for lg in teacher_forced_logits(model, rows, device, pad_id):
+        t = teacher_forced_tensors(lg)
         out.append((t["argmax"], t["margin"]))
     return out
 
