@@ -40,6 +40,24 @@ def suite_checkout(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -
     return make
 
 
+@pytest.fixture
+def bundled_suite(pytester: pytest.Pytester, suite_checkout: Callable[..., Path],
+                  tmp_path: Path) -> Callable[..., pytest.RunResult]:
+    """``bundled_suite(*args, report=NAME, cache=DIR)``: the suite, in-process in a fresh checkout, on the first 2
+    bundled prompts with the bundled target and drafter, the cache in ``DIR`` and the reports in ``tmp_path / NAME``,
+    with ``args`` after those; pytester's RunResult."""
+    suite_checkout()
+    fixtures = ROOT / "fixtures"
+
+    def go(*args: str, report: str, cache: Path) -> pytest.RunResult:
+        return pytester.runpytest_inprocess(
+            "tests_eval", "-q", "--target-model", str(fixtures / "target"), "--drafter", str(fixtures / "drafter"),
+            "--prompts", str(fixtures / "prompts.jsonl"), "--num-prompts", "2", "--cache-dir", str(cache),
+            "--report-dir", str(tmp_path / report), *args)
+
+    return go
+
+
 @pytest.fixture(scope="session")
 def target_modules_imported() -> None:
     """Import what loading the bundled target imports (transformers' modeling module, torch's operator libraries)

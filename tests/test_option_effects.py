@@ -30,7 +30,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGET, DRAFTER = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter"
 ROWS = ROOT / "tests" / "data" / "prompt_sets" / "rows"
 pytestmark = pytest.mark.slow
 
@@ -41,15 +40,11 @@ def cache_dir(tmp_path_factory, target_modules_imported) -> Path:
 
 
 @pytest.fixture
-def run(pytester, cache_dir, suite_checkout, tmp_path):
+def run(bundled_suite, cache_dir, tmp_path):
     """``run(*args, report=NAME)``: the suite on 2 bundled prompts with ``args``; (result, call reports by name)."""
-    suite_checkout()
 
     def go(*args: str, report: str, cache: Path | None = None):
-        res = pytester.runpytest_inprocess(
-            "tests_eval", "-q", "--target-model", str(TARGET), "--drafter", str(DRAFTER), "--prompts",
-            str(ROOT / "fixtures" / "prompts.jsonl"), "--num-prompts", "2", "--cache-dir", str(cache or cache_dir),
-            "--report-dir", str(tmp_path / report), *args)
+        res = bundled_suite(*args, report=report, cache=cache or cache_dir)
         calls = {r.nodeid.split("::")[-1]: r for r in res.reprec.getreports("pytest_runtest_logreport")
                  if r.when == "call" or r.outcome != "passed"}
         go.report = tmp_path / report

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-TARGET, DRAFTER = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter"
 pytestmark = pytest.mark.slow
 SAMPLED = ("--temperature", "0.6", "--samples-per-prompt", "2")
 
@@ -29,16 +27,13 @@ def cache_dir(tmp_path_factory, target_modules_imported) -> Path:
 
 
 @pytest.fixture
-def run(pytester, cache_dir, suite_checkout, tmp_path):
+def run(bundled_suite, cache_dir, tmp_path):
     """``run(*args, report=NAME)``: eval.json of ``-k tau`` on 2 bundled prompts, 16 new tokens, with ``args``."""
-    suite_checkout()
 
     def go(*args: str, report: str) -> dict:
-        res = pytester.runpytest_inprocess(
-            "tests_eval", "-q", "-k", "tau", "--target-model", str(TARGET), "--drafter", str(DRAFTER), "--prompts",
-            str(ROOT / "fixtures" / "prompts.jsonl"), "--num-prompts", "2", "--max-new-tokens", "16",
-            "--cache-dir", str(cache_dir), "--report-dir", str(tmp_path / report),
-            "--floors-file", str(tmp_path / f"{report}.floors.json"), "--update-tau-floors", *args)
+        res = bundled_suite("-k", "tau", "--max-new-tokens", "16", "--floors-file",
+                            str(tmp_path / f"{report}.floors.json"), "--update-tau-floors", *args, report=report,
+                            cache=cache_dir)
         assert res.ret == 0, res.stdout.str()
         return json.loads((tmp_path / report / "eval.json").read_text(encoding="utf-8"))
 
