@@ -148,6 +148,23 @@ def test_suite_warns_of_an_unseeded_server_and_refuses_one_that_samples_other_we
     assert not sampled_entries(tmp_path / "wrong" / "cache")
 
 
+@pytest.mark.slow
+@pytest.mark.sglang
+def test_a_warm_greedy_cache_still_starts_the_server_for_the_sampled_references(tmp_path: Path) -> None:
+    port = free_port()
+    launch = ("--sglang-launch", standin_cmd(port, "--enable-deterministic-inference"), "--sglang-url",
+              f"http://127.0.0.1:{port}", "--num-prompts", "1", "--max-new-tokens", "16", "-k", "tau")
+    greedy = run_suite(tmp_path, *launch)
+    assert greedy.returncode == 0, show(greedy)
+    assert not sampled_entries(tmp_path / "cache")
+    sampled = run_suite(tmp_path, *launch, "--temperature", "0.6", "--samples-per-prompt", "2")
+    assert sampled.returncode == 0, show(sampled)
+    assert len(sampled_entries(tmp_path / "cache")) == 2
+    again = run_suite(tmp_path, "--sglang-url", f"http://127.0.0.1:{free_port()}", *launch[4:], "--temperature",
+                      "0.6", "--samples-per-prompt", "2")  # everything cached: no server is asked
+    assert again.returncode == 0 and "SGLang" not in again.stderr, show(again)
+
+
 def test_online_tau_at_temperature_needs_local_references() -> None:
     from dflash_eval.errors import ConfigError
     from dflash_eval.options.settings import EvalSettings

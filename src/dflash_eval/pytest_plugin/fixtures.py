@@ -91,11 +91,19 @@ def drafter(eval_session: EvalSession) -> Any:
     return guard(lambda: eval_session.evaluation.drafter)
 
 
+def references_cached(eval_session: EvalSession) -> bool:
+    """Whether every reference the run needs is cached: the greedy completions and, at ``--temperature`` > 0,
+    the sampled ones."""
+    from dflash_eval.suite.sampled_memo import sampled_cached
+
+    return eval_session.references.cached() and sampled_cached(eval_session.evaluation)
+
+
 @pytest.fixture(scope="session")
 def reference_completions(eval_session: EvalSession, request: pytest.FixtureRequest) -> Any:
     """{prompt id: CompletionRecord}, from the cache, else produced (SGLang or the target's greedy generation)."""
     s = eval_session.settings
-    if s.completions == "sglang" and not s.cache_only and not guard(eval_session.references.cached):
+    if s.completions == "sglang" and not s.cache_only and not guard(lambda: references_cached(eval_session)):
         request.getfixturevalue("sglang")  # fetches them; no server: skip (--require-sglang: fail)
     return guard(eval_session.completions)
 
@@ -103,7 +111,8 @@ def reference_completions(eval_session: EvalSession, request: pytest.FixtureRequ
 @pytest.fixture(scope="session")
 def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[Any]:
     """The SGLang server (``--sglang-url``, or started by ``--sglang-launch``), used only when the reference
-    completions are not cached: the service waits for readiness (``--sglang-timeout``) and checks ``/model_info``
+    completions (at ``--temperature`` > 0 also the sampled ones) are not cached: the service waits for readiness
+    (``--sglang-timeout``) and checks ``/model_info``
     names the target, then hands its ready client to the completions stage, which fetches and caches every
     completion; at session end a launched server's whole process group is stopped.
 
@@ -113,6 +122,7 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[A
     :class:`dflash_eval.sglang.SGLangService` (``None`` when another worker already fetched).
     """
     from dflash_eval.sglang import SGLangService, SGLangUnavailable
+    from dflash_eval.suite.sampled_memo import sampled_completions
 
     svc = guard(lambda: SGLangService(eval_session.settings))
     pytestconfig.stash[SGLANG] = svc
@@ -120,10 +130,13 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[A
     msg = None
     try:
         with eval_session.inputs.cache.locked("sglang-server"):
-            if not eval_session.references.cached():
+            ev = eval_session.evaluation
+            if not references_cached(eval_session):
                 needed = True
                 eval_session.references.server.attach(svc.start(), svc.info())
                 eval_session.completions()  # fetched and cached while holding the lock
+                if ev.sampled:  # at --temperature > 0 the sampled references too
+                    sampled_completions(ev)
     except SGLangUnavailable as exc:
         svc.stop()
         if not eval_session.settings.require_sglang:

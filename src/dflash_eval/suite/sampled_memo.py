@@ -37,7 +37,7 @@ from dflash_eval.target.sampling import stream_seed
 if TYPE_CHECKING:
     from dflash_eval.suite.evaluation import DrafterEvaluation, PromptTau
 
-__all__ = ["sampled_completions", "sampled_tau", "completion_request"]
+__all__ = ["sampled_completions", "sampled_cached", "sampled_tau", "completion_request"]
 
 Pair = tuple[str, int]  # (prompt id, sample index)
 
@@ -110,6 +110,14 @@ def _producer(ev: DrafterEvaluation, pairs: list[Pair]) -> Any:
         return [made[r.key] for r in todo]
 
     return produce
+
+
+def sampled_cached(ev: DrafterEvaluation) -> bool:
+    """Whether every selected prompt's sampled completions are cached for the ``--completions`` source (True for a
+    greedy run, which has none)."""
+    if not ev.sampled:
+        return True
+    return all(ev.inputs.cache.has(completion_request(ev, *p)) for p in _pairs(ev))
 
 
 def sampled_completions(ev: DrafterEvaluation) -> dict[str, list[list[int]]]:
