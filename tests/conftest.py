@@ -24,10 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def suite_checkout(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Path]:
+def suite_checkout(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                   target_modules_imported: None) -> Callable[..., Path]:
     """``suite_checkout(addopts="")``: the pytester directory made a checkout of the suite (a copy of tests_eval/, a
     conftest loading the plugin, an ini with ``addopts`` after the common ones), with no ``DFLASH_EVAL_*`` or
-    ``PYTEST_XDIST_*`` variable of the calling environment; returns the directory."""
+    ``PYTEST_XDIST_*`` variable of the calling environment; returns the directory. The target's modules are imported
+    first (``target_modules_imported``): an in-process run that imported them itself would have them removed again
+    by pytester's ``sys.modules`` snapshot, and the next in-process run could not load the target."""
 
     def make(addopts: str = "") -> Path:
         shutil.copytree(ROOT / "tests_eval", pytester.path / "tests_eval")
