@@ -160,9 +160,15 @@ def test_a_warm_greedy_cache_still_starts_the_server_for_the_sampled_references(
     sampled = run_suite(tmp_path, *launch, "--temperature", "0.6", "--samples-per-prompt", "2")
     assert sampled.returncode == 0, show(sampled)
     assert len(sampled_entries(tmp_path / "cache")) == 2
+    taus = json.loads((tmp_path / "reports" / "eval.json").read_text())["prompts"]
     again = run_suite(tmp_path, "--sglang-url", f"http://127.0.0.1:{free_port()}", *launch[4:], "--temperature",
                       "0.6", "--samples-per-prompt", "2")  # everything cached: no server is asked
     assert again.returncode == 0 and "SGLang" not in again.stderr, show(again)
+    cached = run_suite(tmp_path, *launch[4:], "--completions", "cache", "--temperature", "0.6",
+                       "--samples-per-prompt", "2")  # --completions cache takes the server's sampled entries
+    assert cached.returncode == 0, show(cached)
+    again_taus = json.loads((tmp_path / "reports" / "eval.json").read_text())["prompts"]
+    assert {p: r["sample_tau"] for p, r in again_taus.items()} == {p: r["sample_tau"] for p, r in taus.items()}
 
 
 def test_online_tau_at_temperature_needs_local_references() -> None:
