@@ -91,19 +91,11 @@ def drafter(eval_session: EvalSession) -> Any:
     return guard(lambda: eval_session.evaluation.drafter)
 
 
-def references_cached(eval_session: EvalSession) -> bool:
-    """Whether every reference the run needs is cached: the greedy completions and, at ``--temperature`` > 0,
-    the sampled ones."""
-    from dflash_eval.suite.sampled_memo import sampled_cached
-
-    return eval_session.references.cached() and sampled_cached(eval_session.evaluation)
-
-
 @pytest.fixture(scope="session")
 def reference_completions(eval_session: EvalSession, request: pytest.FixtureRequest) -> Any:
     """{prompt id: CompletionRecord}, from the cache, else produced (SGLang or the target's greedy generation)."""
     s = eval_session.settings
-    if s.completions == "sglang" and not s.cache_only and not guard(lambda: references_cached(eval_session)):
+    if s.completions == "sglang" and not s.cache_only and not guard(eval_session.references_cached):
         request.getfixturevalue("sglang")  # fetches them; no server: skip (--require-sglang: fail)
     return guard(eval_session.completions)
 
@@ -122,7 +114,6 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[A
     :class:`dflash_eval.sglang.SGLangService` (``None`` when another worker already fetched).
     """
     from dflash_eval.sglang import SGLangService, SGLangUnavailable
-    from dflash_eval.suite.sampled_memo import sampled_completions
 
     svc = guard(lambda: SGLangService(eval_session.settings))
     pytestconfig.stash[SGLANG] = svc
@@ -130,13 +121,10 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[A
     msg = None
     try:
         with eval_session.inputs.cache.locked("sglang-server"):
-            ev = eval_session.evaluation
-            if not references_cached(eval_session):
+            if not eval_session.references_cached():
                 needed = True
                 eval_session.references.server.attach(svc.start(), svc.info())
-                eval_session.completions()  # fetched and cached while holding the lock
-                if ev.sampled:  # at --temperature > 0 the sampled references too
-                    sampled_completions(ev)
+                eval_session.fetch_references()  # fetched and cached while holding the lock
     except SGLangUnavailable as exc:
         svc.stop()
         if not eval_session.settings.require_sglang:

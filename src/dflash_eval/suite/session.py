@@ -77,6 +77,22 @@ class EvalSession:
     def completions(self) -> dict[str, CompletionRecord]:
         return self.evaluation.completions()
 
+    def references_cached(self) -> bool:
+        """Whether every reference the run needs is cached: the greedy completions and, at ``--temperature`` > 0,
+        the sampled ones."""
+        from dflash_eval.suite.sampled_memo import sampled_cached
+
+        return self.references.cached() and sampled_cached(self.evaluation)
+
+    def fetch_references(self) -> None:
+        """Produce (or read) every reference the run needs: the greedy completions and, at ``--temperature`` > 0,
+        the sampled ones (what the SGLang fixture does while it holds the server)."""
+        self.completions()
+        if self.evaluation.sampled:
+            from dflash_eval.suite.sampled_memo import sampled_completions
+
+            sampled_completions(self.evaluation)
+
     def drift(self, name: str) -> Drift:
         return self.evaluation.drift(name)
 
