@@ -46,7 +46,8 @@ def server_seeds_requests(info: dict[str, Any] | None) -> bool:
 
 
 def _seeded(client: Any) -> bool:
-    """Ask the server once per process whether it is seeded; warn (once per URL) when it is not."""
+    """Ask the server whether it honours seeds (one ``GET /server_info`` per fetch); warn once per URL and process
+    when it does not."""
     url = str(getattr(client, "url", "the SGLang server"))
     try:
         info = client.info()
