@@ -8,9 +8,12 @@ produces the reference completions and features of the evaluation prompts, every
 only. Each evaluation appends a record to ``<report-dir>/history.jsonl``; at the end the trend table
 (``history.md``) and the τ-vs-step plot (``history.png``) are written beside it.
 
-Run from a checkout (docs/training-loop.md shows its output)::
+Run from a checkout (docs/training-loop.md shows the output of the second command: τ 1.00 -> 4.24 in 34 min on 2
+CPU cores)::
 
     PYTHONPATH=src .venv/bin/python docs/examples/train_with_eval.py --steps 300 --every 50
+    PYTHONPATH=src .venv/bin/python docs/examples/train_with_eval.py --steps 1200 --every 200 --windows 1536 \
+        --new-tokens 128
 """
 
 from __future__ import annotations
