@@ -12,7 +12,7 @@ Run from a checkout (docs/training-loop.md shows the output of the second comman
 CPU cores)::
 
     PYTHONPATH=src .venv/bin/python docs/examples/train_with_eval.py --steps 300 --every 50
-    PYTHONPATH=src .venv/bin/python docs/examples/train_with_eval.py --steps 1200 --every 200 --windows 1536 \
+    PYTHONPATH=src .venv/bin/python docs/examples/train_with_eval.py --steps 1200 --every 200 --windows 1536 \\
         --new-tokens 128
 """
 
