@@ -110,10 +110,11 @@ def test_batched_check_equals_each_rows_own_forward(tiny_target):
     """The server check's right-padded batch gives every row the argmax of its own unpadded forward (a causal model
     never looks at the padding after a row's last token)."""
     from dflash_eval.suite.references import teacher_forced_tensors
-    from dflash_eval.suite.server_check import teacher_forced_batch
+    from dflash_eval.suite.server_check import teacher_forced_logits
 
     rows = [([5, 9, 17, 3], [40, 41, 42]), ([7], [8, 9, 10, 11, 12, 13]), ([1, 2, 3, 4, 5, 6, 7, 8, 9], [100])]
-    got = teacher_forced_batch(tiny_target.model, rows, tiny_target.device)
+    got = [(t["argmax"], t["margin"]) for t in map(teacher_forced_tensors,
+                                                   teacher_forced_logits(tiny_target.model, rows, tiny_target.device))]
     for (p, c), (argmax, margin) in zip(rows, got, strict=True):
         with torch.no_grad():
             logits = tiny_target.model(input_ids=torch.tensor([p + c])).logits[0].float()

@@ -17,6 +17,7 @@ written bit for bit by the feature extraction): the check costs one batched forw
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from dflash_eval.target.backends import use_backend
 from dflash_eval.target.generation import generation_groups
 
 __all__ = ["SERVER_MAX_DISAGREEMENT", "CHECK_LOGITS_BUDGET", "Disagreement", "check_server_completions",
-           "teacher_forced_tensors", "disagreement", "teacher_forced_batch", "teacher_forced_logits"]
+           "teacher_forced_tensors", "disagreement", "teacher_forced_logits", "teacher_forced_rows"]
 
 #: Largest fraction of a fetched completion's tokens that the local target's teacher-forced argmax may disagree
 #: with (at least one token: a bf16 server flips near-ties); above it the server is refused.
@@ -78,15 +79,22 @@ def teacher_forced_logits(model: Any, rows: list[tuple[list[int], list[int]]], d
     return [logits[n, len(p) - 1:len(p) - 1 + len(c)].float() for n, (p, c) in enumerate(rows)]
 
 
-def teacher_forced_batch(model: Any, rows: list[tuple[list[int], list[int]]], device: Any,
-                         pad_id: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`teacher_forced_logits` as, for each row, the argmax and top-1 minus top-2 logit margin at the
-    positions that predict its completion tokens."""
-    out = []
-    for lg in teacher_forced_logits(model, rows, device, pad_id):
-        t = teacher_forced_tensors(lg)
-        out.append((t["argmax"], t["margin"]))
-    return out
+def teacher_forced_rows(inputs: Any, items: list[tuple[str, list[int], list[int]]]
+                        ) -> Iterator[tuple[str, list[int], torch.Tensor]]:
+    """(name, completion ids, float32 logits [len(completion), V] predicting them) of every (name, prompt ids,
+    completion ids) of ``items``, teacher-forced through ``inputs.target`` on the evaluation backend in right-padded
+    batches of at most :data:`CHECK_LOGITS_BUDGET` logits (the module docstring says why padding is exact)."""
+    s = inputs.settings
+    target = inputs.target
+    width = max(len(p) + len(c) for _, p, c in items)
+    rows_per_batch = max(1, CHECK_LOGITS_BUDGET // (width * max(1, inputs.vocab_size)))
+    by_name = {name: (p, c) for name, p, c in items}
+    for group in generation_groups({name: len(p) + len(c) for name, p, c in items}, rows_per_batch):
+        with inputs.meter.timed("target_forward"), use_backend(s.eval_backend, s.torch_device):
+            logits = teacher_forced_logits(target.model, [by_name[n] for n in group], target.device)
+        inputs.meter.counts["target_forwards"] += 1
+        for name, lg in zip(group, logits):
+            yield name, by_name[name][1], lg
 
 
 def _token(tokenizer: Any, t: int) -> str:
@@ -102,17 +110,10 @@ def check_server_completions(inputs: Any, items: list[tuple[str, list[int], list
     if not items:
         return
     s = inputs.settings
-    target = inputs.target
-    width = max(len(p) + len(c) for _, p, c in items)
-    rows_per_batch = max(1, CHECK_LOGITS_BUDGET // (width * max(1, inputs.vocab_size)))
-    by_id = {pid: (p, c) for pid, p, c in items}
     found: dict[str, Disagreement] = {}
-    for group in generation_groups({pid: len(p) + len(c) for pid, p, c in items}, rows_per_batch):
-        with inputs.meter.timed("target_forward"), use_backend(s.eval_backend, s.torch_device):
-            outs = teacher_forced_batch(target.model, [by_id[pid] for pid in group], target.device)
-        inputs.meter.counts["target_forwards"] += 1
-        for pid, (argmax, margin) in zip(group, outs):
-            found[pid] = disagreement(pid, by_id[pid][1], argmax, margin)
+    for pid, ids, logits in teacher_forced_rows(inputs, items):
+        t = teacher_forced_tensors(logits)
+        found[pid] = disagreement(pid, ids, t["argmax"], t["margin"])
     bad = [found[pid] for pid, _, _ in items if found[pid].refused]
     if not bad:
         return

@@ -31,13 +31,7 @@ from typing import Any
 import torch
 
 from dflash_eval.errors import EvalError
-from dflash_eval.suite.server_check import (
-    CHECK_LOGITS_BUDGET,
-    SERVER_MAX_DISAGREEMENT,
-    teacher_forced_logits,
-)
-from dflash_eval.target.backends import use_backend
-from dflash_eval.target.generation import generation_groups
+from dflash_eval.suite.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_rows
 from dflash_eval.target.sampling import process_logprobs
 
 __all__ = ["MIN_LIKELIHOOD_Z", "SampleFit", "check_sampled_completions", "sample_fit"]
@@ -119,16 +113,9 @@ def check_sampled_completions(inputs: Any, items: list[tuple[str, list[int], lis
     if not items:
         return []
     s = inputs.settings
-    width = max(len(p) + len(c) for _, p, c in items)
-    rows_per_batch = max(1, CHECK_LOGITS_BUDGET // (width * max(1, inputs.vocab_size)))
-    by_item = {name: (p, c) for name, p, c in items}
-    fits: dict[str, SampleFit] = {}
-    for group in generation_groups({name: len(p) + len(c) for name, p, c in items}, rows_per_batch):
-        with inputs.meter.timed("target_forward"), use_backend(s.eval_backend, s.torch_device):
-            logits = teacher_forced_logits(inputs.target.model, [by_item[n] for n in group], inputs.target.device)
-        inputs.meter.counts["target_forwards"] += 1
-        for name, lg in zip(group, logits):
-            fits[name] = sample_fit(name, by_item[name][1], process_logprobs(lg, params))
+    by_item = {name: c for name, _, c in items}
+    fits = {name: sample_fit(name, ids, process_logprobs(lg, params))
+            for name, ids, lg in teacher_forced_rows(inputs, items)}
     bad = [fits[name] for name, _, _ in items if fits[name].refused]
     if bad:
         f = bad[0]
@@ -136,7 +123,7 @@ def check_sampled_completions(inputs: Any, items: list[tuple[str, list[int], lis
         raise EvalError(
             f"{url} does not sample the target {s.target_model}: its sampled completion {f.item} (--temperature "
             f"{params.temperature:g}, top-k {params.top_k}, top-p {params.top_p:g}, min-p {params.min_p:g}): "
-            f"{_describe(f, by_item[f.item][1], inputs.tokenizer)}{others}; {len(items) - len(bad)} of the "
+            f"{_describe(f, by_item[f.item], inputs.tokenizer)}{others}; {len(items) - len(bad)} of the "
             f"{len(items)} completions of this fetch fit. Other weights, another tokenizer, other sampling settings "
             "on the server's side, or a replica behind the URL that serves something else? No completion cached")
     return [fits[name] for name, _, _ in items]
