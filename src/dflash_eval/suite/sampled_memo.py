@@ -90,8 +90,10 @@ def _producer(ev: DrafterEvaluation, pairs: list[Pair]) -> Any:
         from dflash_eval.target.generation import greedy_generate_batch
 
         inp, s = ev.inputs, ev.settings
-        want = [p for p in pairs if completion_request(ev, *p).key in {r.key for r in todo}]
-        seeds = [int(completion_request(ev, *p).fields["stream_seed"]) for p in want]
+        keys = {r.key for r in todo}
+        reqs = {p: completion_request(ev, *p) for p in pairs}
+        want = [p for p in pairs if reqs[p].key in keys]
+        seeds = [int(reqs[p].fields["stream_seed"]) for p in want]
         t0 = time.perf_counter()
         with inp.meter.timed("generation"):
             outs = greedy_generate_batch(inp.target, [ev.references.prompt_ids(pid) for pid, _ in want],
@@ -102,10 +104,9 @@ def _producer(ev: DrafterEvaluation, pairs: list[Pair]) -> Any:
                                 "no cache entry written")
         inp.meter.counts["generated_tokens"] += sum(len(o) for o in outs)
         dt = (time.perf_counter() - t0) / max(1, len(want))
-        made = {completion_request(ev, *p).key: Produced({"output_ids": torch.tensor(ids, dtype=torch.int64)},
-                                                         {"prompt_id": p[0], "sample": p[1], "seconds": dt,
-                                                          "source": "local"},
-                                                         tokens=len(ids))
+        made = {reqs[p].key: Produced({"output_ids": torch.tensor(ids, dtype=torch.int64)},
+                                      {"prompt_id": p[0], "sample": p[1], "seconds": dt, "source": "local"},
+                                      tokens=len(ids))
                 for p, ids in zip(want, outs)}
         return [made[r.key] for r in todo]
 

@@ -70,8 +70,9 @@ def fetch_sampled(ev: DrafterEvaluation, pairs: list[tuple[str, int]], todo: lis
     """The sampled completions of ``todo`` (requests of ``pairs``' batch) from the ready server, each checked."""
     inp, s = ev.inputs, ev.settings
     keys = {r.key for r in todo}
-    want = [p for p in pairs if request_of(ev, *p).key in keys]
-    seeds = [int(request_of(ev, *p).fields["stream_seed"]) for p in want]
+    reqs = {p: request_of(ev, *p) for p in pairs}
+    want = [p for p in pairs if reqs[p].key in keys]
+    seeds = [int(reqs[p].fields["stream_seed"]) for p in want]
     client = ev.references.server.client()
     url = str(getattr(client, "url", "the SGLang server"))
     seeded = _seeded(client)
@@ -92,7 +93,6 @@ def fetch_sampled(ev: DrafterEvaluation, pairs: list[tuple[str, int]], todo: lis
     for (pid, k), seed, c in zip(want, seeds, comps):
         meta = {"prompt_id": pid, "sample": k, "source": "sglang", "sampling_seed": seed, "seeded": seeded,
                 "finish_reason": c.finish_reason, "server_text": c.text}
-        made[request_of(ev, pid, k).key] = Produced({"output_ids": torch.tensor(list(c.output_ids),
-                                                                                dtype=torch.int64)},
-                                                    meta, tokens=len(c.output_ids))
+        made[reqs[(pid, k)].key] = Produced({"output_ids": torch.tensor(list(c.output_ids), dtype=torch.int64)},
+                                            meta, tokens=len(c.output_ids))
     return [made[r.key] for r in todo]
