@@ -34,7 +34,7 @@ import torch
 from dflash_eval.drafter import block_ids, draft_logits
 from dflash_eval.metrics.tau import DraftTable, chain_tau, ddtree_tau, draft_table, simulate_tau
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.suite.session import EvalSession
+from dflash_eval.session.eval_session import EvalSession
 
 
 def _items(session: EvalSession) -> list[tuple[torch.Tensor, torch.Tensor, int]]:

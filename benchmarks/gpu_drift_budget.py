@@ -13,7 +13,7 @@ bf16-minus-fp32 direction amplified); the subset sensitivity of budgets already 
     .venv/bin/python benchmarks/gpu_drift_budget.py --subsets-of reports/eval.json
 
 For each target dtype (bf16, fp32), with fla as the evaluation backend and torch as the drafter's reference
-backend, on the suite's default prompts and cache layout (:class:`dflash_eval.suite.session.EvalSession`):
+backend, on the suite's default prompts and cache layout (:class:`dflash_eval.session.eval_session.EvalSession`):
 
 1. the bundled drafter's drift budget (every ladder level: injected error, mean τ, mean |Δτ|, CI) and the time
    it took to measure;
@@ -52,7 +52,7 @@ from dflash_eval.metrics.drift_budget import Perturbation, find_budget, perturb_
 from dflash_eval.metrics.stats import summarize  # noqa: E402
 from dflash_eval.metrics.tau import simulate_tau  # noqa: E402
 from dflash_eval.options.settings import EvalSettings  # noqa: E402
-from dflash_eval.suite.session import EvalSession  # noqa: E402
+from dflash_eval.session.eval_session import EvalSession  # noqa: E402
 from dflash_eval.target.backends import fla_available  # noqa: E402
 from dflash_eval.target.provenance import device_name, library_versions  # noqa: E402
 

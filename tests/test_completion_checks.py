@@ -16,7 +16,7 @@ from dflash_eval.cache.store import CacheCorruption
 from dflash_eval.errors import EvalError
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.sglang import Completion
-from dflash_eval.suite.session import EvalSession
+from dflash_eval.session.eval_session import EvalSession
 
 
 def _session(target, drafter, tmp_path, **extra: Any) -> EvalSession:
@@ -109,8 +109,8 @@ def test_server_that_answers_wrongly_is_refused_before_caching(sglang_session):
 def test_batched_check_equals_each_rows_own_forward(tiny_target):
     """The server check's right-padded batch gives every row the argmax of its own unpadded forward (a causal model
     never looks at the padding after a row's last token)."""
-    from dflash_eval.suite.references import teacher_forced_tensors
-    from dflash_eval.suite.server_check import teacher_forced_logits
+    from dflash_eval.references.greedy import teacher_forced_tensors
+    from dflash_eval.serving.server_check import teacher_forced_logits
 
     rows = [([5, 9, 17, 3], [40, 41, 42]), ([7], [8, 9, 10, 11, 12, 13]), ([1, 2, 3, 4, 5, 6, 7, 8, 9], [100])]
     got = [(t["argmax"], t["margin"]) for t in map(teacher_forced_tensors,

@@ -18,7 +18,7 @@ from dflash_eval.metrics.tau_context import mismatches
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.prompts import RAW_TURN_SEPARATOR, encode_messages
 from dflash_eval.sglang.generate import Completion
-from dflash_eval.suite.session import EvalSession
+from dflash_eval.session.eval_session import EvalSession
 from dflash_eval.target.generation import greedy_generate
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"

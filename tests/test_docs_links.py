@@ -249,7 +249,7 @@ def test_link_checker_finds_dead_links_and_anchors(tmp_path):
 
 
 def test_name_checker_tells_modules_from_missing_ones():
-    assert resolves("dflash_eval.metrics.verdict") and resolves("dflash_eval.suite.session.EvalSession")
+    assert resolves("dflash_eval.metrics.verdict") and resolves("dflash_eval.session.eval_session.EvalSession")
     assert resolves("dflash_eval.EvalSession") and resolves("dflash_eval.tests_eval")
     assert resolves("dflash_eval.cache.store.Cache.read")
     assert not resolves("dflash_eval.verdict") and not resolves("dflash_eval.cache.store.Cache.no_such_method")

@@ -29,7 +29,7 @@ from dflash_eval.metrics.drift_budget import (
 )
 from dflash_eval.metrics.tau import chain_tau, draft_table
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.suite.session import EvalSession
+from dflash_eval.session.eval_session import EvalSession
 
 
 def curve(threshold: float, tol: float = 0.1) -> list[tuple[float, float]]:

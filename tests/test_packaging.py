@@ -78,7 +78,7 @@ def test_plugin_given_twice_registers_once(pytester):
 IMPORT_CHECK = """
 import sys
 {body}
-bad = sorted(m for m in ("torch", "transformers", "dflash_eval.suite.session", "matplotlib") if m in sys.modules)
+bad = sorted(m for m in ("torch", "transformers", "dflash_eval.session.eval_session", "matplotlib") if m in sys.modules)
 print("HEAVY", bad)
 """
 

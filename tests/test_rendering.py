@@ -126,7 +126,7 @@ def test_step_summary_appends_and_names_a_bad_path(tmp_path):
 
 
 def _summary(taus: dict[str, float], floors: Floors, baseline: BaselineComparison | None = None):
-    from dflash_eval.suite.results import TauSummary
+    from dflash_eval.results.eval_result import TauSummary
 
     rows = {p: {"tau": t, "ddtree": {"8": t + 0.5}} for p, t in taus.items()}
     judge_prompts(rows, floors)

@@ -1,4 +1,4 @@
-"""Unit tests of dflash_eval.suite.session and its stages: drift comparisons, the light head, empty completions, the τ
+"""Unit tests of dflash_eval.session.eval_session and its stages: drift comparisons, the light head, empty completions, the τ
 memo, layer reuse across drafters."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import dflash_eval.target.generation as generation_mod
 from dflash_eval.errors import EvalError
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.suite.session import EvalSession
+from dflash_eval.session.eval_session import EvalSession
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import dflash_eval.target.loader as target_mod
 from dflash_eval.drafter import DFlashDrafter, save_drafter
 from dflash_eval.errors import CheckpointError, ConfigError
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.suite.session import EvalSession
+from dflash_eval.session.eval_session import EvalSession
 from dflash_eval.target.head import EMBED_KEYS, HEAD_KEYS, TargetHead
 from dflash_eval.testing.tiny import build_random_target, random_drafter_config
 

@@ -48,10 +48,10 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "EvalSettings": "dflash_eval.options.settings",
-    "EvalSession": "dflash_eval.suite.session",
-    "EvalResult": "dflash_eval.suite.results",
-    "TauSummary": "dflash_eval.suite.results",
-    "PromptTau": "dflash_eval.suite.evaluation",
+    "EvalSession": "dflash_eval.session.eval_session",
+    "EvalResult": "dflash_eval.results.eval_result",
+    "TauSummary": "dflash_eval.results.eval_result",
+    "PromptTau": "dflash_eval.evaluation.drafter_evaluation",
     "Evaluator": "dflash_eval.training_loop.evaluator",
     "History": "dflash_eval.training_loop.history",
     "CheckpointRecord": "dflash_eval.training_loop.history",
@@ -62,9 +62,9 @@ __all__ = ["__version__", *_LAZY, "DFlashEvalError", "ConfigError", "CheckpointE
 
 if TYPE_CHECKING:
     from dflash_eval.options.settings import EvalSettings
-    from dflash_eval.suite.evaluation import PromptTau
-    from dflash_eval.suite.results import EvalResult, TauSummary
-    from dflash_eval.suite.session import EvalSession
+    from dflash_eval.evaluation.drafter_evaluation import PromptTau
+    from dflash_eval.results.eval_result import EvalResult, TauSummary
+    from dflash_eval.session.eval_session import EvalSession
     from dflash_eval.training_loop.evaluator import Evaluator
     from dflash_eval.training_loop.history import CheckpointRecord, History
 

@@ -8,7 +8,7 @@ added unless a ``--snapshot-*`` option is given, and the exit status is pytest's
 
 ``dflash-eval gate --drafter A --drafter B ...`` evaluates one or more drafter checkpoints against the same target
 and prompts in ONE process: the target's embedding/lm_head, tokenizer, prompt ids, reference completions and
-features are loaded (or produced) once and shared by every checkpoint's :class:`~dflash_eval.suite.session.EvalSession`
+features are loaded (or produced) once and shared by every checkpoint's :class:`~dflash_eval.session.eval_session.EvalSession`
 (``EvalSession(..., shared=first)``), so each checkpoint after the first costs only drafter work.
 It prints a comparison table (checkpoint, mean τ, DDTree-N τ, worst prompt, verdict against the floors of
 ``--floors-file`` or ``--tau-floor``) and writes the combined report of all checkpoints to ``--report-dir``
@@ -198,9 +198,9 @@ def gate(ns: argparse.Namespace) -> int:
         if not ns.quiet:
             print(m, file=err, flush=True)
 
-    from dflash_eval.suite.progress import throttled
-    from dflash_eval.suite.server_link import ServerLink
-    from dflash_eval.suite.threads import set_torch_threads
+    from dflash_eval.runtime.progress import throttled
+    from dflash_eval.serving.server_link import ServerLink
+    from dflash_eval.runtime.threads import set_torch_threads
 
     progress = None if ns.quiet else throttled(say, 2.0)
     sessions: list[Any] = []

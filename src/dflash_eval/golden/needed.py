@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dflash_eval.metrics.floors import Floors
-    from dflash_eval.suite.session import EvalSession
+    from dflash_eval.session.eval_session import EvalSession
 
 __all__ = ["Missing", "missing_records", "missing_floors", "snapshot_path", "missing_message", "gate_floors_message"]
 

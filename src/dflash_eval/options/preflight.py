@@ -6,7 +6,7 @@ transformers take 5-60 s on a loaded 2-core machine (``python benchmarks/bench_b
 paths). The pytest plugin runs :func:`preflight` at session start (before collection, and before pytest-xdist
 starts its workers); ``dflash-eval gate`` and ``dflash-eval record`` run it before anything else. The checks that
 need torch follow (:meth:`dflash_eval.options.settings.EvalSettings.validate`: the device and backends on this machine;
-:meth:`dflash_eval.suite.session.EvalSession.check_inputs`: tokenizer files, the drafter's config, floors and baseline
+:meth:`dflash_eval.session.eval_session.EvalSession.check_inputs`: tokenizer files, the drafter's config, floors and baseline
 against the run's settings).
 
 Example (the options resolved without the torch checks, as the plugin does)::

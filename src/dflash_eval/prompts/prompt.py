@@ -3,7 +3,7 @@
 A loader returns a conversation as one :class:`Prompt` whose ``turns`` holds every user turn (two or more);
 :func:`expand_turns` turns it into one prompt per turn, ids ``<conversation>-t1``, ``<conversation>-t2``, ...
 Turn k's text is the k-th user message; its token ids are built later, from the earlier turns AND the target's
-reference replies to them (:mod:`dflash_eval.suite.conversations`), so every turn is evaluated with the whole
+reference replies to them (:mod:`dflash_eval.references.conversations`), so every turn is evaluated with the whole
 conversation so far in context, as the reference DFlash benchmark does for MT-Bench.
 """
 

@@ -1,4 +1,4 @@
-"""The suite's session fixtures: thin wrappers over the stages of :class:`dflash_eval.suite.session.EvalSession`.
+"""The suite's session fixtures: thin wrappers over the stages of :class:`dflash_eval.session.eval_session.EvalSession`.
 
 ``eval_settings``, ``eval_session``, ``target``, ``drafter``, ``reference_completions``, ``sglang``,
 ``eval_features``, ``tau_results``. A :class:`~dflash_eval.errors.DFlashEvalError` fails the test with its
@@ -20,7 +20,7 @@ from dflash_eval.pytest_plugin.state import SGLANG, get_session, get_settings
 
 if TYPE_CHECKING:  # imported by the fixtures when they run: loading the plugin imports no torch
     from dflash_eval.options.settings import EvalSettings
-    from dflash_eval.suite.session import EvalSession
+    from dflash_eval.session.eval_session import EvalSession
 
 __all__ = ["eval_settings", "eval_session", "target", "drafter", "reference_completions", "sglang", "eval_features",
            "tau_results", "guard", "refused_reason", "SUITE_FIXTURES", "uses_suite_fixtures"]

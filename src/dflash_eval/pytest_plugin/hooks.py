@@ -1,5 +1,5 @@
 """The plugin's pytest hooks; each delegates: options to :mod:`dflash_eval.options.settings`, results to
-:mod:`dflash_eval.suite.session`, the end of the run (results gathered, reports, the terminal section) to
+:mod:`dflash_eval.session.eval_session`, the end of the run (results gathered, reports, the terminal section) to
 :mod:`.run_report` and through it :mod:`dflash_eval.report`, progress to :mod:`.progress_reporter`.
 
 Loading the plugin and ``pytest --help`` import no torch; settings are validated (and torch imported) only when a

@@ -15,7 +15,7 @@ from dflash_eval.errors import DFlashEvalError
 from dflash_eval.options.settings import EvalSettings, resolve
 
 if TYPE_CHECKING:  # the session (and torch) is imported when a test needs it, not when the plugin loads
-    from dflash_eval.suite.session import EvalSession
+    from dflash_eval.session.eval_session import EvalSession
 
 __all__ = ["settings_from_config", "get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES", "START", "SGLANG",
            "MERGED", "MESSAGES", "is_controller"]
@@ -59,8 +59,8 @@ def get_session(config: pytest.Config) -> EvalSession:
         settings = get_settings(config)  # bad options raise here, before the session (and torch) is imported
         from dflash_eval.options.settings import worker_info
         from dflash_eval.pytest_plugin.progress_reporter import progress_sink
-        from dflash_eval.suite.server_link import ServerLink
-        from dflash_eval.suite.threads import set_torch_threads
+        from dflash_eval.serving.server_link import ServerLink
+        from dflash_eval.runtime.threads import set_torch_threads
         from dflash_eval.training_loop.evaluator import Evaluator
 
         set_torch_threads(settings, worker_info()[2])  # once per process, before any stage computes

@@ -1,5 +1,5 @@
 """The gate's report: one :class:`GateRow` per checkpoint, made from its judged τ (:func:`gate_row`, from the typed
-:class:`~dflash_eval.suite.results.TauSummary`), written as ``<report-dir>/gate.json`` and ``<report-dir>/gate.md``
+:class:`~dflash_eval.results.eval_result.TauSummary`), written as ``<report-dir>/gate.json`` and ``<report-dir>/gate.md``
 (also appended to ``$GITHUB_STEP_SUMMARY`` when set) and printed as the gate's terminal table, all through the one
 rendering layer (:mod:`.format`, :mod:`.tables`).
 
@@ -33,7 +33,7 @@ from dflash_eval.report.tables import TextTable, markdown_table
 if TYPE_CHECKING:
     from dflash_eval.metrics.baseline import BaselineComparison
     from dflash_eval.metrics.floors import Floors
-    from dflash_eval.suite.results import TauSummary
+    from dflash_eval.results.eval_result import TauSummary
 
 __all__ = ["GATE_SCHEMA", "WORST_SHOWN", "GateRow", "gate_row", "error_row", "baseline_reasons", "gate_data",
            "gate_table", "worst_prompts_table", "render_gate_markdown", "write_gate_report"]

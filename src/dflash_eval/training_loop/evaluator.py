@@ -3,7 +3,7 @@
 Everything that does not depend on the drafter (prompts and their token ids, the target's head, the reference
 completions, the target features) is produced once by the first call, from the cache when it is warm, and kept in
 memory: each later call costs drafter work only (no target forward, no cache read of features). ``evaluate``
-returns the suite's typed result (:class:`~dflash_eval.suite.results.EvalResult`, the fields behind eval.json);
+returns the suite's typed result (:class:`~dflash_eval.results.eval_result.EvalResult`, the fields behind eval.json);
 the verdict of the checkpoint, against the floors and across steps, is the :class:`~dflash_eval.training_loop.
 history.CheckpointRecord` in :attr:`Evaluator.records` (and, given a history file, appended to it).
 
@@ -34,9 +34,9 @@ from typing import Any
 
 from dflash_eval.options.preflight import target_config_problem
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.suite.inputs import DRAFTER_OPTIONS
-from dflash_eval.suite.results import EvalResult
-from dflash_eval.suite.session import EvalSession
+from dflash_eval.inputs.run_inputs import DRAFTER_OPTIONS
+from dflash_eval.results.eval_result import EvalResult
+from dflash_eval.session.eval_session import EvalSession
 from dflash_eval.training_loop.drafter_input import DrafterInput, drafter_input, evaluation_mode
 from dflash_eval.training_loop.history import CheckpointRecord, History, checkpoint_reasons
 from dflash_eval.training_loop.reference_tau import ReferenceTau, reference_session
@@ -76,7 +76,7 @@ class Evaluator:
         log: where progress lines go (default: nowhere).
         drift_budget: also measure each checkpoint's drift budget (drafter work: one τ simulation per ladder level).
         plateau_window: K of the plateau notice (no gain beyond noise over the last K checkpoints).
-        session_options: passed on to the first :class:`~dflash_eval.suite.session.EvalSession` (e.g. its
+        session_options: passed on to the first :class:`~dflash_eval.session.eval_session.EvalSession` (e.g. its
             progress sink), whose stages every later session shares.
     """
 
@@ -102,7 +102,7 @@ class Evaluator:
 
     @property
     def inputs(self) -> Any:
-        """The shared drafter-independent stage (:class:`~dflash_eval.suite.inputs.Inputs`)."""
+        """The shared drafter-independent stage (:class:`~dflash_eval.inputs.run_inputs.Inputs`)."""
         return self.base.inputs
 
     @property
@@ -136,7 +136,7 @@ class Evaluator:
         return EvalSession(settings, shared=self.base, checkpoint=src.checkpoint, live=src.live, yardstick=self)
 
     def session(self, drafter: Any = None, *, config: Any = None, name: str | None = None) -> EvalSession:
-        """The :class:`~dflash_eval.suite.session.EvalSession` of ``drafter`` (a path; None: ``settings.drafter``,
+        """The :class:`~dflash_eval.session.eval_session.EvalSession` of ``drafter`` (a path; None: ``settings.drafter``,
         this evaluator's own first session) sharing this evaluator's inputs. A path's session is kept until
         :meth:`evaluate` evaluates that path (its checks already run)."""
         if drafter is None:

@@ -100,7 +100,7 @@ class CheckpointRecord:
 
     @classmethod
     def of(cls, result: Any, *, step: int | None, digest: str, reasons: list[str] | None) -> CheckpointRecord:
-        """The record of an :class:`~dflash_eval.suite.results.EvalResult` (its τ computed), not judged yet."""
+        """The record of an :class:`~dflash_eval.results.eval_result.EvalResult` (its τ computed), not judged yet."""
         tau, drafter = result.tau, result.drafter
         cats = _categories(tau.categories)
         budget = (result.drift_budget or {}).get("budget")

@@ -18,14 +18,14 @@ from dflash_eval.metrics.baseline import Baseline, compare
 from dflash_eval.metrics.tau import macro_tau
 
 if TYPE_CHECKING:
-    from dflash_eval.suite.session import EvalSession
+    from dflash_eval.session.eval_session import EvalSession
 
 __all__ = ["ReferenceTau", "reference_session"]
 
 
 def reference_session(base: EvalSession) -> EvalSession | None:
     """A session of ``--reference-drafter`` sharing ``base``'s inputs, completions and features (None without it)."""
-    from dflash_eval.suite.session import EvalSession
+    from dflash_eval.session.eval_session import EvalSession
 
     ref = base.settings.reference_drafter
     if ref is None:

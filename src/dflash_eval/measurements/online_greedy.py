@@ -25,11 +25,11 @@ from dflash_eval.cache.code_version import CODE_VERSION
 from dflash_eval.cache.keys import ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.metrics.tau import TauResult
-from dflash_eval.suite.progress import Progress
+from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.provenance import device_kind, library_versions
 
 if TYPE_CHECKING:
-    from dflash_eval.suite.evaluation import DrafterEvaluation
+    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
 
 __all__ = ["OnlineTau", "divergence", "online_tau"]
 
@@ -59,7 +59,7 @@ def divergence(a: list[int], b: list[int]) -> int | None:
 def online_tau(ev: DrafterEvaluation) -> dict[str, OnlineTau]:
     """Every prompt's online τ (cache, else one online generation per prompt)."""
     if ev.sampled:
-        from dflash_eval.suite.online_sampled import online_sampled_tau
+        from dflash_eval.measurements.online_sampled import online_sampled_tau
 
         return online_sampled_tau(ev)
     inp, s = ev.inputs, ev.settings

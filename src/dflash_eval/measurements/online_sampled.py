@@ -2,7 +2,7 @@
 
 Sample k of a prompt runs :func:`dflash_eval.metrics.online_loop.online_generate` with the target's tokens drawn by
 :func:`dflash_eval.target.sampling.sample_tokens` under the stream seed of (``--sampling-seed``, prompt id, k), the
-seed its sampled reference was drawn with (:mod:`dflash_eval.suite.sampled_memo`). The draws are indexed by absolute
+seed its sampled reference was drawn with (:mod:`dflash_eval.measurements.tau_sampled`). The draws are indexed by absolute
 position, so the loop consumes the reference's random numbers: its tokens reproduce the reference and its rounds
 equal the offline chain's (``docs/temperature.md``), which each row's ``matches_reference`` and
 ``first_divergence`` (of the first sample that differs) report. A prompt's online τ is the mean over its samples
@@ -21,13 +21,13 @@ from dflash_eval.cache.keys import ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.metrics.sampled_tau import pool_samples
 from dflash_eval.metrics.tau import TauResult
-from dflash_eval.suite.online_tau import OnlineTau, divergence
-from dflash_eval.suite.progress import Progress
+from dflash_eval.measurements.online_greedy import OnlineTau, divergence
+from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.provenance import device_kind, library_versions
 from dflash_eval.target.sampling import stream_seed
 
 if TYPE_CHECKING:
-    from dflash_eval.suite.evaluation import DrafterEvaluation
+    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
 
 __all__ = ["online_sampled_tau"]
 
@@ -72,7 +72,7 @@ def _producer(ev: DrafterEvaluation, seeds: dict[str, list[int]]) -> Any:
 def online_sampled_tau(ev: DrafterEvaluation) -> dict[str, OnlineTau]:
     """Every prompt's online τ at ``--temperature`` > 0: the mean over its sampled references (cache, else one
     online generation per sample)."""
-    from dflash_eval.suite.sampled_memo import sampled_completions
+    from dflash_eval.measurements.tau_sampled import sampled_completions
 
     inp, s = ev.inputs, ev.settings
     comps = sampled_completions(ev)

@@ -2,7 +2,7 @@
 
 A drift budget measured on a handful of prompts is mostly noise (one prompt's |Δτ| sets its CI), so the budget is
 measured on at least ``--drift-budget-min-prompts`` prompts of the same ``--prompts`` source
-(:meth:`dflash_eval.suite.evaluation.DrafterEvaluation.drift_budget`). :class:`PromptView` gives the references and
+(:meth:`dflash_eval.evaluation.drafter_evaluation.DrafterEvaluation.drift_budget`). :class:`PromptView` gives the references and
 feature stages that list instead of the selection, and everything else of the run's :class:`Inputs` unchanged and
 shared: the loaded target, the cache, the meter, the tokenizer. Its entries are the same cache entries the
 selection's prompts would have (keyed by tokens, not by selection), so the selected prompts are not produced twice.
@@ -14,8 +14,8 @@ from functools import cached_property
 from typing import Any
 
 from dflash_eval.prompts import Prompt
-from dflash_eval.suite.inputs import Inputs
-from dflash_eval.suite.prompt_tokens import tokenize_prompts
+from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.inputs.prompt_tokens import tokenize_prompts
 
 __all__ = ["PromptView"]
 

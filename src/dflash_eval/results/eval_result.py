@@ -19,9 +19,9 @@ from dflash_eval.metrics.stats import category_table, conversation_table, ddtree
 from dflash_eval.metrics.tau import macro_tau
 from dflash_eval.metrics.verdict import judge_categories, judge_prompts, mean_thresholds
 from dflash_eval.prompts import Prompt
-from dflash_eval.suite.evaluation import DrafterEvaluation, PromptTau
-from dflash_eval.suite.online_tau import OnlineTau
-from dflash_eval.suite.references import CompletionRecord
+from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, PromptTau
+from dflash_eval.measurements.online_greedy import OnlineTau
+from dflash_eval.references.greedy import CompletionRecord
 from dflash_eval.target.provenance import provenance
 
 __all__ = ["EvalResult", "TauSummary", "build_result", "prompt_rows", "tau_summary"]

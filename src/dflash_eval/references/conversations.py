@@ -4,7 +4,7 @@ produced in.
 Turn k of a conversation (:func:`dflash_eval.prompts.expand_turns`) is evaluated with everything before it in
 context, as the reference DFlash benchmark does for MT-Bench: its prompt is the conversation's first k user turns with
 the target's reference reply to each of the first k-1 (:mod:`dflash_eval.prompts.formatting`), so its ids exist only
-once turn k-1's completion does. :class:`~dflash_eval.suite.references.References` therefore produces completions
+once turn k-1's completion does. :class:`~dflash_eval.references.greedy.References` therefore produces completions
 turn by turn (:func:`turn_groups`: every first turn and single-turn prompt, then every second turn, ...), each group
 batched as before (local jobs over xdist workers, one SGLang batch). The ids are cached like first-turn ids
 (``prompt_ids`` entries keyed by the tokenizer, the formatting and the messages, or the previous sequence's digest in
@@ -24,7 +24,7 @@ from dflash_eval.errors import EvalError
 from dflash_eval.prompts import RAW_TURN_SEPARATOR, Prompt, conversation_messages, encode_messages
 
 if TYPE_CHECKING:
-    from dflash_eval.suite.inputs import Inputs
+    from dflash_eval.inputs.run_inputs import Inputs
 
 __all__ = ["HistoryMissing", "turn_groups", "turn_prompt_ids"]
 

@@ -1,8 +1,8 @@
 """One evaluation run in one process: the stages of :mod:`dflash_eval.suite` composed in order.
 
-options -> :class:`~dflash_eval.suite.inputs.Inputs` (drafter-independent) -> :class:`~dflash_eval.suite.references.
-References` (completions) -> :class:`~dflash_eval.suite.feature_store.FeatureStore` (features) ->
-:class:`~dflash_eval.suite.evaluation.DrafterEvaluation` (τ, drift) -> :class:`~dflash_eval.suite.results.EvalResult`.
+options -> :class:`~dflash_eval.inputs.run_inputs.Inputs` (drafter-independent) -> :class:`~dflash_eval.references.greedy.
+References` (completions) -> :class:`~dflash_eval.features.feature_store.FeatureStore` (features) ->
+:class:`~dflash_eval.evaluation.drafter_evaluation.DrafterEvaluation` (τ, drift) -> :class:`~dflash_eval.results.eval_result.EvalResult`.
 
 The pytest plugin makes one session per process (per xdist worker); ``dflash-eval gate`` makes one per checkpoint,
 each after the first sharing the first one's inputs, completions and features (``shared=``).
@@ -28,14 +28,14 @@ from dflash_eval.metrics.drift_budget import DriftBudget, GateCheck
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.tau_context import describe, mismatches, sampling_context
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.suite.evaluation import DrafterEvaluation, Drift, PromptTau
-from dflash_eval.suite.feature_store import FeatureStore
-from dflash_eval.suite.inputs import DEFAULT_PROGRESS, Inputs
-from dflash_eval.suite.online_tau import online_tau
-from dflash_eval.suite.progress import Sink
-from dflash_eval.suite.references import CompletionRecord, References
-from dflash_eval.suite.results import EvalResult, TauSummary, build_result, tau_summary
-from dflash_eval.suite.server_link import ServerLink
+from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, Drift, PromptTau
+from dflash_eval.features.feature_store import FeatureStore
+from dflash_eval.inputs.run_inputs import DEFAULT_PROGRESS, Inputs
+from dflash_eval.measurements.online_greedy import online_tau
+from dflash_eval.runtime.progress import Sink
+from dflash_eval.references.greedy import CompletionRecord, References
+from dflash_eval.results.eval_result import EvalResult, TauSummary, build_result, tau_summary
+from dflash_eval.serving.server_link import ServerLink
 
 __all__ = ["EvalSession", "EvalSettings", "CompletionRecord", "PromptTau", "Drift", "EvalResult", "TauSummary"]
 
@@ -47,10 +47,10 @@ class EvalSession:
                  log: Callable[[str], None] | None = None, shared: EvalSession | None = None,
                  checkpoint: Any = None, live: Any = None, progress: Sink | None | str = DEFAULT_PROGRESS,
                  server: ServerLink | None = None, yardstick: Any = None) -> None:
-        """``checkpoint`` / ``live``: a drafter given in memory (:class:`~dflash_eval.suite.evaluation.
+        """``checkpoint`` / ``live``: a drafter given in memory (:class:`~dflash_eval.evaluation.drafter_evaluation.
         DrafterEvaluation`); :class:`dflash_eval.Evaluator` makes them. ``progress``: where long productions
-        report (:class:`~dflash_eval.suite.inputs.Inputs`); ``server``: how the completions stage reaches a ready
-        SGLang server (:class:`~dflash_eval.suite.server_link.ServerLink`; ``--completions sglang`` on a cold
+        report (:class:`~dflash_eval.inputs.run_inputs.Inputs`); ``server``: how the completions stage reaches a ready
+        SGLang server (:class:`~dflash_eval.serving.server_link.ServerLink`; ``--completions sglang`` on a cold
         cache). A ``shared`` session's stages come with its progress sink and server link. ``yardstick``: what
         measures ``--reference-drafter``'s τ once per process (``reference()``, ``reference_measured``: the
         :class:`dflash_eval.Evaluator`)."""
@@ -80,7 +80,7 @@ class EvalSession:
     def references_cached(self) -> bool:
         """Whether every reference the run needs is cached: the greedy completions and, at ``--temperature`` > 0,
         the sampled ones."""
-        from dflash_eval.suite.sampled_memo import sampled_cached
+        from dflash_eval.measurements.tau_sampled import sampled_cached
 
         return self.references.cached() and sampled_cached(self.evaluation)
 
@@ -89,7 +89,7 @@ class EvalSession:
         the sampled ones (what the SGLang fixture does while it holds the server)."""
         self.completions()
         if self.evaluation.sampled:
-            from dflash_eval.suite.sampled_memo import sampled_completions
+            from dflash_eval.measurements.tau_sampled import sampled_completions
 
             sampled_completions(self.evaluation)
 

@@ -3,7 +3,7 @@
 A sampled completion cannot be compared with the target's argmax; what can be checked is whether its tokens are
 plausible draws of the target's processed distribution ``q`` (temperature, top-k, top-p, min-p of the run:
 :func:`dflash_eval.target.sampling.process_logprobs`). Every completion is teacher-forced through the local target
-(right-padded batches, as the greedy check does, :mod:`dflash_eval.suite.server_check`) and, per completion:
+(right-padded batches, as the greedy check does, :mod:`dflash_eval.serving.server_check`) and, per completion:
 
 - **support**: tokens outside the support of ``q`` (removed by top-k / top-p / min-p) cannot be drawn; more than
   ``max(1, SERVER_MAX_DISAGREEMENT x tokens)`` of them refuse the server (a bf16 server can move a token across a
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from dflash_eval.errors import EvalError
-from dflash_eval.suite.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_rows
+from dflash_eval.serving.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_rows
 from dflash_eval.target.sampling import process_logprobs
 
 __all__ = ["MIN_LIKELIHOOD_Z", "SampleFit", "check_sampled_completions", "sample_fit"]

@@ -6,7 +6,7 @@ run's temperature, top-k, top-p and min-p and, as ``sampling_seed``, the sample'
 asked again. The server's draws are its own random numbers (SGLang's sampler, not this package's), so its samples
 differ from local ones of the same seed; what makes them valid references is that they are draws of the same
 processed target distribution, which the local target checks for every completion before anything of the fetch is
-cached (:mod:`dflash_eval.suite.server_sample_check`).
+cached (:mod:`dflash_eval.serving.server_sample_check`).
 
 SGLang honours ``sampling_seed`` only when started with ``--enable-deterministic-inference`` (its ``/server_info``
 then says ``enable_deterministic_inference: true``). Without it every fetch draws afresh: a cached sample is reused,
@@ -25,11 +25,11 @@ import torch
 
 from dflash_eval.cache.requests import Produced, Request
 from dflash_eval.errors import EvalError
-from dflash_eval.suite.completion_sources import out_of_vocab
-from dflash_eval.suite.server_sample_check import check_sampled_completions
+from dflash_eval.references.sources import out_of_vocab
+from dflash_eval.serving.server_sample_check import check_sampled_completions
 
 if TYPE_CHECKING:
-    from dflash_eval.suite.evaluation import DrafterEvaluation
+    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
 
 __all__ = ["UnseededServerWarning", "fetch_sampled", "server_seeds_requests"]
 

@@ -1,10 +1,10 @@
 """The fourth stage: one drafter checkpoint evaluated on the references and features of the earlier stages.
 
 The checkpoint is read once and validated against the target before anything is produced for it; τ of every
-prompt (chain and each DDTree budget) is memoised in the cache (:mod:`dflash_eval.suite.tau_memo`), so a warm run
+prompt (chain and each DDTree budget) is memoised in the cache (:mod:`dflash_eval.measurements.tau_greedy`), so a warm run
 does not even run the drafter; drift compares the features of two sides of a
 :class:`~dflash_eval.metrics.drift.Comparison` and the τ each gives; the drift budget is measured per ladder level
-(:mod:`dflash_eval.suite.budget_memo`).
+(:mod:`dflash_eval.measurements.budget_ladder`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 from dflash_eval.metrics.drift import Comparison, DriftStat, Side, drift_stat
 from dflash_eval.metrics.drift_budget import DriftBudget, GateCheck, gate_check
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.suite.feature_store import Features, FeatureStore
-from dflash_eval.suite.inputs import Inputs
-from dflash_eval.suite.references import CompletionRecord, References
-from dflash_eval.suite.tau_memo import PromptTau, memoised_tau
+from dflash_eval.features.feature_store import Features, FeatureStore
+from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.references.greedy import CompletionRecord, References
+from dflash_eval.measurements.tau_greedy import PromptTau, memoised_tau
 
 __all__ = ["DrafterEvaluation", "PromptTau", "Drift"]
 
@@ -170,7 +170,7 @@ class DrafterEvaluation:
     # ------------------------------------------------------------------------------------------------ τ
     @property
     def sampled(self) -> bool:
-        """τ at ``--temperature`` > 0: on sampled references (:mod:`dflash_eval.suite.sampled_memo`)."""
+        """τ at ``--temperature`` > 0: on sampled references (:mod:`dflash_eval.measurements.tau_sampled`)."""
         return self.settings.temperature > 0 and not self.settings.sampling.greedy
 
     @property
@@ -185,7 +185,7 @@ class DrafterEvaluation:
         references, or at ``--temperature`` > 0 the mean over each prompt's sampled references."""
         if self.sampled:
             if "_sampled_tau" not in self.__dict__:
-                from dflash_eval.suite.sampled_memo import sampled_tau
+                from dflash_eval.measurements.tau_sampled import sampled_tau
 
                 self.check_drafter()
                 self.__dict__["_sampled_tau"] = sampled_tau(self, tuple(self.settings.ddtree_budget))
@@ -231,10 +231,10 @@ class DrafterEvaluation:
         return self._budget is not None
 
     def drift_budget(self) -> DriftBudget:
-        """The drafter's drift budget (:mod:`dflash_eval.suite.budget_memo`), measured on at least
+        """The drafter's drift budget (:mod:`dflash_eval.measurements.budget_ladder`), measured on at least
         ``--drift-budget-min-prompts`` prompts where ``--prompts`` holds them."""
         if self._budget is None:
-            from dflash_eval.suite.budget_memo import budget_evaluation, memoised_budget
+            from dflash_eval.measurements.budget_ladder import budget_evaluation, memoised_budget
 
             self._budget = memoised_budget(budget_evaluation(self), selected=len(self.inputs.prompts))
         return self._budget

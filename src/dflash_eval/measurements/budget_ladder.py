@@ -23,11 +23,11 @@ from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.common.sizes import parse_memory
 from dflash_eval.metrics.drift_budget import DriftBudget, Perturbation, measure_ladder, parse_ladder
 from dflash_eval.metrics.tau_chunks import LazyItems
-from dflash_eval.suite.progress import Progress
-from dflash_eval.suite.tau_memo import tau_fields
+from dflash_eval.runtime.progress import Progress
+from dflash_eval.measurements.tau_greedy import tau_fields
 
 if TYPE_CHECKING:
-    from dflash_eval.suite.evaluation import DrafterEvaluation
+    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
 
 __all__ = ["budget_evaluation", "memoised_budget"]
 
@@ -36,12 +36,12 @@ def budget_evaluation(ev: DrafterEvaluation) -> DrafterEvaluation:
     """Where the budget is measured: ``ev`` when the selection holds at least ``--drift-budget-min-prompts``
     prompts (or ``--prompts`` holds no more), else an evaluation of the same drafter on the first that many prompts
     of ``--prompts`` (the selection and the prompts after it), whose completions and features are produced and
-    cached like the selection's (:mod:`dflash_eval.suite.prompt_view`). The selection's own τ, drift and reports
+    cached like the selection's (:mod:`dflash_eval.inputs.prompt_view`). The selection's own τ, drift and reports
     stay on the selection."""
-    from dflash_eval.suite.evaluation import DrafterEvaluation
-    from dflash_eval.suite.feature_store import FeatureStore
-    from dflash_eval.suite.prompt_view import PromptView
-    from dflash_eval.suite.references import References
+    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
+    from dflash_eval.features.feature_store import FeatureStore
+    from dflash_eval.inputs.prompt_view import PromptView
+    from dflash_eval.references.greedy import References
 
     s, selected = ev.settings, ev.inputs.prompts
     if len(selected) >= s.drift_budget_min_prompts or s.num_prompts is None:

@@ -5,7 +5,7 @@ seed of (``--sampling-seed``, prompt id, k) (:func:`dflash_eval.target.sampling.
 ``--completions local`` by the local target in left-padded batches
 (:func:`dflash_eval.target.generation.greedy_generate_batch` with ``sampling``), with ``--completions sglang`` by
 the server, the stream seed sent as the request's ``sampling_seed`` and every answer checked against the local
-target before anything is cached (:mod:`dflash_eval.suite.sampled_server`). Each is one ``sampled_completion``
+target before anything is cached (:mod:`dflash_eval.references.sampled_server`). Each is one ``sampled_completion``
 cache entry keyed by the target, the prompt ids, the length, the source, the sampling settings and the stream seed
 (so a run with more samples reuses the first ones; greedy completions and their snapshots are other entries,
 untouched; ``--completions cache`` takes either source's entry). The memoised τ is keyed by the references'
@@ -30,12 +30,12 @@ from dflash_eval.cache.keys import ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.errors import EvalError
 from dflash_eval.metrics.sampled_tau import pool_samples
-from dflash_eval.suite.progress import Progress
+from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.provenance import device_kind, library_versions
 from dflash_eval.target.sampling import stream_seed
 
 if TYPE_CHECKING:
-    from dflash_eval.suite.evaluation import DrafterEvaluation, PromptTau
+    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, PromptTau
 
 __all__ = ["sampled_completions", "sampled_cached", "sampled_tau", "completion_request"]
 
@@ -75,7 +75,7 @@ def _producer(ev: DrafterEvaluation, pairs: list[Pair]) -> Any:
     """The producer of one batch's missing sampled completions for the ``--completions`` source."""
     mode = ev.settings.completions
     if mode == "sglang":
-        from dflash_eval.suite.sampled_server import fetch_sampled
+        from dflash_eval.references.sampled_server import fetch_sampled
 
         return lambda todo: fetch_sampled(ev, pairs, todo, completion_request)
     if mode == "cache":
@@ -181,7 +181,7 @@ def _simulate(ev: DrafterEvaluation, comps: dict[str, list[list[int]]], budgets:
 def sampled_tau(ev: DrafterEvaluation, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
     """τ of every prompt at ``--temperature``: the mean over its samples (chain and each DDTree budget)."""
     from dflash_eval.metrics.tau import TauResult
-    from dflash_eval.suite.evaluation import PromptTau
+    from dflash_eval.evaluation.drafter_evaluation import PromptTau
 
     comps = sampled_completions(ev)
     req = Request("tau_sampled", _tau_fields(ev, comps, budgets), what="τ of every prompt on its sampled references",

@@ -7,12 +7,12 @@ batch of greedy ``/generate`` requests to a server whose readiness and identity 
 (it hands this stage a ready client), ``cache`` never computes. Nothing is cached unless every answer of a batch is
 valid: an empty completion or a token id outside the target's vocabulary is an error naming the prompt, never an
 entry, and every completion of an SGLang fetch must be reproduced by the local target's teacher-forced argmax
-(:mod:`dflash_eval.suite.server_check`: a server that names the right model but serves other weights, for all
+(:mod:`dflash_eval.serving.server_check`: a server that names the right model but serves other weights, for all
 prompts or only some, is caught before anything of the fetch is cached). A
 completion's text is always the local tokenizer's decoding of its ids (a server started with
 ``--skip-tokenizer-init`` returns none); the server's own text is kept in the entry's meta as ``server_text``.
 Conversations are produced turn by turn, a later turn's prompt holding the earlier turns and their reference
-replies (:mod:`dflash_eval.suite.conversations`).
+replies (:mod:`dflash_eval.references.conversations`).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from dflash_eval.cache.keys import cache_key
 from dflash_eval.cache.requests import Batch, Produced, Request, StepReporter
 from dflash_eval.cache.store import CacheEntry
 from dflash_eval.errors import EvalError
-from dflash_eval.suite.completion_sources import CompletionSources, out_of_vocab
-from dflash_eval.suite.conversations import HistoryMissing, turn_groups, turn_prompt_ids
-from dflash_eval.suite.inputs import Inputs
-from dflash_eval.suite.progress import Progress
-from dflash_eval.suite.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_tensors
-from dflash_eval.suite.server_link import ServerLink
-from dflash_eval.suite.teacher_forced import TeacherForced, argmax_fields, argmax_produced, argmax_request
+from dflash_eval.references.sources import CompletionSources, out_of_vocab
+from dflash_eval.references.conversations import HistoryMissing, turn_groups, turn_prompt_ids
+from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.runtime.progress import Progress
+from dflash_eval.serving.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_tensors
+from dflash_eval.serving.server_link import ServerLink
+from dflash_eval.references.teacher_forced import TeacherForced, argmax_fields, argmax_produced, argmax_request
 from dflash_eval.target.generation import generation_groups
 from dflash_eval.target.provenance import device_kind, library_versions
 
@@ -66,7 +66,7 @@ class References:
     """Reference completions of :attr:`Inputs.prompts` (see module docstring); the owner of the ``completion`` and
     ``argmax`` cache kinds.
 
-    ``server``: how a ready SGLang client is reached (:class:`~dflash_eval.suite.server_link.ServerLink`), needed
+    ``server``: how a ready SGLang client is reached (:class:`~dflash_eval.serving.server_link.ServerLink`), needed
     only for ``--completions sglang`` on a cold cache.
     """
 
@@ -201,7 +201,7 @@ class References:
     # ------------------------------------------------------------------------------------------------ argmax
     def teacher_forced(self, pid: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(argmax, top1 - top2 logit margin) of the target at every position of prompt + completion
-        (:class:`~dflash_eval.suite.teacher_forced.TeacherForced`)."""
+        (:class:`~dflash_eval.references.teacher_forced.TeacherForced`)."""
         return self.argmax.get(pid)
 
     def argmax_request(self, pid: str, seq: list[int]) -> Request:

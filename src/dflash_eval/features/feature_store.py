@@ -5,7 +5,7 @@ drafter reading other target layers reuses the layers already cached and extract
 target forward per prompt (one cache batch per prompt, spread over xdist workers). When that forward is the
 evaluation backend's in the evaluation dtype it runs to the logits and also gives the references stage's
 teacher-forced argmax entry of the sequence (that stage states the request and makes the entry from the logits:
-:mod:`dflash_eval.suite.teacher_forced`), so the argmax costs no forward of its own. Also the per-layer fingerprint of a
+:mod:`dflash_eval.references.teacher_forced`), so the argmax costs no forward of its own. Also the per-layer fingerprint of a
 fixed text (regression detection across library upgrades).
 
 The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the side's kernels in this process before the first key is
@@ -28,10 +28,10 @@ from dflash_eval.cache.requests import Batch, Produced, Producer, Request
 from dflash_eval.errors import CacheError
 from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.drift import fingerprint as layer_fingerprint
-from dflash_eval.suite.feature_map import FeatureMap
-from dflash_eval.suite.inputs import Inputs
-from dflash_eval.suite.progress import Progress
-from dflash_eval.suite.references import CompletionRecord, References
+from dflash_eval.features.feature_map import FeatureMap
+from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.runtime.progress import Progress
+from dflash_eval.references.greedy import CompletionRecord, References
 from dflash_eval.target.backends import check_backend_device, use_backend
 from dflash_eval.target.kernel_registry import KernelOutputChanged, KernelProbes
 from dflash_eval.target.provenance import device_kind, kernel_versions, library_versions, provenance
@@ -46,7 +46,7 @@ Features = Mapping[str, dict[int, torch.Tensor]]  # prompt id -> {layer: [T, H]}
 class FeatureStore:
     """Cached target features (see module docstring) of the sequences of ``references`` (whose teacher-forced argmax
     entries its forwards also give), read from the cache when a consumer asks for a prompt
-    (:class:`~dflash_eval.suite.feature_map.FeatureMap`), never held for the session. ``probes``: the process's
+    (:class:`~dflash_eval.features.feature_map.FeatureMap`), never held for the session. ``probes``: the process's
     kernel probes when another store made them already (the drift budget's prompt view)."""
 
     def __init__(self, inputs: Inputs, references: References, probes: KernelProbes | None = None) -> None:
@@ -140,7 +140,7 @@ class FeatureStore:
     def features(self, completions: dict[str, CompletionRecord], side: Side, layers: tuple[int, ...]) -> Features:
         """Per prompt, per target layer features [T, H] of prompt + completion under ``side``: every entry made
         present first (the missing ones extracted, spread over xdist workers; nothing read), then a
-        :class:`~dflash_eval.suite.feature_map.FeatureMap` that reads a prompt's layers when it is asked for."""
+        :class:`~dflash_eval.features.feature_map.FeatureMap` that reads a prompt's layers when it is asked for."""
         inp = self.inputs
         seqs = {p.id: completions[p.id].sequence for p in inp.prompts}
         self.ensure(seqs, side, layers)

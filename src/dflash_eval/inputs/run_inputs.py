@@ -27,15 +27,15 @@ from dflash_eval.metrics.floors import Floors, load_floors
 from dflash_eval.options.preflight import input_problems, target_config_problem
 from dflash_eval.options.settings import EvalSettings, worker_info
 from dflash_eval.prompts import Prompt, load_prompt_spec
-from dflash_eval.suite.progress import Meter, Sink, default_progress_sink
-from dflash_eval.suite.prompt_tokens import prompt_format, text_ids, tokenize_prompts
+from dflash_eval.runtime.progress import Meter, Sink, default_progress_sink
+from dflash_eval.inputs.prompt_tokens import prompt_format, text_ids, tokenize_prompts
 from dflash_eval.target.backends import check_backend_device
 from dflash_eval.target.loader import TargetDir
 
 __all__ = ["Inputs", "DEFAULT_PROGRESS", "DRAFTER_OPTIONS"]
 
 DRAFTER_OPTIONS = frozenset({"drafter", "drafter_config", "reference_drafter"})
-#: ``Inputs(progress=...)``'s default: :func:`~dflash_eval.suite.progress.default_progress_sink`.
+#: ``Inputs(progress=...)``'s default: :func:`~dflash_eval.runtime.progress.default_progress_sink`.
 DEFAULT_PROGRESS = "default"
 
 
@@ -47,7 +47,7 @@ def _file_stamp(path: Path) -> list[Any]:
 
 class Inputs:
     """Drafter-independent inputs of one process (see module docstring). ``progress``: where long productions
-    report (None: silent; by default :func:`~dflash_eval.suite.progress.default_progress_sink`)."""
+    report (None: silent; by default :func:`~dflash_eval.runtime.progress.default_progress_sink`)."""
 
     def __init__(self, settings: EvalSettings, *, worker: tuple[str, int, int] | None = None,
                  log: Callable[[str], None] | None = None, progress: Sink | None | str = DEFAULT_PROGRESS) -> None:
@@ -118,7 +118,7 @@ class Inputs:
     @cached_property
     def floors(self) -> Floors:
         """The floors file and the explicit thresholds, for the selected prompts (not yet checked against the run's
-        context: :meth:`dflash_eval.suite.session.EvalSession.floors` does that)."""
+        context: :meth:`dflash_eval.session.eval_session.EvalSession.floors` does that)."""
         s = self.settings
         return load_floors(s.floors_file, mean_override=s.tau_floor, prompt_override=s.tau_floor_prompt).select(
             {p.id: p.category for p in self.prompts})
@@ -268,17 +268,17 @@ class Inputs:
     # ------------------------------------------------------------------------------------------------ prompt ids
     @cached_property
     def prompt_format(self) -> dict[str, Any]:
-        """How prompt text becomes token ids (:func:`~dflash_eval.suite.prompt_tokens.prompt_format`)."""
+        """How prompt text becomes token ids (:func:`~dflash_eval.inputs.prompt_tokens.prompt_format`)."""
         return prompt_format(self.settings, self.target_dir)
 
     @cached_property
     def prompt_ids(self) -> dict[str, list[int]]:
         """Token ids of each prompt but later conversation turns, from the cache
-        (:func:`~dflash_eval.suite.prompt_tokens.tokenize_prompts`)."""
+        (:func:`~dflash_eval.inputs.prompt_tokens.tokenize_prompts`)."""
         return tokenize_prompts(self)
 
     def text_ids(self, text: str, what: str) -> list[int]:
-        """Token ids of raw ``text`` (:func:`~dflash_eval.suite.prompt_tokens.text_ids`)."""
+        """Token ids of raw ``text`` (:func:`~dflash_eval.inputs.prompt_tokens.text_ids`)."""
         return text_ids(self, text, what)
 
     def describe_target(self) -> dict[str, Any] | None:

@@ -1,6 +1,6 @@
 """Target features of a prompt set, read from the cache when a prompt is asked for and let go after its consumer.
 
-:meth:`dflash_eval.suite.feature_store.FeatureStore.features` makes sure every entry exists (extracting the
+:meth:`dflash_eval.features.feature_store.FeatureStore.features` makes sure every entry exists (extracting the
 missing ones) and returns a :class:`FeatureMap`: ``features[prompt_id][layer]`` as before, but nothing is held for
 the session; a prompt's layers are read (and verified) from the cache on access, and only the prompt asked for last
 stays referenced (a consumer reading several layers of one prompt reads it once). A τ simulation takes the map as

@@ -20,13 +20,13 @@ from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.common.sizes import parse_memory
 from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.tau import TauResult, simulate_tau
-from dflash_eval.suite.feature_map import lazy_items
-from dflash_eval.suite.progress import Progress
+from dflash_eval.features.feature_map import lazy_items
+from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.provenance import device_kind, library_versions
 
 if TYPE_CHECKING:
-    from dflash_eval.suite.evaluation import DrafterEvaluation
-    from dflash_eval.suite.feature_store import Features
+    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
+    from dflash_eval.features.feature_store import Features
 
 __all__ = ["PromptTau", "memoised_tau", "tau_fields"]
 
