@@ -1,7 +1,7 @@
 """Time to the first bad-input message, before and after the torch-free checks, side by side in one run.
 
-"Before" is the source tree of ``--before`` (default: the last commit before :mod:`dflash_eval.options.preflight`), taken
-out of git into a temporary folder (``git archive``: nothing in the working tree or the repository changes);
+"Before" is the source tree of ``--before`` (default: the last commit before :mod:`dflash_eval.options.preflight`),
+taken out of git into a temporary folder (``git archive``: nothing in the working tree or the repository changes);
 "after" is this working tree. Each case runs as a fresh interpreter with ``PYTHONPATH`` set to one tree's ``src/``
 (the suite's modules copied in as ``dflash_eval/tests_eval``), from an empty temporary folder, alternating before
 and after ``--repeat`` times; the medians of the time until the expected message appears on stderr and of the time

@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench_budget_prompts-") as tmp:
         work = Path(tmp)
-        drafter = noisy_drafter(args.drafter, work / "drafter", args.weight_noise) if args.weight_noise else args.drafter
+        drafter = (noisy_drafter(args.drafter, work / "drafter", args.weight_noise) if args.weight_noise
+                   else args.drafter)
         cache = args.cache or work / "cache"
         print("| run | budget prompts | their mean τ | budget | limiting level | harm level | worst bf16 drift | "
               "bf16-vs-fp32 gate |\n|---|---|---|---|---|---|---|---|")

@@ -105,10 +105,12 @@ def main() -> None:
     }
     print(f"{'':28}{'offline':>12}{'online':>12}")
     print(f"{'wall time (s)':28}{t_offline:12.2f}{t_online:12.2f}   online/offline = {res['online_over_offline']:.1f}x")
-    print(f"{'mean chain tau':28}{res['tau_offline']:12.3f}{res['tau_online']:12.3f}   per-prompt agree {agree}/{len(prompts)}")
+    print(f"{'mean chain tau':28}{res['tau_offline']:12.3f}{res['tau_online']:12.3f}"
+          f"   per-prompt agree {agree}/{len(prompts)}")
     print(f"offline split: features {t_feat:.2f}s, drafter+loop {t_draft:.2f}s (every start drafted instead: "
           f"{t_table:.2f}s, same τ {res['every_start_same_tau']}); online greedy parity {parity}/{len(prompts)}")
-    print(f"feature extraction: {res['feature_tokens_per_s']:.0f} tokens/s ({tokens} tokens, {target.device}, {args.dtype})")
+    print(f"feature extraction: {res['feature_tokens_per_s']:.0f} tokens/s "
+          f"({tokens} tokens, {target.device}, {args.dtype})")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
 

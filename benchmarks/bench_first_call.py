@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generation import add_target_args, wide_inputs  # noqa: E402
+from bench_generation import add_target_args, wide_inputs
 
-from dflash_eval.target.generation import greedy_generate_batch  # noqa: E402
+from dflash_eval.target.generation import greedy_generate_batch
 
 
 def _profile_split(prof: cProfile.Profile) -> dict[str, Any]:

@@ -48,8 +48,8 @@ def _sync(dev: torch.device) -> None:
 
 def bundled_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, list[int]]]:
     """The bundled target and the suite's prompt ids (same sets, chat template and tokenization as the suite)."""
-    from dflash_eval.options.settings import EvalSettings
     from dflash_eval.inputs.run_inputs import Inputs
+    from dflash_eval.options.settings import EvalSettings
 
     values = {"target_model": args.target, "device": args.device, "dtype": args.dtype,
               "cache_dir": args.scratch, "max_new_tokens": args.max_new_tokens}

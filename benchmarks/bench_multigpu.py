@@ -15,8 +15,10 @@ of that stage. Workloads:
 
 Run (on a machine with 2 GPUs and fla)::
 
-    python benchmarks/bench_multigpu.py --workload bundled --profile-stage drift_budget --oversubscribed --out /tmp/b.json
-    python benchmarks/bench_multigpu.py --workload wide --wide-layers 16 --num-prompts 32 --device-map --out /tmp/mg.json
+    python benchmarks/bench_multigpu.py --workload bundled --profile-stage drift_budget --oversubscribed \
+        --out /tmp/b.json
+    python benchmarks/bench_multigpu.py --workload wide --wide-layers 16 --num-prompts 32 --device-map \
+        --out /tmp/mg.json
 
 On a CPU-only machine it runs too (``-n 2`` then means two CPU workers), e.g. ``--workload wide --wide-hidden 64``.
 """
@@ -79,8 +81,9 @@ def run_suite(args: list[str], cache: Path, report: Path, timeout: float, profil
     log = cache / "v1" / "produce.log"
     made = [json.loads(x) for x in log.read_text().splitlines()] if log.is_file() else []
     per_worker = Counter((m["worker"], m["kind"]) for m in made)
-    return {"cmd": " ".join(cmd), "rc": p.returncode, "wall_s": round(wall, 2), "summary": p.stdout.strip().splitlines()[-1:],
-            "timings": data.get("timings", {}), "verdicts": {k: r.get("passed") for k, r in data.get("prompts", {}).items()},
+    return {"cmd": " ".join(cmd), "rc": p.returncode, "wall_s": round(wall, 2),
+            "summary": p.stdout.strip().splitlines()[-1:], "timings": data.get("timings", {}),
+            "verdicts": {k: r.get("passed") for k, r in data.get("prompts", {}).items()},
             "mean_tau": data.get("mean_tau"), "timeline": summarize(timeline),
             "stage_windows": stage_windows(data.get("timings", {}).get("spans", {}), t_start),
             "lock_wait_s": {w: c.get("lock_wait_s") for w, c in data.get("cache", {}).items()},
@@ -137,7 +140,8 @@ def main() -> None:
         print(f"{name:11s} rc {runs[name]['rc']}  wall {runs[name]['wall_s']:8.2f} s  {runs[name]['summary']}",
               flush=True)
     n0, n2 = runs["n0"], runs["n2"]
-    print(f"-n 2 vs -n 0: {n0['wall_s'] / n2['wall_s']:.2f}x faster; verdicts equal: {n0['verdicts'] == n2['verdicts']}; "
+    print(f"-n 2 vs -n 0: {n0['wall_s'] / n2['wall_s']:.2f}x faster; "
+          f"verdicts equal: {n0['verdicts'] == n2['verdicts']}; "
           f"mean τ {n0['mean_tau']} vs {n2['mean_tau']}")
     if "device_map" in runs:
         dm = runs["device_map"]

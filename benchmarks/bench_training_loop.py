@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
-def scaled(factor: float):  # noqa: ANN201 - a DFlashDrafter
+def scaled(factor: float):
     from dflash_eval.drafter import build_drafter, read_checkpoint
 
     m = build_drafter(read_checkpoint(ROOT / "fixtures" / "drafter"), dtype="fp32")

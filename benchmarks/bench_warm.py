@@ -74,7 +74,7 @@ def build_targets(work: Path, a: argparse.Namespace) -> tuple[Path, Path, float]
     sd = {}
     for shard in sorted(deep.glob("*.safetensors")):
         with safe_open(str(shard), "pt") as fh:
-            for k in fh.keys():  # noqa: SIM118
+            for k in fh.keys():
                 if not k.startswith("model.layers."):
                     sd[k] = fh.get_tensor(k)
                 elif k.startswith(f"model.layers.{src}."):

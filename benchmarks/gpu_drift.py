@@ -125,7 +125,8 @@ def wide(args: argparse.Namespace, fast: str, ref: str) -> dict[str, Any]:
     fp32_fast = _feats(m32, ids, layers, fast) if fast == "fla" else None
     cmp = _compare(sets, [(f"{fast}_bf16", f"{ref}_bf16"), (f"{fast}_bf16", "fp32ref"), (f"{ref}_bf16", "fp32ref")])
     if fp32_fast is not None:
-        cmp[f"{fast}_fp32_vs_fp32ref"] = {str(i): layer_drift(fp32_fast[i], sets["fp32ref"][i]).to_dict() for i in layers}
+        cmp[f"{fast}_fp32_vs_fp32ref"] = {str(i): layer_drift(fp32_fast[i], sets["fp32ref"][i]).to_dict()
+                                          for i in layers}
     del m32, sets
     # Extraction speed: bf16 forward through all layers (features of 3 layers kept), vs FLOP floor.
     timings = {}
@@ -189,7 +190,8 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res["bundled"]["per_layer_summary"], indent=1))
     if "wide" in res:
-        print(json.dumps({k: {i: round(d['rel_err'], 6) for i, d in v.items()} for k, v in res["wide"]["drift"].items()}, indent=1))
+        drift = res["wide"]["drift"]
+        print(json.dumps({k: {i: round(d['rel_err'], 6) for i, d in v.items()} for k, v in drift.items()}, indent=1))
 
 
 if __name__ == "__main__":

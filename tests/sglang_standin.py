@@ -40,8 +40,8 @@ over all requests) wrongly: every token of its greedy completion is shifted by o
 prompt gets the right completion.
 
 ``--synthetic-spec-accept-length X`` (any mode) adds a SYNTHETIC ``meta_info.spec_accept_length`` (about X),
-``spec_verify_ct`` and ``spec_accept_histogram`` to every completion, as a server running ``--speculative-algorithm`` would; no drafter runs, the
-number only exercises the suite's reporting of the server's accept length.
+``spec_verify_ct`` and ``spec_accept_histogram`` to every completion, as a server running ``--speculative-algorithm``
+would; no drafter runs, the number only exercises the suite's reporting of the server's accept length.
 
 Only ``happy`` loads the model before binding (like SGLang). To keep tests fast, ``slow`` and
 ``wrong-model-info`` load it on the first ``POST /generate``, and the modes whose ``/generate`` never succeeds
@@ -163,7 +163,7 @@ class StandIn:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
-        except Exception as exc:  # no tokenizer in the folder: text is ""
+        except Exception as exc:  # noqa: BLE001 - no tokenizer in the folder: text is ""
             log(f"no tokenizer in {self.model_path} ({type(exc).__name__}); responses carry text ''")
         self.model = model
         log("model loaded")
@@ -324,7 +324,7 @@ def make_handler(state: StandIn) -> type[BaseHTTPRequestHandler]:
         def _json(self, status: int, obj: Any) -> None:
             self._send(status, json.dumps(obj).encode())
 
-        def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        def do_GET(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/") or "/"
             if path in ("/health", "/health_generate"):
                 if state.ready.is_set():
@@ -356,7 +356,7 @@ def make_handler(state: StandIn) -> type[BaseHTTPRequestHandler]:
             else:
                 self._json(404, {"detail": "Not Found"})
 
-        def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        def do_POST(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/")
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""

@@ -1,5 +1,5 @@
-"""Per-position acceptance rates and histograms (dflash_eval.metrics.acceptance_rates), their tables in the reports, and the
-multi-turn tables rebuilt when merging."""
+"""Per-position acceptance rates and histograms (dflash_eval.metrics.acceptance_rates), their tables in the reports, and
+the multi-turn tables rebuilt when merging."""
 
 from __future__ import annotations
 

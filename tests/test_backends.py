@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from dflash_eval.errors import BackendError
+from dflash_eval.target import backends
 from dflash_eval.target.backends import resolve_backend, use_backend
 from dflash_eval.target.hidden_states import layer_features
-from dflash_eval.target import backends
 from dflash_eval.target.loader import Target
 
 

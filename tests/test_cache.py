@@ -1,5 +1,5 @@
-"""Unit tests of dflash_eval.cache.store: round trip, key separation, corruption detection, --cache-only, derived entries,
-locking across processes, and memo (the batching of Cache.ensure: tests/test_cache_requests.py)."""
+"""Unit tests of dflash_eval.cache.store: round trip, key separation, corruption detection, --cache-only, derived
+entries, locking across processes, and memo (the batching of Cache.ensure: tests/test_cache_requests.py)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_eval_suite import env_dirs, productions, suite, verdicts  # noqa: F401 - the suite's fixtures
 
 from dflash_eval.cache import store

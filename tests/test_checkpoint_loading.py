@@ -127,7 +127,8 @@ def test_layer_ids_out_of_range_and_last_layer(tiny_drafter_dir: Path, tmp_path:
     def edit(cfg):  # type: ignore[no-untyped-def]
         cfg["dflash_config"]["target_layer_ids"] = [0, n - 1, n + 2]
 
-    checks = run_checks(read_checkpoint(_mutated(tiny_drafter_dir, tmp_path, cfg_edit=edit)), TargetSpec.from_target(tiny_target))
+    checks = run_checks(read_checkpoint(_mutated(tiny_drafter_dir, tmp_path, cfg_edit=edit)),
+                        TargetSpec.from_target(tiny_target))
     assert _status(checks, "target_layer_ids_range").status == "fail"
     assert str(n + 2) in _status(checks, "target_layer_ids_range").message
     assert _status(checks, "target_layer_ids_last_layer").status == "warn"

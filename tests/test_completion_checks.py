@@ -15,8 +15,8 @@ import dflash_eval.target.generation as generation_mod
 from dflash_eval.cache.store import CacheCorruption
 from dflash_eval.errors import EvalError
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.sglang import Completion
 from dflash_eval.session.eval_session import EvalSession
+from dflash_eval.sglang import Completion
 
 
 def _session(target, drafter, tmp_path, **extra: Any) -> EvalSession:

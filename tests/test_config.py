@@ -23,8 +23,10 @@ def test_default_layer_ids_match_released_qwen3_8b() -> None:
 
 
 def test_block_size_top_level_or_nested() -> None:
-    top = DrafterConfig.from_dict({**BASE, "block_size": 16, "dflash_config": {"mask_token_id": 5, "target_layer_ids": [1]}})
-    nested = DrafterConfig.from_dict({**BASE, "dflash_config": {"block_size": 8, "mask_token_id": 5, "target_layer_ids": [1]}})
+    top = DrafterConfig.from_dict({**BASE, "block_size": 16,
+                                   "dflash_config": {"mask_token_id": 5, "target_layer_ids": [1]}})
+    nested = DrafterConfig.from_dict({**BASE,
+                                      "dflash_config": {"block_size": 8, "mask_token_id": 5, "target_layer_ids": [1]}})
     assert (top.block_size, nested.block_size) == (16, 8)
 
 
@@ -39,7 +41,8 @@ def test_default_rule_used_when_layer_ids_absent() -> None:
 
 
 def test_round_trip_through_released_layout() -> None:
-    cfg = DrafterConfig.from_dict({**BASE, "block_size": 8, "dflash_config": {"mask_token_id": 5, "target_layer_ids": [1, 2]}})
+    cfg = DrafterConfig.from_dict({**BASE, "block_size": 8,
+                                   "dflash_config": {"mask_token_id": 5, "target_layer_ids": [1, 2]}})
     d = cfg.to_dict()
     assert d["architectures"] == ["DFlashDraftModel"] and d["dflash_config"]["target_layer_ids"] == [1, 2]
     assert DrafterConfig.from_dict(d) == cfg

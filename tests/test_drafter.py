@@ -75,6 +75,7 @@ def test_precomputed_context_keys_and_values_are_the_context(tiny_drafter: DFlas
 def test_key_names_match_released_layout(tiny_drafter: DFlashDrafter) -> None:
     keys = set(tiny_drafter.state_dict())
     assert {"fc.weight", "hidden_norm.weight", "norm.weight"} <= keys
-    for suffix in ("self_attn.q_proj.weight", "self_attn.k_norm.weight", "mlp.down_proj.weight", "input_layernorm.weight"):
+    for suffix in ("self_attn.q_proj.weight", "self_attn.k_norm.weight", "mlp.down_proj.weight",
+                   "input_layernorm.weight"):
         assert f"layers.0.{suffix}" in keys
     assert not any(k.startswith(("embed_tokens", "lm_head")) for k in keys)

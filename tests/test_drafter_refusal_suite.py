@@ -105,7 +105,8 @@ def test_fc_shape_refusal_is_one_failure(suite, drafters) -> None:  # type: igno
     assert all(skipped.values()), skipped  # every skip has a reason
     refused = "the drafter was refused by architecture check fc_shape (see test_architecture_check[fc_shape])"
     for name in ("test_tau[humaneval-0]", "test_ddtree_tau[humaneval-0-ddtree8]", "test_mean_tau",
-                 "test_functional_drift_accept_len[bf16-vs-fp32-humaneval-0]", "test_drift_within_budget[bf16-vs-fp32-L6]"):
+                 "test_functional_drift_accept_len[bf16-vs-fp32-humaneval-0]",
+                 "test_drift_within_budget[bf16-vs-fp32-L6]"):
         assert skipped.get(name) == refused, (name, reps.get(name))
     for name in ("test_reference_completion[humaneval-0]", "test_teacher_forced_agreement[humaneval-0]",
                  "test_drift_regression[bf16-vs-fp32-humaneval-0-L6]", "test_fingerprint_regression[L0]"):

@@ -1,5 +1,5 @@
-"""Unit tests of dflash_eval.metrics.floors (floor arithmetic, per-prompt floors, aggregate floors derived from the selected
-prompts, explicit thresholds, schema-1 files, malformed files) and the floors file round trip through
+"""Unit tests of dflash_eval.metrics.floors (floor arithmetic, per-prompt floors, aggregate floors derived from the
+selected prompts, explicit thresholds, schema-1 files, malformed files) and the floors file round trip through
 dflash_eval.golden.writer.write_floors."""
 
 from __future__ import annotations

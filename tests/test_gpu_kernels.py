@@ -31,8 +31,8 @@ def test_fla_matches_torch_fallback_fp32(tiny_target_dir) -> None:  # type: igno
 
 
 def test_fla_greedy_generation_runs_and_restores(tiny_target_dir) -> None:  # type: ignore[no-untyped-def]
-    from dflash_eval.target.generation import greedy_generate
     from dflash_eval.target import backends
+    from dflash_eval.target.generation import greedy_generate
 
     target = load_target(tiny_target_dir, device="cuda", dtype="bf16")
     mod = backends.loaded_hybrid_modules()[0]

@@ -70,7 +70,8 @@ def test_default_xunit2_has_no_warning_and_suite_properties(pytester, monkeypatc
     for pid, r in data["prompts"].items():  # τ of every τ test, per prompt
         assert float(props[f"dflash_eval.prompt.{pid}.tau"]) == pytest.approx(r["tau"], abs=1e-4)
         assert float(props[f"dflash_eval.prompt.{pid}.ddtree8.tau"]) == pytest.approx(r["ddtree"]["8"], abs=1e-4)
-        assert props[f"dflash_eval.prompt.{pid}.floor"] == "1.0" and props[f"dflash_eval.prompt.{pid}.verdict"] == "PASS"
+        assert props[f"dflash_eval.prompt.{pid}.floor"] == "1.0"
+        assert props[f"dflash_eval.prompt.{pid}.verdict"] == "PASS"
     cases = list(root.iter("testcase"))
     assert len(cases) == 8 and not [c for c in cases if c.find("properties") is not None]  # valid xunit2
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dflash_eval.metrics.online_loop import online_generate
-from dflash_eval.metrics.tau import chain_tau, draft_table, ddtree_tau
+from dflash_eval.metrics.tau import chain_tau, ddtree_tau, draft_table
 from dflash_eval.target.generation import greedy_generate_batch
 from dflash_eval.target.hidden_states import extract_features
 from dflash_eval.target.sampling import SamplingParams, sample_tokens, stream_seed
@@ -31,7 +31,8 @@ def _offline(target, drafter, head, prompt: list[int], completion: list[int]):  
 def _check_prompts(target, drafter, head, prompts: dict[str, list[int]], params: SamplingParams, n: int) -> int:  # type: ignore[no-untyped-def]
     """Every prompt: the online loop's tokens are the sampled reference and its rounds the offline chain's."""
     seeds = {pid: stream_seed(0, pid, 0) for pid in prompts}
-    refs = greedy_generate_batch(target, list(prompts.values()), n, backend="torch", sampling=(params, list(seeds.values())))
+    refs = greedy_generate_batch(target, list(prompts.values()), n, backend="torch",
+                                 sampling=(params, list(seeds.values())))
     rounds = 0
     for (pid, ids), ref in zip(prompts.items(), refs):
         res = online_generate(target, drafter, head, ids, max_new_tokens=n, backend="torch", stop_at_eos=True,

@@ -1,6 +1,6 @@
-"""The suite's options: one declaration (:class:`dflash_eval.options.settings.EvalSettings`' fields) drives the pytest plugin's
-and the ``dflash-eval`` CLI's registration, one resolver (CLI > env > ini > default) serves both, and the option
-table in docs/reference.md is generated from it.
+"""The suite's options: one declaration (:class:`dflash_eval.options.settings.EvalSettings`' fields) drives the pytest
+plugin's and the ``dflash-eval`` CLI's registration, one resolver (CLI > env > ini > default) serves both, and the
+option table in docs/reference.md is generated from it.
 
 Run: ``pytest tests/test_options.py -p no:cacheprovider``
 """
@@ -190,7 +190,8 @@ def test_outside_a_checkout_target_and_drafter_are_required_and_prompts_are_buil
     with pytest.raises(ConfigError, match=re.escape(
             f"--target-model and --drafter required: {tmp_path} is not a checkout of the dflash-eval repository")):
         resolve(lambda name: None, environ={}, invocation_dir=tmp_path, root=tmp_path)
-    with pytest.raises(ConfigError, match=r"^--drafter required: .* give --drafter PATH \(or env DFLASH_EVAL_DRAFTER\)$"):
+    with pytest.raises(ConfigError,
+                       match=r"^--drafter required: .* give --drafter PATH \(or env DFLASH_EVAL_DRAFTER\)$"):
         resolve(lambda name: None, environ={"DFLASH_EVAL_TARGET_MODEL": "t"}, invocation_dir=tmp_path, root=tmp_path)
     s = resolve({"target_model": "t", "drafter": "d"}.get, environ={}, invocation_dir=tmp_path, root=tmp_path,
                 check=False)

@@ -1,8 +1,9 @@
 """Bad input answers before the heavy imports: option values, paths and prompt files are checked without torch or
-transformers (:mod:`dflash_eval.options.preflight`), by ``dflash-eval run``, plain ``pytest --pyargs dflash_eval.tests_eval``
-and ``dflash-eval gate``, with the usual exit codes (4 under pytest, 2 for the gate) and one message naming the
-option and the file. Each case runs in a fresh interpreter from a folder that is not a checkout, and asserts that
-neither torch nor transformers was imported when the message came (``benchmarks/bench_bad_input.py`` times it).
+transformers (:mod:`dflash_eval.options.preflight`), by ``dflash-eval run``, plain ``pytest --pyargs
+dflash_eval.tests_eval`` and ``dflash-eval gate``, with the usual exit codes (4 under pytest, 2 for the gate) and one
+message naming the option and the file. Each case runs in a fresh interpreter from a folder that is not a checkout, and
+asserts that neither torch nor transformers was imported when the message came (``benchmarks/bench_bad_input.py`` times
+it).
 
 Run: ``pytest tests/test_preflight.py -p no:cacheprovider -n 0``
 """

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from dflash_eval.errors import ConfigError
-from dflash_eval.options.settings import EvalSettings
 from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.options.settings import EvalSettings
 from dflash_eval.session.eval_session import EvalSession
 
 TEMPLATE = ("{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}"

@@ -131,7 +131,8 @@ def test_category_tables_and_floors(tmp_path):
     assert 1.0 <= lo <= 1.5 <= hi <= 2.0 and cats["code"]["chain"]["ci95"] == [4.0, 4.0]
     assert cats["c"]["ddtree"]["8"]["mean"] == 2.0 and cats["c"]["passed"] is None
     header, rows = report.category_rows(data)
-    assert header[:5] == ["category", "n", "chain mean", "median", "CI95"] and [r[0] for r in rows] == ["c", "code", "all"]
+    assert header[:5] == ["category", "n", "chain mean", "median", "CI95"]
+    assert [r[0] for r in rows] == ["c", "code", "all"]
     assert "τ per category" in report.render_terminal(data) and "### τ per category" in report.render_markdown(data)
     # category floors: the mean of the per-prompt floors of the category's prompts in the run
     doc = make_floors({"a": 1.75, "b": 1.25, "c": 4.25}, {8: {"a": 2.25, "b": 1.75, "c": 4.75}}, margin=0.25,

@@ -164,7 +164,8 @@ def test_drift_budget_plot_reads_without_the_docs(outcome, colour, tmp_path):
         legend = fig.legends[0]
         labels = [t.get_text() for t in legend.get_texts()]
         assert min(t.get_fontsize() for t in legend.get_texts()) >= FONT_PT >= 9
-        assert "tolerance: mean |Δτ| <= 0.1" in labels and any(lb.startswith("gate limit = budget / 5") for lb in labels)
+        assert "tolerance: mean |Δτ| <= 0.1" in labels
+        assert any(lb.startswith("gate limit = budget / 5") for lb in labels)
         assert any(lb.startswith("measured drift bf16-vs-fp32") for lb in labels)
         assert min(t.get_fontsize() for t in ax_d.get_xticklabels()) >= FONT_PT
     finally:

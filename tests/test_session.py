@@ -1,5 +1,5 @@
-"""Unit tests of dflash_eval.session.eval_session and its stages: drift comparisons, the light head, empty completions, the τ
-memo, layer reuse across drafters."""
+"""Unit tests of dflash_eval.session.eval_session and its stages: drift comparisons, the light head, empty completions,
+the τ memo, layer reuse across drafters."""
 
 from __future__ import annotations
 

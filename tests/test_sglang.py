@@ -270,11 +270,11 @@ def canned() -> Iterator[Callable[[Responder], Canned]]:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 state.gets.append(self.path)
                 self._answer(*responder(self.path, None))
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 req = json.loads(raw)
                 state.received.append((self.path, req))

@@ -16,8 +16,8 @@ import pytest
 import torch
 from test_sglang_suite import ROOT, free_port, run_suite, show, standin_cmd
 
-from dflash_eval.sglang import SGLangError, generate_sampled
 from dflash_eval.serving.server_sample_check import MIN_LIKELIHOOD_Z, sample_fit
+from dflash_eval.sglang import SGLangError, generate_sampled
 
 SAMPLED = ("--temperature", "0.6", "--samples-per-prompt", "2", "--max-new-tokens", "16", "-k", "tau")
 

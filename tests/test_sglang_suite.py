@@ -90,7 +90,8 @@ def cached_completions(cache: Path) -> dict[str, tuple[str, list[int]]]:
     for man in (cache / "v1" / "completion").glob("*/*/manifest.json"):
         m = json.loads(man.read_text())
         meta = m.get("meta", {})
-        out[meta["prompt_id"]] = (meta["source"], load_file(str(man.parent / "data.safetensors"))["output_ids"].tolist())
+        ids = load_file(str(man.parent / "data.safetensors"))["output_ids"].tolist()
+        out[meta["prompt_id"]] = (meta["source"], ids)
     return out
 
 

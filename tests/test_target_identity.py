@@ -13,8 +13,8 @@ from safetensors import safe_open
 
 import dflash_eval.target.loader as target_mod
 from dflash_eval.errors import ConfigError
-from dflash_eval.options.settings import EvalSettings
 from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.options.settings import EvalSettings
 from dflash_eval.target.loader import TargetDir
 
 

@@ -1,5 +1,5 @@
-"""Unit tests of dflash_eval.metrics.verdict: the floor rule, judging eval.json's prompt rows, means and categories (their
-floors derived from the selected prompts' floors), explicit thresholds (--tau-floor: the mean only;
+"""Unit tests of dflash_eval.metrics.verdict: the floor rule, judging eval.json's prompt rows, means and categories
+(their floors derived from the selected prompts' floors), explicit thresholds (--tau-floor: the mean only;
 --tau-floor-prompt: every prompt), the gate's reasons, and re-judging a run against rewritten floors (no model)."""
 
 from __future__ import annotations

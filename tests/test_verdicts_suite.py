@@ -23,7 +23,8 @@ from safetensors.torch import load_file, save_file
 from dflash_eval.cli.main import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGET, DRAFTER, FLOORS = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter", ROOT / "golden" / "tau_floors.json"
+TARGET, DRAFTER = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter"
+FLOORS = ROOT / "golden" / "tau_floors.json"
 SUBSET = "humaneval:3"
 pytestmark = pytest.mark.slow
 

@@ -199,8 +199,8 @@ def test_fingerprint_regression(layer, eval_session) -> None:
 
 
 def _probe_change(was: dict | None, now: dict) -> str:
-    """Which kernels' probe digests (dflash_eval.target.kernel_probe) differ from the golden's; nothing for a golden recorded
-    without them."""
+    """Which kernels' probe digests (dflash_eval.target.kernel_probe) differ from the golden's; nothing for a golden
+    recorded without them."""
     if not was:
         return ""
     moved = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))

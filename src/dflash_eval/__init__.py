@@ -61,12 +61,15 @@ __all__ = ["__version__", *_LAZY, "DFlashEvalError", "ConfigError", "CheckpointE
            "DrafterRefused", "BackendError", "CacheError", "EvalError"]
 
 if TYPE_CHECKING:
-    from dflash_eval.options.settings import EvalSettings
-    from dflash_eval.evaluation.drafter_evaluation import PromptTau
-    from dflash_eval.results.eval_result import EvalResult, TauSummary
-    from dflash_eval.session.eval_session import EvalSession
-    from dflash_eval.training_loop.evaluator import Evaluator
-    from dflash_eval.training_loop.history import CheckpointRecord, History
+    # re-exported for type checkers (`X as X`); at run time __getattr__ imports them on first use
+    from dflash_eval.evaluation.drafter_evaluation import PromptTau as PromptTau
+    from dflash_eval.options.settings import EvalSettings as EvalSettings
+    from dflash_eval.results.eval_result import EvalResult as EvalResult
+    from dflash_eval.results.eval_result import TauSummary as TauSummary
+    from dflash_eval.session.eval_session import EvalSession as EvalSession
+    from dflash_eval.training_loop.evaluator import Evaluator as Evaluator
+    from dflash_eval.training_loop.history import CheckpointRecord as CheckpointRecord
+    from dflash_eval.training_loop.history import History as History
 
 
 def __getattr__(name: str) -> Any:

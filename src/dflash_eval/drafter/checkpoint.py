@@ -76,14 +76,15 @@ def _read_safetensors_dir(path: Path) -> dict[str, Tensor]:
                 sd.update(load_file(str(path / shard)))
             return sd
     except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read drafter weights ({type(exc).__name__}: {exc}); truncated file?") from exc
+        raise CheckpointError(
+            f"{path}: cannot read drafter weights ({type(exc).__name__}: {exc}); truncated file?") from exc
     raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json in the drafter directory")
 
 
 def _read_pt(path: Path) -> tuple[dict[str, Tensor], dict[str, Any] | None]:
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - unpickling errors come in many types
+    except Exception as exc:
         raise CheckpointError(
             f"{path}: cannot read as a weights-only torch checkpoint ({type(exc).__name__}: {exc}). "
             "Only tensors, dicts, lists and plain values are allowed (weights_only=True)."

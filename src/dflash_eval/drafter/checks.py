@@ -92,7 +92,8 @@ def _hidden_size(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     if got == spec.hidden_size:
         return Check("hidden_size", "pass", f"drafter hidden_size {got} == target hidden_size")
     return Check("hidden_size", "fail",
-                 f"config 'hidden_size': drafter {got} != target {spec.hidden_size} (drafter trained for another target?)")
+                 f"config 'hidden_size': drafter {got} != target {spec.hidden_size} "
+                 "(drafter trained for another target?)")
 
 
 def _layer_ids_range(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
@@ -103,7 +104,8 @@ def _layer_ids_range(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     bad = [i for i in ids if not 0 <= i < n]
     if bad:
         return Check("target_layer_ids_range", "fail",
-                     f"'dflash_config.target_layer_ids' {ids}: ids {bad} are outside 0..{n - 1} (target has {n} layers)")
+                     f"'dflash_config.target_layer_ids' {ids}: ids {bad} are outside 0..{n - 1} "
+                     f"(target has {n} layers)")
     if ckpt.config.num_target_layers is not None and spec is not None and ckpt.config.num_target_layers != n:
         return Check("target_layer_ids_range", "warn",
                      f"config 'num_target_layers' is {ckpt.config.num_target_layers} but the target has {n} layers")
@@ -151,7 +153,7 @@ def _mask_token_match(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check
     elif named is None and own is not None and own != mask:
         problems.append(f"the target tokenizer's mask token {vocab.mask_token!r} is id {own}")
     readable = spec is not None and spec.embedding is not None and vocab.size is not None  # ordinary tokens known
-    row = row_stat(vocab, spec.embedding, mask) if readable else None
+    row = row_stat(vocab, spec.embedding, mask) if readable and spec is not None else None
     looks = "" if row is None else (f"; its embedding row looks like a trained token's ({row.describe()}), where a "
                                     "mask token's row normally looks untrained (the target never reads it in text)"
                                     if row.looks_trained else f"; its embedding row looks untrained ({row.describe()})")
@@ -219,7 +221,8 @@ def _keys(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     if unexpected:
         parts.append(f"unexpected keys {unexpected}")
     if wrong:
-        parts.append("shape mismatches " + ", ".join(f"{k}: expected {list(want[k])}, got {list(got[k])}" for k in wrong))
+        parts.append("shape mismatches "
+                     + ", ".join(f"{k}: expected {list(want[k])}, got {list(got[k])}" for k in wrong))
     return Check("state_dict_keys", "fail", f"{ckpt.source}: " + "; ".join(parts))
 
 

@@ -288,7 +288,7 @@ def _block_size(data: dict[str, Any], dcfg: dict[str, Any], source: str) -> int:
         raise ConfigError(
             f"{source}: 'block_size' is {top} but 'dflash_config.block_size' is {nested}; reference releases "
             "disagree on which one wins (older ones read the top level, newer ones dflash_config): make them equal")
-    return int(top if top is not None else nested)
+    return int(top) if top is not None else int(nested)  # type: ignore[arg-type]  # one of the two is set (checked above)
 
 
 def _rope(data: dict[str, Any], source: str) -> tuple[str, float, tuple[tuple[str, Any], ...]]:

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dflash_eval.drafter.config import DrafterConfig
@@ -223,7 +223,8 @@ class DFlashDrafter(nn.Module):
         dtype = self.fc.weight.dtype
         ctx = context.to(dtype)
         rope_ctx = self._rope_tables(torch.arange(t, device=ctx.device), dtype)
-        return ContextKV([layer.self_attn.context_kv(ctx, rope_ctx) for layer in self.layers])
+        layers = cast("list[DFlashDecoderLayer]", list(self.layers))  # nn.ModuleList yields plain nn.Module
+        return ContextKV([layer.self_attn.context_kv(ctx, rope_ctx) for layer in layers])
 
     def _rope_tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos/sin of ``positions`` with the config's RoPE (scaled RoPE frequencies computed on first use)."""

@@ -1,1 +1,2 @@
-"""The target's hidden-state features per prompt, layer and backend/dtype, cached, read lazily and let go after their consumer."""
+"""The target's hidden-state features per prompt, layer and backend/dtype, cached, read lazily and let go after their
+consumer."""

@@ -5,11 +5,11 @@ drafter reading other target layers reuses the layers already cached and extract
 target forward per prompt (one cache batch per prompt, spread over xdist workers). When that forward is the
 evaluation backend's in the evaluation dtype it runs to the logits and also gives the references stage's
 teacher-forced argmax entry of the sequence (that stage states the request and makes the entry from the logits:
-:mod:`dflash_eval.references.teacher_forced`), so the argmax costs no forward of its own. Also the per-layer fingerprint of a
-fixed text (regression detection across library upgrades).
+:mod:`dflash_eval.references.teacher_forced`), so the argmax costs no forward of its own. Also the per-layer fingerprint
+of a fixed text (regression detection across library upgrades).
 
-The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the side's kernels in this process before the first key is
-made, so features extracted by kernels that computed something else (patched, rebuilt, another Triton or driver
+The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the side's kernels in this process before the first key
+is made, so features extracted by kernels that computed something else (patched, rebuilt, another Triton or driver
 under the same versions) are never served: they are re-extracted, with a :class:`KernelOutputChanged` warning
 naming the kernel whose output changed (or, under ``--cache-only``, an error saying what to do).
 """
@@ -26,12 +26,12 @@ from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import cache_key, ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Producer, Request
 from dflash_eval.errors import CacheError
-from dflash_eval.metrics.drift import Side
-from dflash_eval.metrics.drift import fingerprint as layer_fingerprint
 from dflash_eval.features.feature_map import FeatureMap
 from dflash_eval.inputs.run_inputs import Inputs
-from dflash_eval.runtime.progress import Progress
+from dflash_eval.metrics.drift import Side
+from dflash_eval.metrics.drift import fingerprint as layer_fingerprint
 from dflash_eval.references.greedy import CompletionRecord, References
+from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.backends import check_backend_device, use_backend
 from dflash_eval.target.kernel_registry import KernelOutputChanged, KernelProbes
 from dflash_eval.target.provenance import device_kind, kernel_versions, library_versions, provenance
@@ -58,8 +58,8 @@ class FeatureStore:
                                              record=not inputs.cache.cache_only)
 
     def kernel_digest(self, side: Side) -> str:
-        """The digest of the side's kernels' output in this process (:mod:`dflash_eval.target.kernel_probe`; probed on the
-        first call per backend and dtype)."""
+        """The digest of the side's kernels' output in this process (:mod:`dflash_eval.target.kernel_probe`; probed on
+        the first call per backend and dtype)."""
         if not self.probes.probed(side.backend, side.dtype):
             with self.inputs.meter.timed("kernel_probe"):
                 self.probes.get(side.backend, side.dtype)

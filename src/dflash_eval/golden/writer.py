@@ -44,7 +44,7 @@ class GoldenJSONExtension(JSONSnapshotExtension):
         return str(Path(cls.golden_dir) / "snapshots" / cls.target_name / test_location.basename)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def golden_extension(golden_dir: Path, target_name: str) -> type[GoldenJSONExtension]:
     """The snapshot extension for one run's golden folder and target (one class per pair, so syrupy sees one
     extension per location; no process-wide state, so runs in one process do not leak into each other)."""

@@ -2,9 +2,9 @@
 
 A drift budget measured on a handful of prompts is mostly noise (one prompt's |Δτ| sets its CI), so the budget is
 measured on at least ``--drift-budget-min-prompts`` prompts of the same ``--prompts`` source
-(:meth:`dflash_eval.evaluation.drafter_evaluation.DrafterEvaluation.drift_budget`). :class:`PromptView` gives the references and
-feature stages that list instead of the selection, and everything else of the run's :class:`Inputs` unchanged and
-shared: the loaded target, the cache, the meter, the tokenizer. Its entries are the same cache entries the
+(:meth:`dflash_eval.evaluation.drafter_evaluation.DrafterEvaluation.drift_budget`). :class:`PromptView` gives the
+references and feature stages that list instead of the selection, and everything else of the run's :class:`Inputs`
+unchanged and shared: the loaded target, the cache, the meter, the tokenizer. Its entries are the same cache entries the
 selection's prompts would have (keyed by tokens, not by selection), so the selected prompts are not produced twice.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from dflash_eval.prompts import Prompt
-from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.inputs.prompt_tokens import tokenize_prompts
+from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.prompts import Prompt
 
 __all__ = ["PromptView"]
 

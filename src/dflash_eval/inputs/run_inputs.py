@@ -22,13 +22,13 @@ import torch
 
 from dflash_eval.cache.store import Cache
 from dflash_eval.errors import ConfigError, DFlashEvalError
+from dflash_eval.inputs.prompt_tokens import prompt_format, text_ids, tokenize_prompts
 from dflash_eval.metrics.drift import Comparison, Side, drift_comparisons
 from dflash_eval.metrics.floors import Floors, load_floors
 from dflash_eval.options.preflight import input_problems, target_config_problem
 from dflash_eval.options.settings import EvalSettings, worker_info
 from dflash_eval.prompts import Prompt, load_prompt_spec
 from dflash_eval.runtime.progress import Meter, Sink, default_progress_sink
-from dflash_eval.inputs.prompt_tokens import prompt_format, text_ids, tokenize_prompts
 from dflash_eval.target.backends import check_backend_device
 from dflash_eval.target.loader import TargetDir
 
@@ -73,8 +73,8 @@ class Inputs:
             raise ConfigError(f"cannot share target resources between sessions whose options differ in {diff}")
 
     def preflight(self) -> None:
-        """Check every input path at once (:func:`dflash_eval.options.preflight.input_problems`, the tokenizer's JSON files
-        too); ConfigError lists all that are missing or unreadable."""
+        """Check every input path at once (:func:`dflash_eval.options.preflight.input_problems`, the tokenizer's JSON
+        files too); ConfigError lists all that are missing or unreadable."""
         problems = input_problems(self.settings, target_check=self._target_problem, load_prompts=lambda: self.prompts)
         if problems:
             raise ConfigError("unusable inputs:\n  " + "\n  ".join(problems))
@@ -91,7 +91,8 @@ class Inputs:
                               "least one layer")
 
     def _target_problem(self, settings: EvalSettings) -> str | None:
-        """config.json (:func:`~dflash_eval.options.preflight.target_config_problem`), then the tokenizer's JSON files."""
+        """config.json (:func:`~dflash_eval.options.preflight.target_config_problem`), then the tokenizer's JSON
+        files."""
         problem = target_config_problem(settings)
         if problem is None:
             try:
@@ -261,7 +262,7 @@ class Inputs:
         with self.meter.timed("target_load"):
             try:
                 return AutoTokenizer.from_pretrained(self.settings.target_model, local_files_only=True)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise ConfigError(f"cannot load the tokenizer from {self.settings.target_model}: "
                                   f"{type(exc).__name__}: {exc}") from exc
 

@@ -1,7 +1,8 @@
 """Comparing a run's τ with a baseline: an earlier reports/eval.json (the last good checkpoint), prompt by prompt.
 
 The comparison is paired over the prompts both runs have: the mean of the per-prompt differences (this run minus
-the baseline), a percentile-bootstrap 95 % confidence interval of it (:func:`dflash_eval.metrics.stats.summarize`) and the
+the baseline), a percentile-bootstrap 95 % confidence interval of it (:func:`dflash_eval.metrics.stats.summarize`) and
+the
 change relative to the baseline's mean over the same prompts. Two rules, each its own test:
 
 - drop: the run fails when mean chain τ fell by more than ``--baseline-drop-tol`` (relative);

@@ -4,16 +4,17 @@ Kernel drift matters only when it changes what the drafter proposes. The budget 
 cached features of the selected prompts (only the drafter runs): each perturbation of a ladder is applied to every
 prompt's features of the drafter's target layers, chain τ is recomputed offline for every level and compared,
 prompt by prompt, with τ on the unperturbed features. Levels are batched into as few simulations as memory
-allows (:func:`dflash_eval.metrics.tau.simulate_tau`: every chain in lock-step, drafting only the round starts it visits).
+allows (:func:`dflash_eval.metrics.tau.simulate_tau`: every chain in lock-step, drafting only the round starts it
+visits).
 
 Perturbations (``--drift-budget-ladder``, default :data:`DEFAULT_LADDER`; :mod:`dflash_eval.metrics.drift_ladder`):
 
 - a number ``e``: relative Gaussian noise, ``f + e * rms(f) * N(0, 1)`` per prompt and layer (seeded per level,
   prompt and layer from ``--drift-budget-seed``, so a prompt's noise does not depend on which others are selected);
-- ``bf16`` / ``fp16`` / ``fp8``: the features rounded through that dtype (:func:`dflash_eval.common.dtypes.round_through`;
-  ``fp8`` = float8-e4m3 with a per-tensor scale), where this torch has it. On fp32 features they cover the small
-  end of the ladder (fp16 ~2e-4, bf16 ~2e-3 relative error on the bundled target, fp8 ~3e-2); a level that leaves
-  the features unchanged (bf16 rounding of bf16 features) costs no simulation.
+- ``bf16`` / ``fp16`` / ``fp8``: the features rounded through that dtype
+  (:func:`dflash_eval.common.dtypes.round_through`; ``fp8`` = float8-e4m3 with a per-tensor scale), where this torch has
+  it. On fp32 features they cover the small end of the ladder (fp16 ~2e-4, bf16 ~2e-3 relative error on the bundled
+  target, fp8 ~3e-2); a level that leaves the features unchanged (bf16 rounding of bf16 features) costs no simulation.
 
 Each level's injected error is measured, not assumed: the mean over prompts and layers of ``||f' - f|| / ||f||``
 on the tensors the drafter actually sees (after the cast to its dtype), the metric of
@@ -88,7 +89,7 @@ def measure_ladder(drafter: Any, head: Any, prompts: Sequence[Prompt], ladder: S
             group = range(g0, min(g0 + step, len(ladder)))
             sims = _measure_group(drafter, head, chunk, [ladder[k] for k in group], base_tau and
                                   [base_tau[i] for i in order], seed, max_blocks,
-                                  None if progress is None else lambda d, base=done: progress(base + d))
+                                  None if progress is None else _offset(progress, done))
             for k, (ts, errs) in zip(group, sims):
                 for n, i in enumerate(order):
                     taus[k][i], injected[k][i] = ts[n], errs[n]
@@ -97,6 +98,11 @@ def measure_ladder(drafter: Any, head: Any, prompts: Sequence[Prompt], ladder: S
                 progress(done)
         del chunk
     return taus, injected
+
+
+def _offset(progress: Callable[[int], None], base: int) -> Callable[[int], None]:
+    """``progress`` called with ``base`` added: positions of earlier groups counted."""
+    return lambda d: progress(base + d)
 
 
 def _measure_group(drafter: Any, head: Any, chunk: Sequence[Prompt], levels: Sequence[Perturbation],

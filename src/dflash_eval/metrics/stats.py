@@ -1,6 +1,6 @@
 """Summary statistics of per-prompt τ: mean, median and a percentile-bootstrap 95 % confidence interval, per
-category and over all prompts (with each category's pooled per-position acceptance, :mod:`dflash_eval.metrics.acceptance_rates`);
-and, for multi-turn conversations, τ per turn and per conversation."""
+category and over all prompts (with each category's pooled per-position acceptance,
+:mod:`dflash_eval.metrics.acceptance_rates`); and, for multi-turn conversations, τ per turn and per conversation."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class Summary:
     ci_low: float
     ci_high: float
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, float | int | list[float]]:
         return {"n": self.n, "mean": self.mean, "median": self.median, "ci95": [self.ci_low, self.ci_high]}
 
 

@@ -318,7 +318,8 @@ def _max_acc(block_size: int, seq_len: int, s: int) -> int:
 
 def chain_path(tokens: list[int], prompt_len: int, block_size: int, *, max_blocks: int | None = None) -> Path:
     """The greedy DFlash chain loop on the reference ``tokens`` (see module docstring), as a path."""
-    s, lens, n = prompt_len, [], len(tokens)
+    lens: list[int] = []
+    s, n = prompt_len, len(tokens)
     while s < n - 1 and (max_blocks is None or len(lens) < max_blocks):
         ids, _ = yield s
         d = ids[:, 0].tolist()
@@ -347,7 +348,8 @@ def ddtree_path(tokens: list[int], prompt_len: int, block_size: int, budget: int
 
 
 def _ddtree_path(tokens: list[int], prompt_len: int, block_size: int, budget: int, max_blocks: int | None) -> Path:
-    s, lens, n = prompt_len, [], len(tokens)
+    lens: list[int] = []
+    s, n = prompt_len, len(tokens)
     while s < n - 1 and (max_blocks is None or len(lens) < max_blocks):
         ids, logp = yield s
         nodes = build_ddtree(ids, logp, budget)

@@ -1,1 +1,2 @@
-"""The suite's options: declared once, parsed, checked before any work, tabulated for the docs, and applied per command."""
+"""The suite's options: declared once, parsed, checked before any work, tabulated for the docs, and applied per
+command."""

@@ -28,14 +28,12 @@ _META_FILES = {"state.json", "dataset_info.json", "dataset_dict.json", "dataset_
 
 def _pyarrow(path: Path) -> Any:
     try:
-        import pyarrow  # noqa: F401
-        import pyarrow.ipc  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
+        import pyarrow
+        import pyarrow.ipc
+        import pyarrow.parquet
     except ImportError as exc:
         raise ConfigError(f"reading {path} needs pyarrow, which is not installed: pip install 'dflash-eval[sets]' "
                           "(or pip install pyarrow); JSON/JSONL files need nothing extra") from exc
-    import pyarrow
-
     return pyarrow
 
 
@@ -71,6 +69,7 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
             data = json.loads(text)
         except json.JSONDecodeError:
             data = None  # JSON lines in a .json file
+        rows: list[Any] | None
         if isinstance(data, list):
             rows = data
         elif isinstance(data, dict) and isinstance(data.get("data", data.get("rows")), list):
@@ -121,7 +120,7 @@ def _load_json(path: Path) -> Any:
 def _saved_dataset(folder: Path) -> list[dict[str, Any]]:
     """A ``Dataset.save_to_disk`` folder: the Arrow files listed in state.json, in order."""
     state = _load_json(folder / "state.json")
-    files = [f.get("filename") for f in state.get("_data_files", []) if isinstance(f, dict)]
+    files = [f["filename"] for f in state.get("_data_files", []) if isinstance(f, dict) and "filename" in f]
     if not files:
         files = sorted(p.name for p in folder.glob("*.arrow"))
     if not files:
@@ -136,8 +135,8 @@ def _saved_dataset(folder: Path) -> list[dict[str, Any]]:
 
 
 def _pick_split(splits: list[str], split: str | None, where: Path) -> str:
-    if split in splits:
-        return split  # type: ignore[return-value]
+    if split is not None and split in splits:
+        return split
     if len(splits) == 1 and split is None:
         return splits[0]
     raise ConfigError(f"{where}: " + (f"no split {split!r}; " if split else "several splits; ") +

@@ -115,7 +115,8 @@ def prompts_from_rows(d: SetDefinition, rows: list[dict[str, Any]], where: str) 
     if d.limit and d.limit > len(rows):
         raise ConfigError(f"{where}: {d.name!r} has only {len(rows)} prompts (asked for {d.limit}; use "
                           f"{d.name}:{len(rows)} or {d.name} for all of them)")
-    out, seen = [], {}
+    out: list[Prompt] = []
+    seen: dict[str, int] = {}
     for n, row in enumerate(rows[:d.limit] if d.limit else rows):
         w = f"{where} row {n}"
         value = row[_text_field(d, row, w)]
@@ -209,7 +210,7 @@ def _definitions_file(path: Path) -> list[SetDefinition]:
             doc = yaml.safe_load(text)
     except ImportError as exc:
         raise ConfigError(f"{path}: TOML set definitions need Python 3.11+ (tomllib); use YAML instead") from exc
-    except Exception as exc:  # noqa: BLE001 - yaml.YAMLError / tomllib.TOMLDecodeError
+    except Exception as exc:
         raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.').upper()}: {exc}") from exc
     items = doc.get("sets") if isinstance(doc, dict) and "sets" in doc else [doc]
     if not isinstance(items, list) or not items:
@@ -272,9 +273,9 @@ def _one(item: str, base: Path | None, data_dir: Path | None, humaneval_wrapper:
         if name == "humaneval":
             d = replace(d, wrapper=HUMANEVAL_WRAPPERS[humaneval_wrapper])
         return load_set(d, data_dir)
-    name, _, count = item.partition(":")
+    name, _, count_text = item.partition(":")
     if name in BUILTIN_DEFINITIONS:
-        limit = _count(item, count) if count else None
+        limit = _count(item, count_text) if count_text else None
         if name == "humaneval":
             prompts = load_humaneval(None, HUMANEVAL_WRAPPERS[humaneval_wrapper])
             if limit is not None and limit > len(prompts):
@@ -282,17 +283,17 @@ def _one(item: str, base: Path | None, data_dir: Path | None, humaneval_wrapper:
                                   f"(use {name}:{len(prompts)} or {name} for all of them)")
             return prompts[:limit] if limit is not None else prompts
         return load_set(replace(BUILTIN_DEFINITIONS[name], limit=limit), data_dir)
-    path = Path(item)
-    if not path.is_absolute() and base is not None and not path.exists():
-        path = base / path
-    if path.suffix.lower() in (".yaml", ".yml", ".toml"):
-        if not path.is_file():
-            raise ConfigError(f"set definition file not found: {path}")
-        return [p for d in _definitions_file(path) for p in load_set(d, data_dir)]
-    if not path.exists() and not item.endswith((".jsonl", ".json")) and "/" not in item:
+    file = Path(item)
+    if not file.is_absolute() and base is not None and not file.exists():
+        file = base / file
+    if file.suffix.lower() in (".yaml", ".yml", ".toml"):
+        if not file.is_file():
+            raise ConfigError(f"set definition file not found: {file}")
+        return [p for d in _definitions_file(file) for p in load_set(d, data_dir)]
+    if not file.exists() and not item.endswith((".jsonl", ".json")) and "/" not in item:
         raise ConfigError(f"unknown prompt set {item!r}: built-in sets are {list(BUILTIN_SETS)}; anything else is "
                           "NAME=PATH[:FIELD] (local data), a .yaml/.toml set definition or a JSONL file")
-    return load_prompts(path)
+    return load_prompts(file)
 
 
 def load_prompt_spec(spec: str | Path, *, limit: int | None = None, base: Path | None = None,

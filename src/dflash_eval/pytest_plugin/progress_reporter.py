@@ -129,7 +129,7 @@ class ProgressReporter:
     @staticmethod
     def _line(tr: Any, line: str) -> None:
         tw = getattr(tr, "_tw", None)
-        if getattr(tw, "width_of_current_line", 0):  # in the middle of a line of test results (xdist's dots)
+        if getattr(tw, "width_of_current_line", 0) and tw is not None:  # mid-line of test results (xdist's dots)
             tw.line()
         tr.write_line(line)
 

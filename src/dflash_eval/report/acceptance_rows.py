@@ -37,7 +37,7 @@ def acceptance_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             rows.append(_row(pid, src, acceptance_block(h)))
     cats = {c: v.get("acceptance") for c, v in (data.get("categories") or {}).items()}
     if not cats or any(v is None for v in cats.values()):  # an eval.json from before the acceptance tables
-        cats = acceptance_table(prompts)  # type: ignore[assignment]
+        cats = acceptance_table(prompts)
     for c in sorted(cats, key=lambda k: (k == "all", k)):
         for src, block in (cats[c] or {}).items():
             rows.append(_row(f"category {c}" if c != "all" else "all prompts", src, block))

@@ -100,7 +100,7 @@ def teacher_forced_rows(inputs: Any, items: list[tuple[str, list[int], list[int]
 def _token(tokenizer: Any, t: int) -> str:
     try:
         return repr(tokenizer.decode([t]))
-    except Exception:  # a tokenizer that cannot decode a lone id: the id alone says enough
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot decode a lone id: the id alone says enough
         return "?"
 
 

@@ -91,7 +91,7 @@ def _describe(fit: SampleFit, ids: list[int], tokenizer: Any) -> str:
     def token(t: int) -> str:
         try:
             return repr(tokenizer.decode([t]))
-        except Exception:  # a tokenizer that cannot decode a lone id: the id alone says enough
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode a lone id: the id alone says enough
             return "?"
 
     if len(fit.outside) > max(1, int(SERVER_MAX_DISAGREEMENT * fit.n_tokens)):

@@ -2,8 +2,9 @@
 
 Import from here; the modules are :mod:`~dflash_eval.sglang.transport` (the error type, URL normalisation, log
 tail), :mod:`~dflash_eval.sglang.client` (readiness, identity, server info, :class:`SGLangClient`),
-:mod:`~dflash_eval.sglang.generate` (validated greedy and seeded sampled ``POST /generate``), :mod:`~dflash_eval.sglang.ports`
-(is a port taken, and by which process), :mod:`~dflash_eval.sglang.launch` (launching and tearing down a server's
+:mod:`~dflash_eval.sglang.generate` (validated greedy and seeded sampled ``POST /generate``),
+:mod:`~dflash_eval.sglang.ports` (is a port taken, and by which process), :mod:`~dflash_eval.sglang.launch` (launching
+and tearing down a server's
 process group) and :mod:`~dflash_eval.sglang.service` (the suite's server:
 launched or external, checked once, handing over a ready client).
 

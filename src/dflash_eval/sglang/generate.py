@@ -62,7 +62,7 @@ def _check_prompts(batch_input_ids: Sequence[Sequence[int]]) -> list[list[int]]:
             raise SGLangError(f"batch_input_ids[{i}] must be a list of ints, got {type(ids).__name__}")
         if len(ids) == 0:
             raise SGLangError(f"batch_input_ids[{i}] is empty: SGLang cannot generate from an empty prompt")
-        out = []
+        out: list[int] = []
         for tok in ids:
             if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
                 raise SGLangError(f"batch_input_ids[{i}] contains {tok!r} ({type(tok).__name__}), expected int")
@@ -106,7 +106,7 @@ def _post_json(endpoint: str, payload: Any, deadline: float) -> tuple[int, bytes
                 box["response"] = r
                 chunks = [chunk for chunk in r.iter_content(chunk_size=64 * 1024)]
                 box["result"] = (r.status_code, b"".join(chunks))
-        except BaseException as exc:  # handed to the caller
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
             box["error"] = exc
 
     worker = threading.Thread(target=work, name=f"sglang-post {endpoint}", daemon=True)
@@ -306,7 +306,7 @@ def _check_sampling(base: str, sampling: Any, seeds: Any, n: int) -> None:
         raise SGLangError(f"generate_sampled({base!r}): sampling must not set {bad_keys}: they are arguments of "
                           "their own")
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or len(seeds) != n or not all(
-            isinstance(x, numbers.Integral) and not isinstance(x, bool) and 0 <= x < 2**63 for x in seeds):
+            isinstance(x, numbers.Integral) and not isinstance(x, bool) and 0 <= int(x) < 2**63 for x in seeds):
         raise SGLangError(f"generate_sampled({base!r}): seeds must be one int in 0 .. 2**63 - 1 per prompt "
                           f"({n} prompts), got {excerpt(repr(seeds), 200)}")
 

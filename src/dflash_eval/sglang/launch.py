@@ -199,7 +199,7 @@ class LaunchedServer:
         self._stopped = True
         try:
             atexit.unregister(self.stop)
-        except Exception:  # pragma: no cover - interpreter shutting down
+        except Exception:  # pragma: no cover  # noqa: BLE001 - interpreter shutting down
             pass
         pgid = self._pgid if self._pgid is not None else process.pid
         self._signal_group(pgid, signal.SIGTERM)

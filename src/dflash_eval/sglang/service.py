@@ -76,7 +76,7 @@ class SGLangService:
         ``--sglang-request-timeout``. Raises :class:`SGLangUnavailable` when an external server is not ready in
         time, :class:`SGLangError` for a launch that failed, a wrong model or a bad answer.
         """
-        if self.launch_cmd:
+        if self.launch_cmd and self.log_path is not None:  # log_path is set exactly when launch_cmd is
             self.server = LaunchedServer(self.launch_cmd, url=self.url, log_path=self.log_path,
                                          ready_timeout_s=self.timeout_s)
             self.install_signal_handlers()
@@ -87,7 +87,8 @@ class SGLangService:
                 self.ready_after_s = wait_until_ready(self.url, timeout_s=self.timeout_s)
             except SGLangError as exc:
                 raise SGLangUnavailable(
-                    f"no SGLang server ready at {self.url} within --sglang-timeout {self.timeout_s:g}s: {exc}") from None
+                    f"no SGLang server ready at {self.url} within --sglang-timeout {self.timeout_s:g}s: {exc}"
+                ) from None
         self.model_info = check_identity(self.url, expected_name=self.expected_name)
         alive = None
         if self.server is not None:

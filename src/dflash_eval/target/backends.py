@@ -13,7 +13,8 @@ Backends:
 
 Choosing a backend imports nothing: planning a run only asks whether fla is installed. Its ops are imported, and a
 broken installation reported, where its kernels are first used (:func:`use_backend`: feature extraction, and the
-kernel probe of :mod:`dflash_eval.target.kernel_probe`, which runs them in every process that reads features, warm or not).
+kernel probe of :mod:`dflash_eval.target.kernel_probe`, which runs them in every process that reads features, warm or
+not).
 
 Fault injection (a test and diagnostic hook, never a default): ``<backend>+<fault>`` runs ``<backend>`` with its
 delta-rule output perturbed, so a test can produce kernel drift of a chosen size on any machine:

@@ -46,7 +46,7 @@ def _read_tensor(key: str, file: Path) -> Tensor:
     try:
         with safe_open(str(file), framework="pt") as fh:
             return fh.get_tensor(key)
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several types
+    except Exception as exc:
         raise CheckpointError(f"{file}: cannot read tensor {key!r} ({type(exc).__name__}: {exc})") from exc
 
 
@@ -60,8 +60,8 @@ class TargetHead:
     @classmethod
     def from_model(cls, model: nn.Module) -> TargetHead:
         """Take the embedding and head of a loaded transformers causal LM (no copy)."""
-        emb = model.get_input_embeddings()
-        head = model.get_output_embeddings()
+        emb = model.get_input_embeddings()  # type: ignore[operator]  # transformers' method, seen through nn.Module.__getattr__
+        head = model.get_output_embeddings()  # type: ignore[operator]  # likewise
         if emb is None or head is None:
             raise ValueError(f"{type(model).__name__} has no input embedding or no output head")
         return cls(embed_tokens=emb, lm_head=head)

@@ -32,7 +32,8 @@ class StopForward(Exception):
 
 def decoder_parts(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
     """(base model, decoder layers, final norm) of a transformers causal LM."""
-    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    get_decoder = getattr(model, "get_decoder", None)
+    base = get_decoder() if get_decoder is not None else getattr(model, "model", model)
     layers = getattr(base, "layers", None)
     norm = getattr(base, "norm", None)
     if layers is None or norm is None:
@@ -111,7 +112,7 @@ def layer_features(model: nn.Module, input_ids: Tensor, layer_ids: list[int] | t
     base, _, _ = decoder_parts(model)
     with LayerCapture(model, layer_ids, stop_after_deepest=True) as cap:
         try:
-            base(input_ids=ids.to(model.device), use_cache=False)
+            base(input_ids=ids.to(model.device), use_cache=False)  # type: ignore[arg-type]  # transformers' .device, seen through nn.Module.__getattr__
         except StopForward:
             pass
     return {i: (t[0] if squeeze else t) for i, t in cap.per_layer().items()}

@@ -254,7 +254,7 @@ def _probe_attention(mod: ModuleType, impl: str, gen: torch.Generator, shapes: P
     default = getattr(mod, "eager_attention_forward", None)
     if impl == "eager" and default is None:
         raise ConfigError(f"{mod.__name__} has no eager_attention_forward for the kernel probe's attention")
-    fn = ALL_ATTENTION_FUNCTIONS.get_interface(impl, default)
+    fn = ALL_ATTENTION_FUNCTIONS.get_interface(impl, default)  # type: ignore[arg-type]  # None only for a registered impl (eager checked above)
     h, kv, d = shapes.num_heads, shapes.num_kv_heads, shapes.head_dim
     x = _inputs(gen, {"query": (1, h, ATTENTION_T, d), "key": (1, kv, ATTENTION_T, d),
                       "value": (1, kv, ATTENTION_T, d)})

@@ -260,7 +260,7 @@ class Target:
     device: torch.device
     dtype: torch.dtype
     _identity: str | None = field(default=None, repr=False)
-    dir: TargetDir = field(default=None, repr=False, compare=False)  # type: ignore[assignment] - set below
+    dir: TargetDir = field(default=None, repr=False, compare=False)  # type: ignore[assignment]  # set in __post_init__
 
     def __post_init__(self) -> None:
         if self.dir is None:
@@ -281,7 +281,8 @@ class Target:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        head = self.model.get_output_embeddings()  # type: ignore[operator]  # transformers' method, seen through nn.Module.__getattr__
+        return int(head.weight.shape[0])
 
     @property
     def layer_types(self) -> list[str]:
@@ -330,15 +331,15 @@ def load_target(
             model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dt, device_map=device_map)
         else:
             model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dt)
-    except Exception as exc:  # noqa: BLE001 - re-raised with the path and the cause
+    except Exception as exc:
         raise ConfigError(f"cannot load target model from {path}: {type(exc).__name__}: {exc}") from exc
     if device_map is None:
-        model.to(dev)
+        model.to(dev)  # type: ignore[arg-type]  # transformers types PreTrainedModel.to through a decorator that loses self
     else:
         dev = next(model.parameters()).device
     model.eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ConfigError(f"cannot load tokenizer from {path}: {type(exc).__name__}: {exc}") from exc
     return Target(model=model, tokenizer=tokenizer, path=path, device=dev, dtype=dt, dir=tdir)

@@ -12,7 +12,7 @@ import torch
 __all__ = ["library_versions", "kernel_versions", "device_name", "device_kind", "provenance"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _version(dist: str) -> str | None:
     """The installed version of ``dist`` (looked up once per process: every cache key asks for it, and a metadata
     lookup costs milliseconds)."""

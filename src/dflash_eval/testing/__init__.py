@@ -1,1 +1,2 @@
-"""Builders of random tiny targets and drafters and the fixtures' training recipes, for tests, benchmarks and ``fixtures/build.py``. Not part of the installed wheel."""
+"""Builders of random tiny targets and drafters and the fixtures' training recipes, for tests, benchmarks and
+``fixtures/build.py``. Not part of the installed wheel."""

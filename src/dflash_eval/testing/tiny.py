@@ -56,8 +56,8 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 300, texts: list[str] | Non
     )
     tok.train_from_iterator(texts or _TEXT * 4, trainer)
     limits = {} if model_max_length is None else {"model_max_length": model_max_length}
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, mask_token=MASK_TOKEN, pad_token=EOS_TOKEN,
-                                   **limits)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, mask_token=MASK_TOKEN,
+                                   pad_token=EOS_TOKEN, **limits)
     fast.save_pretrained(str(out_dir))
     return fast
 
@@ -116,7 +116,7 @@ def build_random_target(out_dir: str | Path, *, seed: int = 0, vocab_size: int =
     cfg = qwen35_text_config(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                              **config_kwargs)
     torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(cfg).to(dtype)
+    model = Qwen3_5ForCausalLM(cfg).to(dtype)  # type: ignore[arg-type]  # transformers types PreTrainedModel.to through a decorator that loses self
     if max_shard_size is None:
         model.save_pretrained(str(out))
     else:
@@ -141,7 +141,8 @@ def random_drafter_config(target_dir: str | Path, *, num_features: int = 3, num_
         head_dim=tcfg["head_dim"],
         vocab_size=tcfg["vocab_size"],
         block_size=block_size,
-        target_layer_ids=tuple(default_target_layer_ids(n, num_features)) if n > 4 else tuple(range(min(num_features, n - 1))),
+        target_layer_ids=(tuple(default_target_layer_ids(n, num_features)) if n > 4
+                          else tuple(range(min(num_features, n - 1)))),
         mask_token_id=mask_id,
         num_target_layers=n,
     )

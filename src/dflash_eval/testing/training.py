@@ -160,7 +160,7 @@ def greedy_continuations(
         for j in range(0, len(idx), batch_size):
             chunk = idx[j:j + batch_size]
             ids = torch.tensor([list(prompts[i]) for i in chunk], dtype=torch.long)
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,  # type: ignore[operator]  # transformers' method, seen through nn.Module.__getattr__
                                  min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
                                  pad_token_id=0)
             for row, i in enumerate(chunk):

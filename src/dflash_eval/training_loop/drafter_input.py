@@ -107,7 +107,7 @@ def drafter_input(drafter: Any, *, config: Any = None, name: str | None = None, 
         if config is None:
             raise ConfigError(f"{label}: a state dict needs its config (config=DrafterConfig, a config.json dict or "
                               "its path)")
-        cfg = _config(config, source=label, **target)
+        cfg = _config(config, source=label, **target)  # type: ignore[arg-type]  # target holds _config's keywords
         return DrafterInput(label=label, checkpoint=checkpoint_from_state_dict(dict(drafter), cfg, source=label))
     raise CheckpointError(f"cannot evaluate a {type(drafter).__name__}: pass a checkpoint path, a state dict with "
                           "config=, or a DFlashDrafter module")
