@@ -1,27 +1,36 @@
 """The fourth stage: one drafter checkpoint evaluated on the references and features of the earlier stages.
 
-The checkpoint is read once and validated against the target before anything is produced for it; τ of every
-prompt (chain and each DDTree budget) is memoised in the cache (:mod:`dflash_eval.measurements.tau_greedy`), so a warm run
-does not even run the drafter; drift compares the features of two sides of a
-:class:`~dflash_eval.metrics.drift.Comparison` and the τ each gives; the drift budget is measured per ladder level
-(:mod:`dflash_eval.measurements.budget_ladder`).
+The checkpoint is read once and validated against the target before anything is produced for it; its measurements
+(τ of every prompt, chain and each DDTree budget, on greedy or sampled references; the drift budget; the online loop)
+are served by one :class:`~dflash_eval.measurements.registry.Runner` over the specs of
+:mod:`dflash_eval.measurements.builtin`, each memoised in the cache, so a warm run does not even run the drafter;
+drift compares the features of two sides of a :class:`~dflash_eval.metrics.drift.Comparison` and the τ each gives.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.drafter import Checkpoint, build_drafter, fit_refusal, load_config_file, read_checkpoint, run_checks
+from dflash_eval.drafter.checks import Check
+from dflash_eval.errors import DrafterRefused
+from dflash_eval.features.feature_store import Features, FeatureStore
+from dflash_eval.inputs.prompt_view import PromptView
+from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.measurements.builtin import registered, spec
+from dflash_eval.measurements.online_greedy import OnlineTau
+from dflash_eval.measurements.registry import Measurement, Runner
+from dflash_eval.measurements.tau_greedy import PromptTau
 from dflash_eval.metrics.drift import Comparison, DriftStat, Side, drift_stat
 from dflash_eval.metrics.drift_budget import DriftBudget, GateCheck, gate_check
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.features.feature_store import Features, FeatureStore
-from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.prompts import Prompt
 from dflash_eval.references.greedy import CompletionRecord, References
-from dflash_eval.measurements.tau_greedy import PromptTau, memoised_tau
+from dflash_eval.references.sampled import SampledReferences
 
 __all__ = ["DrafterEvaluation", "PromptTau", "Drift"]
 
@@ -37,37 +46,46 @@ class Drift:
 
 
 class DrafterEvaluation:
-    """One drafter (``settings.drafter``) against the shared earlier stages. ``drafter_of``: an evaluation of the
-    same drafter whose checkpoint, check results and built drafter this one takes instead of reading them again
-    (the drift budget's evaluation on more prompts)."""
+    """One drafter (``settings.drafter``) against the shared earlier stages; its measurements are served by one
+    :class:`~dflash_eval.measurements.registry.Runner` (``lookup``: the measurement catalog's ``spec``)."""
 
     def __init__(self, inputs: Inputs, references: References, store: FeatureStore,
-                 settings: EvalSettings | None = None, *, checkpoint: Any = None, live: Any = None,
-                 drafter_of: DrafterEvaluation | None = None) -> None:
+                 settings: EvalSettings | None = None, *, checkpoint: Checkpoint | None = None, live: Any = None,
+                 sampled_references: SampledReferences | None = None,
+                 lookup: Callable[[str], Measurement] = spec) -> None:
         """``checkpoint``: the drafter's :class:`~dflash_eval.drafter.Checkpoint` when it is not read from
         ``settings.drafter`` (an in-memory state dict); ``live``: a drafter module to evaluate as it is (its own
         weights, device and dtype) instead of one built from the checkpoint, after the same architecture checks."""
         self.inputs, self.references, self.store = inputs, references, store
         self.settings = settings or inputs.settings  # differs from the inputs' only in the drafter options
-        self._tau: dict[tuple[Side, tuple[int, ...]], dict[str, PromptTau]] = {}
+        self.sampled_references = sampled_references or SampledReferences(inputs, references)
+        self.runner = Runner(self, lookup)
         self._drift: dict[str, Drift] = {}
-        self._budget: DriftBudget | None = None
-        self._checkpoint: Any = checkpoint
+        self._checkpoint: Checkpoint | None = checkpoint
         self._live = live
         self._drafter: Any = None
-        if drafter_of is not None:
-            self._checkpoint, self._drafter = drafter_of.checkpoint, drafter_of.drafter
-            for name in ("checks", "refusal", "layer_ids"):
-                if name in drafter_of.__dict__:
-                    self.__dict__[name] = drafter_of.__dict__[name]
+        self._checks: list[Check] | None = None
+        self._refusal: DrafterRefused | None = None
+        self._refusal_known = False
+        self._reference_checkpoint: Checkpoint | None = None
+
+    def on_prompts(self, prompts: Sequence[Prompt]) -> DrafterEvaluation:
+        """The same drafter (its checkpoint, check results and built drafter, not read again) on other prompts of
+        the same run (the drift budget's evaluation on more prompts): their completions and features are produced
+        and cached like the selection's; the kernel probes are shared (probed once per process)."""
+        view = PromptView(self.inputs, list(prompts))
+        refs = References(view, self.references.server)
+        other = DrafterEvaluation(view, refs, FeatureStore(view, refs, probes=self.store.probes), self.settings,
+                                  checkpoint=self.checkpoint, live=self._live, lookup=self.runner.lookup)
+        other._drafter, other._checks = self._drafter, self._checks
+        other._refusal, other._refusal_known = self._refusal, self._refusal_known
+        return other
 
     # ------------------------------------------------------------------------------------------------ drafter
     @property
-    def checkpoint(self) -> Any:
+    def checkpoint(self) -> Checkpoint:
         """The checkpoint as read from disk (weights, config, fingerprint), before validation."""
         if self._checkpoint is None:
-            from dflash_eval.drafter import read_checkpoint
-
             with self.inputs.meter.timed("drafter_load"):
                 self._checkpoint = read_checkpoint(self.settings.drafter, config_path=self.settings.drafter_config,
                                                    num_target_layers=self.inputs.num_layers,
@@ -78,8 +96,6 @@ class DrafterEvaluation:
         """Parse the drafter's config file, when it is a file of its own (``--drafter-config``, or the config.json
         beside the weights), without reading the weights: a config this evaluator refuses (e.g. a dflash_config key
         it does not implement) is one error naming the file and the key, before any test."""
-        from dflash_eval.drafter import load_config_file
-
         if self._checkpoint is not None:  # given in memory: its config was parsed when it was made
             return
         d, path = self.settings.drafter, self.settings.drafter_config
@@ -91,48 +107,47 @@ class DrafterEvaluation:
             warnings.simplefilter("ignore")
             load_config_file(Path(path), num_target_layers=self.inputs.num_layers, vocabulary=self.inputs.vocabulary)
 
-    @cached_property
-    def reference_checkpoint(self) -> Any:
-        from dflash_eval.drafter import read_checkpoint
-
-        if self.settings.reference_drafter is None:
-            return None
-        return read_checkpoint(self.settings.reference_drafter, num_target_layers=self.inputs.num_layers,
-                               vocabulary=self.inputs.vocabulary)
+    @property
+    def reference_checkpoint(self) -> Checkpoint | None:
+        """``--reference-drafter``'s checkpoint (read once; None without one)."""
+        if self._reference_checkpoint is None and self.settings.reference_drafter is not None:
+            self._reference_checkpoint = read_checkpoint(self.settings.reference_drafter,
+                                                         num_target_layers=self.inputs.num_layers,
+                                                         vocabulary=self.inputs.vocabulary)
+        return self._reference_checkpoint
 
     @property
     def checkpoint_read(self) -> bool:
         return self._checkpoint is not None
 
-    @cached_property
+    @property
     def layer_ids(self) -> tuple[int, ...]:
         return tuple(self.checkpoint.config.target_layer_ids)
 
-    @cached_property
-    def checks(self) -> list[Any]:
+    @property
+    def checks(self) -> list[Check]:
         """Every architecture check of the drafter against the target (:data:`dflash_eval.drafter.CHECKS`), run once."""
-        from dflash_eval.drafter import run_checks
+        if self._checks is None:
+            self._checks = run_checks(self.checkpoint, self.inputs.spec)
+        return self._checks
 
-        return run_checks(self.checkpoint, self.inputs.spec)
-
-    @cached_property
-    def refusal(self) -> Any:
+    @property
+    def refusal(self) -> DrafterRefused | None:
         """Why the drafter does not fit the target: a DrafterRefused naming every failed architecture check, or None.
         What needs the drafter raises it; the target-only stages (completions, features, drift statistics) do not."""
-        from dflash_eval.drafter import fit_refusal
-
-        return fit_refusal(self.checkpoint, self.inputs.spec, self.checks)
+        if not self._refusal_known:
+            self._refusal = fit_refusal(self.checkpoint, self.inputs.spec, self.checks)
+            self._refusal_known = True
+        return self._refusal
 
     @property
     def refusal_known(self) -> bool:
-        return "refusal" in self.__dict__
+        return self._refusal_known
 
     def check_drafter(self) -> None:
         """Validate the drafter against the target and build it (:attr:`refusal` raised when it does not fit):
         called before anything is produced for it."""
         if self._drafter is None:
-            from dflash_eval.drafter import build_drafter
-
             if self.refusal is not None:
                 raise self.refusal.with_traceback(None)
             if self._live is not None:
@@ -167,30 +182,33 @@ class DrafterEvaluation:
         comps = self.completions()
         return self.store.features(comps, side, tuple(layers if layers is not None else self.layer_ids))
 
-    # ------------------------------------------------------------------------------------------------ τ
+    # ------------------------------------------------------------------------------------------------ measurements
+    def measure(self, name: str, **params: Any) -> Any:
+        """The value of measurement ``name`` with ``params`` (:class:`~dflash_eval.measurements.registry.Runner`)."""
+        return self.runner.measure(name, **params)
+
     @property
     def sampled(self) -> bool:
-        """τ at ``--temperature`` > 0: on sampled references (:mod:`dflash_eval.measurements.tau_sampled`)."""
-        return self.settings.temperature > 0 and not self.settings.sampling.greedy
+        """τ at ``--temperature`` > 0: on sampled references (:mod:`dflash_eval.references.sampled`)."""
+        return self.sampled_references.wanted
+
+    def _tau_request(self) -> tuple[str, dict[str, Any]]:
+        budgets = tuple(self.settings.ddtree_budget)
+        if self.sampled:
+            return "tau_sampled", {"budgets": budgets}
+        return "tau", {"side": self.inputs.eval_side, "budgets": budgets}
 
     @property
     def tau_computed(self) -> bool:
-        if self.sampled:
-            return "_sampled_tau" in self.__dict__
-        return (self.inputs.eval_side, tuple(self.settings.ddtree_budget)) in self._tau
+        name, params = self._tau_request()
+        return self.runner.computed(name, **params)
 
     @property
     def tau_results(self) -> dict[str, PromptTau]:
         """τ of every prompt on the evaluation backend's features (chain and every DDTree budget): on the greedy
         references, or at ``--temperature`` > 0 the mean over each prompt's sampled references."""
-        if self.sampled:
-            if "_sampled_tau" not in self.__dict__:
-                from dflash_eval.measurements.tau_sampled import sampled_tau
-
-                self.check_drafter()
-                self.__dict__["_sampled_tau"] = sampled_tau(self, tuple(self.settings.ddtree_budget))
-            return self.__dict__["_sampled_tau"]
-        return self.greedy_tau_results
+        name, params = self._tau_request()
+        return self.measure(name, **params)
 
     @property
     def greedy_tau_results(self) -> dict[str, PromptTau]:
@@ -198,10 +216,19 @@ class DrafterEvaluation:
         return self.tau_for(self.inputs.eval_side, tuple(self.settings.ddtree_budget))
 
     def tau_for(self, side: Side, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
-        if (side, budgets) not in self._tau:
-            self.check_drafter()  # fail fast (before producing anything) when the drafter does not fit
-            self._tau[(side, budgets)] = memoised_tau(self, side, budgets)
-        return self._tau[(side, budgets)]
+        return self.measure("tau", side=side, budgets=budgets)
+
+    def online_tau(self) -> dict[str, OnlineTau]:
+        """Every prompt's online τ (``--online-tau``): on the greedy references, or per sampled reference."""
+        return self.measure("online_sampled" if self.sampled else "online")
+
+    def measure_registered(self) -> list[str]:
+        """Run every registered measurement that applies to this run's settings (those registered from outside;
+        the built-in ones are asked for by the stages that need them); their names."""
+        names = [n for n, m in registered().items() if m.applies(self.settings)]
+        for name in names:
+            self.measure(name)
+        return names
 
     # ------------------------------------------------------------------------------------------------ drift
     def drift(self, name: str) -> Drift:
@@ -228,16 +255,12 @@ class DrafterEvaluation:
     # ------------------------------------------------------------------------------------------------ drift budget
     @property
     def budget_computed(self) -> bool:
-        return self._budget is not None
+        return self.runner.computed("drift_budget")
 
     def drift_budget(self) -> DriftBudget:
         """The drafter's drift budget (:mod:`dflash_eval.measurements.budget_ladder`), measured on at least
         ``--drift-budget-min-prompts`` prompts where ``--prompts`` holds them."""
-        if self._budget is None:
-            from dflash_eval.measurements.budget_ladder import budget_evaluation, memoised_budget
-
-            self._budget = memoised_budget(budget_evaluation(self), selected=len(self.inputs.prompts))
-        return self._budget
+        return self.measure("drift_budget")
 
     def drift_gate(self, name: str) -> dict[int, GateCheck]:
         """The gate of comparison ``name`` per target layer: its worst prompt's drift x safety <= the budget."""

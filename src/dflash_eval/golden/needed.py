@@ -20,6 +20,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+from dflash_eval.golden.node_ids import safe_id
+
 if TYPE_CHECKING:
     from dflash_eval.metrics.floors import Floors
     from dflash_eval.session.eval_session import EvalSession
@@ -102,8 +104,6 @@ def missing_floors(session: EvalSession) -> Missing:
 def missing_records(session: EvalSession, nodeids: Iterable[str], *, updates_snapshots: bool) -> Missing:
     """What the suite's tests ``nodeids`` need (floors for the τ tests, snapshots for the completion tests) and is
     absent; ``updates_snapshots``: the run writes the snapshots (``--snapshot-update``)."""
-    from dflash_eval.pytest_plugin.params import safe_id  # the suite's test ids
-
     s, floors, prompts = session.settings, session.floors, session.inputs.prompts
     every = [None, *s.ddtree_budget]
     by_category: dict[str, list[str]] = {}

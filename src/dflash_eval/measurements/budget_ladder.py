@@ -1,5 +1,5 @@
-"""The drafter's drift budget (:mod:`dflash_eval.metrics.drift_budget`), measured on the reference side's features and
-memoised in the cache: one ``drift_budget`` entry per ladder level (τ of every prompt and the injected errors
+"""The drafter's drift budget (:mod:`dflash_eval.metrics.drift_budget`): the ``drift_budget`` measurement, measured on
+the reference side's features and memoised in the cache: one ``drift_budget`` entry per ladder level (τ of every prompt and the injected errors
 under that perturbation), keyed by every input (drafter, code, feature entries, prompts, level, seed).
 
 The levels are measured by several xdist workers side by side (batches of levels, one per worker; one batch of
@@ -7,12 +7,13 @@ all levels in a single process), and a changed ladder reuses the levels it keeps
 chunks of ``--chunk-memory`` (each chunk's features read for it alone), and a chunk's levels through one lock-step
 simulation (as many as the chunk memory holds). The tolerance and the safety factor are applied when the budget is
 read, so changing them recomputes nothing. Where the selection holds fewer than ``--drift-budget-min-prompts``
-prompts the budget is measured on the first that many prompts of ``--prompts`` (:func:`budget_evaluation`).
+prompts the budget is measured on the first that many prompts of ``--prompts`` (:func:`budget_subject`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 
@@ -20,29 +21,22 @@ from dflash_eval.cache.code_version import CODE_VERSION
 from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import cache_key
 from dflash_eval.cache.requests import Batch, Produced, Request
+from dflash_eval.cache.store import CacheEntry
 from dflash_eval.common.sizes import parse_memory
 from dflash_eval.metrics.drift_budget import DriftBudget, Perturbation, measure_ladder, parse_ladder
 from dflash_eval.metrics.tau_chunks import LazyItems
-from dflash_eval.runtime.progress import Progress
+from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.measurements.tau_greedy import tau_fields
+from dflash_eval.runtime.progress import Progress
 
-if TYPE_CHECKING:
-    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
-
-__all__ = ["budget_evaluation", "memoised_budget"]
+__all__ = ["DriftBudgetLadder", "budget_subject"]
 
 
-def budget_evaluation(ev: DrafterEvaluation) -> DrafterEvaluation:
+def budget_subject(ev: Subject) -> Subject:
     """Where the budget is measured: ``ev`` when the selection holds at least ``--drift-budget-min-prompts``
-    prompts (or ``--prompts`` holds no more), else an evaluation of the same drafter on the first that many prompts
-    of ``--prompts`` (the selection and the prompts after it), whose completions and features are produced and
-    cached like the selection's (:mod:`dflash_eval.inputs.prompt_view`). The selection's own τ, drift and reports
-    stay on the selection."""
-    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
-    from dflash_eval.features.feature_store import FeatureStore
-    from dflash_eval.inputs.prompt_view import PromptView
-    from dflash_eval.references.greedy import References
-
+    prompts (or ``--prompts`` holds no more), else the same drafter on the first that many prompts of ``--prompts``
+    (the selection and the prompts after it; :meth:`Subject.on_prompts`), whose completions and features are
+    produced and cached like the selection's. The selection's own τ, drift and reports stay on the selection."""
     s, selected = ev.settings, ev.inputs.prompts
     if len(selected) >= s.drift_budget_min_prompts or s.num_prompts is None:
         return ev
@@ -50,57 +44,71 @@ def budget_evaluation(ev: DrafterEvaluation) -> DrafterEvaluation:
     if len(more) <= len(selected) or [p.id for p in more[:len(selected)]] != [p.id for p in selected]:
         return ev
     ev.check_drafter()  # a drafter that does not fit the target stops here, before anything is produced
-    view = PromptView(ev.inputs, more)
-    refs = References(view, ev.references.server)  # type: ignore[arg-type]
-    store = FeatureStore(view, refs, probes=ev.store.probes)  # type: ignore[arg-type]  # probed once per process
-    return DrafterEvaluation(view, refs, store, s, drafter_of=ev)  # type: ignore[arg-type]
+    return ev.on_prompts(more)
 
 
-def memoised_budget(ev: DrafterEvaluation, selected: int | None = None) -> DriftBudget:
-    """The budget of ``ev``'s drafter on its prompts (``selected``: how many of them the run selected; more: a
-    budget view, whose base is its chains alone, no DDTree)."""
-    s, side, prompts = ev.settings, ev.inputs.reference_side, ev.inputs.prompts
-    ladder = parse_ladder(s.drift_budget_ladder)
-    usable = [p for p in ladder if p.available]
-    extended = selected is not None and len(prompts) > selected
-    base = ev.tau_results if side == ev.inputs.eval_side and not extended else ev.tau_for(side, ())
-    base_tau = [base[p.id].chain.tau for p in prompts]
-    ids = [p.id for p in prompts]
-    common = {**tau_fields(ev, side, ()), "code": CODE_VERSION, "prompt_ids": ids, "seed": s.drift_budget_seed}
-    n_p, n_l = len(prompts), len(ev.layer_ids)
+class DriftBudgetLadder(Measurement):
+    """The drift budget of the subject's drafter (see module docstring); no parameters. Its value is measured on
+    :func:`budget_subject`'s prompts; with more prompts than the selection its base is their chains alone (no
+    DDTree)."""
 
-    def meta(level: Perturbation) -> dict[str, Any]:
-        return {"prompt_ids": ids, "base": side.label, "level": level.label}
+    name: ClassVar[str] = "drift_budget"
+    kind: ClassVar[str] = "drift_budget"
+    needs: ClassVar[tuple[str, ...]] = ("references", "features", "drafter")
+    fills: ClassVar[tuple[str, ...]] = ("drift_budget", "drift_gate")
 
-    reqs = {lv.label: Request("drift_budget", {**common, "level": lv.label}, derived=True, item=lv.label,
-                              what=f"the drift budget's level {lv.label}", expect=Expected(
-                                  tensors={"tau": (torch.float64, (n_p,)), "injected": (torch.float64, (n_p, n_l))},
-                                  meta=meta(lv)))
-            for lv in usable}
-    by_label = {lv.label: lv for lv in usable}
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+        selected = len(subject.inputs.prompts)
+        ev = budget_subject(subject)
+        s, side, prompts = ev.settings, ev.inputs.reference_side, ev.inputs.prompts
+        ladder = parse_ladder(s.drift_budget_ladder)
+        usable = [p for p in ladder if p.available]
+        extended = len(prompts) > selected
+        base = ev.tau_results if side == ev.inputs.eval_side and not extended else \
+            ev.measure("tau", side=side, budgets=())
+        base_tau = [base[p.id].chain.tau for p in prompts]
+        ids = [p.id for p in prompts]
+        common = {**tau_fields(ev, side, ()), "code": CODE_VERSION, "prompt_ids": ids, "seed": s.drift_budget_seed}
+        n_p, n_l = len(prompts), len(ev.layer_ids)
 
-    def produce(todo: list[Request]) -> list[Produced]:
-        levels = [by_label[r.item] for r in todo]
-        return [Produced(t, meta(lv)) for lv, t in zip(levels, _measure(ev, side, levels, base_tau))]
+        def meta(level: Perturbation) -> dict[str, Any]:
+            return {"prompt_ids": ids, "base": side.label, "level": level.label}
 
-    # batches of the whole ladder (not of what is missing now): every worker forms the same batches
-    n = max(1, min(ev.inputs.worker_count, len(usable)))
-    groups = [usable[g * len(usable) // n:(g + 1) * len(usable) // n] for g in range(n)]
-    batches = [Batch([reqs[lv.label] for lv in grp], produce,
-                     lock="drift_budget-" + cache_key("budget_group", {"keys": [reqs[lv.label].key for lv in grp]}))
-               for grp in groups if grp]
-    entries = ev.inputs.cache.ensure(batches, worker_index=ev.inputs.worker_index,
-                                     worker_count=ev.inputs.worker_count)
-    got = [entries[reqs[lv.label].key] for lv in usable]
-    return DriftBudget.build(
-        drafter=ev.checkpoint.fingerprint, base=side.label, prompt_ids=ids, base_tau=base_tau, ladder=usable,
-        taus=[e.tensors["tau"].tolist() for e in got], injected=[e.tensors["injected"].tolist() for e in got],
-        tol=s.drift_budget_tol, safety=s.drift_budget_safety, seed=s.drift_budget_seed, spec=s.drift_budget_ladder,
-        skipped=[f"{p.label}: this torch has no such dtype" for p in ladder if not p.available],
-        min_prompts=s.drift_budget_min_prompts, selected=selected)
+        reqs = {lv.label: Request(self.kind, {**common, "level": lv.label}, derived=True, item=lv.label,
+                                  what=f"the drift budget's level {lv.label}", expect=Expected(
+                                      tensors={"tau": (torch.float64, (n_p,)),
+                                               "injected": (torch.float64, (n_p, n_l))}, meta=meta(lv)))
+                for lv in usable}
+        by_label = {lv.label: lv for lv in usable}
+
+        def produce(todo: list[Request]) -> list[Produced]:
+            levels = [by_label[r.item] for r in todo]
+            return [Produced(t, meta(lv)) for lv, t in zip(levels, _measure(ev, side, levels, base_tau))]
+
+        # batches of the whole ladder (not of what is missing now): every worker forms the same batches
+        n = max(1, min(ev.inputs.worker_count, len(usable)))
+        groups = [usable[g * len(usable) // n:(g + 1) * len(usable) // n] for g in range(n)]
+        batches = [Batch([reqs[lv.label] for lv in grp], produce,
+                         lock="drift_budget-" + cache_key("budget_group",
+                                                          {"keys": [reqs[lv.label].key for lv in grp]}))
+                   for grp in groups if grp]
+        return Plan(batches, reqs, spread=True, state=(ev, ladder, usable, base_tau, ids, selected))
+
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
+               params: Mapping[str, Any]) -> DriftBudget:
+        ev, ladder, usable, base_tau, ids, selected = plan.state
+        s = ev.settings
+        got = [entries[lv.label] for lv in usable]
+        return DriftBudget.build(
+            drafter=ev.checkpoint.fingerprint, base=ev.inputs.reference_side.label, prompt_ids=ids,
+            base_tau=base_tau, ladder=usable, taus=[e.tensors["tau"].tolist() for e in got],
+            injected=[e.tensors["injected"].tolist() for e in got], tol=s.drift_budget_tol,
+            safety=s.drift_budget_safety, seed=s.drift_budget_seed, spec=s.drift_budget_ladder,
+            skipped=[f"{p.label}: this torch has no such dtype" for p in ladder if not p.available],
+            min_prompts=s.drift_budget_min_prompts, selected=selected)
 
 
-def _measure(ev: DrafterEvaluation, side: Any, levels: list[Perturbation],
+def _measure(ev: Subject, side: Any, levels: list[Perturbation],
              base_tau: list[float]) -> list[dict[str, torch.Tensor]]:
     """τ of every prompt and the injected errors under each of ``levels``, prompt chunk by prompt chunk."""
     s, prompts = ev.settings, ev.inputs.prompts

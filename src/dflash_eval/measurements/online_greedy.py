@@ -1,4 +1,4 @@
-"""τ from the real speculative loop (``--online-tau``): the target verifies every drafted block
+"""τ from the real speculative loop (``--online-tau``), the ``online`` measurement: the target verifies every drafted block
 (:func:`dflash_eval.metrics.online_loop.online_generate`, greedy, stopping at EOS and at ``--max-new-tokens`` like the reference
 completions), reported beside the offline simulation's τ and per-position acceptance.
 
@@ -8,30 +8,29 @@ whether the online tokens reproduce the reference completion and where they firs
 every prompt's online rounds and tokens, keyed by the target, the drafter, the code of the loop, the prompt ids and
 the generation settings; it is a real computation (a cache miss, refused under ``--cache-only``).
 
-At ``--temperature`` > 0 the loop runs once per sampled reference (prompt, sample k) with the target's tokens drawn
-by :func:`dflash_eval.target.sampling.sample_tokens` under that reference's stream seed: the same draws as the
-reference, so its tokens reproduce the reference and its rounds equal the offline chain's (``docs/temperature.md``).
-A prompt's online τ is then the mean over its samples, and the sampling settings and stream seeds join the key.
+At ``--temperature`` > 0 the loop runs once per sampled reference instead: the ``online_sampled`` measurement
+(:mod:`dflash_eval.measurements.online_sampled`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 import torch
 
 from dflash_eval.cache.code_version import CODE_VERSION
 from dflash_eval.cache.keys import ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Request
+from dflash_eval.cache.store import CacheEntry
+from dflash_eval.measurements.registry import Measurement, Plan, Subject
+from dflash_eval.metrics.online_loop import online_generate
 from dflash_eval.metrics.tau import TauResult
 from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.provenance import device_kind, library_versions
 
-if TYPE_CHECKING:
-    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
-
-__all__ = ["OnlineTau", "divergence", "online_tau"]
+__all__ = ["OnlineGreedy", "OnlineTau", "divergence"]
 
 
 @dataclass
@@ -56,46 +55,53 @@ def divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def online_tau(ev: DrafterEvaluation) -> dict[str, OnlineTau]:
-    """Every prompt's online τ (cache, else one online generation per prompt)."""
-    if ev.sampled:
-        from dflash_eval.measurements.online_sampled import online_sampled_tau
+class OnlineGreedy(Measurement):
+    """Every prompt's online τ on the greedy references (cache, else one online generation per prompt); no
+    parameters."""
 
-        return online_sampled_tau(ev)
-    inp, s = ev.inputs, ev.settings
-    comps = ev.completions()
-    prompts = inp.prompts
-    fields: dict[str, Any] = {
-        "target": inp.target_identity, "drafter": ev.checkpoint.fingerprint,
-        "drafter_config": ev.checkpoint.config.to_dict(), "code": CODE_VERSION,
-        "prompts": [ids_digest(comps[p.id].prompt_ids) for p in prompts], "max_new_tokens": s.max_new_tokens,
-        "max_blocks": s.max_blocks, "stop_at_eos": True, "backend": s.eval_backend, "dtype": str(s.torch_dtype),
-        "device_kind": device_kind(s.torch_device), "versions": library_versions()}
+    name: ClassVar[str] = "online"
+    kind: ClassVar[str] = "online_tau"
+    needs: ClassVar[tuple[str, ...]] = ("references", "drafter")
+    fills: ClassVar[tuple[str, ...]] = ("prompts.*.online",)
 
-    def produce(todo: list[Request]) -> list[Produced]:
-        from dflash_eval.metrics.online_loop import online_generate
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+        ev = subject
+        inp, s = ev.inputs, ev.settings
+        comps = ev.completions()
+        prompts = inp.prompts
+        fields: dict[str, Any] = {
+            "target": inp.target_identity, "drafter": ev.checkpoint.fingerprint,
+            "drafter_config": ev.checkpoint.config.to_dict(), "code": CODE_VERSION,
+            "prompts": [ids_digest(comps[p.id].prompt_ids) for p in prompts], "max_new_tokens": s.max_new_tokens,
+            "max_blocks": s.max_blocks, "stop_at_eos": True, "backend": s.eval_backend, "dtype": str(s.torch_dtype),
+            "device_kind": device_kind(s.torch_device), "versions": library_versions()}
 
-        prog = Progress("online speculative decoding", len(prompts), inp.progress)
-        tensors = {}
-        for n, p in enumerate(prompts):
-            with inp.meter.timed("online"):
-                res = online_generate(inp.target, ev.drafter, inp.head, comps[p.id].prompt_ids,
-                                      max_new_tokens=s.max_new_tokens, backend=s.eval_backend, stop_at_eos=True,
-                                      max_blocks=s.max_blocks)
-            inp.meter.counts["target_forwards"] += res.target_forwards
-            tensors[f"lens/{n}"] = torch.tensor(res.tau.accept_lengths, dtype=torch.int32)
-            tensors[f"tokens/{n}"] = torch.tensor(res.tokens, dtype=torch.int64)
-            prog.step(len(res.tokens))
-        return [Produced(tensors, {"prompt_ids": [p.id for p in prompts]})]
+        def produce(todo: list[Request]) -> list[Produced]:
+            prog = Progress("online speculative decoding", len(prompts), inp.progress)
+            tensors = {}
+            for n, p in enumerate(prompts):
+                with inp.meter.timed("online"):
+                    res = online_generate(inp.target, ev.drafter, inp.head, comps[p.id].prompt_ids,
+                                          max_new_tokens=s.max_new_tokens, backend=s.eval_backend, stop_at_eos=True,
+                                          max_blocks=s.max_blocks)
+                inp.meter.counts["target_forwards"] += res.target_forwards
+                tensors[f"lens/{n}"] = torch.tensor(res.tau.accept_lengths, dtype=torch.int32)
+                tensors[f"tokens/{n}"] = torch.tensor(res.tokens, dtype=torch.int64)
+                prog.step(len(res.tokens))
+            return [Produced(tensors, {"prompt_ids": [p.id for p in prompts]})]
 
-    req = Request("online_tau", fields, what="online speculative decoding of every prompt")
-    entry = inp.cache.ensure([Batch([req], produce)])[req.key]
-    bs = ev.checkpoint.config.block_size
-    out = {}
-    for n, p in enumerate(prompts):
-        toks = entry.tensors[f"tokens/{n}"].tolist()
-        ref = comps[p.id].output_ids
-        # max_blocks stops the loop early: compare only the tokens it produced
-        div = divergence(toks, ref[:len(toks)] if s.max_blocks is not None else ref)
-        out[p.id] = OnlineTau(TauResult(entry.tensors[f"lens/{n}"].tolist(), bs, "online-chain"), len(toks), div)
-    return out
+        req = Request(self.kind, fields, what="online speculative decoding of every prompt")
+        return Plan([Batch([req], produce)], {"online": req})
+
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
+               params: Mapping[str, Any]) -> dict[str, OnlineTau]:
+        entry, s, comps = entries["online"], subject.settings, subject.completions()
+        bs = subject.checkpoint.config.block_size
+        out = {}
+        for n, p in enumerate(subject.inputs.prompts):
+            toks = entry.tensors[f"tokens/{n}"].tolist()
+            ref = comps[p.id].output_ids
+            # max_blocks stops the loop early: compare only the tokens it produced
+            div = divergence(toks, ref[:len(toks)] if s.max_blocks is not None else ref)
+            out[p.id] = OnlineTau(TauResult(entry.tensors[f"lens/{n}"].tolist(), bs, "online-chain"), len(toks), div)
+        return out

@@ -1,8 +1,9 @@
-"""``--online-tau`` at ``--temperature`` > 0: the real speculative loop once per sampled reference.
+"""``--online-tau`` at ``--temperature`` > 0, the ``online_sampled`` measurement: the real speculative loop once per
+sampled reference.
 
 Sample k of a prompt runs :func:`dflash_eval.metrics.online_loop.online_generate` with the target's tokens drawn by
 :func:`dflash_eval.target.sampling.sample_tokens` under the stream seed of (``--sampling-seed``, prompt id, k), the
-seed its sampled reference was drawn with (:mod:`dflash_eval.measurements.tau_sampled`). The draws are indexed by absolute
+seed its sampled reference was drawn with (:mod:`dflash_eval.references.sampled`). The draws are indexed by absolute
 position, so the loop consumes the reference's random numbers: its tokens reproduce the reference and its rounds
 equal the offline chain's (``docs/temperature.md``), which each row's ``matches_reference`` and
 ``first_divergence`` (of the first sample that differs) report. A prompt's online τ is the mean over its samples
@@ -12,27 +13,28 @@ rounds and tokens, keyed as the greedy entry plus the sampling settings and the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 
 from dflash_eval.cache.code_version import CODE_VERSION
 from dflash_eval.cache.keys import ids_digest
-from dflash_eval.cache.requests import Batch, Produced, Request
+from dflash_eval.cache.requests import Batch, Produced, Producer, Request
+from dflash_eval.cache.store import CacheEntry
+from dflash_eval.measurements.online_greedy import OnlineTau, divergence
+from dflash_eval.measurements.registry import Measurement, Plan, Subject
+from dflash_eval.metrics.online_loop import online_generate
 from dflash_eval.metrics.sampled_tau import pool_samples
 from dflash_eval.metrics.tau import TauResult
-from dflash_eval.measurements.online_greedy import OnlineTau, divergence
 from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.provenance import device_kind, library_versions
-from dflash_eval.target.sampling import stream_seed
+from dflash_eval.target.sampling import sample_tokens, stream_seed
 
-if TYPE_CHECKING:
-    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
-
-__all__ = ["online_sampled_tau"]
+__all__ = ["OnlineSampled"]
 
 
-def _fields(ev: DrafterEvaluation, seeds: dict[str, list[int]]) -> dict[str, Any]:
+def _fields(ev: Subject, seeds: dict[str, list[int]]) -> dict[str, Any]:
     inp, s = ev.inputs, ev.settings
     return {"target": inp.target_identity, "drafter": ev.checkpoint.fingerprint,
             "drafter_config": ev.checkpoint.config.to_dict(), "code": CODE_VERSION,
@@ -42,11 +44,8 @@ def _fields(ev: DrafterEvaluation, seeds: dict[str, list[int]]) -> dict[str, Any
             "versions": library_versions(), "sampling": s.sampling.to_dict(), "stream_seeds": seeds}
 
 
-def _producer(ev: DrafterEvaluation, seeds: dict[str, list[int]]) -> Any:
+def _producer(ev: Subject, seeds: dict[str, list[int]]) -> Producer:
     def produce(todo: list[Request]) -> list[Produced]:
-        from dflash_eval.metrics.online_loop import online_generate
-        from dflash_eval.target.sampling import sample_tokens
-
         inp, s = ev.inputs, ev.settings
         prog = Progress("online speculative decoding (sampled)", sum(map(len, seeds.values())), inp.progress)
         tensors = {}
@@ -69,25 +68,35 @@ def _producer(ev: DrafterEvaluation, seeds: dict[str, list[int]]) -> Any:
     return produce
 
 
-def online_sampled_tau(ev: DrafterEvaluation) -> dict[str, OnlineTau]:
+class OnlineSampled(Measurement):
     """Every prompt's online τ at ``--temperature`` > 0: the mean over its sampled references (cache, else one
-    online generation per sample)."""
-    from dflash_eval.measurements.tau_sampled import sampled_completions
+    online generation per sample); no parameters."""
 
-    inp, s = ev.inputs, ev.settings
-    comps = sampled_completions(ev)
-    seeds = {p.id: [stream_seed(s.sampling_seed, p.id, k) for k in range(len(comps[p.id]))] for p in inp.prompts}
-    req = Request("online_tau", _fields(ev, seeds), what="online speculative decoding of every sampled reference")
-    entry = inp.cache.ensure([Batch([req], _producer(ev, seeds))])[req.key]
-    bs, t = ev.checkpoint.config.block_size, entry.tensors
-    out = {}
-    for n, p in enumerate(inp.prompts):
-        samples, tokens, first = [], 0, None
-        for k, ref in enumerate(comps[p.id]):
-            toks = t[f"tokens/{n}/{k}"].tolist()
-            samples.append(TauResult(t[f"lens/{n}/{k}"].tolist(), bs, "online-chain"))
-            tokens += len(toks)
-            div = divergence(toks, ref[:len(toks)] if s.max_blocks is not None else ref)
-            first = div if first is None else first
-        out[p.id] = OnlineTau(pool_samples(samples, bs, "online-chain"), tokens, first)
-    return out
+    name: ClassVar[str] = "online_sampled"
+    kind: ClassVar[str] = "online_tau"
+    needs: ClassVar[tuple[str, ...]] = ("sampled_references", "drafter")
+    fills: ClassVar[tuple[str, ...]] = ("prompts.*.online",)
+
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+        s = subject.settings
+        comps = subject.sampled_references.completions()
+        seeds = {p.id: [stream_seed(s.sampling_seed, p.id, k) for k in range(len(comps[p.id]))]
+                 for p in subject.inputs.prompts}
+        req = Request(self.kind, _fields(subject, seeds), what="online speculative decoding of every sampled reference")
+        return Plan([Batch([req], _producer(subject, seeds))], {"online": req}, state=comps)
+
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
+               params: Mapping[str, Any]) -> dict[str, OnlineTau]:
+        s, comps = subject.settings, plan.state
+        bs, t = subject.checkpoint.config.block_size, entries["online"].tensors
+        out = {}
+        for n, p in enumerate(subject.inputs.prompts):
+            samples, tokens, first = [], 0, None
+            for k, ref in enumerate(comps[p.id]):
+                toks = t[f"tokens/{n}/{k}"].tolist()
+                samples.append(TauResult(t[f"lens/{n}/{k}"].tolist(), bs, "online-chain"))
+                tokens += len(toks)
+                div = divergence(toks, ref[:len(toks)] if s.max_blocks is not None else ref)
+                first = div if first is None else first
+            out[p.id] = OnlineTau(pool_samples(samples, bs, "online-chain"), tokens, first)
+        return out

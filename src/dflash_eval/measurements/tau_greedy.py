@@ -1,34 +1,36 @@
-"""τ of every prompt (chain and each DDTree budget) on one side's features, memoised in the cache.
+"""τ of every prompt (chain and each DDTree budget) on one side's features: the ``tau`` measurement.
 
 One lock-step simulation per chunk of prompts (``--chunk-memory``; each chunk's features read from the cache for it
 alone) drafts, batched over prompts, only the block starts the simulated loops visit
 (:func:`dflash_eval.metrics.tau.simulate_tau`); its accept lengths are one ``tau`` cache entry keyed by every input
 (drafter weights and config, :data:`~dflash_eval.cache.code_version.CODE_VERSION`, the exact feature entries,
 budgets, max_blocks), so a warm run does not even run the drafter. The entry is derived (recomputed, not refused,
-under ``--cache-only``).
+under ``--cache-only``). Parameters: ``side`` (whose features) and ``budgets`` (the DDTree budgets).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from dflash_eval.cache.code_version import CODE_VERSION
 from dflash_eval.cache.requests import Batch, Produced, Request
+from dflash_eval.cache.store import CacheEntry
 from dflash_eval.common.sizes import parse_memory
 from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.tau import TauResult, simulate_tau
 from dflash_eval.features.feature_map import lazy_items
+from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.provenance import device_kind, library_versions
 
 if TYPE_CHECKING:
-    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
     from dflash_eval.features.feature_store import Features
 
-__all__ = ["PromptTau", "memoised_tau", "tau_fields"]
+__all__ = ["GreedyTau", "PromptTau", "tau_fields"]
 
 
 @dataclass
@@ -43,7 +45,7 @@ class PromptTau:
     completion_tokens: int
 
 
-def tau_fields(ev: DrafterEvaluation, side: Side, budgets: tuple[int, ...]) -> dict[str, Any]:
+def tau_fields(ev: Subject, side: Side, budgets: tuple[int, ...]) -> dict[str, Any]:
     """The key fields of the τ entry of ``ev``'s drafter on ``side``'s features (also the drift budget's base)."""
     comps = ev.completions()
     s = ev.settings
@@ -58,31 +60,46 @@ def tau_fields(ev: DrafterEvaluation, side: Side, budgets: tuple[int, ...]) -> d
     }
 
 
-def memoised_tau(ev: DrafterEvaluation, side: Side, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
-    """τ of every prompt from the cache, else simulated. Before one worker takes the τ lock and drafts, every xdist
-    worker extracts its share of the features (``prepare``): otherwise that one worker would extract them alone."""
-    prompts = ev.inputs.prompts
+class GreedyTau(Measurement):
+    """τ of every prompt on the greedy references and one side's features (see module docstring)."""
 
-    def produce(todo: list[Request]) -> list[Produced]:
-        res = simulate(ev, ev.features(side), budgets)
-        tensors = {}
-        for n, p in enumerate(prompts):
-            tensors[f"chain/{n}"] = torch.tensor(res[p.id].chain.accept_lengths, dtype=torch.int32)
-            for b in budgets:
-                tensors[f"ddtree{b}/{n}"] = torch.tensor(res[p.id].ddtree[b].accept_lengths, dtype=torch.int32)
-        return [Produced(tensors, {"prompt_ids": [p.id for p in prompts], "side": side.label})]
+    name: ClassVar[str] = "tau"
+    kind: ClassVar[str] = "tau"
+    needs: ClassVar[tuple[str, ...]] = ("references", "features", "drafter")
+    fills: ClassVar[tuple[str, ...]] = ("prompts", "mean_tau", "mean_ddtree", "categories")
 
-    req = Request("tau", tau_fields(ev, side, budgets), what=f"τ of every prompt ({side.label})", derived=True)
-    entry = ev.inputs.cache.ensure([Batch([req], produce)], prepare=lambda misses: ev.features(side))[req.key]
-    comps = ev.completions()
-    bs = ev.checkpoint.config.block_size
-    return {p.id: PromptTau(
-        p.id, p.category, TauResult(entry.tensors[f"chain/{n}"].tolist(), bs, "chain"),
-        {b: TauResult(entry.tensors[f"ddtree{b}/{n}"].tolist(), bs, f"ddtree-{b}") for b in budgets},
-        len(comps[p.id].prompt_ids), len(comps[p.id].output_ids)) for n, p in enumerate(prompts)}
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+        """Before one worker takes the τ lock and drafts, every xdist worker extracts its share of the features
+        (``prepare``): otherwise that one worker would extract them alone."""
+        side, budgets = params["side"], tuple(params["budgets"])
+        subject.check_drafter()  # fail fast (before producing anything) when the drafter does not fit
+        prompts = subject.inputs.prompts
+
+        def produce(todo: list[Request]) -> list[Produced]:
+            res = simulate(subject, subject.features(side), budgets)
+            tensors = {}
+            for n, p in enumerate(prompts):
+                tensors[f"chain/{n}"] = torch.tensor(res[p.id].chain.accept_lengths, dtype=torch.int32)
+                for b in budgets:
+                    tensors[f"ddtree{b}/{n}"] = torch.tensor(res[p.id].ddtree[b].accept_lengths, dtype=torch.int32)
+            return [Produced(tensors, {"prompt_ids": [p.id for p in prompts], "side": side.label})]
+
+        req = Request(self.kind, tau_fields(subject, side, budgets), what=f"τ of every prompt ({side.label})",
+                      derived=True)
+        return Plan([Batch([req], produce)], {"tau": req}, prepare=lambda misses: subject.features(side))
+
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
+               params: Mapping[str, Any]) -> dict[str, PromptTau]:
+        entry, budgets = entries["tau"], tuple(params["budgets"])
+        comps = subject.completions()
+        bs = subject.checkpoint.config.block_size
+        return {p.id: PromptTau(
+            p.id, p.category, TauResult(entry.tensors[f"chain/{n}"].tolist(), bs, "chain"),
+            {b: TauResult(entry.tensors[f"ddtree{b}/{n}"].tolist(), bs, f"ddtree-{b}") for b in budgets},
+            len(comps[p.id].prompt_ids), len(comps[p.id].output_ids)) for n, p in enumerate(subject.inputs.prompts)}
 
 
-def simulate(ev: DrafterEvaluation, feats: Features, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
+def simulate(ev: Subject, feats: Features, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
     """One lock-step simulation of every prompt's chain and DDTree loops on ``feats``."""
     comps = ev.completions()
     drafter = ev.drafter

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from dflash_eval.golden.node_ids import safe_id
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.pytest_plugin.state import get_session
 
@@ -26,20 +27,6 @@ class SetupError:
 
 def setup_error_param(exc: BaseException) -> Any:
     return pytest.param(SetupError(exc), id="setup-error")
-
-
-def safe_id(text: str) -> str:
-    """A test-id part that never contains 'tau' (so ``-k tau`` selects only the τ tests)."""
-    low = text.lower()
-    out, i = [], 0
-    while i < len(text):
-        if low.startswith("tau", i):
-            out.append(text[i:i + 2] + "_" + text[i + 2])
-            i += 3
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
 
 
 def collect(config: pytest.Config, fn: Callable[[Any], Any]) -> tuple[Any, BaseException | None]:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the session (and torch) is imported when a test needs it, n
     from dflash_eval.session.eval_session import EvalSession
 
 __all__ = ["settings_from_config", "get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES", "START", "SGLANG",
-           "MERGED", "MESSAGES", "is_controller"]
+           "MERGED", "MESSAGES", "REJECTED", "is_controller"]
 
 SESSION = pytest.StashKey["EvalSession"]()
 SETTINGS = pytest.StashKey["EvalSettings | Exception"]()
@@ -28,6 +28,7 @@ START = pytest.StashKey[float]()
 SGLANG = pytest.StashKey[Any]()
 MERGED = pytest.StashKey[dict]()
 MESSAGES = pytest.StashKey[list]()
+REJECTED = pytest.StashKey[list]()  # why the run fails although its tests passed: a plugin rejected its result
 
 
 def settings_from_config(config: pytest.Config, *, check: bool = True) -> EvalSettings:
@@ -59,14 +60,15 @@ def get_session(config: pytest.Config) -> EvalSession:
         settings = get_settings(config)  # bad options raise here, before the session (and torch) is imported
         from dflash_eval.options.settings import worker_info
         from dflash_eval.pytest_plugin.progress_reporter import progress_sink
-        from dflash_eval.serving.server_link import ServerLink
         from dflash_eval.runtime.threads import set_torch_threads
-        from dflash_eval.training_loop.evaluator import Evaluator
+        from dflash_eval.serving.server_link import ServerLink
+        from dflash_eval.session.eval_session import EvalSession
 
-        set_torch_threads(settings, worker_info()[2])  # once per process, before any stage computes
-        # the sglang fixture attaches its service's client to the link when completions are not cached; the
-        # session is the Evaluator's own (the API a training loop and dflash-eval gate use)
-        session = Evaluator(settings, progress=progress_sink(config), server=ServerLink()).base
+        name, index, count = worker_info()
+        set_torch_threads(settings, count)  # once per process, before any stage computes
+        # the sglang fixture attaches its service's client to the link when completions are not cached
+        session = EvalSession(settings, worker=(name, index, count), progress=progress_sink(config),
+                              server=ServerLink())
         config.stash[SESSION] = session
         _freeze_heap_at_exit()
     return config.stash[SESSION]

@@ -18,7 +18,6 @@ replies (:mod:`dflash_eval.references.conversations`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +27,8 @@ from dflash_eval.cache.keys import cache_key
 from dflash_eval.cache.requests import Batch, Produced, Request, StepReporter
 from dflash_eval.cache.store import CacheEntry
 from dflash_eval.errors import EvalError
-from dflash_eval.references.sources import CompletionSources, out_of_vocab
+from dflash_eval.references.completion import CompletionRecord
+from dflash_eval.references.completion_sources import CompletionSources, out_of_vocab
 from dflash_eval.references.conversations import HistoryMissing, turn_groups, turn_prompt_ids
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.runtime.progress import Progress
@@ -42,24 +42,6 @@ __all__ = ["CompletionRecord", "References", "SERVER_MAX_DISAGREEMENT", "argmax_
            "teacher_forced_tensors"]
 
 _SOURCES = {"local": ("local",), "sglang": ("sglang",), "cache": ("local", "sglang")}
-
-
-@dataclass
-class CompletionRecord:
-    """A reference completion: generated ids only (no prompt), decoded text, where it came from."""
-
-    prompt_id: str
-    prompt_ids: list[int]
-    output_ids: list[int]
-    text: str
-    source: str
-    finish_reason: Any = None
-    spec_accept_length: float | None = None  # meta_info.spec_accept_length of a speculative SGLang server
-    spec_accept_histogram: list[int] | None = None  # its meta_info.spec_accept_histogram (rounds per accepted drafts)
-
-    @property
-    def sequence(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
 
 
 class References:

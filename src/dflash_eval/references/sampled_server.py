@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from dflash_eval.cache.requests import Produced, Request
 from dflash_eval.errors import EvalError
-from dflash_eval.references.sources import out_of_vocab
+from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.references.greedy import References
+from dflash_eval.references.completion_sources import out_of_vocab
 from dflash_eval.serving.server_sample_check import check_sampled_completions
-
-if TYPE_CHECKING:
-    from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
 
 __all__ = ["UnseededServerWarning", "fetch_sampled", "server_seeds_requests"]
 
@@ -65,18 +64,18 @@ def _seeded(client: Any) -> bool:
     return seeded
 
 
-def fetch_sampled(ev: DrafterEvaluation, pairs: list[tuple[str, int]], todo: list[Request],
-                  request_of: Callable[[DrafterEvaluation, str, int], Request]) -> list[Produced]:
+def fetch_sampled(inp: Inputs, references: References, pairs: list[tuple[str, int]], todo: list[Request],
+                  request_of: Callable[[str, int], Request]) -> list[Produced]:
     """The sampled completions of ``todo`` (requests of ``pairs``' batch) from the ready server, each checked."""
-    inp, s = ev.inputs, ev.settings
+    s = inp.settings
     keys = {r.key for r in todo}
-    reqs = {p: request_of(ev, *p) for p in pairs}
+    reqs = {p: request_of(*p) for p in pairs}
     want = [p for p in pairs if reqs[p].key in keys]
     seeds = [int(reqs[p].fields["stream_seed"]) for p in want]
-    client = ev.references.server.client()
+    client = references.server.client()
     url = str(getattr(client, "url", "the SGLang server"))
     seeded = _seeded(client)
-    prompts = [ev.references.prompt_ids(pid) for pid, _ in want]
+    prompts = [references.prompt_ids(pid) for pid, _ in want]
     with inp.meter.timed("sglang"):
         comps = client.generate_sampled(prompts, sampling=s.sampling.sglang(), seeds=seeds,
                                         max_new_tokens=s.max_new_tokens)

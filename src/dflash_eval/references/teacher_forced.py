@@ -10,7 +10,7 @@ asks for these requests and hands its logits to :func:`argmax_produced`, so the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -18,12 +18,10 @@ from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.references.completion import CompletionRecord
 from dflash_eval.serving.server_check import teacher_forced_tensors
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.provenance import device_kind, library_versions
-
-if TYPE_CHECKING:
-    from dflash_eval.references.greedy import CompletionRecord
 
 __all__ = ["TeacherForced", "argmax_fields", "argmax_produced", "argmax_request"]
 

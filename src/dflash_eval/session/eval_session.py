@@ -4,8 +4,10 @@ options -> :class:`~dflash_eval.inputs.run_inputs.Inputs` (drafter-independent) 
 References` (completions) -> :class:`~dflash_eval.features.feature_store.FeatureStore` (features) ->
 :class:`~dflash_eval.evaluation.drafter_evaluation.DrafterEvaluation` (τ, drift) -> :class:`~dflash_eval.results.eval_result.EvalResult`.
 
-The pytest plugin makes one session per process (per xdist worker); ``dflash-eval gate`` makes one per checkpoint,
-each after the first sharing the first one's inputs, completions and features (``shared=``).
+The pytest plugin makes one session per process (per xdist worker); the training-loop
+:class:`~dflash_eval.training_loop.evaluator.Evaluator` (and so ``dflash-eval gate``) makes one per checkpoint, each
+after the first sharing the first one's inputs, completions, features and reference drafter (``shared=``). Both are
+clients of the session: it never calls back into them.
 
 Example (outside pytest)::
 
@@ -31,11 +33,12 @@ from dflash_eval.options.settings import EvalSettings
 from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, Drift, PromptTau
 from dflash_eval.features.feature_store import FeatureStore
 from dflash_eval.inputs.run_inputs import DEFAULT_PROGRESS, Inputs
-from dflash_eval.measurements.online_greedy import online_tau
-from dflash_eval.runtime.progress import Sink
 from dflash_eval.references.greedy import CompletionRecord, References
+from dflash_eval.references.sampled import SampledReferences
 from dflash_eval.results.eval_result import EvalResult, TauSummary, build_result, tau_summary
+from dflash_eval.runtime.progress import Sink
 from dflash_eval.serving.server_link import ServerLink
+from dflash_eval.session.reference_drafter import ReferenceDrafter, ReferenceTau
 
 __all__ = ["EvalSession", "EvalSettings", "CompletionRecord", "PromptTau", "Drift", "EvalResult", "TauSummary"]
 
@@ -46,28 +49,30 @@ class EvalSession:
     def __init__(self, settings: EvalSettings, *, worker: tuple[str, int, int] | None = None,
                  log: Callable[[str], None] | None = None, shared: EvalSession | None = None,
                  checkpoint: Any = None, live: Any = None, progress: Sink | None | str = DEFAULT_PROGRESS,
-                 server: ServerLink | None = None, yardstick: Any = None) -> None:
+                 server: ServerLink | None = None) -> None:
         """``checkpoint`` / ``live``: a drafter given in memory (:class:`~dflash_eval.evaluation.drafter_evaluation.
         DrafterEvaluation`); :class:`dflash_eval.Evaluator` makes them. ``progress``: where long productions
         report (:class:`~dflash_eval.inputs.run_inputs.Inputs`); ``server``: how the completions stage reaches a ready
         SGLang server (:class:`~dflash_eval.serving.server_link.ServerLink`; ``--completions sglang`` on a cold
-        cache). A ``shared`` session's stages come with its progress sink and server link. ``yardstick``: what
-        measures ``--reference-drafter``'s τ once per process (``reference()``, ``reference_measured``: the
-        :class:`dflash_eval.Evaluator`)."""
+        cache). A ``shared`` session's stages come with its progress sink and server link, and its reference drafter
+        (``--reference-drafter``, measured once for all the sessions that share it)."""
         if shared is not None:
             shared.inputs.check_shareable(settings)
             self.inputs, self.references, self.store = shared.inputs, shared.references, shared.store
+            self.sampled_references, self.reference_drafter = shared.sampled_references, shared.reference_drafter
         else:
             self.inputs = Inputs(settings, worker=worker, log=log, progress=progress)
             self.references = References(self.inputs, server)
             self.store = FeatureStore(self.inputs, self.references)
+            self.sampled_references = SampledReferences(self.inputs, self.references)
+            self.reference_drafter = ReferenceDrafter(self.inputs, self.references, self.store, settings)
         self.settings = settings
         self.evaluation = DrafterEvaluation(self.inputs, self.references, self.store, settings,
-                                            checkpoint=checkpoint, live=live)
+                                            checkpoint=checkpoint, live=live,
+                                            sampled_references=self.sampled_references)
         self._tau_summary: TauSummary | None = None
         self._floors: Floors | None = None
         self._baseline: Baseline | None = None
-        self._yardstick = yardstick
 
     # The questions the suite's tests and the CLI ask, each answered by one stage.
     @property
@@ -80,18 +85,14 @@ class EvalSession:
     def references_cached(self) -> bool:
         """Whether every reference the run needs is cached: the greedy completions and, at ``--temperature`` > 0,
         the sampled ones."""
-        from dflash_eval.measurements.tau_sampled import sampled_cached
-
-        return self.references.cached() and sampled_cached(self.evaluation)
+        return self.references.cached() and self.sampled_references.cached()
 
     def fetch_references(self) -> None:
         """Produce (or read) every reference the run needs: the greedy completions and, at ``--temperature`` > 0,
         the sampled ones (what the SGLang fixture does while it holds the server)."""
         self.completions()
-        if self.evaluation.sampled:
-            from dflash_eval.measurements.tau_sampled import sampled_completions
-
-            sampled_completions(self.evaluation)
+        if self.sampled_references.wanted:
+            self.sampled_references.completions()
 
     def drift(self, name: str) -> Drift:
         return self.evaluation.drift(name)
@@ -190,15 +191,25 @@ class EvalSession:
     def tau_summary(self) -> TauSummary:
         """τ of every prompt judged against the floors, the means and the per-category table."""
         if self._tau_summary is None:
-            online = online_tau(self.evaluation) if self.settings.online_tau else None
+            online = self.evaluation.online_tau() if self.settings.online_tau else None
             self._tau_summary = tau_summary(self.evaluation, self.floors, self.baseline_comparison(), online)
         return self._tau_summary
+
+    def reference_tau(self) -> ReferenceTau | None:
+        """``--reference-drafter``'s τ on these prompts, measured once for every session sharing this one's stages
+        (None without a reference drafter)."""
+        return self.reference_drafter.tau()
 
     def reference_comparison(self) -> dict[str, Any] | None:
         """eval.json's ``drafter.reference``: ``--reference-drafter``'s τ on these prompts (measured on first use)
         and the paired difference of this drafter's chain τ against it (None without a reference drafter)."""
-        ref = self._yardstick.reference() if self._yardstick is not None else None
-        return None if ref is None else ref.block({p: r["tau"] for p, r in self.tau_summary().prompts.items()})
+        ref = self.reference_tau()
+        return None if ref is None else ref.block({p: r.tau for p, r in self.tau_summary().prompts.items()})
+
+    def measure_registered(self) -> list[str]:
+        """Run the registered measurements that apply to this run (:mod:`dflash_eval.measurements.builtin`); their
+        names. Their reports join :meth:`result`'s ``measurements``."""
+        return self.evaluation.measure_registered()
 
     def result(self) -> EvalResult:
         """What this process measured, judged (never computes anything new)."""
@@ -207,6 +218,7 @@ class EvalSession:
         context = self.run_context() if self.evaluation.checkpoint_read and self.inputs.identity_known else None
         result = build_result(self.evaluation, tau=tau, sglang=self.references.server.info, fingerprint=fp,
                               context=context)
-        if tau is not None and result.drafter is not None and getattr(self._yardstick, "reference_measured", False):
-            result.drafter["reference"] = self.reference_comparison()
+        if tau is not None and result.drafter is not None and self.reference_drafter.measured:
+            result.drafter.reference = self.reference_comparison()
+        result.measurements = self.evaluation.runner.reports()
         return result

@@ -1,7 +1,8 @@
 """The reference drafter as a yardstick: its τ on the same prompts, and the paired difference of a drafter's τ.
 
 ``--reference-drafter DIR`` (a released drafter of the same target, e.g. the one a training run reproduces) is
-evaluated once per process on the shared completions and features (:meth:`ReferenceTau.measure`); every drafter's
+evaluated once per process on the shared completions and features (:meth:`ReferenceTau.measure`, asked for by
+:meth:`dflash_eval.session.eval_session.EvalSession.reference_tau`, which owns it); every drafter's
 result then carries ``drafter.reference`` (eval.json, gate.json, the history): the reference's mean chain and DDTree
 τ and, paired over the prompts both have, the mean difference drafter - reference with its percentile-bootstrap
 95 % CI (the statistics of :mod:`dflash_eval.metrics.baseline`). The architecture comparison against the reference
@@ -12,25 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
+from dflash_eval.features.feature_store import FeatureStore
+from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.metrics.baseline import Baseline, compare
 from dflash_eval.metrics.tau import macro_tau
+from dflash_eval.options.settings import EvalSettings
+from dflash_eval.references.greedy import References
 
-if TYPE_CHECKING:
-    from dflash_eval.session.eval_session import EvalSession
-
-__all__ = ["ReferenceTau", "reference_session"]
-
-
-def reference_session(base: EvalSession) -> EvalSession | None:
-    """A session of ``--reference-drafter`` sharing ``base``'s inputs, completions and features (None without it)."""
-    from dflash_eval.session.eval_session import EvalSession
-
-    ref = base.settings.reference_drafter
-    if ref is None:
-        return None
-    return EvalSession(replace(base.settings, drafter=Path(ref), drafter_config=None), shared=base)
+__all__ = ["ReferenceDrafter", "ReferenceTau"]
 
 
 @dataclass(frozen=True)
@@ -44,11 +37,11 @@ class ReferenceTau:
     mean_ddtree: dict[str, float]
 
     @classmethod
-    def measure(cls, session: EvalSession) -> ReferenceTau:
-        """From the reference's session (:func:`reference_session`): its τ on the shared features."""
-        res = session.tau_results
+    def measure(cls, evaluation: DrafterEvaluation) -> ReferenceTau:
+        """From the reference drafter's evaluation on the shared stages: its τ on the shared features."""
+        res = evaluation.tau_results
         budgets = sorted({b for r in res.values() for b in r.ddtree})
-        return cls(path=str(session.settings.drafter), fingerprint=session.evaluation.checkpoint.fingerprint,
+        return cls(path=str(evaluation.settings.drafter), fingerprint=evaluation.checkpoint.fingerprint,
                    prompts={p: r.chain.tau for p, r in res.items()},
                    mean_tau=macro_tau([r.chain for r in res.values()]),
                    mean_ddtree={str(b): macro_tau([r.ddtree[b] for r in res.values()]) for b in budgets})
@@ -62,3 +55,25 @@ class ReferenceTau:
                 "mean_ddtree": dict(self.mean_ddtree), "prompts": dict(self.prompts),
                 "paired": {"n": paired.n, "mean_reference": paired.mean_baseline, "mean_drafter": paired.mean_run,
                            "mean_diff": d.mean, "ci95": [d.ci_low, d.ci_high], "rel_change": paired.rel_change}}
+
+
+class ReferenceDrafter:
+    """``--reference-drafter`` evaluated once on the shared stages of a run (the sessions sharing one first session
+    share this object): :meth:`tau` measures it on first use."""
+
+    def __init__(self, inputs: Inputs, references: References, store: FeatureStore, settings: EvalSettings) -> None:
+        self.inputs, self.references, self.store, self.settings = inputs, references, store, settings
+        self._tau: ReferenceTau | None = None
+
+    @property
+    def measured(self) -> bool:
+        """Whether :meth:`tau` measured the reference drafter already."""
+        return self._tau is not None
+
+    def tau(self) -> ReferenceTau | None:
+        """τ of ``--reference-drafter`` on the shared prompts, measured once (None without one)."""
+        ref = self.settings.reference_drafter
+        if self._tau is None and ref is not None:
+            settings = replace(self.settings, drafter=Path(ref), drafter_config=None)
+            self._tau = ReferenceTau.measure(DrafterEvaluation(self.inputs, self.references, self.store, settings))
+        return self._tau

@@ -1,0 +1,61 @@
+"""The catalog of measurements: the built-in specs, those of the ``dflash_eval.measurements`` entry-point group, and
+those registered in code (:func:`dflash_eval.measurements.registry.register`), looked up by name.
+
+The built-in ones: ``tau`` (chain and DDTree τ on the greedy references, per feature side), ``tau_sampled`` (τ on
+the sampled references at temperature > 0), ``drift_budget`` (the drafter's drift budget), ``online`` and
+``online_sampled`` (the real speculative loop on the greedy or sampled references).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+from dflash_eval.errors import ConfigError
+from dflash_eval.measurements.budget_ladder import DriftBudgetLadder
+from dflash_eval.measurements.online_greedy import OnlineGreedy
+from dflash_eval.measurements.online_sampled import OnlineSampled
+from dflash_eval.measurements.registry import Measurement, register, registered_here
+from dflash_eval.measurements.tau_greedy import GreedyTau
+from dflash_eval.measurements.tau_sampled import SampledTauMeasurement
+
+__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "registered", "spec"]
+
+ENTRY_POINT_GROUP = "dflash_eval.measurements"
+
+BUILTIN: dict[str, Measurement] = {m.name: m for m in (GreedyTau(), SampledTauMeasurement(), DriftBudgetLadder(),
+                                                       OnlineGreedy(), OnlineSampled())}
+_loaded = False
+
+
+def _load_entry_points() -> None:
+    """Register every entry point of :data:`ENTRY_POINT_GROUP` once per process (an instance or a class)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            register(obj() if isinstance(obj, type) else obj)
+        except Exception as exc:  # a broken plugin is named, not a traceback from importlib
+            raise ConfigError(f"measurement entry point {ep.name!r} = {ep.value!r} (group {ENTRY_POINT_GROUP}) "
+                              f"cannot be loaded: {type(exc).__name__}: {exc}") from exc
+
+
+def registered() -> dict[str, Measurement]:
+    """Every measurement by name: the built-in ones first, then the entry points' and those registered in code (a
+    registered one may not take a built-in name)."""
+    _load_entry_points()
+    extra = registered_here()
+    clash = sorted(set(extra) & set(BUILTIN))
+    if clash:
+        raise ConfigError(f"registered measurements {clash} take the names of built-in ones; pick other names")
+    return {**BUILTIN, **extra}
+
+
+def spec(name: str) -> Measurement:
+    """The measurement named ``name`` (ConfigError naming the known ones when there is none)."""
+    found = registered().get(name)
+    if found is None:
+        raise ConfigError(f"no measurement named {name!r} (known: {sorted(registered())})")
+    return found

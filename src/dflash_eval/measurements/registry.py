@@ -1,0 +1,219 @@
+"""The measurement registry: one declared spec per measurement of a drafter, and the one runner that serves them.
+
+A measurement (:class:`Measurement`) declares what it needs (``needs``: the stages it reads), its cache kind
+(``kind``) and key fields, how the entries of one computation are produced (:meth:`Measurement.plan`: the
+:class:`~dflash_eval.cache.requests.Batch` es and how they are spread), how the entries are decoded into its value
+(:meth:`Measurement.decode`), and what it fills (``fills``: eval.json's fields; a measurement registered from outside
+fills its own block, ``measurements.<name>``, through :meth:`Measurement.report`). The :class:`Runner` of one drafter
+evaluation serves every spec the same way: plan, :meth:`~dflash_eval.cache.store.Cache.ensure`, decode, and the
+value kept per parameters for the evaluation's lifetime. In the spirit of lm-evaluation-harness's metric registry,
+the built-in measurements (:mod:`dflash_eval.measurements.builtin`) are specs like any other, and a new one is one
+spec module::
+
+    from dflash_eval.measurements.registry import Measurement, Plan, register
+
+    class MeanPromptLength(Measurement):
+        name, kind, needs, fills = "mean_prompt_length", "mean_prompt_length", ("references",), ()
+        def applies(self, settings): return True            # every evaluation takes it
+        def plan(self, subject, params): ...                # one Request, its Batch producing the value
+        def decode(self, subject, entries, plan, params): ...
+        def report(self, value): return MeasurementReport({"mean": value}, [("mean prompt tokens", f"{value:.1f}")])
+
+    register(MeanPromptLength())
+
+Registered measurements whose :meth:`Measurement.applies` holds for a run's settings are run by every evaluation
+(``EvalSession.measure_registered``; in the suite the test ``test_registered_measurement[<name>]``, failing with
+:meth:`Measurement.check`'s message), and their :meth:`Measurement.report` lands in eval.json's ``measurements``.
+Packages may also register through the ``dflash_eval.measurements`` entry-point group (each entry point names a
+:class:`Measurement` instance or class).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from dflash_eval.errors import ConfigError
+
+if TYPE_CHECKING:  # typing only: the stages a measurement reads (all below this package)
+    from dflash_eval.cache.requests import Batch, Request, StepReporter
+    from dflash_eval.cache.store import CacheEntry
+    from dflash_eval.drafter.checkpoint import Checkpoint
+    from dflash_eval.features.feature_store import Features, FeatureStore
+    from dflash_eval.inputs.run_inputs import Inputs
+    from dflash_eval.metrics.drift import Side
+    from dflash_eval.options.settings import EvalSettings
+    from dflash_eval.prompts import Prompt
+    from dflash_eval.references.greedy import CompletionRecord, References
+    from dflash_eval.references.sampled import SampledReferences
+
+__all__ = ["Measurement", "MeasurementReport", "Plan", "Runner", "Subject", "register", "registered_here",
+           "unregister"]
+
+class Subject(Protocol):
+    """What a measurement reads of the drafter under evaluation (:class:`~dflash_eval.evaluation.
+    drafter_evaluation.DrafterEvaluation` is one)."""
+
+    settings: EvalSettings
+    inputs: Inputs
+    references: References
+    sampled_references: SampledReferences
+    store: FeatureStore
+
+    @property
+    def checkpoint(self) -> Checkpoint: ...
+
+    @property
+    def drafter(self) -> Any: ...  # a torch module: built from the checkpoint, or the live module given
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def sampled(self) -> bool: ...
+
+    def check_drafter(self) -> None: ...
+
+    def completions(self) -> dict[str, CompletionRecord]: ...
+
+    def features(self, side: Side, layers: tuple[int, ...] | None = None) -> Features: ...
+
+    def measure(self, name: str, **params: Any) -> Any: ...
+
+    def on_prompts(self, prompts: Sequence[Prompt]) -> Subject: ...
+
+
+@dataclass(frozen=True)
+class MeasurementReport:
+    """What a registered measurement adds to eval.json (``measurements.<name>.summary``, JSON values) and to the
+    tables of the terminal and eval.md (``rows``: label, formatted value)."""
+
+    summary: dict[str, Any]
+    rows: list[tuple[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"summary": self.summary, "rows": [list(r) for r in self.rows]}
+
+
+@dataclass
+class Plan:
+    """How one measurement's entries are served: the batches (each one computation under its lock), the requests
+    by name (what :meth:`Measurement.decode` reads), ``prepare`` (given the misses before anything is produced),
+    ``spread`` (batches shared out over the xdist workers), ``progress`` (a reporter factory given the number of
+    missing items) and ``state`` (whatever the plan computed that decoding needs again)."""
+
+    batches: list[Batch]
+    requests: dict[str, Request]
+    prepare: Callable[[list[Request]], None] | None = None
+    spread: bool = False
+    progress: Callable[[int], StepReporter] | None = None
+    state: Any = None
+
+
+class Measurement(ABC):
+    """One measurement of a drafter (see module docstring). Parameters (``params``) distinguish values of one
+    measurement in one evaluation, e.g. τ on one feature side with some DDTree budgets."""
+
+    name: ClassVar[str]
+    kind: ClassVar[str]  # the cache kind of its entries
+    needs: ClassVar[tuple[str, ...]] = ("drafter",)  # the stages it reads: inputs, references, features, drafter
+    fills: ClassVar[tuple[str, ...]] = ()  # eval.json's fields it fills (registered ones: measurements.<name>)
+
+    def applies(self, settings: EvalSettings) -> bool:
+        """Whether every evaluation of a run with ``settings`` takes this measurement (built-in ones: False, they
+        are asked for by the stages and tests that need them)."""
+        return False
+
+    @abstractmethod
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+        """The requests (key fields), batches and producers of the value for ``params``."""
+
+    @abstractmethod
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
+               params: Mapping[str, Any]) -> Any:
+        """The value from the served entries (``entries``: by the plan's request names)."""
+
+    def report(self, value: Any) -> MeasurementReport | None:
+        """What the value adds to eval.json and the report tables (built-in measurements fill typed fields of
+        the result instead: None)."""
+        return None
+
+    def check(self, value: Any) -> str | None:
+        """Why the value fails its test (``test_registered_measurement``), or None when it passes."""
+        return None
+
+
+_REGISTRY: dict[str, Measurement] = {}
+
+
+def register(measurement: Measurement, *, replace: bool = False) -> Measurement:
+    """Add ``measurement`` to the registry (ConfigError when its name is taken, unless ``replace``)."""
+    if not isinstance(measurement, Measurement):
+        raise ConfigError(f"register(): {measurement!r} is not a dflash_eval Measurement instance")
+    taken = _REGISTRY.get(measurement.name)
+    if taken is not None and taken is not measurement and not replace:
+        raise ConfigError(f"a measurement named {measurement.name!r} is registered already "
+                          f"({type(taken).__module__}.{type(taken).__qualname__}); pick another name")
+    _REGISTRY[measurement.name] = measurement
+    return measurement
+
+
+def unregister(name: str) -> None:
+    """Remove a measurement registered under ``name`` (tests; nothing when there is none)."""
+    _REGISTRY.pop(name, None)
+
+
+def registered_here() -> dict[str, Measurement]:
+    """The measurements registered in code (:func:`register`), by name; the full catalog, with the built-in ones
+    and the entry points', is :func:`dflash_eval.measurements.builtin.registered`."""
+    return dict(_REGISTRY)
+
+
+def _params_key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(params.items()))
+
+
+class Runner:
+    """Serves the measurements of one subject (one drafter evaluation): each value computed once per parameters,
+    through one path (plan, cache, decode)."""
+
+    def __init__(self, subject: Subject, lookup: Callable[[str], Measurement]) -> None:
+        self.subject = subject
+        self.lookup = lookup
+        self._values: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
+
+    def measure(self, name: str, **params: Any) -> Any:
+        key = (name, _params_key(params))
+        if key not in self._values:
+            m = self.lookup(name)
+            plan = m.plan(self.subject, params)
+            inp = self.subject.inputs
+            spread = {"worker_index": inp.worker_index, "worker_count": inp.worker_count} if plan.spread else {}
+            served = inp.cache.ensure(plan.batches, prepare=plan.prepare, progress=plan.progress, **spread)
+            entries = {label: served[r.key] for label, r in plan.requests.items()}
+            self._values[key] = m.decode(self.subject, entries, plan, params)
+        return self._values[key]
+
+    def computed(self, name: str, **params: Any) -> bool:
+        """Whether :meth:`measure` computed ``name`` with exactly ``params``."""
+        return (name, _params_key(params)) in self._values
+
+    def computed_any(self, name: str) -> bool:
+        """Whether :meth:`measure` computed ``name`` with any parameters."""
+        return any(n == name for n, _ in self._values)
+
+    def values(self, name: str) -> Iterator[Any]:
+        """The values of ``name`` computed so far (one per parameters)."""
+        return (v for (n, _), v in self._values.items() if n == name)
+
+    def reports(self) -> dict[str, dict[str, Any]]:
+        """eval.json's ``measurements``: the reports of the registered measurements computed so far (parameterless
+        values only)."""
+        out: dict[str, dict[str, Any]] = {}
+        for (name, params), value in self._values.items():
+            rep = self.lookup(name).report(value) if not params else None
+            if rep is not None:
+                out[name] = rep.to_dict()
+        return out

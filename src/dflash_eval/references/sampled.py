@@ -1,0 +1,136 @@
+"""Sampled reference completions at ``--temperature`` > 0: ``--samples-per-prompt`` per prompt, sample ``k`` drawn
+with the stream seed of (``--sampling-seed``, prompt id, k) (:func:`dflash_eval.target.sampling.stream_seed`).
+
+With ``--completions local`` the local target samples them in left-padded batches
+(:func:`dflash_eval.target.generation.greedy_generate_batch` with ``sampling``); with ``--completions sglang`` the
+server does, the stream seed sent as the request's ``sampling_seed`` and every answer checked against the local
+target before anything is cached (:mod:`dflash_eval.references.sampled_server`). Each is one ``sampled_completion``
+cache entry keyed by the target, the prompt ids, the length, the source, the sampling settings and the stream seed
+(so a run with more samples reuses the first ones; greedy completions and their snapshots are other entries,
+untouched; ``--completions cache`` takes either source's entry). Later turns of multi-turn conversations are
+conditioned on the greedy completions of the earlier turns.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from dflash_eval.cache.entry_checks import Expected
+from dflash_eval.cache.requests import Batch, Produced, Producer, Request
+from dflash_eval.errors import EvalError
+from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.references.greedy import References
+from dflash_eval.references.sampled_server import fetch_sampled
+from dflash_eval.runtime.progress import Progress
+from dflash_eval.target.generation import generation_groups, greedy_generate_batch
+from dflash_eval.target.provenance import device_kind, library_versions
+from dflash_eval.target.sampling import stream_seed
+
+__all__ = ["Pair", "SampledReferences"]
+
+Pair = tuple[str, int]  # (prompt id, sample index)
+
+
+class SampledReferences:
+    """The sampled references of ``inputs``' prompts (see module docstring)."""
+
+    def __init__(self, inputs: Inputs, references: References) -> None:
+        self.inputs, self.references = inputs, references
+        self.settings = inputs.settings
+
+    @property
+    def wanted(self) -> bool:
+        """Whether the run takes sampled references (``--temperature`` > 0 without a truncation to greedy)."""
+        return self.settings.temperature > 0 and not self.settings.sampling.greedy
+
+    def pairs(self) -> list[Pair]:
+        return [(p.id, k) for p in self.inputs.prompts for k in range(self.settings.samples_per_prompt)]
+
+    def _fields(self, pid: str, sample: int, source: str) -> dict[str, Any]:
+        inp, s = self.inputs, self.settings
+        fields: dict[str, Any] = {"target": inp.target_identity, "prompt_ids": self.references.prompt_ids(pid),
+                                  "max_new_tokens": s.max_new_tokens, "source": source,
+                                  "sampling": s.sampling.to_dict(), "stream_seed": stream_seed(s.sampling_seed, pid,
+                                                                                               sample)}
+        if source == "local":
+            fields.update(backend=s.eval_backend, dtype=str(s.torch_dtype), device_kind=device_kind(s.torch_device),
+                          versions=library_versions(), stop_at_eos=True)
+        return fields
+
+    def request(self, pid: str, sample: int) -> Request:
+        """The cache request of one sampled reference completion from the ``--completions`` source (``cache``: an
+        entry of either source serves; the server's entry has the stream seed it was sent as ``sampling_seed``)."""
+        mode = self.settings.completions
+        sources = ("local", "sglang") if mode == "cache" else (mode,)
+        expect = Expected(tensors={"output_ids": (torch.int64, (None,))})
+        what = f"sampled reference completion {sample} of prompt {pid!r}" + (
+            " (--completions cache never samples)" if mode == "cache" else "")
+        reqs = [Request("sampled_completion", self._fields(pid, sample, src), expect=expect, what=what,
+                        item=f"{pid}#{sample}") for src in sources]
+        return Request(reqs[0].kind, reqs[0].fields, expect=expect, what=what, item=reqs[0].item,
+                       alternatives=tuple(reqs[1:]))
+
+    def _producer(self, pairs: list[Pair]) -> Producer:
+        """The producer of one batch's missing sampled completions for the ``--completions`` source."""
+        mode = self.settings.completions
+        if mode == "sglang":
+            return lambda todo: fetch_sampled(self.inputs, self.references, pairs, todo, self.request)
+        if mode == "cache":
+            def refuse(todo: list[Request]) -> list[Produced]:
+                raise EvalError(f"--completions cache: no cached sampled completion for {[r.item for r in todo]} "
+                                f"under {self.settings.cache_dir} (these sampling settings and --sampling-seed); run "
+                                "once with --completions local or sglang")
+
+            return refuse
+
+        def produce(todo: list[Request]) -> list[Produced]:
+            inp, s = self.inputs, self.settings
+            keys = {r.key for r in todo}
+            reqs = {p: self.request(*p) for p in pairs}
+            want = [p for p in pairs if reqs[p].key in keys]
+            seeds = [int(reqs[p].fields["stream_seed"]) for p in want]
+            t0 = time.perf_counter()
+            with inp.meter.timed("generation"):
+                outs = greedy_generate_batch(inp.target, [self.references.prompt_ids(pid) for pid, _ in want],
+                                             s.max_new_tokens, backend=s.eval_backend, sampling=(s.sampling, seeds))
+            for (pid, k), ids in zip(want, outs):
+                if not ids:
+                    raise EvalError(f"empty sampled completion {k} of prompt {pid!r}: nothing to evaluate; "
+                                    "no cache entry written")
+            inp.meter.counts["generated_tokens"] += sum(len(o) for o in outs)
+            dt = (time.perf_counter() - t0) / max(1, len(want))
+            made = {reqs[p].key: Produced({"output_ids": torch.tensor(ids, dtype=torch.int64)},
+                                          {"prompt_id": p[0], "sample": p[1], "seconds": dt, "source": "local"},
+                                          tokens=len(ids))
+                    for p, ids in zip(want, outs)}
+            return [made[r.key] for r in todo]
+
+        return produce
+
+    def cached(self) -> bool:
+        """Whether every selected prompt's sampled completions are cached for the ``--completions`` source (True
+        for a greedy run, which has none)."""
+        if not self.wanted:
+            return True
+        return all(self.inputs.cache.has(self.request(*p)) for p in self.pairs())
+
+    def completions(self) -> dict[str, list[list[int]]]:
+        """Every selected prompt's sampled completions (cache, else sampled in batches spread over xdist workers)."""
+        inp = self.inputs
+        pairs = self.pairs()
+        reqs = {p: self.request(*p) for p in pairs}
+        label = {f"{pid}#{k}": (pid, k) for pid, k in pairs}
+        groups = generation_groups({n: len(self.references.prompt_ids(pid)) for n, (pid, _) in label.items()},
+                                   self.settings.generation_batch, min_groups=inp.worker_count)
+        batches = [Batch([reqs[label[n]] for n in grp], self._producer([label[n] for n in grp]))
+                   for grp in groups]
+        entries = inp.cache.ensure(batches,
+                                   progress=lambda n: Progress("sampled reference completions", n, inp.progress),
+                                   worker_index=inp.worker_index, worker_count=inp.worker_count)
+        out: dict[str, list[list[int]]] = {p.id: [] for p in inp.prompts}
+        for pid, k in pairs:
+            out[pid].append(entries[reqs[(pid, k)].key].tensors["output_ids"].tolist())
+        return out
