@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.drafter.config_refusals import (
     DFLASH_IGNORED,
     DFLASH_NEUTRAL,
@@ -207,7 +208,6 @@ class DrafterConfig:
 
     def save(self, path: Path) -> None:
         """Write config.json atomically."""
-        from dflash_eval.common.atomic import atomic_write_text
 
         atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 

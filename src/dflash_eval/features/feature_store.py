@@ -33,6 +33,7 @@ from dflash_eval.metrics.drift import fingerprint as layer_fingerprint
 from dflash_eval.references.greedy import CompletionRecord, References
 from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.backends import check_backend_device, use_backend
+from dflash_eval.target.hidden_states import LayerCapture, layer_features
 from dflash_eval.target.kernel_registry import KernelOutputChanged, KernelProbes
 from dflash_eval.target.provenance import device_kind, kernel_versions, library_versions, provenance
 
@@ -195,8 +196,6 @@ class FeatureStore:
         inp = self.inputs
 
         def produce(todo: list[Request]) -> list[Produced]:
-            from dflash_eval.target.hidden_states import LayerCapture, layer_features
-
             missing = tuple(int(r.fields["layer"]) for r in todo if r.kind == "features")
             with_argmax = any(r.kind == "argmax" for r in todo)
             with inp.meter.timed("target_forward"), use_backend(side.backend, inp.settings.torch_device) as info:

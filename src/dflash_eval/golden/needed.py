@@ -50,7 +50,7 @@ class Missing:
 
 def snapshot_path(golden_dir: Path, target_name: str, test_name: str) -> Path:
     """The file syrupy reads for ``test_reference_completion[...]`` (the suite's snapshot extension)."""
-    from dflash_eval.golden.writer import golden_extension
+    from dflash_eval.golden.writer import golden_extension  # imports torch: kept out of pytest --help
 
     ext = golden_extension(Path(golden_dir), target_name)
     folder = Path(golden_dir) / "snapshots" / (target_name or "target") / SNAPSHOT_MODULE

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 
 from dflash_eval.cache.store import Cache
+from dflash_eval.drafter import TargetSpec
+from dflash_eval.drafter.vocabulary import TargetVocabulary, read_tokenizer_facts
 from dflash_eval.errors import ConfigError, DFlashEvalError
 from dflash_eval.inputs.prompt_tokens import prompt_format, text_ids, tokenize_prompts
 from dflash_eval.metrics.drift import Comparison, Side, drift_comparisons
@@ -30,7 +32,8 @@ from dflash_eval.options.settings import EvalSettings, worker_info
 from dflash_eval.prompts import Prompt, load_prompt_spec
 from dflash_eval.runtime.progress import Meter, Sink, default_progress_sink
 from dflash_eval.target.backends import check_backend_device
-from dflash_eval.target.loader import TargetDir
+from dflash_eval.target.head import TargetHead
+from dflash_eval.target.loader import TargetDir, load_target
 
 __all__ = ["Inputs", "DEFAULT_PROGRESS", "DRAFTER_OPTIONS"]
 
@@ -165,8 +168,6 @@ class Inputs:
     def target(self) -> Any:
         """The loaded target model and tokenizer (loaded on first use only)."""
         if self._target is None:
-            from dflash_eval.target.loader import load_target
-
             s = self.settings
             with self.meter.timed("target_load"):
                 self._target = load_target(s.target_model, device=s.torch_device, dtype=s.torch_dtype,
@@ -212,7 +213,6 @@ class Inputs:
     @cached_property
     def spec(self) -> Any:
         """What the drafter checks need about the target (config.json and the weights' head shape)."""
-        from dflash_eval.drafter import TargetSpec
 
         extra = {"vocabulary": self.vocabulary, "embedding": self.head.embed_tokens.weight}  # the mask-token check
         if self.target_loaded:
@@ -224,7 +224,6 @@ class Inputs:
     def vocabulary(self) -> Any:
         """The target tokenizer's mask token, special tokens and length (read on first use, memoised under the
         tokenizer files' stamps: a warm run parses no tokenizer file), for the drafter's mask token."""
-        from dflash_eval.drafter.vocabulary import TargetVocabulary, read_tokenizer_facts
 
         d = self.target_dir
 
@@ -240,7 +239,6 @@ class Inputs:
         """The target's input embedding and lm_head; without a loaded target (a warm cache) read straight from the
         safetensors weights, so a warm run never builds the model (it imports transformers only for the modeling
         module whose kernels :mod:`dflash_eval.target.kernel_probe` runs)."""
-        from dflash_eval.target.head import TargetHead
 
         if self.target_loaded:
             return TargetHead.from_model(self.target.model)

@@ -21,6 +21,7 @@ from dflash_eval.errors import EvalError
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.serving.server_check import check_server_completions
 from dflash_eval.serving.server_link import ServerLink
+from dflash_eval.target.generation import greedy_generate_batch
 
 __all__ = ["CompletionSources", "out_of_vocab"]
 
@@ -61,7 +62,6 @@ class CompletionSources:
 
     def generate_local(self, todo: list[Request]) -> list[Produced]:
         """Greedy-generate, in one left-padded batch, the completions of ``todo`` (requests of one batch)."""
-        from dflash_eval.target.generation import greedy_generate_batch
 
         inp = self.inputs
         pids = [r.item for r in todo]

@@ -18,10 +18,12 @@ from typing import Any
 
 import torch
 
+from dflash_eval.cache.store import cache_key
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.target.backends import split_backend
 from dflash_eval.target.kernel_probe import KERNEL_KINDS, ProbeResult, probe
 from dflash_eval.target.loader import TargetDir
+from dflash_eval.target.provenance import device_kind
 
 __all__ = ["KernelOutputChanged", "KernelProbes", "REGISTRY_SIZE", "change_message", "kernel_change"]
 
@@ -86,8 +88,6 @@ class KernelProbes:
     def _registry_path(self, r: ProbeResult) -> Path | None:
         if self.registry_dir is None:
             return None
-        from dflash_eval.cache.store import cache_key
-        from dflash_eval.target.provenance import device_kind
 
         ctx = {"backend": r.backend, "dtype": r.dtype, "device_kind": device_kind(r.device),
                "shapes": r.shapes.to_json()}

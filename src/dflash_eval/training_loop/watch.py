@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_eval.errors import ConfigError
 from dflash_eval.training_loop.checkpoint_dir import Found, find_checkpoints, is_complete, stamp
 
 __all__ = ["WatchLimits", "watch"]
@@ -30,8 +31,6 @@ class WatchLimits:
     timeout_s: float = 3600.0
 
     def check(self) -> None:
-        from dflash_eval.errors import ConfigError
-
         for name in ("poll_s", "timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--watch: {name} must be > 0 seconds, got {getattr(self, name)}")
