@@ -17,8 +17,8 @@ from dflash_eval.errors import ConfigError
 from dflash_eval.metrics.tau_context import mismatches
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.prompts import RAW_TURN_SEPARATOR, encode_messages
-from dflash_eval.sglang.generate import Completion
 from dflash_eval.session.eval_session import EvalSession
+from dflash_eval.sglang.generate import Completion
 from dflash_eval.target.generation import greedy_generate
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
@@ -57,7 +57,7 @@ def test_raw_text_turn_continues_the_previous_sequence(tiny_target_dir, tiny_dra
     assert t2.output_ids == greedy_generate(s.inputs.target, t2.prompt_ids, 8, backend="torch")
     summary = s.tau_summary()
     conv = summary.conversations["c"]
-    assert conv["turns"] == ["c-t1", "c-t2"] and conv["category"] == "chat"
+    assert conv.turns == ["c-t1", "c-t2"] and conv.category == "chat"
     rows = summary.prompts
     assert conv["rounds"] == rows["c-t1"]["rounds"] + rows["c-t2"]["rounds"]
     assert conv["turn_tau"] == [rows["c-t1"]["tau"], rows["c-t2"]["tau"]]
@@ -109,9 +109,9 @@ def test_sglang_completions_are_fetched_turn_by_turn(tiny_target_dir, tiny_draft
     assert client.batches[1][0] == comps["c-t2"].prompt_ids
     assert comps["c-t2"].prompt_ids[:len(comps["c-t1"].sequence)] == comps["c-t1"].sequence
     rows = s.tau_summary().prompts
-    assert rows["c-t2"]["server_histogram"] == [1, 1, 1]
-    assert rows["c-t2"]["server_position_rates"] == pytest.approx([2 / 3, 1 / 3])
-    assert set(s.tau_summary().categories["all"]["acceptance"]) == {"chain", "server"}
+    assert rows["c-t2"].server_histogram == [1, 1, 1]
+    assert rows["c-t2"].server_position_rates == pytest.approx([2 / 3, 1 / 3])
+    assert set(s.tau_summary().categories["all"].acceptance) == {"chain", "server"}
 
 
 def test_thinking_switch(templated, tiny_target_dir, tiny_drafter_dir, tmp_path) -> None:
@@ -139,14 +139,14 @@ def test_online_tau_beside_offline(tiny_target_dir, tiny_drafter_dir, tmp_path) 
     rows = s.tau_summary().prompts
     for pid, r in rows.items():
         # on the tiny fp32 models the real loop reproduces the reference and the offline rounds exactly
-        assert r["online"]["matches_reference"] and r["online"]["first_divergence"] is None, pid
-        assert r["online"]["accept_lengths"] == r["accept_lengths"], pid
-        assert r["online"]["position_rates"] == r["position_rates"], pid
-    acc = s.tau_summary().categories["all"]["acceptance"]
-    assert acc["online"]["histogram"] == acc["chain"]["histogram"]
+        assert r.online.matches_reference and r.online.first_divergence is None, pid
+        assert r.online.accept_lengths == r.accept_lengths, pid
+        assert r.online.position_rates == r.position_rates, pid
+    acc = s.tau_summary().categories["all"].acceptance
+    assert acc["online"].histogram == acc["chain"].histogram
     # cached: a second session does not run the loop again
     again = session(tiny_target_dir, tiny_drafter_dir, tmp_path, online_tau=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(online_mod, "online_generate", lambda *a, **k: pytest.fail("online loop re-run on a warm cache"))
-        assert again.tau_summary().prompts["s"]["online"]["accept_lengths"] == rows["s"]["accept_lengths"]
-    assert "online" not in session(tiny_target_dir, tiny_drafter_dir, tmp_path).tau_summary().prompts["s"]
+        assert again.tau_summary().prompts["s"].online.accept_lengths == rows["s"].accept_lengths
+    assert session(tiny_target_dir, tiny_drafter_dir, tmp_path).tau_summary().prompts["s"].online is None

@@ -218,7 +218,7 @@ def test_budget_through_the_session_is_cached_and_judged_on_read(settings):
     assert b3.levels[0].tau == b1.levels[0].tau
     gates = s1.drift_gate("torch-vs-torch-recurrent")
     assert set(gates) == set(s1.evaluation.layer_ids) and all(g.passed for g in gates.values())
-    res = s1.result().to_json()
+    res = s1.result().to_dict()
     assert res["drift_budget"]["budget"] == b1.budget and len(res["drift_gate"]) == len(gates)
 
 

@@ -127,11 +127,16 @@ def test_step_summary_appends_and_names_a_bad_path(tmp_path):
 
 def _summary(taus: dict[str, float], floors: Floors, baseline: BaselineComparison | None = None):
     from dflash_eval.results.eval_result import TauSummary
+    from dflash_eval.results.rows import PromptRow, rows_from_dict
 
-    rows = {p: {"tau": t, "ddtree": {"8": t + 0.5}} for p, t in taus.items()}
+    rows = {p: {"category": "c", "tau": t, "rounds": 1, "accept_lengths": [1], "histogram": [1],
+                "position_rates": [], "ddtree": {"8": t + 0.5}, "ddtree_accept_lengths": {"8": [1]}, "floor": None,
+                "ddtree_floor": {}, "prompt_tokens": 1, "completion_tokens": 1, "passed": False}
+            for p, t in taus.items()}
     judge_prompts(rows, floors)
     mean = sum(taus.values()) / len(taus)
-    return TauSummary(rows, mean, {"8": mean + 0.5}, floors.for_mean(), {"8": floors.for_mean(8)}, {}, baseline)
+    return TauSummary(rows_from_dict(PromptRow, rows), mean, {"8": mean + 0.5}, floors.for_mean(),
+                      {"8": floors.for_mean(8)}, {}, baseline)
 
 
 def test_gate_rows_come_from_the_typed_summary(tmp_path):

@@ -104,7 +104,7 @@ def _warm_reads_only_head(target: Path, drafter: Path, tmp_path: Path, monkeypat
         warm = _session(target, drafter, tmp_path)
         assert _taus(warm) == expected
         assert warm.tau_summary().mean_tau == cold.tau_summary().mean_tau
-        frag = warm.result().to_json()
+        frag = warm.result().to_dict()
     keys = [a[0] for a, _ in reads.calls]
     assert len(keys) == len(set(keys)) and keys, keys
     assert keys[0] in EMBED_KEYS and all(k in EMBED_KEYS + HEAD_KEYS for k in keys), keys
@@ -239,6 +239,6 @@ def test_shared_session_reuses_the_first_sessions_stages(tiny_target_dir, tiny_d
     assert reads.calls == [] and feats.calls == [] and gen.calls == []
     assert b.inputs.head is a.inputs.head and b.inputs.target is a.inputs.target
     assert b.inputs.meter.counts["target_forwards"] == forwards and set(tb) == set(ta)
-    assert b.result().to_json()["drafter"]["path"] == str(b_dir) != a.result().to_json()["drafter"]["path"]
+    assert b.result().drafter.path == str(b_dir) != a.result().drafter.path
     with pytest.raises(ConfigError, match="max_new_tokens"):
         _session(tiny_target_dir, b_dir, tmp_path, shared=a, max_new_tokens=4)

@@ -66,7 +66,7 @@ def _warned(eval_session) -> str:
 
 def _no_acceptance(eval_session) -> bool:
     """τ 1.00 on every prompt, and the floors fail because of it (floors that accept τ 1 are not diagnosed)."""
-    return no_acceptance_fails(eval_session.tau_summary().to_json())
+    return no_acceptance_fails(eval_session.tau_summary().to_dict())
 
 
 def _skip_when_no_acceptance(eval_session, request) -> None:
@@ -148,9 +148,8 @@ def test_category_mean_tau(category, tau_results, eval_session, request) -> None
     row = eval_session.tau_summary().categories[category]
     _skip_when_recording(eval_session)
     floors = eval_session.floors
-    stats = {"chain": row["chain"], **{f"DDTree-{b}": s for b, s in row["ddtree"].items()}}
-    ts = category_thresholds(category, row["chain"]["mean"], {b: s["mean"] for b, s in row["ddtree"].items()},
-                             floors)
+    stats = {"chain": row.chain, **{f"DDTree-{b}": s for b, s in row.ddtree.items()}}
+    ts = category_thresholds(category, row.chain.mean, {b: s.mean for b, s in row.ddtree.items()}, floors)
     if not any(t.gated for t in ts):
         pytest.skip(f"category {category!r}: no per-prompt floors to derive its floor from; only the mean is gated "
                     "(--tau-floor)")
@@ -158,12 +157,12 @@ def test_category_mean_tau(category, tau_results, eval_session, request) -> None
     problems = []
     for t in ts:
         s = stats[t.label]
-        ci = f"median {s['median']:.3f}, 95% CI [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}], n {s['n']}"
+        ci = f"median {s.median:.3f}, 95% CI [{s.ci95[0]:.3f}, {s.ci95[1]:.3f}], n {s.n}"
         if t.missing:
             problems.append(floors.missing_message(f"category {category!r} ({t.label})", floors.missing(ids)) +
-                            f" (measured mean {s['mean']:.3f}, {ci})")
+                            f" (measured mean {s.mean:.3f}, {ci})")
         elif not t.passed:
-            problems.append(f"category {category!r} mean {t.label} τ {s['mean']:.3f} < floor {t.floor} ({ci})")
+            problems.append(f"category {category!r} mean {t.label} τ {s.mean:.3f} < floor {t.floor} ({ci})")
     assert not problems, "\n".join(problems) + _warned(eval_session)
 
 

@@ -111,8 +111,7 @@ def judged_row(evaluator: Any, session: Any, *, step: int | None = None) -> Any:
     t0 = time.perf_counter()
     try:
         result = evaluator.evaluate(path, step=step)
-        row = gate_row(session.tau_summary(), session.floors, drafter=str(path), fingerprint=result.drafter[
-            "fingerprint"])
+        row = gate_row(session.tau_summary(), session.floors, drafter=str(path), fingerprint=result.drafter.fingerprint)
         rec = evaluator.records[-1]
         if rec.regression:
             row.passed, row.reasons = False, [*row.reasons, rec.regression]

@@ -10,6 +10,13 @@ category likewise (their τ is the mean over their prompts; their floors follow 
 The functions that fill verdicts work on eval.json's rows (plain dicts), so the same code judges a fresh run, a
 merge of xdist workers and a report re-judged against rewritten floors.
 
+The composition (the one place a verdict is assembled from its parts): :class:`Verdict` (pass / fail / unjudged
+with the reasons of a failure and the notices), :func:`compose` (the parts' reasons: floors, baseline, regression),
+:func:`checkpoint_verdict` (a checkpoint's τ against its floors and ``--baseline``: the gate's table and the
+training history), :func:`trend_verdict` (a checkpoint across steps: a regression fails it, a plateau is a notice)
+and :func:`run_verdict` (a test run: τ, the drift gate, a refused drafter, failed tests: the terminal's and eval.md's
+verdict block).
+
 Named causes (:func:`diagnoses`), each reported once instead of as many ordinary failures as it causes: a drafter
 refused by an architecture check (:func:`refused`: never a pass, and a run without a failed test still fails), and
 τ of 1.00 on every prompt in a run that misses its floors (:func:`no_acceptance_fails`: the drafter proposes
@@ -20,15 +27,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.metrics.floors import Floors
+
+if TYPE_CHECKING:
+    from dflash_eval.metrics.baseline import BaselineComparison
 
 __all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresholds", "mean_thresholds",
            "category_thresholds", "judge_prompts", "judge_mean", "judge_categories", "judge_run", "mean_passed",
            "gate_reasons", "NO_ACCEPTANCE", "NO_ACCEPTANCE_EPS", "no_acceptance", "no_acceptance_fails", "refused",
-           "diagnoses"]
+           "diagnoses", "Verdict", "compose", "baseline_reasons", "checkpoint_verdict", "trend_verdict",
+           "tau_verdict", "row_outcome", "gate_outcome", "run_verdict"]
 
 #: Chain τ at most this far above 1 counts as 1.00 (what the reports print): at most one accepted draft token in
 #: 200 rounds.
@@ -213,3 +224,116 @@ def gate_reasons(prompts: dict[str, dict[str, Any]], means: list[Threshold], *,
     if reasons and no_acceptance(v.get("tau") for v in prompts.values()):  # the one cause of those reasons
         reasons.insert(0, NO_ACCEPTANCE)
     return reasons
+
+
+# ------------------------------------------------------------------------------------------------ composition
+@dataclass(frozen=True)
+class Verdict:
+    """A verdict: ``passed`` (None: nothing was judged), the reasons of a failure and notices that do not fail."""
+
+    passed: bool | None
+    reasons: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """``pass``, ``fail`` or ``unjudged``."""
+        return "unjudged" if self.passed is None else "pass" if self.passed else "fail"
+
+
+def compose(floors: list[str] | None = None, *, baseline: list[str] | None = None, regression: str | None = None,
+            plateau: str | None = None) -> Verdict:
+    """The verdict from its parts' reasons (a part None: not judged): fail when any part has a reason, pass when a
+    part was judged without one, unjudged when none was judged. A regression fails; a plateau is a notice."""
+    parts = [p for p in (floors, baseline) if p is not None]
+    reasons = [r for p in parts for r in p] + ([regression] if regression else [])
+    judged = bool(parts) or bool(regression)
+    return Verdict(not reasons if judged else None, reasons, [plateau] if plateau else [])
+
+
+def _fmt(x: Any, digits: int, style: str) -> str:
+    """A number as the reports write it (``-`` for None and NaN; :func:`dflash_eval.report.format.fmt`)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool) or math.isnan(x):
+        return "-"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    sign, kind = ("+", style[1:]) if style.startswith("+") else ("", style)
+    return format(x, f"{sign}.{digits}{kind}")
+
+
+def baseline_reasons(cmp: BaselineComparison | None) -> list[str]:
+    """Why the τ against ``--baseline`` fails: a drop beyond the drop tolerance, a rise beyond the rise tolerance
+    (empty without a baseline or when both hold)."""
+    out = []
+    if cmp is not None and not cmp.drop_passed:
+        out.append(f"τ dropped against the baseline: {_fmt(100 * cmp.rel_change, 2, '+f')} % "
+                   f"(allowed -{_fmt(100 * cmp.drop_tol, 6, 'g')} %)")
+    if cmp is not None and not cmp.rise_passed:
+        out.append(f"τ rose {_fmt(100 * cmp.rel_change, 2, '+f')} % against the baseline (allowed "
+                   f"+{_fmt(100 * cmp.rise_tol, 6, 'g')} %): check the drafter for a future-token leak")
+    return out
+
+
+def checkpoint_verdict(prompts: dict[str, dict[str, Any]], means: list[Threshold], floors: Floors,
+                       baseline: BaselineComparison | None, *, floors_required: bool = True) -> Verdict:
+    """A checkpoint's τ (judged eval.json ``prompts`` rows, the mean thresholds) against its floors
+    (:func:`gate_reasons`) and its baseline comparison (:func:`baseline_reasons`). ``floors_required`` False: the
+    floors are judged only when there are any (a floors file, ``--tau-floor`` / ``--tau-floor-prompt``), so a run
+    with neither floors nor baseline is unjudged rather than failed."""
+    judged = floors_required or bool(floors.raw) or bool(floors.explicit)
+    fl = gate_reasons(prompts, means, prompt_floors_required=floors.prompt_floors_required) if judged else None
+    return compose(fl, baseline=None if baseline is None else baseline_reasons(baseline))
+
+
+def trend_verdict(verdict: Verdict, regression: str | None, plateau: str | None = None) -> Verdict:
+    """A checkpoint's verdict across the steps of a training run: its own, failed by a regression, a plateau
+    noted."""
+    trend = compose(regression=regression, plateau=plateau)
+    passed = False if trend.passed is False else verdict.passed
+    return Verdict(passed, verdict.reasons + trend.reasons, verdict.notices + trend.notices)
+
+
+def tau_verdict(data: dict[str, Any]) -> bool | None:
+    """τ of eval.json data against its floors: the mean and every gated prompt and category pass (None: τ was not
+    measured)."""
+    if "mean_tau" not in data:
+        return None
+    prompts = data.get("prompts", {})
+    cats = data.get("categories") or {}
+    return bool(data.get("mean_passed")) and not any(r.get("passed") is False for r in prompts.values()) \
+        and not any(r.get("passed") is False for r in cats.values())
+
+
+def row_outcome(row: dict[str, Any]) -> str:
+    """A drift_gate row's outcome: its ``outcome`` field, else (reports from before it) pass / fail by ``passed``."""
+    return row.get("outcome") or ("pass" if row.get("passed") else "fail")
+
+
+def gate_outcome(data: dict[str, Any]) -> str | None:
+    """The drift gate over all its rows: "fail" when one fails, else "inconclusive" when one is, else "pass"
+    (None: no drift was gated in this run)."""
+    rows = data.get("drift_gate") or []
+    if not rows:
+        return None
+    outcomes = [row_outcome(r) for r in rows]
+    return "fail" if "fail" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
+
+
+def run_verdict(data: dict[str, Any], *, failed_tests: int = 0, exitstatus: int = 0) -> Verdict:
+    """A test run's verdict from its eval.json data: it passes when τ passes its floors (:func:`tau_verdict`), the
+    drift gate has no failing row (:func:`gate_outcome`), the drafter was not refused (:func:`refused`), no test
+    failed (``failed_tests``) and pytest's ``exitstatus`` is 0; the reasons say why not."""
+    tau, gate, refusal = tau_verdict(data), gate_outcome(data), refused(data)
+    why = []
+    if refusal:
+        why.append("the drafter was refused by " + ", ".join(c["check"] for c in refusal))
+    if tau is False:
+        why.append("τ below its floors")
+    if gate == "fail":
+        why.append("drift over budget")
+    if failed_tests:
+        why.append(f"{failed_tests} test{'s' if failed_tests > 1 else ''} failed")
+    passed = not why and exitstatus == 0
+    if not why and exitstatus != 0:
+        why.append(f"pytest exit status {exitstatus}")
+    return Verdict(passed, why)

@@ -40,7 +40,7 @@ def _own_result(config: pytest.Config) -> bool:
     sess = config.stash.get(SESSION, None)
     if sess is None:
         return False
-    frag = sess.result().to_json()
+    frag = sess.result().to_dict()
     if not is_controller(config):
         config.workeroutput[WORKEROUTPUT_KEY] = json.dumps(frag)  # type: ignore[attr-defined]
         return True

@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.atomic import atomic_write_text
-from dflash_eval.metrics.verdict import gate_reasons, mean_thresholds
+from dflash_eval.metrics.verdict import baseline_reasons
 from dflash_eval.report.format import MISSING, fmt, is_number
 from dflash_eval.report.step_summary import append_step_summary
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.report.tables import TextTable, markdown_table
 
 if TYPE_CHECKING:
-    from dflash_eval.metrics.baseline import BaselineComparison
     from dflash_eval.metrics.floors import Floors
     from dflash_eval.results.eval_result import TauSummary
 
@@ -79,33 +78,19 @@ class GateRow:
                 "seconds": self.seconds}
 
 
-def baseline_reasons(cmp: BaselineComparison | None) -> list[str]:
-    """Why the τ against ``--baseline`` fails the gate: a drop beyond the drop tolerance, a rise beyond the rise
-    tolerance (empty without a baseline or when both hold)."""
-    out = []
-    if cmp is not None and not cmp.drop_passed:
-        out.append(f"τ dropped against the baseline: {fmt(100 * cmp.rel_change, 2, '+f')} % "
-                   f"(allowed -{fmt(100 * cmp.drop_tol, 6, 'g')} %)")
-    if cmp is not None and not cmp.rise_passed:
-        out.append(f"τ rose {fmt(100 * cmp.rel_change, 2, '+f')} % against the baseline (allowed "
-                   f"+{fmt(100 * cmp.rise_tol, 6, 'g')} %): check the drafter for a future-token leak")
-    return out
-
-
 def gate_row(summary: TauSummary, floors: Floors, *, drafter: str, fingerprint: str) -> GateRow:
     """A checkpoint's row from its judged τ: the means against ``floors``, the prompt with the lowest chain τ, the
-    reasons of a failure (:func:`~dflash_eval.metrics.verdict.gate_reasons`, :func:`baseline_reasons`)."""
+    verdict and the reasons of a failure (:meth:`TauSummary.verdict`: the floors and the baseline)."""
     verdicts = summary.prompts
-    reasons = gate_reasons(verdicts, mean_thresholds(summary.mean_tau, summary.mean_ddtree, floors),
-                           prompt_floors_required=floors.prompt_floors_required) + baseline_reasons(summary.baseline)
-    worst = min(verdicts.items(), key=lambda kv: kv[1]["tau"]) if verdicts else None
+    verdict = summary.verdict(floors)
+    worst = min(verdicts.items(), key=lambda kv: kv[1].tau) if verdicts else None
     return GateRow(
-        drafter=drafter, passed=not reasons, fingerprint=fingerprint, mean_tau=summary.mean_tau,
+        drafter=drafter, passed=bool(verdict.passed), fingerprint=fingerprint, mean_tau=summary.mean_tau,
         mean_ddtree=summary.mean_ddtree, mean_floor=summary.mean_floor,
-        worst_prompt=worst[0] if worst else None, worst_tau=worst[1]["tau"] if worst else None,
-        worst_floor=worst[1]["floor"] if worst else None, reasons=reasons,
+        worst_prompt=worst[0] if worst else None, worst_tau=worst[1].tau if worst else None,
+        worst_floor=worst[1].floor if worst else None, reasons=list(verdict.reasons),
         baseline=summary.baseline.to_json() if summary.baseline is not None else None,
-        prompts={pid: {"tau": v["tau"], "ddtree": v["ddtree"], "floor": v["floor"], "passed": v["passed"]}
+        prompts={pid: {"tau": v.tau, "ddtree": v.ddtree, "floor": v.floor, "passed": v.passed}
                  for pid, v in verdicts.items()})
 
 

@@ -45,7 +45,9 @@ eval.json (schema 1; documented in docs/reference.md)::
      "spans": {w: [[stage, start, end]]}},
      "cache": {worker: {"hits", "misses", "produced", "corrupted", ...}},
      "tests": {"counts": {outcome: n}, "outcomes": {nodeid: outcome}},
-     "diagnoses": [line] (named causes of a failing run, dflash_eval.metrics.verdict.diagnoses; absent when none)}
+     "diagnoses": [line] (named causes of a failing run, dflash_eval.metrics.verdict.diagnoses; absent when none),
+     "measurements": {name: {"summary": {...}, "rows": [[label, value], ...]}} (blocks of measurements registered
+                     by plugins; of the workers' blocks of one name the first non-empty one; absent when none)}
 
 A drafter refused by architecture checks adds ``"refused": [{"check", "message"}]`` to "drafter" and
 ``"mean_passed": false``.
@@ -99,6 +101,16 @@ def _drift(fragments: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
         for r in f.get("drift_accept", []):
             accept[(r["comparison"], r["prompt_id"])] = r
     return list(drift.values()), list(accept.values())
+
+
+def _measurements(fragments: list[dict[str, Any]]) -> dict[str, Any]:
+    """The registered measurements' blocks: of the blocks of one name, the first non-empty one."""
+    out: dict[str, Any] = {}
+    for f in fragments:
+        for name, block in (f.get("measurements") or {}).items():
+            if block and name not in out:
+                out[name] = block
+    return out
 
 
 def _timings(fragments: list[dict[str, Any]], wall_s: float | None) -> dict[str, Any]:
@@ -160,6 +172,9 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
     gate = {(r["comparison"], r["layer"]): r for f in fragments for r in f.get("drift_gate", [])}
     if gate or "drift_budget" in out:
         out["drift_gate"] = list(gate.values())
+    measurements = _measurements(fragments)
+    if measurements:
+        out["measurements"] = measurements
     out["timings"] = _timings(fragments, wall_s)
     out["counts"] = {f.get("worker", "?"): f.get("counts", {}) for f in fragments}
     out["cache"] = {f.get("worker", "?"): f.get("cache", {}) for f in fragments}

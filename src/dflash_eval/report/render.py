@@ -12,6 +12,7 @@ from dflash_eval.common.paths import normal_path
 from dflash_eval.report.acceptance_rows import acceptance_rows, conversation_rows
 from dflash_eval.report.drift_rows import budget_line, drift_rows, gate_rows, ladder_rows
 from dflash_eval.report.format import fmt
+from dflash_eval.report.measurement_rows import measurement_tables
 from dflash_eval.report.plot import worst_prompts
 from dflash_eval.report.sampled_line import sampled_line
 from dflash_eval.report.tables import TextTable, markdown_table, terminal_text
@@ -107,7 +108,8 @@ def render_terminal(data: dict[str, Any], *, width: int = 120, max_rows: int | N
     """The τ tables, the drift summary and the drift budget as text (rich tables, no colour codes). Beyond
     :data:`TERMINAL_ROWS_FULL` prompts, the per-prompt tables keep only the ``max_rows`` prompts with the least room
     above their floors (conversations: the lowest τ) and say how many more eval.md holds; ``max_rows`` None: all."""
-    return terminal_text(_tau_tables(data, max_rows) + _drift_tables(data), width=width)
+    return terminal_text(_tau_tables(data, max_rows) + list(measurement_tables(data)) + _drift_tables(data),
+                         width=width)
 
 
 _ACCEPT_TITLE = ("acceptance per draft position (per prompt, category and run; sources: chain = offline simulation, "
@@ -182,6 +184,8 @@ def render_markdown(data: dict[str, Any]) -> str:
                       TextTable(*category_rows(data)))
     for title, rows in ((_ACCEPT_TITLE, acceptance_rows(data)), (_CONV_TITLE, conversation_rows(data))):
         parts += _section(f"{title[0].upper()}{title[1:]}", TextTable(*rows))
+    for table in measurement_tables(data):
+        parts += _section(f"Measurement: {table.title.removeprefix('measurement: ')}", table, table.caption)
     parts += _section("Hidden-state drift (regression check)", TextTable(*drift_rows(data)))
     if budget_line(data):
         gate = TextTable(*gate_rows(data))

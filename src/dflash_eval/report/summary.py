@@ -2,8 +2,10 @@
 FAIL and why, the mean τ against its floor, the prompts with the least room above their floors, the drift gate's
 outcome and where the reports are.
 
-The run passes when τ passes its floors (:func:`tau_verdict`: the mean and every gated prompt and category), the
-drift gate has no failing row (:func:`gate_outcome`), the drafter was not refused and no test failed.
+The verdict itself is composed by :func:`dflash_eval.metrics.verdict.run_verdict`: the run passes when τ passes its
+floors (:func:`~dflash_eval.metrics.verdict.tau_verdict`: the mean and every gated prompt and category), the drift
+gate has no failing row (:func:`~dflash_eval.metrics.verdict.gate_outcome`), the drafter was not refused and no test
+failed.
 """
 
 from __future__ import annotations
@@ -12,41 +14,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.metrics.verdict import refused
+from dflash_eval.metrics.verdict import gate_outcome, row_outcome, run_verdict, tau_verdict
 from dflash_eval.report.format import fmt, is_number
 from dflash_eval.report.plot import worst_prompts
 
-__all__ = ["WORST_NAMED", "REPORT_FILES", "tau_verdict", "gate_outcome", "verdict_lines"]
+__all__ = ["WORST_NAMED", "REPORT_FILES", "tau_verdict", "gate_outcome", "row_outcome", "verdict_lines"]
 
 #: How many prompts the verdict names (those with the least room above their floors).
 WORST_NAMED = 3
 #: The files of a run's report folder, in the order the verdict lists them.
 REPORT_FILES = ("eval.md", "eval.json", "eval.png", "drift_budget.png")
-
-
-def tau_verdict(data: dict[str, Any]) -> bool | None:
-    """τ against its floors: the mean and every gated prompt and category pass (None: τ was not measured)."""
-    if "mean_tau" not in data:
-        return None
-    prompts = data.get("prompts", {})
-    cats = data.get("categories") or {}
-    return bool(data.get("mean_passed")) and not any(r.get("passed") is False for r in prompts.values()) \
-        and not any(r.get("passed") is False for r in cats.values())
-
-
-def row_outcome(row: dict[str, Any]) -> str:
-    """A drift_gate row's outcome: its ``outcome`` field, else (reports from before it) pass / fail by ``passed``."""
-    return row.get("outcome") or ("pass" if row.get("passed") else "fail")
-
-
-def gate_outcome(data: dict[str, Any]) -> str | None:
-    """The drift gate over all its rows: "fail" when one fails, else "inconclusive" when one is, else "pass"
-    (None: no drift was gated in this run)."""
-    rows = data.get("drift_gate") or []
-    if not rows:
-        return None
-    outcomes = [row_outcome(r) for r in rows]
-    return "fail" if "fail" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
 
 
 def _against(value: Any, floor: Any) -> str:
@@ -105,20 +82,10 @@ def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests
     FAIL (why)``, the mean τ against its floor and the drift gate's outcome; then the details, the named causes and
     the reports. ``failed_tests``: failed tests and errors of the whole run; ``exitstatus``: pytest's (not 0: never
     a pass); ``recorded``: this run wrote the τ floors it is judged against (--update-tau-floors), which it says."""
-    tau, gate, refusal = tau_verdict(data), gate_outcome(data), refused(data)
-    why = []
-    if refusal:
-        why.append("the drafter was refused by " + ", ".join(c["check"] for c in refusal))
-    if tau is False:
-        why.append("τ below its floors")
-    if gate == "fail":
-        why.append("drift over budget")
-    if failed_tests:
-        why.append(f"{failed_tests} test{'s' if failed_tests > 1 else ''} failed")
-    passed = not why and exitstatus == 0
-    if not why and exitstatus != 0:
-        why.append(f"pytest exit status {exitstatus}")
-    head = "dflash-eval: " + ("PASS" if passed else "FAIL") + (f" ({'; '.join(why)})" if why else "")
+    tau, gate, verdict = tau_verdict(data), gate_outcome(data), run_verdict(data, failed_tests=failed_tests,
+                                                                             exitstatus=exitstatus)
+    why = verdict.reasons
+    head = "dflash-eval: " + ("PASS" if verdict.passed else "FAIL") + (f" ({'; '.join(why)})" if why else "")
     mean = _mean_text(data) + (" (floors written by this run)" if recorded else "")
     summary = [mean if tau is not None else "τ not measured in this selection",
                "drift gate " + (gate.upper() if gate else "not run")]

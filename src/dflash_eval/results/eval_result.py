@@ -2,7 +2,7 @@
 
 :func:`build_result` reads the earlier stages (it never computes: what was not asked for during the run is left
 out) and judges τ through :mod:`dflash_eval.metrics.verdict`. Under pytest-xdist each worker sends its
-:meth:`EvalResult.to_json` to the controller, which merges them (:func:`dflash_eval.report.merge`).
+:meth:`EvalResult.to_dict` to the controller, which merges them (:func:`dflash_eval.report.merge`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,30 @@ from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
 from dflash_eval.metrics.tau import macro_tau
-from dflash_eval.metrics.verdict import judge_categories, judge_prompts, mean_thresholds
+from dflash_eval.metrics.verdict import Verdict, checkpoint_verdict, judge_categories, judge_prompts, mean_thresholds
 from dflash_eval.prompts import Prompt
 from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, PromptTau
 from dflash_eval.measurements.online_greedy import OnlineTau
 from dflash_eval.references.greedy import CompletionRecord
+from dflash_eval.results.blocks import (
+    DrafterBlock,
+    DriftAcceptRow,
+    DriftBudgetBlock,
+    DriftGateRow,
+    DriftRow,
+    FingerprintBlock,
+    Refusal,
+)
+from dflash_eval.results.rows import CategoryRow, ConversationRow, PromptRow, TurnRow, rows_from_dict, rows_to_dict
 from dflash_eval.target.provenance import provenance
 
-__all__ = ["EvalResult", "TauSummary", "build_result", "prompt_rows", "tau_summary"]
+__all__ = ["EvalResult", "TauSummary", "JsonBlock", "build_result", "prompt_rows", "tau_summary"]
+
+
+#: The result's blocks whose layout belongs to another part of the suite, carried as eval.json holds them: the
+#: settings (:mod:`dflash_eval.options`), the cache's counters, the SGLang server's description, the target's,
+#: the provenance, the τ-relevant context and the registered measurements' own blocks.
+JsonBlock = dict[str, Any]
 
 
 @dataclass
@@ -32,25 +48,44 @@ class TauSummary:
     """τ of a run: judged per-prompt rows (eval.json's ``prompts``), the macro means and their floors, the
     per-category table, and for multi-turn conversations the per-conversation and per-turn tables."""
 
-    prompts: dict[str, dict[str, Any]]
+    prompts: dict[str, PromptRow]
     mean_tau: float
     mean_ddtree: dict[str, float]
     mean_floor: float | None
     mean_ddtree_floor: dict[str, float | None]
-    categories: dict[str, dict[str, Any]]
+    categories: dict[str, CategoryRow]
     baseline: BaselineComparison | None = None
-    conversations: dict[str, dict[str, Any]] = field(default_factory=dict)
-    turns: dict[str, dict[str, Any]] = field(default_factory=dict)
+    conversations: dict[str, ConversationRow] = field(default_factory=dict)
+    turns: dict[str, TurnRow] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        out = {"prompts": self.prompts, "mean_tau": self.mean_tau, "mean_ddtree": self.mean_ddtree,
-               "mean_floor": self.mean_floor, "mean_ddtree_floor": self.mean_ddtree_floor,
-               "categories": self.categories}
+    def to_dict(self) -> dict[str, Any]:
+        out = {"prompts": rows_to_dict(self.prompts), "mean_tau": self.mean_tau, "mean_ddtree": dict(self.mean_ddtree),
+               "mean_floor": self.mean_floor, "mean_ddtree_floor": dict(self.mean_ddtree_floor),
+               "categories": rows_to_dict(self.categories)}
         if self.conversations:
-            out["conversations"], out["turns"] = self.conversations, self.turns
+            out["conversations"], out["turns"] = rows_to_dict(self.conversations), rows_to_dict(self.turns)
         if self.baseline is not None:
             out["baseline"] = self.baseline.to_json()
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TauSummary:
+        """The τ fields of eval.json data (or of :meth:`to_dict`); the baseline comparison is not read back."""
+        return cls(rows_from_dict(PromptRow, data["prompts"]), data["mean_tau"], dict(data["mean_ddtree"]),
+                   data["mean_floor"], dict(data["mean_ddtree_floor"]), rows_from_dict(CategoryRow, data["categories"]),
+                   None, rows_from_dict(ConversationRow, data.get("conversations", {})),
+                   rows_from_dict(TurnRow, data.get("turns", {})))
+
+    def verdict(self, floors: Floors, *, floors_required: bool = True) -> Verdict:
+        """This τ's verdict against ``floors`` and the baseline (:func:`dflash_eval.metrics.verdict.checkpoint_verdict`;
+        ``floors_required`` False: unjudged, not failed, when there are no floors and no baseline)."""
+        return checkpoint_verdict({p: r.to_dict() for p, r in self.prompts.items()},
+                                  mean_thresholds(self.mean_tau, self.mean_ddtree, floors), floors, self.baseline,
+                                  floors_required=floors_required)
+
+
+_TYPED = {"drafter": DrafterBlock, "fingerprint": FingerprintBlock}
+_TYPED_LISTS = {"drift": DriftRow, "drift_accept": DriftAcceptRow, "drift_gate": DriftGateRow}
 
 
 @dataclass
@@ -58,41 +93,61 @@ class EvalResult:
     """What one process measured (see module docstring); optional parts are None when not computed."""
 
     worker: str
-    settings: dict[str, Any]
+    settings: JsonBlock
     timings: dict[str, float]
     counts: dict[str, int]
-    cache: dict[str, Any]
+    cache: JsonBlock
     errors: list[str] = field(default_factory=list)
-    sglang: dict[str, Any] | None = None
-    target: dict[str, Any] | None = None
-    provenance: dict[str, Any] | None = None
-    drafter: dict[str, Any] | None = None
-    context: dict[str, Any] | None = None
+    sglang: JsonBlock | None = None
+    target: JsonBlock | None = None
+    provenance: JsonBlock | None = None
+    drafter: DrafterBlock | None = None
+    context: JsonBlock | None = None
     tau: TauSummary | None = None
-    drift: list[dict[str, Any]] | None = None
-    drift_accept: list[dict[str, Any]] | None = None
-    drift_budget: dict[str, Any] | None = None
-    drift_gate: list[dict[str, Any]] | None = None
-    fingerprint: dict[str, Any] | None = None
+    drift: list[DriftRow] | None = None
+    drift_accept: list[DriftAcceptRow] | None = None
+    drift_budget: DriftBudgetBlock | None = None
+    drift_gate: list[DriftGateRow] | None = None
+    fingerprint: FingerprintBlock | None = None
     spans: list[tuple[str, float, float]] = field(default_factory=list)
+    measurements: dict[str, JsonBlock] = field(default_factory=dict)  # registered measurements' own blocks
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """eval.json's fields for this process (a fragment, before merging across workers)."""
         out: dict[str, Any] = {"worker": self.worker, "settings": self.settings, "timings": self.timings,
                                "counts": self.counts, "cache": self.cache, "errors": list(self.errors),
                                "spans": [list(sp) for sp in self.spans]}
         for key in ("sglang", "target", "provenance", "drafter", "context"):
-            if getattr(self, key):
-                out[key] = getattr(self, key)
+            value = getattr(self, key)
+            if value:
+                out[key] = value.to_dict() if key == "drafter" else value
         if self.tau is not None:
-            out.update(self.tau.to_json())
+            out.update(self.tau.to_dict())
         if self.drift is not None:
-            out["drift"], out["drift_accept"] = self.drift, self.drift_accept
+            out["drift"] = [r.to_dict() for r in self.drift]
+            out["drift_accept"] = None if self.drift_accept is None else [r.to_dict() for r in self.drift_accept]
         if self.drift_budget is not None:
-            out["drift_budget"], out["drift_gate"] = self.drift_budget, self.drift_gate or []
+            out["drift_budget"] = self.drift_budget.to_dict()
+            out["drift_gate"] = [r.to_dict() for r in self.drift_gate or []]
         if self.fingerprint is not None:
-            out["fingerprint"] = self.fingerprint
+            out["fingerprint"] = self.fingerprint.to_dict()
+        if self.measurements:
+            out["measurements"] = self.measurements
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalResult:
+        """A process's result from its :meth:`to_dict` fragment (the baseline comparison is not read back)."""
+        kw: dict[str, Any] = {k: data.get(k) for k in ("sglang", "target", "provenance", "context")}
+        kw.update({k: t.from_dict(data[k]) for k, t in _TYPED.items() if data.get(k) is not None})
+        kw.update({k: [t.from_dict(r) for r in data[k]] for k, t in _TYPED_LISTS.items() if data.get(k) is not None})
+        if data.get("drift_budget") is not None:
+            kw["drift_budget"] = DriftBudgetBlock.from_dict(data["drift_budget"])
+        return cls(worker=data["worker"], settings=data["settings"], timings=data["timings"], counts=data["counts"],
+                   cache=data["cache"], errors=list(data.get("errors", [])),
+                   spans=[tuple(sp) for sp in data.get("spans", [])],
+                   tau=TauSummary.from_dict(data) if "mean_tau" in data else None,
+                   measurements=dict(data.get("measurements") or {}), **kw)
 
 
 def _online_row(o: OnlineTau) -> dict[str, Any]:
@@ -151,25 +206,28 @@ def tau_summary(ev: DrafterEvaluation, floors: Floors, baseline: BaselineCompari
                             {str(b): macro_tau([r.ddtree[b] for r in res.values()]) for b in budgets}, floors)
     cats = category_table(rows)
     judge_categories(cats, floors, ddtree_budgets(rows))
-    return TauSummary(rows, means[0].value, {t.label.removeprefix("DDTree-"): t.value for t in means[1:]},
-                      means[0].floor, {t.label.removeprefix("DDTree-"): t.floor for t in means[1:]}, cats,
-                      baseline, conversation_table(rows), turn_table(rows))
+    return TauSummary(rows_from_dict(PromptRow, rows), means[0].value,
+                      {t.label.removeprefix("DDTree-"): t.value for t in means[1:]}, means[0].floor,
+                      {t.label.removeprefix("DDTree-"): t.floor for t in means[1:]}, rows_from_dict(CategoryRow, cats),
+                      baseline, rows_from_dict(ConversationRow, conversation_table(rows)),
+                      rows_from_dict(TurnRow, turn_table(rows)))
 
 
-def _drift_rows(ev: DrafterEvaluation) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _drift_rows(ev: DrafterEvaluation) -> tuple[list[DriftRow], list[DriftAcceptRow]]:
     rows, acc = [], []
     for name, d in ev.drifts.items():
         c = d.comparison
         for per in d.stats.values():
-            rows.extend(s.to_dict() for s in per.values())
+            rows.extend(DriftRow.from_dict(s.to_dict()) for s in per.values())
         for pid, (a, b) in d.accept.items():
-            acc.append({"comparison": name, "prompt_id": pid, "tau_a": a, "tau_b": b, "diff": abs(a - b),
-                        "tol": c.accept_tol, "passed": abs(a - b) <= c.accept_tol, "a": c.a.label, "b": c.b.label})
+            acc.append(DriftAcceptRow(comparison=name, prompt_id=pid, tau_a=a, tau_b=b, diff=abs(a - b),
+                                      tol=c.accept_tol, passed=abs(a - b) <= c.accept_tol, a=c.a.label, b=c.b.label))
     return rows, acc
 
 
 def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang: dict[str, Any] | None = None,
-                 fingerprint: dict[str, Any] | None = None, context: dict[str, Any] | None = None) -> EvalResult:
+                 fingerprint: dict[str, Any] | FingerprintBlock | None = None,
+                 context: dict[str, Any] | None = None) -> EvalResult:
     """The result of one process from what its stages computed (``tau``: the judged τ, when computed;
     ``context``: the τ-relevant settings, when known)."""
     inp = ev.inputs
@@ -180,17 +238,19 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
         counts=dict(inp.meter.counts), spans=list(inp.meter.spans), cache=inp.cache.stats.to_dict(),
         sglang=sglang or None, target=target,
         provenance=provenance(backend=s.feature_backend, dtype=s.torch_dtype, device=s.torch_device,
-                              **run_location()) if target else None, tau=tau, fingerprint=fingerprint, context=context)
+                              **run_location()) if target else None, tau=tau, context=context,
+        fingerprint=FingerprintBlock.from_dict(fingerprint) if isinstance(fingerprint, dict) else fingerprint)
     if result.provenance is not None and ev.store.probes.results:  # the kernels the features' keys carry
         result.provenance["kernel_probe"] = ev.store.probes.to_json()
     if ev.checkpoint_read:
         ck = ev.checkpoint
-        result.drafter = {"path": str(ck.source), "fingerprint": ck.fingerprint, "config": ck.config.to_dict()}
+        result.drafter = DrafterBlock(path=str(ck.source), fingerprint=ck.fingerprint, config=ck.config.to_dict())
         if ev.refusal_known and ev.refusal is not None:  # the architecture checks that refused it
-            result.drafter["refused"] = [{"check": n, "message": m} for n, m in ev.refusal.checks]
+            result.drafter.refused = [Refusal(check=n, message=m) for n, m in ev.refusal.checks]
     if ev.drifts:
         result.drift, result.drift_accept = _drift_rows(ev)
     if ev.budget_computed:
-        result.drift_budget = ev.drift_budget().to_json()
-        result.drift_gate = [g.to_json() for name in ev.drifts for g in ev.drift_gate(name).values()]
+        result.drift_budget = DriftBudgetBlock.from_dict(ev.drift_budget().to_json())
+        result.drift_gate = [DriftGateRow.from_dict(g.to_json()) for name in ev.drifts
+                             for g in ev.drift_gate(name).values()]
     return result

@@ -181,7 +181,7 @@ class Evaluator:
                 session.drift_budget()
             result = session.result()
         assert result.drafter is not None and result.tau is not None
-        result.drafter.update(path=src.label, step=step)
+        result.drafter.path, result.drafter.step = src.label, step
         record = CheckpointRecord.of(result, step=step, digest=self.digest, reasons=checkpoint_reasons(session))
         record = self.history.append(record, window=self.plateau_window) if self.history else \
             record.judged([r for r in self.records if r.settings_digest == self.digest], self.plateau_window)

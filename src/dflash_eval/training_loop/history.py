@@ -26,19 +26,20 @@ from filelock import FileLock, Timeout
 
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.errors import ConfigError, EvalError
+from dflash_eval.metrics.verdict import Verdict, trend_verdict
 from dflash_eval.training_loop import trend
 
-__all__ = ["CheckpointRecord", "History", "checkpoint_reasons"]
+__all__ = ["CheckpointRecord", "History", "session_verdict", "checkpoint_reasons"]
 
 
-def _ci(block: dict[str, Any] | None) -> list[float]:
-    ci = (block or {}).get("ci95") or [math.nan, math.nan]
-    return [float(ci[0]), float(ci[1])]
+def _stat(s: Any) -> dict[str, Any]:
+    """A category's τ summary as a record holds it: τ and its bootstrap 95 % CI."""
+    ci = s.ci95 or [math.nan, math.nan]
+    return {"tau": s.mean, "ci95": [float(ci[0]), float(ci[1])]}
 
 
-def _categories(cats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {c: {"n": v.get("n"), "tau": v["chain"]["mean"], "ci95": _ci(v["chain"]),
-                "ddtree": {b: {"tau": d["mean"], "ci95": _ci(d)} for b, d in v.get("ddtree", {}).items()}}
+def _categories(cats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c: {"n": v.n, **_stat(v.chain), "ddtree": {b: _stat(d) for b, d in v.ddtree.items()}}
             for c, v in cats.items()}
 
 
@@ -51,20 +52,17 @@ def _reference(block: dict[str, Any] | None) -> dict[str, Any] | None:
             "n": paired["n"]}
 
 
-def checkpoint_reasons(session: Any) -> list[str] | None:
-    """Why the session's checkpoint fails its floors (empty: it passes), as the gate judges it: prompts and means
-    against the floors, and ``--baseline``'s drop and ceiling; None when there are no floors at all (no floors file
-    for the prompts, no ``--tau-floor`` / ``--tau-floor-prompt``) and no baseline."""
-    from dflash_eval.metrics.verdict import gate_reasons, mean_thresholds
-    from dflash_eval.report.gate import baseline_reasons
+def session_verdict(session: Any) -> Verdict:
+    """The session's checkpoint against its floors and ``--baseline``, as the gate judges it
+    (:meth:`~dflash_eval.results.eval_result.TauSummary.verdict`); unjudged when there are no floors at all (no
+    floors file for the prompts, no ``--tau-floor`` / ``--tau-floor-prompt``) and no baseline."""
+    return session.tau_summary().verdict(session.floors, floors_required=False)
 
-    summary, floors = session.tau_summary(), session.floors
-    if not floors.raw and not floors.explicit and summary.baseline is None:
-        return None
-    reasons = gate_reasons(summary.prompts, mean_thresholds(summary.mean_tau, summary.mean_ddtree, floors),
-                           prompt_floors_required=floors.prompt_floors_required) if floors.raw or floors.explicit \
-        else []
-    return reasons + baseline_reasons(summary.baseline)
+
+def checkpoint_reasons(session: Any) -> list[str] | None:
+    """Why the session's checkpoint fails (:func:`session_verdict`; empty: it passes, None: unjudged)."""
+    verdict = session_verdict(session)
+    return None if verdict.passed is None else list(verdict.reasons)
 
 
 @dataclass
@@ -94,23 +92,21 @@ class CheckpointRecord:
     def verdict(self) -> str:
         """``fail`` (below a floor, or a regression across steps), ``pass`` (every floor met) or ``unjudged`` (no
         floors, no regression)."""
-        if self.passed is False or self.regression:
-            return "fail"
-        return "pass" if self.passed else "unjudged"
+        return trend_verdict(Verdict(self.passed, list(self.reasons)), self.regression, self.plateau).label
 
     @classmethod
     def of(cls, result: Any, *, step: int | None, digest: str, reasons: list[str] | None) -> CheckpointRecord:
         """The record of an :class:`~dflash_eval.results.eval_result.EvalResult` (its τ computed), not judged yet."""
         tau, drafter = result.tau, result.drafter
         cats = _categories(tau.categories)
-        budget = (result.drift_budget or {}).get("budget")
+        budget = result.drift_budget.budget if result.drift_budget is not None else None
         return cls(step=step, time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   drafter=str(drafter["path"]), fingerprint=drafter["fingerprint"], settings_digest=digest,
+                   drafter=str(drafter.path), fingerprint=drafter.fingerprint, settings_digest=digest,
                    mean_tau=tau.mean_tau, mean_tau_ci95=cats.get("all", {}).get("ci95", [math.nan, math.nan]),
                    mean_ddtree=dict(tau.mean_ddtree),
                    mean_ddtree_ci95={b: d["ci95"] for b, d in cats.get("all", {}).get("ddtree", {}).items()},
-                   mean_floor=tau.mean_floor, categories=cats, prompts={p: r["tau"] for p, r in tau.prompts.items()},
-                   drift_budget=budget, reference=_reference(drafter.get("reference")),
+                   mean_floor=tau.mean_floor, categories=cats, prompts={p: r.tau for p, r in tau.prompts.items()},
+                   drift_budget=budget, reference=_reference(drafter.reference),
                    passed=None if reasons is None else not reasons, reasons=list(reasons or []))
 
     def judged(self, records: list[CheckpointRecord], window: int) -> CheckpointRecord:

@@ -36,8 +36,9 @@ def scalars(record: CheckpointRecord, result: Any) -> dict[str, float]:
     out = {"tau/mean": record.mean_tau}
     out.update({f"tau/ddtree-{b}": v for b, v in record.mean_ddtree.items()})
     out.update({f"tau/category/{c}": v["tau"] for c, v in record.categories.items() if c != "all"})
-    chain = ((result.tau.categories.get("all") or {}).get("acceptance") or {}).get("chain") or {}
-    out.update({f"tau/position/{k}": r for k, r in enumerate(chain.get("position_rates") or [], 1)})
+    every = result.tau.categories.get("all")
+    chain = every.acceptance.get("chain") if every is not None else None
+    out.update({f"tau/position/{k}": r for k, r in enumerate(chain.position_rates if chain else [], 1)})
     if record.reference:
         out["tau/reference"], out["tau/reference_diff"] = record.reference["mean_tau"], record.reference["mean_diff"]
     if record.drift_budget is not None:

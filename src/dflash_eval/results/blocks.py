@@ -1,0 +1,155 @@
+"""The typed blocks of a result besides τ (:mod:`dflash_eval.results.rows` says how a row turns into eval.json's
+object and back): the drafter, the drift rows, the drift budget and its gate, the feature fingerprint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_eval.results.rows import Row, _opt
+
+__all__ = ["Refusal", "DrafterBlock", "DriftRow", "DriftAcceptRow", "BudgetLevel", "DriftBudgetBlock",
+           "DriftGateRow", "LayerFingerprint", "FingerprintBlock"]
+
+
+@dataclass
+class Refusal(Row):
+    """An architecture check that refused the drafter."""
+
+    check: str
+    message: str
+
+
+@dataclass
+class DrafterBlock(Row):
+    """The drafter evaluated: its path (or label), weight fingerprint and config; the checks that refused it, the
+    reference drafter's τ beside it (``--reference-drafter``) and the training step (in-process API) when known."""
+
+    path: str
+    fingerprint: str
+    config: dict[str, Any]
+    refused: list[Refusal] | None = _opt()
+    reference: dict[str, Any] | None = _opt()
+    step: int | None = _opt()
+
+
+@dataclass
+class DriftRow(Row):
+    """One comparison's feature drift on one prompt and layer against its tolerances."""
+
+    comparison: str
+    prompt_id: str
+    layer: int
+    rel_err: float
+    cos: float
+    max_abs: float
+    rel_tol: float
+    cos_tol: float
+    passed: bool
+
+
+@dataclass
+class DriftAcceptRow(Row):
+    """One comparison's chain τ on one prompt from either side's features, against the τ tolerance."""
+
+    comparison: str
+    prompt_id: str
+    tau_a: float
+    tau_b: float
+    diff: float
+    tol: float
+    passed: bool
+    a: str
+    b: str
+
+
+@dataclass
+class BudgetLevel(Row):
+    """One perturbation of the drift budget's ladder and the τ change it caused."""
+
+    kind: str
+    label: str
+    nominal: Any  # the noise size (a float) or the dtype (a string)
+    injected_rel_err: float
+    mean_tau: float
+    mean_abs_dtau: float
+    ci95: list[float]
+    max_abs_dtau: float
+    within: bool
+    abs_dtau: dict[str, float]
+
+
+@dataclass
+class DriftBudgetBlock(Row):
+    """The drafter's drift budget (:class:`dflash_eval.metrics.drift_budget.DriftBudget`) as eval.json holds it."""
+
+    drafter: str
+    base: str
+    n_prompts: int
+    prompt_ids: list[str]
+    base_mean_tau: float
+    base_tau: dict[str, float]
+    tol: float
+    safety: float
+    seed: int
+    ladder: str
+    budget: float
+    lower_bound: bool
+    limiting: str | None
+    gate_limit: float | None
+    skipped: Any
+    min_prompts: int
+    conclusive: bool
+    harm: Any
+    harm_level: str | None
+    selected_prompts: Any
+    rule: str
+    levels: list[BudgetLevel]
+
+
+@dataclass
+class DriftGateRow(Row):
+    """One comparison's measured drift at one target layer against the budget
+    (:class:`dflash_eval.metrics.drift_budget.GateCheck`)."""
+
+    comparison: str
+    layer: int
+    max_rel_err: float
+    mean_rel_err: float
+    worst_prompt: str
+    budget: float
+    safety: float
+    margin: float | None
+    lower_bound: bool
+    passed: bool
+    outcome: str
+
+
+@dataclass
+class LayerFingerprint(Row):
+    """Summary statistics of one target layer's features of the fingerprint text."""
+
+    mean: float
+    std: float
+    rms: float
+    absmax: float
+    row_norm_mean: float
+    sketch: list[float]
+
+
+@dataclass
+class FingerprintBlock(Row):
+    """The target's feature fingerprint on the evaluation backend, dtype and device, with the library versions and
+    kernel digests its numerics depend on."""
+
+    target: str
+    text: str
+    tokens: str
+    n_tokens: int
+    backend: str
+    kernel_fault: str | None
+    dtype: str
+    device_kind: str
+    layers: dict[str, LayerFingerprint]
+    versions: dict[str, Any]
+    kernel_probe: dict[str, Any]

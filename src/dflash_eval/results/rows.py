@@ -1,0 +1,203 @@
+"""The typed rows of a result: each eval.json object an :class:`~dflash_eval.results.eval_result.EvalResult` carries
+as a dataclass whose fields are the object's keys, in eval.json's order.
+
+:meth:`Row.to_dict` writes the object as eval.json holds it (fields in declaration order; a field declared with
+:data:`OPTIONAL` is left out while it is None, every other field is written even when None; floats, NaN included,
+as they are). :meth:`Row.from_dict` reads such an object back (fields it does not know are ignored), so a fragment
+of eval.json round-trips: ``Row.from_dict(row.to_dict()).to_dict() == row.to_dict()``.
+
+The rows of τ: :class:`PromptRow` (eval.json's ``prompts``; the online loop's :class:`OnlineRow`, the SGLang
+server's and a sampled run's fields are optional members), :class:`CategoryRow`, :class:`ConversationRow`,
+:class:`TurnRow` and their parts :class:`Acceptance` (pooled rounds) and :class:`Stat` (mean, median, bootstrap CI).
+The drift rows are in :mod:`dflash_eval.results.blocks`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, TypeVar
+
+__all__ = ["OPTIONAL", "Row", "Acceptance", "Stat", "OnlineRow", "PromptRow", "CategoryRow", "ConversationRow",
+           "TurnRow", "rows_to_dict", "rows_from_dict"]
+
+#: Field metadata of a key eval.json leaves out while the field is None.
+OPTIONAL = {"optional": True}
+
+R = TypeVar("R", bound="Row")
+
+
+def _opt(**kw: Any) -> Any:
+    """An optional member (default None, left out of the dict while None)."""
+    return field(default=None, metadata=OPTIONAL, **kw)
+
+
+def plain(value: Any) -> Any:
+    """``value`` as eval.json's plain data: rows as dicts, containers copied."""
+    if isinstance(value, Row):
+        return value.to_dict()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def _typed(hint: Any, value: Any) -> Any:
+    """Plain ``value`` read as ``hint``: rows (and rows inside dicts, lists and optionals) from their dicts."""
+    if value is None:
+        return None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _typed(inner[0], value) if len(inner) == 1 else value
+    if isinstance(hint, type) and issubclass(hint, Row):
+        return hint.from_dict(value)
+    if origin is dict and len(args) == 2:
+        return {k: _typed(args[1], v) for k, v in value.items()}
+    if origin is list and args:
+        return [_typed(args[0], v) for v in value]
+    return value
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+class Row:
+    """A dataclass that is one eval.json object (module docstring)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get("optional"):
+                continue
+            out[f.name] = plain(value)
+        return out
+
+    @classmethod
+    def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+        hints = _hints(cls)
+        return cls(**{f.name: _typed(hints[f.name], data[f.name])  # type: ignore[call-arg]
+                      for f in dataclasses.fields(cls) if f.name in data})  # type: ignore[arg-type]
+
+
+def rows_to_dict(rows: Mapping[str, Row]) -> dict[str, dict[str, Any]]:
+    """``{key: row.to_dict()}`` in the rows' order."""
+    return {k: r.to_dict() for k, r in rows.items()}
+
+
+def rows_from_dict(cls: type[R], data: Mapping[str, Mapping[str, Any]]) -> dict[str, R]:
+    """``{key: cls.from_dict(row)}`` in the data's order."""
+    return {k: cls.from_dict(v) for k, v in data.items()}
+
+
+@dataclass
+class Acceptance(Row):
+    """Pooled speculative rounds: their count, mean acceptance length, histogram and per-position rates
+    (:func:`dflash_eval.metrics.acceptance_rates.acceptance_block`)."""
+
+    rounds: int
+    tau: float
+    histogram: list[int]
+    position_rates: list[float]
+
+
+@dataclass
+class Stat(Row):
+    """Mean, median and bootstrap 95 % CI of τ over ``n`` prompts (:class:`dflash_eval.metrics.stats.Summary`)."""
+
+    n: int
+    mean: float
+    median: float
+    ci95: list[float]
+
+
+@dataclass
+class OnlineRow(Row):
+    """The online speculative loop's rounds of one prompt (``--online-tau``); at temperature > 0 ``tau`` is the mean
+    over the samples, with ``samples`` and ``sample_tau``."""
+
+    rounds: int
+    tau: float
+    histogram: list[int]
+    position_rates: list[float]
+    accept_lengths: list[int]
+    tokens: int
+    matches_reference: bool
+    first_divergence: int | None
+    samples: int | None = _opt()
+    sample_tau: list[float] | None = _opt()
+
+
+@dataclass
+class PromptRow(Row):
+    """One prompt's judged τ (eval.json's ``prompts`` row): chain τ and its rounds, each DDTree budget's τ, the
+    floors and the verdict (``passed`` None: not gated); a sampled run's samples, the SGLang server's own accept
+    length, the turn of a multi-turn conversation, the online loop's τ and the baseline's τ when measured."""
+
+    category: str
+    tau: float
+    rounds: int
+    accept_lengths: list[int]
+    histogram: list[int]
+    position_rates: list[float]
+    ddtree: dict[str, float]
+    ddtree_accept_lengths: dict[str, list[int]]
+    floor: float | None
+    ddtree_floor: dict[str, float | None]
+    prompt_tokens: int
+    completion_tokens: int
+    passed: bool | None
+    samples: int | None = _opt()
+    sample_tau: list[float] | None = _opt()
+    sample_ci95: list[float] | None = _opt()
+    ddtree_sample_tau: dict[str, list[float]] | None = _opt()
+    server_accept_length: float | None = _opt()
+    server_histogram: list[int] | None = _opt()
+    server_position_rates: list[float] | None = _opt()
+    conversation: str | None = _opt()
+    turn: int | None = _opt()
+    online: OnlineRow | None = _opt()
+    baseline_tau: float | None = _opt()
+
+
+@dataclass
+class CategoryRow(Row):
+    """A category's (or ``"all"``'s) τ over its prompts, chain and per DDTree budget, its pooled acceptance per
+    source (chain, online, server), its floors and verdict."""
+
+    n: int
+    chain: Stat
+    ddtree: dict[str, Stat]
+    acceptance: dict[str, Acceptance]
+    floor: float | None
+    ddtree_floor: dict[str, float | None]
+    passed: bool | None
+
+
+@dataclass
+class ConversationRow(Row):
+    """A multi-turn conversation: its turns' prompt ids and chain τ in turn order, and its rounds pooled."""
+
+    category: str
+    turns: list[str]
+    turn_tau: list[float]
+    rounds: int
+    tau: float
+    histogram: list[int]
+    position_rates: list[float]
+
+
+@dataclass
+class TurnRow(Row):
+    """The k-th turns of the conversations: chain τ over them and their pooled acceptance."""
+
+    chain: Stat
+    acceptance: Acceptance

@@ -1,0 +1,229 @@
+"""The typed result: :class:`~dflash_eval.results.eval_result.EvalResult` is dataclasses all the way down (no field
+is a bare dict or a list of dicts, except the blocks whose layout another part of the suite owns), its ``to_dict``
+is eval.json's fragment with its keys in eval.json's order and reads back through ``from_dict``; the registered
+measurements travel into the merged eval.json and its tables; the verdict is composed in one place.
+
+Run: ``pytest tests/test_result_types.py -p no:cacheprovider``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from typing import Any
+
+import pytest
+
+from dflash_eval import report
+from dflash_eval.metrics.baseline import BaselineComparison
+from dflash_eval.metrics.floors import Floors
+from dflash_eval.metrics.verdict import Threshold, Verdict, checkpoint_verdict, compose, run_verdict, trend_verdict
+from dflash_eval.results.blocks import DrafterBlock, DriftBudgetBlock, FingerprintBlock
+from dflash_eval.results.eval_result import EvalResult, TauSummary
+from dflash_eval.results.rows import Row
+
+NAN = float("nan")
+
+#: EvalResult's blocks carried as eval.json holds them (their layout belongs to another part of the suite).
+OPAQUE = {"settings", "cache", "sglang", "target", "provenance", "context", "measurements"}
+#: Row fields of that kind: the drafter's config (DrafterConfig.to_dict) and the reference drafter's block.
+OPAQUE_ROW_FIELDS = {("DrafterBlock", "config"), ("DrafterBlock", "reference"),
+                     ("FingerprintBlock", "versions"), ("FingerprintBlock", "kernel_probe")}
+
+
+def _bare(hint: Any) -> bool:
+    """A dict whose values are untyped (Any) or dicts, or a list of dicts (at any depth of containers)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_bare(a) for a in args)
+    if hint is dict or origin is dict and (not args or args[1] is Any or typing.get_origin(args[1]) is dict):
+        return True
+    if origin is list and args and (args[0] is dict or typing.get_origin(args[0]) is dict):
+        return True
+    return any(_bare(a) for a in args) if origin in (dict, list) else False
+
+
+def _rows(hint: Any) -> set[type]:
+    """The row classes a type mentions."""
+    if isinstance(hint, type) and issubclass(hint, Row):
+        return {hint}
+    return {r for a in typing.get_args(hint) for r in _rows(a)}
+
+
+def test_eval_result_has_no_bare_dicts_left():
+    hints = typing.get_type_hints(EvalResult)
+    bare = [n for n, h in hints.items() if n not in OPAQUE and _bare(h)]
+    assert not bare, f"EvalResult fields still untyped dicts: {bare}"
+    seen, todo, found = set(), set().union(*(_rows(h) for h in hints.values())), []
+    todo |= _rows(typing.get_type_hints(TauSummary)["prompts"]) | _rows(typing.get_type_hints(TauSummary)["categories"])
+    todo |= {r for n in ("conversations", "turns") for r in _rows(typing.get_type_hints(TauSummary)[n])}
+    while todo:
+        cls = todo.pop()
+        seen.add(cls)
+        for name, h in typing.get_type_hints(cls).items():
+            if (cls.__name__, name) not in OPAQUE_ROW_FIELDS and _bare(h):
+                found.append(f"{cls.__name__}.{name}")
+            todo |= _rows(h) - seen
+    assert not found, f"row fields still untyped dicts: {found}"
+    assert {c.__name__ for c in seen} >= {"PromptRow", "OnlineRow", "CategoryRow", "Stat", "Acceptance",
+                                          "ConversationRow", "TurnRow", "DrafterBlock", "Refusal", "DriftRow",
+                                          "DriftAcceptRow", "DriftBudgetBlock", "BudgetLevel", "DriftGateRow",
+                                          "FingerprintBlock", "LayerFingerprint"}
+    assert _bare(dict[str, Any]) and _bare(list[dict[str, float]]) and not _bare(dict[str, list[float]])
+
+
+def _stat(mean: float) -> dict[str, Any]:
+    return {"n": 2, "mean": mean, "median": mean, "ci95": [mean - 0.1, mean + 0.1]}
+
+
+def _acceptance(tau: float) -> dict[str, Any]:
+    return {"rounds": 3, "tau": tau, "histogram": [1, 1, 1], "position_rates": [2 / 3, 1 / 3]}
+
+
+def _prompt(tau: float, **extra: Any) -> dict[str, Any]:
+    return {"category": "chat", "tau": tau, "rounds": 3, "accept_lengths": [1, 2, 3], "histogram": [1, 1, 1],
+            "position_rates": [2 / 3, 1 / 3], "ddtree": {"8": tau + 0.5}, "ddtree_accept_lengths": {"8": [2, 2]},
+            "floor": 1.5, "ddtree_floor": {"8": None}, "prompt_tokens": 5, "completion_tokens": 7,
+            "passed": None, **extra}
+
+
+def fragment() -> dict[str, Any]:
+    """A representative fragment: a sampled, online, multi-turn run against an SGLang server, with drift, its budget
+    and gate, a refused drafter, the fingerprint and a measurement; NaN where eval.json may hold one."""
+    online = {**_acceptance(2.0), "accept_lengths": [1, 2, 3], "tokens": 6, "matches_reference": False,
+              "first_divergence": 4, "samples": 2, "sample_tau": [1.5, 2.5]}
+    sampled = {"samples": 2, "sample_tau": [1.5, 2.5], "sample_ci95": [1.0, 3.0], "ddtree_sample_tau": {"8": [2, 3]}}
+    return {
+        "worker": "gw0", "settings": {"max_new_tokens": 8}, "timings": {"tau": 1.5}, "counts": {"prompts": 2},
+        "cache": {"hits": 1}, "errors": ["e"], "spans": [["tau", 0.0, 1.5]], "sglang": {"url": "http://h"},
+        "target": {"path": "/t"}, "provenance": {"backend": "torch"},
+        "drafter": {"path": "/d", "fingerprint": "f", "config": {"block_size": 4},
+                    "refused": [{"check": "vocab", "message": "m"}], "reference": {"path": "/r"}, "step": 3},
+        "context": {"target": "i"},
+        "prompts": {"c-t1": _prompt(2.0, **sampled, server_accept_length=2.5, server_histogram=[0, 1, 2],
+                                    server_position_rates=[1.0, 2 / 3], conversation="c", turn=1, online=online,
+                                    baseline_tau=1.75),
+                    "p": _prompt(NAN, passed=False)},
+        "mean_tau": 2.0, "mean_ddtree": {"8": 2.5}, "mean_floor": None, "mean_ddtree_floor": {"8": None},
+        "categories": {c: {"n": 2, "chain": _stat(2.0), "ddtree": {"8": _stat(2.5)},
+                           "acceptance": {"chain": _acceptance(2.0), "server": _acceptance(2.5)}, "floor": None,
+                           "ddtree_floor": {"8": None}, "passed": None} for c in ("chat", "all")},
+        "conversations": {"c": {"category": "chat", "turns": ["c-t1"], "turn_tau": [2.0], **_acceptance(2.0)}},
+        "turns": {"1": {"chain": _stat(2.0), "acceptance": _acceptance(2.0)}},
+        "drift": [{"comparison": "c1", "prompt_id": "p", "layer": 0, "rel_err": NAN, "cos": 0.99, "max_abs": 0.1,
+                   "rel_tol": 5e-3, "cos_tol": 0.999, "passed": False}],
+        "drift_accept": [{"comparison": "c1", "prompt_id": "p", "tau_a": 2.0, "tau_b": 2.1, "diff": 0.1, "tol": 0.5,
+                          "passed": True, "a": "torch/float32", "b": "torch-recurrent/float32"}],
+        "drift_budget": {"drafter": "f", "base": "torch/float32", "n_prompts": 1, "prompt_ids": ["p"],
+                         "base_mean_tau": 2.0, "base_tau": {"p": 2.0}, "tol": 0.05, "safety": 2.0, "seed": 0,
+                         "ladder": "0.01", "budget": 0.01, "lower_bound": False, "limiting": None, "gate_limit": 0.005,
+                         "skipped": [], "min_prompts": 1, "conclusive": True, "harm": None, "harm_level": None,
+                         "selected_prompts": None, "rule": "r",
+                         "levels": [{"kind": "noise", "label": "noise 1e-2", "nominal": 0.01, "injected_rel_err": 0.01,
+                                     "mean_tau": 2.0, "mean_abs_dtau": 0.0, "ci95": [0.0, 0.0], "max_abs_dtau": NAN,
+                                     "within": True, "abs_dtau": {"p": 0.0}}]},
+        "drift_gate": [{"comparison": "c1", "layer": 0, "max_rel_err": 1e-3, "mean_rel_err": 1e-3, "worst_prompt": "p",
+                        "budget": 0.01, "safety": 2.0, "margin": 5.0, "lower_bound": False, "passed": True,
+                        "outcome": "pass"}],
+        "fingerprint": {"target": "i", "text": "t", "tokens": "k", "n_tokens": 3, "backend": "torch",
+                        "kernel_fault": None, "dtype": "float32", "device_kind": "cpu",
+                        "layers": {"0": {"mean": 0.0, "std": 1.0, "rms": 1.0, "absmax": 2.0, "row_norm_mean": 3.0,
+                                         "sketch": [0.5]}}, "versions": {"torch": "2"}, "kernel_probe": {"k": "d"}},
+        "measurements": {"m": {"summary": {"ok": 1}, "rows": [["a", 1.0]]}},
+    }
+
+
+def _json(x: Any) -> str:
+    return json.dumps(x, allow_nan=True)  # key order counts: it is visible in eval.json
+
+
+def test_to_dict_round_trips_a_representative_result():
+    frag = fragment()
+    result = EvalResult.from_dict(frag)
+    assert result.tau is not None and result.drafter is not None
+    assert math.isnan(result.tau.prompts["p"].tau) and result.tau.prompts["c-t1"].online.first_divergence == 4
+    assert result.tau.prompts["c-t1"].tau == 2.0 and result.tau.categories["all"].chain.mean == 2.0
+    assert result.tau.prompts["p"].online is None and result.tau.conversations["c"].turns == ["c-t1"]
+    assert result.drafter.refused[0].check == "vocab" and result.drift_budget.levels[0].within
+    assert result.fingerprint.layers["0"].sketch == [0.5] and result.drift_gate[0].outcome == "pass"
+    out = result.to_dict()
+    order = ["worker", "settings", "timings", "counts", "cache", "errors", "spans", "sglang", "target", "provenance",
+             "drafter", "context", "prompts", "mean_tau", "mean_ddtree", "mean_floor", "mean_ddtree_floor",
+             "categories", "conversations", "turns", "drift", "drift_accept", "drift_budget", "drift_gate",
+             "fingerprint", "measurements"]
+    assert list(out) == order
+    assert _json(out) == _json({k: frag[k] for k in order})  # every key, in eval.json's order, NaN as it was
+    assert _json(EvalResult.from_dict(json.loads(_json(out))).to_dict()) == _json(out)
+
+
+def test_optional_members_are_left_out_while_unset():
+    greedy = {k: v for k, v in fragment().items() if k not in ("drift_budget", "drift_gate", "measurements",
+                                                                 "conversations", "turns")}
+    greedy["prompts"] = {"p": _prompt(2.0)}
+    greedy["drafter"] = {"path": "/d", "fingerprint": "f", "config": {}}
+    result = EvalResult.from_dict(greedy)
+    row = result.to_dict()["prompts"]["p"]
+    assert list(row) == list(_prompt(2.0))  # no sample, server, conversation, online or baseline keys
+    assert result.to_dict()["drafter"] == greedy["drafter"]
+    assert "drift_budget" not in result.to_dict() and "measurements" not in result.to_dict()
+
+
+def test_in_process_api_is_attribute_access():
+    tau = TauSummary.from_dict(fragment())
+    assert tau.prompts["c-t1"].tau == 2.0 and tau.prompts["c-t1"].server_histogram == [0, 1, 2]
+    assert tau.categories["chat"].acceptance["server"].tau == 2.5 and tau.turns["1"].acceptance.rounds == 3
+    assert isinstance(EvalResult.from_dict(fragment()).drift_budget, DriftBudgetBlock)
+    assert dataclasses.is_dataclass(DrafterBlock) and dataclasses.is_dataclass(FingerprintBlock)
+
+
+def test_measurements_reach_the_merged_report_and_its_tables(tmp_path):
+    frags = [fragment(), {**fragment(), "worker": "gw1", "measurements": {"m": {"summary": {"ok": 2}, "rows": []},
+                                                                          "n": {}, "o": {"rows": [["x", "y"]]}}}]
+    frags[0]["measurements"]["n"] = {}
+    data = report.merge(frags, wall_s=1.0)
+    assert data["measurements"] == {"m": {"summary": {"ok": 1}, "rows": [["a", 1.0]]}, "o": {"rows": [["x", "y"]]}}
+    assert "measurements" not in report.merge([{k: v for k, v in fragment().items() if k != "measurements"}])
+    md = report.write_reports(data, tmp_path)["md"].read_text()
+    assert "### Measurement: m" in md and "| a | 1 |" in md and "ok 1" in md and "### Measurement: o" in md
+    text = report.render_terminal(data)
+    assert "measurement: m" in text and "measurement: o" in text
+    assert "measurement:" not in report.render_terminal(report.merge([{k: v for k, v in fragment().items()
+                                                                        if k != "measurements"}]))
+
+
+def test_the_verdict_is_composed_from_its_parts():
+    assert compose() == Verdict(None) and compose().label == "unjudged"
+    assert compose([]).label == "pass" and compose(baseline=[]).passed is True
+    assert compose(["below"], baseline=["dropped"]) == Verdict(False, ["below", "dropped"])
+    assert compose([], regression="regressed", plateau="flat") == Verdict(False, ["regressed"], ["flat"])
+    assert trend_verdict(Verdict(None), None, "flat") == Verdict(None, [], ["flat"])
+    assert trend_verdict(Verdict(True), "regressed").label == "fail"
+    prompts = {"a": {"tau": 2.0, "floor": 1.0, "ddtree_floor": {}, "passed": True}}
+    none = Floors()
+    cmp = BaselineComparison("b.json", {"a": (3.0, 2.0)}, [], drop_tol=0.02, rise_tol=0.25)
+    assert checkpoint_verdict(prompts, [Threshold("chain", 2.0, None)], none, None,
+                              floors_required=False).passed is None  # no floors, no baseline: unjudged
+    assert checkpoint_verdict(prompts, [Threshold("chain", 2.0, None)], none, None).reasons == [
+        "no mean chain floor"]  # the gate requires floors
+    dropped = checkpoint_verdict(prompts, [], none, cmp, floors_required=False)
+    assert dropped.passed is False and dropped.reasons[0].startswith("τ dropped against the baseline: -33.33 %")
+    ok = checkpoint_verdict(prompts, [Threshold("chain", 2.0, 1.0)], Floors(mean_override=1.0), None)
+    assert ok == Verdict(True)
+
+
+@pytest.mark.parametrize(("data", "kw", "passed", "reasons"), [
+    ({"mean_tau": 2.0, "mean_passed": True}, {}, True, []),
+    ({"mean_tau": 2.0, "mean_passed": False}, {"failed_tests": 2}, False, ["τ below its floors", "2 tests failed"]),
+    ({"drift_gate": [{"outcome": "fail", "safety": 2.0}],
+      "drafter": {"refused": [{"check": "vocab", "message": "m"}]}}, {}, False,
+     ["the drafter was refused by vocab", "drift over budget"]),
+    ({}, {"exitstatus": 2}, False, ["pytest exit status 2"]),
+])
+def test_the_run_verdict(data, kw, passed, reasons):
+    v = run_verdict(data, **kw)
+    assert (v.passed, v.reasons) == (passed, reasons)
+    head = report.verdict_lines(data, report_dir=None, **kw)[0]
+    assert head.startswith("dflash-eval: " + ("PASS" if passed else "FAIL")) and all(r in head for r in reasons)
