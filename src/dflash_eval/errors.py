@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["DFlashEvalError", "ConfigError", "CheckpointError", "ArchitectureMismatch", "DrafterRefused",
-           "BackendError", "CacheError", "EvalError"]
+           "BackendError", "CacheError", "EvalError", "PluginError", "ResultRejected"]
 
 
 class DFlashEvalError(Exception):
@@ -40,3 +40,15 @@ class CacheError(DFlashEvalError):
 
 class EvalError(DFlashEvalError):
     """An evaluation input is unusable (empty completion, unreachable server, ...)."""
+
+
+class PluginError(DFlashEvalError):
+    """A plugin's hook implementation did what its hook does not allow (e.g. changed an existing eval.json key)."""
+
+
+class ResultRejected(DFlashEvalError):
+    """A plugin's ``dflash_eval_result_ready`` rejected the result; ``plugin`` and ``reason``: who and why."""
+
+    def __init__(self, plugin: str, reason: str) -> None:
+        super().__init__(f"plugin {plugin!r} rejected the result: {reason}")
+        self.plugin, self.reason = plugin, reason

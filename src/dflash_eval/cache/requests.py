@@ -37,20 +37,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
+from dflash_eval.cache.entry import CacheEntry
 from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import cache_key
 from dflash_eval.errors import CacheError
 
-if TYPE_CHECKING:
-    from dflash_eval.cache.store import Cache, CacheEntry
-
-__all__ = ["Batch", "Produced", "Producer", "Request", "StepReporter", "ensure"]
+__all__ = ["Batch", "EntryCache", "Produced", "Producer", "Request", "StepReporter", "ensure"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,10 +128,31 @@ class StepReporter(Protocol):
     def step(self, tokens: int = 0, n: int = 1) -> None: ...
 
 
+class EntryCache(Protocol):
+    """What :func:`ensure` uses of a cache (:class:`dflash_eval.cache.store.Cache`, which imports this module)."""
+
+    root: Path
+    cache_only: bool
+    stats: Any  # hits, misses
+
+    def lookup(self, request: Request, *, count: bool = True) -> CacheEntry | None: ...
+
+    def has(self, request: Request) -> bool: ...
+
+    def exists(self, kind: str, key: str) -> bool: ...
+
+    def write(self, kind: str, key: str, tensors: dict[str, torch.Tensor], *, fields: dict[str, Any],
+              meta: dict[str, Any] | None = None, seconds: float | None = None) -> CacheEntry: ...
+
+    def miss(self, kind: str, key: str, what: str) -> None: ...
+
+    def locked(self, name: str, *, blocking: bool = True) -> AbstractContextManager[bool]: ...
+
+
 class _Run:
     """One :func:`ensure` call's state: the entries served so far, and what this process produced."""
 
-    def __init__(self, cache: Cache, batches: Sequence[Batch], progress: Callable[[int], StepReporter] | None,
+    def __init__(self, cache: EntryCache, batches: Sequence[Batch], progress: Callable[[int], StepReporter] | None,
                  keep: bool = True) -> None:
         self.cache, self.batches, self.progress_factory, self.keep = cache, list(batches), progress, keep
         self.entries: dict[str, CacheEntry] = {}
@@ -146,8 +167,6 @@ class _Run:
             return None
         if count:
             self.cache.stats.hits += 1
-        from dflash_eval.cache.store import CacheEntry
-
         return CacheEntry(r.kind, r.key, {}, {}, {})
 
     def lookup(self) -> list[Request]:
@@ -181,8 +200,6 @@ class _Run:
             if write:
                 e = self.cache.write(r.kind, r.key, p.tensors, fields=dict(r.fields), meta=p.meta, seconds=seconds)
             else:
-                from dflash_eval.cache.store import CacheEntry
-
                 e = CacheEntry(r.kind, r.key, p.tensors, p.meta, {"fields": dict(r.fields)}, produced=True)
             self.entries[r.key] = e if self.keep else replace(e, tensors={})
             if r in b.requests and r.item:
@@ -229,7 +246,7 @@ class _Run:
                 self.cache.stats.hits += 1
 
 
-def ensure(cache: Cache, batches: Sequence[Batch], *, prepare: Callable[[list[Request]], None] | None = None,
+def ensure(cache: EntryCache, batches: Sequence[Batch], *, prepare: Callable[[list[Request]], None] | None = None,
            progress: Callable[[int], StepReporter] | None = None, worker_index: int = 0,
            worker_count: int = 1, keep: bool = True) -> dict[str, CacheEntry]:
     """Every request of ``batches`` served (see module docstring): ``{request.key: entry}``. ``keep=False``: the

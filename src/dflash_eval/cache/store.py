@@ -56,6 +56,7 @@ from filelock import FileLock, Timeout
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
+from dflash_eval.cache.entry import CacheEntry
 from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import cache_key, canonical_json, ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Request, StepReporter, ensure
@@ -72,18 +73,6 @@ _MANIFEST = "manifest.json"
 
 class CacheCorruption(UserWarning):
     """A cache entry failed its integrity check and will be recomputed."""
-
-
-@dataclass
-class CacheEntry:
-    """A verified entry: its tensors, meta and manifest."""
-
-    kind: str
-    key: str
-    tensors: dict[str, torch.Tensor]
-    meta: dict[str, Any]
-    manifest: dict[str, Any]
-    produced: bool = False  # True when this process produced it (a miss), False for a hit
 
 
 @dataclass

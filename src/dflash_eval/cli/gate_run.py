@@ -85,8 +85,9 @@ def first_checkpoints(ns: argparse.Namespace, say: Callable[[str], None]) -> lis
 
 
 def make_evaluator(ns: argparse.Namespace, settings: Any, *, log: Callable[[str], None], **session: Any) -> Any:
-    """The gate's Evaluator: its history (``--history``), trackers (``--tensorboard``, ``--wandb``), plateau window;
-    ``session``: options of its first EvalSession (progress sink, server link)."""
+    """The gate's Evaluator: its history (``--history``), trackers (``--tensorboard``, ``--wandb``: registered on its
+    hook manager, ``session``'s ``hooks`` when given), plateau window; ``session``: the Evaluator's ``hooks`` and the
+    options of its first EvalSession (progress sink, server link)."""
     from dflash_eval.training_loop.evaluator import Evaluator
     from dflash_eval.training_loop.trackers import TensorBoardTracker, WandbTracker
 

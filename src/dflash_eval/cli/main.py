@@ -41,10 +41,14 @@ import argparse
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dflash_eval.cli.record import record_command
+from dflash_eval.cli.suite_run import joined_option_values, run_suite
 from dflash_eval.errors import ConfigError, DFlashEvalError
+from dflash_eval.training_loop.plugins import plugin_manager
 
 if TYPE_CHECKING:
     from dflash_eval.options.settings import EvalSettings
@@ -106,8 +110,12 @@ def _settings(ns: argparse.Namespace, drafter: Path, *, check: bool = True) -> E
                    environ=environ_for(os.environ, "gate"), invocation_dir=cwd, root=cwd, check=check)
 
 
-def _sglang_client(s: EvalSettings) -> Any:
-    """A ready client of the running SGLang server (readiness and identity checked once; nothing is launched)."""
+def _sglang_client(s: EvalSettings, hooks: Any = None) -> Any:
+    """A ready client for the reference completions: a plugin's (``dflash_eval_reference_server``), else one of the
+    running SGLang server (readiness and identity checked once; nothing is launched)."""
+    client = hooks.hook.dflash_eval_reference_server(settings=s) if hooks is not None else None
+    if client is not None:
+        return client
     from dflash_eval.sglang import DEFAULT_LAUNCH_URL, SGLangClient
 
     return SGLangClient.connect(s.sglang_url or DEFAULT_LAUNCH_URL,
@@ -209,8 +217,9 @@ def gate(ns: argparse.Namespace) -> int:
             settings.append(_settings(ns, d))
             if not sessions:  # the stages of every checkpoint are the first one's: one link, one thread count
                 set_torch_threads(settings[0], 1)
-                server = ServerLink(lambda s=settings[0]: _sglang_client(s))  # connects when a fetch needs it
-                evaluator = make_evaluator(ns, settings[0], log=say, progress=progress, server=server)
+                hooks = plugin_manager()  # the dflash_eval entry points' plugins; make_evaluator adds the trackers
+                server = ServerLink(partial(_sglang_client, settings[0], hooks))  # connects when a fetch needs it
+                evaluator = make_evaluator(ns, settings[0], log=say, hooks=hooks, progress=progress, server=server)
             sessions.append(evaluator.session(d))  # every checkpoint evaluated through the one Evaluator
             sessions[-1].check_inputs()
     except DFlashEvalError as exc:
@@ -250,56 +259,6 @@ def _finish(ns: argparse.Namespace, evaluator: Any, rows: list[Any], settings: E
     return code
 
 
-def run_suite(args: list[str], *, command: str = "run", plugins: list[Any] | None = None) -> int:
-    """``dflash-eval run``: pytest on the suite's modules with ``args``; returns pytest's exit status. ``command``:
-    the ``dflash-eval`` command running it (messages name the next command in that form); ``plugins``: plugin
-    objects registered for this run."""
-    import pytest
-
-    from dflash_eval.cli.invocation import started_as_command
-    from dflash_eval.pytest_plugin.suite_args import SUITE_PACKAGE, suite_dir
-
-    if suite_dir() is not None:
-        where = ["--pyargs", SUITE_PACKAGE]
-    else:  # a checkout where the package is not installed: the suite's folder next to src/
-        repo_suite = Path(__file__).resolve().parents[2] / "tests_eval"
-        if not (repo_suite / "test_tau.py").is_file():
-            print(f"dflash-eval run: the suite's package {SUITE_PACKAGE} is not installed (pip install dflash-eval)",
-                  file=sys.stderr)
-            return int(pytest.ExitCode.USAGE_ERROR)
-        # the rootdir stays the current folder (else pytest takes the checkout's, found from the suite's path)
-        keep = any(a.startswith("--rootdir") for a in args)
-        where = [str(repo_suite)] + ([] if keep else [f"--rootdir={Path.cwd()}"])
-    extra = [] if any(a.startswith("--snapshot-") for a in args) else ["--snapshot-warn-unused"]
-    # This process imported dflash_eval already, so pytest cannot rewrite the plugin's asserts (it has none to).
-    quiet = ["-W", "ignore:Module already imported so cannot be rewritten; dflash_eval"
-                   ":pytest.PytestAssertRewriteWarning"]
-    with started_as_command(command, args):
-        return int(pytest.main(["-p", "dflash_eval.pytest_plugin", *quiet, *where, *extra,
-                                *joined_option_values(args)], plugins=plugins or []))
-
-
-def joined_option_values(args: list[str]) -> list[str]:
-    """``--target-model DIR`` as ``--target-model=DIR`` for every suite option that takes a value.
-
-    pytest picks its rootdir (and ini file) before plugins register their options, and takes every unknown
-    argument that names an existing path for a test path: ``--target-model /models/x`` would move the rootdir (and
-    with it the default ``reports/`` and ``.dflash_cache/``) to a common ancestor of the model folders."""
-    from dflash_eval.options.settings import OPTIONS
-
-    takes_value = {o.flag for o in OPTIONS if o.kind != "bool"}
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        if args[i] in takes_value and i + 1 < len(args):
-            out.append(f"{args[i]}={args[i + 1]}")
-            i += 2
-        else:
-            out.append(args[i])
-            i += 1
-    return out
-
-
 def _record_command(gate_args: list[str]) -> str:
     """The ``dflash-eval record`` command for the gate's target and prompts, from its first ``--drafter`` (whose τ
     sets the bar)."""
@@ -331,8 +290,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["run"]:  # everything after `run` belongs to pytest
         return run_suite(argv[1:])
     if argv[:1] == ["record"]:  # its own parser (dflash_eval.cli.record); pytest options pass through
-        from dflash_eval.cli.record import record_command
-
         return record_command(argv[1:])
     if argv[:1] == ["gate"] and _refuse(argv[1:]):
         return EXIT_BAD_INPUT

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from dflash_eval.cli.invocation import RECORD_FLAGS, args_for, shell_join, suite_options
+from dflash_eval.cli.suite_run import run_suite
 from dflash_eval.golden.needed import FLOOR_TESTS, SNAPSHOT_MODULE, SNAPSHOT_TEST
 from dflash_eval.options.commands import add_command_options, refused
 
@@ -196,8 +197,6 @@ def record_command(argv: list[str]) -> int:
               "\n(record writes floors, snapshots and the fingerprint; gate with `dflash-eval run` or `dflash-eval "
               "gate`, which take the thresholds, --baseline and the drift options)", file=sys.stderr)
         return EXIT_REFUSED
-    from dflash_eval.cli.main import run_suite
-
     plugin = RecordPlugin()
     rc = run_suite([*with_recording_keywords(argv), *RECORD_FLAGS], command="record", plugins=[plugin])
     if rc == int(pytest.ExitCode.USAGE_ERROR):

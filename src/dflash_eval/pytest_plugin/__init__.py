@@ -28,6 +28,7 @@ from dflash_eval.pytest_plugin.fixtures import (
                                                 tau_results,
 )
 from dflash_eval.pytest_plugin.hooks import (
+                                                pytest_addhooks,
                                                 pytest_addoption,
                                                 pytest_collection_modifyitems,
                                                 pytest_configure,
@@ -46,7 +47,7 @@ from dflash_eval.pytest_plugin.state import get_session, get_settings, settings_
 
 __all__ = ["SetupError", "collect", "prompt_ids", "safe_id", "setup_error_param", "get_session", "get_settings",
            "settings_from_config", "SUITE_FIXTURES", "drafter", "eval_features", "eval_session", "eval_settings",
-           "reference_completions", "sglang", "target", "tau_results", "testcase_property", "pytest_addoption",
-           "pytest_collection_modifyitems", "pytest_configure", "pytest_configure_node",
+           "reference_completions", "sglang", "target", "tau_results", "testcase_property", "pytest_addhooks",
+           "pytest_addoption", "pytest_collection_modifyitems", "pytest_configure", "pytest_configure_node",
            "pytest_runtest_call", "pytest_runtest_makereport", "pytest_runtestloop", "pytest_sessionfinish",
            "pytest_sessionstart", "pytest_terminal_summary", "pytest_testnodedown"]

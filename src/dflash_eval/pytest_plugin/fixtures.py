@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 
 from dflash_eval.errors import DFlashEvalError, DrafterRefused
+from dflash_eval.pytest_plugin.hook_bridge import dflash_hooks
 from dflash_eval.pytest_plugin.state import SGLANG, get_session, get_settings
 
 if TYPE_CHECKING:  # imported by the fixtures when they run: loading the plugin imports no torch
@@ -115,6 +116,10 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[A
     """
     from dflash_eval.sglang import SGLangService, SGLangUnavailable
 
+    plugged = _plugin_reference_server(pytestconfig, eval_session)
+    if plugged is not None:
+        yield from plugged
+        return
     svc = guard(lambda: SGLangService(eval_session.settings))
     pytestconfig.stash[SGLANG] = svc
     needed = False
@@ -147,6 +152,30 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[A
     finally:
         eval_session.references.server.detach()
         svc.stop()
+
+
+def _plugin_reference_server(config: pytest.Config, eval_session: EvalSession) -> Iterator[Any] | None:
+    """The ``sglang`` fixture's body when a plugin's ``dflash_eval_reference_server`` answers with a client: the
+    completions fetched through it (under the same lock as a server's), nothing launched or connected to; None
+    when no plugin answers (asked only while the completions are not cached)."""
+    if eval_session.references_cached():
+        return None
+    client = guard(lambda: dflash_hooks(config).hook.dflash_eval_reference_server(settings=eval_session.settings))
+    if client is None:
+        return None
+
+    def body() -> Iterator[Any]:
+        with eval_session.inputs.cache.locked("sglang-server"):
+            if not eval_session.references_cached():
+                eval_session.references.server.attach(client, {"url": getattr(client, "url", None),
+                                                               "client": type(client).__name__})
+                guard(eval_session.fetch_references)
+        try:
+            yield client
+        finally:
+            eval_session.references.server.detach()
+
+    return body()
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from dflash_eval import hookspec
 from dflash_eval.errors import DFlashEvalError, DrafterRefused
 from dflash_eval.options.settings import add_options
 from dflash_eval.pytest_plugin.fixtures import refused_reason, uses_suite_fixtures
@@ -40,7 +41,7 @@ from dflash_eval.pytest_plugin.state import (
 )
 from dflash_eval.pytest_plugin.suite_args import runs_suite
 
-__all__ = ["pytest_addoption", "pytest_configure", "pytest_configure_node", "pytest_testnodedown",
+__all__ = ["pytest_addhooks", "pytest_addoption", "pytest_configure", "pytest_configure_node", "pytest_testnodedown",
            "pytest_runtest_makereport", "pytest_runtest_call", "pytest_sessionstart",
            "pytest_collection_modifyitems", "pytest_sessionfinish", "pytest_terminal_summary", "MARKERS"]
 
@@ -54,6 +55,11 @@ MARKERS = (
     "fla: needs the flash-linear-attention kernels (CUDA + fla importable)",
     "sglang: talks to an SGLang server (real or the bundled protocol stand-in)",
 )
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """The dflash-eval hook specifications (:mod:`dflash_eval.hookspec`; called through :mod:`.hook_bridge`)."""
+    pluginmanager.add_hookspecs(hookspec)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -231,7 +237,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         except Exception as exc:  # noqa: BLE001
             print(f"dflash-eval: could not stop the SGLang server: {exc}")
     write_run_reports(config)
-    fail_a_refused_run(session)
+    fail_a_refused_run(session)  # and a run a plugin rejected
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

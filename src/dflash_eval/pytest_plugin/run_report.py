@@ -10,17 +10,20 @@ from typing import Any
 
 import pytest
 
-from dflash_eval.errors import DFlashEvalError
+from dflash_eval.errors import DFlashEvalError, PluginError
+from dflash_eval.pytest_plugin.hook_bridge import dflash_hooks
 from dflash_eval.pytest_plugin.state import (
     FRAGMENTS,
     MERGED,
     MESSAGES,
     OUTCOMES,
+    REJECTED,
     SESSION,
     START,
     get_settings,
     is_controller,
 )
+from dflash_eval.training_loop.plugins import result_ready
 
 __all__ = ["WORKEROUTPUT_KEY", "gather_worker_result", "write_run_reports", "fail_a_refused_run",
            "write_terminal_section"]
@@ -67,8 +70,11 @@ def write_run_reports(config: pytest.Config) -> None:
         except DFlashEvalError:
             return
         data = report.merge(frags, outcomes=config.stash[OUTCOMES], wall_s=time.time() - config.stash[START])
+        if not _result_ready(config, settings, data):
+            return
         config.stash[MERGED] = data  # the tables and the verdict are printed even when a file cannot be written
-        config.stash[MESSAGES] = report.finish(data, settings)
+        config.stash[MESSAGES] = report.finish(data, settings) + [f"dflash-eval: {m}" for m in
+                                                                   config.stash.get(REJECTED, [])]
         from dflash_eval.pytest_plugin.junit import add_junit_properties
 
         add_junit_properties(config, data)
@@ -78,12 +84,29 @@ def write_run_reports(config: pytest.Config) -> None:
             config.stash.setdefault(MERGED, {})
 
 
+def _result_ready(config: pytest.Config, settings: Any, data: dict[str, Any]) -> bool:
+    """The ``dflash_eval_result_ready`` implementations see ``data`` (their fields added to it; their rejections in
+    its ``rejected`` and the run's failures). False, with the message for the terminal, when a plugin broke the
+    hook's rules: the run fails and no report is written."""
+    try:
+        rejected = result_ready(dflash_hooks(config), settings, data)
+    except PluginError as exc:
+        config.stash[MERGED], config.stash[MESSAGES] = {}, [f"dflash-eval: PluginError: {exc}"]
+        config.stash[REJECTED] = [str(exc)]
+        return False
+    if rejected:
+        data["rejected"] = [{"plugin": name, "reason": reason} for name, reason in rejected]
+        config.stash[REJECTED] = [f"result rejected by plugin {name!r}: {reason}" for name, reason in rejected]
+    return True
+
+
 def fail_a_refused_run(session: pytest.Session) -> None:
     """A drafter refused by an architecture check fails the run (exit 1) even when every test that needed it was
-    skipped naming the check."""
+    skipped naming the check; so does a result a plugin rejected (``dflash_eval_result_ready``)."""
     from dflash_eval.metrics.verdict import refused
 
-    if refused(session.config.stash.get(MERGED, None) or {}) and session.exitstatus == pytest.ExitCode.OK:
+    failed = refused(session.config.stash.get(MERGED, None) or {}) or session.config.stash.get(REJECTED, None)
+    if failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

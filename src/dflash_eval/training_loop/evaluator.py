@@ -32,6 +32,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pluggy
+
+from dflash_eval.errors import ResultRejected
 from dflash_eval.options.preflight import target_config_problem
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.inputs.run_inputs import DRAFTER_OPTIONS
@@ -39,6 +42,7 @@ from dflash_eval.results.eval_result import EvalResult
 from dflash_eval.session.eval_session import EvalSession
 from dflash_eval.training_loop.drafter_input import DrafterInput, drafter_input, evaluation_mode
 from dflash_eval.training_loop.history import CheckpointRecord, History, checkpoint_reasons
+from dflash_eval.training_loop.plugins import plugin_manager, register_tracker, result_ready
 from dflash_eval.training_loop.reference_tau import ReferenceTau, reference_session
 
 __all__ = ["Evaluator", "settings_digest", "NOT_TAU_OPTIONS"]
@@ -72,7 +76,10 @@ class Evaluator:
             (``EvalSettings.from_mapping``: relative paths against the current folder).
         history: a :class:`History`, a JSONL path, or True for ``<report_dir>/history.jsonl``; every evaluation
             appends one record to it. None/False: records are kept in memory only.
-        trackers: objects with ``log(record, result)`` and ``close()`` (:mod:`dflash_eval.training_loop.trackers`).
+        trackers: objects with ``log(record, result)`` and ``close()`` (:mod:`dflash_eval.training_loop.trackers`),
+            registered on ``hooks`` as implementations of ``dflash_eval_history_record``.
+        hooks: the manager of the dflash-eval hooks (:mod:`dflash_eval.hookspec`); default: a
+            :func:`~dflash_eval.training_loop.plugins.plugin_manager` (the ``dflash_eval`` entry-point group's plugins).
         log: where progress lines go (default: nowhere).
         drift_budget: also measure each checkpoint's drift budget (drafter work: one τ simulation per ladder level).
         plateau_window: K of the plateau notice (no gain beyond noise over the last K checkpoints).
@@ -82,6 +89,7 @@ class Evaluator:
 
     def __init__(self, settings: EvalSettings | Mapping[str, Any] | None = None, *,
                  history: History | str | Path | bool | None = None, trackers: Sequence[Any] = (),
+                 hooks: pluggy.PluginManager | None = None,
                  log: Callable[[str], None] | None = None, worker: tuple[str, int, int] | None = None,
                  drift_budget: bool = False, plateau_window: int = 4, **session_options: Any) -> None:
         if not isinstance(settings, EvalSettings):
@@ -94,6 +102,10 @@ class Evaluator:
             history = settings.report_dir / "history.jsonl"
         self.history = history if isinstance(history, History) or not history else History(Path(history))
         self.trackers = list(trackers)
+        self.hooks = hooks if hooks is not None else plugin_manager()
+        for tracker in self.trackers:
+            register_tracker(self.hooks, tracker)
+        self.data: dict[str, Any] | None = None  # the last evaluation's mapping, with the fields plugins added
         self.drift_budget, self.plateau_window = drift_budget, plateau_window
         self.records: list[CheckpointRecord] = []
         self._reference: ReferenceTau | None = None
@@ -182,12 +194,15 @@ class Evaluator:
             result = session.result()
         assert result.drafter is not None and result.tau is not None
         result.drafter.path, result.drafter.step = src.label, step
+        self.data = result.to_dict()
+        rejected = result_ready(self.hooks, self.settings, self.data)
+        if rejected:
+            raise ResultRejected(*rejected[0])
         record = CheckpointRecord.of(result, step=step, digest=self.digest, reasons=checkpoint_reasons(session))
         record = self.history.append(record, window=self.plateau_window) if self.history else \
             record.judged([r for r in self.records if r.settings_digest == self.digest], self.plateau_window)
         self.records.append(record)
-        for tracker in self.trackers:
-            tracker.log(record, result)
+        self.hooks.hook.dflash_eval_history_record(record=record, history=self.history or None, result=result)
         return result
 
     def close(self) -> None:

@@ -9,6 +9,10 @@ Both log, keyed by the training step (the record's step; records without one cou
 ``tau/ddtree-<N>``, ``tau/category/<name>``, ``tau/position/<k>`` (the per-position acceptance rate of draft slot
 k over all prompts), and, when known, ``tau/reference``, ``tau/reference_diff`` and ``drift_budget``. A tracker
 whose library is not installed is refused when it is made, with one error naming the package to install.
+
+Each is a plugin implementing the ``dflash_eval_history_record`` hook (:mod:`dflash_eval.hookspec`): the
+:class:`~dflash_eval.training_loop.evaluator.Evaluator` registers the trackers it is given on its hook manager and
+calls the hook, never a tracker itself, after each record is appended.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import importlib.util
 import math
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from dflash_eval.errors import ConfigError
 from dflash_eval.training_loop.history import CheckpointRecord
@@ -68,6 +74,10 @@ class TensorBoardTracker:
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
         self._steps = _Steps()
 
+    @pytest.hookimpl
+    def dflash_eval_history_record(self, record: CheckpointRecord, result: Any) -> None:
+        self.log(record, result)
+
     def log(self, record: CheckpointRecord, result: Any) -> None:
         step = self._steps.of(record)
         for tag, value in scalars(record, result).items():
@@ -93,6 +103,10 @@ class WandbTracker:
         self.run = wandb.init(project=project, name=name, dir=str(self.dir), mode=mode, config=config or {},
                               reinit="create_new")
         self._steps = _Steps()
+
+    @pytest.hookimpl
+    def dflash_eval_history_record(self, record: CheckpointRecord, result: Any) -> None:
+        self.log(record, result)
 
     def log(self, record: CheckpointRecord, result: Any) -> None:
         self.run.log({**scalars(record, result), "verdict": record.verdict}, step=self._steps.of(record))

@@ -1,0 +1,60 @@
+"""Hook specifications of dflash-eval: what a plugin may implement (docs/reference.md, "Hooks").
+
+In pytest the plugin adds them in ``pytest_addhooks``, so any pytest plugin or ``conftest.py`` implements them
+like pytest's own hooks. Outside pytest (the :class:`~dflash_eval.training_loop.evaluator.Evaluator`,
+``dflash-eval gate``) a ``pluggy.PluginManager("pytest")`` holds the same specifications and loads the plugins of
+the ``dflash_eval`` entry-point group (:mod:`dflash_eval.training_loop.plugins`): one implementation, marked with
+``@pytest.hookimpl``, serves both.
+
+This module is the package's lowest layer: it imports only pytest and typing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+__all__ = ["dflash_eval_result_ready", "dflash_eval_history_record", "dflash_eval_reference_server"]
+
+hookspec = pytest.hookspec
+
+
+@hookspec
+def dflash_eval_result_ready(settings: Any, data: dict[str, Any]) -> str | None:
+    """A run's eval.json mapping is ready: in pytest on the controller with the merged data, before the reports
+    are written; in the :class:`~dflash_eval.training_loop.evaluator.Evaluator` with the evaluation's own mapping
+    (the mapping its eval.json fields come from), before its history record is made.
+
+    :param settings: the run's :class:`~dflash_eval.options.settings.EvalSettings`.
+    :param data: the mapping; an implementation may add new top-level keys to it. Changing or removing a key that
+        was there is refused (a :class:`~dflash_eval.errors.PluginError` naming the plugin and the key).
+    :return: None to accept the result, or a reason string to reject it: a rejected pytest run fails (exit 1, the
+        reason printed and recorded in eval.json's ``rejected``); the Evaluator raises
+        :class:`~dflash_eval.errors.ResultRejected` naming the plugin and the reason.
+    """
+
+
+@hookspec
+def dflash_eval_history_record(record: Any, history: Any, result: Any) -> None:
+    """A checkpoint's record was appended to the training history (the Evaluator, hence ``dflash-eval gate`` too).
+
+    :param record: the judged :class:`~dflash_eval.training_loop.history.CheckpointRecord`.
+    :param history: the :class:`~dflash_eval.training_loop.history.History` it was appended to, or None when the
+        Evaluator keeps its records in memory only (``Evaluator.records``).
+    :param result: the :class:`~dflash_eval.results.eval_result.EvalResult` the record was made from.
+
+    The project's TensorBoard and W&B trackers (:mod:`dflash_eval.training_loop.trackers`) implement it.
+    """
+
+
+@hookspec(firstresult=True)
+def dflash_eval_reference_server(settings: Any) -> Any | None:
+    """A ready client for the reference completions, instead of the suite launching or connecting to an SGLang
+    server (``--sglang-launch`` / ``--sglang-url``); asked only when completions must be fetched.
+
+    :param settings: the run's :class:`~dflash_eval.options.settings.EvalSettings`.
+    :return: an object with :class:`~dflash_eval.sglang.client.SGLangClient`'s interface (``generate_greedy``,
+        ``generate_sampled``, ``url``, ``model_info``), ready and serving the target; None lets the suite do as
+        without the hook. The first non-None answer is used.
+    """
