@@ -2,35 +2,44 @@
 
 τ floors or a baseline recorded with 128 new tokens say nothing about a 512-token run; nor do ones from another
 target, block size, chat-template or thinking mode, HumanEval prompt wrapper, dtype or backend; nor do floors
-recorded at one temperature (or top-k, top-p, min-p, samples per prompt, sampling seed) for a run at another. Each floors file and each eval.json carries this
-context; :func:`mismatches` lists every field where a recorded context differs from the current run (fields the
-recording does not have are not checked, so older files stay usable).
+recorded at one temperature (or top-k, top-p, min-p, samples per prompt, sampling seed) for a run at another. Each
+floors file and each eval.json carries this context; :func:`mismatches` lists every field where a recorded context
+differs from the current run (fields the recording does not have are not checked, so older files stay usable).
+
+Every field but the drafter's block size is set by one option (:data:`FIELD_OPTIONS`), named by its flag in the
+mismatch message. Such an option must be declared ``affects_tau`` (:mod:`dflash_eval.options.declaration`): the
+options, a layer above this module, refuse to load otherwise. The context is a subset of those options: the prompt
+selection, for one, is not in it (floors are kept per prompt).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TAU_FIELDS", "GREEDY_DEFAULTS", "mismatches", "describe", "sampling_context"]
+__all__ = ["TAU_FIELDS", "FIELD_OPTIONS", "GREEDY_DEFAULTS", "mismatches", "describe", "sampling_context"]
 
-# field -> how a user changes it (named in the mismatch message)
-TAU_FIELDS: dict[str, str] = {
-    "target": "--target-model",
-    "max_new_tokens": "--max-new-tokens",
-    "max_blocks": "--max-blocks",
-    "block_size": "the drafter's block_size",
-    "chat_template": "--chat-template",
-    "thinking": "--thinking",
-    "humaneval_wrapper": "--humaneval-wrapper",
-    "dtype": "--dtype",
-    "backend": "--hidden-state-backend",
-    "temperature": "--temperature",
-    "top_k": "--top-k",
-    "top_p": "--top-p",
-    "min_p": "--min-p",
-    "samples_per_prompt": "--samples-per-prompt",
-    "sampling_seed": "--sampling-seed",
+#: field -> the option that sets it (None: no option, the drafter's own), in the order messages list them
+FIELD_OPTIONS: dict[str, str | None] = {
+    "target": "target_model",
+    "max_new_tokens": "max_new_tokens",
+    "max_blocks": "max_blocks",
+    "block_size": None,
+    "chat_template": "chat_template",
+    "thinking": "thinking",
+    "humaneval_wrapper": "humaneval_wrapper",
+    "dtype": "dtype",
+    "backend": "hidden_state_backend",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "samples_per_prompt": "samples_per_prompt",
+    "sampling_seed": "sampling_seed",
 }
+
+# field -> how a user changes it (named in the mismatch message): the option's flag (``--name-with-dashes``)
+TAU_FIELDS: dict[str, str] = {f: f"the drafter's {f}" if o is None else "--" + o.replace("_", "-")
+                              for f, o in FIELD_OPTIONS.items()}
 
 #: The value a context without the field had: recordings made before sampling existed, and greedy runs (which
 #: record no sampling fields), were greedy, so a greedy floors file is refused for a sampled run and vice versa.

@@ -1,7 +1,12 @@
 """How a suite option is declared: :func:`opt` makes a dataclass field carry the option's help, kind, choices,
-default outside this repository and the commands that honour it; :class:`OptionSpec` is that declaration read back
-(its ``--flag``, ``DFLASH_EVAL_<NAME>`` environment variable and ``dflash_<name>`` ini key), and
-:func:`declared_options` reads every one off a settings dataclass.
+default outside this repository, the commands that honour it and whether it affects the τ measured;
+:class:`OptionSpec` is that declaration read back (its ``--flag``, ``DFLASH_EVAL_<NAME>`` environment variable and
+``dflash_<name>`` ini key), and :func:`declared_options` reads every one off a settings dataclass.
+
+``affects_tau`` has no default: every option says whether a change of its value can change a τ measured (the
+target, prompts, generation, sampling, dtype, backend, ...) or not (where files go, memory and threads, servers and
+timeouts, floors, margins and tolerances that only judge). What reads it: the settings digest that decides which
+training-history records are compared, and the check of the τ context a floors file or baseline was recorded with.
 
 The options themselves are the fields of :class:`dflash_eval.options.settings.EvalSettings`; this module knows no
 option by name.
@@ -34,13 +39,17 @@ COMMANDS = ("run", "gate", "record")
 
 
 def opt(default: Any, help: str, kind: str = "str", choices: Iterable[str] = (),  # noqa: A002
-        outside: Any = SAME, commands: Iterable[str] = COMMANDS) -> Any:
+        outside: Any = SAME, commands: Iterable[str] = COMMANDS, *, affects_tau: bool) -> Any:
     """One option's field. ``kind``: str | path | spec (--prompts: file items resolved like paths) | int | float |
     bool | ints | choice. A ``None`` default makes the option nullable (unset). ``outside``: the default outside a
     checkout of this repository (:data:`REQUIRED`: none, the option must be given). ``commands``: the commands of
-    :data:`COMMANDS` that honour it (the others refuse it)."""
+    :data:`COMMANDS` that honour it (the others refuse it). ``affects_tau`` (required): whether another value can
+    change a τ measured (module docstring)."""
+    if not isinstance(affects_tau, bool):
+        raise TypeError(f"affects_tau must be True or False, got {affects_tau!r}")
     return field(default=default, metadata={"help": help, "kind": kind, "choices": tuple(choices),
-                                            "outside": outside, "commands": tuple(commands)})
+                                            "outside": outside, "commands": tuple(commands),
+                                            "affects_tau": affects_tau})
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,7 @@ class OptionSpec:
     choices: tuple[str, ...] = ()
     outside: Any = SAME  # the default outside a checkout of this repository (REQUIRED: must be given)
     commands: tuple[str, ...] = COMMANDS  # the commands that honour it (:data:`COMMANDS`)
+    affects_tau: bool = field(kw_only=True)  # whether another value can change a τ measured (no default)
 
     @property
     def flag(self) -> str:
@@ -98,6 +108,13 @@ class OptionSpec:
 
 def declared_options(settings_class: type) -> tuple[OptionSpec, ...]:
     """The options of a settings dataclass: one :class:`OptionSpec` per field declared with :func:`opt`, in field
-    order."""
-    return tuple(OptionSpec(f.name, f.default, **f.metadata)
-                 for f in dataclasses.fields(settings_class) if "help" in f.metadata)
+    order; TypeError naming a field whose declaration does not say whether it affects τ."""
+    out = []
+    for f in dataclasses.fields(settings_class):
+        if "help" not in f.metadata:
+            continue
+        if not isinstance(f.metadata.get("affects_tau"), bool):
+            raise TypeError(f"option {f.name!r} of {settings_class.__name__} does not declare affects_tau "
+                            "(True or False): declare it with opt(..., affects_tau=...)")
+        out.append(OptionSpec(f.name, f.default, **f.metadata))
+    return tuple(out)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from dflash_eval.errors import ConfigError
 from dflash_eval.metrics.baseline import load_baseline
 from dflash_eval.metrics.floors import load_floors
+from dflash_eval.prompts import load_prompt_spec
 
 if TYPE_CHECKING:
     from dflash_eval.options.settings import EvalSettings
@@ -56,8 +57,6 @@ def target_config_problem(settings: EvalSettings) -> str | None:
 
 
 def _load_prompts(settings: EvalSettings) -> Any:
-    from dflash_eval.prompts import load_prompt_spec
-
     return load_prompt_spec(settings.prompts, limit=settings.num_prompts, data_dir=settings.prompt_data_dir,
                             humaneval_wrapper=settings.humaneval_wrapper)
 

@@ -1,8 +1,9 @@
 """The eval suite's options: each declared once, as a field of :class:`EvalSettings`, and everything derived from it.
 
-A field is declared with :func:`dflash_eval.options.declaration.opt` (its help, kind and choices); from it come
-``--name`` on the command line, ``DFLASH_EVAL_<NAME>`` in the environment and ``dflash_<name>`` in the ini file
-([tool.pytest.ini_options]). :func:`add_options` registers them (pytest's ``group.addoption`` and argparse's
+A field is declared with :func:`dflash_eval.options.declaration.opt` (its help, kind, choices, the commands that
+honour it and whether it affects τ: :data:`TAU_OPTIONS`, what the training history's settings digest keeps); from
+it come ``--name`` on the command line, ``DFLASH_EVAL_<NAME>`` in the environment and ``dflash_<name>`` in the ini
+file ([tool.pytest.ini_options]). :func:`add_options` registers them (pytest's ``group.addoption`` and argparse's
 ``add_argument`` alike), :func:`resolve` is the one resolver (precedence CLI > env > ini > default; relative paths
 and ``--prompts`` file items made absolute there; the machinery is :mod:`dflash_eval.options.sources`), the value
 checks are :mod:`dflash_eval.options.value_checks` and :mod:`dflash_eval.options.table` writes the table in
@@ -28,19 +29,21 @@ from typing import TYPE_CHECKING, Any
 from dflash_eval.common.dtypes import parse_dtype
 from dflash_eval.errors import ConfigError
 from dflash_eval.metrics.drift_ladder import DEFAULT_LADDER
+from dflash_eval.metrics.tau_context import FIELD_OPTIONS
 from dflash_eval.options.declaration import COMMANDS, REQUIRED, OptionSpec, declared_options, opt
 from dflash_eval.options.sources import gather, in_repo, register_options
 from dflash_eval.options.value_checks import check_values
 from dflash_eval.options.values import parse_value, resolve_prompt_spec
 from dflash_eval.prompts import CHAT_TEMPLATE_MODES, DEFAULT_PROMPT_DATA_DIR, HUMANEVAL_WRAPPERS, THINKING_MODES
 from dflash_eval.target.backends import BACKENDS, parse_fault, resolve_backend, with_fault
+from dflash_eval.target.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["COMMANDS", "COMPLETION_SOURCES", "DEFAULT_PROMPTS", "OUTSIDE_PROMPTS", "REQUIRED", "OPTIONS",
-           "OPTIONS_BY_NAME", "OptionSpec", "EvalSettings", "add_options", "in_repo", "resolve", "resolve_prompt_spec",
-           "worker_info"]
+           "OPTIONS_BY_NAME", "OptionSpec", "EvalSettings", "TAU_OPTIONS", "add_options", "check_tau_context",
+           "in_repo", "resolve", "resolve_prompt_spec", "worker_info"]
 
 COMPLETION_SOURCES = ("local", "sglang", "cache")
 DEFAULT_PROMPTS = "humaneval:16,fixtures/prompts.jsonl"
@@ -65,134 +68,154 @@ class EvalSettings:
     """Resolved suite settings; each field but ``origins`` is one option (its help: ``pytest --help``)."""
 
     target_model: Path = opt(Path("fixtures/target"), "target model directory (transformers layout)", "path",
-                             outside=REQUIRED)
+                             outside=REQUIRED, affects_tau=True)
     drafter: Path = opt(Path("fixtures/drafter"), "drafter: a released directory (config.json + model.safetensors) "
-                        "or a training .pt file", "path", outside=REQUIRED)
-    drafter_config: Path | None = opt(None, "config.json for a bare .pt drafter without an embedded config", "path")
+                        "or a training .pt file", "path", outside=REQUIRED, affects_tau=True)
+    drafter_config: Path | None = opt(None, "config.json for a bare .pt drafter without an embedded config", "path",
+                                      affects_tau=True)
     reference_drafter: Path | None = opt(None, "a reference drafter directory: its τ on the same prompts is "
                                          "reported beside the drafter's with the paired difference, and "
                                          "test_checkpoint lists every architecture difference against it", "path",
-                                         commands=_RUN_GATE)
+                                         commands=_RUN_GATE, affects_tau=False)
     prompts: str = opt(DEFAULT_PROMPTS, "prompt sets and files, comma-separated: built-in sets by name (gsm8k, "
                        "math500, humaneval, mbpp, mt-bench; NAME:N for the first N), local data NAME=PATH[:FIELD][:N] "
                        "(datasets save_to_disk folder, parquet, arrow, json, jsonl), .yaml/.toml set definitions and "
                        "JSONL files (one {id, category, text|turns} object a line)", "spec",
-                       outside=OUTSIDE_PROMPTS)
+                       outside=OUTSIDE_PROMPTS, affects_tau=True)
     prompt_data_dir: Path = opt(DEFAULT_PROMPT_DATA_DIR, "where built-in sets named without a path are read: "
                                 "<dir>/<name> (save_to_disk folder or dataset repository snapshot) or "
-                                "<dir>/<name>.parquet|.jsonl|.json; nothing is downloaded", "path")
+                                "<dir>/<name>.parquet|.jsonl|.json; nothing is downloaded", "path", affects_tau=True)
     humaneval_wrapper: str = opt("none", "HumanEval prompt text: none (the raw problem) or reference (wrapped as the "
-                                 "reference DFlash benchmark does, for comparable τ)", "choice", HUMANEVAL_WRAPPERS)
+                                 "reference DFlash benchmark does, for comparable τ)", "choice", HUMANEVAL_WRAPPERS,
+                                 affects_tau=True)
     chat_template: str = opt("auto", "format prompts with the target tokenizer's chat template: auto (when it has "
-                             "one), on (required), off (raw text)", "choice", CHAT_TEMPLATE_MODES)
+                             "one), on (required), off (raw text)", "choice", CHAT_TEMPLATE_MODES, affects_tau=True)
     thinking: str = opt("off", "enable_thinking passed to the chat template (Qwen3/3.5/3.6): off (as the reference "
-                        "benchmark) or on (needs a template with the switch)", "choice", THINKING_MODES)
-    num_prompts: int | None = opt(None, "use only the first N prompts", "int")
-    max_new_tokens: int = opt(128, "length of the reference completions (tokens)", "int")
+                        "benchmark) or on (needs a template with the switch)", "choice", THINKING_MODES,
+                        affects_tau=True)
+    num_prompts: int | None = opt(None, "use only the first N prompts", "int", affects_tau=True)
+    max_new_tokens: int = opt(128, "length of the reference completions (tokens)", "int", affects_tau=True)
     generation_batch: int = opt(32, "prompts per batch of local greedy generation (left-padded, similar lengths "
                                 "together; under xdist at least one batch per worker; 1: one prompt at a time, "
-                                "unpadded)", "int")
-    max_blocks: int | None = opt(None, "stop each τ simulation after this many speculative rounds", "int")
+                                "unpadded)", "int", affects_tau=False)
+    max_blocks: int | None = opt(None, "stop each τ simulation after this many speculative rounds", "int",
+                                 affects_tau=True)
     chunk_memory: str = opt("2GiB", "memory of one chunk of prompts in the τ simulations and the drift budget (their "
                             "features, contexts and the drafter's context keys and values, host and device; e.g. "
                             "512MiB, 8GiB): prompts are simulated chunk by chunk, with the same τ, so the run's "
-                            "memory does not grow with the number of prompts")
+                            "memory does not grow with the number of prompts", affects_tau=False)
     temperature: float = opt(0.0, "the target's sampling temperature for τ (0: greedy references; > 0: "
                              "--samples-per-prompt sampled references per prompt, τ their mean; "
-                             "docs/temperature.md)", "float")
-    top_k: int = opt(-1, "top-k of the target's sampling at --temperature > 0 (-1: all tokens)", "int")
-    top_p: float = opt(1.0, "top-p of the target's sampling at --temperature > 0 (1: all tokens)", "float")
+                             "docs/temperature.md)", "float", affects_tau=True)
+    top_k: int = opt(-1, "top-k of the target's sampling at --temperature > 0 (-1: all tokens)", "int",
+                     affects_tau=True)
+    top_p: float = opt(1.0, "top-p of the target's sampling at --temperature > 0 (1: all tokens)", "float",
+                       affects_tau=True)
     min_p: float = opt(0.0, "min-p of the target's sampling at --temperature > 0 (0: off; SGLang's DFlash "
-                       "verification does not apply it)", "float")
-    samples_per_prompt: int = opt(8, "sampled reference completions per prompt at --temperature > 0", "int")
+                       "verification does not apply it)", "float", affects_tau=True)
+    samples_per_prompt: int = opt(8, "sampled reference completions per prompt at --temperature > 0", "int",
+                                  affects_tau=True)
     sampling_seed: int = opt(0, "seed of the sampled references (with the prompt id and sample index: one stream "
-                             "seed each, an SGLang sampling_seed)", "int")
+                             "seed each, an SGLang sampling_seed)", "int", affects_tau=True)
     online_tau: bool = opt(False, "also run the real speculative loop (the target verifies each drafted block) on "
                            "every prompt and report its τ and per-position acceptance beside the offline ones", "bool",
-                           commands=_RUN_GATE)
+                           commands=_RUN_GATE, affects_tau=False)
     ddtree_budget: tuple[int, ...] = opt((8,), "DDTree node budget(s); repeat the option or give a comma list "
-                                         "(e.g. 4,8)", "ints")
+                                         "(e.g. 4,8)", "ints", affects_tau=True)
     device: str = opt("auto", "device for the target and drafter: auto (cuda if available, else cpu), cpu, cuda, "
-                      "cuda:N")
+                      "cuda:N", affects_tau=True)
     device_map: str | None = opt(None, "load the target across GPUs with accelerate (e.g. auto) when it does not fit "
-                                 "on one; inputs go to the first device (use with -n 0)")
-    dtype: str = opt("auto", "dtype of the target and drafter: auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32")
+                                 "on one; inputs go to the first device (use with -n 0)", affects_tau=False)
+    dtype: str = opt("auto", "dtype of the target and drafter: auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32",
+                     affects_tau=True)
     hidden_state_backend: str = opt("auto", "linear-attention kernels for the evaluation's target forwards",
-                                    "choice", BACKENDS)
+                                    "choice", BACKENDS, affects_tau=True)
     reference_backend: str = opt("torch", "backend the drafter was trained on: the drift tests compare the "
-                                 "evaluation backend's features against it", "choice", BACKENDS, commands=_RUN)
+                                 "evaluation backend's features against it", "choice", BACKENDS, commands=_RUN,
+                                 affects_tau=False)
     completions: str = opt("local", "where reference completions come from on a cache miss: local (target's greedy "
                            "generation), sglang (--sglang-url), cache (never compute; fail on a miss)", "choice",
-                           COMPLETION_SOURCES)
+                           COMPLETION_SOURCES, affects_tau=False)
     sglang_url: str | None = opt(None, "URL of a running SGLang server serving the target (for --completions "
-                                 "sglang; default http://127.0.0.1:30000 with --sglang-launch)")
+                                 "sglang; default http://127.0.0.1:30000 with --sglang-launch)", affects_tau=False)
     sglang_launch: str | None = opt(None, "command that starts the SGLang server (own process group, log in the "
                                     "report dir, stopped at session end); only run when completions are not cached",
-                                    commands=_RUN_RECORD)
+                                    commands=_RUN_RECORD, affects_tau=False)
     sglang_timeout: float = opt(600.0, "seconds to wait in all for the SGLang server to be ready (/health_generate "
-                                "200)", "float")
-    sglang_request_timeout: float = opt(600.0, "seconds each POST /generate request may take", "float")
-    sglang_model_name: str | None = opt(None, "name /model_info must match (default: the target directory's name)")
+                                "200)", "float", affects_tau=False)
+    sglang_request_timeout: float = opt(600.0, "seconds each POST /generate request may take", "float",
+                                        affects_tau=False)
+    sglang_model_name: str | None = opt(None, "name /model_info must match (default: the target directory's name)",
+                                        affects_tau=False)
     require_sglang: bool = opt(False, "CI gate: no SGLang server with a cold completion cache is a failure (else the "
-                               "completion-dependent tests are skipped)", "bool", commands=_RUN_RECORD)
-    cache_dir: Path = opt(Path(".dflash_cache"), "content-addressed cache of completions and features", "path")
-    cache_only: bool = opt(False, "never compute: fail on any cache miss or corrupted entry", "bool")
+                               "completion-dependent tests are skipped)", "bool", commands=_RUN_RECORD,
+                               affects_tau=False)
+    cache_dir: Path = opt(Path(".dflash_cache"), "content-addressed cache of completions and features", "path",
+                          affects_tau=False)
+    cache_only: bool = opt(False, "never compute: fail on any cache miss or corrupted entry", "bool", affects_tau=False)
     rehash: bool = opt(False, "re-hash the target's config and weight files instead of trusting the identity "
-                       "memoised under their inodes, sizes and times (e.g. after rewriting weights in place)", "bool")
+                       "memoised under their inodes, sizes and times (e.g. after rewriting weights in place)", "bool",
+                       affects_tau=False)
     tau_floor: float | None = opt(None, "floor of the MEAN τ over the selected prompts, chain and every DDTree "
                                   "budget (replaces the mean floor derived from the floors file; prompts without a "
-                                  "per-prompt floor are then not gated one by one)", "float", commands=_RUN_GATE)
+                                  "per-prompt floor are then not gated one by one)", "float", commands=_RUN_GATE,
+                                  affects_tau=False)
     tau_floor_prompt: float | None = opt(None, "floor of EVERY prompt's chain and DDTree τ (replaces the floors "
-                                         "file's per-prompt floors)", "float", commands=_RUN_GATE)
+                                         "file's per-prompt floors)", "float", commands=_RUN_GATE, affects_tau=False)
     allow_settings_mismatch: bool = opt(False, "use a floors file or --baseline recorded with other τ-relevant "
                                         "settings (target, max_new_tokens, block size, chat template, thinking, "
                                         "dtype, backend) with a warning instead of refusing it", "bool",
-                                        commands=_RUN_GATE)
+                                        commands=_RUN_GATE, affects_tau=False)
     baseline: Path | None = opt(None, "an earlier reports/eval.json: compare this run's chain τ prompt by prompt "
                                 "(paired, bootstrap CI); test_baseline_tau_drop / test_baseline_tau_ceiling",
-                                "path", commands=_RUN_GATE)
+                                "path", commands=_RUN_GATE, affects_tau=False)
     baseline_drop_tol: float = opt(0.02, "largest relative drop of the paired mean chain τ against --baseline that "
-                                   "still passes", "float", commands=_RUN_GATE)
+                                   "still passes", "float", commands=_RUN_GATE, affects_tau=False)
     baseline_rise_tol: float = opt(0.25, "largest relative rise of the paired mean chain τ against --baseline that "
                                    "still passes (a bigger jump suggests a future-token leak)", "float",
-                                   commands=_RUN_GATE)
+                                   commands=_RUN_GATE, affects_tau=False)
     update_tau_floors: bool = opt(False, "rewrite golden/tau_floors.json from this run's τ minus --tau-margin", "bool",
-                                  commands=_RUN)
+                                  commands=_RUN, affects_tau=False)
     tau_margin: float = opt(0.25, "margin subtracted from measured τ by --update-tau-floors", "float",
-                            commands=_RUN_RECORD)
+                            commands=_RUN_RECORD, affects_tau=False)
     tau_margin_sigmas: float = opt(3.0, "at --temperature > 0 the floor margin is this many standard deviations "
                                    "of the difference of two S-sample means (sqrt(2) x spread over samples / "
-                                   "sqrt(S)) instead of --tau-margin", "float", commands=_RUN_RECORD)
-    floors_file: Path = opt(Path("golden/tau_floors.json"), "τ floors file", "path")
+                                   "sqrt(S)) instead of --tau-margin", "float", commands=_RUN_RECORD, affects_tau=False)
+    floors_file: Path = opt(Path("golden/tau_floors.json"), "τ floors file", "path", affects_tau=False)
     golden_dir: Path = opt(Path("golden"), "folder of golden files (floors, feature fingerprint, completion "
-                           "snapshots)", "path", commands=_RUN_RECORD)
-    update_fingerprints: bool = opt(False, "rewrite the golden fingerprint of this run's device kind, backend and dtype "
-                                    "(golden/fingerprints/<kind>-<backend>-<dtype>.json)", "bool", commands=_RUN)
+                           "snapshots)", "path", commands=_RUN_RECORD, affects_tau=False)
+    update_fingerprints: bool = opt(False, "rewrite the golden fingerprint of this run's device kind, backend and "
+                                    "dtype (golden/fingerprints/<kind>-<backend>-<dtype>.json)", "bool",
+                                    commands=_RUN, affects_tau=False)
     drift_rel_tol: float | None = opt(None, "regression check: max relative L2 error of features between backends/"
                                       "dtypes (default: 5e-3 fp32, 5e-2 when bf16/fp16 is involved)", "float",
-                                      commands=_RUN)
+                                      commands=_RUN, affects_tau=False)
     drift_cos_tol: float | None = opt(None, "regression check: min cosine similarity of features (default: 0.9999 "
-                                      "fp32, 0.998 bf16)", "float", commands=_RUN)
+                                      "fp32, 0.998 bf16)", "float", commands=_RUN, affects_tau=False)
     drift_accept_tol: float = opt(0.5, "max |τ(eval features) - τ(reference features)| per prompt", "float",
-                                  commands=_RUN)
+                                  commands=_RUN, affects_tau=False)
     drift_budget_ladder: str = opt(DEFAULT_LADDER, "perturbations measuring the drafter's drift budget: relative "
-                                   "Gaussian noise sizes and rounding dtypes (bf16, fp16, fp8)", commands=_RUN)
+                                   "Gaussian noise sizes and rounding dtypes (bf16, fp16, fp8)", commands=_RUN,
+                                   affects_tau=False)
     drift_budget_tol: float = opt(0.1, "largest mean |Δτ| over the prompts (upper end of its 95 % CI) a feature "
-                                  "perturbation may cause within the drift budget", "float", commands=_RUN)
+                                  "perturbation may cause within the drift budget", "float", commands=_RUN,
+                                  affects_tau=False)
     drift_budget_safety: float = opt(5.0, "drift gate: worst measured drift per layer x this <= the drift budget",
-                                     "float", commands=_RUN)
-    drift_budget_seed: int = opt(0, "seed of the drift budget's noise", "int", commands=_RUN)
+                                     "float", commands=_RUN, affects_tau=False)
+    drift_budget_seed: int = opt(0, "seed of the drift budget's noise", "int", commands=_RUN, affects_tau=False)
     drift_budget_min_prompts: int = opt(32, "measure the drift budget on at least this many prompts: a smaller "
                                         "selection is extended with the next prompts of --prompts; where --prompts "
                                         "holds fewer, a gate failure is inconclusive (a skip) unless drift x "
                                         "safety reaches a level whose mean |Δτ| exceeded the tolerance", "int",
-                                        commands=_RUN)
+                                        commands=_RUN, affects_tau=False)
     kernel_fault: str | None = opt(None, "diagnostic: perturb the delta-rule kernels of the evaluation's feature "
                                    "extraction: noise:REL or round:bf16|fp16|fp8 (completions unaffected)",
-                                   commands=_RUN_GATE)
-    report_dir: Path = opt(Path("reports"), "where eval.json, eval.md and eval.png are written", "path")
+                                   commands=_RUN_GATE, affects_tau=True)
+    report_dir: Path = opt(Path("reports"), "where eval.json, eval.md and eval.png are written", "path",
+                           affects_tau=False)
     torch_threads: int | None = opt(None, "torch intra-op threads for CPU work, on GPU runs too (default: torch's "
-                                    "own, one per physical core, divided among the xdist workers, at least 1)", "int")
+                                    "own, one per physical core, divided among the xdist workers, at least 1)", "int",
+                                    affects_tau=False)
     origins: dict[str, str] = field(default_factory=dict, compare=False)  # option name -> cli | env | ini | default
 
     @classmethod
@@ -236,15 +259,13 @@ class EvalSettings:
         self.sampling_params()
 
     @property
-    def sampling(self) -> Any:
+    def sampling(self) -> SamplingParams:
         """The target's sampling for τ: :meth:`sampling_params`."""
         return self.sampling_params()
 
-    def sampling_params(self) -> Any:
-        """The target's sampling for τ (:class:`dflash_eval.target.sampling.SamplingParams`); ConfigError naming
-        the option for a bad value."""
-        from dflash_eval.target.sampling_params import SamplingParams
-
+    def sampling_params(self) -> SamplingParams:
+        """The target's sampling for τ (:class:`dflash_eval.target.sampling_params.SamplingParams`); ConfigError
+        naming the option for a bad value."""
         if self.samples_per_prompt < 1:
             raise ConfigError(f"--samples-per-prompt must be >= 1, got {self.samples_per_prompt}")
         if self.temperature > 0 and self.online_tau and self.completions != "local":
@@ -263,7 +284,7 @@ class EvalSettings:
     def torch_device(self) -> torch.device:
         """``auto``: CPU without CUDA; with N GPUs under pytest-xdist, worker gwK takes ``cuda:K % N`` (one GPU per
         worker, all sharing the cache); otherwise the current CUDA device."""
-        import torch
+        import torch  # not at the top: `pytest --help` and `dflash-eval --help` import this module, not torch
 
         if self.device == "auto":
             if not torch.cuda.is_available():
@@ -281,7 +302,7 @@ class EvalSettings:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        import torch
+        import torch  # not at the top: `pytest --help` and `dflash-eval --help` import this module, not torch
 
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
@@ -308,6 +329,20 @@ class EvalSettings:
 
 OPTIONS: tuple[OptionSpec, ...] = declared_options(EvalSettings)
 OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
+#: The options declared ``affects_tau``: another value can change a τ measured (the others change where things go,
+#: memory, threads, servers, or how a run is judged).
+TAU_OPTIONS = frozenset(o.name for o in OPTIONS if o.affects_tau)
+
+
+def check_tau_context(field_options: Mapping[str, str | None] = FIELD_OPTIONS) -> None:
+    """TypeError unless every option the τ context of floors files and baselines records
+    (:data:`dflash_eval.metrics.tau_context.FIELD_OPTIONS`) is a declared option that affects τ; run on import."""
+    wrong = sorted(f"{f} ({o})" for f, o in field_options.items() if o is not None and o not in TAU_OPTIONS)
+    if wrong:
+        raise TypeError(f"the τ context records fields of options not declared affects_tau=True: {', '.join(wrong)}")
+
+
+check_tau_context()
 
 
 def add_options(add_argument: Callable[..., Any], *, add_ini: Callable[..., Any] | None = None,

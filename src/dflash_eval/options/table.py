@@ -19,13 +19,15 @@ TABLE_START, TABLE_END = "<!-- options-table:start -->", "<!-- options-table:end
 
 
 def render_option_table() -> str:
-    """The markdown table of every option (flag, env, ini, default, the commands that honour it, meaning) kept in
-    ``docs/reference.md``; ``run`` is the suite (``dflash-eval run``, ``pytest``), ``gate`` and ``record`` the
-    ``dflash-eval`` commands (each refuses the options it does not honour)."""
-    rows = ["| option | env | ini | default | commands | meaning |", "|---|---|---|---|---|---|"]
+    """The markdown table of every option (flag, env, ini, default, the commands that honour it, whether it affects
+    τ, meaning) kept in ``docs/reference.md``; ``run`` is the suite (``dflash-eval run``, ``pytest``), ``gate`` and
+    ``record`` the ``dflash-eval`` commands (each refuses the options it does not honour); ``affects τ``: yes where
+    another value can change a τ measured (what a training history's settings digest keeps, the drafter aside)."""
+    rows = ["| option | env | ini | default | commands | affects τ | meaning |", "|---|---|---|---|---|---|---|"]
     for o in OPTIONS:
         flag = o.flag + (" {" + ",".join(o.choices) + "}" if o.choices else "")
-        cells = [f"`{flag}`", f"`{o.env}`", f"`{o.ini}`", f"`{o.shown_default}`", ", ".join(o.commands), o.help]
+        cells = [f"`{flag}`", f"`{o.env}`", f"`{o.ini}`", f"`{o.shown_default}`", ", ".join(o.commands),
+                 "yes" if o.affects_tau else "no", o.help]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows) + "\n"
 

@@ -1,31 +1,60 @@
 """The checks of the suite's option values that need neither torch nor the machine's devices: counts, the SGLang
 options, tolerances, the drift ladder, the kernel fault, backend and dtype names, the device string. Each raises
 one ConfigError naming the option; :meth:`dflash_eval.options.settings.EvalSettings.validate_values` runs them all.
+
+Imports point one way: the settings module imports this one, never the reverse (not even for type checking); the
+checks read the settings through :class:`CheckedSettings`, the attributes they need.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dflash_eval.common.dtypes import check_dtype_name
+from dflash_eval.common.sizes import parse_memory
 from dflash_eval.errors import ConfigError
 from dflash_eval.metrics.drift_ladder import parse_ladder
 from dflash_eval.target.backends import BACKENDS, parse_fault
 
-if TYPE_CHECKING:
-    from dflash_eval.options.settings import EvalSettings
-
-__all__ = ["check_values"]
+__all__ = ["CheckedSettings", "check_values"]
 
 _DEVICE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(:\d+)?$")  # a torch device string's form (torch checks the type)
+
+
+class CheckedSettings(Protocol):
+    """What the checks read by name (read-only, as on the frozen settings); the counts, timeouts and tolerances
+    they loop over are read with ``getattr``."""
+
+    @property
+    def chunk_memory(self) -> str: ...
+    @property
+    def completions(self) -> str: ...
+    @property
+    def sglang_url(self) -> str | None: ...
+    @property
+    def sglang_launch(self) -> str | None: ...
+    @property
+    def tau_margin(self) -> float: ...
+    @property
+    def drift_budget_ladder(self) -> str: ...
+    @property
+    def kernel_fault(self) -> str | None: ...
+    @property
+    def update_fingerprints(self) -> bool: ...
+    @property
+    def update_tau_floors(self) -> bool: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def device(self) -> str: ...
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def check_counts(s: EvalSettings) -> None:
+def check_counts(s: CheckedSettings) -> None:
     """Counts that must be at least 1 where set."""
     for name in ("max_new_tokens", "generation_batch", "max_blocks", "drift_budget_min_prompts", "num_prompts"):
         value = getattr(s, name)
@@ -33,14 +62,12 @@ def check_counts(s: EvalSettings) -> None:
             raise ConfigError(f"{_flag(name)} must be >= 1, got {value}")
 
 
-def check_memory(s: EvalSettings) -> None:
+def check_memory(s: CheckedSettings) -> None:
     """``--chunk-memory``: a memory size (:func:`dflash_eval.common.sizes.parse_memory`)."""
-    from dflash_eval.common.sizes import parse_memory
-
     parse_memory(s.chunk_memory, flag="--chunk-memory")
 
 
-def check_sglang(s: EvalSettings) -> None:
+def check_sglang(s: CheckedSettings) -> None:
     """``--completions sglang`` with a server to ask, ``--sglang-launch`` only with it, positive timeouts."""
     if s.completions == "sglang" and not s.sglang_url and not s.sglang_launch:
         raise ConfigError("--completions sglang needs --sglang-url URL (a running server) or --sglang-launch CMD")
@@ -51,7 +78,7 @@ def check_sglang(s: EvalSettings) -> None:
             raise ConfigError(f"{_flag(name)} must be > 0 seconds, got {getattr(s, name)}")
 
 
-def check_tolerances(s: EvalSettings) -> None:
+def check_tolerances(s: CheckedSettings) -> None:
     """Margins and tolerances that must not be negative."""
     if s.tau_margin < 0:
         raise ConfigError(f"--tau-margin must be >= 0, got {s.tau_margin}")
@@ -60,7 +87,7 @@ def check_tolerances(s: EvalSettings) -> None:
             raise ConfigError(f"{_flag(name)} must be >= 0, got {getattr(s, name)}")
 
 
-def check_fault(s: EvalSettings) -> None:
+def check_fault(s: CheckedSettings) -> None:
     """``--kernel-fault``: a diagnostic that never writes golden records, in one of the fault forms."""
     if s.kernel_fault and (s.update_fingerprints or s.update_tau_floors):
         raise ConfigError(f"--kernel-fault {s.kernel_fault} is a diagnostic: golden records are never written "
@@ -69,7 +96,7 @@ def check_fault(s: EvalSettings) -> None:
         parse_fault(s.kernel_fault)  # BackendError naming the forms
 
 
-def check_names(s: EvalSettings) -> None:
+def check_names(s: CheckedSettings) -> None:
     """Backend names, the dtype name and the device string's form."""
     for name in ("hidden_state_backend", "reference_backend"):
         if getattr(s, name) not in BACKENDS:
@@ -81,7 +108,7 @@ def check_names(s: EvalSettings) -> None:
                           "cpu), cpu, cuda, cuda:N (or another torch device type, e.g. mps)")
 
 
-def check_values(s: EvalSettings) -> None:
+def check_values(s: CheckedSettings) -> None:
     """Every check of this module on the settings ``s``, in the order a user would fix them."""
     check_counts(s)
     check_memory(s)

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from dflash_eval.common.paths import normal_path
 from dflash_eval.errors import ConfigError
+from dflash_eval.prompts import resolve_spec_paths
 
 __all__ = ["parse_value", "resolve_prompt_spec"]
 
@@ -28,8 +29,6 @@ class _Spec(Protocol):
 def resolve_prompt_spec(raw: Any, base: Path | None) -> str:
     """``--prompts`` with every relative path made absolute against ``base``
     (:func:`dflash_eval.prompts.resolve_spec_paths`)."""
-    from dflash_eval.prompts import resolve_spec_paths
-
     return resolve_spec_paths(raw, base)
 
 

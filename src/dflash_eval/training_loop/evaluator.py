@@ -36,7 +36,7 @@ import pluggy
 
 from dflash_eval.errors import ResultRejected
 from dflash_eval.options.preflight import target_config_problem
-from dflash_eval.options.settings import EvalSettings
+from dflash_eval.options.settings import TAU_OPTIONS, EvalSettings
 from dflash_eval.inputs.run_inputs import DRAFTER_OPTIONS
 from dflash_eval.results.eval_result import EvalResult
 from dflash_eval.session.eval_session import EvalSession
@@ -45,23 +45,15 @@ from dflash_eval.training_loop.history import CheckpointRecord, History, checkpo
 from dflash_eval.training_loop.plugins import plugin_manager, register_tracker, result_ready
 from dflash_eval.training_loop.reference_tau import ReferenceTau, reference_session
 
-__all__ = ["Evaluator", "settings_digest", "NOT_TAU_OPTIONS"]
-
-#: Options that change where things go or how a run is judged, never a τ: left out of the settings digest.
-NOT_TAU_OPTIONS = frozenset({
-    "cache_dir", "cache_only", "rehash", "report_dir", "torch_threads", "generation_batch", "completions",
-    "sglang_url", "sglang_launch", "sglang_timeout", "sglang_request_timeout", "sglang_model_name", "require_sglang",
-    "tau_floor", "tau_floor_prompt", "allow_settings_mismatch", "baseline", "baseline_drop_tol", "baseline_rise_tol",
-    "update_tau_floors", "tau_margin", "floors_file", "golden_dir", "update_fingerprints", "drift_rel_tol",
-    "drift_cos_tol", "drift_accept_tol", "drift_budget_tol", "drift_budget_safety", "reference_backend",
-    "online_tau", "device_map"})
+__all__ = ["Evaluator", "settings_digest"]
 
 
 def settings_digest(session: EvalSession) -> str:
-    """A digest of what makes τ of two checkpoints comparable: the τ-relevant options, the target's content
-    identity and the selected prompt ids (records of one digest are compared across steps)."""
+    """A digest of what makes τ of two checkpoints comparable: the options declared ``affects_tau``
+    (:data:`~dflash_eval.options.settings.TAU_OPTIONS`) but the drafter's own, the target's content identity and the
+    selected prompt ids (records of one digest are compared across steps)."""
     s = session.settings.to_dict()
-    kept = {k: v for k, v in s.items() if k not in DRAFTER_OPTIONS and k not in NOT_TAU_OPTIONS}
+    kept = {k: v for k, v in s.items() if k in TAU_OPTIONS and k not in DRAFTER_OPTIONS}
     kept["dtype"], kept["device"] = str(session.settings.torch_dtype), session.settings.torch_device.type
     doc = {"settings": kept, "target": session.inputs.target_identity,
            "prompts": [p.id for p in session.inputs.prompts]}
