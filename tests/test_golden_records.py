@@ -1,5 +1,5 @@
 """What a run needs from the golden folder and lacks (:mod:`dflash_eval.golden.needed`), the commands the messages
-name in the form the run was started with (:mod:`dflash_eval.cli.invocation`), and the per-command option applicability
+name in the form the run was started with (:mod:`dflash_eval.options.invocation`), and the per-command option applicability
 (:mod:`dflash_eval.options.commands`). No model, no torch: the session is a stand-in holding settings, floors and
 prompts (the same attributes :class:`dflash_eval.session.eval_session.EvalSession` answers with).
 
@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from dflash_eval.cli.invocation import args_for, record_command, started_as, started_as_command, suite_options
 from dflash_eval.golden.needed import (
     gate_floors_message,
     missing_floors,
@@ -25,6 +24,7 @@ from dflash_eval.golden.needed import (
 )
 from dflash_eval.metrics.floors import load_floors
 from dflash_eval.options.commands import environ_for, refused
+from dflash_eval.options.invocation import args_for, record_command, started_as, started_as_command, suite_options
 from dflash_eval.options.settings import OPTIONS
 
 PROMPTS = [SimpleNamespace(id="p-0", category="code"), SimpleNamespace(id="p-1", category="code"),

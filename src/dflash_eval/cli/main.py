@@ -42,6 +42,7 @@ import os
 import sys
 import time
 from functools import partial
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,9 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from dflash_eval import __version__
-
-    return f"dflash-eval {__version__}"
+    """The installed distribution's version (the package metadata, the same number as ``dflash_eval.__version__``)."""
+    return f"dflash-eval {version('dflash-eval')}"
 
 
 def _settings(ns: argparse.Namespace, drafter: Path, *, check: bool = True) -> EvalSettings:
@@ -111,9 +111,9 @@ def _settings(ns: argparse.Namespace, drafter: Path, *, check: bool = True) -> E
 
 
 def _sglang_client(s: EvalSettings, hooks: Any = None) -> Any:
-    """A ready client for the reference completions: a plugin's (``dflash_eval_reference_server``), else one of the
+    """A ready client for the reference completions: a plugin's (``pytest_dflash_eval_reference_server``), else one of the
     running SGLang server (readiness and identity checked once; nothing is launched)."""
-    client = hooks.hook.dflash_eval_reference_server(settings=s) if hooks is not None else None
+    client = hooks.hook.pytest_dflash_eval_reference_server(settings=s) if hooks is not None else None
     if client is not None:
         return client
     from dflash_eval.sglang import DEFAULT_LAUNCH_URL, SGLangClient
@@ -207,8 +207,8 @@ def gate(ns: argparse.Namespace) -> int:
             print(m, file=err, flush=True)
 
     from dflash_eval.runtime.progress import throttled
-    from dflash_eval.serving.server_link import ServerLink
     from dflash_eval.runtime.threads import set_torch_threads
+    from dflash_eval.serving.server_link import ServerLink
 
     progress = None if ns.quiet else throttled(say, 2.0)
     sessions: list[Any] = []
@@ -262,7 +262,7 @@ def _finish(ns: argparse.Namespace, evaluator: Any, rows: list[Any], settings: E
 def _record_command(gate_args: list[str]) -> str:
     """The ``dflash-eval record`` command for the gate's target and prompts, from its first ``--drafter`` (whose τ
     sets the bar)."""
-    from dflash_eval.cli.invocation import option_pieces, shell_join
+    from dflash_eval.options.invocation import option_pieces, shell_join
 
     out, seen = [], False
     for spec, piece in option_pieces(gate_args):

@@ -33,10 +33,10 @@ from typing import Any
 
 import pytest
 
-from dflash_eval.cli.invocation import RECORD_FLAGS, args_for, shell_join, suite_options
 from dflash_eval.cli.suite_run import run_suite
 from dflash_eval.golden.needed import FLOOR_TESTS, SNAPSHOT_MODULE, SNAPSHOT_TEST
 from dflash_eval.options.commands import add_command_options, refused
+from dflash_eval.options.invocation import RECORD_FLAGS, args_for, shell_join, suite_options
 
 __all__ = ["record_command", "build_record_parser", "with_recording_keywords", "RecordPlugin", "RECORDING_TESTS",
            "RECORDING_KEYWORDS", "EXIT_REFUSED"]

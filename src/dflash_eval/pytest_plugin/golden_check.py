@@ -4,7 +4,7 @@ Once collection has settled which tests run, the tests that need a golden record
 (:func:`dflash_eval.golden.needed.missing_records`: the floors file after its recorded settings were checked
 against the run, one snapshot file per prompt). When anything is missing the run stops with one message naming the
 missing files and the command that records them, in the form the run was started with
-(:func:`dflash_eval.cli.invocation.record_command`): ``dflash-eval record ...`` under ``dflash-eval run``, the same
+(:func:`dflash_eval.options.invocation.record_command`): ``dflash-eval record ...`` under ``dflash-eval run``, the same
 pytest command with the recording options under plain pytest (a checkout's ``pytest tests_eval``, an installed
 ``pytest --pyargs dflash_eval.tests_eval``). Under pytest-xdist the controller checks the node ids the first worker
 collected (``pytest_xdist_node_collection_finished``), before any test is scheduled.
@@ -49,7 +49,7 @@ class GoldenCheck:
                        getattr(config.option, "update_new_snapshots_only", False))
         missing = missing_records(session, nodeids, updates_snapshots=updates)
         if missing:
-            from dflash_eval.cli.invocation import record_command
+            from dflash_eval.options.invocation import record_command
 
             command = record_command(config.invocation_params.args, add=_record_flags(config, missing))
             raise pytest.UsageError("dflash-eval: " + missing_message(missing, session.settings.target_model.name,

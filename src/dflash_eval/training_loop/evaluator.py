@@ -18,8 +18,9 @@ Example (a training loop)::
             result = ev.evaluate(drafter, step=step)       # the live module, on its device, in training mode
             print(step, result.tau.mean_tau, ev.records[-1].verdict)
 
-``dflash-eval gate`` evaluates every checkpoint through this class, and the pytest plugin makes its session with
-:meth:`Evaluator.session`.
+``dflash-eval gate`` evaluates every checkpoint through this class. The Evaluator is a client of
+:class:`~dflash_eval.session.eval_session.EvalSession` (one per checkpoint, sharing the first one's stages and
+reference drafter); the session never calls back into it.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from dflash_eval.session.eval_session import EvalSession
 from dflash_eval.training_loop.drafter_input import DrafterInput, drafter_input, evaluation_mode
 from dflash_eval.training_loop.history import CheckpointRecord, History, checkpoint_reasons
 from dflash_eval.training_loop.plugins import plugin_manager, register_tracker, result_ready
-from dflash_eval.training_loop.reference_tau import ReferenceTau, reference_session
+from dflash_eval.session.reference_drafter import ReferenceTau
 
 __all__ = ["Evaluator", "settings_digest"]
 
@@ -69,7 +70,7 @@ class Evaluator:
         history: a :class:`History`, a JSONL path, or True for ``<report_dir>/history.jsonl``; every evaluation
             appends one record to it. None/False: records are kept in memory only.
         trackers: objects with ``log(record, result)`` and ``close()`` (:mod:`dflash_eval.training_loop.trackers`),
-            registered on ``hooks`` as implementations of ``dflash_eval_history_record``.
+            registered on ``hooks`` as implementations of ``pytest_dflash_eval_history_record``.
         hooks: the manager of the dflash-eval hooks (:mod:`dflash_eval.hookspec`); default: a
             :func:`~dflash_eval.training_loop.plugins.plugin_manager` (the ``dflash_eval`` entry-point group's plugins).
         log: where progress lines go (default: nowhere).
@@ -89,7 +90,7 @@ class Evaluator:
         if plateau_window < 2:
             raise ValueError(f"plateau_window must be >= 2, got {plateau_window}")
         self.settings = settings
-        self.base = EvalSession(settings, worker=worker, log=log, yardstick=self, **session_options)
+        self.base = EvalSession(settings, worker=worker, log=log, **session_options)
         if history is True:
             history = settings.report_dir / "history.jsonl"
         self.history = history if isinstance(history, History) or not history else History(Path(history))
@@ -100,7 +101,6 @@ class Evaluator:
         self.data: dict[str, Any] | None = None  # the last evaluation's mapping, with the fields plugins added
         self.drift_budget, self.plateau_window = drift_budget, plateau_window
         self.records: list[CheckpointRecord] = []
-        self._reference: ReferenceTau | None = None
         self._digest: str | None = None
         self._pending: dict[str, EvalSession] = {}
 
@@ -137,7 +137,7 @@ class Evaluator:
 
     def _new_session(self, src: DrafterInput) -> EvalSession:
         settings = replace(self.settings, drafter=src.path) if src.path is not None else self.settings
-        return EvalSession(settings, shared=self.base, checkpoint=src.checkpoint, live=src.live, yardstick=self)
+        return EvalSession(settings, shared=self.base, checkpoint=src.checkpoint, live=src.live)
 
     def session(self, drafter: Any = None, *, config: Any = None, name: str | None = None) -> EvalSession:
         """The :class:`~dflash_eval.session.eval_session.EvalSession` of ``drafter`` (a path; None: ``settings.drafter``,
@@ -153,18 +153,9 @@ class Evaluator:
             self._pending[str(src.path)] = session
         return session
 
-    @property
-    def reference_measured(self) -> bool:
-        """Whether :meth:`reference` measured the reference drafter's τ already."""
-        return self._reference is not None
-
     def reference(self) -> ReferenceTau | None:
         """τ of ``--reference-drafter`` on the shared prompts, measured once (None without it)."""
-        if self._reference is None and self.settings.reference_drafter is not None:
-            ref = reference_session(self.base)
-            assert ref is not None
-            self._reference = ReferenceTau.measure(ref)
-        return self._reference
+        return self.base.reference_tau()
 
     # ------------------------------------------------------------------------------------------------ evaluate
     def evaluate(self, drafter: Any = None, *, step: int | None = None, config: Any = None,
@@ -183,6 +174,7 @@ class Evaluator:
             self.reference()  # the reference drafter's τ (once), beside the drafter's in drafter.reference
             if self.drift_budget:
                 session.drift_budget()
+            session.measure_registered()
             result = session.result()
         assert result.drafter is not None and result.tau is not None
         result.drafter.path, result.drafter.step = src.label, step
@@ -194,7 +186,7 @@ class Evaluator:
         record = self.history.append(record, window=self.plateau_window) if self.history else \
             record.judged([r for r in self.records if r.settings_digest == self.digest], self.plateau_window)
         self.records.append(record)
-        self.hooks.hook.dflash_eval_history_record(record=record, history=self.history or None, result=result)
+        self.hooks.hook.pytest_dflash_eval_history_record(record=record, history=self.history or None, result=result)
         return result
 
     def close(self) -> None:
