@@ -1,5 +1,5 @@
 """The dflash-eval hooks (:mod:`dflash_eval.hookspec`): a plugin's field in eval.json, a rejecting plugin failing
-the run, ``dflash_eval_history_record`` seeing each record (the trackers through it), and a plugin's reference
+the run, ``pytest_dflash_eval_history_record`` seeing each record (the trackers through it), and a plugin's reference
 server client used for the completions (the SGLang stand-in, ``tests/sglang_standin.py``, NOT SGLang)."""
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ ADDS = '''
 import pytest
 
 @pytest.hookimpl
-def dflash_eval_result_ready(settings, data):
+def pytest_dflash_eval_result_ready(settings, data):
     data["my_team"] = {"owner": "drafting", "prompts": len(data["prompts"])}
 '''
 REJECTS = '''
 import pytest
 
 @pytest.hookimpl
-def dflash_eval_result_ready(data):
+def pytest_dflash_eval_result_ready(data):
     return "mean tau below the team's bar" if data["mean_tau"] < 100 else None
 '''
 
@@ -65,13 +65,13 @@ def test_a_rejecting_plugin_fails_the_run_with_its_reason(pytester: pytest.Pytes
 
 class _Changes:
     @pytest.hookimpl
-    def dflash_eval_result_ready(self, data: dict[str, Any]) -> None:
+    def pytest_dflash_eval_result_ready(self, data: dict[str, Any]) -> None:
         data["mean_tau"] = 99.0
 
 
 class _AddsReserved:
     @pytest.hookimpl
-    def dflash_eval_result_ready(self, data: dict[str, Any]) -> None:
+    def pytest_dflash_eval_result_ready(self, data: dict[str, Any]) -> None:
         data["rejected"] = []
 
 
@@ -90,7 +90,7 @@ class _Seen:
         self.records: list[tuple[Any, Any]] = []
 
     @pytest.hookimpl
-    def dflash_eval_history_record(self, record: Any, history: Any) -> None:
+    def pytest_dflash_eval_history_record(self, record: Any, history: Any) -> None:
         self.records.append((record, history))
 
 
@@ -109,13 +109,13 @@ class _Tracker:
 
 class _Field:
     @pytest.hookimpl
-    def dflash_eval_result_ready(self, data: dict[str, Any]) -> None:
+    def pytest_dflash_eval_result_ready(self, data: dict[str, Any]) -> None:
         data["checked_by"] = "field-plugin"
 
 
 class _Refuses:
     @pytest.hookimpl
-    def dflash_eval_result_ready(self) -> str:
+    def pytest_dflash_eval_result_ready(self) -> str:
         return "not on a Friday"
 
 
@@ -148,7 +148,7 @@ def test_the_trackers_implement_the_history_hook() -> None:
         pm = plugin_manager(entry_points=False)
         register_tracker(pm, tracker)
         assert pm.is_registered(tracker)
-        pm.hook.dflash_eval_history_record(record="rec", history=None, result="res")
+        pm.hook.pytest_dflash_eval_history_record(record="rec", history=None, result="res")
         assert tracker.log.__defaults__[0] == [("rec", "res")]  # type: ignore[attr-defined]
 
 
@@ -179,7 +179,7 @@ def test_a_plugins_reference_server_client_is_used(pytester: pytest.Pytester, bu
             from dflash_eval.sglang import SGLangClient
 
             @pytest.hookimpl
-            def dflash_eval_reference_server(settings):
+            def pytest_dflash_eval_reference_server(settings):
                 return SGLangClient.connect("http://127.0.0.1:{port}", expected_name="target", ready_timeout_s=120)
             '''))
         res = bundled_suite("-p", "server_plugin", "-k", "tau", "--completions", "sglang",

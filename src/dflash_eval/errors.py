@@ -47,7 +47,7 @@ class PluginError(DFlashEvalError):
 
 
 class ResultRejected(DFlashEvalError):
-    """A plugin's ``dflash_eval_result_ready`` rejected the result; ``plugin`` and ``reason``: who and why."""
+    """A plugin's ``pytest_dflash_eval_result_ready`` rejected the result; ``plugin`` and ``reason``: who and why."""
 
     def __init__(self, plugin: str, reason: str) -> None:
         super().__init__(f"plugin {plugin!r} rejected the result: {reason}")

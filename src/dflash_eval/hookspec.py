@@ -1,10 +1,10 @@
 """Hook specifications of dflash-eval: what a plugin may implement (docs/reference.md, "Hooks").
 
-In pytest the plugin adds them in ``pytest_addhooks``, so any pytest plugin or ``conftest.py`` implements them
-like pytest's own hooks. Outside pytest (the :class:`~dflash_eval.training_loop.evaluator.Evaluator`,
-``dflash-eval gate``) a ``pluggy.PluginManager("pytest")`` holds the same specifications and loads the plugins of
-the ``dflash_eval`` entry-point group (:mod:`dflash_eval.training_loop.plugins`): one implementation, marked with
-``@pytest.hookimpl``, serves both.
+As pytest-benchmark does with its ``pytest_benchmark_*`` hooks: in pytest the plugin adds them in
+``pytest_addhooks``, so any pytest plugin or ``conftest.py`` implements them like pytest's own hooks (a function of
+the hook's name). Outside pytest (the :class:`~dflash_eval.training_loop.evaluator.Evaluator`, ``dflash-eval gate``)
+a ``pluggy.PluginManager("pytest")`` holds the same specifications and loads the plugins of the ``dflash_eval``
+entry-point group (:mod:`dflash_eval.training_loop.plugins`): one implementation serves both.
 
 This module is the package's lowest layer: it imports only pytest and typing.
 """
@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-__all__ = ["dflash_eval_result_ready", "dflash_eval_history_record", "dflash_eval_reference_server"]
+__all__ = ["pytest_dflash_eval_result_ready", "pytest_dflash_eval_history_record", "pytest_dflash_eval_reference_server"]
 
 hookspec = pytest.hookspec
 
 
 @hookspec
-def dflash_eval_result_ready(settings: Any, data: dict[str, Any]) -> str | None:
+def pytest_dflash_eval_result_ready(settings: Any, data: dict[str, Any]) -> str | None:
     """A run's eval.json mapping is ready: in pytest on the controller with the merged data, before the reports
     are written; in the :class:`~dflash_eval.training_loop.evaluator.Evaluator` with the evaluation's own mapping
     (the mapping its eval.json fields come from), before its history record is made.
@@ -36,7 +36,7 @@ def dflash_eval_result_ready(settings: Any, data: dict[str, Any]) -> str | None:
 
 
 @hookspec
-def dflash_eval_history_record(record: Any, history: Any, result: Any) -> None:
+def pytest_dflash_eval_history_record(record: Any, history: Any, result: Any) -> None:
     """A checkpoint's record was appended to the training history (the Evaluator, hence ``dflash-eval gate`` too).
 
     :param record: the judged :class:`~dflash_eval.training_loop.history.CheckpointRecord`.
@@ -49,7 +49,7 @@ def dflash_eval_history_record(record: Any, history: Any, result: Any) -> None:
 
 
 @hookspec(firstresult=True)
-def dflash_eval_reference_server(settings: Any) -> Any | None:
+def pytest_dflash_eval_reference_server(settings: Any) -> Any | None:
     """A ready client for the reference completions, instead of the suite launching or connecting to an SGLang
     server (``--sglang-launch`` / ``--sglang-url``); asked only when completions must be fetched.
 

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 
 from dflash_eval.errors import DFlashEvalError, DrafterRefused
-from dflash_eval.pytest_plugin.hook_bridge import dflash_hooks
 from dflash_eval.pytest_plugin.state import SGLANG, get_session, get_settings
 
 if TYPE_CHECKING:  # imported by the fixtures when they run: loading the plugin imports no torch
@@ -155,12 +154,12 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[A
 
 
 def _plugin_reference_server(config: pytest.Config, eval_session: EvalSession) -> Iterator[Any] | None:
-    """The ``sglang`` fixture's body when a plugin's ``dflash_eval_reference_server`` answers with a client: the
+    """The ``sglang`` fixture's body when a plugin's ``pytest_dflash_eval_reference_server`` answers with a client: the
     completions fetched through it (under the same lock as a server's), nothing launched or connected to; None
     when no plugin answers (asked only while the completions are not cached)."""
     if eval_session.references_cached():
         return None
-    client = guard(lambda: dflash_hooks(config).hook.dflash_eval_reference_server(settings=eval_session.settings))
+    client = guard(lambda: config.hook.pytest_dflash_eval_reference_server(settings=eval_session.settings))
     if client is None:
         return None
 

@@ -58,7 +58,7 @@ MARKERS = (
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    """The dflash-eval hook specifications (:mod:`dflash_eval.hookspec`; called through :mod:`.hook_bridge`)."""
+    """The dflash-eval hook specifications (:mod:`dflash_eval.hookspec`)."""
     pluginmanager.add_hookspecs(hookspec)
 
 

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from dflash_eval.errors import DFlashEvalError, PluginError
-from dflash_eval.pytest_plugin.hook_bridge import dflash_hooks
 from dflash_eval.pytest_plugin.state import (
     FRAGMENTS,
     MERGED,
@@ -85,11 +84,11 @@ def write_run_reports(config: pytest.Config) -> None:
 
 
 def _result_ready(config: pytest.Config, settings: Any, data: dict[str, Any]) -> bool:
-    """The ``dflash_eval_result_ready`` implementations see ``data`` (their fields added to it; their rejections in
+    """The ``pytest_dflash_eval_result_ready`` implementations see ``data`` (their fields added to it; their rejections in
     its ``rejected`` and the run's failures). False, with the message for the terminal, when a plugin broke the
     hook's rules: the run fails and no report is written."""
     try:
-        rejected = result_ready(dflash_hooks(config), settings, data)
+        rejected = result_ready(config.pluginmanager, settings, data)
     except PluginError as exc:
         config.stash[MERGED], config.stash[MESSAGES] = {}, [f"dflash-eval: PluginError: {exc}"]
         config.stash[REJECTED] = [str(exc)]
@@ -102,7 +101,7 @@ def _result_ready(config: pytest.Config, settings: Any, data: dict[str, Any]) ->
 
 def fail_a_refused_run(session: pytest.Session) -> None:
     """A drafter refused by an architecture check fails the run (exit 1) even when every test that needed it was
-    skipped naming the check; so does a result a plugin rejected (``dflash_eval_result_ready``)."""
+    skipped naming the check; so does a result a plugin rejected (``pytest_dflash_eval_result_ready``)."""
     from dflash_eval.metrics.verdict import refused
 
     failed = refused(session.config.stash.get(MERGED, None) or {}) or session.config.stash.get(REJECTED, None)

@@ -5,9 +5,9 @@ pluggy's plain call.
 of the ``dflash_eval`` entry-point group loaded: the :class:`~dflash_eval.training_loop.evaluator.Evaluator` and
 ``dflash-eval gate`` call the hooks through it, and an implementation marked ``@pytest.hookimpl`` works there as in
 pytest. :func:`register_tracker` adds a tracker (:mod:`dflash_eval.training_loop.trackers`, or any object with
-``log(record, result)``) as an implementation of ``dflash_eval_history_record``.
+``log(record, result)``) as an implementation of ``pytest_dflash_eval_history_record``.
 
-:func:`result_ready` calls each ``dflash_eval_result_ready`` implementation on its own, so that a field it adds,
+:func:`result_ready` calls each ``pytest_dflash_eval_result_ready`` implementation on its own, so that a field it adds,
 a key it must not change and a rejection are each attributed to the plugin that made them.
 """
 
@@ -26,14 +26,27 @@ from dflash_eval.errors import PluginError
 __all__ = ["ENTRY_POINT_GROUP", "RESERVED_KEYS", "plugin_manager", "register_tracker", "result_ready"]
 
 ENTRY_POINT_GROUP = "dflash_eval"
+HOOK_PREFIX = "pytest_dflash_eval_"
 #: eval.json keys the suite adds after the hook (a plugin may not add them either).
 RESERVED_KEYS = frozenset({"rejected"})
 
 
+class _Manager(pluggy.PluginManager):
+    """Takes a ``pytest_dflash_eval_*`` function as an implementation with or without ``@pytest.hookimpl``, as
+    pytest's own manager does for its ``pytest_`` hooks: one plugin module serves both."""
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is None and name.startswith(HOOK_PREFIX) and callable(getattr(plugin, name, None)):
+            return {}
+        return opts
+
+
 def plugin_manager(*, entry_points: bool = True, plugins: Iterable[tuple[str, Any]] = ()) -> pluggy.PluginManager:
-    """A manager of the hook specifications (project name ``pytest``: ``@pytest.hookimpl`` marks), with the
-    ``dflash_eval`` entry-point group's plugins (``entry_points``) and ``plugins`` ((name, plugin) pairs)."""
-    pm = pluggy.PluginManager("pytest")
+    """A manager of the hook specifications (project name ``pytest``: ``@pytest.hookimpl`` marks, optional for
+    the ``pytest_dflash_eval_*`` names), with the ``dflash_eval`` entry-point group's plugins (``entry_points``) and
+    ``plugins`` ((name, plugin) pairs)."""
+    pm = _Manager("pytest")
     pm.add_hookspecs(hookspec)
     if entry_points:
         pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
@@ -43,47 +56,47 @@ def plugin_manager(*, entry_points: bool = True, plugins: Iterable[tuple[str, An
 
 
 class _LoggingTracker:
-    """An object with ``log(record, result)`` only, as an implementation of ``dflash_eval_history_record``."""
+    """An object with ``log(record, result)`` only, as an implementation of ``pytest_dflash_eval_history_record``."""
 
     def __init__(self, tracker: Any) -> None:
         self.tracker = tracker
 
     @pytest.hookimpl
-    def dflash_eval_history_record(self, record: Any, result: Any) -> None:
+    def pytest_dflash_eval_history_record(self, record: Any, result: Any) -> None:
         self.tracker.log(record, result)
 
 
 def register_tracker(pm: pluggy.PluginManager, tracker: Any) -> None:
-    """Register ``tracker`` on ``pm``: itself when it implements ``dflash_eval_history_record``, else its ``log``
+    """Register ``tracker`` on ``pm``: itself when it implements ``pytest_dflash_eval_history_record``, else its ``log``
     through an adapter (once: a tracker registered already is left as it is)."""
     if pm.is_registered(tracker) or any(getattr(p, "tracker", None) is tracker for p in pm.get_plugins()):
         return
-    if getattr(getattr(tracker, "dflash_eval_history_record", None), "pytest_impl", None) is not None:
+    if callable(getattr(tracker, "pytest_dflash_eval_history_record", None)):
         pm.register(tracker)
     elif callable(getattr(tracker, "log", None)):
         pm.register(_LoggingTracker(tracker), f"tracker-{type(tracker).__name__}-{id(tracker)}")
     else:
-        raise PluginError(f"tracker {tracker!r}: neither a dflash_eval_history_record implementation nor a log(record, "
+        raise PluginError(f"tracker {tracker!r}: neither a pytest_dflash_eval_history_record implementation nor a log(record, "
                           "result) method")
 
 
 def result_ready(pm: pluggy.PluginManager, settings: Any, data: dict[str, Any]) -> list[tuple[str, str]]:
-    """Call every ``dflash_eval_result_ready`` implementation (in pluggy's order), each with a copy of ``data``;
+    """Call every ``pytest_dflash_eval_result_ready`` implementation (in pluggy's order), each with a copy of ``data``;
     the keys it added are merged into ``data``. Returns the rejections, (plugin name, reason) each; PluginError
     naming the plugin and the key when one changed or removed a key that was there, added a reserved one, or
     returned something other than None or a string."""
     rejections = []
-    for impl in reversed(pm.hook.dflash_eval_result_ready.get_hookimpls()):
+    for impl in reversed(pm.hook.pytest_dflash_eval_result_ready.get_hookimpls()):
         name = impl.plugin_name
         if impl.hookwrapper or impl.wrapper:
-            raise PluginError(f"plugin {name!r}: dflash_eval_result_ready cannot be a wrapper")
+            raise PluginError(f"plugin {name!r}: pytest_dflash_eval_result_ready cannot be a wrapper")
         view = copy.deepcopy(data)
         answer = impl.function(*[{"settings": settings, "data": view}[a] for a in impl.argnames])
         _merge_fields(name, data, view)
         if answer is None:
             continue
         if not isinstance(answer, str) or not answer.strip():
-            raise PluginError(f"plugin {name!r}: dflash_eval_result_ready returned {answer!r}; it returns None "
+            raise PluginError(f"plugin {name!r}: pytest_dflash_eval_result_ready returned {answer!r}; it returns None "
                               "(accepted) or a non-empty reason string (rejected)")
         rejections.append((name, answer.strip()))
     return rejections

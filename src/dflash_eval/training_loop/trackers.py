@@ -10,7 +10,7 @@ Both log, keyed by the training step (the record's step; records without one cou
 k over all prompts), and, when known, ``tau/reference``, ``tau/reference_diff`` and ``drift_budget``. A tracker
 whose library is not installed is refused when it is made, with one error naming the package to install.
 
-Each is a plugin implementing the ``dflash_eval_history_record`` hook (:mod:`dflash_eval.hookspec`): the
+Each is a plugin implementing the ``pytest_dflash_eval_history_record`` hook (:mod:`dflash_eval.hookspec`): the
 :class:`~dflash_eval.training_loop.evaluator.Evaluator` registers the trackers it is given on its hook manager and
 calls the hook, never a tracker itself, after each record is appended.
 """
@@ -75,7 +75,7 @@ class TensorBoardTracker:
         self._steps = _Steps()
 
     @pytest.hookimpl
-    def dflash_eval_history_record(self, record: CheckpointRecord, result: Any) -> None:
+    def pytest_dflash_eval_history_record(self, record: CheckpointRecord, result: Any) -> None:
         self.log(record, result)
 
     def log(self, record: CheckpointRecord, result: Any) -> None:
@@ -105,7 +105,7 @@ class WandbTracker:
         self._steps = _Steps()
 
     @pytest.hookimpl
-    def dflash_eval_history_record(self, record: CheckpointRecord, result: Any) -> None:
+    def pytest_dflash_eval_history_record(self, record: CheckpointRecord, result: Any) -> None:
         self.log(record, result)
 
     def log(self, record: CheckpointRecord, result: Any) -> None:
