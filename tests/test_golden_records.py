@@ -1,7 +1,7 @@
 """What a run needs from the golden folder and lacks (:mod:`dflash_eval.golden.needed`), the commands the messages
-name in the form the run was started with (:mod:`dflash_eval.options.invocation`), and the per-command option applicability
-(:mod:`dflash_eval.options.commands`). No model, no torch: the session is a stand-in holding settings, floors and
-prompts (the same attributes :class:`dflash_eval.session.eval_session.EvalSession` answers with).
+name in the form the run was started with (:mod:`dflash_eval.options.invocation`), and the per-command option
+applicability (:mod:`dflash_eval.options.commands`). No model, no torch: the session is a stand-in holding settings,
+floors and prompts (the same attributes :class:`dflash_eval.session.eval_session.EvalSession` answers with).
 
 Run: ``pytest tests/test_golden_records.py -p no:cacheprovider -n 0``
 """

@@ -58,7 +58,8 @@ def test_a_rejecting_plugin_fails_the_run_with_its_reason(pytester: pytest.Pytes
     _plugin(pytester, "rejects_plugin", REJECTS)
     res = bundled_suite("-p", "rejects_plugin", "-k", "tau", "--tau-floor", "1.0", report="r", cache=tmp_path / "cache")
     assert res.ret == 1
-    res.stdout.fnmatch_lines(["dflash-eval: result rejected by plugin 'rejects_plugin': mean tau below the team's bar*"])
+    res.stdout.fnmatch_lines(
+        ["dflash-eval: result rejected by plugin 'rejects_plugin': mean tau below the team's bar*"])
     data = json.loads((tmp_path / "r" / "eval.json").read_text())
     assert data["rejected"] == [{"plugin": "rejects_plugin", "reason": "mean tau below the team's bar"}]
 
@@ -183,8 +184,8 @@ def test_a_plugins_reference_server_client_is_used(pytester: pytest.Pytester, bu
                 return SGLangClient.connect("http://127.0.0.1:{port}", expected_name="target", ready_timeout_s=120)
             '''))
         res = bundled_suite("-p", "server_plugin", "-k", "tau", "--completions", "sglang",
-                            "--sglang-url", f"http://127.0.0.1:{_free_port()}", "--require-sglang", "--tau-floor", "1.0",
-                            report="r", cache=tmp_path / "cache")
+                            "--sglang-url", f"http://127.0.0.1:{_free_port()}", "--require-sglang", "--tau-floor",
+                            "1.0", report="r", cache=tmp_path / "cache")
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -187,7 +187,8 @@ def test_imports_point_down_the_layers() -> None:
     rank = {name: i for i, name in enumerate(LAYERS)}
     against = sorted(f"{i.source}:{i.line} imports {i.target} ({unit(i.source)} may not import {unit(i.target)}, a "
                      "higher layer)" for i in all_imports()
-                     if unit(i.source) in rank and unit(i.target) in rank and rank[unit(i.target)] > rank[unit(i.source)])
+                     if unit(i.source) in rank and unit(i.target) in rank
+                     and rank[unit(i.target)] > rank[unit(i.source)])
     assert not against, "imports against the layer order:\n  " + "\n  ".join(against)
 
 

@@ -17,8 +17,15 @@ from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.cache.store import CacheEntry
 from dflash_eval.errors import ConfigError
 from dflash_eval.measurements import builtin
-from dflash_eval.measurements.registry import (Measurement, MeasurementReport, Plan, Subject, register,
-                                               registered_here, unregister)
+from dflash_eval.measurements.registry import (
+    Measurement,
+    MeasurementReport,
+    Plan,
+    Subject,
+    register,
+    registered_here,
+    unregister,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"

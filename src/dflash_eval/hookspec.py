@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-__all__ = ["pytest_dflash_eval_result_ready", "pytest_dflash_eval_history_record", "pytest_dflash_eval_reference_server"]
+__all__ = ["pytest_dflash_eval_result_ready", "pytest_dflash_eval_history_record",
+           "pytest_dflash_eval_reference_server"]
 
 hookspec = pytest.hookspec
 

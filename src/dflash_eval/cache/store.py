@@ -273,9 +273,10 @@ class Cache:
             if blocking:  # time spent waiting for another process (xdist worker) holding it
                 family = name.rsplit("-", 1)[0] if "-" in name else name
                 self.stats.lock_wait_s[family] = self.stats.lock_wait_s.get(family, 0.0) + time.perf_counter() - t0
-        except Timeout:
+        except Timeout as exc:
             if blocking:
-                raise CacheError(f"timed out after {self.lock_timeout_s}s waiting for lock {self.lock_path(name)}")
+                raise CacheError(f"timed out after {self.lock_timeout_s}s waiting for lock "
+                                 f"{self.lock_path(name)}") from exc
             yield False
             return
         try:

@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import ConfigError, DFlashEvalError
+from dflash_eval.training_loop.checkpoint_dir import find_checkpoints
+from dflash_eval.training_loop.trackers import TensorBoardTracker, WandbTracker
+from dflash_eval.training_loop.trend_plot import write_trend_plot
+from dflash_eval.training_loop.trend_table import write_trend_table
+from dflash_eval.training_loop.watch import WatchLimits, watch
 
 __all__ = ["add_training_options", "training_checkpoints", "first_checkpoints", "make_evaluator", "judged_row",
            "write_trend", "gate_training_run"]
@@ -50,7 +55,6 @@ def add_training_options(g: argparse.ArgumentParser) -> None:
 
 def training_checkpoints(ns: argparse.Namespace) -> list[Any]:
     """The checkpoints of ``DIR`` and ``--drafter-glob`` in step order (ConfigError when DIR is no folder)."""
-    from dflash_eval.training_loop.checkpoint_dir import find_checkpoints
 
     root = Path(ns.train_dir).expanduser() if ns.train_dir else None
     if root is not None and not root.is_dir():
@@ -65,7 +69,6 @@ class _First(Exception):
 def first_checkpoints(ns: argparse.Namespace, say: Callable[[str], None]) -> list[Any]:
     """:func:`training_checkpoints`; with ``--watch`` and none there yet, the first one to appear (waited for within
     ``--watch-timeout``; [] when none came)."""
-    from dflash_eval.training_loop.watch import WatchLimits, watch
 
     found = training_checkpoints(ns)
     if found or not ns.watch:
@@ -88,8 +91,7 @@ def make_evaluator(ns: argparse.Namespace, settings: Any, *, log: Callable[[str]
     """The gate's Evaluator: its history (``--history``), trackers (``--tensorboard``, ``--wandb``: registered on its
     hook manager, ``session``'s ``hooks`` when given), plateau window; ``session``: the Evaluator's ``hooks`` and the
     options of its first EvalSession (progress sink, server link)."""
-    from dflash_eval.training_loop.evaluator import Evaluator
-    from dflash_eval.training_loop.trackers import TensorBoardTracker, WandbTracker
+    from dflash_eval.training_loop.evaluator import Evaluator  # imports torch: kept out of --help
 
     if ns.plateau_window < 2:
         raise ConfigError(f"--plateau-window must be >= 2, got {ns.plateau_window}")
@@ -106,7 +108,7 @@ def make_evaluator(ns: argparse.Namespace, settings: Any, *, log: Callable[[str]
 def judged_row(evaluator: Any, session: Any, *, step: int | None = None) -> Any:
     """Evaluate ``session``'s checkpoint through ``evaluator`` (its history record appended) and make its gate row;
     a regression across steps fails the row, a plateau is a notice beside it."""
-    from dflash_eval.report.gate import error_row, gate_row
+    from dflash_eval.report.gate import error_row, gate_row  # imports torch: kept out of --help
 
     path = session.settings.drafter
     t0 = time.perf_counter()
@@ -126,8 +128,6 @@ def judged_row(evaluator: Any, session: Any, *, step: int | None = None) -> Any:
 
 def write_trend(evaluator: Any) -> list[Path]:
     """``history.md`` and ``history.png`` beside the history file, from every record in it."""
-    from dflash_eval.training_loop.trend_plot import write_trend_plot
-    from dflash_eval.training_loop.trend_table import write_trend_table
 
     hist = evaluator.history
     records = hist.read()
@@ -139,7 +139,7 @@ def write_trend(evaluator: Any) -> list[Path]:
 
 
 def _evaluate_found(evaluator: Any, found: Any, say: Callable[[str], None]) -> Any:
-    from dflash_eval.report.gate import error_row
+    from dflash_eval.report.gate import error_row  # imports torch: kept out of --help
 
     try:
         session = evaluator.session(found.path)
@@ -155,7 +155,6 @@ def gate_training_run(ns: argparse.Namespace, evaluator: Any, found: list[Any], 
                       say: Callable[[str], None]) -> list[Any]:
     """Evaluate ``found`` (in step order) but those the history holds for these settings, then, with ``--watch``,
     the new ones as they appear; returns their gate rows."""
-    from dflash_eval.training_loop.watch import WatchLimits, watch
 
     todo = [f for f in found if not evaluator.history.has(str(f.path), f.step, evaluator.digest)]
     say(f"[dflash-eval] {len(found)} checkpoint(s) found, {len(found) - len(todo)} already in "

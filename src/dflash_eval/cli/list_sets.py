@@ -23,12 +23,13 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from dflash_eval.options.settings import OPTIONS_BY_NAME
+from dflash_eval.prompts.catalog import check_entry, render_text, set_entries
+
 __all__ = ["sets_command", "build_sets_parser", "data_dir_of"]
 
 
 def build_sets_parser() -> argparse.ArgumentParser:
-    from dflash_eval.options.settings import OPTIONS_BY_NAME
-
     spec = OPTIONS_BY_NAME["prompt_data_dir"]
     ap = argparse.ArgumentParser(prog="dflash-eval sets", description="List the built-in prompt sets (--prompts NAME): "
                                  "their public source, where their data must be and whether it is present here. "
@@ -44,7 +45,6 @@ def build_sets_parser() -> argparse.ArgumentParser:
 
 def data_dir_of(cli_value: str | None, environ: Mapping[str, str]) -> tuple[Path, str]:
     """The data folder (absolute) and where its value came from: the option, the environment or the default."""
-    from dflash_eval.options.settings import OPTIONS_BY_NAME
 
     spec = OPTIONS_BY_NAME["prompt_data_dir"]
     if cli_value:
@@ -59,7 +59,6 @@ def data_dir_of(cli_value: str | None, environ: Mapping[str, str]) -> tuple[Path
 
 def sets_command(argv: list[str]) -> int:
     """Run ``dflash-eval sets`` with ``argv`` (the arguments after ``sets``); returns the exit status."""
-    from dflash_eval.prompts.catalog import check_entry, render_text, set_entries
 
     try:
         ns = build_sets_parser().parse_args(argv)

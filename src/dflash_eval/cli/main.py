@@ -8,21 +8,22 @@ added unless a ``--snapshot-*`` option is given, and the exit status is pytest's
 
 ``dflash-eval gate --drafter A --drafter B ...`` evaluates one or more drafter checkpoints against the same target
 and prompts in ONE process: the target's embedding/lm_head, tokenizer, prompt ids, reference completions and
-features are loaded (or produced) once and shared by every checkpoint's :class:`~dflash_eval.session.eval_session.EvalSession`
-(``EvalSession(..., shared=first)``), so each checkpoint after the first costs only drafter work.
-It prints a comparison table (checkpoint, mean τ, DDTree-N τ, worst prompt, verdict against the floors of
-``--floors-file`` or ``--tau-floor``) and writes the combined report of all checkpoints to ``--report-dir``
-(``gate.json``, ``gate.md``: :mod:`dflash_eval.report.gate`).
+features are loaded (or produced) once and shared by every checkpoint's
+:class:`~dflash_eval.session.eval_session.EvalSession` (``EvalSession(..., shared=first)``), so each checkpoint after
+the first costs only drafter work. It prints a comparison table (checkpoint, mean τ, DDTree-N τ, worst prompt, verdict
+against the floors of ``--floors-file`` or ``--tau-floor``) and writes the combined report of all checkpoints to
+``--report-dir`` (``gate.json``, ``gate.md``: :mod:`dflash_eval.report.gate`).
 
 Exit status: 0 every checkpoint passes; 1 at least one fails (τ below a floor, τ dropped or rose beyond the
 ``--baseline`` tolerances, a drafter that does not fit the target); 2 bad input, reported once before any work (a
 path that does not exist, an invalid option value, an unreadable config.json, a floors file or baseline recorded
 with other τ-relevant settings, an option the gate does not honour), or no τ floors for the selected prompts and no
 explicit threshold: the message names the floors file it looked for and the ``dflash-eval record`` command for the
-first checkpoint. Values, paths and prompt files are checked before torch is imported (:mod:`dflash_eval.options.preflight`).
+first checkpoint. Values, paths and prompt files are checked before torch is imported
+(:mod:`dflash_eval.options.preflight`).
 
-The suite options the gate honours (``commands`` in :mod:`dflash_eval.options.settings`; ``dflash-eval gate --help``) are
-accepted with the same name, and read from ``DFLASH_EVAL_<NAME>`` when not given; relative paths are relative to the
+The suite options the gate honours (``commands`` in :mod:`dflash_eval.options.settings`; ``dflash-eval gate --help``)
+are accepted with the same name, and read from ``DFLASH_EVAL_<NAME>`` when not given; relative paths are relative to the
 current directory (the bundled-fixture defaults, e.g. ``fixtures/target``, apply only in a checkout of this
 repository). Ini files are not read. The others (the recording options, the drift tolerances, ...) are refused.
 
@@ -46,9 +47,28 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dflash_eval.cli.gate_run import (
+    add_training_options,
+    first_checkpoints,
+    gate_training_run,
+    judged_row,
+    make_evaluator,
+    write_trend,
+)
+from dflash_eval.cli.list_sets import sets_command
 from dflash_eval.cli.record import record_command
 from dflash_eval.cli.suite_run import joined_option_values, run_suite
+from dflash_eval.common.atomic import atomic_write_text
+from dflash_eval.common.paths import normal_path
+from dflash_eval.common.torch_check import require_torch
 from dflash_eval.errors import ConfigError, DFlashEvalError
+from dflash_eval.golden.needed import gate_floors_message, missing_floors
+from dflash_eval.options.commands import add_command_options, environ_for, refused
+from dflash_eval.options.invocation import option_pieces, shell_join
+from dflash_eval.options.preflight import preflight
+from dflash_eval.options.settings import resolve
+from dflash_eval.runtime.progress import throttled
+from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.training_loop.plugins import plugin_manager
 
 if TYPE_CHECKING:
@@ -61,7 +81,6 @@ EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 
 def _add_suite_options(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
     """The suite options the gate honours (the others are refused: :func:`main`)."""
-    from dflash_eval.options.commands import add_command_options
 
     add_command_options(p, "gate", skip=skip)
 
@@ -88,7 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", dest="json_out", metavar="FILE", help="also write the comparison as JSON to FILE")
     g.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     _add_suite_options(g, skip=("drafter",))
-    from dflash_eval.cli.gate_run import add_training_options
 
     add_training_options(g)
     return ap
@@ -102,8 +120,6 @@ def _version() -> str:
 def _settings(ns: argparse.Namespace, drafter: Path, *, check: bool = True) -> EvalSettings:
     """One checkpoint's EvalSettings: CLI > env > default (no ini file; env only of the options the gate honours);
     relative paths against the current directory. ``check=False``: the values parsed, not checked (no torch)."""
-    from dflash_eval.options.commands import environ_for
-    from dflash_eval.options.settings import resolve
 
     cwd = Path.cwd()
     return resolve(lambda name: drafter if name == "drafter" else getattr(ns, name, None),
@@ -111,12 +127,12 @@ def _settings(ns: argparse.Namespace, drafter: Path, *, check: bool = True) -> E
 
 
 def _sglang_client(s: EvalSettings, hooks: Any = None) -> Any:
-    """A ready client for the reference completions: a plugin's (``pytest_dflash_eval_reference_server``), else one of the
-    running SGLang server (readiness and identity checked once; nothing is launched)."""
+    """A ready client for the reference completions: a plugin's (``pytest_dflash_eval_reference_server``), else one of
+    the running SGLang server (readiness and identity checked once; nothing is launched)."""
     client = hooks.hook.pytest_dflash_eval_reference_server(settings=s) if hooks is not None else None
     if client is not None:
         return client
-    from dflash_eval.sglang import DEFAULT_LAUNCH_URL, SGLangClient
+    from dflash_eval.sglang import DEFAULT_LAUNCH_URL, SGLangClient  # imports requests: only when a server is needed
 
     return SGLangClient.connect(s.sglang_url or DEFAULT_LAUNCH_URL,
                                 expected_name=s.sglang_model_name or s.target_model.name,
@@ -126,8 +142,6 @@ def _sglang_client(s: EvalSettings, hooks: Any = None) -> Any:
 def _drafter_paths(ns: argparse.Namespace, err: Any) -> list[Path] | None:
     """The --drafter paths, absolute; None (after one message naming every problem) when one does not exist or an
     option value, path or prompt file is bad (the checks that need no torch)."""
-    from dflash_eval.common.paths import normal_path
-    from dflash_eval.options.preflight import preflight
 
     drafters = [Path(d).expanduser() for d in ns.drafter]
     drafters = [normal_path(d if d.is_absolute() else Path.cwd() / d) for d in drafters]
@@ -147,7 +161,6 @@ def _drafter_paths(ns: argparse.Namespace, err: Any) -> list[Path] | None:
 def _training_run(ns: argparse.Namespace, err: Any) -> list[Any] | None:
     """``gate DIR`` / ``--drafter-glob``: the run's checkpoints in step order (the first stands in for ``--drafter``
     while the inputs are checked); [] with ``--drafter``; None (after one message) for bad input."""
-    from dflash_eval.cli.gate_run import first_checkpoints
 
     run = ns.train_dir is not None or bool(ns.drafter_glob)
     problem = None
@@ -172,10 +185,9 @@ def _training_run(ns: argparse.Namespace, err: Any) -> list[Any] | None:
 
 def _report(ns: argparse.Namespace, rows: list[Any], settings: EvalSettings, t_all: float) -> int:
     """The comparison table on stdout, the --json file, gate.json and gate.md; the exit status."""
-    from dflash_eval.common.atomic import atomic_write_text
-    from dflash_eval.report.gate import gate_table, write_gate_report
-    from dflash_eval.report.strict_json import dumps_strict
-    from dflash_eval.report.tables import print_tables
+    from dflash_eval.report.gate import gate_table, write_gate_report  # imports torch: kept out of --help
+    from dflash_eval.report.strict_json import dumps_strict  # imports torch: kept out of --help
+    from dflash_eval.report.tables import print_tables  # imports torch: kept out of --help
 
     failed = [r for r in rows if not r.passed]
     print_tables([gate_table(rows, list(settings.ddtree_budget), terminal=True)], sys.stdout)
@@ -197,18 +209,14 @@ def gate(ns: argparse.Namespace) -> int:
     if drafters is None:
         return EXIT_BAD_INPUT
     settings: list[EvalSettings] = []
-    from dflash_eval.common.torch_check import require_torch
 
     require_torch()  # before the session module imports it (ConfigError: exit 2 naming how to install it)
-    from dflash_eval.cli.gate_run import gate_training_run, judged_row, make_evaluator
 
     def say(m: str) -> None:
         if not ns.quiet:
             print(m, file=err, flush=True)
 
-    from dflash_eval.runtime.progress import throttled
-    from dflash_eval.runtime.threads import set_torch_threads
-    from dflash_eval.serving.server_link import ServerLink
+    from dflash_eval.runtime.threads import set_torch_threads  # imports torch: kept out of --help
 
     progress = None if ns.quiet else throttled(say, 2.0)
     sessions: list[Any] = []
@@ -225,14 +233,13 @@ def gate(ns: argparse.Namespace) -> int:
     except DFlashEvalError as exc:
         print(f"dflash-eval gate: bad input: {exc}", file=err)
         return EXIT_BAD_INPUT
-    from dflash_eval.golden.needed import gate_floors_message, missing_floors
 
     missing = missing_floors(sessions[0])
     if missing:  # nothing to gate against: exit 2 naming the floors file and the command that records it
         print(f"dflash-eval gate: {gate_floors_message(missing, _record_command(ns.argv))}", file=err)
         return EXIT_BAD_INPUT
 
-    from dflash_eval.report.format import fmt
+    from dflash_eval.report.format import fmt  # imports torch: kept out of --help
 
     rows: list[Any] = []
     t_all = time.perf_counter()
@@ -247,7 +254,6 @@ def gate(ns: argparse.Namespace) -> int:
 
 def _finish(ns: argparse.Namespace, evaluator: Any, rows: list[Any], settings: EvalSettings, t_all: float) -> int:
     """The trackers closed, the history's trend table and plot, then the gate's report (:func:`_report`)."""
-    from dflash_eval.cli.gate_run import write_trend
 
     evaluator.close()
     trend = write_trend(evaluator)
@@ -262,7 +268,6 @@ def _finish(ns: argparse.Namespace, evaluator: Any, rows: list[Any], settings: E
 def _record_command(gate_args: list[str]) -> str:
     """The ``dflash-eval record`` command for the gate's target and prompts, from its first ``--drafter`` (whose τ
     sets the bar)."""
-    from dflash_eval.options.invocation import option_pieces, shell_join
 
     out, seen = [], False
     for spec, piece in option_pieces(gate_args):
@@ -275,7 +280,6 @@ def _record_command(gate_args: list[str]) -> str:
 
 def _refuse(args: list[str]) -> bool:
     """Suite options the gate does not honour: one message naming them (exit 2), never accepted and ignored."""
-    from dflash_eval.options.commands import refused
 
     why = {name: "the gate only judges; `dflash-eval record` writes floors, snapshots and the fingerprint" for name in
            ("update_tau_floors", "update_fingerprints", "tau_margin", "golden_dir")}
@@ -294,7 +298,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["gate"] and _refuse(argv[1:]):
         return EXIT_BAD_INPUT
     if argv[:1] == ["sets"]:  # its own parser (dflash_eval.cli.list_sets); no torch import
-        from dflash_eval.cli.list_sets import sets_command
 
         return sets_command(argv[1:])
     ap = build_parser()

@@ -35,8 +35,10 @@ import pytest
 
 from dflash_eval.cli.suite_run import run_suite
 from dflash_eval.golden.needed import FLOOR_TESTS, SNAPSHOT_MODULE, SNAPSHOT_TEST
+from dflash_eval.metrics.floors import load_floors
 from dflash_eval.options.commands import add_command_options, refused
 from dflash_eval.options.invocation import RECORD_FLAGS, args_for, shell_join, suite_options
+from dflash_eval.pytest_plugin.state import MERGED, get_settings, settings_from_config
 
 __all__ = ["record_command", "build_record_parser", "with_recording_keywords", "RecordPlugin", "RECORDING_TESTS",
            "RECORDING_KEYWORDS", "EXIT_REFUSED"]
@@ -83,8 +85,6 @@ class RecordPlugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        from dflash_eval.metrics.floors import load_floors
-        from dflash_eval.pytest_plugin.state import settings_from_config
 
         try:  # the floors file's path needs no validation (which imports torch, ahead of the xdist workers' start)
             self.floors_before = load_floors(settings_from_config(session.config, check=False).floors_file).raw
@@ -123,7 +123,6 @@ def _shown(p: Path) -> str:
 
 def summary(plugin: RecordPlugin, argv: list[str]) -> tuple[list[str], bool]:
     """The lines that say what was recorded and how to gate against it; and whether the floors were written."""
-    from dflash_eval.pytest_plugin.state import MERGED, get_settings
 
     config = plugin.config
     if config is None:
@@ -152,7 +151,7 @@ def summary(plugin: RecordPlugin, argv: list[str]) -> tuple[list[str], bool]:
         lines.append(f"  snapshots    {_shown(folder)}/: {len(plugin.snapshots)} reference completions")
     fp = data.get("fingerprint") or {}
     if fp:
-        from dflash_eval.golden.writer import fingerprint_path
+        from dflash_eval.golden.writer import fingerprint_path  # imports torch: kept out of --help
 
         path = fingerprint_path(s.golden_dir, fp["device_kind"], fp["backend"], fp["dtype"])
         if _written(path, plugin.started):

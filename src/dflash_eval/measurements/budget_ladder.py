@@ -1,6 +1,7 @@
 """The drafter's drift budget (:mod:`dflash_eval.metrics.drift_budget`): the ``drift_budget`` measurement, measured on
-the reference side's features and memoised in the cache: one ``drift_budget`` entry per ladder level (τ of every prompt and the injected errors
-under that perturbation), keyed by every input (drafter, code, feature entries, prompts, level, seed).
+the reference side's features and memoised in the cache: one ``drift_budget`` entry per ladder level (τ of every
+prompt and the injected errors under that perturbation), keyed by every input (drafter, code, feature entries,
+prompts, level, seed).
 
 The levels are measured by several xdist workers side by side (batches of levels, one per worker; one batch of
 all levels in a single process), and a changed ladder reuses the levels it keeps; within a batch the prompts go in
@@ -23,10 +24,10 @@ from dflash_eval.cache.keys import cache_key
 from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.cache.store import CacheEntry
 from dflash_eval.common.sizes import parse_memory
+from dflash_eval.measurements.registry import Measurement, Plan, Subject
+from dflash_eval.measurements.tau_greedy import PromptTau, tau_fields
 from dflash_eval.metrics.drift_budget import DriftBudget, Perturbation, measure_ladder, parse_ladder
 from dflash_eval.metrics.tau_chunks import LazyItems
-from dflash_eval.measurements.registry import Measurement, Plan, Subject
-from dflash_eval.measurements.tau_greedy import tau_fields
 from dflash_eval.runtime.progress import Progress
 
 __all__ = ["DriftBudgetLadder", "budget_subject"]
@@ -64,7 +65,7 @@ class DriftBudgetLadder(Measurement):
         ladder = parse_ladder(s.drift_budget_ladder)
         usable = [p for p in ladder if p.available]
         extended = len(prompts) > selected
-        base = ev.tau_results if side == ev.inputs.eval_side and not extended else \
+        base: dict[str, PromptTau] = ev.tau_results if side == ev.inputs.eval_side and not extended else \
             ev.measure("tau", side=side, budgets=())
         base_tau = [base[p.id].chain.tau for p in prompts]
         ids = [p.id for p in prompts]

@@ -1,6 +1,6 @@
-"""τ from the real speculative loop (``--online-tau``), the ``online`` measurement: the target verifies every drafted block
-(:func:`dflash_eval.metrics.online_loop.online_generate`, greedy, stopping at EOS and at ``--max-new-tokens`` like the reference
-completions), reported beside the offline simulation's τ and per-position acceptance.
+"""τ from the real speculative loop (``--online-tau``), the ``online`` measurement: the target verifies every drafted
+block (:func:`dflash_eval.metrics.online_loop.online_generate`, greedy, stopping at EOS and at ``--max-new-tokens``
+like the reference completions), reported beside the offline simulation's τ and per-position acceptance.
 
 On the same greedy completion both count the same rounds (up to numerical near-ties between a batched and an
 incremental forward), so a disagreement points at a convention bug or at kernel differences; each prompt's row says

@@ -74,6 +74,9 @@ class Subject(Protocol):
     @property
     def sampled(self) -> bool: ...
 
+    @property
+    def tau_results(self) -> dict[str, Any]: ...  # PromptTau by prompt id (its module imports this one)
+
     def check_drafter(self) -> None: ...
 
     def completions(self) -> dict[str, CompletionRecord]: ...
@@ -190,8 +193,9 @@ class Runner:
             m = self.lookup(name)
             plan = m.plan(self.subject, params)
             inp = self.subject.inputs
-            spread = {"worker_index": inp.worker_index, "worker_count": inp.worker_count} if plan.spread else {}
-            served = inp.cache.ensure(plan.batches, prepare=plan.prepare, progress=plan.progress, **spread)
+            index, count = (inp.worker_index, inp.worker_count) if plan.spread else (0, 1)  # (0, 1): not spread
+            served = inp.cache.ensure(plan.batches, prepare=plan.prepare, progress=plan.progress, worker_index=index,
+                                      worker_count=count)
             entries = {label: served[r.key] for label, r in plan.requests.items()}
             self._values[key] = m.decode(self.subject, entries, plan, params)
         return self._values[key]

@@ -10,8 +10,8 @@ under ``--cache-only``). Parameters: ``side`` (whose features) and ``budgets`` (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -20,10 +20,10 @@ from dflash_eval.cache.code_version import CODE_VERSION
 from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.cache.store import CacheEntry
 from dflash_eval.common.sizes import parse_memory
-from dflash_eval.metrics.drift import Side
-from dflash_eval.metrics.tau import TauResult, simulate_tau
 from dflash_eval.features.feature_map import lazy_items
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
+from dflash_eval.metrics.drift import Side
+from dflash_eval.metrics.tau import TauResult, simulate_tau
 from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.provenance import device_kind, library_versions
 
@@ -84,9 +84,12 @@ class GreedyTau(Measurement):
                     tensors[f"ddtree{b}/{n}"] = torch.tensor(res[p.id].ddtree[b].accept_lengths, dtype=torch.int32)
             return [Produced(tensors, {"prompt_ids": [p.id for p in prompts], "side": side.label})]
 
+        def prepare(misses: list[Request]) -> None:
+            subject.features(side)
+
         req = Request(self.kind, tau_fields(subject, side, budgets), what=f"τ of every prompt ({side.label})",
                       derived=True)
-        return Plan([Batch([req], produce)], {"tau": req}, prepare=lambda misses: subject.features(side))
+        return Plan([Batch([req], produce)], {"tau": req}, prepare=prepare)
 
     def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
                params: Mapping[str, Any]) -> dict[str, PromptTau]:

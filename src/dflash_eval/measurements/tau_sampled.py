@@ -84,14 +84,16 @@ class SampledTauMeasurement(Measurement):
 
     def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
                params: Mapping[str, Any]) -> dict[str, PromptTau]:
-        budgets, comps = tuple(params["budgets"]), plan.state
+        budgets = tuple(params["budgets"])
+        comps: dict[str, list[list[int]]] = plan.state  # the sampled completions :meth:`plan` keyed its entry by
         bs, t = subject.checkpoint.config.block_size, entries["tau"].tensors
-        out = {}
+        out: dict[str, PromptTau] = {}
         for n, p in enumerate(subject.inputs.prompts):
             ks = range(len(comps[p.id]))
             chain = pool_samples([TauResult(t[f"chain/{n}/{k}"].tolist(), bs, "chain") for k in ks], bs, "chain")
-            dd = {b: pool_samples([TauResult(t[f"ddtree{b}/{n}/{k}"].tolist(), bs, f"ddtree-{b}") for k in ks], bs,
-                                  f"ddtree-{b}") for b in budgets}
+            dd: dict[int, TauResult] = {
+                b: pool_samples([TauResult(t[f"ddtree{b}/{n}/{k}"].tolist(), bs, f"ddtree-{b}") for k in ks], bs,
+                                f"ddtree-{b}") for b in budgets}
             out[p.id] = PromptTau(p.id, p.category, chain, dd, len(subject.references.prompt_ids(p.id)),
                                   round(sum(len(c) for c in comps[p.id]) / max(1, len(comps[p.id]))))
         return out

@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dflash_eval.metrics.floors import Floors
+from dflash_eval.metrics.stats import category_table, ddtree_budgets
 
 if TYPE_CHECKING:
     from dflash_eval.metrics.baseline import BaselineComparison
@@ -111,13 +112,17 @@ class Threshold:
         return self.floor is None
 
 
+#: A τ as eval.json's rows hold it: a category may lack a budget's τ (None).
+_Tau = TypeVar("_Tau", bound=float | None)
+
+
 def overall(thresholds: list[Threshold]) -> bool | None:
     """All gated thresholds pass (None when none is gated)."""
     gated = [t for t in thresholds if t.gated]
     return all(t.passed for t in gated) if gated else None
 
 
-def _budget_items(ddtree: Mapping[Any, float]) -> list[tuple[int, float]]:
+def _budget_items(ddtree: Mapping[Any, _Tau]) -> list[tuple[int, _Tau]]:
     return [(int(b), v) for b, v in ddtree.items()]
 
 
@@ -133,13 +138,13 @@ def prompt_thresholds(pid: str, chain: float, ddtree: Mapping[Any, float], floor
                                                      for b, v in _budget_items(ddtree)]
 
 
-def mean_thresholds(chain: float, ddtree: Mapping[Any, float], floors: Floors) -> list[Threshold]:
+def mean_thresholds(chain: float, ddtree: Mapping[Any, float | None], floors: Floors) -> list[Threshold]:
     """The macro-averaged τ (chain and each budget) against the mean floors."""
     return [Threshold("chain", chain, floors.for_mean())] + [
         Threshold(f"DDTree-{b}", v, floors.for_mean(b)) for b, v in _budget_items(ddtree)]
 
 
-def category_thresholds(category: str, chain: float, ddtree: Mapping[Any, float],
+def category_thresholds(category: str, chain: float, ddtree: Mapping[Any, float | None],
                         floors: Floors) -> list[Threshold]:
     """A category's mean τ (chain and each budget) against its floors ("all" uses the mean floors)."""
     if category == "all":
@@ -192,7 +197,6 @@ def judge_categories(categories: dict[str, dict[str, Any]], floors: Floors | Non
 def judge_run(data: dict[str, Any], floors: Floors) -> None:
     """Re-judge merged eval.json data against ``floors`` (selected: the run's prompts): every prompt, the mean and
     every category."""
-    from dflash_eval.metrics.stats import category_table, ddtree_budgets
 
     floors = floors.select({p: r.get("category", "prompt") for p, r in data.get("prompts", {}).items()})
     judge_prompts(data.get("prompts", {}), floors)

@@ -6,8 +6,8 @@ transformers take 5-60 s on a loaded 2-core machine (``python benchmarks/bench_b
 paths). The pytest plugin runs :func:`preflight` at session start (before collection, and before pytest-xdist
 starts its workers); ``dflash-eval gate`` and ``dflash-eval record`` run it before anything else. The checks that
 need torch follow (:meth:`dflash_eval.options.settings.EvalSettings.validate`: the device and backends on this machine;
-:meth:`dflash_eval.session.eval_session.EvalSession.check_inputs`: tokenizer files, the drafter's config, floors and baseline
-against the run's settings).
+:meth:`dflash_eval.session.eval_session.EvalSession.check_inputs`: tokenizer files, the drafter's config, floors and
+baseline against the run's settings).
 
 Example (the options resolved without the torch checks, as the plugin does)::
 
@@ -95,8 +95,8 @@ def input_problems(settings: EvalSettings, *, target_check: Callable[[EvalSettin
 
 
 def preflight(settings: EvalSettings) -> None:
-    """The option values (:meth:`~dflash_eval.options.settings.EvalSettings.validate_values`), then every input problem at
-    once (:func:`input_problems`); ConfigError, without importing torch."""
+    """The option values (:meth:`~dflash_eval.options.settings.EvalSettings.validate_values`), then every input problem
+    at once (:func:`input_problems`); ConfigError, without importing torch."""
     settings.validate_values()
     problems = input_problems(settings)
     if problems:

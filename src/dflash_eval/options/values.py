@@ -8,22 +8,14 @@ Used by :func:`dflash_eval.options.settings.resolve` and :meth:`dflash_eval.opti
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from dflash_eval.common.paths import normal_path
 from dflash_eval.errors import ConfigError
+from dflash_eval.options.declaration import OptionSpec
 from dflash_eval.prompts import resolve_spec_paths
 
 __all__ = ["parse_value", "resolve_prompt_spec"]
-
-
-class _Spec(Protocol):
-    name: str
-    kind: str
-    choices: tuple[str, ...]
-
-    @property
-    def flag(self) -> str: ...
 
 
 def resolve_prompt_spec(raw: Any, base: Path | None) -> str:
@@ -32,7 +24,7 @@ def resolve_prompt_spec(raw: Any, base: Path | None) -> str:
     return resolve_spec_paths(raw, base)
 
 
-def parse_value(spec: _Spec, raw: Any, base: Path | None) -> Any:
+def parse_value(spec: OptionSpec, raw: Any, base: Path | None) -> Any:
     if raw is None:
         return None
     if spec.kind == "bool":

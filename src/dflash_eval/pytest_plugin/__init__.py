@@ -11,9 +11,9 @@ CLI > env > ini > default. Relative paths from the CLI or the environment are ta
 was started in; from the ini file or the defaults, from the rootdir.
 
 Hooks live in :mod:`.hooks`, fixtures in :mod:`.fixtures` (session scope, thin wrappers over
-:class:`dflash_eval.session.eval_session.EvalSession`), parametrization helpers for test modules (the suite's and a user's own)
-in :mod:`.params`, progress lines in :mod:`.progress_reporter`, junit properties (and the ``testcase_property`` fixture)
-in :mod:`.junit`.
+:class:`dflash_eval.session.eval_session.EvalSession`), parametrization helpers for test modules (the suite's and a
+user's own) in :mod:`.params`, progress lines in :mod:`.progress_reporter`, junit properties (and the
+``testcase_property`` fixture) in :mod:`.junit`.
 """
 
 from dflash_eval.pytest_plugin.fixtures import (

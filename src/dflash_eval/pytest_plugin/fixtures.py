@@ -113,7 +113,7 @@ def sglang(pytestconfig: pytest.Config, eval_session: EvalSession) -> Iterator[A
     worker fetches (file lock); the others then find the cache warm. Yields the
     :class:`dflash_eval.sglang.SGLangService` (``None`` when another worker already fetched).
     """
-    from dflash_eval.sglang import SGLangService, SGLangUnavailable
+    from dflash_eval.sglang import SGLangService, SGLangUnavailable  # imports requests: only when a server is needed
 
     plugged = _plugin_reference_server(pytestconfig, eval_session)
     if plugged is not None:

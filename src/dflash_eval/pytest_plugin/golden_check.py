@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from dflash_eval.golden.needed import Missing, missing_message, missing_records
+from dflash_eval.options.invocation import record_command
 from dflash_eval.pytest_plugin.state import SESSION, is_controller
 
 __all__ = ["GoldenCheck"]
@@ -49,8 +50,6 @@ class GoldenCheck:
                        getattr(config.option, "update_new_snapshots_only", False))
         missing = missing_records(session, nodeids, updates_snapshots=updates)
         if missing:
-            from dflash_eval.options.invocation import record_command
-
             command = record_command(config.invocation_params.args, add=_record_flags(config, missing))
             raise pytest.UsageError("dflash-eval: " + missing_message(missing, session.settings.target_model.name,
                                                                       command))

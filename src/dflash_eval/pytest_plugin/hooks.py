@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from dflash_eval import hookspec
+from dflash_eval.common.torch_check import require_torch
 from dflash_eval.errors import DFlashEvalError, DrafterRefused
+from dflash_eval.options.preflight import preflight
 from dflash_eval.options.settings import add_options
 from dflash_eval.pytest_plugin.fixtures import refused_reason, uses_suite_fixtures
 from dflash_eval.pytest_plugin.golden_check import GoldenCheck
@@ -168,8 +170,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Bad options or inputs are one usage error (exit 4) before collection, when the run includes the suite.
 
-    The checks that need no torch (:mod:`dflash_eval.options.preflight`: option values, paths, prompt files) run first, in
-    about a second. An xdist controller makes the rest (they import torch) when its test loop starts instead
+    The checks that need no torch (:mod:`dflash_eval.options.preflight`: option values, paths, prompt files) run first,
+    in about a second. An xdist controller makes the rest (they import torch) when its test loop starts instead
     (:func:`pytest_runtestloop`): done here they would delay the workers' start by that long. No test runs before
     them."""
     config = session.config
@@ -195,7 +197,6 @@ def _preflight(config: pytest.Config) -> None:
     if config.stash.get(PREFLIGHT, False):
         return
     config.stash[PREFLIGHT] = True
-    from dflash_eval.options.preflight import preflight
 
     try:
         preflight(settings_from_config(config, check=False))
@@ -206,7 +207,6 @@ def _preflight(config: pytest.Config) -> None:
 def _check_inputs(config: pytest.Config) -> None:
     config.stash[CHECKED] = True
     _preflight(config)
-    from dflash_eval.common.torch_check import require_torch
 
     try:
         require_torch()

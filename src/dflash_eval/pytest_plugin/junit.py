@@ -34,7 +34,7 @@ def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
     """The properties of merged eval.json ``data`` (empty without τ)."""
     if "mean_tau" not in data:
         return {}
-    from dflash_eval.report.summary import gate_outcome, tau_verdict
+    from dflash_eval.report.summary import gate_outcome, tau_verdict  # imports torch: kept out of --help
 
     prompts = data.get("prompts", {})
     failed = [p for p, r in prompts.items() if r.get("passed") is False]

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from dflash_eval.golden.node_ids import safe_id
 from dflash_eval.errors import DFlashEvalError
+from dflash_eval.golden.node_ids import safe_id
 from dflash_eval.pytest_plugin.state import get_session
 
 __all__ = ["SetupError", "setup_error_param", "safe_id", "collect", "prompt_ids"]

@@ -23,6 +23,7 @@ import pytest
 
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.options.settings import OPTIONS
+from dflash_eval.pytest_plugin.state import settings_from_config
 
 __all__ = ["moved_rootdir", "warn_moved_rootdir"]
 
@@ -66,7 +67,6 @@ def moved_rootdir(config: pytest.Config) -> str | None:
     expected = _rootdir_without_them(config) or here
     if root == expected:
         return None
-    from dflash_eval.pytest_plugin.state import settings_from_config
 
     try:
         s = settings_from_config(config, check=False)

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from dflash_eval.errors import DFlashEvalError, PluginError
+from dflash_eval.metrics.verdict import refused
+from dflash_eval.pytest_plugin.junit import add_junit_properties
 from dflash_eval.pytest_plugin.state import (
     FRAGMENTS,
     MERGED,
@@ -58,8 +60,8 @@ def write_run_reports(config: pytest.Config) -> None:
     try:
         if _own_result(config) or not is_controller(config):
             return
-        from dflash_eval import report
-        from dflash_eval.report.run_end import measured
+        from dflash_eval import report  # imports torch: kept out of --help
+        from dflash_eval.report.run_end import measured  # imports torch: kept out of --help
 
         frags = config.stash[FRAGMENTS]
         if not frags or not measured(frags):
@@ -74,7 +76,6 @@ def write_run_reports(config: pytest.Config) -> None:
         config.stash[MERGED] = data  # the tables and the verdict are printed even when a file cannot be written
         config.stash[MESSAGES] = report.finish(data, settings) + [f"dflash-eval: {m}" for m in
                                                                    config.stash.get(REJECTED, [])]
-        from dflash_eval.pytest_plugin.junit import add_junit_properties
 
         add_junit_properties(config, data)
     except Exception as exc:  # noqa: BLE001 - reporting must never turn a test run into an internal error
@@ -84,8 +85,8 @@ def write_run_reports(config: pytest.Config) -> None:
 
 
 def _result_ready(config: pytest.Config, settings: Any, data: dict[str, Any]) -> bool:
-    """The ``pytest_dflash_eval_result_ready`` implementations see ``data`` (their fields added to it; their rejections in
-    its ``rejected`` and the run's failures). False, with the message for the terminal, when a plugin broke the
+    """The ``pytest_dflash_eval_result_ready`` implementations see ``data`` (their fields added to it; their rejections
+    in its ``rejected`` and the run's failures). False, with the message for the terminal, when a plugin broke the
     hook's rules: the run fails and no report is written."""
     try:
         rejected = result_ready(config.pluginmanager, settings, data)
@@ -102,9 +103,9 @@ def _result_ready(config: pytest.Config, settings: Any, data: dict[str, Any]) ->
 def fail_a_refused_run(session: pytest.Session) -> None:
     """A drafter refused by an architecture check fails the run (exit 1) even when every test that needed it was
     skipped naming the check; so does a result a plugin rejected (``pytest_dflash_eval_result_ready``)."""
-    from dflash_eval.metrics.verdict import refused
 
-    failed = refused(session.config.stash.get(MERGED, None) or {}) or session.config.stash.get(REJECTED, None)
+    merged, rejected = session.config.stash.get(MERGED, None), session.config.stash.get(REJECTED, None)
+    failed = refused(merged or {}) or rejected
     if failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -114,7 +115,7 @@ def write_terminal_section(terminalreporter: Any, exitstatus: int, config: pytes
     data = config.stash.get(MERGED, None)
     if data is None:
         return
-    from dflash_eval.report.run_end import terminal_section
+    from dflash_eval.report.run_end import terminal_section  # imports torch: kept out of --help
 
     try:
         settings = get_settings(config)

@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from dflash_eval.errors import DFlashEvalError
-from dflash_eval.options.settings import EvalSettings, resolve
+from dflash_eval.options.settings import EvalSettings, resolve, worker_info
+from dflash_eval.pytest_plugin.progress_reporter import progress_sink
+from dflash_eval.serving.server_link import ServerLink
 
 if TYPE_CHECKING:  # the session (and torch) is imported when a test needs it, not when the plugin loads
     from dflash_eval.session.eval_session import EvalSession
 
-__all__ = ["settings_from_config", "get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES", "START", "SGLANG",
-           "MERGED", "MESSAGES", "REJECTED", "is_controller"]
+__all__ = ["settings_from_config", "get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES",
+           "START", "SGLANG", "MERGED", "MESSAGES", "REJECTED", "is_controller"]
 
 SESSION = pytest.StashKey["EvalSession"]()
 SETTINGS = pytest.StashKey["EvalSettings | Exception"]()
@@ -58,11 +60,8 @@ def get_session(config: pytest.Config) -> EvalSession:
     progress lines go to the plugin's reporter)."""
     if SESSION not in config.stash:
         settings = get_settings(config)  # bad options raise here, before the session (and torch) is imported
-        from dflash_eval.options.settings import worker_info
-        from dflash_eval.pytest_plugin.progress_reporter import progress_sink
-        from dflash_eval.runtime.threads import set_torch_threads
-        from dflash_eval.serving.server_link import ServerLink
-        from dflash_eval.session.eval_session import EvalSession
+        from dflash_eval.runtime.threads import set_torch_threads  # imports torch: kept out of --help
+        from dflash_eval.session.eval_session import EvalSession  # imports torch: kept out of --help
 
         name, index, count = worker_info()
         set_torch_threads(settings, count)  # once per process, before any stage computes

@@ -27,14 +27,14 @@ from dflash_eval.cache.keys import cache_key
 from dflash_eval.cache.requests import Batch, Produced, Request, StepReporter
 from dflash_eval.cache.store import CacheEntry
 from dflash_eval.errors import EvalError
+from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.references.completion import CompletionRecord
 from dflash_eval.references.completion_sources import CompletionSources, out_of_vocab
 from dflash_eval.references.conversations import HistoryMissing, turn_groups, turn_prompt_ids
-from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.references.teacher_forced import TeacherForced, argmax_fields, argmax_produced, argmax_request
 from dflash_eval.runtime.progress import Progress
 from dflash_eval.serving.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_tensors
 from dflash_eval.serving.server_link import ServerLink
-from dflash_eval.references.teacher_forced import TeacherForced, argmax_fields, argmax_produced, argmax_request
 from dflash_eval.target.generation import generation_groups
 from dflash_eval.target.provenance import device_kind, library_versions
 
@@ -68,7 +68,7 @@ class References:
         if not p.follows:
             return self.inputs.prompt_ids[pid]
         if pid not in self._turn_ids:
-            earlier = []
+            earlier: list[CompletionRecord] = []
             q: str | None = p.previous_id
             while q is not None:
                 rec = self._records.get(q) or self._read(q)

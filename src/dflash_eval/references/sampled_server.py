@@ -26,8 +26,8 @@ import torch
 from dflash_eval.cache.requests import Produced, Request
 from dflash_eval.errors import EvalError
 from dflash_eval.inputs.run_inputs import Inputs
-from dflash_eval.references.greedy import References
 from dflash_eval.references.completion_sources import out_of_vocab
+from dflash_eval.references.greedy import References
 from dflash_eval.serving.server_sample_check import check_sampled_completions
 
 __all__ = ["UnseededServerWarning", "fetch_sampled", "server_seeds_requests"]
@@ -50,7 +50,7 @@ def _seeded(client: Any) -> bool:
     url = str(getattr(client, "url", "the SGLang server"))
     try:
         info = client.info()
-    except Exception as exc:  # a server without /server_info cannot say: treat it as unseeded, say why
+    except Exception as exc:  # noqa: BLE001 - a server without /server_info cannot say: unseeded, and why
         info = {"error": f"{type(exc).__name__}: {exc}"}
     seeded = server_seeds_requests(info)
     if not seeded and url not in _warned:

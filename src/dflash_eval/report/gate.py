@@ -1,7 +1,7 @@
 """The gate's report: one :class:`GateRow` per checkpoint, made from its judged τ (:func:`gate_row`, from the typed
-:class:`~dflash_eval.results.eval_result.TauSummary`), written as ``<report-dir>/gate.json`` and ``<report-dir>/gate.md``
-(also appended to ``$GITHUB_STEP_SUMMARY`` when set) and printed as the gate's terminal table, all through the one
-rendering layer (:mod:`.format`, :mod:`.tables`).
+:class:`~dflash_eval.results.eval_result.TauSummary`), written as ``<report-dir>/gate.json`` and
+``<report-dir>/gate.md`` (also appended to ``$GITHUB_STEP_SUMMARY`` when set) and printed as the gate's terminal table,
+all through the one rendering layer (:mod:`.format`, :mod:`.tables`).
 
 gate.json (strict JSON, NaN written as null)::
 

@@ -76,8 +76,8 @@ SCHEMA = 1
 def _kernel_probes(fragments: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Every process's ``provenance.kernel_probe`` in one: each (backend, dtype) probe once (every process probes
     its own kernels), every kernel change any process noticed, the probe time per worker."""
-    blocks = [(f.get("worker", "?"), (f.get("provenance") or {}).get("kernel_probe")) for f in fragments]
-    blocks = [(w, b) for w, b in blocks if b]
+    found = [(f.get("worker", "?"), (f.get("provenance") or {}).get("kernel_probe")) for f in fragments]
+    blocks: list[tuple[str, dict[str, Any]]] = [(w, b) for w, b in found if b]
     if not blocks:
         return None
     probes: dict[tuple[str, str], Any] = {}

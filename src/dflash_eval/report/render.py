@@ -185,11 +185,12 @@ def render_markdown(data: dict[str, Any]) -> str:
     for title, rows in ((_ACCEPT_TITLE, acceptance_rows(data)), (_CONV_TITLE, conversation_rows(data))):
         parts += _section(f"{title[0].upper()}{title[1:]}", TextTable(*rows))
     for table in measurement_tables(data):
-        parts += _section(f"Measurement: {table.title.removeprefix('measurement: ')}", table, table.caption)
+        parts += _section(f"Measurement: {(table.title or '').removeprefix('measurement: ')}", table, table.caption)
     parts += _section("Hidden-state drift (regression check)", TextTable(*drift_rows(data)))
-    if budget_line(data):
+    budget = budget_line(data)
+    if budget:
         gate = TextTable(*gate_rows(data))
-        parts += ["", "### Drift budget and gate", "", budget_line(data), "", markdown_table(
+        parts += ["", "### Drift budget and gate", "", budget, "", markdown_table(
             TextTable(*ladder_rows(data)))] + (["", markdown_table(gate)] if gate else [])
         parts += ["", "Plot: `drift_budget.png` (τ and mean |Δτ| against the injected feature error, this run's "
                   "measured drift marked)."]

@@ -60,8 +60,8 @@ def _detail_line(data: dict[str, Any]) -> str | None:
     return "; ".join(parts) or None
 
 
-def _gate_line(data: dict[str, Any]) -> str:
-    outcome = gate_outcome(data)
+def _gate_line(data: dict[str, Any], outcome: str) -> str:
+    """The drift gate's line; ``outcome``: :func:`gate_outcome` of ``data`` (not None: the gate ran)."""
     rows = data["drift_gate"]
     b = data.get("drift_budget") or {}
     over = [r for r in rows if row_outcome(r) != "pass"]
@@ -94,7 +94,7 @@ def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests
     if detail:
         lines.append(detail)
     if gate is not None:
-        lines.append(_gate_line(data))
+        lines.append(_gate_line(data, gate))
     lines += [f"cause: {d}" for d in data.get("diagnoses", [])]
     if report_dir is not None:
         names = [n for n in REPORT_FILES if (Path(report_dir) / n).is_file()]

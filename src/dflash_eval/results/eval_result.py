@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_eval.common.workdir import run_location
+from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, PromptTau
+from dflash_eval.measurements.online_greedy import OnlineTau
 from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, position_rates
-from dflash_eval.metrics.sampled_tau import SampledTau, sample_row
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.floors import Floors
+from dflash_eval.metrics.sampled_tau import SampledTau, sample_row
 from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
 from dflash_eval.metrics.tau import macro_tau
 from dflash_eval.metrics.verdict import Verdict, checkpoint_verdict, judge_categories, judge_prompts, mean_thresholds
 from dflash_eval.prompts import Prompt
-from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, PromptTau
-from dflash_eval.measurements.online_greedy import OnlineTau
 from dflash_eval.references.greedy import CompletionRecord
 from dflash_eval.results.blocks import (
     DrafterBlock,

@@ -1,8 +1,10 @@
-"""One evaluation run in one process: the stages of :mod:`dflash_eval.suite` composed in order.
+"""One evaluation run in one process: the stages composed in order.
 
-options -> :class:`~dflash_eval.inputs.run_inputs.Inputs` (drafter-independent) -> :class:`~dflash_eval.references.greedy.
-References` (completions) -> :class:`~dflash_eval.features.feature_store.FeatureStore` (features) ->
-:class:`~dflash_eval.evaluation.drafter_evaluation.DrafterEvaluation` (τ, drift) -> :class:`~dflash_eval.results.eval_result.EvalResult`.
+options -> :class:`~dflash_eval.inputs.run_inputs.Inputs` (drafter-independent) ->
+:class:`~dflash_eval.references.greedy.References` (completions) ->
+:class:`~dflash_eval.features.feature_store.FeatureStore` (features) ->
+:class:`~dflash_eval.evaluation.drafter_evaluation.DrafterEvaluation` (its measurements, drift) ->
+:class:`~dflash_eval.results.eval_result.EvalResult`.
 
 The pytest plugin makes one session per process (per xdist worker); the training-loop
 :class:`~dflash_eval.training_loop.evaluator.Evaluator` (and so ``dflash-eval gate``) makes one per checkpoint, each
@@ -25,14 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 from dflash_eval.errors import ConfigError
+from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, Drift, PromptTau
+from dflash_eval.features.feature_store import FeatureStore
+from dflash_eval.inputs.run_inputs import DEFAULT_PROGRESS, Inputs
 from dflash_eval.metrics.baseline import Baseline, BaselineComparison, compare, load_baseline
 from dflash_eval.metrics.drift_budget import DriftBudget, GateCheck
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.tau_context import describe, mismatches, sampling_context
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, Drift, PromptTau
-from dflash_eval.features.feature_store import FeatureStore
-from dflash_eval.inputs.run_inputs import DEFAULT_PROGRESS, Inputs
 from dflash_eval.references.greedy import CompletionRecord, References
 from dflash_eval.references.sampled import SampledReferences
 from dflash_eval.results.eval_result import EvalResult, TauSummary, build_result, tau_summary

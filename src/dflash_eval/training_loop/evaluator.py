@@ -35,16 +35,16 @@ from typing import Any
 
 import pluggy
 
-from dflash_eval.errors import ResultRejected
+from dflash_eval.errors import ConfigError, ResultRejected
+from dflash_eval.inputs.run_inputs import DRAFTER_OPTIONS
 from dflash_eval.options.preflight import target_config_problem
 from dflash_eval.options.settings import TAU_OPTIONS, EvalSettings
-from dflash_eval.inputs.run_inputs import DRAFTER_OPTIONS
 from dflash_eval.results.eval_result import EvalResult
 from dflash_eval.session.eval_session import EvalSession
+from dflash_eval.session.reference_drafter import ReferenceTau
 from dflash_eval.training_loop.drafter_input import DrafterInput, drafter_input, evaluation_mode
 from dflash_eval.training_loop.history import CheckpointRecord, History, checkpoint_reasons
 from dflash_eval.training_loop.plugins import plugin_manager, register_tracker, result_ready
-from dflash_eval.session.reference_drafter import ReferenceTau
 
 __all__ = ["Evaluator", "settings_digest"]
 
@@ -121,8 +121,6 @@ class Evaluator:
         the prompts (ConfigError naming the file). A drafter's own files are checked when it is evaluated."""
         problem = target_config_problem(self.settings)
         if problem is not None:
-            from dflash_eval.errors import ConfigError
-
             raise ConfigError(f"unusable inputs:\n  {problem}")
         self.inputs.target_dir.check_json_files()
         self.inputs.check_prompts()  # JSONL errors name the line
@@ -140,9 +138,9 @@ class Evaluator:
         return EvalSession(settings, shared=self.base, checkpoint=src.checkpoint, live=src.live)
 
     def session(self, drafter: Any = None, *, config: Any = None, name: str | None = None) -> EvalSession:
-        """The :class:`~dflash_eval.session.eval_session.EvalSession` of ``drafter`` (a path; None: ``settings.drafter``,
-        this evaluator's own first session) sharing this evaluator's inputs. A path's session is kept until
-        :meth:`evaluate` evaluates that path (its checks already run)."""
+        """The :class:`~dflash_eval.session.eval_session.EvalSession` of ``drafter`` (a path; None:
+        ``settings.drafter``, this evaluator's own first session) sharing this evaluator's inputs. A path's session is
+        kept until :meth:`evaluate` evaluates that path (its checks already run)."""
         if drafter is None:
             return self.base
         src = self._input(drafter, config, name)

@@ -76,8 +76,8 @@ def register_tracker(pm: pluggy.PluginManager, tracker: Any) -> None:
     elif callable(getattr(tracker, "log", None)):
         pm.register(_LoggingTracker(tracker), f"tracker-{type(tracker).__name__}-{id(tracker)}")
     else:
-        raise PluginError(f"tracker {tracker!r}: neither a pytest_dflash_eval_history_record implementation nor a log(record, "
-                          "result) method")
+        raise PluginError(f"tracker {tracker!r}: neither a pytest_dflash_eval_history_record implementation nor "
+                          "a log(record, result) method")
 
 
 def result_ready(pm: pluggy.PluginManager, settings: Any, data: dict[str, Any]) -> list[tuple[str, str]]:

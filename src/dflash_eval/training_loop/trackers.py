@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -28,6 +28,10 @@ from dflash_eval.errors import ConfigError
 from dflash_eval.training_loop.history import CheckpointRecord
 
 __all__ = ["scalars", "TensorBoardTracker", "WandbTracker", "require"]
+
+
+#: The modes of ``wandb.init``: "offline" keeps the run on this machine.
+WandbMode = Literal["online", "offline", "disabled", "shared"]
 
 
 def require(module: str, package: str, what: str) -> None:
@@ -93,8 +97,9 @@ class TensorBoardTracker:
 class WandbTracker:
     """A Weights & Biases run in ``dir`` (``mode="offline"``: nothing leaves the machine)."""
 
-    def __init__(self, dir: str | Path, *, project: str = "dflash-eval", name: str | None = None,  # noqa: A002
-                 mode: str = "offline", config: dict[str, Any] | None = None) -> None:
+    def __init__(self, dir: str | Path, *,  # noqa: A002  # wandb.init's own name for the run's folder
+                 project: str = "dflash-eval", name: str | None = None, mode: WandbMode = "offline",
+                 config: dict[str, Any] | None = None) -> None:
         require("wandb", "wandb", "Weights & Biases logging")
         import wandb
 

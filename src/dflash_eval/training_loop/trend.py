@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 from dflash_eval.metrics.stats import Summary, summarize
 
@@ -21,11 +21,21 @@ __all__ = ["paired_diff", "earlier_than", "regression", "plateau", "step_order"]
 
 
 class _Record(Protocol):
-    step: int | None
-    time: str
-    drafter: str
-    mean_tau: float
-    prompts: Mapping[str, float]
+    """What a verdict across steps reads of a history record (read-only)."""
+
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def time(self) -> str: ...
+    @property
+    def drafter(self) -> str: ...
+    @property
+    def mean_tau(self) -> float: ...
+    @property
+    def prompts(self) -> Mapping[str, float]: ...
+
+
+_R = TypeVar("_R", bound=_Record)
 
 
 def _name(r: _Record) -> str:
@@ -38,26 +48,26 @@ def paired_diff(a: _Record, b: _Record) -> Summary:
                       if p in b.prompts and not math.isnan(a.prompts[p]) and not math.isnan(b.prompts[p])])
 
 
-def step_order(records: Sequence[Any]) -> list[Any]:
+def step_order(records: Sequence[_R]) -> list[_R]:
     """Records in step order (records without a step after those with one, in the order they were written)."""
     indexed = list(enumerate(records))
     indexed.sort(key=lambda ir: (ir[1].step is None, ir[1].step if ir[1].step is not None else 0, ir[0]))
     return [r for _, r in indexed]
 
 
-def earlier_than(record: _Record, records: Sequence[Any]) -> list[Any]:
+def earlier_than(record: _Record, records: Sequence[_R]) -> list[_R]:
     """The records before ``record`` in step order (all of them when either has no step)."""
     if record.step is None:
         return list(records)
     return [r for r in records if r.step is None or r.step < record.step]
 
 
-def _best(records: Sequence[Any]) -> Any:
+def _best(records: Sequence[_R]) -> _R | None:
     usable = [r for r in records if not math.isnan(r.mean_tau)]
     return max(usable, key=lambda r: r.mean_tau) if usable else None
 
 
-def regression(record: _Record, earlier: Sequence[Any]) -> str | None:
+def regression(record: _Record, earlier: Sequence[_Record]) -> str | None:
     """The failure message when ``record`` is worse than the best of ``earlier`` beyond noise, else None."""
     best = _best(earlier)
     if best is None:
@@ -69,7 +79,7 @@ def regression(record: _Record, earlier: Sequence[Any]) -> str | None:
             f"paired Δ {d.mean:+.3f} (95% CI [{d.ci_low:+.3f}, {d.ci_high:+.3f}]) over {d.n} prompts")
 
 
-def plateau(record: _Record, earlier: Sequence[Any], window: int) -> str | None:
+def plateau(record: _Record, earlier: Sequence[_Record], window: int) -> str | None:
     """The notice when none of the last ``window`` checkpoints up to ``record`` gained beyond noise over the best
     checkpoint before them (None with fewer than ``window + 1`` checkpoints)."""
     seq = step_order([*earlier, record])
