@@ -93,7 +93,8 @@ class RecordPlugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        keep, drop = [], []
+        keep: list[pytest.Item] = []
+        drop: list[pytest.Item] = []
         for it in items:
             module = Path(str(getattr(it, "path", ""))).name
             (keep if getattr(it, "originalname", it.name) in RECORDING_TESTS.get(module, ()) else drop).append(it)

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dflash_eval.drafter import Checkpoint, build_drafter, fit_refusal, load_config_file, read_checkpoint, run_checks
 from dflash_eval.drafter.checks import Check
@@ -73,7 +73,8 @@ class DrafterEvaluation:
         """The same drafter (its checkpoint, check results and built drafter, not read again) on other prompts of
         the same run (the drift budget's evaluation on more prompts): their completions and features are produced
         and cached like the selection's; the kernel probes are shared (probed once per process)."""
-        view = PromptView(self.inputs, list(prompts))
+        # a stand-in for the run's Inputs: every attribute but the prompt-derived ones is the run's own
+        view = cast(Inputs, PromptView(self.inputs, list(prompts)))
         refs = References(view, self.references.server)
         other = DrafterEvaluation(view, refs, FeatureStore(view, refs, probes=self.store.probes), self.settings,
                                   checkpoint=self.checkpoint, live=self._live, lookup=self.runner.lookup)

@@ -55,7 +55,8 @@ def snapshot_path(golden_dir: Path, target_name: str, test_name: str) -> Path:
     ext = golden_extension(Path(golden_dir), target_name)
     folder = Path(golden_dir) / "snapshots" / (target_name or "target") / SNAPSHOT_MODULE
     try:  # syrupy's own file name (it cleans characters a file name cannot hold)
-        stem = ext.get_snapshot_name(test_location=SimpleNamespace(snapshot_name=test_name), index=0)
+        location = SimpleNamespace(snapshot_name=test_name)  # a PyTestLocation needs a collected pytest item
+        stem = ext.get_snapshot_name(test_location=location, index=0)  # type: ignore[arg-type]  # reads snapshot_name
     except Exception:  # noqa: BLE001 - another syrupy: the test name as it is
         stem = test_name
     return folder / f"{stem}.{ext.file_extension}"

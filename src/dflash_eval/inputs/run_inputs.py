@@ -61,7 +61,7 @@ class Inputs:
         self.meter.counts["torch_threads"] = torch.get_num_threads()  # set by the entry point (suite.threads)
         self.log = log or (lambda _m: None)
         self.progress: Sink | None = default_progress_sink(self.worker_count) if progress == DEFAULT_PROGRESS \
-            else progress  # type: ignore[assignment]
+            else progress  # type: ignore[assignment]  # the one str accepted is DEFAULT_PROGRESS
         self.target_dir = TargetDir(settings.target_model)
         self._target: Any = None
         self._identity: str | None = None

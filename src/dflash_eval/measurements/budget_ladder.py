@@ -26,6 +26,7 @@ from dflash_eval.cache.store import CacheEntry
 from dflash_eval.common.sizes import parse_memory
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.measurements.tau_greedy import PromptTau, tau_fields
+from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.drift_budget import DriftBudget, Perturbation, measure_ladder, parse_ladder
 from dflash_eval.metrics.tau_chunks import LazyItems
 from dflash_eval.runtime.progress import Progress
@@ -109,7 +110,7 @@ class DriftBudgetLadder(Measurement):
             min_prompts=s.drift_budget_min_prompts, selected=selected)
 
 
-def _measure(ev: Subject, side: Any, levels: list[Perturbation],
+def _measure(ev: Subject, side: Side, levels: list[Perturbation],
              base_tau: list[float]) -> list[dict[str, torch.Tensor]]:
     """τ of every prompt and the injected errors under each of ``levels``, prompt chunk by prompt chunk."""
     s, prompts = ev.settings, ev.inputs.prompts

@@ -205,7 +205,7 @@ def drift_comparisons(*, eval_backend: str, reference_backend: str, requested_ba
       step-by-step torch paths) and ``bf16-vs-fp32``, plus a skipped ``fla-vs-<ref>`` naming why fla was not checked.
     """
     dt, ev, dev = dtype, eval_backend, device
-    ref = reference_backend if reference_backend != "auto" else split_backend(ev)[0]
+    ref: str | None = reference_backend if reference_backend != "auto" else split_backend(ev)[0]
     out: list[Comparison] = []
 
     def comp(name: str, a: Side, b: Side, skip: str | None = None) -> Comparison:
@@ -218,7 +218,7 @@ def drift_comparisons(*, eval_backend: str, reference_backend: str, requested_ba
         except DFlashEvalError as exc:
             out.append(comp(f"{ev}-vs-fla", Side(ev, dt), Side("fla", dt),
                             f"fla not checked: the reference backend fla cannot run here ({exc})"))
-            ref = None  # type: ignore[assignment]
+            ref = None
     if ref is not None and ref != ev:
         out.append(comp(f"{ev}-vs-{ref}", Side(ev, dt), Side(ref, dt)))
         return out

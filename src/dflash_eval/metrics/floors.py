@@ -105,7 +105,7 @@ class Floors:
         vals = [self.for_prompt(i, budget) for i in ids]
         if not vals or any(v is None for v in vals):
             return None
-        return statistics.fmean(vals)  # type: ignore[arg-type]
+        return statistics.fmean(vals)  # type: ignore[arg-type]  # no None in vals: returned above
 
     def for_mean(self, budget: int | None = None) -> float | None:
         """Floor of the mean τ over the selected prompts (chain, or DDTree-``budget``)."""

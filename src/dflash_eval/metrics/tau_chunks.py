@@ -71,7 +71,7 @@ class LazyItems(Sequence[T], Generic[T]):
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def __getitem__(self, index: int) -> T:  # type: ignore[override]
+    def __getitem__(self, index: int) -> T:  # type: ignore[override]  # int indices only: no slices
         if not -len(self) <= index < len(self):
             raise IndexError(index)
         return self._load(index % len(self))

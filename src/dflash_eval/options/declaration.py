@@ -38,7 +38,7 @@ REQUIRED = _Marker("REQUIRED")  # no default outside this repository: the option
 COMMANDS = ("run", "gate", "record")
 
 
-def opt(default: Any, help: str, kind: str = "str", choices: Iterable[str] = (),  # noqa: A002
+def opt(default: Any, help: str, kind: str = "str", choices: Iterable[str] = (),  # noqa: A002 - addoption's name for it
         outside: Any = SAME, commands: Iterable[str] = COMMANDS, *, affects_tau: bool) -> Any:
     """One option's field. ``kind``: str | path | spec (--prompts: file items resolved like paths) | int | float |
     bool | ints | choice. A ``None`` default makes the option nullable (unset). ``outside``: the default outside a

@@ -33,7 +33,7 @@ def has_chat_template(tokenizer: Any) -> bool:
 
 def template_has_thinking_switch(template: str | None) -> bool:
     """Whether a chat template reads ``enable_thinking`` (Qwen3-style templates do)."""
-    return bool(template) and "enable_thinking" in template  # type: ignore[operator]
+    return bool(template and "enable_thinking" in template)
 
 
 def conversation_messages(turns: Sequence[str], replies: Sequence[str]) -> list[dict[str, str]]:

@@ -46,7 +46,7 @@ def _own_result(config: pytest.Config) -> bool:
         return False
     frag = sess.result().to_dict()
     if not is_controller(config):
-        config.workeroutput[WORKEROUTPUT_KEY] = json.dumps(frag)  # type: ignore[attr-defined]
+        config.workeroutput[WORKEROUTPUT_KEY] = json.dumps(frag)  # type: ignore[attr-defined]  # xdist's, on a worker
         return True
     if not config.pluginmanager.has_plugin("dsession"):  # an xdist controller only checked the inputs
         config.stash[FRAGMENTS].append(frag)

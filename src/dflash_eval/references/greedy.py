@@ -164,7 +164,8 @@ class References:
             batches = [Batch([reqs[p] for p in grp], self.sources.generate_local,
                              lock="completion-" + cache_key("batch", {"keys": [reqs[p].key for p in grp]}))
                        for grp in groups]
-            progress = lambda n: Progress("reference completions (local generation)", n, inp.progress)  # noqa: E731
+            progress = lambda n: Progress(  # noqa: E731 - the one branch that reports progress
+                "reference completions (local generation)", n, inp.progress)
         elif mode == "sglang":
             batches = [Batch(list(reqs.values()), self.sources.fetch_sglang,
                              lock="completion-sglang-" + cache_key("batch", {"keys": [r.key for r in reqs.values()]}))]

@@ -31,7 +31,7 @@ from dflash_eval.results.blocks import (
     FingerprintBlock,
     Refusal,
 )
-from dflash_eval.results.rows import CategoryRow, ConversationRow, PromptRow, TurnRow, rows_from_dict, rows_to_dict
+from dflash_eval.results.rows import CategoryRow, ConversationRow, PromptRow, Row, TurnRow, rows_from_dict, rows_to_dict
 from dflash_eval.target.provenance import provenance
 
 __all__ = ["EvalResult", "TauSummary", "JsonBlock", "build_result", "prompt_rows", "tau_summary"]
@@ -84,8 +84,8 @@ class TauSummary:
                                   floors_required=floors_required)
 
 
-_TYPED = {"drafter": DrafterBlock, "fingerprint": FingerprintBlock}
-_TYPED_LISTS = {"drift": DriftRow, "drift_accept": DriftAcceptRow, "drift_gate": DriftGateRow}
+_TYPED: dict[str, type[Row]] = {"drafter": DrafterBlock, "fingerprint": FingerprintBlock}
+_TYPED_LISTS: dict[str, type[Row]] = {"drift": DriftRow, "drift_accept": DriftAcceptRow, "drift_gate": DriftGateRow}
 
 
 @dataclass
@@ -202,19 +202,20 @@ def tau_summary(ev: DrafterEvaluation, floors: Floors, baseline: BaselineCompari
     rows = prompt_rows(res, floors, {p: r for p in res if (r := ev.references.known(p)) is not None}, baseline,
                        ev.inputs.prompt_by_id, online)
     budgets = tuple(ev.settings.ddtree_budget)
-    means = mean_thresholds(macro_tau([r.chain for r in res.values()]),
-                            {str(b): macro_tau([r.ddtree[b] for r in res.values()]) for b in budgets}, floors)
+    mean_tau = macro_tau([r.chain for r in res.values()])
+    mean_ddtree = {str(b): macro_tau([r.ddtree[b] for r in res.values()]) for b in budgets}
+    means = mean_thresholds(mean_tau, mean_ddtree, floors)
     cats = category_table(rows)
     judge_categories(cats, floors, ddtree_budgets(rows))
-    return TauSummary(rows_from_dict(PromptRow, rows), means[0].value,
-                      {t.label.removeprefix("DDTree-"): t.value for t in means[1:]}, means[0].floor,
+    return TauSummary(rows_from_dict(PromptRow, rows), mean_tau, mean_ddtree, means[0].floor,
                       {t.label.removeprefix("DDTree-"): t.floor for t in means[1:]}, rows_from_dict(CategoryRow, cats),
                       baseline, rows_from_dict(ConversationRow, conversation_table(rows)),
                       rows_from_dict(TurnRow, turn_table(rows)))
 
 
 def _drift_rows(ev: DrafterEvaluation) -> tuple[list[DriftRow], list[DriftAcceptRow]]:
-    rows, acc = [], []
+    rows: list[DriftRow] = []
+    acc: list[DriftAcceptRow] = []
     for name, d in ev.drifts.items():
         c = d.comparison
         for per in d.stats.values():

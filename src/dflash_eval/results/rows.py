@@ -74,7 +74,7 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]  # every Row subclass is a dataclass
             value = getattr(self, f.name)
             if value is None and f.metadata.get("optional"):
                 continue
@@ -83,9 +83,10 @@ class Row:
 
     @classmethod
     def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
-        hints = _hints(cls)
-        return cls(**{f.name: _typed(hints[f.name], data[f.name])  # type: ignore[call-arg]
-                      for f in dataclasses.fields(cls) if f.name in data})  # type: ignore[arg-type]
+        owner: type = cls  # a class is hashable; mypy checks type[R] against Hashable by R's instances' __hash__
+        hints = _hints(owner)
+        return cls(**{f.name: _typed(hints[f.name], data[f.name])
+                      for f in dataclasses.fields(cls) if f.name in data})  # type: ignore[arg-type]  # a dataclass
 
 
 def rows_to_dict(rows: Mapping[str, Row]) -> dict[str, dict[str, Any]]:

@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from dflash_eval.drafter.checkpoint import Checkpoint
 from dflash_eval.errors import ConfigError
 from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, Drift, PromptTau
 from dflash_eval.features.feature_store import FeatureStore
@@ -50,7 +51,7 @@ class EvalSession:
 
     def __init__(self, settings: EvalSettings, *, worker: tuple[str, int, int] | None = None,
                  log: Callable[[str], None] | None = None, shared: EvalSession | None = None,
-                 checkpoint: Any = None, live: Any = None, progress: Sink | None | str = DEFAULT_PROGRESS,
+                 checkpoint: Checkpoint | None = None, live: Any = None, progress: Sink | None | str = DEFAULT_PROGRESS,
                  server: ServerLink | None = None) -> None:
         """``checkpoint`` / ``live``: a drafter given in memory (:class:`~dflash_eval.evaluation.drafter_evaluation.
         DrafterEvaluation`); :class:`dflash_eval.Evaluator` makes them. ``progress``: where long productions
@@ -58,6 +59,11 @@ class EvalSession:
         SGLang server (:class:`~dflash_eval.serving.server_link.ServerLink`; ``--completions sglang`` on a cold
         cache). A ``shared`` session's stages come with its progress sink and server link, and its reference drafter
         (``--reference-drafter``, measured once for all the sessions that share it)."""
+        self.inputs: Inputs
+        self.references: References
+        self.store: FeatureStore
+        self.sampled_references: SampledReferences
+        self.reference_drafter: ReferenceDrafter
         if shared is not None:
             shared.inputs.check_shareable(settings)
             self.inputs, self.references, self.store = shared.inputs, shared.references, shared.store

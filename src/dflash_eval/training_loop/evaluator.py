@@ -36,7 +36,7 @@ from typing import Any
 import pluggy
 
 from dflash_eval.errors import ConfigError, ResultRejected
-from dflash_eval.inputs.run_inputs import DRAFTER_OPTIONS
+from dflash_eval.inputs.run_inputs import DRAFTER_OPTIONS, Inputs
 from dflash_eval.options.preflight import target_config_problem
 from dflash_eval.options.settings import TAU_OPTIONS, EvalSettings
 from dflash_eval.results.eval_result import EvalResult
@@ -93,7 +93,8 @@ class Evaluator:
         self.base = EvalSession(settings, worker=worker, log=log, **session_options)
         if history is True:
             history = settings.report_dir / "history.jsonl"
-        self.history = history if isinstance(history, History) or not history else History(Path(history))
+        self.history: History | None = history if isinstance(history, History) else \
+            History(Path(history)) if history else None
         self.trackers = list(trackers)
         self.hooks = hooks if hooks is not None else plugin_manager()
         for tracker in self.trackers:
@@ -105,7 +106,7 @@ class Evaluator:
         self._pending: dict[str, EvalSession] = {}
 
     @property
-    def inputs(self) -> Any:
+    def inputs(self) -> Inputs:
         """The shared drafter-independent stage (:class:`~dflash_eval.inputs.run_inputs.Inputs`)."""
         return self.base.inputs
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
@@ -28,6 +28,10 @@ from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.errors import ConfigError, EvalError
 from dflash_eval.metrics.verdict import Verdict, trend_verdict
 from dflash_eval.training_loop import trend
+
+if TYPE_CHECKING:  # both import torch: kept out of the history's own import
+    from dflash_eval.results.eval_result import EvalResult
+    from dflash_eval.session.eval_session import EvalSession
 
 __all__ = ["CheckpointRecord", "History", "session_verdict", "checkpoint_reasons"]
 
@@ -52,14 +56,14 @@ def _reference(block: dict[str, Any] | None) -> dict[str, Any] | None:
             "n": paired["n"]}
 
 
-def session_verdict(session: Any) -> Verdict:
+def session_verdict(session: EvalSession) -> Verdict:
     """The session's checkpoint against its floors and ``--baseline``, as the gate judges it
     (:meth:`~dflash_eval.results.eval_result.TauSummary.verdict`); unjudged when there are no floors at all (no
     floors file for the prompts, no ``--tau-floor`` / ``--tau-floor-prompt``) and no baseline."""
     return session.tau_summary().verdict(session.floors, floors_required=False)
 
 
-def checkpoint_reasons(session: Any) -> list[str] | None:
+def checkpoint_reasons(session: EvalSession) -> list[str] | None:
     """Why the session's checkpoint fails (:func:`session_verdict`; empty: it passes, None: unjudged)."""
     verdict = session_verdict(session)
     return None if verdict.passed is None else list(verdict.reasons)
@@ -95,9 +99,10 @@ class CheckpointRecord:
         return trend_verdict(Verdict(self.passed, list(self.reasons)), self.regression, self.plateau).label
 
     @classmethod
-    def of(cls, result: Any, *, step: int | None, digest: str, reasons: list[str] | None) -> CheckpointRecord:
+    def of(cls, result: EvalResult, *, step: int | None, digest: str, reasons: list[str] | None) -> CheckpointRecord:
         """The record of an :class:`~dflash_eval.results.eval_result.EvalResult` (its τ computed), not judged yet."""
         tau, drafter = result.tau, result.drafter
+        assert tau is not None and drafter is not None, "a record is made of an evaluated drafter's result"
         cats = _categories(tau.categories)
         budget = result.drift_budget.budget if result.drift_budget is not None else None
         return cls(step=step, time=datetime.now(timezone.utc).isoformat(timespec="seconds"),

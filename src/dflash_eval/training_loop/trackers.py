@@ -20,12 +20,15 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
 from dflash_eval.errors import ConfigError
 from dflash_eval.training_loop.history import CheckpointRecord
+
+if TYPE_CHECKING:  # imports torch: kept out of the trackers' own import
+    from dflash_eval.results.eval_result import EvalResult
 
 __all__ = ["scalars", "TensorBoardTracker", "WandbTracker", "require"]
 
@@ -41,11 +44,12 @@ def require(module: str, package: str, what: str) -> None:
                           f"(pip install {package})")
 
 
-def scalars(record: CheckpointRecord, result: Any) -> dict[str, float]:
+def scalars(record: CheckpointRecord, result: EvalResult) -> dict[str, float]:
     """The values a tracker logs for one checkpoint (see module docstring); NaNs left out."""
     out = {"tau/mean": record.mean_tau}
     out.update({f"tau/ddtree-{b}": v for b, v in record.mean_ddtree.items()})
     out.update({f"tau/category/{c}": v["tau"] for c, v in record.categories.items() if c != "all"})
+    assert result.tau is not None, "a tracker logs an evaluated drafter's result"
     every = result.tau.categories.get("all")
     chain = every.acceptance.get("chain") if every is not None else None
     out.update({f"tau/position/{k}": r for k, r in enumerate(chain.position_rates if chain else [], 1)})
@@ -79,10 +83,10 @@ class TensorBoardTracker:
         self._steps = _Steps()
 
     @pytest.hookimpl
-    def pytest_dflash_eval_history_record(self, record: CheckpointRecord, result: Any) -> None:
+    def pytest_dflash_eval_history_record(self, record: CheckpointRecord, result: EvalResult) -> None:
         self.log(record, result)
 
-    def log(self, record: CheckpointRecord, result: Any) -> None:
+    def log(self, record: CheckpointRecord, result: EvalResult) -> None:
         step = self._steps.of(record)
         for tag, value in scalars(record, result).items():
             self.writer.add_scalar(tag, value, global_step=step)
@@ -97,7 +101,7 @@ class TensorBoardTracker:
 class WandbTracker:
     """A Weights & Biases run in ``dir`` (``mode="offline"``: nothing leaves the machine)."""
 
-    def __init__(self, dir: str | Path, *,  # noqa: A002  # wandb.init's own name for the run's folder
+    def __init__(self, dir: str | Path, *,  # noqa: A002 - wandb.init's own name for the run's folder
                  project: str = "dflash-eval", name: str | None = None, mode: WandbMode = "offline",
                  config: dict[str, Any] | None = None) -> None:
         require("wandb", "wandb", "Weights & Biases logging")
@@ -110,10 +114,10 @@ class WandbTracker:
         self._steps = _Steps()
 
     @pytest.hookimpl
-    def pytest_dflash_eval_history_record(self, record: CheckpointRecord, result: Any) -> None:
+    def pytest_dflash_eval_history_record(self, record: CheckpointRecord, result: EvalResult) -> None:
         self.log(record, result)
 
-    def log(self, record: CheckpointRecord, result: Any) -> None:
+    def log(self, record: CheckpointRecord, result: EvalResult) -> None:
         self.run.log({**scalars(record, result), "verdict": record.verdict}, step=self._steps.of(record))
 
     def close(self) -> None:
