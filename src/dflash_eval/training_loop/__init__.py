@@ -6,8 +6,6 @@
   (prompts, completions, features) are produced once and reused from memory by every later call.
 - :mod:`~dflash_eval.training_loop.drafter_input`: what ``evaluate`` accepts, turned into a checkpoint or a live
   drafter (and the module's train/eval mode restored after the call).
-- :mod:`~dflash_eval.training_loop.reference_tau`: the reference drafter's τ on the same prompts, and the paired
-  difference against it.
 - :mod:`~dflash_eval.training_loop.history`: one JSONL record per evaluated checkpoint in the report folder,
   appended atomically under a file lock; :mod:`~dflash_eval.training_loop.trend`: the verdicts across steps
   (worse than the best so far beyond noise; a plateau notice); :mod:`~dflash_eval.training_loop.trend_table` and
@@ -15,7 +13,10 @@
 - :mod:`~dflash_eval.training_loop.checkpoint_dir`: the checkpoints of a training output folder in step order;
   :mod:`~dflash_eval.training_loop.watch`: waiting for new ones (``dflash-eval gate DIR --watch``).
 - :mod:`~dflash_eval.training_loop.trackers`: TensorBoard and Weights & Biases logging through their own
-  libraries, when installed.
+  libraries, when installed, as implementations of the history-record hook; :mod:`~dflash_eval.training_loop.plugins`:
+  the hook manager outside pytest.
+
+The reference drafter's τ (``--reference-drafter``) is the session's (:mod:`dflash_eval.session.reference_drafter`).
 
 Docs: ``docs/training-loop.md``; example: ``docs/examples/train_with_eval.py``.
 """
