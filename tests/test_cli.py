@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from patch_uses import patch_uses
 
 import dflash_eval.target.loader as target_mod
 from dflash_eval.cli.main import main
@@ -64,7 +65,7 @@ def test_gate_two_checkpoints_then_failing_floor_then_bad_path(common, tmp_path,
     assert "### Lowest chain τ (2 of 2 prompts, worst first)" in md
 
     # Warm (same cache): the target is never built; a floor nobody reaches fails the gate with exit 1.
-    monkeypatch.setattr(target_mod, "load_target", lambda *a, **k: pytest.fail("warm gate loaded the target"))
+    patch_uses(monkeypatch, target_mod, "load_target", lambda *a, **k: pytest.fail("warm gate loaded the target"))
     with pytest.warns(UserWarning, match="ignored"):
         rc = main(["gate", "--drafter", str(FIXTURE_DRAFTER), "--drafter", str(copy), "--tau-floor", "100",
                    "--floors-file", str(FLOORS), "--json", str(out_json), *common])

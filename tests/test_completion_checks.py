@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from patch_uses import patch_uses
 
 import dflash_eval.target.generation as generation_mod
 from dflash_eval.cache.store import CacheCorruption
@@ -61,7 +62,7 @@ class FakeServer:
 @pytest.mark.parametrize("bad", [10**6, -3], ids=["above_vocab", "negative"])
 def test_local_ids_outside_the_vocabulary_are_refused_naming_prompt_and_id(session, monkeypatch, bad):
     a_ids = session.inputs.prompt_ids["a"]
-    monkeypatch.setattr(generation_mod, "greedy_generate_batch",  # prompt 'a' gets the bad id; its batch too
+    patch_uses(monkeypatch, generation_mod, "greedy_generate_batch",  # prompt 'a' gets the bad id; its batch too
                         lambda target, prompts, *x, **k: [[5, 6, bad, 7] if list(p) == a_ids else [5, 6, 7]
                                                           for p in prompts])
     with pytest.raises(EvalError) as err:
@@ -82,7 +83,7 @@ def test_server_ids_outside_the_vocabulary_are_refused_before_caching(sglang_ses
 
 def test_cached_ids_outside_the_vocabulary_are_not_used(session, monkeypatch):
     """An entry cached by an older version with a bad id is recomputed instead of crashing τ with IndexError."""
-    monkeypatch.setattr(generation_mod, "greedy_generate_batch",
+    patch_uses(monkeypatch, generation_mod, "greedy_generate_batch",
                         lambda target, prompts, *a, **k: [[5, 6, 7]] * len(prompts))
     session.completions()
     (man,) = [m for m in cached_completions(session) if json.loads(m.read_text())["meta"]["prompt_id"] == "a"]

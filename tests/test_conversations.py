@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from patch_uses import patch_uses
 
 import dflash_eval.metrics.online_loop as online_mod
 import dflash_eval.target.generation as generation_mod
@@ -59,15 +60,17 @@ def test_raw_text_turn_continues_the_previous_sequence(tiny_target_dir, tiny_dra
     conv = summary.conversations["c"]
     assert conv.turns == ["c-t1", "c-t2"] and conv.category == "chat"
     rows = summary.prompts
-    assert conv["rounds"] == rows["c-t1"]["rounds"] + rows["c-t2"]["rounds"]
-    assert conv["turn_tau"] == [rows["c-t1"]["tau"], rows["c-t2"]["tau"]]
-    assert rows["c-t2"]["conversation"] == "c" and rows["c-t2"]["turn"] == 2 and "conversation" not in rows["s"]
-    assert set(summary.turns) == {"1", "2"} and summary.turns["2"]["chain"]["n"] == 1
+    assert conv.rounds == rows["c-t1"].rounds + rows["c-t2"].rounds
+    assert conv.turn_tau == [rows["c-t1"].tau, rows["c-t2"].tau]
+    assert rows["c-t2"].conversation == "c" and rows["c-t2"].turn == 2 and rows["s"].conversation is None
+    assert "conversation" not in rows["s"].to_dict()
+    assert set(summary.turns) == {"1", "2"} and summary.turns["2"].chain.n == 1
     # a second session finds every turn cached (its ids included) and generates nothing
     again = session(tiny_target_dir, tiny_drafter_dir, tmp_path)
     assert again.references.cached()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(generation_mod, "greedy_generate_batch", lambda *a, **k: pytest.fail("generated on a warm cache"))
+        patch_uses(mp, generation_mod, "greedy_generate_batch",
+                   lambda *a, **k: pytest.fail("generated on a warm cache"))
         assert {p: r.sequence for p, r in again.completions().items()} == {p: r.sequence for p, r in comps.items()}
 
 
@@ -147,6 +150,6 @@ def test_online_tau_beside_offline(tiny_target_dir, tiny_drafter_dir, tmp_path) 
     # cached: a second session does not run the loop again
     again = session(tiny_target_dir, tiny_drafter_dir, tmp_path, online_tau=True)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(online_mod, "online_generate", lambda *a, **k: pytest.fail("online loop re-run on a warm cache"))
+        patch_uses(mp, online_mod, "online_generate", lambda *a, **k: pytest.fail("online loop re-run on a warm cache"))
         assert again.tau_summary().prompts["s"].online.accept_lengths == rows["s"].accept_lengths
     assert session(tiny_target_dir, tiny_drafter_dir, tmp_path).tau_summary().prompts["s"].online is None

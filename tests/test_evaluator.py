@@ -73,9 +73,9 @@ def test_later_calls_run_no_target_forward(warm):
         r2 = ev.evaluate(sd, config=read_checkpoint(ROOT / "fixtures" / "drafter").config.to_dict(), step=2)
     assert n[0] == 0
     assert ev.inputs.meter.counts["target_forwards"] == before.get("target_forwards", 0)
-    assert r1.tau.mean_tau == r2.tau.mean_tau and r1.drafter["fingerprint"] == r2.drafter["fingerprint"]
+    assert r1.tau.mean_tau == r2.tau.mean_tau and r1.drafter.fingerprint == r2.drafter.fingerprint
     assert [r.step for r in ev.history.read()] == [0, 1, 2]
-    assert r1.drafter["step"] == 1 and r1.drafter["path"] == "in-memory DFlashDrafter"
+    assert r1.drafter.step == 1 and r1.drafter.path == "in-memory DFlashDrafter"
 
 
 def test_live_module_equals_its_saved_checkpoint_to_the_last_digit(warm, tmp_path):
@@ -89,11 +89,11 @@ def test_live_module_equals_its_saved_checkpoint_to_the_last_digit(warm, tmp_pat
     cold = dflash_eval.Evaluator({**SETTINGS, "cache_dir": str(tmp_path / "cache"),
                                   "report_dir": str(tmp_path / "reports")})
     saved = cold.evaluate(tmp_path / "step_10", step=10)
-    assert live.drafter["fingerprint"] == saved.drafter["fingerprint"]
+    assert live.drafter.fingerprint == saved.drafter.fingerprint
     assert live.tau.mean_tau == saved.tau.mean_tau and live.tau.mean_ddtree == saved.tau.mean_ddtree
     for pid, row in live.tau.prompts.items():
-        assert row["accept_lengths"] == saved.tau.prompts[pid]["accept_lengths"]
-        assert row["ddtree_accept_lengths"] == saved.tau.prompts[pid]["ddtree_accept_lengths"]
+        assert row.accept_lengths == saved.tau.prompts[pid].accept_lengths
+        assert row.ddtree_accept_lengths == saved.tau.prompts[pid].ddtree_accept_lengths
     assert cold.records[-1].prompts == ev.records[-1].prompts
 
 

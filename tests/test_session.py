@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from patch_uses import patch_uses
 
 import dflash_eval.target.generation as generation_mod
 from dflash_eval.errors import EvalError
@@ -47,7 +48,8 @@ def test_light_head_matches_the_loaded_model(session):
 
 
 def test_empty_completion_is_an_error_and_not_cached(session, monkeypatch):
-    monkeypatch.setattr(generation_mod, "greedy_generate_batch", lambda target, prompts, *a, **k: [[]] * len(prompts))
+    patch_uses(monkeypatch, generation_mod, "greedy_generate_batch",
+               lambda target, prompts, *a, **k: [[]] * len(prompts))
     with pytest.raises(EvalError, match="empty completion for prompt '[ab]' from local"):
         session.completions()
     assert not list((session.settings.cache_dir / "v1").glob("completion/**/manifest.json"))
@@ -56,7 +58,7 @@ def test_empty_completion_is_an_error_and_not_cached(session, monkeypatch):
 def test_batched_local_completions_one_entry_per_prompt_and_a_key_that_says_batched(session, monkeypatch):
     calls = []
     real = generation_mod.greedy_generate_batch
-    monkeypatch.setattr(generation_mod, "greedy_generate_batch",
+    patch_uses(monkeypatch, generation_mod, "greedy_generate_batch",
                         lambda target, prompts, *a, **k: calls.append(len(prompts)) or real(target, prompts, *a, **k))
     batched = {p: r.output_ids for p, r in session.completions().items()}
     assert calls == [2]  # both prompts in one batch (default --generation-batch 32)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from patch_uses import patch_uses
 
 import dflash_eval.target.generation as generation_mod
 import dflash_eval.target.head as head_mod
@@ -71,7 +72,7 @@ class _Spy:
             self.calls.append((a, k))
             return real(*a, **k)
 
-        monkeypatch.setattr(module, name, spy)
+        patch_uses(monkeypatch, module, name, spy)
 
 
 def _forbid_target(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,7 +82,7 @@ def _forbid_target(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom_hash(*a, **k):
         raise AssertionError("a warm run must not hash the target weights again")
 
-    monkeypatch.setattr(target_mod, "load_target", boom)
+    patch_uses(monkeypatch, target_mod, "load_target", boom)
     monkeypatch.setattr(target_mod.TargetDir, "fingerprint", boom_hash)
 
 
