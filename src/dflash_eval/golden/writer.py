@@ -17,7 +17,7 @@ import functools
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from syrupy.extensions.json import JSONSnapshotExtension
 
@@ -25,6 +25,11 @@ from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.metrics.floors import load_floors, make_floors
 from dflash_eval.metrics.sampled_tau import row_margins
 from dflash_eval.metrics.stats import ddtree_budgets
+
+if TYPE_CHECKING:
+    from syrupy.location import PyTestLocation
+
+    from dflash_eval.options.settings import EvalSettings
 
 __all__ = ["GoldenJSONExtension", "golden_extension", "update_floors", "update_fingerprint", "write_floors",
            "fingerprint_path", "FINGERPRINT_DIR"]
@@ -40,7 +45,7 @@ class GoldenJSONExtension(JSONSnapshotExtension):
     target_name: str = "target"
 
     @classmethod
-    def dirname(cls, *, test_location: Any) -> str:
+    def dirname(cls, *, test_location: PyTestLocation) -> str:
         return str(Path(cls.golden_dir) / "snapshots" / cls.target_name / test_location.basename)
 
 
@@ -56,7 +61,7 @@ def write_floors(path: str | Path, doc: dict[str, Any]) -> None:
     atomic_write_text(Path(path), json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
 
-def update_floors(data: dict[str, Any], settings: Any) -> Path:
+def update_floors(data: dict[str, Any], settings: EvalSettings) -> Path:
     """Rewrite the floors file from merged eval.json ``data`` (measured τ minus ``settings.tau_margin``), with the
     run's τ-relevant settings as its context."""
     prev = load_floors(settings.floors_file).raw

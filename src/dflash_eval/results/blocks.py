@@ -69,7 +69,7 @@ class BudgetLevel(Row):
 
     kind: str
     label: str
-    nominal: Any  # the noise size (a float) or the dtype (a string)
+    nominal: float | str  # the noise size (a float) or the dtype (a string)
     injected_rel_err: float
     mean_tau: float
     mean_abs_dtau: float
@@ -97,12 +97,12 @@ class DriftBudgetBlock(Row):
     lower_bound: bool
     limiting: str | None
     gate_limit: float | None
-    skipped: Any
+    skipped: list[str]
     min_prompts: int
     conclusive: bool
-    harm: Any
+    harm: float | None
     harm_level: str | None
-    selected_prompts: Any
+    selected_prompts: int | None
     rule: str
     levels: list[BudgetLevel]
 

@@ -36,7 +36,7 @@ def _opt(**kw: Any) -> Any:
     return field(default=None, metadata=OPTIONAL, **kw)
 
 
-def plain(value: Any) -> Any:
+def plain(value: object) -> Any:
     """``value`` as eval.json's plain data: rows as dicts, containers copied."""
     if isinstance(value, Row):
         return value.to_dict()
@@ -47,7 +47,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def _typed(hint: Any, value: Any) -> Any:
+def _typed(hint: object, value: Any) -> Any:
     """Plain ``value`` read as ``hint``: rows (and rows inside dicts, lists and optionals) from their dicts."""
     if value is None:
         return None

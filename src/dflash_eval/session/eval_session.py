@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dflash_eval.drafter.checkpoint import Checkpoint
+from dflash_eval.drafter.model import DFlashDrafter
 from dflash_eval.errors import ConfigError
 from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, Drift, PromptTau
 from dflash_eval.features.feature_store import FeatureStore
@@ -51,8 +53,8 @@ class EvalSession:
 
     def __init__(self, settings: EvalSettings, *, worker: tuple[str, int, int] | None = None,
                  log: Callable[[str], None] | None = None, shared: EvalSession | None = None,
-                 checkpoint: Checkpoint | None = None, live: Any = None, progress: Sink | None | str = DEFAULT_PROGRESS,
-                 server: ServerLink | None = None) -> None:
+                 checkpoint: Checkpoint | None = None, live: DFlashDrafter | None = None,
+                 progress: Sink | None | str = DEFAULT_PROGRESS, server: ServerLink | None = None) -> None:
         """``checkpoint`` / ``live``: a drafter given in memory (:class:`~dflash_eval.evaluation.drafter_evaluation.
         DrafterEvaluation`); :class:`dflash_eval.Evaluator` makes them. ``progress``: where long productions
         report (:class:`~dflash_eval.inputs.run_inputs.Inputs`); ``server``: how the completions stage reaches a ready
@@ -124,7 +126,7 @@ class EvalSession:
         ctx.update(sampling_context(s))  # nothing at temperature 0
         return ctx
 
-    def _refuse_or_warn(self, what: str, path: Any, recorded: dict[str, Any], *, explicit: bool) -> bool:
+    def _refuse_or_warn(self, what: str, path: Path | None, recorded: dict[str, Any], *, explicit: bool) -> bool:
         """Check a recorded context against this run: True when it matches (or mismatches are allowed, with a
         warning); False when explicit thresholds make the file unnecessary (warning); ConfigError otherwise."""
         diffs = mismatches(recorded, self.run_context())
