@@ -22,11 +22,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dflash_eval.drafter.config import DrafterConfig
 from dflash_eval.drafter.model import expected_shapes
 from dflash_eval.drafter.vocabulary import SGLANG_DEFAULT_MASK_TOKEN, TargetVocabulary, row_stat
+
+if TYPE_CHECKING:
+    import torch
+
+    from dflash_eval.target.loader import Target
 
 __all__ = ["Check", "CheckedCheckpoint", "TargetSpec", "CHECKS", "VOCAB_KEY_SUFFIXES", "run_checks",
            "compare_architectures"]
@@ -53,10 +58,10 @@ class TargetSpec:
     hidden_size: int
     vocab_size: int
     vocabulary: TargetVocabulary | None = field(default=None, compare=False, repr=False)
-    embedding: Any = field(default=None, compare=False, repr=False)
+    embedding: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_target(cls, target: Any) -> TargetSpec:
+    def from_target(cls, target: Target) -> TargetSpec:
         return cls(num_layers=target.num_layers, hidden_size=target.hidden_size, vocab_size=target.vocab_size)
 
 
@@ -153,7 +158,8 @@ def _mask_token_match(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check
     elif named is None and own is not None and own != mask:
         problems.append(f"the target tokenizer's mask token {vocab.mask_token!r} is id {own}")
     readable = spec is not None and spec.embedding is not None and vocab.size is not None  # ordinary tokens known
-    row = row_stat(vocab, spec.embedding, mask) if readable and spec is not None else None
+    row = (row_stat(vocab, spec.embedding, mask)
+           if readable and spec is not None and spec.embedding is not None else None)
     looks = "" if row is None else (f"; its embedding row looks like a trained token's ({row.describe()}), where a "
                                     "mask token's row normally looks untrained (the target never reads it in text)"
                                     if row.looks_trained else f"; its embedding row looks untrained ({row.describe()})")

@@ -25,9 +25,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SGLANG_DEFAULT_MASK_TOKEN", "TargetVocabulary", "read_tokenizer_facts", "resolve_mask_token_id",
            "RowStat", "row_stat", "OUTLIER_Z"]
@@ -153,7 +156,7 @@ class TargetVocabulary:
         text = self.token_text(token_id) if self.size is not None else None
         return repr(text) if text is not None else "no token of the tokenizer"
 
-    def norm_stats(self, embedding: Any) -> tuple[float, float, int]:
+    def norm_stats(self, embedding: torch.Tensor) -> tuple[float, float, int]:
         """(median, MAD, n) of the L2 norms of the ordinary tokens' rows of ``embedding`` (computed once)."""
         key = id(embedding)
         if key not in self._stats:
@@ -218,7 +221,7 @@ class RowStat:
                 f"{self.mad:.2g}) of {self.n} ordinary tokens' rows")
 
 
-def _norm_stats(embedding: Any, size: int | None, special: frozenset[int]) -> tuple[float, float, int]:
+def _norm_stats(embedding: torch.Tensor, size: int | None, special: frozenset[int]) -> tuple[float, float, int]:
     import torch
 
     w = embedding.detach()
@@ -236,7 +239,7 @@ def _norm_stats(embedding: Any, size: int | None, special: frozenset[int]) -> tu
     return median, float((ref - median).abs().median()), int(ref.numel())
 
 
-def row_stat(vocab: TargetVocabulary, embedding: Any, row: int) -> RowStat:
+def row_stat(vocab: TargetVocabulary, embedding: torch.Tensor, row: int) -> RowStat:
     """The norm of ``embedding[row]`` against the norms of the ordinary tokens' rows.
 
     Why the norm, and why against a median: a token the target reads in its training text gets its embedding row

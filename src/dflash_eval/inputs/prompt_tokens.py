@@ -9,7 +9,8 @@ so under ``--cache-only`` a miss is tokenized, not written.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -20,7 +21,33 @@ from dflash_eval.options.settings import EvalSettings
 from dflash_eval.prompts import Prompt, encode_prompt, template_has_thinking_switch
 from dflash_eval.target.loader import TargetDir
 
-__all__ = ["prompt_format", "text_ids", "tokenize_prompts"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from dflash_eval.cache.store import Cache
+    from dflash_eval.runtime.progress import Meter
+
+__all__ = ["prompt_format", "text_ids", "tokenize_prompts", "TokenizingInputs"]
+
+
+class TokenizingInputs(Protocol):
+    """What tokenizing needs of the run's inputs: :class:`~dflash_eval.inputs.run_inputs.Inputs` or a
+    :class:`~dflash_eval.inputs.prompt_view.PromptView` of them (a Protocol: run_inputs imports this module)."""
+
+    @property
+    def settings(self) -> EvalSettings: ...
+    @property
+    def target_dir(self) -> TargetDir: ...
+    @property
+    def prompts(self) -> list[Prompt]: ...
+    @property
+    def prompt_format(self) -> dict[str, Any]: ...
+    @property
+    def cache(self) -> Cache: ...
+    @property
+    def meter(self) -> Meter: ...
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase: ...
 
 _IDS = Expected(tensors={"ids": (torch.int64, (None,))})
 
@@ -46,7 +73,7 @@ def prompt_format(s: EvalSettings, target_dir: TargetDir) -> dict[str, Any]:
             "enable_thinking": (s.thinking == "on") if use else None}
 
 
-def tokenize_prompts(inputs: Any) -> dict[str, list[int]]:
+def tokenize_prompts(inputs: TokenizingInputs) -> dict[str, list[int]]:
     """Token ids of each of ``inputs.prompts`` but later conversation turns (raw text or the chat template, see
     :func:`prompt_format`; no other special tokens)."""
     digest = inputs.target_dir.tokenizer_digest()
@@ -56,7 +83,7 @@ def tokenize_prompts(inputs: Any) -> dict[str, list[int]]:
                           expect=_IDS, what=f"the token ids of prompt {p.id!r}", item=p.id, derived=True)
             for p in firsts}
 
-    def tokenizer_of(p: Prompt) -> Any:
+    def tokenizer_of(p: Prompt) -> Callable[[list[Request]], list[Produced]]:
         return lambda todo: [Produced({"ids": torch.tensor(_tokenize(inputs, p))}, {"prompt_id": p.id})]
 
     with inputs.meter.timed("tokenize"):
@@ -64,7 +91,7 @@ def tokenize_prompts(inputs: Any) -> dict[str, list[int]]:
     return {p.id: entries[reqs[p.id].key].tensors["ids"].tolist() for p in firsts}
 
 
-def text_ids(inputs: Any, text: str, what: str) -> list[int]:
+def text_ids(inputs: TokenizingInputs, text: str, what: str) -> list[int]:
     """Token ids of raw ``text`` (no chat template, no special tokens), cached like the prompt ids (keyed by the
     tokenizer files and the text)."""
     req = Request("prompt_ids", {"tokenizer": inputs.target_dir.tokenizer_digest(), "text": text,
@@ -78,7 +105,7 @@ def text_ids(inputs: Any, text: str, what: str) -> list[int]:
     return inputs.cache.ensure([Batch([req], produce)])[req.key].tensors["ids"].tolist()
 
 
-def _tokenize(inputs: Any, p: Prompt) -> list[int]:
+def _tokenize(inputs: TokenizingInputs, p: Prompt) -> list[int]:
     fmt = inputs.prompt_format
     ids = encode_prompt(inputs.tokenizer, p.text, chat_template=fmt["chat_template"],
                         thinking=bool(fmt["enable_thinking"]))

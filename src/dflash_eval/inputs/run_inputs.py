@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,7 +33,11 @@ from dflash_eval.prompts import Prompt, load_prompt_spec
 from dflash_eval.runtime.progress import Meter, Sink, default_progress_sink
 from dflash_eval.target.backends import check_backend_device
 from dflash_eval.target.head import TargetHead
-from dflash_eval.target.loader import TargetDir, load_target
+from dflash_eval.target.loader import Target, TargetDir, load_target
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["Inputs", "DEFAULT_PROGRESS", "DRAFTER_OPTIONS"]
 
@@ -63,9 +67,9 @@ class Inputs:
         self.progress: Sink | None = default_progress_sink(self.worker_count) if progress == DEFAULT_PROGRESS \
             else progress  # type: ignore[assignment]  # the one str accepted is DEFAULT_PROGRESS
         self.target_dir = TargetDir(settings.target_model)
-        self._target: Any = None
+        self._target: Target | None = None
         self._identity: str | None = None
-        self._models: dict[torch.dtype, Any] = {}
+        self._models: dict[torch.dtype, nn.Module] = {}
 
     def check_shareable(self, settings: EvalSettings) -> None:
         """Raise ConfigError unless ``settings`` differ from ours only in the drafter options."""
@@ -165,7 +169,7 @@ class Inputs:
         return self._target is not None
 
     @property
-    def target(self) -> Any:
+    def target(self) -> Target:
         """The loaded target model and tokenizer (loaded on first use only)."""
         if self._target is None:
             s = self.settings
@@ -175,7 +179,7 @@ class Inputs:
             self._models[self._target.dtype] = self._target.model
         return self._target
 
-    def model_for(self, dtype: torch.dtype) -> Any:
+    def model_for(self, dtype: torch.dtype) -> nn.Module:
         """The target model in ``dtype`` (a cast copy, made once, for the bf16-vs-fp32 comparison)."""
         if dtype not in self._models:
             import copy
@@ -211,17 +215,18 @@ class Inputs:
         return self.target_dir.vocab_size
 
     @cached_property
-    def spec(self) -> Any:
+    def spec(self) -> TargetSpec:
         """What the drafter checks need about the target (config.json and the weights' head shape)."""
 
-        extra = {"vocabulary": self.vocabulary, "embedding": self.head.embed_tokens.weight}  # the mask-token check
+        vocabulary, embedding = self.vocabulary, self.head.embed_tokens.weight  # the mask-token check
         if self.target_loaded:
-            return dataclasses.replace(TargetSpec.from_target(self.target), **extra)
+            return dataclasses.replace(TargetSpec.from_target(self.target), vocabulary=vocabulary, embedding=embedding)
         d = self.target_dir
-        return TargetSpec(num_layers=d.num_layers, hidden_size=d.hidden_size, vocab_size=self.head.vocab_size, **extra)
+        return TargetSpec(num_layers=d.num_layers, hidden_size=d.hidden_size, vocab_size=self.head.vocab_size,
+                          vocabulary=vocabulary, embedding=embedding)
 
     @cached_property
-    def vocabulary(self) -> Any:
+    def vocabulary(self) -> TargetVocabulary:
         """The target tokenizer's mask token, special tokens and length (read on first use, memoised under the
         tokenizer files' stamps: a warm run parses no tokenizer file), for the drafter's mask token."""
 
@@ -235,7 +240,7 @@ class Inputs:
         return TargetVocabulary(d.path, self.vocab_size, facts=facts)
 
     @cached_property
-    def head(self) -> Any:
+    def head(self) -> TargetHead:
         """The target's input embedding and lm_head; without a loaded target (a warm cache) read straight from the
         safetensors weights, so a warm run never builds the model (it imports transformers only for the modeling
         module whose kernels :mod:`dflash_eval.target.kernel_probe` runs)."""
@@ -251,7 +256,7 @@ class Inputs:
             return TargetHead.from_model(self.target.model)
 
     @cached_property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> PreTrainedTokenizerBase:
         if self.target_loaded:
             return self.target.tokenizer
         from transformers import AutoTokenizer

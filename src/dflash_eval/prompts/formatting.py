@@ -15,9 +15,12 @@ completion) with :data:`RAW_TURN_SEPARATOR` and the new user text.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["CHAT_TEMPLATE_MODES", "THINKING_MODES", "RAW_TURN_SEPARATOR", "has_chat_template", "encode_prompt",
            "encode_messages", "conversation_messages", "template_has_thinking_switch"]
@@ -27,7 +30,7 @@ THINKING_MODES = ("off", "on")
 RAW_TURN_SEPARATOR = "\n\n"
 
 
-def has_chat_template(tokenizer: Any) -> bool:
+def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
@@ -48,8 +51,10 @@ def conversation_messages(turns: Sequence[str], replies: Sequence[str]) -> list[
     return msgs
 
 
-def encode_messages(tokenizer: Any, messages: list[dict[str, str]], *, thinking: bool = False) -> list[int]:
+def encode_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], *,
+                    thinking: bool = False) -> list[int]:
     """Token ids of ``messages`` under the tokenizer's chat template, with the generation prompt."""
+    out: Any  # ids, or a BatchEncoding (by transformers version): transformers' own union, narrowed below
     try:
         out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
                                             enable_thinking=thinking)
@@ -60,7 +65,8 @@ def encode_messages(tokenizer: Any, messages: list[dict[str, str]], *, thinking:
     return [int(t) for t in out]
 
 
-def encode_prompt(tokenizer: Any, text: str, *, chat_template: str = "auto", thinking: bool = False) -> list[int]:
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, *, chat_template: str = "auto",
+                  thinking: bool = False) -> list[int]:
     """Token ids of ``text`` (one user message) under the chosen formatting mode."""
     if chat_template not in CHAT_TEMPLATE_MODES:
         raise ConfigError(f"--chat-template must be one of {CHAT_TEMPLATE_MODES}, got {chat_template!r}")

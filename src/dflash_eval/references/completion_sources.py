@@ -12,7 +12,7 @@ text is always the local tokenizer's decoding of its ids; the server's own text 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -71,7 +71,7 @@ class CompletionSources:
         for pid, ids in zip(pids, outs):  # every answer of the batch checked before any is cached
             self.check_ids(pid, "local", ids)
         inp.meter.counts["generated_tokens"] += sum(len(ids) for ids in outs)
-        return [self._entry(pid, "local", ids, inp.tokenizer.decode(ids, skip_special_tokens=True), None)
+        return [self._entry(pid, "local", ids, cast(str, inp.tokenizer.decode(ids, skip_special_tokens=True)), None)
                 for pid, ids in zip(pids, outs)]
 
     def fetch_sglang(self, todo: list[Request]) -> list[Produced]:
@@ -94,6 +94,6 @@ class CompletionSources:
                 extra.update(spec_accept_length=c.spec_accept_length, spec_verify_ct=c.spec_verify_ct)
             if getattr(c, "spec_accept_histogram", None) is not None:
                 extra["spec_accept_histogram"] = list(c.spec_accept_histogram)
-            text = inp.tokenizer.decode(list(c.output_ids), skip_special_tokens=True)  # as local completions
+            text = cast(str, inp.tokenizer.decode(list(c.output_ids), skip_special_tokens=True))  # as local completions
             out.append(self._entry(pid, "sglang", list(c.output_ids), text, c.finish_reason, extra))
         return out

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.sampling import SamplingParams, SeededSampler
+
+if TYPE_CHECKING:
+    from dflash_eval.target.loader import Target
 
 __all__ = ["greedy_generate", "greedy_generate_batch", "generation_groups", "attention_backends"]
 
@@ -51,7 +54,7 @@ def attention_backends(device: torch.device | str, cudnn: bool = False) -> Itera
 
 @torch.no_grad()
 def greedy_generate_batch(
-    target: Any,
+    target: Target,
     prompts: Sequence[list[int] | Tensor],
     max_new_tokens: int,
     *,
@@ -89,7 +92,7 @@ def greedy_generate_batch(
         extra["logits_processor"] = LogitsProcessorList([SeededSampler(sampling[0], list(sampling[1]),
                                                                        [r.numel() for r in rows], width)])
     with use_backend(backend, target.device), attention_backends(target.device, cudnn_attention):
-        out = target.model.generate(
+        out = target.model.generate(  # type: ignore[operator]  # transformers' method, seen through nn.Module.__getattr__
             ids.to(target.device),
             attention_mask=mask.to(target.device),
             max_new_tokens=max_new_tokens,
@@ -108,7 +111,7 @@ def greedy_generate_batch(
 
 
 def greedy_generate(
-    target: Any,
+    target: Target,
     prompt_ids: list[int] | Tensor,
     max_new_tokens: int,
     *,

@@ -13,8 +13,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,9 @@ from torch import Tensor, nn
 from dflash_eval.errors import ArchitectureMismatch
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.provenance import provenance
+
+if TYPE_CHECKING:
+    from dflash_eval.target.loader import Target
 
 __all__ = ["LayerCapture", "StopForward", "decoder_parts", "extract_features", "layer_features"]
 
@@ -74,8 +77,8 @@ class LayerCapture:
             mod = norm if i == n_layers - 1 else layers[i]  # HF's last hidden_states entry is after the final norm
             self._handles.append(mod.register_forward_hook(self._hook(i, stop)))
 
-    def _hook(self, i: int, stop: bool) -> Any:
-        def hook(_mod: nn.Module, _inp: Any, out: Any) -> None:
+    def _hook(self, i: int, stop: bool) -> Callable[[nn.Module, tuple[Any, ...], Tensor | tuple[Tensor, ...]], None]:
+        def hook(_mod: nn.Module, _inp: tuple[Any, ...], out: Tensor | tuple[Tensor, ...]) -> None:
             self._outputs[i] = (out[0] if isinstance(out, tuple) else out).detach()
             if stop:
                 raise StopForward
@@ -119,7 +122,7 @@ def layer_features(model: nn.Module, input_ids: Tensor, layer_ids: list[int] | t
 
 
 def extract_features(
-    target: Any,
+    target: Target,
     input_ids: Tensor,
     layer_ids: list[int] | tuple[int, ...],
     *,

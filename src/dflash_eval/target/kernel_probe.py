@@ -41,13 +41,16 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dflash_eval.errors import ConfigError
 from dflash_eval.target.backends import split_backend, use_backend
 from dflash_eval.target.loader import TargetDir
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["KernelDigest", "ProbeResult", "ProbeShapes", "KERNEL_KINDS", "probe", "modeling_module",
            "attention_implementation", "tensor_digest", "PROBE_SEED"]
@@ -129,7 +132,7 @@ class ProbeShapes:
 
 
 # ------------------------------------------------------------------------------------------------ what to call
-def _model_class(target_dir: TargetDir) -> Any:
+def _model_class(target_dir: TargetDir) -> type[PreTrainedModel]:
     """The transformers class ``AutoModelForCausalLM`` builds for the target (else the config's architecture)."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

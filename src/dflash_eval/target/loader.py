@@ -21,13 +21,16 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import torch
 from torch import nn
 
 from dflash_eval.common.dtypes import parse_dtype
 from dflash_eval.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 __all__ = ["TargetDir", "Target", "load_target", "default_device", "text_config"]
 
@@ -39,13 +42,13 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def text_config(config: Any) -> Any:
+def text_config(config: PretrainedConfig) -> PretrainedConfig:
     """The text part of a (possibly multimodal) transformers config."""
     getter = getattr(config, "get_text_config", None)
     return getter() if callable(getter) else config
 
 
-def _safetensors_header(fh: Any, size: int) -> tuple[bytes, dict[str, Any]] | None:
+def _safetensors_header(fh: BinaryIO, size: int) -> tuple[bytes, dict[str, Any]] | None:
     """(raw header bytes, parsed header) of a safetensors file, None when it is not one."""
     fh.seek(0)
     head = fh.read(8)
@@ -255,7 +258,7 @@ class Target:
     """
 
     model: nn.Module
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     path: Path
     device: torch.device
     dtype: torch.dtype
@@ -267,9 +270,9 @@ class Target:
             self.dir = TargetDir(self.path)
 
     @property
-    def config(self) -> Any:
+    def config(self) -> PretrainedConfig:
         """The loaded model's (text) config object."""
-        return text_config(self.model.config)
+        return text_config(cast("PretrainedConfig", self.model.config))  # a transformers model's attribute
 
     @property
     def num_layers(self) -> int:
