@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import ConfigError
-from dflash_eval.metrics.stats import summarize
+from dflash_eval.metrics.stats import Summary, summarize
 
 __all__ = ["Baseline", "BaselineComparison", "load_baseline", "compare"]
 
@@ -80,7 +80,7 @@ class BaselineComparison:
         return _mean([a for _, a in self.deltas.values()])
 
     @property
-    def diff(self) -> Any:
+    def diff(self) -> Summary:
         """Summary (mean, median, bootstrap 95 % CI) of the paired differences this run - baseline."""
         return summarize([a - b for b, a in self.deltas.values()])
 

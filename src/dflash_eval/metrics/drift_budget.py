@@ -45,7 +45,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -54,15 +54,19 @@ from dflash_eval.metrics.stats import Summary, summarize
 from dflash_eval.metrics.tau import simulate_tau
 from dflash_eval.metrics.tau_chunks import DEFAULT_CHUNK_MEMORY, bytes_per_token, lengths_of, plan_chunks
 
+if TYPE_CHECKING:
+    from dflash_eval.drafter.model import DFlashDrafter
+    from dflash_eval.target.head import TargetHead
+
 __all__ = ["DEFAULT_LADDER", "Perturbation", "parse_ladder", "perturb_layers", "measure_ladder", "find_budget",
            "find_harm", "Level", "DriftBudget", "GateCheck", "gate_check", "impact"]
 
 Prompt = tuple[str, dict[int, Tensor], Tensor, int]  # (prompt id, {layer: features [T, H]}, token ids [T], prompt_len)
 
 
-def measure_ladder(drafter: Any, head: Any, prompts: Sequence[Prompt], ladder: Sequence[Perturbation], *,
-                   base_tau: Sequence[float] | None = None, seed: int = 0, max_blocks: int | None = None,
-                   memory: int | None = DEFAULT_CHUNK_MEMORY,
+def measure_ladder(drafter: DFlashDrafter, head: TargetHead, prompts: Sequence[Prompt],
+                   ladder: Sequence[Perturbation], *, base_tau: Sequence[float] | None = None, seed: int = 0,
+                   max_blocks: int | None = None, memory: int | None = DEFAULT_CHUNK_MEMORY,
                    progress: Callable[[int], None] | None = None) -> tuple[list[list[float]], list[list[list[float]]]]:
     """Chain τ of every prompt under every perturbation: ``(tau[level][prompt], injected[level][prompt][layer])``.
 
@@ -105,8 +109,8 @@ def _offset(progress: Callable[[int], None], base: int) -> Callable[[int], None]
     return lambda d: progress(base + d)
 
 
-def _measure_group(drafter: Any, head: Any, chunk: Sequence[Prompt], levels: Sequence[Perturbation],
-                   base_tau: Sequence[float] | None, seed: int, max_blocks: int | None,
+def _measure_group(drafter: DFlashDrafter, head: TargetHead, chunk: Sequence[Prompt],
+                   levels: Sequence[Perturbation], base_tau: Sequence[float] | None, seed: int, max_blocks: int | None,
                    progress: Callable[[int], None] | None) -> list[tuple[list[float], list[list[float]]]]:
     """(τ of each prompt of ``chunk``, its injected errors) under each of ``levels``, in one simulation."""
     dt = next(drafter.parameters()).dtype

@@ -22,10 +22,10 @@ import copy
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from dflash_eval.drafter.model import DFlashDrafter, block_ids, draft_logits
 from dflash_eval.metrics.tau import TauResult
@@ -33,10 +33,13 @@ from dflash_eval.target.backends import use_backend
 from dflash_eval.target.head import TargetHead
 from dflash_eval.target.hidden_states import LayerCapture
 
+if TYPE_CHECKING:
+    from dflash_eval.target.loader import Target
+
 __all__ = ["OnlineResult", "online_generate", "cache_keyword"]
 
 
-def cache_keyword(model: Any) -> str:
+def cache_keyword(model: nn.Module) -> str:
     """The keyword a transformers model's forward takes its KV / recurrent-state cache by: ``cache`` where the
     forward has it (transformers 5.24 does, and warns that ``past_key_values`` will be removed in 5.40), else
     ``past_key_values`` (older 5.x releases)."""
@@ -96,7 +99,7 @@ def _accepted(draft: Tensor, post: Tensor, limit: int, eos: int | None) -> int:
 
 @torch.no_grad()
 def online_generate(
-    target: Any,
+    target: Target,
     drafter: DFlashDrafter,
     head: TargetHead,
     prompt_ids: list[int] | Tensor,
@@ -125,7 +128,7 @@ def online_generate(
     with LayerCapture(model, tuple(drafter.config.target_layer_ids)) as cap, use_backend(backend, dev):
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)  # type: ignore[arg-type]  # transformers' config, seen through nn.Module.__getattr__
         kw = cache_keyword(model)
         out = model(prompt[None], **{kw: cache}, use_cache=True)
         forwards += 1

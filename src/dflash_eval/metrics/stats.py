@@ -56,7 +56,7 @@ def by_category(values: Mapping[str, float], categories: Mapping[str, str]) -> d
     return out
 
 
-def _num(x: Any) -> bool:
+def _num(x: object) -> bool:
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 

@@ -15,11 +15,14 @@ when its chunk is simulated and released with the chunk.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
 from dflash_eval.common.sizes import format_memory, parse_memory
+
+if TYPE_CHECKING:
+    from dflash_eval.drafter.model import DFlashDrafter
 
 __all__ = ["DEFAULT_CHUNK_MEMORY", "LazyItems", "bytes_per_token", "format_memory", "lengths_of", "parse_memory",
            "plan_chunks"]
@@ -28,7 +31,7 @@ DEFAULT_CHUNK_MEMORY = 2 << 30  # --chunk-memory's default (docs/benchmarks.md: 
 T = TypeVar("T")
 
 
-def bytes_per_token(drafter: Any, *, source_itemsize: int = 4) -> int:
+def bytes_per_token(drafter: DFlashDrafter, *, source_itemsize: int = 4) -> int:
     """Memory one token of a prompt takes while its chunk is simulated: its feature values (hidden size x the
     drafter's target layers) as read (``source_itemsize`` bytes each) and in the drafter's dtype, the projected
     context and each drafter layer's context keys and values, counted twice (a forward's selection of contexts may

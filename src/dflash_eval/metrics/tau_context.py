@@ -14,9 +14,32 @@ selection, for one, is not in it (floors are kept per prompt).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from dflash_eval.target.sampling_params import SamplingParams
 
 __all__ = ["TAU_FIELDS", "FIELD_OPTIONS", "GREEDY_DEFAULTS", "mismatches", "describe", "sampling_context"]
+
+class SamplingSettings(Protocol):
+    """What :func:`sampling_context` reads of the run's :class:`~dflash_eval.options.settings.EvalSettings` (a layer
+    above this module)."""
+
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def min_p(self) -> float: ...
+    @property
+    def samples_per_prompt(self) -> int: ...
+    @property
+    def sampling_seed(self) -> int: ...
+    @property
+    def sampling(self) -> SamplingParams: ...
+
 
 #: field -> the option that sets it (None: no option, the drafter's own), in the order messages list them
 FIELD_OPTIONS: dict[str, str | None] = {
@@ -65,7 +88,7 @@ def describe(context: dict[str, Any]) -> str:
     return ", ".join(f"{f}={_show(f, context[f])}" for f in TAU_FIELDS if f in context)
 
 
-def sampling_context(settings: Any) -> dict[str, Any]:
+def sampling_context(settings: SamplingSettings) -> dict[str, Any]:
     """The sampling fields of a run's context: none for a greedy run (its context stays as before), else the
     temperature, top-k, top-p, min-p, samples per prompt and seed."""
     if not settings.temperature > 0 or settings.sampling.greedy:

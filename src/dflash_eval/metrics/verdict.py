@@ -255,7 +255,7 @@ def compose(floors: list[str] | None = None, *, baseline: list[str] | None = Non
     return Verdict(not reasons if judged else None, reasons, [plateau] if plateau else [])
 
 
-def _fmt(x: Any, digits: int, style: str) -> str:
+def _fmt(x: object, digits: int, style: str) -> str:
     """A number as the reports write it (``-`` for None and NaN; :func:`dflash_eval.report.format.fmt`)."""
     if not isinstance(x, (int, float)) or isinstance(x, bool) or math.isnan(x):
         return "-"
