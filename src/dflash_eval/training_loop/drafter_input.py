@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, Unpack
 
 import torch
 from torch import nn
@@ -30,7 +30,19 @@ from dflash_eval.drafter import Checkpoint, DFlashDrafter, DrafterConfig, checkp
 from dflash_eval.drafter.vocabulary import TargetVocabulary
 from dflash_eval.errors import CheckpointError, ConfigError
 
-__all__ = ["DrafterInput", "drafter_input", "evaluation_mode", "same_device"]
+__all__ = ["DrafterInput", "DrafterSource", "DrafterConfigSource", "drafter_input", "evaluation_mode", "same_device"]
+
+#: What :func:`drafter_input` accepts as a drafter: a checkpoint path, a module, or a state dict.
+DrafterSource = str | os.PathLike[str] | nn.Module | Mapping[str, torch.Tensor]
+#: A drafter's config: a DrafterConfig, a config.json's dict or its path.
+DrafterConfigSource = DrafterConfig | Mapping[str, object] | str | os.PathLike[str]
+
+
+class _TargetFacts(TypedDict):
+    """What :func:`_config` needs of the target besides the config itself."""
+
+    num_target_layers: int | None
+    vocabulary: TargetVocabulary | None
 
 
 @dataclass
@@ -56,7 +68,7 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
 
 
-def _config(config: Any, *, source: str, num_target_layers: int | None,
+def _config(config: DrafterConfigSource, *, source: str, num_target_layers: int | None,
             vocabulary: TargetVocabulary | None) -> DrafterConfig:
     """A DrafterConfig from a DrafterConfig, a config.json's dict or its path (ConfigError naming the source)."""
     if isinstance(config, DrafterConfig):
@@ -70,8 +82,8 @@ def _config(config: Any, *, source: str, num_target_layers: int | None,
                       f"path), got {type(config).__name__}")
 
 
-def _module_input(module: nn.Module, config: Any, label: str, device: torch.device, dtype: torch.dtype,
-                  **target: Any) -> DrafterInput:
+def _module_input(module: nn.Module, config: DrafterConfigSource | None, label: str, device: torch.device,
+                  dtype: torch.dtype, **target: Unpack[_TargetFacts]) -> DrafterInput:
     cfg_given = config if config is not None else getattr(module, "config", None)
     if cfg_given is None:
         raise ConfigError(f"{label}: a {type(module).__name__} has no DrafterConfig; pass config=")
@@ -85,12 +97,12 @@ def _module_input(module: nn.Module, config: Any, label: str, device: torch.devi
     return DrafterInput(label=label, checkpoint=ckpt, live=live, module=module)
 
 
-def drafter_input(drafter: Any, *, config: Any = None, name: str | None = None, device: torch.device,
-                  dtype: torch.dtype, num_target_layers: int | None = None,
+def drafter_input(drafter: DrafterSource, *, config: DrafterConfigSource | None = None, name: str | None = None,
+                  device: torch.device, dtype: torch.dtype, num_target_layers: int | None = None,
                   vocabulary: TargetVocabulary | None = None) -> DrafterInput:
     """``drafter`` (see module docstring) as a :class:`DrafterInput`; ``device`` / ``dtype``: the run's; ``name``:
     the label in reports (default: the path, or ``in-memory <class>``)."""
-    target = {"num_target_layers": num_target_layers, "vocabulary": vocabulary}
+    target: _TargetFacts = {"num_target_layers": num_target_layers, "vocabulary": vocabulary}
     if isinstance(drafter, (str, os.PathLike)):
         path = Path(drafter).expanduser().absolute()
         if not path.exists():
@@ -107,7 +119,7 @@ def drafter_input(drafter: Any, *, config: Any = None, name: str | None = None, 
         if config is None:
             raise ConfigError(f"{label}: a state dict needs its config (config=DrafterConfig, a config.json dict or "
                               "its path)")
-        cfg = _config(config, source=label, **target)  # type: ignore[arg-type]  # target holds _config's keywords
+        cfg = _config(config, source=label, **target)
         return DrafterInput(label=label, checkpoint=checkpoint_from_state_dict(dict(drafter), cfg, source=label))
     raise CheckpointError(f"cannot evaluate a {type(drafter).__name__}: pass a checkpoint path, a state dict with "
                           "config=, or a DFlashDrafter module")

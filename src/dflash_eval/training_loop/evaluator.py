@@ -31,7 +31,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import pluggy
 
@@ -40,13 +40,29 @@ from dflash_eval.inputs.run_inputs import DRAFTER_OPTIONS, Inputs
 from dflash_eval.options.preflight import target_config_problem
 from dflash_eval.options.settings import TAU_OPTIONS, EvalSettings
 from dflash_eval.results.eval_result import EvalResult
+from dflash_eval.runtime.progress import Sink
+from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.session.eval_session import EvalSession
 from dflash_eval.session.reference_drafter import ReferenceTau
-from dflash_eval.training_loop.drafter_input import DrafterInput, drafter_input, evaluation_mode
+from dflash_eval.training_loop.drafter_input import (
+    DrafterConfigSource,
+    DrafterInput,
+    DrafterSource,
+    drafter_input,
+    evaluation_mode,
+)
 from dflash_eval.training_loop.history import CheckpointRecord, History, checkpoint_reasons
 from dflash_eval.training_loop.plugins import plugin_manager, register_tracker, result_ready
 
-__all__ = ["Evaluator", "settings_digest"]
+__all__ = ["Evaluator", "SessionOptions", "settings_digest"]
+
+
+class SessionOptions(TypedDict, total=False):
+    """The options of an Evaluator's first :class:`~dflash_eval.session.eval_session.EvalSession` besides its settings,
+    worker and log: its progress sink and its server link."""
+
+    progress: Sink | None | str
+    server: ServerLink | None
 
 
 def settings_digest(session: EvalSession) -> str:
@@ -84,7 +100,8 @@ class Evaluator:
                  history: History | str | Path | bool | None = None, trackers: Sequence[Any] = (),
                  hooks: pluggy.PluginManager | None = None,
                  log: Callable[[str], None] | None = None, worker: tuple[str, int, int] | None = None,
-                 drift_budget: bool = False, plateau_window: int = 4, **session_options: Any) -> None:
+                 drift_budget: bool = False, plateau_window: int = 4,
+                 **session_options: Unpack[SessionOptions]) -> None:
         if not isinstance(settings, EvalSettings):
             settings = EvalSettings.from_mapping(dict(settings or {}), base=Path.cwd())
         if plateau_window < 2:
@@ -127,7 +144,7 @@ class Evaluator:
         self.inputs.check_prompts()  # JSONL errors name the line
 
     # ------------------------------------------------------------------------------------------------ sessions
-    def _input(self, drafter: Any, config: Any, name: str | None) -> DrafterInput:
+    def _input(self, drafter: DrafterSource, config: DrafterConfigSource | None, name: str | None) -> DrafterInput:
         s = self.settings
         on_disk = isinstance(drafter, (str, os.PathLike))  # its config is read with the checkpoint
         return drafter_input(drafter, config=config, name=name, device=s.torch_device, dtype=s.torch_dtype,
@@ -138,7 +155,8 @@ class Evaluator:
         settings = replace(self.settings, drafter=src.path) if src.path is not None else self.settings
         return EvalSession(settings, shared=self.base, checkpoint=src.checkpoint, live=src.live)
 
-    def session(self, drafter: Any = None, *, config: Any = None, name: str | None = None) -> EvalSession:
+    def session(self, drafter: DrafterSource | None = None, *, config: DrafterConfigSource | None = None,
+                name: str | None = None) -> EvalSession:
         """The :class:`~dflash_eval.session.eval_session.EvalSession` of ``drafter`` (a path; None:
         ``settings.drafter``, this evaluator's own first session) sharing this evaluator's inputs. A path's session is
         kept until :meth:`evaluate` evaluates that path (its checks already run)."""
@@ -157,7 +175,8 @@ class Evaluator:
         return self.base.reference_tau()
 
     # ------------------------------------------------------------------------------------------------ evaluate
-    def evaluate(self, drafter: Any = None, *, step: int | None = None, config: Any = None,
+    def evaluate(self, drafter: DrafterSource | None = None, *, step: int | None = None,
+                 config: DrafterConfigSource | None = None,
                  name: str | None = None) -> EvalResult:
         """Evaluate one drafter: a checkpoint path (None: ``settings.drafter``), a state dict with ``config``, or
         a live drafter module (see :mod:`~dflash_eval.training_loop.drafter_input`). ``step``: the training step,

@@ -31,18 +31,19 @@ from dflash_eval.training_loop import trend
 
 if TYPE_CHECKING:  # both import torch: kept out of the history's own import
     from dflash_eval.results.eval_result import EvalResult
+    from dflash_eval.results.rows import CategoryRow, Stat
     from dflash_eval.session.eval_session import EvalSession
 
 __all__ = ["CheckpointRecord", "History", "session_verdict", "checkpoint_reasons"]
 
 
-def _stat(s: Any) -> dict[str, Any]:
+def _stat(s: Stat) -> dict[str, Any]:
     """A category's τ summary as a record holds it: τ and its bootstrap 95 % CI."""
     ci = s.ci95 or [math.nan, math.nan]
     return {"tau": s.mean, "ci95": [float(ci[0]), float(ci[1])]}
 
 
-def _categories(cats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _categories(cats: dict[str, CategoryRow]) -> dict[str, dict[str, Any]]:
     return {c: {"n": v.n, **_stat(v.chain), "ddtree": {b: _stat(d) for b, d in v.ddtree.items()}}
             for c, v in cats.items()}
 

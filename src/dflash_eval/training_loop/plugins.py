@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import pluggy
 import pytest
 
 from dflash_eval import hookspec
 from dflash_eval.errors import PluginError
+
+if TYPE_CHECKING:  # both import torch: kept out of the plugins' own import
+    from dflash_eval.options.settings import EvalSettings
+    from dflash_eval.results.eval_result import EvalResult
+    from dflash_eval.training_loop.history import CheckpointRecord
 
 __all__ = ["ENTRY_POINT_GROUP", "RESERVED_KEYS", "plugin_manager", "register_tracker", "result_ready"]
 
@@ -35,10 +40,10 @@ class _Manager(pluggy.PluginManager):
     """Takes a ``pytest_dflash_eval_*`` function as an implementation with or without ``@pytest.hookimpl``, as
     pytest's own manager does for its ``pytest_`` hooks: one plugin module serves both."""
 
-    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+    def parse_hookimpl_opts(self, plugin: object, name: str) -> pluggy.HookimplOpts | None:
         opts = super().parse_hookimpl_opts(plugin, name)
         if opts is None and name.startswith(HOOK_PREFIX) and callable(getattr(plugin, name, None)):
-            return {}
+            return cast("pluggy.HookimplOpts", {})  # pluggy fills in every option left out
         return opts
 
 
@@ -55,18 +60,24 @@ def plugin_manager(*, entry_points: bool = True, plugins: Iterable[tuple[str, An
     return pm
 
 
+class _Logger(Protocol):
+    """A tracker with ``log(record, result)`` only."""
+
+    def log(self, record: CheckpointRecord, result: EvalResult) -> object: ...
+
+
 class _LoggingTracker:
     """An object with ``log(record, result)`` only, as an implementation of ``pytest_dflash_eval_history_record``."""
 
-    def __init__(self, tracker: Any) -> None:
+    def __init__(self, tracker: _Logger) -> None:
         self.tracker = tracker
 
     @pytest.hookimpl
-    def pytest_dflash_eval_history_record(self, record: Any, result: Any) -> None:
+    def pytest_dflash_eval_history_record(self, record: CheckpointRecord, result: EvalResult) -> None:
         self.tracker.log(record, result)
 
 
-def register_tracker(pm: pluggy.PluginManager, tracker: Any) -> None:
+def register_tracker(pm: pluggy.PluginManager, tracker: object) -> None:
     """Register ``tracker`` on ``pm``: itself when it implements ``pytest_dflash_eval_history_record``, else its ``log``
     through an adapter (once: a tracker registered already is left as it is)."""
     if pm.is_registered(tracker) or any(getattr(p, "tracker", None) is tracker for p in pm.get_plugins()):
@@ -74,13 +85,13 @@ def register_tracker(pm: pluggy.PluginManager, tracker: Any) -> None:
     if callable(getattr(tracker, "pytest_dflash_eval_history_record", None)):
         pm.register(tracker)
     elif callable(getattr(tracker, "log", None)):
-        pm.register(_LoggingTracker(tracker), f"tracker-{type(tracker).__name__}-{id(tracker)}")
+        pm.register(_LoggingTracker(cast("_Logger", tracker)), f"tracker-{type(tracker).__name__}-{id(tracker)}")
     else:
         raise PluginError(f"tracker {tracker!r}: neither a pytest_dflash_eval_history_record implementation nor "
                           "a log(record, result) method")
 
 
-def result_ready(pm: pluggy.PluginManager, settings: Any, data: dict[str, Any]) -> list[tuple[str, str]]:
+def result_ready(pm: pluggy.PluginManager, settings: EvalSettings, data: dict[str, Any]) -> list[tuple[str, str]]:
     """Call every ``pytest_dflash_eval_result_ready`` implementation (in pluggy's order), each with a copy of ``data``;
     the keys it added are merged into ``data``. Returns the rejections, (plugin name, reason) each; PluginError
     naming the plugin and the key when one changed or removed a key that was there, added a reserved one, or
