@@ -253,8 +253,8 @@ def _sizes() -> Iterator[tuple[str, str, int]]:
 
 if __name__ == "__main__":  # python tests/test_layout.py: the size of everything, largest first, as information
     rows = sorted(_sizes(), key=lambda r: -r[2])
-    for kind in ("module", "class", "function"):
+    for kind, plural in (("module", "modules"), ("class", "classes"), ("function", "functions")):
         these = [r for r in rows if r[1] == kind]
-        print(f"{len(these)} {kind}s; largest:")
+        print(f"{len(these)} {plural}; largest:")
         for name, _, n in these[:10]:
             print(f"  {n:5d}  {name}")
