@@ -14,14 +14,27 @@ import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Unpack
 
 from dflash_eval.errors import ConfigError, DFlashEvalError
-from dflash_eval.training_loop.checkpoint_dir import find_checkpoints
+from dflash_eval.training_loop.checkpoint_dir import Found, find_checkpoints
 from dflash_eval.training_loop.trackers import TensorBoardTracker, WandbTracker
 from dflash_eval.training_loop.trend_plot import write_trend_plot
 from dflash_eval.training_loop.trend_table import write_trend_table
 from dflash_eval.training_loop.watch import WatchLimits, watch
+
+if TYPE_CHECKING:  # they import torch: kept out of --help
+    import pluggy
+
+    from dflash_eval.options.settings import EvalSettings
+    from dflash_eval.report.gate import GateRow
+    from dflash_eval.session.eval_session import EvalSession
+    from dflash_eval.training_loop.evaluator import Evaluator, SessionOptions
+
+    class EvaluatorOptions(SessionOptions, total=False):
+        """What :func:`make_evaluator` passes on to the Evaluator: its hook manager and its first session's options."""
+
+        hooks: pluggy.PluginManager | None
 
 __all__ = ["add_training_options", "training_checkpoints", "first_checkpoints", "make_evaluator", "judged_row",
            "write_trend", "gate_training_run"]
@@ -53,7 +66,7 @@ def add_training_options(g: argparse.ArgumentParser) -> None:
                    help="also log τ per step to an offline Weights & Biases run in DIR (needs wandb)")
 
 
-def training_checkpoints(ns: argparse.Namespace) -> list[Any]:
+def training_checkpoints(ns: argparse.Namespace) -> list[Found]:
     """The checkpoints of ``DIR`` and ``--drafter-glob`` in step order (ConfigError when DIR is no folder)."""
 
     root = Path(ns.train_dir).expanduser() if ns.train_dir else None
@@ -66,16 +79,16 @@ class _First(Exception):
     """Raised by the watch's handler to stop at the first checkpoint."""
 
 
-def first_checkpoints(ns: argparse.Namespace, say: Callable[[str], None]) -> list[Any]:
+def first_checkpoints(ns: argparse.Namespace, say: Callable[[str], None]) -> list[Found]:
     """:func:`training_checkpoints`; with ``--watch`` and none there yet, the first one to appear (waited for within
     ``--watch-timeout``; [] when none came)."""
 
     found = training_checkpoints(ns)
     if found or not ns.watch:
         return found
-    got: list[Any] = []
+    got: list[Found] = []
 
-    def grab(f: Any) -> None:
+    def grab(f: Found) -> None:
         got.append(f)
         raise _First
 
@@ -87,7 +100,8 @@ def first_checkpoints(ns: argparse.Namespace, say: Callable[[str], None]) -> lis
     return got
 
 
-def make_evaluator(ns: argparse.Namespace, settings: Any, *, log: Callable[[str], None], **session: Any) -> Any:
+def make_evaluator(ns: argparse.Namespace, settings: EvalSettings, *, log: Callable[[str], None],
+                   **session: Unpack[EvaluatorOptions]) -> Evaluator:
     """The gate's Evaluator: its history (``--history``), trackers (``--tensorboard``, ``--wandb``: registered on its
     hook manager, ``session``'s ``hooks`` when given), plateau window; ``session``: the Evaluator's ``hooks`` and the
     options of its first EvalSession (progress sink, server link)."""
@@ -95,7 +109,7 @@ def make_evaluator(ns: argparse.Namespace, settings: Any, *, log: Callable[[str]
 
     if ns.plateau_window < 2:
         raise ConfigError(f"--plateau-window must be >= 2, got {ns.plateau_window}")
-    trackers: list[Any] = []
+    trackers: list[TensorBoardTracker | WandbTracker] = []
     if ns.tensorboard:
         trackers.append(TensorBoardTracker(Path(ns.tensorboard)))
     if ns.wandb:
@@ -105,7 +119,7 @@ def make_evaluator(ns: argparse.Namespace, settings: Any, *, log: Callable[[str]
                      plateau_window=ns.plateau_window, **session)
 
 
-def judged_row(evaluator: Any, session: Any, *, step: int | None = None) -> Any:
+def judged_row(evaluator: Evaluator, session: EvalSession, *, step: int | None = None) -> GateRow:
     """Evaluate ``session``'s checkpoint through ``evaluator`` (its history record appended) and make its gate row;
     a regression across steps fails the row, a plateau is a notice beside it."""
     from dflash_eval.report.gate import error_row, gate_row  # imports torch: kept out of --help
@@ -114,6 +128,7 @@ def judged_row(evaluator: Any, session: Any, *, step: int | None = None) -> Any:
     t0 = time.perf_counter()
     try:
         result = evaluator.evaluate(path, step=step)
+        assert result.drafter is not None  # evaluate fills it in
         row = gate_row(session.tau_summary(), session.floors, drafter=str(path), fingerprint=result.drafter.fingerprint)
         rec = evaluator.records[-1]
         if rec.regression:
@@ -126,10 +141,11 @@ def judged_row(evaluator: Any, session: Any, *, step: int | None = None) -> Any:
     return row
 
 
-def write_trend(evaluator: Any) -> list[Path]:
+def write_trend(evaluator: Evaluator) -> list[Path]:
     """``history.md`` and ``history.png`` beside the history file, from every record in it."""
 
     hist = evaluator.history
+    assert hist is not None  # make_evaluator gives every gate Evaluator a history
     records = hist.read()
     if not records:
         return []
@@ -138,7 +154,7 @@ def write_trend(evaluator: Any) -> list[Path]:
     return paths + ([png] if png is not None else [])
 
 
-def _evaluate_found(evaluator: Any, found: Any, say: Callable[[str], None]) -> Any:
+def _evaluate_found(evaluator: Evaluator, found: Found, say: Callable[[str], None]) -> GateRow:
     from dflash_eval.report.gate import error_row  # imports torch: kept out of --help
 
     try:
@@ -151,14 +167,16 @@ def _evaluate_found(evaluator: Any, found: Any, say: Callable[[str], None]) -> A
     return row
 
 
-def gate_training_run(ns: argparse.Namespace, evaluator: Any, found: list[Any], *,
-                      say: Callable[[str], None]) -> list[Any]:
+def gate_training_run(ns: argparse.Namespace, evaluator: Evaluator, found: list[Found], *,
+                      say: Callable[[str], None]) -> list[GateRow]:
     """Evaluate ``found`` (in step order) but those the history holds for these settings, then, with ``--watch``,
     the new ones as they appear; returns their gate rows."""
 
-    todo = [f for f in found if not evaluator.history.has(str(f.path), f.step, evaluator.digest)]
+    history = evaluator.history
+    assert history is not None  # make_evaluator gives every gate Evaluator a history
+    todo = [f for f in found if not history.has(str(f.path), f.step, evaluator.digest)]
     say(f"[dflash-eval] {len(found)} checkpoint(s) found, {len(found) - len(todo)} already in "
-        f"{evaluator.history.path}")
+        f"{history.path}")
     rows = [_evaluate_found(evaluator, f, say) for f in todo]
     if ns.watch:
         limits = WatchLimits(poll_s=ns.watch_poll, settle_s=ns.watch_settle, timeout_s=ns.watch_timeout)

@@ -45,7 +45,7 @@ import time
 from functools import partial
 from importlib.metadata import version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from dflash_eval.cli.gate_run import (
     add_training_options,
@@ -72,7 +72,13 @@ from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.training_loop.plugins import plugin_manager
 
 if TYPE_CHECKING:
+    import pluggy
+
     from dflash_eval.options.settings import EvalSettings
+    from dflash_eval.report.gate import GateRow
+    from dflash_eval.session.eval_session import EvalSession
+    from dflash_eval.training_loop.checkpoint_dir import Found
+    from dflash_eval.training_loop.evaluator import Evaluator
 
 __all__ = ["main", "build_parser", "gate", "run_suite", "joined_option_values"]
 
@@ -126,7 +132,7 @@ def _settings(ns: argparse.Namespace, drafter: Path, *, check: bool = True) -> E
                    environ=environ_for(os.environ, "gate"), invocation_dir=cwd, root=cwd, check=check)
 
 
-def _sglang_client(s: EvalSettings, hooks: Any = None) -> Any:
+def _sglang_client(s: EvalSettings, hooks: pluggy.PluginManager | None = None) -> Any:
     """A ready client for the reference completions: a plugin's (``pytest_dflash_eval_reference_server``), else one of
     the running SGLang server (readiness and identity checked once; nothing is launched)."""
     client = hooks.hook.pytest_dflash_eval_reference_server(settings=s) if hooks is not None else None
@@ -139,7 +145,7 @@ def _sglang_client(s: EvalSettings, hooks: Any = None) -> Any:
                                 ready_timeout_s=s.sglang_timeout, request_timeout_s=s.sglang_request_timeout)
 
 
-def _drafter_paths(ns: argparse.Namespace, err: Any) -> list[Path] | None:
+def _drafter_paths(ns: argparse.Namespace, err: TextIO) -> list[Path] | None:
     """The --drafter paths, absolute; None (after one message naming every problem) when one does not exist or an
     option value, path or prompt file is bad (the checks that need no torch)."""
 
@@ -158,7 +164,7 @@ def _drafter_paths(ns: argparse.Namespace, err: Any) -> list[Path] | None:
     return drafters
 
 
-def _training_run(ns: argparse.Namespace, err: Any) -> list[Any] | None:
+def _training_run(ns: argparse.Namespace, err: TextIO) -> list[Found] | None:
     """``gate DIR`` / ``--drafter-glob``: the run's checkpoints in step order (the first stands in for ``--drafter``
     while the inputs are checked); [] with ``--drafter``; None (after one message) for bad input."""
 
@@ -168,7 +174,7 @@ def _training_run(ns: argparse.Namespace, err: Any) -> list[Any] | None:
         problem = "give --drafter CKPT or a training folder DIR / --drafter-glob GLOB, not both"
     elif not run and not ns.drafter:
         problem = "give --drafter CKPT (repeatable), a training folder DIR or --drafter-glob GLOB"
-    found: list[Any] = []
+    found: list[Found] = []
     if problem is None and run:
         try:
             found = first_checkpoints(ns, lambda m: None if ns.quiet else print(m, file=err, flush=True))
@@ -183,7 +189,7 @@ def _training_run(ns: argparse.Namespace, err: Any) -> list[Any] | None:
     return found
 
 
-def _report(ns: argparse.Namespace, rows: list[Any], settings: EvalSettings, t_all: float) -> int:
+def _report(ns: argparse.Namespace, rows: list[GateRow], settings: EvalSettings, t_all: float) -> int:
     """The comparison table on stdout, the --json file, gate.json and gate.md; the exit status."""
     from dflash_eval.report.gate import gate_table, write_gate_report  # imports torch: kept out of --help
     from dflash_eval.report.strict_json import dumps_strict  # imports torch: kept out of --help
@@ -219,7 +225,7 @@ def gate(ns: argparse.Namespace) -> int:
     from dflash_eval.runtime.threads import set_torch_threads  # imports torch: kept out of --help
 
     progress = None if ns.quiet else throttled(say, 2.0)
-    sessions: list[Any] = []
+    sessions: list[EvalSession] = []
     try:  # every input of every checkpoint checked before any work: bad input is exit 2
         for d in drafters:
             settings.append(_settings(ns, d))
@@ -241,7 +247,7 @@ def gate(ns: argparse.Namespace) -> int:
 
     from dflash_eval.report.format import fmt  # imports torch: kept out of --help
 
-    rows: list[Any] = []
+    rows: list[GateRow] = []
     t_all = time.perf_counter()
     if found:  # a training run: its checkpoints in step order, those in the history skipped, --watch
         rows = gate_training_run(ns, evaluator, found, say=say)
@@ -252,7 +258,8 @@ def gate(ns: argparse.Namespace) -> int:
     return _finish(ns, evaluator, rows, settings[0], t_all)
 
 
-def _finish(ns: argparse.Namespace, evaluator: Any, rows: list[Any], settings: EvalSettings, t_all: float) -> int:
+def _finish(ns: argparse.Namespace, evaluator: Evaluator, rows: list[GateRow], settings: EvalSettings,
+            t_all: float) -> int:
     """The trackers closed, the history's trend table and plot, then the gate's report (:func:`_report`)."""
 
     evaluator.close()
