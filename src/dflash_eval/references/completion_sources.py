@@ -92,8 +92,9 @@ class CompletionSources:
             extra: dict[str, Any] = {"server_text": c.text}
             if c.spec_accept_length is not None:
                 extra.update(spec_accept_length=c.spec_accept_length, spec_verify_ct=c.spec_verify_ct)
-            if getattr(c, "spec_accept_histogram", None) is not None:
-                extra["spec_accept_histogram"] = list(c.spec_accept_histogram)
+            hist = getattr(c, "spec_accept_histogram", None)  # a plugin's client may answer without it
+            if hist is not None:
+                extra["spec_accept_histogram"] = list(hist)
             text = cast(str, inp.tokenizer.decode(list(c.output_ids), skip_special_tokens=True))  # as local completions
             out.append(self._entry(pid, "sglang", list(c.output_ids), text, c.finish_reason, extra))
         return out

@@ -29,6 +29,7 @@ from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.references.completion_sources import out_of_vocab
 from dflash_eval.references.greedy import References
 from dflash_eval.serving.server_sample_check import check_sampled_completions
+from dflash_eval.sglang.client import ReferenceClient
 
 __all__ = ["UnseededServerWarning", "fetch_sampled", "server_seeds_requests"]
 
@@ -44,12 +45,12 @@ def server_seeds_requests(info: dict[str, Any] | None) -> bool:
     return bool((info or {}).get("enable_deterministic_inference", False))
 
 
-def _seeded(client: Any) -> bool:
+def _seeded(client: ReferenceClient) -> bool:
     """Ask the server whether it honours seeds (one ``GET /server_info`` per fetch); warn once per URL and process
     when it does not."""
     url = str(getattr(client, "url", "the SGLang server"))
     try:
-        info = client.info()
+        info = client.info()  # type: ignore[attr-defined]  # SGLangClient's; a plugin's client may lack it
     except Exception as exc:  # noqa: BLE001 - a server without /server_info cannot say: unseeded, and why
         info = {"error": f"{type(exc).__name__}: {exc}"}
     seeded = server_seeds_requests(info)

@@ -19,13 +19,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from dflash_eval.errors import EvalError
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.generation import generation_groups
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from dflash_eval.inputs.run_inputs import Inputs
 
 __all__ = ["SERVER_MAX_DISAGREEMENT", "CHECK_LOGITS_BUDGET", "Disagreement", "check_server_completions",
            "teacher_forced_tensors", "disagreement", "teacher_forced_logits", "teacher_forced_rows"]
@@ -67,7 +73,7 @@ def teacher_forced_tensors(logits: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def teacher_forced_logits(model: Any, rows: list[tuple[list[int], list[int]]], device: Any,
+def teacher_forced_logits(model: nn.Module, rows: list[tuple[list[int], list[int]]], device: torch.device,
                           pad_id: int = 0) -> list[torch.Tensor]:
     """One right-padded causal forward of ``model`` over every (prompt ids, completion ids) of ``rows``: for each
     row the float32 logits [len(completion), V] at the positions that predict its completion tokens."""
@@ -79,7 +85,7 @@ def teacher_forced_logits(model: Any, rows: list[tuple[list[int], list[int]]], d
     return [logits[n, len(p) - 1:len(p) - 1 + len(c)].float() for n, (p, c) in enumerate(rows)]
 
 
-def teacher_forced_rows(inputs: Any, items: list[tuple[str, list[int], list[int]]]
+def teacher_forced_rows(inputs: Inputs, items: list[tuple[str, list[int], list[int]]]
                         ) -> Iterator[tuple[str, list[int], torch.Tensor]]:
     """(name, completion ids, float32 logits [len(completion), V] predicting them) of every (name, prompt ids,
     completion ids) of ``items``, teacher-forced through ``inputs.target`` on the evaluation backend in right-padded
@@ -97,14 +103,14 @@ def teacher_forced_rows(inputs: Any, items: list[tuple[str, list[int], list[int]
             yield name, by_name[name][1], lg
 
 
-def _token(tokenizer: Any, t: int) -> str:
+def _token(tokenizer: PreTrainedTokenizerBase, t: int) -> str:
     try:
         return repr(tokenizer.decode([t]))
     except Exception:  # noqa: BLE001 - a tokenizer that cannot decode a lone id: the id alone says enough
         return "?"
 
 
-def check_server_completions(inputs: Any, items: list[tuple[str, list[int], list[int]]], url: str) -> None:
+def check_server_completions(inputs: Inputs, items: list[tuple[str, list[int], list[int]]], url: str) -> None:
     """Teacher-force every (prompt id, prompt ids, server completion ids) of ``items`` through ``inputs.target``;
     raise :class:`EvalError` if any completion is wrong (see module docstring), before anything is cached."""
     if not items:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dflash_eval.errors import EvalError
+from dflash_eval.sglang.client import ReferenceClient
 
 __all__ = ["ServerLink"]
 
@@ -20,12 +21,12 @@ __all__ = ["ServerLink"]
 class ServerLink:
     """A ready SGLang client on demand (see module docstring); ``connect``: makes one (None: only an attached one)."""
 
-    def __init__(self, connect: Callable[[], Any] | None = None) -> None:
+    def __init__(self, connect: Callable[[], ReferenceClient | None] | None = None) -> None:
         self._connect = connect
-        self._client: Any = None
+        self._client: ReferenceClient | None = None
         self._info: dict[str, Any] | None = None
 
-    def attach(self, client: Any, info: dict[str, Any] | None = None) -> None:
+    def attach(self, client: ReferenceClient, info: dict[str, Any] | None = None) -> None:
         """Use ``client`` (ready, its server's identity checked) until :meth:`detach`; ``info``: the service's
         description for eval.json's ``sglang`` block."""
         self._client, self._info = client, info
@@ -33,7 +34,7 @@ class ServerLink:
     def detach(self) -> None:
         self._client = None
 
-    def client(self) -> Any:
+    def client(self) -> ReferenceClient:
         """The ready client: the attached one, else one ``connect`` makes (once); EvalError when there is none."""
         if self._client is None and self._connect is not None:
             self._client = self._connect()

@@ -26,13 +26,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from dflash_eval.errors import EvalError
 from dflash_eval.serving.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_rows
 from dflash_eval.target.sampling import process_logprobs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from dflash_eval.inputs.run_inputs import Inputs
+    from dflash_eval.target.sampling_params import SamplingParams
 
 __all__ = ["MIN_LIKELIHOOD_Z", "SampleFit", "check_sampled_completions", "sample_fit"]
 
@@ -87,7 +93,7 @@ def sample_fit(item: str, ids: list[int], logq: torch.Tensor) -> SampleFit:
                      float(neg_h[inside].mean()) if n_in else math.nan, worst, worst_lq)
 
 
-def _describe(fit: SampleFit, ids: list[int], tokenizer: Any) -> str:
+def _describe(fit: SampleFit, ids: list[int], tokenizer: PreTrainedTokenizerBase) -> str:
     def token(t: int) -> str:
         try:
             return repr(tokenizer.decode([t]))
@@ -106,7 +112,7 @@ def _describe(fit: SampleFit, ids: list[int], tokenizer: Any) -> str:
             f"token at completion position {k}: {ids[k]} {token(ids[k])} with log q {fit.worst_logq:.2f}")
 
 
-def check_sampled_completions(inputs: Any, items: list[tuple[str, list[int], list[int]]], params: Any,
+def check_sampled_completions(inputs: Inputs, items: list[tuple[str, list[int], list[int]]], params: SamplingParams,
                               url: str) -> list[SampleFit]:
     """Teacher-force every (item name, prompt ids, served completion ids) of ``items`` through ``inputs.target``
     and raise :class:`EvalError` if any completion is refused (module docstring); else return their fits."""

@@ -28,6 +28,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import requests
 
@@ -42,8 +43,8 @@ from dflash_eval.sglang.transport import (
     normalize_url,
 )
 
-__all__ = ["SGLangClient", "wait_until_ready", "check_identity", "server_info", "MODEL_INFO_FALLBACKS",
-           "SERVER_INFO_FALLBACKS"]
+__all__ = ["SGLangClient", "ReferenceClient", "wait_until_ready", "check_identity", "server_info",
+           "MODEL_INFO_FALLBACKS", "SERVER_INFO_FALLBACKS"]
 
 logger = logging.getLogger("dflash_eval.sglang")
 
@@ -228,6 +229,20 @@ def check_identity(url: str, *, expected_name: str, timeout_s: float = 10.0) -> 
 
 # ---------------------------------------------------------------------------------------------------------------
 # a server found ready and serving the expected model
+
+
+class ReferenceClient(Protocol):
+    """What the suite uses of a ready client for reference completions: :class:`SGLangClient`, or what a plugin's
+    ``pytest_dflash_eval_reference_server`` hook answers (:mod:`dflash_eval.hookspec`)."""
+
+    url: str
+    model_info: dict
+
+    def generate_greedy(self, batch_input_ids: list[list[int]], *, max_new_tokens: int,
+                        stop_token_ids: list[int] | None = None) -> list[Completion]: ...
+
+    def generate_sampled(self, batch_input_ids: list[list[int]], *, sampling: dict, seeds: list[int],
+                         max_new_tokens: int, stop_token_ids: list[int] | None = None) -> list[Completion]: ...
 
 
 class SGLangClient:

@@ -90,7 +90,7 @@ def _abort_response(response: requests.Response) -> None:
                 pass
 
 
-def _post_json(endpoint: str, payload: Any, deadline: float) -> tuple[int, bytes]:
+def _post_json(endpoint: str, payload: dict[str, Any], deadline: float) -> tuple[int, bytes]:
     """POST ``payload`` and read the whole answer, returning by ``deadline`` whatever the server does.
 
     A read timeout alone does not bound the total time (a server trickling one byte per second never trips it),
@@ -184,7 +184,7 @@ def _parse_item(item: Any, *, index: int, where: str, max_new_tokens: int) -> Co
     )
 
 
-def _check_arguments(base: str, *, max_new_tokens: Any, batch_size: Any, timeout_s: float,
+def _check_arguments(base: str, *, max_new_tokens: object, batch_size: object, timeout_s: float,
                      caller: str = "generate_greedy") -> None:
     """SGLangError naming the argument: ``max_new_tokens`` and ``batch_size`` ints >= 1, ``timeout_s`` > 0."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -251,7 +251,8 @@ def _generate(endpoint: str, prompts: list[list[int]], params: list[dict[str, An
         where = f"POST {endpoint} (prompts {first}..{first + len(chunk) - 1} of {len(prompts)})"
         chunk_params = params[first : first + batch_size]
         # one dict for a batch whose prompts share their parameters (the greedy case), else one per prompt
-        sent: Any = chunk_params[0] if all(p == chunk_params[0] for p in chunk_params) else chunk_params
+        sent: dict[str, Any] | list[dict[str, Any]] = (
+            chunk_params[0] if all(p == chunk_params[0] for p in chunk_params) else chunk_params)
         decoded = _request(endpoint, {"input_ids": chunk, "sampling_params": sent}, where=where,
                            timeout_s=timeout_s, expected=len(chunk))
         for i, item in enumerate(decoded):
@@ -295,7 +296,7 @@ def generate_greedy(
     return results
 
 
-def _check_sampling(base: str, sampling: Any, seeds: Any, n: int) -> None:
+def _check_sampling(base: str, sampling: object, seeds: object, n: int) -> None:
     """SGLangError naming the argument: ``sampling`` a dict with a temperature > 0, one int seed per prompt."""
     if not isinstance(sampling, dict) or not isinstance(sampling.get("temperature"), (int, float)) \
             or isinstance(sampling.get("temperature"), bool) or not sampling["temperature"] > 0:

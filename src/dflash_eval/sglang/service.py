@@ -30,7 +30,8 @@ import logging
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, Protocol
 
 from dflash_eval.sglang.client import SGLangClient, check_identity, wait_until_ready
 from dflash_eval.sglang.launch import LaunchedServer
@@ -48,10 +49,23 @@ class SGLangUnavailable(SGLangError):
     """No SGLang server answered ready at the URL within ``--sglang-timeout`` (nothing was launched)."""
 
 
+class ServiceSettings(Protocol):
+    """What the service reads of the run's :class:`~dflash_eval.options.settings.EvalSettings` (a layer above this
+    package); ``sglang_launch``, ``sglang_timeout``, ``sglang_request_timeout`` and ``sglang_model_name`` are read
+    when present."""
+
+    @property
+    def sglang_url(self) -> str | None: ...
+    @property
+    def target_model(self) -> Path: ...
+    @property
+    def report_dir(self) -> Path: ...
+
+
 class SGLangService:
     """The suite's connection to one SGLang server (launched or external); :meth:`stop` is idempotent."""
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
         self.launch_cmd: str | None = getattr(settings, "sglang_launch", None) or None
         raw_url = settings.sglang_url or (DEFAULT_LAUNCH_URL if self.launch_cmd else None)
@@ -132,7 +146,7 @@ class SGLangService:
                 pass
             self._previous_handlers.pop(sig, None)
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         previous = self._previous_handlers.get(signum, signal.SIG_DFL)
         logger.warning("signal %d: stopping the launched SGLang server at %s", signum, self.url)
         try:
