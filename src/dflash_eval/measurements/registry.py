@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # typing only: the stages a measurement reads (all below this
     from dflash_eval.cache.requests import Batch, Request, StepReporter
     from dflash_eval.cache.store import CacheEntry
     from dflash_eval.drafter.checkpoint import Checkpoint
+    from dflash_eval.drafter.model import DFlashDrafter
     from dflash_eval.features.feature_store import Features, FeatureStore
     from dflash_eval.inputs.run_inputs import Inputs
     from dflash_eval.metrics.drift import Side
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # typing only: the stages a measurement reads (all below this
 
 __all__ = ["Measurement", "MeasurementReport", "Plan", "Runner", "Subject", "register", "registered_here",
            "unregister"]
+
 
 class Subject(Protocol):
     """What a measurement reads of the drafter under evaluation (:class:`~dflash_eval.evaluation.
@@ -66,7 +68,7 @@ class Subject(Protocol):
     def checkpoint(self) -> Checkpoint: ...
 
     @property
-    def drafter(self) -> Any: ...  # a torch module: built from the checkpoint, or the live module given
+    def drafter(self) -> DFlashDrafter: ...  # built from the checkpoint, or the live module given
 
     @property
     def layer_ids(self) -> tuple[int, ...]: ...

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TAU_FIELDS", "FIELD_OPTIONS", "GREEDY_DEFAULTS", "mismatches", "describe", "sampling_context"]
 
+
 class SamplingSettings(Protocol):
     """What :func:`sampling_context` reads of the run's :class:`~dflash_eval.options.settings.EvalSettings` (a layer
     above this module)."""
