@@ -128,12 +128,21 @@ class StepReporter(Protocol):
     def step(self, tokens: int = 0, n: int = 1) -> None: ...
 
 
+class HitCounts(Protocol):
+    """The counters :func:`ensure` updates (:class:`dflash_eval.cache.store.CacheStats`)."""
+
+    hits: int
+    misses: int
+
+
 class EntryCache(Protocol):
     """What :func:`ensure` uses of a cache (:class:`dflash_eval.cache.store.Cache`, which imports this module)."""
 
     root: Path
     cache_only: bool
-    stats: Any  # hits, misses
+
+    @property
+    def stats(self) -> HitCounts: ...
 
     def lookup(self, request: Request, *, count: bool = True) -> CacheEntry | None: ...
 

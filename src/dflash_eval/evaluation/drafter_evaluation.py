@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from dflash_eval.drafter import Checkpoint, build_drafter, fit_refusal, load_config_file, read_checkpoint, run_checks
 from dflash_eval.drafter.checks import Check
+from dflash_eval.drafter.model import DFlashDrafter
 from dflash_eval.errors import DrafterRefused
 from dflash_eval.features.feature_store import Features, FeatureStore
 from dflash_eval.inputs.prompt_view import PromptView
@@ -50,7 +51,8 @@ class DrafterEvaluation:
     :class:`~dflash_eval.measurements.registry.Runner` (``lookup``: the measurement catalog's ``spec``)."""
 
     def __init__(self, inputs: Inputs, references: References, store: FeatureStore,
-                 settings: EvalSettings | None = None, *, checkpoint: Checkpoint | None = None, live: Any = None,
+                 settings: EvalSettings | None = None, *, checkpoint: Checkpoint | None = None,
+                 live: DFlashDrafter | None = None,
                  sampled_references: SampledReferences | None = None,
                  lookup: Callable[[str], Measurement] = spec) -> None:
         """``checkpoint``: the drafter's :class:`~dflash_eval.drafter.Checkpoint` when it is not read from
@@ -63,7 +65,7 @@ class DrafterEvaluation:
         self._drift: dict[str, Drift] = {}
         self._checkpoint: Checkpoint | None = checkpoint
         self._live = live
-        self._drafter: Any = None
+        self._drafter: DFlashDrafter | None = None
         self._checks: list[Check] | None = None
         self._refusal: DrafterRefused | None = None
         self._refusal_known = False
@@ -160,9 +162,10 @@ class DrafterEvaluation:
                                               checks=self.checks)
 
     @property
-    def drafter(self) -> Any:
+    def drafter(self) -> DFlashDrafter:
         """The drafter, validated against the target (:meth:`check_drafter`)."""
         self.check_drafter()
+        assert self._drafter is not None  # check_drafter built it or raised
         return self._drafter
 
     # ------------------------------------------------------------------------------------------------ inputs

@@ -32,6 +32,7 @@ from dflash_eval.prompts import load_prompt_spec
 
 if TYPE_CHECKING:
     from dflash_eval.options.settings import EvalSettings
+    from dflash_eval.prompts import Prompt
 
 __all__ = ["preflight", "input_problems", "target_config_problem"]
 
@@ -56,7 +57,7 @@ def target_config_problem(settings: EvalSettings) -> str | None:
     return None
 
 
-def _load_prompts(settings: EvalSettings) -> Any:
+def _load_prompts(settings: EvalSettings) -> list[Prompt]:
     return load_prompt_spec(settings.prompts, limit=settings.num_prompts, data_dir=settings.prompt_data_dir,
                             humaneval_wrapper=settings.humaneval_wrapper)
 

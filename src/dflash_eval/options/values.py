@@ -18,7 +18,7 @@ from dflash_eval.prompts import resolve_spec_paths
 __all__ = ["parse_value", "resolve_prompt_spec"]
 
 
-def resolve_prompt_spec(raw: Any, base: Path | None) -> str:
+def resolve_prompt_spec(raw: object, base: Path | None) -> str:
     """``--prompts`` with every relative path made absolute against ``base``
     (:func:`dflash_eval.prompts.resolve_spec_paths`)."""
     return resolve_spec_paths(raw, base)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from dflash_eval.errors import ConfigError
@@ -26,7 +27,7 @@ DATA_SUFFIXES = (".parquet", ".arrow", ".jsonl", ".json")
 _META_FILES = {"state.json", "dataset_info.json", "dataset_dict.json", "dataset_infos.json"}
 
 
-def _pyarrow(path: Path) -> Any:
+def _pyarrow(path: Path) -> ModuleType:
     try:
         import pyarrow
         import pyarrow.ipc

@@ -331,7 +331,7 @@ def load_prompt_spec(spec: str | Path, *, limit: int | None = None, base: Path |
     return out
 
 
-def resolve_spec_paths(raw: Any, base: Path | None) -> str:
+def resolve_spec_paths(raw: object, base: Path | None) -> str:
     """``--prompts`` with every relative path made absolute against ``base``: file items and the PATH of
     ``NAME=PATH[:FIELD][:N]`` (built-in set names such as ``humaneval:16`` stay as they are; so does a bare unknown
     name, which then fails as an unknown set)."""

@@ -9,9 +9,12 @@ statistics) would otherwise run with one thread per core in every worker, twice 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from dflash_eval.options.settings import EvalSettings
 
 __all__ = ["set_torch_threads"]
 
@@ -26,7 +29,7 @@ def _default_threads() -> int:
     return _DEFAULT_THREADS
 
 
-def set_torch_threads(settings: Any, worker_count: int) -> int:
+def set_torch_threads(settings: EvalSettings, worker_count: int) -> int:
     """Set torch's intra-op threads for this process (``settings.torch_threads``, else the default divided among
     ``worker_count`` workers, at least 1); returns the count."""
     n = settings.torch_threads or max(1, _default_threads() // max(1, worker_count))
