@@ -19,8 +19,11 @@ from dflash_eval.errors import DFlashEvalError, DrafterRefused
 from dflash_eval.pytest_plugin.state import SGLANG, get_session, get_settings
 
 if TYPE_CHECKING:  # imported by the fixtures when they run: loading the plugin imports no torch
+    from dflash_eval.drafter.model import DFlashDrafter
+    from dflash_eval.features.feature_store import Features
     from dflash_eval.options.settings import EvalSettings
-    from dflash_eval.session.eval_session import EvalSession
+    from dflash_eval.session.eval_session import CompletionRecord, EvalSession, PromptTau
+    from dflash_eval.target.loader import Target
 
 __all__ = ["eval_settings", "eval_session", "target", "drafter", "reference_completions", "sglang", "eval_features",
            "tau_results", "guard", "refused_reason", "SUITE_FIXTURES", "uses_suite_fixtures"]
@@ -80,19 +83,19 @@ def eval_session(pytestconfig: pytest.Config, eval_settings: EvalSettings) -> Ev
 
 
 @pytest.fixture(scope="session")
-def target(eval_session: EvalSession) -> Any:
+def target(eval_session: EvalSession) -> Target:
     """The target model, loaded once per process (on the GPU when there is one)."""
     return guard(lambda: eval_session.inputs.target)
 
 
 @pytest.fixture(scope="session")
-def drafter(eval_session: EvalSession) -> Any:
+def drafter(eval_session: EvalSession) -> DFlashDrafter:
     """The drafter, loaded and validated against the target once."""
     return guard(lambda: eval_session.evaluation.drafter)
 
 
 @pytest.fixture(scope="session")
-def reference_completions(eval_session: EvalSession, request: pytest.FixtureRequest) -> Any:
+def reference_completions(eval_session: EvalSession, request: pytest.FixtureRequest) -> dict[str, CompletionRecord]:
     """{prompt id: CompletionRecord}, from the cache, else produced (SGLang or the target's greedy generation)."""
     s = eval_session.settings
     if s.completions == "sglang" and not s.cache_only and not guard(eval_session.references_cached):
@@ -178,13 +181,14 @@ def _plugin_reference_server(config: pytest.Config, eval_session: EvalSession) -
 
 
 @pytest.fixture(scope="session")
-def eval_features(eval_session: EvalSession, reference_completions: Any) -> Any:
+def eval_features(eval_session: EvalSession, reference_completions: dict[str, CompletionRecord]) -> Features:
     """{prompt id: {layer id: [T, H]}} on the evaluation backend (cache, else one target forward per prompt)."""
     return guard(lambda: eval_session.evaluation.features(eval_session.inputs.eval_side))
 
 
 @pytest.fixture(scope="session")
-def tau_results(eval_session: EvalSession, drafter: Any, reference_completions: Any) -> Any:
+def tau_results(eval_session: EvalSession, drafter: DFlashDrafter,
+                reference_completions: dict[str, CompletionRecord]) -> dict[str, PromptTau]:
     """{prompt id: PromptTau} for every prompt (one batched draft pass); ``drafter`` first, so that a refused
     drafter skips before any completion is produced for it."""
     return guard(lambda: eval_session.tau_results)

@@ -12,13 +12,16 @@ collected (``pytest_xdist_node_collection_finished``), before any test is schedu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from dflash_eval.golden.needed import Missing, missing_message, missing_records
 from dflash_eval.options.invocation import record_command
 from dflash_eval.pytest_plugin.state import SESSION, is_controller
+
+if TYPE_CHECKING:  # imports torch: kept out of the plugin's own import
+    from dflash_eval.session.eval_session import EvalSession
 
 __all__ = ["GoldenCheck"]
 
@@ -42,7 +45,7 @@ class GoldenCheck:
 
     def _check(self, nodeids: list[str]) -> None:
         config = self.config
-        session: Any = config.stash.get(SESSION, None)
+        session: EvalSession | None = config.stash.get(SESSION, None)
         if self.checked or session is None or config.option.collectonly:
             return  # no suite in this run (its input check made the session), or nothing runs
         self.checked = True
@@ -60,5 +63,5 @@ class GoldenCheck:
             self._check([it.nodeid for it in session.items])
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+    def pytest_xdist_node_collection_finished(self, node: object, ids: list[str]) -> None:
         self._check(list(ids))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -42,6 +42,9 @@ from dflash_eval.pytest_plugin.state import (
     settings_from_config,
 )
 from dflash_eval.pytest_plugin.suite_args import runs_suite
+
+if TYPE_CHECKING:
+    from dflash_eval.pytest_plugin.run_report import WorkerNode
 
 __all__ = ["pytest_addhooks", "pytest_addoption", "pytest_configure", "pytest_configure_node", "pytest_testnodedown",
            "pytest_runtest_makereport", "pytest_runtest_call", "pytest_sessionstart",
@@ -103,7 +106,7 @@ class _InterruptHandler:
         self.config = config
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_keyboard_interrupt(self, excinfo: Any) -> None:
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         svc = self.config.stash.get(SGLANG, None)
         if svc is not None:
             try:
@@ -135,7 +138,7 @@ class _OutcomeRecorder:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
+def pytest_configure_node(node: WorkerNode) -> None:
     """xdist controller: hand each worker the folder its progress events go to."""
     reporter = node.config.stash.get(REPORTER, None)
     if reporter is not None:
@@ -143,7 +146,7 @@ def pytest_configure_node(node: Any) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: Any) -> None:
+def pytest_testnodedown(node: WorkerNode, error: object) -> None:
     gather_worker_result(node)
 
 
@@ -240,5 +243,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     fail_a_refused_run(session)  # and a run a plugin rejected
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
     write_terminal_section(terminalreporter, exitstatus, config)

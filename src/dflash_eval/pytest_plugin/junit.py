@@ -60,7 +60,7 @@ def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _round(x: Any) -> Any:
+def _round(x: object) -> object:
     return round(x, 4) if isinstance(x, float) and x == x else ("-" if x is None or x != x else x)
 
 

@@ -4,13 +4,16 @@ collection time turned into one failing test (instead of a collection error) who
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.golden.node_ids import safe_id
 from dflash_eval.pytest_plugin.state import get_session
+
+if TYPE_CHECKING:
+    from _pytest.mark.structures import ParameterSet
 
 __all__ = ["SetupError", "setup_error_param", "safe_id", "collect", "prompt_ids"]
 
@@ -25,7 +28,7 @@ class SetupError:
         pytest.fail(f"{type(self.exc).__name__}: {self.exc}", pytrace=False)
 
 
-def setup_error_param(exc: BaseException) -> Any:
+def setup_error_param(exc: BaseException) -> ParameterSet:
     return pytest.param(SetupError(exc), id="setup-error")
 
 

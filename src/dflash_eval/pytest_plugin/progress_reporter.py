@@ -78,7 +78,7 @@ class ProgressReporter:
         self.lines: list[str] = []  # every line written (tests read them)
 
     @property
-    def tr(self) -> Any:
+    def tr(self) -> pytest.TerminalReporter | None:
         """pytest's terminal reporter (registered after this plugin's pytest_configure: looked up when used)."""
         return self.config.pluginmanager.get_plugin("terminalreporter")
 
@@ -127,7 +127,7 @@ class ProgressReporter:
             self._line(tr, line)
 
     @staticmethod
-    def _line(tr: Any, line: str) -> None:
+    def _line(tr: pytest.TerminalReporter, line: str) -> None:
         tw = getattr(tr, "_tw", None)
         if getattr(tw, "width_of_current_line", 0) and tw is not None:  # mid-line of test results (xdist's dots)
             tw.line()

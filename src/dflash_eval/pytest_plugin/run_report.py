@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
@@ -26,13 +26,24 @@ from dflash_eval.pytest_plugin.state import (
 )
 from dflash_eval.training_loop.plugins import result_ready
 
+if TYPE_CHECKING:  # imports torch: kept out of the plugin's own import
+    from dflash_eval.options.settings import EvalSettings
+
 __all__ = ["WORKEROUTPUT_KEY", "gather_worker_result", "write_run_reports", "fail_a_refused_run",
            "write_terminal_section"]
 
 WORKEROUTPUT_KEY = "dflash_eval_fragment"
 
 
-def gather_worker_result(node: Any) -> None:
+class WorkerNode(Protocol):
+    """What the plugin reads of an xdist worker's handle on the controller (xdist ships no types): its config and
+    the input it starts with (its output, once it is down, is read with ``getattr``)."""
+
+    config: pytest.Config
+    workerinput: dict[str, Any]
+
+
+def gather_worker_result(node: WorkerNode) -> None:
     """xdist controller: keep the result a finished worker sent."""
     raw = (getattr(node, "workeroutput", {}) or {}).get(WORKEROUTPUT_KEY)
     if raw:
@@ -84,7 +95,7 @@ def write_run_reports(config: pytest.Config) -> None:
             config.stash.setdefault(MERGED, {})
 
 
-def _result_ready(config: pytest.Config, settings: Any, data: dict[str, Any]) -> bool:
+def _result_ready(config: pytest.Config, settings: EvalSettings, data: dict[str, Any]) -> bool:
     """The ``pytest_dflash_eval_result_ready`` implementations see ``data`` (their fields added to it; their rejections
     in its ``rejected`` and the run's failures). False, with the message for the terminal, when a plugin broke the
     hook's rules: the run fails and no report is written."""
@@ -110,7 +121,7 @@ def fail_a_refused_run(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def write_terminal_section(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+def write_terminal_section(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
     """The dflash-eval section: the tables, the messages of the end of the run, the verdict last."""
     data = config.stash.get(MERGED, None)
     if data is None:
