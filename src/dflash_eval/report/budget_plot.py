@@ -12,11 +12,15 @@ Written with matplotlib's Agg backend, atomically, next to eval.png.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.atomic import atomic_write_with
 from dflash_eval.report.format import fmt
 from dflash_eval.report.summary import gate_outcome
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 __all__ = ["write_budget_plot", "budget_figure", "measured_drifts", "budget_title", "FONT_PT"]
 
@@ -37,7 +41,7 @@ def measured_drifts(data: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _g(x: Any) -> str:
+def _g(x: object) -> str:
     return fmt(x, 2, "g")
 
 
@@ -81,7 +85,7 @@ def write_budget_plot(data: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def _noise_and_rounding(ax: Any, key: str, levels: list[dict[str, Any]], floor: float, *, main: bool) -> None:
+def _noise_and_rounding(ax: Axes, key: str, levels: list[dict[str, Any]], floor: float, *, main: bool) -> None:
     """One panel's injected-noise line (with CI bars on the main panel) and rounding points (labelled there)."""
     noise = [lv for lv in levels if lv["kind"] == "noise"]
     rounds = [lv for lv in levels if lv["kind"] == "round"]
@@ -103,7 +107,7 @@ def _noise_and_rounding(ax: Any, key: str, levels: list[dict[str, Any]], floor: 
                         fontsize=FONT_PT)
 
 
-def _limits(ax: Any, b: dict[str, Any], drifts: dict[str, float], floor: float, *, main: bool) -> None:
+def _limits(ax: Axes, b: dict[str, Any], drifts: dict[str, float], floor: float, *, main: bool) -> None:
     """The budget, the gate limit and each comparison's measured drift as vertical lines (labelled on the main
     panel), the log x axis and its grid."""
     bound = ">= " if b["lower_bound"] else ""
@@ -121,7 +125,7 @@ def _limits(ax: Any, b: dict[str, Any], drifts: dict[str, float], floor: float, 
     ax.grid(True, which="major", alpha=0.3)
 
 
-def _axes_ranges(ax_d: Any, ax_t: Any, b: dict[str, Any], levels: list[dict[str, Any]]) -> None:
+def _axes_ranges(ax_d: Axes, ax_t: Axes, b: dict[str, Any], levels: list[dict[str, Any]]) -> None:
     """The tolerance band and the y ranges and labels of both panels."""
     tol = fmt(b["tol"], 6, "g")
     top = max([b["tol"] * 2] + [lv["ci95"][1] for lv in levels])
@@ -138,7 +142,7 @@ def _axes_ranges(ax_d: Any, ax_t: Any, b: dict[str, Any], levels: list[dict[str,
     ax_t.set_title(f"τ itself: unperturbed {fmt(base)} (grey band ± {tol})", fontsize=FONT_PT + 2)
 
 
-def _titles_and_legend(fig: Any, ax_d: Any, data: dict[str, Any]) -> None:
+def _titles_and_legend(fig: Figure, ax_d: Axes, data: dict[str, Any]) -> None:
     """The verdict title (in the verdict's colour), the subtitle and one legend under both panels."""
     title, sub = budget_title(data)
     fig.suptitle(title, fontsize=FONT_PT + 4, fontweight="bold", color=_VERDICT_COLOURS[gate_outcome(data)])
@@ -152,7 +156,7 @@ def _titles_and_legend(fig: Any, ax_d: Any, data: dict[str, Any]) -> None:
     fig.tight_layout(rect=(0, 0.05 + 0.035 * ((len(labels) + 1) // 2), 1, 0.89))
 
 
-def budget_figure(data: dict[str, Any]) -> Any:
+def budget_figure(data: dict[str, Any]) -> Figure | None:
     """The plot's matplotlib figure (None when eval.json holds no drift budget with numbers); the caller closes it."""
     b = data.get("drift_budget")
     if not b or not b.get("levels"):

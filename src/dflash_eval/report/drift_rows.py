@@ -14,7 +14,7 @@ from dflash_eval.report.summary import row_outcome
 __all__ = ["drift_rows", "ladder_rows", "gate_rows", "budget_line"]
 
 
-def _sci(x: Any) -> str:
+def _sci(x: object) -> str:
     return fmt(x, 2, "e")
 
 

@@ -9,7 +9,7 @@ during the run and one rendered again from the file read the same. Infinities re
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 __all__ = ["MISSING", "fmt", "span", "percent_list", "verdict_text", "is_number"]
 
@@ -17,12 +17,12 @@ __all__ = ["MISSING", "fmt", "span", "percent_list", "verdict_text", "is_number"
 MISSING = "-"
 
 
-def is_number(x: Any) -> bool:
+def is_number(x: object) -> TypeGuard[int | float]:
     """A real number with a value: an int or float (not a bool), not NaN."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
-def fmt(x: Any, digits: int = 3, style: str = "f") -> str:
+def fmt(x: object, digits: int = 3, style: str = "f") -> str:
     """``x`` as text: ``style`` is a format type (``f`` fixed, ``e`` scientific, ``g`` general; a leading ``+``
     signs it) with ``digits`` digits (``fmt(4.31435)`` ``4.314``, ``fmt(1e-3, 2, "e")`` ``1.00e-03``,
     ``fmt(0.05, 3, "+f")`` ``+0.050``); :data:`MISSING` for None, NaN and anything that is not a number."""
@@ -34,7 +34,7 @@ def fmt(x: Any, digits: int = 3, style: str = "f") -> str:
     return format(x, f"{sign}.{digits}{kind}")
 
 
-def span(lo: Any, hi: Any, digits: int = 3) -> str:
+def span(lo: object, hi: object, digits: int = 3) -> str:
     """An interval ``lo–hi`` (a 95 % CI), each end through :func:`fmt`."""
     return f"{fmt(lo, digits)}–{fmt(hi, digits)}"
 

@@ -32,6 +32,7 @@ from dflash_eval.report.tables import TextTable, markdown_table
 
 if TYPE_CHECKING:
     from dflash_eval.metrics.floors import Floors
+    from dflash_eval.options.settings import EvalSettings
     from dflash_eval.results.eval_result import TauSummary
 
 __all__ = ["GATE_SCHEMA", "WORST_SHOWN", "GateRow", "gate_row", "error_row", "baseline_reasons", "gate_data",
@@ -149,7 +150,7 @@ def worst_prompts_table(rows: list[GateRow], limit: int = WORST_SHOWN) -> TextTa
     return TextTable(["prompt", "floor"] + [r.name for r in evaluated], cells, title=title)
 
 
-def gate_data(rows: list[GateRow], settings: Any, *, wall_s: float | None = None) -> dict[str, Any]:
+def gate_data(rows: list[GateRow], settings: EvalSettings, *, wall_s: float | None = None) -> dict[str, Any]:
     """gate.json's content from the gate's per-checkpoint rows."""
     opts = {k: v for k, v in settings.to_dict().items() if k != "drafter"}
     return {"schema": GATE_SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -169,7 +170,7 @@ def render_gate_markdown(rows: list[GateRow], settings: dict[str, Any], budgets:
     return "\n".join(parts) + "\n"
 
 
-def write_gate_report(rows: list[GateRow], settings: Any, *, wall_s: float | None = None) -> dict[str, Path]:
+def write_gate_report(rows: list[GateRow], settings: EvalSettings, *, wall_s: float | None = None) -> dict[str, Path]:
     """Write gate.json and gate.md under ``settings.report_dir`` (atomically) and append gate.md to the step
     summary; returns their paths."""
     data = gate_data(rows, settings, wall_s=wall_s)

@@ -12,7 +12,7 @@ from dflash_eval.report.tables import TextTable
 __all__ = ["measurement_tables"]
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     return fmt(value, 4, "g") if is_number(value) else "-" if value is None else str(value)
 
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dflash_eval.common.atomic import atomic_write_with
 from dflash_eval.metrics.acceptance_rates import acceptance_table
 from dflash_eval.metrics.stats import ddtree_budgets
 from dflash_eval.report.format import fmt
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
+    from matplotlib.axes import Axes
 
 __all__ = ["write_plot", "worst_prompts", "WORST_SHOWN"]
 
@@ -27,7 +30,7 @@ WORST_SHOWN = 25
 _COLORS = {True: "#4c72b0", False: "#c44e52", None: "#9a9a9a"}  # passed / failed / not gated
 
 
-def _num(x: Any) -> float | None:
+def _num(x: float | None) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
 
@@ -42,7 +45,7 @@ def worst_prompts(prompts: dict[str, dict[str, Any]], k: int = WORST_SHOWN) -> l
     return sorted(prompts, key=key)[:k]
 
 
-def _worst_panel(ax: Any, prompts: dict[str, dict[str, Any]], budgets: list[str]) -> None:
+def _worst_panel(ax: Axes, prompts: dict[str, dict[str, Any]], budgets: list[str]) -> None:
     ids = worst_prompts(prompts)
     y = list(range(len(ids)))[::-1]  # the worst at the top
     taus = [_num(prompts[p].get("tau")) or 0.0 for p in ids]
@@ -58,12 +61,12 @@ def _worst_panel(ax: Any, prompts: dict[str, dict[str, Any]], budgets: list[str]
     floors = [(yy, _num(prompts[p].get("floor"))) for yy, p in zip(y, ids)]
     floors = [(yy, f) for yy, f in floors if f is not None]
     if floors:
-        ax.scatter([f for _, f in floors], [yy for yy, _ in floors], marker="|", s=260, color="black", zorder=3,
-                   label="floor (chain)")
+        ax.scatter(cast("list[float]", [f for _, f in floors]), [yy for yy, _ in floors],  # None left out above
+                   marker="|", s=260, color="black", zorder=3, label="floor (chain)")
     for k, b in enumerate(budgets):
         vals = [(yy, _num(prompts[p].get("ddtree", {}).get(b))) for yy, p in zip(y, ids)]
         vals = [(yy, v) for yy, v in vals if v is not None]
-        ax.scatter([v for _, v in vals], [yy for yy, _ in vals], marker="D", s=18, zorder=4,
+        ax.scatter(cast("list[float]", [v for _, v in vals]), [yy for yy, _ in vals], marker="D", s=18, zorder=4,
                    color=["#dd8452", "#55a868", "#8172b3", "#937860"][k % 4], label=f"DDTree-{b} τ")
     handles, _ = ax.get_legend_handles_labels()
     handles = [Patch(color=_COLORS[True], label="chain τ >= floor"),
@@ -80,7 +83,7 @@ def _worst_panel(ax: Any, prompts: dict[str, dict[str, Any]], budgets: list[str]
               frameon=False, handlelength=1.2, columnspacing=1.0)
 
 
-def _distribution_panel(ax: Any, data: dict[str, Any], budgets: list[str]) -> None:
+def _distribution_panel(ax: Axes, data: dict[str, Any], budgets: list[str]) -> None:
     prompts = data["prompts"]
     chain = [v for v in (_num(r.get("tau")) for r in prompts.values()) if v is not None]
     series = [("chain τ", chain)] + [(f"DDTree-{b} τ", [v for v in (_num(r.get("ddtree", {}).get(b))
@@ -142,11 +145,12 @@ def write_plot(data: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-_STYLE = {"chain": {"marker": "o"}, "online": {"marker": "s", "linestyle": ":"},
-          "server": {"marker": "^", "linestyle": "-."}}
+#: Line2D keyword arguments of each acceptance source (matplotlib types them as Any).
+_STYLE: dict[str, dict[str, Any]] = {"chain": {"marker": "o"}, "online": {"marker": "s", "linestyle": ":"},
+                                     "server": {"marker": "^", "linestyle": "-."}}
 
 
-def _acceptance_panels(data: dict[str, Any], ax_hist: Any, ax_rates: Any) -> None:
+def _acceptance_panels(data: dict[str, Any], ax_hist: Axes, ax_rates: Axes) -> None:
     """Share of rounds per acceptance length, and rate per draft position, for every source (all prompts), plus the
     chain rates of each category."""
     cats = {c: v.get("acceptance") for c, v in (data.get("categories") or {}).items()}

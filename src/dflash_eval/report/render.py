@@ -124,12 +124,12 @@ def _title(data: dict[str, Any]) -> str:
             f"drafter {normal_path(d.get('path', '?')).name} ({str(d.get('fingerprint', '?'))[:12]})")
 
 
-def plain_dtype(dtype: Any) -> str:
+def plain_dtype(dtype: object) -> str:
     """A dtype as a reader writes it: ``float32`` (eval.json of older runs held ``torch.float32``)."""
     return "?" if dtype is None else str(dtype).removeprefix("torch.")
 
 
-def plain_versions(versions: Any) -> str:
+def plain_versions(versions: object) -> str:
     """Library versions as text: ``torch 2.13.0, transformers 5.20.0, fla not installed, python 3.11.7``."""
     if not isinstance(versions, dict) or not versions:
         return "?"

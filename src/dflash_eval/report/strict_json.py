@@ -13,7 +13,7 @@ from typing import Any
 __all__ = ["strict", "dumps_strict"]
 
 
-def strict(obj: Any) -> Any:
+def strict(obj: object) -> Any:
     """``obj`` with every non-finite float replaced by None, tuples and sets as lists, paths as strings, and
     mapping keys as strings."""
     if isinstance(obj, float):
@@ -29,6 +29,6 @@ def strict(obj: Any) -> Any:
     return obj
 
 
-def dumps_strict(obj: Any, *, indent: int | None = 1) -> str:
+def dumps_strict(obj: object, *, indent: int | None = 1) -> str:
     """JSON text of ``obj`` after :func:`strict` (raises ValueError if anything non-finite remained)."""
     return json.dumps(strict(obj), indent=indent, default=str, allow_nan=False)

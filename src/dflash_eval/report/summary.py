@@ -26,7 +26,7 @@ WORST_NAMED = 3
 REPORT_FILES = ("eval.md", "eval.json", "eval.png", "drift_budget.png")
 
 
-def _against(value: Any, floor: Any) -> str:
+def _against(value: object, floor: float | None) -> str:
     """``4.314 >= floor 4.064`` (or ``<``; ``no floor`` when there is none)."""
     if floor is None:
         return f"{fmt(value)} (no floor)"

@@ -11,7 +11,12 @@ from __future__ import annotations
 import io
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:  # rich is imported when a table is printed
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
 
 __all__ = ["TextTable", "markdown_table", "rich_table", "terminal_text", "print_tables", "VERDICT_STYLES"]
 
@@ -52,7 +57,7 @@ def markdown_table(table: TextTable) -> str:
                       *(_md_row(r) for r in table.rows)])
 
 
-def _cell(text: str, column: str) -> Any:
+def _cell(text: str, column: str) -> Text:
     """A rich cell: the text as it is (never read as rich markup); a verdict's first word coloured."""
     from rich.text import Text
 
@@ -63,7 +68,7 @@ def _cell(text: str, column: str) -> Any:
     return cell
 
 
-def rich_table(table: TextTable) -> Any:
+def rich_table(table: TextTable) -> Table:
     """The table as a :class:`rich.table.Table`."""
     from rich.table import Table
 
@@ -76,7 +81,7 @@ def rich_table(table: TextTable) -> Any:
     return t
 
 
-def _print(console: Any, items: Iterable[TextTable | str | None]) -> None:
+def _print(console: Console, items: Iterable[TextTable | str | None]) -> None:
     for item in items:
         if isinstance(item, TextTable):
             if item:
@@ -95,7 +100,7 @@ def terminal_text(items: Iterable[TextTable | str | None], *, width: int = 120) 
     return buf.getvalue()
 
 
-def print_tables(items: Iterable[TextTable | str | None], stream: Any) -> None:
+def print_tables(items: Iterable[TextTable | str | None], stream: TextIO) -> None:
     """Tables and lines as :func:`terminal_text` does, printed to ``stream``: as wide as the terminal, with the
     verdict colours, when it is one, else 160 columns of plain text."""
     from rich.console import Console

@@ -87,7 +87,7 @@ def tau_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _percent(x: Any, style: str = "+f") -> str:
+def _percent(x: object, style: str = "+f") -> str:
     return fmt(100 * x if is_number(x) else None, 2 if style == "+f" else 6, style)
 
 

@@ -4,7 +4,7 @@ golden-update options at the end of a run."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.golden import writer as golden
@@ -15,6 +15,9 @@ from dflash_eval.report.plot import write_plot
 from dflash_eval.report.render import render_markdown
 from dflash_eval.report.step_summary import append_step_summary
 from dflash_eval.report.strict_json import dumps_strict
+
+if TYPE_CHECKING:  # imports torch: kept out of the report's own import
+    from dflash_eval.options.settings import EvalSettings
 
 __all__ = ["write_reports", "finish"]
 
@@ -36,7 +39,7 @@ def write_reports(data: dict[str, Any], report_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def finish(data: dict[str, Any], settings: Any) -> list[str]:
+def finish(data: dict[str, Any], settings: EvalSettings) -> list[str]:
     """Apply the update options (through :mod:`dflash_eval.golden.writer`), write the reports; returns lines for the
     terminal (what was written besides the reports)."""
     msgs = []
