@@ -1,7 +1,7 @@
 """eval.json's data as text: the τ table, the per-category table, the per-position acceptance table, the multi-turn
 conversation table, the drift summary and the drift budget with its gate, for the terminal (:func:`render_terminal`)
 and as markdown (:func:`render_markdown`: eval.md, $GITHUB_STEP_SUMMARY). Both take their rows from the same row
-builders (:mod:`.tau_rows`, :mod:`.acceptance_rows`, :mod:`.drift_rows`) and write them through one table type
+builders (:mod:`.table_rows`) and write them through one table type
 (:mod:`.tables`), so a number reads the same on every surface (:mod:`.format`)."""
 
 from __future__ import annotations
@@ -9,14 +9,23 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_eval.common.paths import normal_path
-from dflash_eval.report.acceptance_rows import acceptance_rows, conversation_rows
-from dflash_eval.report.drift_rows import budget_line, drift_rows, gate_rows, ladder_rows
 from dflash_eval.report.format import fmt
-from dflash_eval.report.measurement_rows import measurement_tables
 from dflash_eval.report.plot import worst_prompts
-from dflash_eval.report.sampled_line import sampled_line
+from dflash_eval.report.table_rows import (
+    acceptance_rows,
+    baseline_line,
+    budget_line,
+    budgets,
+    category_rows,
+    conversation_rows,
+    drift_rows,
+    gate_rows,
+    ladder_rows,
+    measurement_tables,
+    sampled_line,
+    tau_rows,
+)
 from dflash_eval.report.tables import TextTable, markdown_table, terminal_text
-from dflash_eval.report.tau_rows import baseline_line, budgets, category_rows, tau_rows
 
 __all__ = ["render_terminal", "render_markdown", "TERMINAL_ROWS_FULL", "TERMINAL_ROWS_SHOWN", "plain_dtype",
            "plain_versions"]

@@ -1,0 +1,319 @@
+"""The rows of every table of the reports (terminal and eval.md alike), built from eval.json's data; every number
+reads through :func:`dflash_eval.report.format.fmt`, :mod:`.render` writes them through one table type.
+
+- τ: one row per prompt with its floors and verdict plus the mean row, one row per category (mean, median,
+  bootstrap 95 % CI, per DDTree budget too), the line on the ``--baseline`` comparison, and at temperature > 0 the
+  line of the mean over samples with its nested CI;
+- per-position acceptance and the multi-turn conversations;
+- hidden-state drift, the drift budget's ladder and its gate;
+- one small table per registered measurement."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+from dflash_eval.metrics.acceptance_rates import acceptance_block, acceptance_table, position_rates, row_histograms
+from dflash_eval.metrics.stats import ddtree_budgets
+from dflash_eval.report.format import MISSING, fmt, is_number, percent_list, span, verdict_text
+from dflash_eval.report.summary import row_outcome
+from dflash_eval.report.tables import TextTable
+
+__all__ = ["tau_rows", "category_rows", "baseline_line", "budgets", "acceptance_rows", "conversation_rows",
+           "drift_rows", "ladder_rows", "gate_rows", "budget_line", "measurement_tables", "sampled_line"]
+
+
+def budgets(data: dict[str, Any]) -> list[str]:
+    """The DDTree budgets the run's prompts were measured with (as eval.json's keys)."""
+    return ddtree_budgets(data.get("prompts", {}))
+
+
+def _ci(s: dict[str, Any] | None) -> str:
+    if not s or not s.get("ci95"):
+        return fmt(None)
+    return span(s["ci95"][0], s["ci95"][1], 2)
+
+
+def category_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-category table: n, chain τ mean / median / 95 % CI, the same per DDTree budget,
+    floors (chain/DDTree-N... in one cell), verdict; the overall ("all") row last."""
+    cats = data.get("categories") or {}
+    bs = budgets(data)
+    header = ["category", "n", "chain mean", "median", "CI95"]
+    for b in bs:
+        header += [f"DDTree-{b} mean", "median", "CI95"]
+    header += ["floors", "verdict"]  # "chain/DDTree-N..." floors in one cell (keeps the table within 120 columns)
+    rows = []
+    for c in sorted(cats, key=lambda k: (k == "all", k)):
+        r = cats[c]
+        row = [c, str(r.get("n", "-")), fmt(r["chain"]["mean"]), fmt(r["chain"]["median"]), _ci(r["chain"])]
+        for b in bs:
+            s = r.get("ddtree", {}).get(b) or {}
+            row += [fmt(s.get("mean")), fmt(s.get("median")), _ci(s)]
+        row.append("/".join([fmt(r.get("floor"))] + [fmt(r.get("ddtree_floor", {}).get(b)) for b in bs]))
+        row.append(verdict_text(r.get("passed")))
+        rows.append(row)
+    return header, rows
+
+
+def _mean(values: list[Any]) -> float | None:
+    known = [v for v in values if is_number(v)]
+    return sum(known) / len(known) if known else None
+
+
+def _insert_column(header: list[str], rows: list[list[str]], name: str, values: list[Any]) -> None:
+    """A column of numbers after the chain τ: one value per prompt row, then their mean in the mean row."""
+    header.insert(2, name)
+    for row, v in zip(rows, values + [_mean(values)]):
+        row.insert(2, fmt(v))
+
+
+def tau_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the τ table (prompt, chain τ, DDTree-N τ..., floor, verdict) plus a mean row."""
+    bs = budgets(data)
+    prompts = data.get("prompts", {})
+    header = ["prompt", "chain τ"] + [f"DDTree-{b} τ" for b in bs] + ["floor"] + [f"DDTree-{b} floor" for b in bs] \
+        + ["rounds", "verdict"]
+    rows = []
+    for pid, r in prompts.items():
+        rows.append([pid, fmt(r.get("tau"))] + [fmt(r["ddtree"].get(b)) for b in bs] + [fmt(r.get("floor"))]
+                    + [fmt(r.get("ddtree_floor", {}).get(b)) for b in bs] + [str(r.get("rounds", "-")),
+                                                                             verdict_text(r.get("passed"))])
+    if "mean_tau" in data:
+        rows.append(["MEAN", fmt(data.get("mean_tau"))] + [fmt(data.get("mean_ddtree", {}).get(b)) for b in bs]
+                    + [fmt(data.get("mean_floor"))] + [fmt(data.get("mean_ddtree_floor", {}).get(b)) for b in bs]
+                    + ["", verdict_text(bool(data.get("mean_passed")))])
+    # Columns shown by the fields' presence (a NaN τ is null in eval.json: the same table from the file and the run)
+    if any(r.get("online") for r in prompts.values()):  # the real speculative loop's τ (--online-tau)
+        _insert_column(header, rows, "online τ", [(r.get("online") or {}).get("tau") for r in prompts.values()])
+    if any("server_accept_length" in r for r in prompts.values()):  # the SGLang server's own accept length
+        _insert_column(header, rows, "server accept len", [r.get("server_accept_length") for r in prompts.values()])
+    base = data.get("baseline")
+    if base:  # per-prompt baseline τ and delta beside this run's
+        header[2:2] = ["baseline τ", "Δτ"]
+        for pid, row in zip(list(prompts) + ["MEAN"], rows):
+            b = base["prompts"].get(pid, {}) if pid != "MEAN" else {"baseline": base["mean_baseline"],
+                                                                       "delta": base["mean_diff"]}
+            row[2:2] = [fmt(b.get("baseline")), fmt(b.get("delta"), 3, "+f")]
+    return header, rows
+
+
+def _percent(x: object, style: str = "+f") -> str:
+    return fmt(100 * x if is_number(x) else None, 2 if style == "+f" else 6, style)
+
+
+def baseline_line(data: dict[str, Any]) -> str | None:
+    """One line on the --baseline comparison (None without one)."""
+    b = data.get("baseline")
+    if not b:
+        return None
+    lo, hi = b["ci95"]
+    ok = verdict_text(bool(b["drop_passed"] and b["rise_passed"]))
+    return (f"baseline {b['path']}: mean chain τ {fmt(b['mean_baseline'])} -> {fmt(b['mean_run'])} over {b['n']} "
+            f"paired prompts, Δ {fmt(b['mean_diff'], 3, '+f')} (95 % CI {fmt(lo, 3, '+f')}..{fmt(hi, 3, '+f')}), "
+            f"{_percent(b['rel_change'])} % (allowed -{_percent(b['drop_tol'], 'g')} % .. "
+            f"+{_percent(b['rise_tol'], 'g')} %): {ok}"
+            + (f"; {len(b['missing'])} prompt(s) not in the baseline" if b["missing"] else ""))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rows of the per-position acceptance table and the multi-turn conversation table (terminal and eval.md alike).
+#
+# Acceptance: one row per prompt, per category and for the whole run (``all``), per source that counted rounds
+# (offline ``chain``, ``online`` with ``--online-tau``, ``server`` when an SGLang server reported a histogram): rounds,
+# τ of those rounds, the per-position acceptance rates (slot k accepted, % of rounds, k = 1..B-1) and the
+# acceptance-length histogram (% of rounds, lengths 1..B). Conversations: each conversation's τ per turn and over all
+# its rounds, then the mean over conversations of each turn.
+
+
+def _row(scope: str, source: str, block: dict[str, Any]) -> list[str]:
+    hist = block.get("histogram", [])
+    rounds = block.get("rounds", sum(hist))
+    shares = [c / rounds for c in hist] if rounds else [math.nan] * len(hist)
+    rates = block.get("position_rates") or position_rates(hist)
+    return [scope, source, str(rounds), fmt(block.get("tau")), percent_list(rates), percent_list(shares)]
+
+
+def acceptance_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the acceptance table (module docstring); no rows when no prompt has a histogram."""
+    header = ["scope", "source", "rounds", "τ", "slot k accepted, % of rounds (k=1..B-1)",
+              "accept length, % of rounds (1..B)"]
+    prompts = data.get("prompts", {})
+    rows = []
+    for pid, r in prompts.items():
+        for src, h in row_histograms(r).items():
+            rows.append(_row(pid, src, acceptance_block(h)))
+    cats = {c: v.get("acceptance") for c, v in (data.get("categories") or {}).items()}
+    if not cats or any(v is None for v in cats.values()):  # an eval.json from before the acceptance tables
+        cats = acceptance_table(prompts)
+    for c in sorted(cats, key=lambda k: (k == "all", k)):
+        for src, block in (cats[c] or {}).items():
+            rows.append(_row(f"category {c}" if c != "all" else "all prompts", src, block))
+    return header, rows
+
+
+def conversation_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the multi-turn table; no rows without conversations."""
+    convs = data.get("conversations") or {}
+    header = ["conversation", "category", "τ per turn", "conversation τ", "rounds"]
+    rows = [[cid, str(c.get("category", "-")), " / ".join(fmt(t) for t in c.get("turn_tau", [])),
+             fmt(c.get("tau")), str(c.get("rounds", "-"))] for cid, c in convs.items()]
+    for k, t in (data.get("turns") or {}).items():
+        ch = t.get("chain", {})
+        lo, hi = (ch.get("ci95") or [None, None])[:2]
+        rows.append([f"turn {k} (mean of {ch.get('n', 0)})", "", f"{fmt(ch.get('mean'))} (CI95 {span(lo, hi)})",
+                     fmt(t.get("acceptance", {}).get("tau")), str(t.get("acceptance", {}).get("rounds", "-"))])
+    return header, rows
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rows of the drift tables (terminal and eval.md alike): the hidden-state drift regression check per comparison and
+# layer, the drift budget's ladder of injected errors, the drift gate (measured drift against the budget), and the
+# line on the budget. Every number reads through :func:`dflash_eval.report.format.fmt`.
+
+
+def _sci(x: object) -> str:
+    return fmt(x, 2, "e")
+
+
+def drift_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """One row per comparison x layer: worst rel_err / cos over prompts against tolerance, τ difference."""
+    header = ["comparison", "layer", "max rel_err", "rel tol", "min cos", "cos tol", "max |Δτ|", "Δτ tol", "verdict"]
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in data.get("drift", []):
+        groups[(r["comparison"], r["layer"])].append(r)
+    acc: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in data.get("drift_accept", []):
+        acc[r["comparison"]].append(r)
+    rows = []
+    for (comp, layer), rs in groups.items():
+        a = acc.get(comp, [])
+        dmax = max((x["diff"] for x in a if x["diff"] is not None and not math.isnan(x["diff"])), default=None)
+        ok = all(x["passed"] for x in rs) and all(x["passed"] for x in a)
+        rows.append([comp, str(layer), _sci(max(x["rel_err"] for x in rs)), fmt(rs[0]["rel_tol"], 1, "e"),
+                     fmt(min(x["cos"] for x in rs), 6), fmt(rs[0]["cos_tol"], 12, "g"), fmt(dmax),
+                     fmt(a[0]["tol"]) if a else fmt(None), verdict_text(ok)])
+    return header, rows
+
+
+def _order(x: float | None) -> float:
+    """Sort key of a number that strict JSON may have turned into null (NaN: last)."""
+    return float("inf") if x is None else x
+
+
+def budget_line(data: dict[str, Any]) -> str | None:
+    """One line on the drafter's drift budget and the gate's limit (None when the budget was not measured)."""
+    b = data.get("drift_budget")
+    if not b:
+        return None
+    bound = ">= " if b["lower_bound"] else ""
+    why = ("every level stayed within the tolerance: a lower bound" if b["lower_bound"] else
+           f"the next level, {b['limiting']}, moved τ more")
+    return (f"drift budget of drafter {str(b['drafter'])[:12]}: {bound}{_sci(b['budget'])} relative feature error "
+            f"(largest injected error whose mean |Δτ| over {b['n_prompts']} prompts stays <= {fmt(b['tol'], 6, 'g')}, "
+            f"upper end of its 95 % CI; {b['base']} features, mean τ {fmt(b['base_mean_tau'])}; {why}); gate: "
+            f"measured drift x {fmt(b['safety'], 6, 'g')} <= budget, i.e. drift <= {_sci(b['gate_limit'])}"
+            + _budget_prompts_note(b))
+
+
+def _budget_prompts_note(b: dict[str, Any]) -> str:
+    """Where the budget's prompts came from, and whether it is conclusive (fewer than the minimum: not)."""
+    n, sel, least = b["n_prompts"], b.get("selected_prompts"), b.get("min_prompts")
+    note = f"; measured on the {n} first prompts of --prompts ({sel} selected)" if sel is not None and n > sel else ""
+    if b.get("conclusive") is False:
+        harm, tol = b.get("harm_level"), fmt(b["tol"], 6, "g")
+        note += (f"; fewer than --drift-budget-min-prompts {least}: over it a gate is inconclusive unless the drift x "
+                 f"{fmt(b['safety'], 6, 'g')} reaches " + (f"{harm} ({_sci(b['harm'])}), the smallest level whose mean "
+                                                          f"|Δτ| exceeded {tol}" if harm else
+                                                          f"a level whose mean |Δτ| exceeds {tol} (none did)"))
+    return note
+
+
+def ladder_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The drift budget's ladder: one row per perturbation, in order of injected error."""
+    header = ["perturbation", "injected rel err", "mean τ", "mean |Δτ|", "CI95", "max |Δτ|", "within"]
+    b = data.get("drift_budget") or {}
+    levels = sorted(b.get("levels", []), key=lambda lv: _order(lv["injected_rel_err"]))
+    rows = [[lv["label"], _sci(lv["injected_rel_err"]), fmt(lv["mean_tau"]), fmt(lv["mean_abs_dtau"]),
+             span(lv["ci95"][0], lv["ci95"][1]), fmt(lv["max_abs_dtau"]), "yes" if lv["within"] else "NO"]
+            for lv in levels]
+    return header, rows
+
+
+def _margin(g: dict[str, Any]) -> str:
+    """budget / drift as ``12.3x``; ``inf`` for no drift at all (strict JSON writes the infinite margin as null)."""
+    m, err = g.get("margin"), g.get("max_rel_err")
+    if m is None:
+        return "inf" if err == 0 else MISSING
+    text = fmt(m, 3, "g")
+    return text if text in ("inf", MISSING) else text + "x"
+
+
+def gate_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The drift gate: per comparison and layer, the worst prompt's drift against the budget, and the margin
+    (budget / drift; the gate needs at least the safety factor)."""
+    header = ["comparison", "layer", "max rel_err", "worst prompt", "x safety", "budget", "margin", "verdict"]
+    rows = []
+    for g in data.get("drift_gate", []):
+        err = g.get("max_rel_err")
+        scaled = None if err is None else err * g["safety"]
+        rows.append([g["comparison"], str(g["layer"]), _sci(err), g.get("worst_prompt", "-"), _sci(scaled),
+                     (">= " if g.get("lower_bound") else "") + _sci(g["budget"]), _margin(g),
+                     row_outcome(g).upper()])
+    return header, rows
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The rows of the measurements registered by plugins (eval.json's ``measurements``: ``{name: {"summary": {...},
+# "rows": [[label, value], ...]}}``): one small table per measurement, its summary as the caption, for the terminal
+# and eval.md (:mod:`.render`). Nothing when the run has none.
+
+
+def _cell(value: object) -> str:
+    return fmt(value, 4, "g") if is_number(value) else "-" if value is None else str(value)
+
+
+def _summary(block: dict[str, Any]) -> str | None:
+    summary = block.get("summary") or {}
+    return "; ".join(f"{k} {_cell(v)}" for k, v in summary.items()) or None
+
+
+def measurement_tables(data: dict[str, Any]) -> list[TextTable]:
+    """One table per measurement with rows: its label and value columns (extra cells kept), titled by its name."""
+    out = []
+    for name, block in (data.get("measurements") or {}).items():
+        rows = [list(r) if isinstance(r, (list, tuple)) else [r] for r in (block or {}).get("rows") or []]
+        if not rows:
+            continue
+        width = max(len(r) for r in rows)
+        header = ["label", "value"] + [f"value {i}" for i in range(2, width)] if width >= 2 else ["label"]
+        cells = [[_cell(c) for c in r] + [""] * (len(header) - len(r)) for r in rows]
+        out.append(TextTable(header, cells, title=f"measurement: {name}", caption=_summary(block),
+                             left=frozenset({"label"})))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The line of a run at temperature > 0 in the terminal summary and eval.md: the mean τ over prompts of each
+# prompt's mean over samples with the nested 95 % CI over prompts and samples (eval.json's ``sampled`` block,
+# :func:`dflash_eval.metrics.sampled_ci.sampled_summary`); None for a greedy run.
+
+
+def _part(label: str, s: dict[str, Any]) -> str:
+    lo, hi = s["ci95"]
+    return f"{label} {fmt(s['mean'])} ({fmt(lo)}..{fmt(hi)})"
+
+
+def sampled_line(data: dict[str, Any]) -> str | None:
+    """``sampled at T=0.6: 8 prompts x 4 samples; mean τ (nested 95 % CI over prompts and samples): chain ...``."""
+    s = data.get("sampled")
+    if not s:
+        return None
+    temp = (data.get("settings") or {}).get("temperature")
+    parts = [_part("chain", s["chain"])] + [_part(f"DDTree-{b}", v) for b, v in s.get("ddtree", {}).items()]
+    if s.get("online"):
+        parts.append(_part("online", s["online"]))
+    per = s["samples"] / s["prompts"] if s["prompts"] else 0
+    return (f"sampled at T={temp}: {s['prompts']} prompts x {per:g} samples; mean τ (nested 95 % CI over prompts "
+            "and samples): " + ", ".join(parts))
