@@ -60,6 +60,8 @@ def test_a_rejecting_plugin_fails_the_run_with_its_reason(pytester: pytest.Pytes
     assert res.ret == 1
     res.stdout.fnmatch_lines(
         ["dflash-eval: result rejected by plugin 'rejects_plugin': mean tau below the team's bar*"])
+    res.stdout.fnmatch_lines(["dflash-eval: FAIL (rejected by plugin 'rejects_plugin')*"])  # the verdict says so
+    assert "dflash-eval: PASS" not in res.stdout.str()
     data = json.loads((tmp_path / "r" / "eval.json").read_text())
     assert data["rejected"] == [{"plugin": "rejects_plugin", "reason": "mean tau below the team's bar"}]
 

@@ -325,12 +325,14 @@ def gate_outcome(data: dict[str, Any]) -> str | None:
 
 def run_verdict(data: dict[str, Any], *, failed_tests: int = 0, exitstatus: int = 0) -> Verdict:
     """A test run's verdict from its eval.json data: it passes when τ passes its floors (:func:`tau_verdict`), the
-    drift gate has no failing row (:func:`gate_outcome`), the drafter was not refused (:func:`refused`), no test
-    failed (``failed_tests``) and pytest's ``exitstatus`` is 0; the reasons say why not."""
+    drift gate has no failing row (:func:`gate_outcome`), the drafter was not refused (:func:`refused`), no plugin
+    rejected the result (``rejected``: ``pytest_dflash_eval_result_ready``), no test failed (``failed_tests``) and
+    pytest's ``exitstatus`` is 0; the reasons say why not."""
     tau, gate, refusal = tau_verdict(data), gate_outcome(data), refused(data)
     why = []
     if refusal:
         why.append("the drafter was refused by " + ", ".join(c["check"] for c in refusal))
+    why += [f"rejected by plugin {r['plugin']!r}" for r in data.get("rejected") or []]
     if tau is False:
         why.append("τ below its floors")
     if gate == "fail":
