@@ -1,4 +1,4 @@
-"""The one rendering layer (dflash_eval.report.format / tables / step_summary): a number reads the same in the
+"""The one rendering layer (dflash_eval.common.number_text / tables / step_summary): a number reads the same in the
 terminal tables, eval.md, gate.md and the gate's terminal table, NaN included; a report rendered during the run and
 one rendered again from eval.json (strict JSON: NaN as null) are the same text; gate rows come from the typed τ
 summary."""
@@ -12,10 +12,10 @@ import re
 import pytest
 
 from dflash_eval import report
+from dflash_eval.common.number_text import MISSING, fmt, percent_list, span
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.verdict import judge_prompts
-from dflash_eval.report.format import MISSING, fmt, percent_list, span
 from dflash_eval.report.gate import GateRow, error_row, gate_row, gate_table, render_gate_markdown
 from dflash_eval.report.step_summary import STEP_SUMMARY_ENV, append_step_summary
 from dflash_eval.report.tables import TextTable, markdown_table, rich_table, terminal_text

@@ -59,6 +59,7 @@ from dflash_eval.cli.list_sets import sets_command
 from dflash_eval.cli.record import record_command
 from dflash_eval.cli.suite_run import joined_option_values, run_suite
 from dflash_eval.common.atomic import atomic_write_text
+from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
 from dflash_eval.common.torch_check import require_torch
 from dflash_eval.errors import ConfigError, DFlashEvalError
@@ -245,7 +246,6 @@ def gate(ns: argparse.Namespace) -> int:
         print(f"dflash-eval gate: {gate_floors_message(missing, _record_command(ns.argv))}", file=err)
         return EXIT_BAD_INPUT
 
-    from dflash_eval.report.format import fmt  # imports torch: kept out of --help
 
     rows: list[GateRow] = []
     t_all = time.perf_counter()

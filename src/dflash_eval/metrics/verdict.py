@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dflash_eval.common.number_text import fmt
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.stats import category_table, ddtree_budgets
 
@@ -255,26 +256,16 @@ def compose(floors: list[str] | None = None, *, baseline: list[str] | None = Non
     return Verdict(not reasons if judged else None, reasons, [plateau] if plateau else [])
 
 
-def _fmt(x: object, digits: int, style: str) -> str:
-    """A number as the reports write it (``-`` for None and NaN; :func:`dflash_eval.report.format.fmt`)."""
-    if not isinstance(x, (int, float)) or isinstance(x, bool) or math.isnan(x):
-        return "-"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    sign, kind = ("+", style[1:]) if style.startswith("+") else ("", style)
-    return format(x, f"{sign}.{digits}{kind}")
-
-
 def baseline_reasons(cmp: BaselineComparison | None) -> list[str]:
     """Why the τ against ``--baseline`` fails: a drop beyond the drop tolerance, a rise beyond the rise tolerance
     (empty without a baseline or when both hold)."""
     out = []
     if cmp is not None and not cmp.drop_passed:
-        out.append(f"τ dropped against the baseline: {_fmt(100 * cmp.rel_change, 2, '+f')} % "
-                   f"(allowed -{_fmt(100 * cmp.drop_tol, 6, 'g')} %)")
+        out.append(f"τ dropped against the baseline: {fmt(100 * cmp.rel_change, 2, '+f')} % "
+                   f"(allowed -{fmt(100 * cmp.drop_tol, 6, 'g')} %)")
     if cmp is not None and not cmp.rise_passed:
-        out.append(f"τ rose {_fmt(100 * cmp.rel_change, 2, '+f')} % against the baseline (allowed "
-                   f"+{_fmt(100 * cmp.rise_tol, 6, 'g')} %): check the drafter for a future-token leak")
+        out.append(f"τ rose {fmt(100 * cmp.rel_change, 2, '+f')} % against the baseline (allowed "
+                   f"+{fmt(100 * cmp.rise_tol, 6, 'g')} %): check the drafter for a future-token leak")
     return out
 
 

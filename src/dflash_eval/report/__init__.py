@@ -3,13 +3,14 @@ the terminal and as markdown (:mod:`.render`), the verdict printed last (:mod:`.
 eval.png; :mod:`.budget_plot`: drift_budget.png), the files plus golden updates at the end of a run (:mod:`.write`,
 :mod:`.run_end`) and the gate's combined report (:mod:`.gate`).
 
-One rendering layer serves them all: :func:`fmt` (:mod:`.format`) is how every number reads (``-`` for a value that
-is not there, NaN included), :class:`TextTable` (:mod:`.tables`) the one table type, written as markdown or as a rich
-table, and :func:`append_step_summary` (:mod:`.step_summary`) the one writer of ``$GITHUB_STEP_SUMMARY``.
+One rendering layer serves them all: :func:`fmt` (:mod:`dflash_eval.common.number_text`) is how every number reads
+(``-`` for a value that is not there, NaN included), :class:`TextTable` (:mod:`.tables`) the one table type, written
+as markdown or as a rich table, and :func:`append_step_summary` (:mod:`.step_summary`) the one writer of
+``$GITHUB_STEP_SUMMARY``.
 """
 
+from dflash_eval.common.number_text import MISSING, fmt
 from dflash_eval.report.budget_plot import measured_drifts, write_budget_plot
-from dflash_eval.report.format import MISSING, fmt
 from dflash_eval.report.merge import SCHEMA, merge
 from dflash_eval.report.plot import write_plot
 from dflash_eval.report.render import TERMINAL_ROWS_SHOWN, render_markdown, render_terminal

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.atomic import atomic_write_with
-from dflash_eval.report.format import fmt
+from dflash_eval.common.number_text import fmt
 from dflash_eval.report.summary import gate_outcome
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn

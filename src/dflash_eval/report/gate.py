@@ -1,7 +1,7 @@
 """The gate's report: one :class:`GateRow` per checkpoint, made from its judged τ (:func:`gate_row`, from the typed
 :class:`~dflash_eval.results.eval_result.TauSummary`), written as ``<report-dir>/gate.json`` and
 ``<report-dir>/gate.md`` (also appended to ``$GITHUB_STEP_SUMMARY`` when set) and printed as the gate's terminal table,
-all through the one rendering layer (:mod:`.format`, :mod:`.tables`).
+all through the one rendering layer (:mod:`dflash_eval.common.number_text`, :mod:`.tables`).
 
 gate.json (strict JSON, NaN written as null)::
 
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.atomic import atomic_write_text
+from dflash_eval.common.number_text import MISSING, fmt, is_number
 from dflash_eval.metrics.verdict import baseline_reasons
-from dflash_eval.report.format import MISSING, fmt, is_number
 from dflash_eval.report.step_summary import append_step_summary
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.report.tables import TextTable, markdown_table

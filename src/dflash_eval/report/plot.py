@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from dflash_eval.common.atomic import atomic_write_with
+from dflash_eval.common.number_text import fmt
 from dflash_eval.metrics.acceptance_rates import acceptance_table
 from dflash_eval.metrics.stats import ddtree_budgets
-from dflash_eval.report.format import fmt
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
     from matplotlib.axes import Axes

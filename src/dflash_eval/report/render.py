@@ -2,14 +2,14 @@
 conversation table, the drift summary and the drift budget with its gate, for the terminal (:func:`render_terminal`)
 and as markdown (:func:`render_markdown`: eval.md, $GITHUB_STEP_SUMMARY). Both take their rows from the same row
 builders (:mod:`.table_rows`) and write them through one table type
-(:mod:`.tables`), so a number reads the same on every surface (:mod:`.format`)."""
+(:mod:`.tables`), so a number reads the same on every surface (:mod:`dflash_eval.common.number_text`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
-from dflash_eval.report.format import fmt
 from dflash_eval.report.plot import worst_prompts
 from dflash_eval.report.table_rows import (
     acceptance_rows,

@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.common.number_text import fmt, is_number
 from dflash_eval.metrics.verdict import gate_outcome, row_outcome, run_verdict, tau_verdict
-from dflash_eval.report.format import fmt, is_number
 from dflash_eval.report.plot import worst_prompts
 
 __all__ = ["WORST_NAMED", "REPORT_FILES", "tau_verdict", "gate_outcome", "row_outcome", "verdict_lines"]

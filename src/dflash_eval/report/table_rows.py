@@ -1,5 +1,5 @@
 """The rows of every table of the reports (terminal and eval.md alike), built from eval.json's data; every number
-reads through :func:`dflash_eval.report.format.fmt`, :mod:`.render` writes them through one table type.
+reads through :func:`dflash_eval.common.number_text.fmt`, :mod:`.render` writes them through one table type.
 
 - τ: one row per prompt with its floors and verdict plus the mean row, one row per category (mean, median,
   bootstrap 95 % CI, per DDTree budget too), the line on the ``--baseline`` comparison, and at temperature > 0 the
@@ -14,9 +14,9 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from dflash_eval.common.number_text import MISSING, fmt, is_number, percent_list, span, verdict_text
 from dflash_eval.metrics.acceptance_rates import acceptance_block, acceptance_table, position_rates, row_histograms
 from dflash_eval.metrics.stats import ddtree_budgets
-from dflash_eval.report.format import MISSING, fmt, is_number, percent_list, span, verdict_text
 from dflash_eval.report.summary import row_outcome
 from dflash_eval.report.tables import TextTable
 
@@ -170,7 +170,7 @@ def conversation_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]
 # --------------------------------------------------------------------------------------------------------------
 # Rows of the drift tables (terminal and eval.md alike): the hidden-state drift regression check per comparison and
 # layer, the drift budget's ladder of injected errors, the drift gate (measured drift against the budget), and the
-# line on the budget. Every number reads through :func:`dflash_eval.report.format.fmt`.
+# line on the budget. Every number reads through :func:`dflash_eval.common.number_text.fmt`.
 
 
 def _sci(x: object) -> str:

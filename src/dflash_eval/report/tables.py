@@ -1,5 +1,5 @@
 """One table type for every report, written as markdown (eval.md, gate.md, $GITHUB_STEP_SUMMARY) or as a rich table
-(the terminal). A table's cells are text made by :mod:`dflash_eval.report.format`; both renderings show the same
+(the terminal). A table's cells are text made by :mod:`dflash_eval.common.number_text`; both renderings show the same
 text: rich only aligns it, and in a ``verdict`` column colours the leading PASS / FAIL / ERROR on a colour terminal.
 
 Build one with :class:`TextTable` (header, rows, and for the terminal a title, a caption and the columns aligned

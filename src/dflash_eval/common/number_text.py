@@ -1,4 +1,5 @@
-"""How a value reads in every report: the terminal tables, eval.md, gate.md, the verdict lines and the gate CLI.
+"""How a value reads in every report and message: the terminal tables, eval.md, gate.md, the verdict lines and
+their reasons, and the gate CLI.
 
 One number formatter (:func:`fmt`) with one convention for a value that is not there: ``-`` for None, NaN and
 anything that is not a number (a τ without a round, a floor never recorded, a CI that could not be computed).
