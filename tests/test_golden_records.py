@@ -25,7 +25,7 @@ from dflash_eval.golden.needed import (
 from dflash_eval.metrics.floors import load_floors
 from dflash_eval.options.commands import environ_for, refused
 from dflash_eval.options.invocation import args_for, record_command, started_as, started_as_command, suite_options
-from dflash_eval.options.settings import OPTIONS
+from dflash_eval.options.settings import OPTIONS, EvalSettings
 
 PROMPTS = [SimpleNamespace(id="p-0", category="code"), SimpleNamespace(id="p-1", category="code"),
            SimpleNamespace(id="q-0", category="math")]
@@ -43,7 +43,8 @@ def session(tmp_path: Path, floors: dict | None = None, *, update: bool = False,
         path.write_text(json.dumps(floors))
     fl = load_floors(path, mean_override=overrides.get("mean"), prompt_override=overrides.get("prompt"))
     s = SimpleNamespace(floors_file=path, golden_dir=tmp_path / "golden", target_model=tmp_path / "models" / "mine",
-                        ddtree_budget=(8,), update_tau_floors=update)
+                        ddtree_budget=(8,), update_tau_floors=update, snapshot_folder="mine",
+                        records_profile=overrides.get("profile", ""))
     return SimpleNamespace(settings=s, floors=fl.select({p.id: p.category for p in PROMPTS}),
                            inputs=SimpleNamespace(prompts=PROMPTS))
 
@@ -59,6 +60,22 @@ def test_a_first_run_lacks_the_floors_file_and_every_snapshot(tmp_path):
     assert f"τ floors: {tmp_path}/golden/tau_floors.json does not exist" in msg
     assert f"no snapshot in {m.snapshot_dir} for 2 of 3 prompts (p-0, q-0)" in msg
     assert "\n  dflash-eval record --target-model models/mine --drafter d\n" in msg and "--tau-floor VALUE" in msg
+
+
+def test_records_are_kept_per_dtype_and_backend(tmp_path, monkeypatch):
+    """float32 / torch keeps the records at the golden folder's top; any other dtype or backend has its own floors
+    file and snapshot folder, chosen by the run's resolved settings unless --floors-file is given."""
+    fp32 = EvalSettings.from_mapping({}, origins={})
+    assert fp32.records_profile == "" and fp32.snapshot_folder == "target"
+    assert fp32.floors_file.name == "tau_floors.json"
+    bf16 = EvalSettings.from_mapping({"dtype": "bf16"}, origins={"dtype": "cli"})
+    assert bf16.records_profile == "bfloat16-torch" and bf16.snapshot_folder == "target.bfloat16-torch"
+    assert bf16.floors_file.name == "tau_floors.bfloat16-torch.json"
+    assert bf16.floors_file.parent == fp32.floors_file.parent
+    given = EvalSettings.from_mapping({"dtype": "bf16", "floors_file": str(tmp_path / "mine.json")})
+    assert given.floors_file == tmp_path / "mine.json"  # a floors file the user names is the one read
+    m = missing_records(session(tmp_path, profile="bfloat16-fla"), SELECTED, updates_snapshots=False)
+    assert "this run's are bfloat16-fla" in missing_message(m, "mine", "dflash-eval record")
 
 
 def test_only_what_the_selected_tests_need(tmp_path):

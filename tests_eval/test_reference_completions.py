@@ -17,7 +17,7 @@ NEAR_TIE = 1e-3  # logit margin below which a divergence is a numerical near-tie
 @pytest.fixture
 def snapshot(snapshot, eval_settings):
     """Snapshots under --golden-dir, in a folder named after the target directory."""
-    return snapshot.use_extension(golden_extension(eval_settings.golden_dir, eval_settings.target_model.name))
+    return snapshot.use_extension(golden_extension(eval_settings.golden_dir, eval_settings.snapshot_folder))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -148,7 +148,7 @@ def summary(plugin: RecordPlugin, argv: list[str]) -> tuple[list[str], bool]:
             lines.append("  WARNING: every chain floor is 1.0 (τ - margin <= 1): they accept a drafter that proposes "
                          "nothing; check the drafter before gating on them")
     if plugin.snapshots:
-        folder = Path(s.golden_dir) / "snapshots" / (s.target_model.name or "target") / "test_reference_completions"
+        folder = Path(s.golden_dir) / "snapshots" / s.snapshot_folder / "test_reference_completions"
         lines.append(f"  snapshots    {_shown(folder)}/: {len(plugin.snapshots)} reference completions")
     fp = data.get("fingerprint") or {}
     if fp:

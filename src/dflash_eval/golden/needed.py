@@ -43,6 +43,7 @@ class Missing:
     snapshot_dir: Path | None = None
     snapshots: list[str] = field(default_factory=list)  # prompt ids without a snapshot
     prompts: int = 0
+    profile: str = ""  # the run's records profile (EvalSettings.records_profile): "" for float32 / torch
 
     def __bool__(self) -> bool:
         return bool(self.floors or self.snapshots)
@@ -82,7 +83,8 @@ def _missing(session: EvalSession) -> tuple[Missing, bool]:
     """An empty :class:`Missing` for this run, and whether the run judges τ against per-prompt floors at all."""
     s, prompts = session.settings, session.inputs.prompts
     out = Missing(floors_file=Path(s.floors_file), floors_exists=Path(s.floors_file).is_file(),
-                  snapshot_dir=snapshot_path(s.golden_dir, s.target_model.name, "x").parent, prompts=len(prompts))
+                  snapshot_dir=snapshot_path(s.golden_dir, s.snapshot_folder, "x").parent, prompts=len(prompts),
+                  profile=s.records_profile)
     return out, not s.update_tau_floors and not session.floors.explicit
 
 
@@ -126,7 +128,7 @@ def missing_records(session: EvalSession, nodeids: Iterable[str], *, updates_sna
             elif func == "test_category_mean_tau":
                 _lacking(floors, by_category.get(param or "", []), every, lacking)
         elif not updates_snapshots and module == f"{SNAPSHOT_MODULE}.py" and func == SNAPSHOT_TEST and param:
-            if not snapshot_path(s.golden_dir, s.target_model.name, f"{func}[{param}]").is_file():
+            if not snapshot_path(s.golden_dir, s.snapshot_folder, f"{func}[{param}]").is_file():
                 out.snapshots.append(param)
     out.floors = _sorted(session, lacking)
     return out
@@ -147,13 +149,15 @@ def missing_message(missing: Missing, target_name: str, command: str) -> str:
     if missing.snapshots:
         lines.append(f"  reference completions: no snapshot in {missing.snapshot_dir} for {len(missing.snapshots)} "
                      f"of {missing.prompts} prompts ({_ids(missing.snapshots)})")
+    if missing.profile:
+        lines.append(f"  (golden records are kept per dtype and backend; this run's are {missing.profile}: the "
+                     "float32 / torch ones at the golden folder's top apply to --dtype fp32 "
+                     "--hidden-state-backend torch)")
     lines += ["record them once (τ minus --tau-margin as floors, the completions as snapshots, the feature "
               "fingerprint) with:", f"  {command}",
               "then run this again; or gate on explicit thresholds instead: --tau-floor VALUE (the mean τ) / "
               "--tau-floor-prompt VALUE (every prompt)"]
     return "\n".join(lines)
-
-
 
 
 def gate_floors_message(missing: Missing, command: str) -> str:

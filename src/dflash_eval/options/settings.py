@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -181,7 +181,10 @@ class EvalSettings:
     tau_margin_sigmas: float = opt(3.0, "at --temperature > 0 the floor margin is this many standard deviations "
                                    "of the difference of two S-sample means (sqrt(2) x spread over samples / "
                                    "sqrt(S)) instead of --tau-margin", "float", commands=_RUN_RECORD, affects_tau=False)
-    floors_file: Path = opt(Path("golden/tau_floors.json"), "τ floors file", "path", affects_tau=False)
+    floors_file: Path = opt(Path("golden/tau_floors.json"), "τ floors file (default: the floors of the run's dtype "
+                            "and backend, golden/tau_floors.json for float32/torch, golden/tau_floors.<dtype>-"
+                            "<backend>.json otherwise, e.g. bfloat16-fla on a CUDA machine with fla)", "path",
+                            affects_tau=False)
     golden_dir: Path = opt(Path("golden"), "folder of golden files (floors, feature fingerprint, completion "
                            "snapshots)", "path", commands=_RUN_RECORD, affects_tau=False)
     update_fingerprints: bool = opt(False, "rewrite the golden fingerprint of this run's device kind, backend and "
@@ -228,7 +231,8 @@ class EvalSettings:
         unknown = set(values) - set(OPTIONS_BY_NAME)
         if unknown:
             raise ConfigError(f"unknown eval option(s): {sorted(unknown)}")
-        return cls._build({o.name: parse_value(o, values.get(o.name, o.default), base) for o in OPTIONS}, origins)
+        given = {name: "given" for name in values} if origins is None else origins
+        return cls._build({o.name: parse_value(o, values.get(o.name, o.default), base) for o in OPTIONS}, given)
 
     @classmethod
     def _build(cls, parsed: dict[str, Any], origins: dict[str, str] | None, *, check: bool = True) -> EvalSettings:
@@ -237,6 +241,7 @@ class EvalSettings:
         s = cls(**kwargs, origins=dict(origins or {}))
         if check:
             s.validate()
+            s = s.with_profile_floors()
         return s
 
     def validate(self) -> None:
@@ -317,6 +322,33 @@ class EvalSettings:
     def feature_backend(self) -> str:
         """The backend of the evaluation's feature extraction: :attr:`eval_backend`, with ``--kernel-fault``."""
         return with_fault(self.eval_backend, None if self.kernel_fault is None else parse_fault(self.kernel_fault))
+
+    @property
+    def records_profile(self) -> str:
+        """The τ-relevant settings golden records are kept apart by, as a name: ``""`` for float32 with the torch
+        backend (the records at the top of the golden folder: ``tau_floors.json``, ``snapshots/<target>/``), else
+        ``<dtype>-<backend>``, e.g. ``bfloat16-fla`` (``tau_floors.bfloat16-fla.json``,
+        ``snapshots/<target>.bfloat16-fla/``): what a CUDA machine's ``auto`` settings run with."""
+        dtype = str(self.torch_dtype).removeprefix("torch.")
+        return "" if (dtype, self.eval_backend) == ("float32", "torch") else f"{dtype}-{self.eval_backend}"
+
+    @property
+    def snapshot_folder(self) -> str:
+        """The folder under ``<golden>/snapshots/`` that holds this run's reference-completion snapshots: the
+        target folder's name, with ``.<records profile>`` where :attr:`records_profile` is not the CPU default
+        (greedy completions in bf16 are not those of fp32)."""
+        name, profile = self.target_model.name or "target", self.records_profile
+        return f"{name}.{profile}" if profile else name
+
+    def with_profile_floors(self) -> EvalSettings:
+        """These settings with ``--floors-file`` left at its default pointing at the floors of
+        :attr:`records_profile` (``golden/tau_floors.bfloat16-fla.json`` beside ``golden/tau_floors.json``); a
+        floors file given on the command line, the environment, the ini file or to :meth:`from_mapping` is kept."""
+        profile = self.records_profile
+        if self.origins.get("floors_file", "default") != "default" or not profile:
+            return self
+        path = Path(self.floors_file)
+        return replace(self, floors_file=path.with_name(f"{path.stem}.{profile}{path.suffix}"))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
