@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU lane (stages, one or more per call: drift, suite, fp32, goldens, faults, scaling, startup, warm, wide, gen,
+# The GPU lane (stages, one or more per call: main, record, drift, suite, fp32, goldens, faults, scaling, startup, warm, wide, gen,
 # speed, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md). Writes
 # everything under $OUT (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
 # transformers 5.23.0, syrupy), carried to the machine:
@@ -22,6 +22,32 @@ unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pycache
 } 2>&1 | tee -a "$OUT/lane.log"
 step() { echo "=== $1 ($(date +%T))" | tee -a "$OUT/lane.log"; }
 for STAGE in "${@:-all}"; do
+if [ "$STAGE" = record ]; then
+# The golden records of this machine's auto settings (bf16 and fla on a CUDA machine): floors, completion snapshots
+# and the feature fingerprint, written into the tree (copied to $OUT/golden to bring them back).
+step "record: golden records of the auto settings"
+timeout 400 python3 -m pytest tests_eval -p no:cacheprovider -q --update-tau-floors --snapshot-update --update-fingerprints \
+  --cache-dir /tmp/recordcache --report-dir /tmp/recordreports > "$OUT/record.log" 2>&1; echo "record rc=$?" | tee -a "$OUT/lane.log"
+tail -n 5 "$OUT/record.log" >> "$OUT/lane.log"
+mkdir -p "$OUT/golden/snapshots" "$OUT/golden/fingerprints"
+cp golden/tau_floors.*-*.json "$OUT/golden/" 2>/dev/null; cp golden/fingerprints/*.json "$OUT/golden/fingerprints/"
+cp -r golden/snapshots/*.*-* "$OUT/golden/snapshots/" 2>/dev/null
+fi
+if [ "$STAGE" = main ]; then
+# The main job as scripts/eval runs it (the set-up aside: the wheels are carried), in the auto settings: cold, then
+# warm, then warm -k tau, each timed.
+step "main: pytest tests_eval in auto settings, cold"
+start=$(date +%s.%N)
+timeout 300 python3 -m pytest tests_eval -p no:cacheprovider --cache-dir /tmp/maincache --report-dir "$OUT/main_reports" \
+  > "$OUT/main_cold.log" 2>&1; echo "main cold rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$OUT/lane.log"
+tail -n 60 "$OUT/main_cold.log" >> "$OUT/lane.log"
+for sel in "" "-k tau"; do
+  start=$(date +%s.%N)
+  timeout 120 python3 -m pytest tests_eval -p no:cacheprovider -q $sel --cache-dir /tmp/maincache --report-dir /tmp/mainwarm \
+    > /tmp/main_warm.log 2>&1; echo "main warm '$sel' rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$OUT/lane.log"
+  tail -n 3 /tmp/main_warm.log >> "$OUT/lane.log"
+done
+fi
 if [ "$STAGE" = all ] || [ "$STAGE" = drift ]; then
 step "drift: bundled + 27B-width random model"
 timeout 420 python3 benchmarks/gpu_drift.py --out "$OUT/gpu_drift.json" >> "$OUT/lane.log" 2>&1 || echo "drift rc=$?" >> "$OUT/lane.log"

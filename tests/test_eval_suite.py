@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from dflash_eval.drafter import load_config_file
 
@@ -79,6 +81,14 @@ def test_cold_xdist_then_warm_cache_only(suite, env_dirs):
     res, ej = suite(cache, "-n", "0", "--cache-only", name="warm")
     assert res.ret == 0, res.stdout.str()
     assert len(productions(cache)) == len(prods), "a warm --cache-only run produced entries"
+    if not torch.cuda.is_available():  # what the run did not check, where the user looks (no -ra in this run)
+        verdict = res.stdout.str().split("dflash-eval verdict", 1)[1]
+        assert re.search(r"tests? not checked \(below\)", verdict.splitlines()[1]), verdict
+        assert "not checked: fla not checked: " in verdict, verdict
+        skipped = json.loads(ej.read_text())["not_checked"]
+        assert any(g["reason"].startswith("fla not checked: ") for g in skipped), skipped
+        md = (ej.parent / "eval.md").read_text()
+        assert "\n### Not checked\n" in md and "\n- fla not checked: " in md
     warm, _ = verdicts(ej)
     assert warm == cold
 

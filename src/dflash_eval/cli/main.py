@@ -192,13 +192,14 @@ def _training_run(ns: argparse.Namespace, err: TextIO) -> list[Found] | None:
 
 def _report(ns: argparse.Namespace, rows: list[GateRow], settings: EvalSettings, t_all: float) -> int:
     """The comparison table on stdout, the --json file, gate.json and gate.md; the exit status."""
-    from dflash_eval.report.gate import gate_table, write_gate_report  # imports torch: kept out of --help
+    from dflash_eval.report.gate import NOT_CHECKED, gate_table, write_gate_report  # imports torch: kept out of --help
     from dflash_eval.report.strict_json import dumps_strict  # imports torch: kept out of --help
     from dflash_eval.report.tables import print_tables  # imports torch: kept out of --help
 
     failed = [r for r in rows if not r.passed]
     print_tables([gate_table(rows, list(settings.ddtree_budget), terminal=True)], sys.stdout)
     print(f"{len(rows) - len(failed)}/{len(rows)} checkpoint(s) passed in {time.perf_counter() - t_all:.1f} s")
+    print(NOT_CHECKED.replace("`", ""))
     if ns.json_out:
         atomic_write_text(Path(ns.json_out), dumps_strict({"checkpoints": [r.to_json() for r in rows],
                                                            "passed": not failed}) + "\n")

@@ -36,6 +36,7 @@ from dflash_eval.pytest_plugin.state import (
     FRAGMENTS,
     OUTCOMES,
     SGLANG,
+    SKIPS,
     START,
     get_session,
     is_controller,
@@ -79,6 +80,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     config.stash[FRAGMENTS] = []
     config.stash[OUTCOMES] = {}
+    config.stash[SKIPS] = {}
     config.stash[START] = time.time()
     config.pluginmanager.register(_OutcomeRecorder(config), "dflash-eval-outcomes")
     config.pluginmanager.register(_InterruptHandler(config), "dflash-eval-interrupt")
@@ -123,18 +125,29 @@ class _InterruptHandler:
 
 class _OutcomeRecorder:
     """Records the outcome of every test that uses the suite's fixtures in its own config's stash (eval.json
-    "tests"); an object per config, so pytest runs inside one process (pytester) do not share it."""
+    "tests"), and the reason of each skip (what the run did not check); an object per config, so pytest runs inside
+    one process (pytester) do not share it."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.outcomes: dict[str, str] = config.stash[OUTCOMES]
+        self.skips: dict[str, str] = config.stash[SKIPS]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not getattr(report, SUITE_REPORT_ATTR, False):
             return
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             self.outcomes[report.nodeid] = report.outcome
+            if report.skipped:
+                self.skips[report.nodeid] = skip_reason(report)
         elif report.when == "teardown" and report.outcome == "failed":
             self.outcomes[report.nodeid] = "error"
+
+
+def skip_reason(report: pytest.TestReport) -> str:
+    """The reason a skipped test gave (pytest keeps it as ``(path, line, "Skipped: reason")``)."""
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return str(text).removeprefix("Skipped: ")
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -48,6 +48,8 @@ def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
     gate = gate_outcome(data)
     if gate is not None:
         out["dflash_eval.drift_gate"] = gate.upper()
+    for n, group in enumerate(data.get("not_checked") or []):  # what the verdict does not vouch for
+        out[f"dflash_eval.not_checked.{n}"] = f"{group['reason']} ({group['tests']} tests)"
     for pid, r in prompts.items():
         key = f"dflash_eval.prompt.{pid}"
         out[f"{key}.tau"] = _round(r.get("tau"))

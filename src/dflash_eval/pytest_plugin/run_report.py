@@ -20,6 +20,7 @@ from dflash_eval.pytest_plugin.state import (
     OUTCOMES,
     REJECTED,
     SESSION,
+    SKIPS,
     START,
     get_settings,
     is_controller,
@@ -81,7 +82,8 @@ def write_run_reports(config: pytest.Config) -> None:
             settings = get_settings(config)
         except DFlashEvalError:
             return
-        data = report.merge(frags, outcomes=config.stash[OUTCOMES], wall_s=time.time() - config.stash[START])
+        data = report.merge(frags, outcomes=config.stash[OUTCOMES], skipped=config.stash.get(SKIPS, {}),
+                            wall_s=time.time() - config.stash[START])
         if not _result_ready(config, settings, data):
             return
         config.stash[MERGED] = data  # the tables and the verdict are printed even when a file cannot be written

@@ -20,12 +20,13 @@ if TYPE_CHECKING:  # the session (and torch) is imported when a test needs it, n
     from dflash_eval.session.eval_session import EvalSession
 
 __all__ = ["settings_from_config", "get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES",
-           "START", "SGLANG", "MERGED", "MESSAGES", "REJECTED", "is_controller"]
+           "SKIPS", "START", "SGLANG", "MERGED", "MESSAGES", "REJECTED", "is_controller"]
 
 SESSION = pytest.StashKey["EvalSession"]()
 SETTINGS = pytest.StashKey["EvalSettings | Exception"]()
 FRAGMENTS = pytest.StashKey[list]()
 OUTCOMES = pytest.StashKey[dict]()
+SKIPS = pytest.StashKey[dict]()  # node id -> the reason a suite test was skipped: what the run did not check
 START = pytest.StashKey[float]()
 SGLANG = pytest.StashKey[Any]()
 MERGED = pytest.StashKey[dict]()

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from dflash_eval.options.settings import EvalSettings
     from dflash_eval.results.eval_result import TauSummary
 
-__all__ = ["GATE_SCHEMA", "WORST_SHOWN", "GateRow", "gate_row", "error_row", "baseline_reasons", "gate_data",
-           "gate_table", "worst_prompts_table", "render_gate_markdown", "write_gate_report"]
+__all__ = ["GATE_SCHEMA", "NOT_CHECKED", "WORST_SHOWN", "GateRow", "gate_row", "error_row", "baseline_reasons",
+           "gate_data", "gate_table", "worst_prompts_table", "render_gate_markdown", "write_gate_report"]
 
 GATE_SCHEMA = 1
 #: How many prompts gate.md's lowest-τ table shows.
@@ -158,12 +158,18 @@ def gate_data(rows: list[GateRow], settings: EvalSettings, *, wall_s: float | No
             "settings": opts, "budgets": list(settings.ddtree_budget), "checkpoints": [r.to_json() for r in rows]}
 
 
+#: What a gate run's verdict does not vouch for: it measures τ against the floors (and the history) only.
+NOT_CHECKED = ("Not checked by `dflash-eval gate` (it judges τ only): the hidden-state drift and its gate against the "
+               "drift budget, the golden feature fingerprint and the reference-completion snapshots; the suite "
+               "(`pytest tests_eval`, `dflash-eval run`) checks them.")
+
+
 def render_gate_markdown(rows: list[GateRow], settings: dict[str, Any], budgets: list[Any]) -> str:
     """gate.md (module docstring); ``settings``: gate.json's (the target and prompts it names)."""
     ok = sum(r.passed for r in rows)
     parts = ["## dflash-eval gate", "", f"{ok}/{len(rows)} checkpoint(s) passed; target "
              f"`{settings.get('target_model')}`, prompts `{settings.get('prompts')}`", "",
-             markdown_table(gate_table(rows, budgets))]
+             markdown_table(gate_table(rows, budgets)), "", NOT_CHECKED]
     worst = worst_prompts_table(rows)
     if worst.header[2:]:
         parts += ["", f"### {worst.title}", "", markdown_table(worst)]

@@ -125,9 +125,19 @@ def _timings(fragments: list[dict[str, Any]], wall_s: float | None) -> dict[str,
             "spans": {f.get("worker", "?"): f.get("spans", []) for f in fragments if f.get("spans")}}
 
 
+def not_checked(skipped: dict[str, str]) -> list[dict[str, Any]]:
+    """What a run did not check: its skipped suite tests grouped by reason (``reason``, ``tests``: how many, ``first``:
+    one node id), in the order first met."""
+    groups: dict[str, list[str]] = {}
+    for nodeid, reason in skipped.items():
+        groups.setdefault(reason, []).append(nodeid)
+    return [{"reason": reason, "tests": len(ids), "first": ids[0]} for reason, ids in groups.items()]
+
+
 def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = None,
-          wall_s: float | None = None) -> dict[str, Any]:
-    """Merge per-process fragments (identical measurements from several workers are de-duplicated)."""
+          skipped: dict[str, str] | None = None, wall_s: float | None = None) -> dict[str, Any]:
+    """Merge per-process fragments (identical measurements from several workers are de-duplicated); ``outcomes``
+    and ``skipped`` (node id -> skip reason) of the suite's tests go to ``tests`` and ``not_checked``."""
     out: dict[str, Any] = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     for key in ("settings", "target", "drafter", "provenance", "context", "fingerprint", "sglang", "baseline",
                 "drift_budget"):
@@ -179,7 +189,9 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
     out["counts"] = {f.get("worker", "?"): f.get("counts", {}) for f in fragments}
     out["cache"] = {f.get("worker", "?"): f.get("cache", {}) for f in fragments}
     oc = dict(outcomes or {})
-    out["tests"] = {"counts": dict(Counter(oc.values())), "outcomes": oc}
+    out["tests"] = {"counts": dict(Counter(oc.values())), "outcomes": oc, "skipped": dict(skipped or {})}
+    if skipped:
+        out["not_checked"] = not_checked(skipped)
     named = diagnoses(out)
     if named:
         out["diagnoses"] = named

@@ -11,6 +11,7 @@ from typing import Any
 from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
 from dflash_eval.report.plot import worst_prompts
+from dflash_eval.report.summary import not_checked_lines
 from dflash_eval.report.table_rows import (
     acceptance_rows,
     baseline_line,
@@ -188,6 +189,9 @@ def render_markdown(data: dict[str, Any]) -> str:
     if data.get("diagnoses"):  # named causes first: they explain the failures below
         parts += [f"**{line}**" for line in data["diagnoses"]] + [""]
     parts += _provenance_lines(data)
+    if data.get("not_checked"):  # what a pass does not vouch for, before the tables
+        parts += ["", "### Not checked", ""] + [f"- {line.removeprefix('not checked: ')}"
+                                                 for line in not_checked_lines(data, limit=None)]
     parts += _section("τ per prompt", TextTable(*tau_rows(data)), baseline_line(data), sampled_line(data))
     parts += _section(_category_title(data, "mean, median, bootstrap 95 % CI of the mean"),
                       TextTable(*category_rows(data)))

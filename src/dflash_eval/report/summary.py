@@ -18,10 +18,13 @@ from dflash_eval.common.number_text import fmt, is_number
 from dflash_eval.metrics.verdict import gate_outcome, row_outcome, run_verdict, tau_verdict
 from dflash_eval.report.plot import worst_prompts
 
-__all__ = ["WORST_NAMED", "REPORT_FILES", "tau_verdict", "gate_outcome", "row_outcome", "verdict_lines"]
+__all__ = ["WORST_NAMED", "REPORT_FILES", "tau_verdict", "gate_outcome", "row_outcome", "verdict_lines",
+           "not_checked_lines"]
 
 #: How many prompts the verdict names (those with the least room above their floors).
 WORST_NAMED = 3
+#: How many reasons of skipped tests the verdict names (eval.md and eval.json hold them all).
+NOT_CHECKED_NAMED = 4
 #: The files of a run's report folder, in the order the verdict lists them.
 REPORT_FILES = ("eval.md", "eval.json", "eval.png", "drift_budget.png")
 
@@ -76,6 +79,18 @@ def _gate_line(data: dict[str, Any], outcome: str) -> str:
     return f"drift gate: {outcome.upper()}, {detail}"
 
 
+def not_checked_lines(data: dict[str, Any], *, limit: int | None = NOT_CHECKED_NAMED) -> list[str]:
+    """``not checked: <reason> (N tests)``, one line per reason a suite test was skipped (eval.json's
+    ``not_checked``; at most ``limit`` of them, then how many more): what a pass does not vouch for, e.g. ``fla not
+    checked: no CUDA device``, said where the user looks even when pytest's short summary (``-ra``) is off."""
+    groups = data.get("not_checked") or []
+    shown = groups if limit is None else groups[:limit]
+    lines = [f"not checked: {g['reason']} ({g['tests']} test{'s' if g['tests'] != 1 else ''})" for g in shown]
+    if len(groups) > len(shown):
+        lines.append(f"not checked: {len(groups) - len(shown)} more reasons of skipped tests (eval.md lists them)")
+    return lines
+
+
 def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests: int = 0,
                   exitstatus: int = 0, recorded: bool = False) -> list[str]:
     """The verdict block (module docstring). Its first line says it all: ``dflash-eval: PASS`` or ``dflash-eval:
@@ -87,14 +102,18 @@ def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests
     why = verdict.reasons
     head = "dflash-eval: " + ("PASS" if verdict.passed else "FAIL") + (f" ({'; '.join(why)})" if why else "")
     mean = _mean_text(data) + (" (floors written by this run)" if recorded else "")
+    skipped = sum(g["tests"] for g in data.get("not_checked") or [])
     summary = [mean if tau is not None else "τ not measured in this selection",
                "drift gate " + (gate.upper() if gate else "not run")]
+    if skipped:
+        summary.append(f"{skipped} test{'s' if skipped != 1 else ''} not checked (below)")
     lines = [f"{head} — {'; '.join(summary)}"]
     detail = _detail_line(data) if tau is not None else None
     if detail:
         lines.append(detail)
     if gate is not None:
         lines.append(_gate_line(data, gate))
+    lines += not_checked_lines(data)
     lines += [f"cause: {d}" for d in data.get("diagnoses", [])]
     if report_dir is not None:
         names = [n for n in REPORT_FILES if (Path(report_dir) / n).is_file()]
