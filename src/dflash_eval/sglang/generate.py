@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import numbers
-import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -71,31 +70,15 @@ def _check_prompts(batch_input_ids: Sequence[Sequence[int]]) -> list[list[int]]:
     return prompts
 
 
-def _abort_response(response: requests.Response) -> None:
-    """Best effort: shut down the socket under a streamed response so that a read blocked on it returns.
-
-    Only ``shutdown`` is used: ``close()`` would block on the lock the reading thread holds. The socket is found
-    on the pooled connection (keep-alive) or, for a connection that closes after the answer, on the file object
-    of ``http.client``'s response. If neither is there, the reading daemon thread simply runs out on its own.
-    """
-    raw = getattr(response, "raw", None)
-    candidates = [getattr(getattr(raw, "_connection", None), "sock", None)]
-    fp = getattr(getattr(raw, "_fp", None), "fp", None)  # BufferedReader over socket.SocketIO
-    candidates.append(getattr(getattr(fp, "raw", None), "_sock", None))
-    for sock in candidates:
-        if isinstance(sock, socket.socket):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
 def _post_json(endpoint: str, payload: dict[str, Any], deadline: float) -> tuple[int, bytes]:
     """POST ``payload`` and read the whole answer, returning by ``deadline`` whatever the server does.
 
-    A read timeout alone does not bound the total time (a server trickling one byte per second never trips it),
-    so the request runs in a daemon thread and the caller waits at most until ``deadline``; then the socket is
-    shut down and :class:`TimeoutError` raised.
+    A read timeout alone does not bound the total time (a server trickling one byte per second never trips it), so
+    the body is read as it arrives (urllib3's public ``read1``: whatever bytes are there, without waiting for a full
+    buffer) and the deadline is checked between reads; the response is closed by the thread that reads it. The
+    request runs in a daemon thread and the caller waits at most until ``deadline``, then raises
+    :class:`TimeoutError`; a thread left waiting on a silent server ends at its read timeout (the time that was left
+    when the request was sent).
     """
     box: dict[str, Any] = {}
 
@@ -103,9 +86,14 @@ def _post_json(endpoint: str, payload: dict[str, Any], deadline: float) -> tuple
         try:
             remaining = max(0.05, deadline - time.monotonic())
             with requests.post(endpoint, json=payload, timeout=(min(remaining, 10.0), remaining), stream=True) as r:
-                box["response"] = r
-                chunks = [chunk for chunk in r.iter_content(chunk_size=64 * 1024)]
-                box["result"] = (r.status_code, b"".join(chunks))
+                chunks: list[bytes] = []
+                while time.monotonic() < deadline:
+                    chunk = r.raw.read1(64 * 1024, decode_content=True)
+                    if not chunk:
+                        box["result"] = (r.status_code, b"".join(chunks))
+                        return
+                    chunks.append(chunk)
+                box["error"] = TimeoutError("no complete answer by the deadline")
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             box["error"] = exc
 
@@ -113,9 +101,6 @@ def _post_json(endpoint: str, payload: dict[str, Any], deadline: float) -> tuple
     worker.start()
     worker.join(timeout=max(0.0, deadline - time.monotonic()))
     if worker.is_alive():
-        response = box.get("response")
-        if response is not None:
-            _abort_response(response)
         raise TimeoutError("no complete answer by the deadline")
     if "error" in box:
         raise box["error"]
