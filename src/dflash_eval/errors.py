@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["DFlashEvalError", "ConfigError", "CheckpointError", "ArchitectureMismatch", "DrafterRefused",
-           "BackendError", "CacheError", "EvalError", "PluginError", "ResultRejected"]
+           "BackendError", "CacheError", "EvalError", "PluginError", "ResultRejected", "StorageError"]
 
 
 class DFlashEvalError(Exception):
@@ -36,6 +36,22 @@ class BackendError(DFlashEvalError):
 
 class CacheError(DFlashEvalError):
     """A cache entry is missing (with --cache-only), truncated or corrupted."""
+
+
+class StorageError(DFlashEvalError, OSError):
+    """A file or folder the run writes cannot be written: no space left, a quota, a read-only file system, no
+    permission, a file where a folder should be. ``path``: the file or folder named; ``errno``: the operating system's
+    error number (an ``OSError``, so code that catches those still does)."""
+
+    def __init__(self, message: str, path: object, errno: int | None = None) -> None:
+        super().__init__(errno, message)
+        self.message, self.path = message, path
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[type[StorageError], tuple[str, object, int | None]]:
+        return (type(self), (self.message, self.path, self.errno))
 
 
 class EvalError(DFlashEvalError):

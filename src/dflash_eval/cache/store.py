@@ -19,6 +19,13 @@ provenance); a truncated, corrupted or unfitting entry is reported
 (:class:`CacheCorruption` warning) and treated as a miss (recomputed), or raises
 :class:`~dflash_eval.errors.CacheError` in ``cache_only`` mode.
 
+An entry is written as a whole: its data file and manifest go into a fresh folder under ``root/v1/.tmp/``, which
+is then renamed onto the entry's folder (the same file system: one atomic rename). A write that fails (no space
+left, a quota, a read-only file system, no permission) removes that folder and raises one
+:class:`~dflash_eval.errors.StorageError` naming the entry's folder and the cause: no half entry is left behind, and
+the pytest plugin stops the run at it (every later write would fail the same way). A process killed between the two
+leaves only a folder under ``.tmp/``, which no reader looks at.
+
 Entries are written without fsync: the rename keeps a reader of a running machine from ever seeing a partial file,
 and an entry torn by a power loss or kernel crash fails its size or sha256 on its first read in the next session,
 like any truncated or planted entry, and is recomputed. What is not re-checked: a file rewritten in place, after this
@@ -39,10 +46,12 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -60,7 +69,8 @@ from dflash_eval.cache.entry import CacheEntry
 from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import cache_key, canonical_json, ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Request, StepReporter, ensure
-from dflash_eval.common.atomic import atomic_write_bytes, atomic_write_text
+from dflash_eval.common.atomic import atomic_write_text, file_mode, folder_mode
+from dflash_eval.common.paths import storage_error
 from dflash_eval.errors import CacheError
 
 __all__ = ["Batch", "Cache", "CacheEntry", "CacheCorruption", "Expected", "Produced", "Request", "cache_key",
@@ -120,8 +130,16 @@ class Cache:
 
     def lock(self, name: str) -> FileLock:
         path = self.lock_path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise storage_error(path.parent, exc, "cannot make the cache's lock folder", "--cache-dir") from exc
         return FileLock(str(path), timeout=self.lock_timeout_s)
+
+    @property
+    def staging(self) -> Path:
+        """Where an entry is written before it is renamed into place (see the module docstring)."""
+        return self.base / ".tmp"
 
     @property
     def produce_log(self) -> Path:
@@ -214,15 +232,15 @@ class Cache:
     # ------------------------------------------------------------------------------------------------ write
     def write(self, kind: str, key: str, tensors: dict[str, torch.Tensor], *, fields: dict[str, Any],
               meta: dict[str, Any] | None = None, seconds: float | None = None) -> CacheEntry:
-        """Write an entry atomically: data first, manifest (with the data's sha256) last."""
+        """Write an entry as a whole: its data file and its manifest (with the data's sha256) into a fresh folder,
+        renamed onto the entry's folder. StorageError (naming the entry's folder) when it cannot be written; nothing
+        of it is left then."""
         if self.cache_only:
             raise CacheError(f"refusing to write cache entry {kind}/{key[:16]} in --cache-only mode")
         t0 = time.perf_counter()
         d = self.entry_dir(kind, key)
-        d.mkdir(parents=True, exist_ok=True)
         clean = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
         raw = save(clean, metadata={"kind": kind, "key": key})
-        atomic_write_bytes(d / _DATA, raw, durable=False)  # verified on reading: see the module docstring
         manifest = {
             "schema": SCHEMA,
             "kind": kind,
@@ -233,11 +251,51 @@ class Cache:
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "producer": {"worker": self.worker, "pid": os.getpid(), "seconds": seconds},
         }
-        atomic_write_text(d / _MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n", durable=False)
+        self._publish(d, {_DATA: raw, _MANIFEST: (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()})
         self.stats.produced += 1
         self.stats.write_s += time.perf_counter() - t0
-        self._log_production(kind, key, seconds)
+        try:
+            self._log_production(kind, key, seconds)
+        except OSError as exc:
+            raise storage_error(self.produce_log, exc, "cannot append to the cache's produce log",
+                                "--cache-dir") from exc
         return CacheEntry(kind, key, clean, meta or {}, manifest, produced=True)
+
+    def _publish(self, d: Path, files: dict[str, bytes]) -> None:
+        """``files`` (name -> bytes; the manifest last) written into a fresh folder under :attr:`staging` and
+        renamed onto ``d``, replacing what is there (a corrupted entry being recomputed); the fresh folder removed
+        whatever happens. No fsync: verified on reading (see the module docstring)."""
+        tmp: Path | None = None
+        try:
+            self.staging.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f"{d.parent.parent.name}-{d.name[:16]}-", dir=self.staging))
+            os.chmod(tmp, folder_mode())
+            for name, data in files.items():
+                fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+            d.parent.mkdir(parents=True, exist_ok=True)
+            self._rename_into_place(tmp, d)
+            tmp = None
+        except OSError as exc:
+            raise storage_error(d, exc, "cannot write cache entry", "--cache-dir") from exc
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _rename_into_place(self, tmp: Path, d: Path) -> None:
+        """Rename the folder ``tmp`` onto ``d``; an entry folder already there (not empty: a rename cannot replace
+        it) is moved aside first and removed after."""
+        try:
+            os.rename(tmp, d)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        old = Path(tempfile.mkdtemp(prefix="replaced-", dir=self.staging))
+        os.rename(d, old / d.name)
+        os.rename(tmp, d)
+        shutil.rmtree(old, ignore_errors=True)
 
     def _log_production(self, kind: str, key: str, seconds: float | None) -> None:
         line = canonical_json({"kind": kind, "key": key, "worker": self.worker, "pid": os.getpid(),
@@ -279,6 +337,8 @@ class Cache:
                                  f"{self.lock_path(name)}") from exc
             yield False
             return
+        except OSError as exc:  # the lock file cannot be made (Timeout, a TimeoutError, is an OSError: first)
+            raise storage_error(self.lock_path(name), exc, "cannot create the cache lock", "--cache-dir") from exc
         try:
             yield True
         finally:

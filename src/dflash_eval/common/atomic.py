@@ -8,6 +8,10 @@ a colleague.
 ``durable=False`` skips the fsync: the rename still hides a half-written file from every reader while the machine
 runs, but after a power loss or kernel crash the file may be empty or torn. Only for files whose readers verify
 them (the cache's entries: size and sha256 against the manifest, refused when they do not match).
+
+A write that fails on the operating system's side (no space left, a quota, a read-only file system, no permission,
+a regular file where the folder should be) raises one :class:`~dflash_eval.errors.StorageError` naming the file it
+was writing (not its temporary name) and the cause; it is an ``OSError`` still, with the same ``errno``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_write_with", "file_mode"]
+from dflash_eval.common.paths import storage_error
+
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_write_with", "file_mode", "folder_mode"]
 
 
 def _read_umask() -> int:
@@ -43,14 +49,23 @@ def file_mode() -> int:
     return 0o666 & ~_UMASK
 
 
+def folder_mode() -> int:
+    """The mode of a newly created folder under the process's umask (``tempfile.mkdtemp`` gives 0700)."""
+    return 0o777 & ~_UMASK
+
+
 @contextmanager
 def atomic_path(path: Path, *, durable: bool = True) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success (fsync'ed unless not ``durable``) rename it onto
-    ``path``, on error delete it."""
+    ``path``, on error delete it. An ``OSError`` (of the body too: it writes the temporary file) becomes a
+    StorageError naming ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
-    os.close(fd)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise storage_error(path, exc) from exc
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -59,9 +74,13 @@ def atomic_path(path: Path, *, durable: bool = True) -> Iterator[Path]:
             with open(tmp_path, "rb") as fh:
                 os.fsync(fh.fileno())
         os.replace(tmp_path, path)
+    except OSError as exc:
+        raise storage_error(path, exc) from exc
     finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+        try:
+            tmp_path.unlink(missing_ok=True)
+        except OSError:  # the failure that is being raised says more than this one
+            pass
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:

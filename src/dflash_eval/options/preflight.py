@@ -1,11 +1,12 @@
 """The checks of a run's option values and input files that need neither torch nor transformers.
 
 Bad input (a path that does not exist, an invalid option value, a prompt file with a bad line, ``humaneval:0``, a
-malformed floors file) is answered by these checks in about a second, before the heavy imports: torch and
-transformers take 5-60 s on a loaded 2-core machine (``python benchmarks/bench_bad_input.py`` measures both
-paths). The pytest plugin runs :func:`preflight` at session start (before collection, and before pytest-xdist
-starts its workers); ``dflash-eval gate`` and ``dflash-eval record`` run it before anything else. The checks that
-need torch follow (:meth:`dflash_eval.options.settings.EvalSettings.validate`: the device and backends on this machine;
+malformed floors file, a cache, report or golden folder the run cannot write: :func:`output_problems`) is answered by
+these checks in about a second, before the heavy imports: torch and transformers take 5-60 s on a loaded 2-core machine
+(``python benchmarks/bench_bad_input.py`` measures both paths). The pytest plugin runs :func:`preflight` at session
+start (before collection, and before pytest-xdist starts its workers); ``dflash-eval gate`` and ``dflash-eval record``
+run it before anything else. The checks that need torch follow
+(:meth:`dflash_eval.options.settings.EvalSettings.validate`: the device and backends on this machine;
 :meth:`dflash_eval.session.eval_session.EvalSession.check_inputs`: tokenizer files, the drafter's config, floors and
 baseline against the run's settings).
 
@@ -23,8 +24,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dflash_eval.common.paths import MIN_FREE_BYTES, folder_problem
 from dflash_eval.errors import ConfigError
 from dflash_eval.metrics.baseline import load_baseline
 from dflash_eval.metrics.floors import load_floors
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
     from dflash_eval.options.settings import EvalSettings
     from dflash_eval.prompts import Prompt
 
-__all__ = ["preflight", "input_problems", "target_config_problem"]
+__all__ = ["preflight", "input_problems", "output_problems", "target_config_problem"]
 
 
 def target_config_problem(settings: EvalSettings) -> str | None:
@@ -55,6 +58,32 @@ def target_config_problem(settings: EvalSettings) -> str | None:
     if not isinstance(data, dict):
         return f"--target-model {cfg}: not a JSON object"
     return None
+
+
+def output_problems(settings: EvalSettings, *, snapshot_update: bool = False) -> list[str]:
+    """Every folder the run will write that it cannot, one line each naming the option, the folder and the cause
+    (:func:`dflash_eval.common.paths.folder_problem`: a regular file in its place or on its way, not writable, less
+    than :data:`~dflash_eval.common.paths.MIN_FREE_BYTES` free): ``--cache-dir`` (under ``--cache-only`` it is only
+    read: then only a file in its place is a problem), ``--report-dir``, and the golden records the run rewrites
+    (``--update-tau-floors``: the floors file's folder; ``--update-fingerprints`` or ``snapshot_update``, syrupy's
+    ``--snapshot-update``: ``--golden-dir``)."""
+    s = settings
+    problems: list[str] = []
+    folders: list[tuple[str, Path, str]] = []
+    if not s.cache_only:
+        folders.append(("--cache-dir", s.cache_dir, ""))
+    elif s.cache_dir.exists() and not s.cache_dir.is_dir():
+        problems.append(f"--cache-dir {s.cache_dir}: is a regular file, not a folder")
+    folders.append(("--report-dir", s.report_dir, ""))
+    if s.update_tau_floors:
+        folders.append(("--floors-file", s.floors_file.parent, f" (the folder of {s.floors_file.name})"))
+    if s.update_fingerprints or snapshot_update:
+        folders.append(("--golden-dir", s.golden_dir, ""))
+    for option, folder, which in folders:
+        why = folder_problem(folder, min_free=MIN_FREE_BYTES)
+        if why is not None:
+            problems.append(f"{option} {folder}{which}: {why}")
+    return problems
 
 
 def _load_prompts(settings: EvalSettings) -> list[Prompt]:
@@ -95,10 +124,12 @@ def input_problems(settings: EvalSettings, *, target_check: Callable[[EvalSettin
     return problems
 
 
-def preflight(settings: EvalSettings) -> None:
+def preflight(settings: EvalSettings, *, snapshot_update: bool = False) -> None:
     """The option values (:meth:`~dflash_eval.options.settings.EvalSettings.validate_values`), then every input problem
-    at once (:func:`input_problems`); ConfigError, without importing torch."""
+    (:func:`input_problems`) and every folder the run cannot write (:func:`output_problems`; ``snapshot_update``: the
+    run rewrites the golden snapshots) at once; ConfigError, without importing torch. Run once at the start of a
+    run (the plugin's controller, ``dflash-eval gate``): a folder that fills up later is the write's own error."""
     settings.validate_values()
-    problems = input_problems(settings)
+    problems = input_problems(settings) + output_problems(settings, snapshot_update=snapshot_update)
     if problems:
         raise ConfigError("unusable inputs:\n  " + "\n  ".join(problems))

@@ -42,6 +42,7 @@ from dflash_eval.pytest_plugin.state import (
     is_controller,
     settings_from_config,
 )
+from dflash_eval.pytest_plugin.storage_stop import stop_at_storage_failure
 from dflash_eval.pytest_plugin.suite_args import runs_suite
 
 if TYPE_CHECKING:
@@ -165,10 +166,12 @@ def pytest_testnodedown(node: WorkerNode, error: object) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-    """Mark the reports of tests that use the suite's fixtures (the mark travels to the xdist controller)."""
+    """Mark the reports of tests that use the suite's fixtures (the mark travels to the xdist controller); a write
+    the file system refused stops the run (:mod:`.storage_stop`)."""
     report = yield
     if uses_suite_fixtures(item):
         setattr(report, SUITE_REPORT_ATTR, True)
+    stop_at_storage_failure(item, call)
     return report
 
 
@@ -215,7 +218,8 @@ def _preflight(config: pytest.Config) -> None:
     config.stash[PREFLIGHT] = True
 
     try:
-        preflight(settings_from_config(config, check=False))
+        preflight(settings_from_config(config, check=False),
+                  snapshot_update=bool(getattr(config.option, "update_snapshots", False)))
     except DFlashEvalError as exc:
         raise pytest.UsageError(f"dflash-eval: {exc}") from None
 

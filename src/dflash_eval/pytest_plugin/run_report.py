@@ -30,10 +30,11 @@ from dflash_eval.training_loop.plugins import result_ready
 if TYPE_CHECKING:  # imports torch: kept out of the plugin's own import
     from dflash_eval.options.settings import EvalSettings
 
-__all__ = ["WORKEROUTPUT_KEY", "gather_worker_result", "write_run_reports", "fail_a_refused_run",
+__all__ = ["WORKEROUTPUT_KEY", "REPORT_FAILED", "gather_worker_result", "write_run_reports", "fail_a_refused_run",
            "write_terminal_section"]
 
 WORKEROUTPUT_KEY = "dflash_eval_fragment"
+REPORT_FAILED = pytest.StashKey[str]()  # why the reports (or the golden updates) could not be written
 
 
 class WorkerNode(Protocol):
@@ -68,7 +69,8 @@ def _own_result(config: pytest.Config) -> bool:
 def write_run_reports(config: pytest.Config) -> None:
     """The controller merges every process's result and writes the reports (and the golden updates); the merged
     data and the lines for the terminal go to the stash, the mean τ and the verdict to the junit XML. A failure is
-    one line for the terminal, never an internal error of the test run."""
+    one line for the terminal naming the file and the cause, never an internal error of the test run, and it fails
+    the run (:func:`fail_a_refused_run`): a CI step must not pass without its reports."""
     try:
         if _own_result(config) or not is_controller(config):
             return
@@ -92,7 +94,9 @@ def write_run_reports(config: pytest.Config) -> None:
 
         add_junit_properties(config, data)
     except Exception as exc:  # noqa: BLE001 - reporting must never turn a test run into an internal error
-        config.stash[MESSAGES] = [f"dflash-eval: could not write the reports: {type(exc).__name__}: {exc}"]
+        why = f"could not write the reports: {type(exc).__name__}: {exc}"
+        config.stash[REPORT_FAILED] = why
+        config.stash[MESSAGES] = [f"dflash-eval: {why}; the run fails"]
         if is_controller(config):
             config.stash.setdefault(MERGED, {})
 
@@ -115,10 +119,11 @@ def _result_ready(config: pytest.Config, settings: EvalSettings, data: dict[str,
 
 def fail_a_refused_run(session: pytest.Session) -> None:
     """A drafter refused by an architecture check fails the run (exit 1) even when every test that needed it was
-    skipped naming the check; so does a result a plugin rejected (``pytest_dflash_eval_result_ready``)."""
+    skipped naming the check; so do a result a plugin rejected (``pytest_dflash_eval_result_ready``) and reports
+    that could not be written."""
 
     merged, rejected = session.config.stash.get(MERGED, None), session.config.stash.get(REJECTED, None)
-    failed = refused(merged or {}) or rejected
+    failed = refused(merged or {}) or rejected or REPORT_FAILED in session.config.stash
     if failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -1,5 +1,11 @@
 """Writing a run's reports (eval.json, eval.md, eval.png, drift_budget.png, $GITHUB_STEP_SUMMARY) and applying the
-golden-update options at the end of a run."""
+golden-update options at the end of a run.
+
+A report that cannot be written (no space left, a read-only file system, no permission, a regular file where the
+folder should be) is one :class:`~dflash_eval.errors.StorageError` naming the file and the cause, and the reports of
+the set left by an earlier run are removed: a folder never holds this run's eval.md beside an earlier run's
+eval.json, nor an earlier run's eval.json a CI step would take for this one's. The callers fail the run on it (the
+pytest plugin: a non-zero exit; ``dflash-eval gate``: exit 1)."""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.atomic import atomic_write_text
+from dflash_eval.common.paths import storage_error
 from dflash_eval.golden import writer as golden
 from dflash_eval.metrics.floors import load_floors
 from dflash_eval.metrics.verdict import judge_run
@@ -19,11 +26,31 @@ from dflash_eval.report.strict_json import dumps_strict
 if TYPE_CHECKING:  # imports torch: kept out of the report's own import
     from dflash_eval.options.settings import EvalSettings
 
-__all__ = ["write_reports", "finish"]
+__all__ = ["REPORT_NAMES", "write_reports", "finish"]
+
+#: The files of one run's report set, in the order they are written.
+REPORT_NAMES = ("eval.json", "eval.md", "eval.png", "drift_budget.png")
 
 
 def write_reports(data: dict[str, Any], report_dir: Path) -> dict[str, Path]:
+    """eval.json, eval.md and the plots under ``report_dir`` (each atomically), then eval.md appended to the CI step
+    summary; ``{kind: path}`` of what was written. StorageError naming the file that could not be written (the
+    reports of an earlier run removed: see the module docstring)."""
     report_dir = Path(report_dir)
+    try:
+        paths, md = _write_reports(data, report_dir)
+    except OSError as exc:
+        for name in REPORT_NAMES:  # best effort: the failure raised below is the message
+            try:
+                (report_dir / name).unlink(missing_ok=True)
+            except OSError:
+                pass
+        raise storage_error(report_dir, exc, "cannot write the reports to", "--report-dir") from None
+    append_step_summary(md)  # its own error names $GITHUB_STEP_SUMMARY's file
+    return paths
+
+
+def _write_reports(data: dict[str, Any], report_dir: Path) -> tuple[dict[str, Path], str]:
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": report_dir / "eval.json", "md": report_dir / "eval.md"}
     atomic_write_text(paths["json"], dumps_strict(data) + "\n")  # NaN -> null (schema: eval.schema.json)
@@ -35,8 +62,7 @@ def write_reports(data: dict[str, Any], report_dir: Path) -> dict[str, Path]:
             paths[key] = written
         else:  # nothing to plot this run: a plot left by an earlier run would be read as this one's
             (report_dir / name).unlink(missing_ok=True)
-    append_step_summary(md)
-    return paths
+    return paths, md
 
 
 def finish(data: dict[str, Any], settings: EvalSettings) -> list[str]:
