@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import pickle
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +32,14 @@ from torch import Tensor
 
 from dflash_eval.common.atomic import atomic_write_with
 from dflash_eval.common.dtypes import parse_dtype
-from dflash_eval.drafter.checks import Check, TargetSpec, run_checks
+from dflash_eval.drafter.checks import Check, NonFinite, TargetSpec, run_checks
 from dflash_eval.drafter.config import DrafterConfig, load_config_file
 from dflash_eval.drafter.model import DFlashDrafter
 from dflash_eval.drafter.vocabulary import TargetVocabulary
 from dflash_eval.errors import CheckpointError, ConfigError, DrafterRefused
 
-__all__ = ["Checkpoint", "read_checkpoint", "checkpoint_from_state_dict", "fit_refusal", "build_drafter",
-           "save_drafter"]
+__all__ = ["Checkpoint", "nonfinite_tensors", "read_checkpoint", "checkpoint_from_state_dict", "fit_refusal",
+           "build_drafter", "save_drafter"]
 
 _PREFIXES = ("module.", "model.", "draft_model.")
 
@@ -50,10 +52,19 @@ class Checkpoint:
     config: DrafterConfig
     state_dict: dict[str, Tensor]
     fingerprint: str
+    _nonfinite: dict[str, NonFinite] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v.shape) for k, v in self.state_dict.items()}
+
+    @property
+    def nonfinite(self) -> dict[str, NonFinite]:
+        """The floating-point tensors holding NaN or infinite values, with their counts (empty: every value is
+        finite); counted once per checkpoint."""
+        if self._nonfinite is None:
+            self._nonfinite = nonfinite_tensors(self.state_dict)
+        return self._nonfinite
 
 
 def _strip_prefix(sd: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -81,13 +92,36 @@ def _read_safetensors_dir(path: Path) -> dict[str, Tensor]:
     raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json in the drafter directory")
 
 
+def _pickled_object(exc: BaseException) -> str | None:
+    """What a weights-only load refused to unpickle, from torch's message (None: another failure)."""
+    if not isinstance(exc, pickle.UnpicklingError):
+        return None
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found:
+        return f"of class {found.group(1)}"
+    found = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
+    return f"the weights-only reader stopped at: {found.group(1).strip().rstrip('.')}" if found else \
+        "one that weights_only=True does not read"
+
+
 def _read_pt(path: Path) -> tuple[dict[str, Tensor], dict[str, Any] | None]:
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:
+        what = _pickled_object(exc)
+        if what is not None:
+            raise CheckpointError(
+                f"{path}: refused: it holds a pickled Python object ({what}), and unpickling it may run code the "
+                "file names; dflash-eval reads only tensors, dicts, lists and plain values "
+                "(torch.load(weights_only=True)). If you trust the file, convert it once: ckpt = torch.load(PATH, "
+                "weights_only=False), then save only its tensors, torch.save(state_dict, 'drafter.pt') (a state "
+                "dict, optionally with a plain 'config' dict), or safetensors.torch.save_file(state_dict, "
+                "'model.safetensors') beside the drafter's config.json, and pass that"
+            ) from None
         raise CheckpointError(
-            f"{path}: cannot read as a weights-only torch checkpoint ({type(exc).__name__}: {exc}). "
-            "Only tensors, dicts, lists and plain values are allowed (weights_only=True)."
+            f"{path}: cannot read as a weights-only torch checkpoint ({type(exc).__name__}: {exc}); a truncated or "
+            "not a torch file?"
         ) from exc
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a dict at the top level, got {type(obj).__name__}")
@@ -100,6 +134,17 @@ def _read_pt(path: Path) -> tuple[dict[str, Tensor], dict[str, Any] | None]:
     if not sd:
         raise CheckpointError(f"{path}: no tensors found at the top level or under 'model'/'state_dict'")
     return sd, embedded
+
+
+def nonfinite_tensors(sd: dict[str, Tensor]) -> dict[str, NonFinite]:
+    """``{key: NonFinite}`` of every floating-point tensor of ``sd`` with a NaN or infinite value."""
+    out = {}
+    for k, t in sd.items():
+        if not (t.is_floating_point() or t.is_complex()) or bool(torch.isfinite(t).all()):
+            continue
+        nan = int(torch.isnan(t).sum())
+        out[k] = NonFinite(nan=nan, inf=int(torch.isinf(t).sum()), size=t.numel())
+    return out
 
 
 def _fingerprint(sd: dict[str, Tensor]) -> str:

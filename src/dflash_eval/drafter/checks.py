@@ -9,7 +9,9 @@ the model (for the expected key shapes) but never the checkpoint reader.
 The classic mistakes caught here: ``fc`` sized for a different number of target layers or transposed, a
 drafter hidden size that differs from the target's, a target layer id past the last layer (or pointing at the
 last layer, whose HF hidden_states entry is post-norm), a mask token outside the target vocabulary, a drafter
-vocabulary (config or any vocabulary-sized tensor) other than the target's.
+vocabulary (config or any vocabulary-sized tensor) other than the target's, weights that hold NaN or infinite
+values (a training run that diverged, a broken conversion: ``finite_weights``, named per tensor, before any τ is
+measured; such a drafter would only show τ 1.00 with no cause).
 
 Two warnings name causes that cost τ (or a deployment) without any error: a mask token that is not the target's
 (``mask_token_match``: the tokenizer's mask token, SGLang's lookup of ``dflash_config.mask_token``, the embedding
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 
     from dflash_eval.target.loader import Target
 
-__all__ = ["Check", "CheckedCheckpoint", "TargetSpec", "CHECKS", "VOCAB_KEY_SUFFIXES", "run_checks",
+__all__ = ["Check", "CheckedCheckpoint", "NonFinite", "TargetSpec", "CHECKS", "VOCAB_KEY_SUFFIXES", "run_checks",
            "compare_architectures"]
 
 Status = Literal["pass", "warn", "fail", "skip"]
@@ -47,6 +49,23 @@ class CheckedCheckpoint(Protocol):
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]: ...
+
+    @property
+    def nonfinite(self) -> dict[str, NonFinite]: ...
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """How many values of one tensor are NaN and how many infinite, of ``size``."""
+
+    nan: int
+    inf: int
+    size: int
+
+    def describe(self) -> str:
+        if self.nan and self.inf:
+            return f"{self.nan} NaN and {self.inf} infinite of its {self.size} values"
+        return f"{self.nan or self.inf} of {self.size} values are {'NaN' if self.nan else 'infinite'}"
 
 
 @dataclass(frozen=True)
@@ -232,6 +251,22 @@ def _keys(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     return Check("state_dict_keys", "fail", f"{ckpt.source}: " + "; ".join(parts))
 
 
+#: At most this many tensors are named one by one in the ``finite_weights`` message.
+NONFINITE_NAMED = 5
+
+
+def _finite(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
+    bad = ckpt.nonfinite
+    if not bad:
+        return Check("finite_weights", "pass", f"every value of the {len(ckpt.shapes)} tensors is finite")
+    named = [f"{k}: {v.describe()}" for k, v in sorted(bad.items())[:NONFINITE_NAMED]]
+    more = f"; and {len(bad) - NONFINITE_NAMED} more tensors" if len(bad) > NONFINITE_NAMED else ""
+    return Check("finite_weights", "fail",
+                 f"{ckpt.source}: {len(bad)} of {len(ckpt.shapes)} tensors hold non-finite values: "
+                 + "; ".join(named) + more + " (a training step that diverged, or a broken conversion: evaluate a "
+                 "checkpoint from before the loss became NaN); its drafts would be noise and its τ no measure")
+
+
 CHECKS: dict[str, Callable[[Any, TargetSpec | None], Check]] = {
     "fc_shape": _fc_shape,
     "hidden_size": _hidden_size,
@@ -243,6 +278,7 @@ CHECKS: dict[str, Callable[[Any, TargetSpec | None], Check]] = {
     "block_size": _block_size,
     "hidden_act": _hidden_act,
     "state_dict_keys": _keys,
+    "finite_weights": _finite,
 }
 
 

@@ -19,8 +19,8 @@ verdict block).
 
 Named causes (:func:`diagnoses`), each reported once instead of as many ordinary failures as it causes: a drafter
 refused by an architecture check (:func:`refused`: never a pass, and a run without a failed test still fails), and
-τ of 1.00 on every prompt in a run that misses its floors (:func:`no_acceptance_fails`: the drafter proposes
-nothing the target accepts).
+τ of about 1 on every prompt in a run that misses its floors (:func:`no_acceptance_fails`: the drafter proposes
+nothing the target accepts; at most one accepted draft token per completion: :func:`no_acceptance`).
 """
 
 from __future__ import annotations
@@ -39,32 +39,70 @@ if TYPE_CHECKING:
 
 __all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresholds", "mean_thresholds",
            "category_thresholds", "judge_prompts", "judge_mean", "judge_categories", "judge_run", "mean_passed",
-           "gate_reasons", "NO_ACCEPTANCE", "NO_ACCEPTANCE_EPS", "no_acceptance", "no_acceptance_fails", "refused",
+           "gate_reasons", "NO_ACCEPTANCE", "NO_ACCEPTANCE_EPS", "NO_ACCEPTANCE_TOKENS", "NO_ACCEPTANCE_MAX_EXCESS",
+           "no_acceptance", "no_acceptance_fails", "refused",
            "diagnoses", "Verdict", "compose", "baseline_reasons", "checkpoint_verdict", "trend_verdict",
            "tau_verdict", "row_outcome", "gate_outcome", "run_verdict"]
 
 #: Chain τ at most this far above 1 counts as 1.00 (what the reports print): at most one accepted draft token in
 #: 200 rounds.
 NO_ACCEPTANCE_EPS = 0.005
-NO_ACCEPTANCE = ("τ is 1.00 on every prompt: the drafter proposes nothing the target accepts; it probably does not "
-                 "read this target's features (another target? wrong target_layer_ids? a mask token it was not "
-                 "trained with?)")
+#: A completion with at most this many accepted draft tokens (beyond each round's bonus token: (τ - 1) * rounds)
+#: shows no working drafter either, whatever its length: a random drafter on a completion of 127 rounds has τ 1.008
+#: from one lucky token.
+NO_ACCEPTANCE_TOKENS = 1
+#: ... as long as its τ is at most this far above 1: one token in a completion of fewer than 20 rounds is too little
+#: to tell.
+NO_ACCEPTANCE_MAX_EXCESS = 0.05
+NO_ACCEPTANCE = ("τ is about 1 on every prompt (at most one accepted draft token per completion): the drafter "
+                 "proposes nothing the target accepts; it probably does not read this target's features (another "
+                 "target? wrong target_layer_ids? a mask token it was not trained with? an untrained drafter?)")
 
 
-def no_acceptance(taus: Iterable[float | None]) -> bool:
-    """Every prompt's chain τ (prompts without a speculative round left out; at least two prompts) is 1.00: not a
-    drafter below its floors but one that does not work with this target at all."""
-    vals = [t for t in taus if t is not None and not math.isnan(t)]
-    return len(vals) >= 2 and all(t <= 1 + NO_ACCEPTANCE_EPS for t in vals)
+def _accepts_nothing(tau: float, rounds: int | None) -> bool:
+    """One completion's chain τ over ``rounds`` rounds (None: not known) shows no accepted draft: τ within
+    :data:`NO_ACCEPTANCE_EPS` of 1, or at most :data:`NO_ACCEPTANCE_TOKENS` accepted draft tokens with τ within
+    :data:`NO_ACCEPTANCE_MAX_EXCESS` of 1."""
+    excess = tau - 1
+    if excess <= NO_ACCEPTANCE_EPS:
+        return True
+    return (rounds is not None and rounds > 0 and excess <= NO_ACCEPTANCE_MAX_EXCESS
+            and excess * rounds <= NO_ACCEPTANCE_TOKENS + 1e-6)
+
+
+def no_acceptance(taus: Iterable[float | None], rounds: Iterable[int | None] | None = None) -> bool:
+    """Every prompt's chain τ (prompts without a speculative round left out; at least two prompts) shows no accepted
+    draft (``rounds``: each prompt's number of rounds, in the same order; without it only τ within
+    :data:`NO_ACCEPTANCE_EPS` of 1 counts): not a drafter below its floors but one that does not work with this
+    target at all."""
+    pairs = list(zip(taus, rounds)) if rounds is not None else [(t, None) for t in taus]
+    vals = [(t, r) for t, r in pairs if t is not None and not math.isnan(t)]
+    return len(vals) >= 2 and all(_accepts_nothing(t, r) for t, r in vals)
+
+
+def _rows_accept_nothing(prompts: Mapping[str, Mapping[str, Any]]) -> bool:
+    """:func:`no_acceptance` of eval.json's prompt rows (their chain τ and rounds)."""
+    rows = list(prompts.values())
+    return no_acceptance([r.get("tau") for r in rows], [r.get("rounds") for r in rows])
 
 
 def no_acceptance_fails(data: dict[str, Any]) -> bool:
     """τ 1.00 on every prompt of eval.json data (or a τ summary's) that fails its floors: the one cause of those
     failures. A run whose floors accept τ 1 (``--tau-floor 1`` for a random drafter) is not diagnosed."""
     prompts = data.get("prompts", {})
-    if not no_acceptance(r.get("tau") for r in prompts.values()):
+    if not _rows_accept_nothing(prompts):
         return False
     return ("mean_tau" in data and not mean_passed(data)) or any(r.get("passed") is False for r in prompts.values())
+
+
+def _accepted_text(prompts: Mapping[str, Mapping[str, Any]]) -> str:
+    """``": N accepted draft tokens in R rounds"`` over the prompts whose τ and rounds are known ("" when none)."""
+    known = [(r["tau"], r["rounds"]) for r in prompts.values()
+             if isinstance(r.get("rounds"), int) and r.get("tau") is not None and not math.isnan(r["tau"])]
+    if not known:
+        return ""
+    accepted = sum(round((t - 1) * n) for t, n in known)
+    return f": {accepted} accepted draft token{'s' if accepted != 1 else ''} in {sum(n for _, n in known)} rounds"
 
 
 def refused(data: dict[str, Any]) -> list[dict[str, str]]:
@@ -82,7 +120,7 @@ def diagnoses(data: dict[str, Any]) -> list[str]:
                    + "; ".join(f"{c['check']}: {c['message']}" for c in checks)
                    + "; every test that needs the drafter was skipped")
     if no_acceptance_fails(data):
-        out.append(f"{NO_ACCEPTANCE} ({len(data['prompts'])} prompts)")
+        out.append(f"{NO_ACCEPTANCE} ({len(data['prompts'])} prompts{_accepted_text(data['prompts'])})")
     return out
 
 
@@ -226,7 +264,7 @@ def gate_reasons(prompts: dict[str, dict[str, Any]], means: list[Threshold], *,
             reasons.append(f"no mean {t.label} floor")
         elif not t.passed:
             reasons.append(f"mean {t.label} τ {t.value:.3f} < {t.floor}")
-    if reasons and no_acceptance(v.get("tau") for v in prompts.values()):  # the one cause of those reasons
+    if reasons and _rows_accept_nothing(prompts):  # the one cause of those reasons
         reasons.insert(0, NO_ACCEPTANCE)
     return reasons
 
