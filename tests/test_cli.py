@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,3 +129,37 @@ def test_run_joins_suite_option_values():
     assert joined_option_values(["--target-model", "/m", "-k", "tau", "--cache-only", "--ddtree-budget", "4",
                                  "--prompts=p.jsonl", "tests"]) == [
         "--target-model=/m", "-k", "tau", "--cache-only", "--ddtree-budget=4", "--prompts=p.jsonl", "tests"]
+
+
+@pytest.mark.parametrize("argv, command, wanted, rc", [
+    (["run", "--target-modle", "models/x"], "run", "--target-model", 4),
+    (["record", "--drafer", "d"], "record", "--drafter", 4),
+    (["gate", "--promtps", "humaneval:4"], "gate", "--prompts", 2),
+    (["gate", "--drafter", "d", "--watch-timout", "5"], "gate", "--watch-timeout", 2),  # a gate option of its own
+])
+def test_a_misspelled_option_gets_the_command_usage_and_a_suggestion(argv, command, wanted, rc, capsys):
+    assert main(argv) == rc
+    err = capsys.readouterr().err
+    assert f"dflash-eval {command}: {argv[1] if command != 'gate' or argv[1] != '--drafter' else argv[3]}: unknown " \
+           f"option of `dflash-eval {command}`; did you mean {wanted}?" in err
+    assert f"usage: dflash-eval {command} " in err and "usage: dflash-eval [-h]" not in err and "pytest" not in \
+        err.split("usage:", 1)[0]
+
+
+def test_an_unknown_gate_option_answers_with_the_gate_usage(capsys):
+    assert main(["gate", "--drafter", "d", "--no-such-thing-at-all"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: dflash-eval gate ") and "unrecognized arguments: --no-such-thing-at-all" in err
+
+
+def test_no_pytest_option_is_taken_for_a_misspelled_suite_option():
+    """Options of pytest and its plugins pass through `run` and `record`: none of them may read as a typo of a suite
+    option (the suggestions only flag flags close to a suite option that are no option at all)."""
+    from dflash_eval.options.commands import misspelled
+
+    out = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"], capture_output=True,
+                         text=True, timeout=300).stdout
+    flags = sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", out)))  # every flag pytest's help shows
+    assert "--maxfail" in flags and "--snapshot-update" in flags and "--trace-config" in flags
+    for command in ("run", "record"):
+        assert misspelled(flags, command) == [], command

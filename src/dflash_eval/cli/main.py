@@ -41,12 +41,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
+from collections.abc import Iterable
 from functools import partial
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+
+import pytest
 
 from dflash_eval.cli.gate_run import (
     add_training_options,
@@ -65,7 +69,7 @@ from dflash_eval.common.paths import normal_path
 from dflash_eval.common.torch_check import require_torch
 from dflash_eval.errors import ConfigError, DFlashEvalError, StorageError
 from dflash_eval.golden.needed import gate_floors_message, missing_floors
-from dflash_eval.options.commands import add_command_options, environ_for, refused
+from dflash_eval.options.commands import add_command_options, environ_for, misspelled, refused
 from dflash_eval.options.invocation import option_pieces, shell_join
 from dflash_eval.options.preflight import preflight
 from dflash_eval.options.settings import resolve
@@ -94,6 +98,12 @@ def _add_suite_options(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser (``dflash-eval COMMAND``); its ``gate`` subparser: :func:`build_parsers`."""
+    return build_parsers()[0]
+
+
+def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """(the top-level parser, its ``gate`` subparser)."""
     ap = argparse.ArgumentParser(prog="dflash-eval", description="Evaluate DFlash speculative-decoding drafters: "
                                  "`record` a new model's golden records once, then `run` the pytest suite against "
                                  "them, or `gate` several checkpoints in one process.")
@@ -117,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_suite_options(g, skip=("drafter",))
 
     add_training_options(g)
-    return ap
+    return ap, g
 
 
 def _version() -> str:
@@ -298,14 +308,44 @@ def _refuse(args: list[str]) -> bool:
     return bool(problems)
 
 
+def _typos(args: list[str], command: str, usage: str, *, known: Iterable[str] = ()) -> bool:
+    """Options of ``args`` that are no option but close to one of ``command``'s: one message each with a "did you
+    mean", then the command's own usage (not pytest's, not the top level's)."""
+    problems = misspelled(args, command, known=known)
+    for line in problems:
+        print(f"dflash-eval {command}: {line}", file=sys.stderr)
+    if problems:
+        print(usage.rstrip(), file=sys.stderr)
+    return bool(problems)
+
+
+#: The usage line of the commands whose options pass through to pytest.
+_PASSING_USAGE = {"run": "usage: dflash-eval run [pytest options] [suite options] (`dflash-eval run --help`: pytest's "
+                         "help, suite options in its group dflash-eval)",
+                  "record": "usage: dflash-eval record [suite options] [pytest options] (`dflash-eval record --help`)"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["run"], ["record"]) and _typos(argv[1:], argv[0], _PASSING_USAGE[argv[0]]):
+        return int(pytest.ExitCode.USAGE_ERROR)
     if argv[:1] == ["run"]:  # everything after `run` belongs to pytest
         return run_suite(argv[1:])
     if argv[:1] == ["record"]:  # its own parser (dflash_eval.cli.record); pytest options pass through
         return record_command(argv[1:])
-    if argv[:1] == ["gate"] and _refuse(argv[1:]):
-        return EXIT_BAD_INPUT
+    if argv[:1] == ["gate"]:
+        gate_parser = build_parsers()[1]
+        usage = gate_parser.format_usage()
+        if _refuse(argv[1:]) or _typos(argv[1:], "gate", usage, known=re.findall(r"--[a-z][a-z0-9-]*", usage)):
+            return EXIT_BAD_INPUT
+        try:
+            unknown = gate_parser.parse_known_args(argv[1:])[1]
+        except SystemExit as exc:  # --help (0), or a usage error argparse printed with the gate's usage (2)
+            return int(exc.code or 0)
+        if unknown:  # argparse would answer with the top level's usage
+            gate_parser.print_usage(sys.stderr)
+            print(f"dflash-eval gate: error: unrecognized arguments: {' '.join(unknown)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     if argv[:1] == ["sets"]:  # its own parser (dflash_eval.cli.list_sets); no torch import
 
         return sets_command(argv[1:])

@@ -16,11 +16,12 @@ Example::
 from __future__ import annotations
 
 import argparse
+import difflib
 from collections.abc import Iterable, Mapping, Sequence
 
 from dflash_eval.options.settings import OPTIONS, add_options
 
-__all__ = ["refused", "environ_for", "add_command_options", "honoured_by"]
+__all__ = ["refused", "misspelled", "environ_for", "add_command_options", "honoured_by"]
 
 _SHOWN = {"run": "`dflash-eval run` / pytest", "gate": "`dflash-eval gate`", "record": "`dflash-eval record`"}
 
@@ -42,6 +43,33 @@ def refused(args: Sequence[str], command: str, *, why: Mapping[str, str] | None 
         if spec is not None and not spec.applies_to(command):
             reason = (why or {}).get(spec.name) or f"honoured by {honoured_by(spec.commands)}"
             line = f"{spec.flag}: not an option of `dflash-eval {command}` ({reason})"
+            if line not in out:
+                out.append(line)
+    return out
+
+
+def misspelled(args: Sequence[str], command: str, *, known: Iterable[str] = (),
+               others: Iterable[str] = ()) -> list[str]:
+    """One line for each ``--flag`` in ``args`` (nothing after ``--``) that is no suite option and not in ``known``
+    (the command's own flags) but close to one that ``command`` takes: ``--target-modle: unknown option of
+    `dflash-eval run`; did you mean --target-model?``. ``others``: flags of another parser that passes through
+    (pytest's, for ``run`` and ``record``): never called a typo."""
+    suite = {o.flag for o in OPTIONS}
+    own = sorted({o.flag for o in OPTIONS if o.applies_to(command)} | set(known))
+    passing = set(others) | set(known) | suite
+    out = []
+    for a in args:
+        if a == "--":
+            break
+        flag = a.split("=", 1)[0]
+        if not flag.startswith("--") or flag in passing:
+            continue
+        # one or two letters off scores >= 0.88 (--promtps / --prompts 0.89); pytest's --trace-config against
+        # --drafter-config 0.80: the cut-off keeps options of pytest and its plugins from reading as typos
+        close = difflib.get_close_matches(flag, own, n=3, cutoff=0.86)
+        if close:
+            line = (f"{flag}: unknown option of `dflash-eval {command}`; did you mean "
+                    f"{' or '.join(close)}?")
             if line not in out:
                 out.append(line)
     return out
