@@ -18,6 +18,7 @@ from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.verdict import judge_prompts
 from dflash_eval.report.gate import GateRow, error_row, gate_row, gate_table, render_gate_markdown
 from dflash_eval.report.step_summary import STEP_SUMMARY_ENV, append_step_summary
+from dflash_eval.report.table_rows import MEAN_ROW
 from dflash_eval.report.tables import TextTable, markdown_table, rich_table, terminal_text
 
 NAN = float("nan")
@@ -68,8 +69,8 @@ def test_a_value_reads_the_same_on_every_surface(tau, tmp_path):
     want = fmt(tau)
     term, md = report.render_terminal(data), report.render_markdown(data)
     assert _cells(term, "a") == _cells(md, "a") and _cells(term, "a")[1:3] == [want, want]
-    assert _cells(term, "MEAN") == _cells(md, "MEAN") and _cells(md, "MEAN")[1] == want
-    assert f"mean chain τ {want} " in report.verdict_lines(data, report_dir=None)[0]
+    assert _cells(term, MEAN_ROW) == _cells(md, MEAN_ROW) and _cells(md, MEAN_ROW)[1] == want
+    assert f"mean chain τ (macro) {want} " in report.verdict_lines(data, report_dir=None)[0]
     row = GateRow(drafter=str(tmp_path / "ckpt"), passed=False, mean_tau=tau, mean_ddtree={"8": tau},
                   mean_floor=1.5, worst_prompt="a", worst_tau=tau, worst_floor=1.5, reasons=["x"], seconds=0.5)
     gate_md = render_gate_markdown([row], {"target_model": "/t", "prompts": "p"}, [8])
@@ -143,8 +144,9 @@ def test_gate_rows_come_from_the_typed_summary(tmp_path):
     floors = Floors(chain={"a": 2.0, "b": 1.0}, ddtree={8: {"a": 2.0, "b": 1.0}}, selection={"a": "c", "b": "c"})
     row = gate_row(_summary({"a": 2.5, "b": 1.5}, floors), floors, drafter=str(tmp_path / "ck"), fingerprint="f1")
     assert row.passed and row.reasons == [] and (row.worst_prompt, row.worst_tau, row.worst_floor) == ("b", 1.5, 1.0)
-    assert list(row.to_json()) == ["drafter", "fingerprint", "mean_tau", "mean_ddtree", "mean_floor", "worst_prompt",
-                                   "worst_tau", "worst_floor", "passed", "reasons", "baseline", "prompts", "seconds"]
+    assert list(row.to_json()) == ["drafter", "fingerprint", "mean_tau", "mean_ddtree", "mean_tau_pooled",
+                                   "mean_ddtree_pooled", "mean_floor", "worst_prompt", "worst_tau", "worst_floor",
+                                   "passed", "reasons", "baseline", "prompts", "seconds"]
     assert row.to_json()["prompts"]["a"] == {"tau": 2.5, "ddtree": {"8": 3.0}, "floor": 2.0, "passed": True}
     low = gate_row(_summary({"a": 1.9, "b": 1.5}, floors), floors, drafter="x", fingerprint="f")
     assert not low.passed and low.reasons == ["1 prompt(s) below floor"]
@@ -156,6 +158,6 @@ def test_gate_rows_come_from_the_typed_summary(tmp_path):
     assert err.to_json() == {"drafter": str(tmp_path / "gone"), "passed": False,
                              "error": "FileNotFoundError: no such checkpoint", "seconds": None}
     md = render_gate_markdown([row, low, err], {"target_model": "/t", "prompts": "p"}, [8])
-    assert "1/3 checkpoint(s) passed" in md and "| gone | - | - | - | - | ERROR FileNotFoundError" in md
+    assert "1/3 checkpoint(s) passed" in md and "| gone | - | - | - | - | - | ERROR FileNotFoundError" in md
     assert "| a | 2.000 | 2.500 | 1.900 FAIL |" in md and "(2 of 2 prompts, worst first)" in md
     assert row.name == "ck"

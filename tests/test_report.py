@@ -4,6 +4,7 @@ and option resolution."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -127,11 +128,13 @@ def test_category_tables_and_floors(tmp_path):
     cats = data["categories"]
     assert set(cats) == {"c", "code", "all"} and cats["c"]["n"] == 2 and cats["all"]["n"] == 3
     assert cats["c"]["chain"]["mean"] == 1.5 and cats["c"]["chain"]["median"] == 1.5
-    lo, hi = cats["c"]["chain"]["ci95"]
-    assert 1.0 <= lo <= 1.5 <= hi <= 2.0 and cats["code"]["chain"]["ci95"] == [4.0, 4.0]
+    lo, hi = cats["c"]["chain"]["ci95"]  # Student's t over 2 prompts: 1.5 ± t(0.975, 1) 0.5, t(0.975, 1) = 12.7062
+    assert (lo, hi) == pytest.approx((1.5 - 12.706205 * 0.5, 1.5 + 12.706205 * 0.5))
+    assert cats["c"]["chain"]["ci_method"] == "t over prompts"
+    assert all(math.isnan(x) for x in cats["code"]["chain"]["ci95"])  # one prompt: no interval
     assert cats["c"]["ddtree"]["8"]["mean"] == 2.0 and cats["c"]["passed"] is None
     header, rows = report.category_rows(data)
-    assert header[:5] == ["category", "n", "chain mean", "median", "CI95"]
+    assert header[:5] == ["category", "n", "chain τ", "median", "CI95"]
     assert [r[0] for r in rows] == ["c", "code", "all"]
     assert "τ per category" in report.render_terminal(data) and "### τ per category" in report.render_markdown(data)
     # category floors: the mean of the per-prompt floors of the category's prompts in the run

@@ -1,17 +1,19 @@
 """eval.json of a run at temperature > 0: the ``sampled`` block (mean over prompts of the per-prompt means over
-samples with its nested CI over prompts and samples, for the chain, each DDTree budget and the online loop) is
-merged from the prompt rows, validates against the published schema, and is absent from a greedy run."""
+samples with its t CI over the prompt means and the spread between and within prompts, for the chain, each DDTree
+budget and the online loop) is merged from the prompt rows, validates against the published schema, is the same
+interval as the per-category table's ``all`` row, and is absent from a greedy run."""
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from importlib import resources
 
 import pytest
 
 from dflash_eval import report
-from dflash_eval.metrics.sampled_ci import nested_ci
+from dflash_eval.metrics.sampled_ci import sampled_mean, spread
 from dflash_eval.report.strict_json import dumps_strict
 
 TAUS = {"a": [1.2, 1.6, 1.4, 1.8], "b": [2.0, 2.4, 2.2, 2.6], "c": [1.0, 1.1, 1.0, 1.3]}
@@ -36,16 +38,22 @@ def _merged(sampled: bool) -> dict:
     return json.loads(dumps_strict(report.merge([frag], wall_s=1.0)))
 
 
-def test_sampled_block_is_the_nested_ci_of_the_rows_and_validates() -> None:
+def test_sampled_block_is_the_t_ci_over_prompt_means_and_validates() -> None:
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (the test extra) validates eval.json")
     schema = json.loads(resources.files("dflash_eval.report").joinpath("eval.schema.json").read_text())
     doc = _merged(True)
     s = doc["sampled"]
     assert s["prompts"] == 3 and s["samples"] == 12
-    want = nested_ci(TAUS)
-    assert s["chain"]["mean"] == pytest.approx(statistics.fmean(statistics.fmean(v) for v in TAUS.values()))
-    assert s["chain"]["ci95"] == pytest.approx([want.ci_low, want.ci_high])
-    assert s["chain"]["ci95"][0] < s["chain"]["mean"] < s["chain"]["ci95"][1]
+    means = [statistics.fmean(v) for v in TAUS.values()]
+    grand, se = statistics.fmean(means), statistics.stdev(means) / math.sqrt(3)
+    assert s["chain"]["mean"] == pytest.approx(grand)
+    # Student's t with 2 degrees of freedom: t(0.975, 2) = 4.302653 (tables)
+    assert s["chain"]["ci95"] == pytest.approx([grand - 4.302653 * se, grand + 4.302653 * se], rel=1e-6)
+    assert s["chain"]["ci_method"] == "t over prompts"
+    # one interval for one number: the category table's "all" row of the same run holds the same one
+    assert s["chain"]["ci95"] == pytest.approx(doc["categories"]["all"]["chain"]["ci95"])
+    assert s["chain"]["sd_within"] == pytest.approx(math.sqrt(statistics.fmean(statistics.variance(v)
+                                                                               for v in TAUS.values())))
     assert s["ddtree"]["8"]["mean"] == pytest.approx(s["chain"]["mean"] + 0.2)
     assert s["online"]["mean"] == pytest.approx(s["chain"]["mean"])
     v = jsonschema.Draft202012Validator(schema)
@@ -57,20 +65,27 @@ def test_sampled_block_is_the_nested_ci_of_the_rows_and_validates() -> None:
     assert "sampled" not in _merged(False)
 
 
-def test_nested_ci_widens_with_the_spread_within_prompts() -> None:
-    """Prompts of one true mean: with no spread over samples the CI is a point; with spread it is not."""
-    narrow = nested_ci({f"p{i}": [1.5] * 4 for i in range(5)})
-    wide = nested_ci({f"p{i}": [1.0, 2.0, 1.25, 1.75] for i in range(5)})
-    assert narrow.mean == pytest.approx(wide.mean) == pytest.approx(1.5)
-    assert narrow.ci_high - narrow.ci_low == pytest.approx(0.0)
-    assert wide.ci_low < 1.5 < wide.ci_high
+def test_spread_splits_the_variance_between_and_within_prompts() -> None:
+    """Prompts of one true mean whose samples spread: the spread is all within (between 0); prompts that differ
+    with no spread over samples: all between. The CI over prompt means widens with either."""
+    within = {f"p{i}": [1.0, 2.0, 1.25, 1.75][i % 4:] + [1.0, 2.0, 1.25, 1.75][:i % 4] for i in range(5)}
+    assert spread(within)["sd_between"] == pytest.approx(0.0)
+    assert spread(within)["sd_within"] == pytest.approx(statistics.stdev([1.0, 2.0, 1.25, 1.75]))
+    between = {f"p{i}": [1.0 + 0.25 * i] * 4 for i in range(5)}
+    assert spread(between)["sd_within"] == 0.0
+    assert spread(between)["sd_between"] == pytest.approx(statistics.stdev([1.0 + 0.25 * i for i in range(5)]))
+    flat = sampled_mean({f"p{i}": [1.5] * 4 for i in range(5)})
+    wide = sampled_mean(between)
+    assert flat.ci_high - flat.ci_low == pytest.approx(0.0) and wide.ci_low < wide.mean < wide.ci_high
+    assert math.isnan(sampled_mean({"p": [1.0, 2.0]}).ci_low)  # one prompt: no interval over prompts
 
 
-def test_eval_md_and_terminal_show_the_nested_ci_of_a_sampled_run() -> None:
+def test_eval_md_and_terminal_show_the_ci_of_a_sampled_run_with_its_method() -> None:
     doc = _merged(True)
     s = doc["sampled"]["chain"]
     want = f"chain {s['mean']:.3f} ({s['ci95'][0]:.3f}..{s['ci95'][1]:.3f})"
     md = report.render_markdown(doc)
     assert "sampled at T=0.6: 3 prompts x 4 samples" in md and want in md and "online " in md
+    assert "95 % CI (t over prompts): chain" in md and "nested" not in md
     assert want in report.render_terminal(doc, width=400)
     assert "sampled at" not in report.render_markdown(_merged(False))

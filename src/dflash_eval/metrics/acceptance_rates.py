@@ -13,6 +13,14 @@ lists of round counts, index i = rounds of acceptance length i + 1; that is also
 The last round of a response can be cut short by the end of the completion (it may not commit past it), which
 lowers the rates of late slots a little for short completions, in every source alike.
 
+Two τ of a set of responses, both reported, never to be compared with each other (docs/manual.md, "Macro and
+pooled τ"): the **macro** τ, the mean over responses of each response's mean acceptance length (eval.json's
+``mean_tau``: what z-lab's DFlash benchmark reports), and the **pooled** τ, accepted tokens over verification rounds
+across every round of every response (:func:`pooled_tau`; eval.json's ``mean_tau_pooled`` and the ``tau`` of every
+acceptance block here: what SGLang's ``spec_accept_length`` and SpecForge's benchmark report). Short responses with
+few rounds weigh as much as long ones in the macro τ and less in the pooled one, so the two differ whenever τ varies
+with length.
+
 Sources (:data:`SOURCES`): ``chain`` the offline simulation on the reference (eval.json row ``histogram``),
 ``online`` the real speculative loop (``--online-tau``: row ``online.histogram``), ``server`` an SGLang server
 running the drafter (row ``server_histogram``, when the server reports one).
@@ -24,10 +32,23 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["SOURCES", "histogram", "position_rates", "pool", "acceptance_block", "row_histograms",
-           "acceptance_table"]
+__all__ = ["SOURCES", "TAU_DEFINITIONS", "TAU_KINDS_NOTE", "histogram", "position_rates", "pool", "acceptance_block",
+           "row_histograms", "acceptance_table", "pooled_tau", "pooled_means"]
 
 SOURCES = ("chain", "online", "server")
+
+#: What the two τ of a report are (gate.md and history.md say it under their tables; eval.md in its τ line).
+TAU_KINDS_NOTE = ("τ (macro): the mean over prompts of each prompt's mean acceptance length, as z-lab's DFlash "
+                  "benchmark reports it; pooled τ: accepted tokens / verification rounds over every round of every "
+                  "prompt, as SGLang's spec_accept_length and SpecForge's benchmark report it. Compare each only with "
+                  "its own kind.")
+#: The two τ of a set of responses, as eval.json's ``tau_definitions`` names them.
+TAU_DEFINITIONS = {
+    "macro": "mean over prompts of each prompt's mean acceptance length (mean_tau, mean_ddtree, the categories' "
+             "means; z-lab's DFlash benchmark)",
+    "pooled": "accepted tokens / verification rounds over every round of every prompt (mean_tau_pooled, "
+              "mean_ddtree_pooled, the acceptance blocks' tau; SGLang's spec_accept_length, SpecForge's benchmark)",
+}
 
 
 def histogram(accept_lengths: Iterable[int], block_size: int) -> list[int]:
@@ -89,3 +110,21 @@ def acceptance_table(prompts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict
                 groups.setdefault(cat, {}).setdefault(src, []).append(h)
     return {cat: {src: acceptance_block(pool(hs)) for src, hs in sorted(by.items(), key=lambda kv: SOURCES.index(
         kv[0]))} for cat, by in groups.items()}
+
+
+def pooled_tau(accept_lengths: Iterable[Sequence[int]]) -> float:
+    """Accepted tokens over verification rounds across every response's rounds (NaN without a round)."""
+    total = rounds = 0
+    for lens in accept_lengths:
+        total += sum(int(a) for a in lens)
+        rounds += len(lens)
+    return total / rounds if rounds else math.nan
+
+
+def pooled_means(prompts: Mapping[str, Mapping[str, Any]]) -> tuple[float, dict[str, float]]:
+    """The pooled τ of eval.json's ``prompts`` rows: chain (``accept_lengths``) and per DDTree budget
+    (``ddtree_accept_lengths``)."""
+    chain = pooled_tau(r.get("accept_lengths") or [] for r in prompts.values())
+    budgets = sorted({b for r in prompts.values() for b in r.get("ddtree_accept_lengths") or {}}, key=int)
+    return chain, {b: pooled_tau((r.get("ddtree_accept_lengths") or {}).get(b) or [] for r in prompts.values())
+                   for b in budgets}

@@ -1,8 +1,7 @@
 """Comparing a run's τ with a baseline: an earlier reports/eval.json (the last good checkpoint), prompt by prompt.
 
 The comparison is paired over the prompts both runs have: the mean of the per-prompt differences (this run minus
-the baseline), a percentile-bootstrap 95 % confidence interval of it (:func:`dflash_eval.metrics.stats.summarize`) and
-the
+the baseline), its paired t 95 % confidence interval (:func:`dflash_eval.metrics.stats.paired_difference`) and the
 change relative to the baseline's mean over the same prompts. Two rules, each its own test:
 
 - drop: the run fails when mean chain τ fell by more than ``--baseline-drop-tol`` (relative);
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import ConfigError
-from dflash_eval.metrics.stats import Summary, summarize
+from dflash_eval.metrics.stats import Summary, paired_difference
 
 __all__ = ["Baseline", "BaselineComparison", "load_baseline", "compare"]
 
@@ -81,8 +80,9 @@ class BaselineComparison:
 
     @property
     def diff(self) -> Summary:
-        """Summary (mean, median, bootstrap 95 % CI) of the paired differences this run - baseline."""
-        return summarize([a - b for b, a in self.deltas.values()])
+        """Summary (mean, median, paired t 95 % CI) of the paired differences this run - baseline."""
+        return paired_difference({p: a for p, (_, a) in self.deltas.items()},
+                                 {p: b for p, (b, _) in self.deltas.items()})
 
     @property
     def rel_change(self) -> float:
@@ -100,14 +100,15 @@ class BaselineComparison:
     def describe(self) -> str:
         d = self.diff
         return (f"mean chain τ {self.mean_baseline:.3f} (baseline {self.path}) -> {self.mean_run:.3f} over {self.n} "
-                f"paired prompts: Δ {d.mean:+.3f} (95% CI [{d.ci_low:+.3f}, {d.ci_high:+.3f}]), "
+                f"paired prompts: Δ {d.mean:+.3f} (95 % CI ({d.ci_method}) [{d.ci_low:+.3f}, {d.ci_high:+.3f}]), "
                 f"{100 * self.rel_change:+.2f} % (allowed -{100 * self.drop_tol:g} % .. +{100 * self.rise_tol:g} %)")
 
     def to_json(self) -> dict[str, Any]:
         d = self.diff
         return {"path": self.path, "n": self.n, "missing": list(self.missing), "mean_baseline": self.mean_baseline,
                 "mean_run": self.mean_run, "mean_diff": d.mean, "ci95": [d.ci_low, d.ci_high],
-                "rel_change": self.rel_change, "drop_tol": self.drop_tol, "rise_tol": self.rise_tol,
+                "ci_method": d.ci_method, "rel_change": self.rel_change, "drop_tol": self.drop_tol,
+                "rise_tol": self.rise_tol,
                 "drop_passed": self.drop_passed, "rise_passed": self.rise_passed,
                 "prompts": {p: {"baseline": b, "run": a, "delta": a - b} for p, (b, a) in self.deltas.items()}}
 

@@ -1,50 +1,65 @@
-"""Confidence intervals of τ at temperature > 0 over prompts and samples, on plain numbers (no torch: the report
-merge uses it): :func:`nested_ci`, a two-stage bootstrap (prompts resampled with replacement, then each drawn
-prompt's samples), and :func:`sampled_summary`, eval.json's ``sampled`` block built from the prompt rows."""
+"""eval.json's ``sampled`` block of a run at temperature > 0, on plain numbers (no torch: the report merge uses it):
+the mean over prompts of each prompt's mean over its samples, with its 95 % CI and the two stages of its spread.
+
+The CI is the suite's one interval of a mean over prompts (:func:`dflash_eval.metrics.stats.summarize`: Student's t
+over the prompt means). With n prompts of S samples each, ``Var(grand mean) = (σ_between² + σ_within² / S) / n``,
+and the sample variance of the prompt means estimates exactly that, so the t interval over them covers both
+stages; it is the same interval as the per-category table's ``all`` row of the same run. (A two-stage bootstrap,
+prompts resampled and then each drawn prompt's samples, counts the within-prompt variance twice and was up to a
+quarter wider than needed: ``benchmarks/bench_coverage.py``.) :func:`spread` gives the two stages, which say
+whether more samples or more prompts narrow the interval (:func:`dflash_eval.metrics.sampled_tau.samples_for_width`).
+"""
 
 from __future__ import annotations
 
-import random
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dflash_eval.metrics.stats import Summary
+from dflash_eval.metrics.stats import Summary, summarize
 
-__all__ = ["nested_ci", "sampled_summary"]
+__all__ = ["sampled_mean", "spread", "sampled_summary"]
 
 
-def nested_ci(per_prompt: Mapping[str, Sequence[float]], *, resamples: int = 2000, seed: int = 0) -> Summary:
-    """Mean over prompts of each prompt's mean over samples, with a two-stage bootstrap 95 % CI (prompts
-    resampled with replacement, then each drawn prompt's samples)."""
-    groups = [[float(v) for v in vs] for vs in per_prompt.values() if vs]
+def sampled_mean(per_prompt: Mapping[str, Sequence[float]]) -> Summary:
+    """The mean over prompts of each prompt's mean over its samples, with the t 95 % CI over the prompt means
+    (prompts without a sample are left out)."""
+    return summarize([statistics.fmean(float(v) for v in vs) for vs in per_prompt.values() if vs])
+
+
+def spread(per_prompt: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """The two stages of the spread: ``sd_within`` (root of the mean variance over a prompt's samples, prompts with
+    2 or more) and ``sd_between`` (of the prompts' true means: the variance of the prompt means less
+    ``within / S``, at least 0); NaN where there are too few prompts or samples."""
+    groups = [[float(v) for v in vs] for vs in per_prompt.values() if len(vs) > 1]
     if not groups:
-        nan = float("nan")
-        return Summary(0, nan, nan, nan, nan)
-    means = [statistics.fmean(g) for g in groups]
-    mean = statistics.fmean(means)
-    rng = random.Random(seed)
-    boot = []
-    for _ in range(resamples):
-        picks = rng.choices(groups, k=len(groups))
-        boot.append(statistics.fmean(statistics.fmean(rng.choices(g, k=len(g))) for g in picks))
-    boot.sort()
-    return Summary(len(groups), mean, statistics.median(means), boot[int(0.025 * (resamples - 1))],
-                   boot[round(0.975 * (resamples - 1))])
+        return {"sd_between": math.nan, "sd_within": math.nan}
+    within = statistics.fmean(statistics.variance(g) for g in groups)
+    if len(groups) < 2:
+        return {"sd_between": math.nan, "sd_within": math.sqrt(within)}
+    s = statistics.fmean(len(g) for g in groups)
+    between = statistics.variance([statistics.fmean(g) for g in groups]) - within / s
+    return {"sd_between": math.sqrt(max(0.0, between)), "sd_within": math.sqrt(within)}
+
+
+def _block(per_prompt: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+    return {**sampled_mean(per_prompt).to_dict(), **spread(per_prompt)}
 
 
 def sampled_summary(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
     """eval.json's ``sampled`` block of a run at temperature > 0 (None for a greedy run): the samples per prompt
-    and the mean over prompts of each prompt's mean over samples with its nested CI (:func:`nested_ci`), for the
-    chain, each DDTree budget and, with ``--online-tau``, the online loop."""
+    and, for the chain, each DDTree budget and, with ``--online-tau``, the online loop, the mean over prompts of each
+    prompt's mean over samples with its t CI over the prompt means (:func:`sampled_mean`) and the two stages of the
+    spread (:func:`spread`)."""
     if not rows or not all("sample_tau" in r for r in rows.values()):
         return None
     out: dict[str, Any] = {"prompts": len(rows), "samples": sum(r["samples"] for r in rows.values()),
-                           "chain": nested_ci({p: r["sample_tau"] for p, r in rows.items()}).to_dict()}
+                           "chain": _block({p: r["sample_tau"] for p, r in rows.items()})}
     budgets = sorted({b for r in rows.values() for b in r.get("ddtree_sample_tau", {})}, key=int)
-    out["ddtree"] = {b: nested_ci({p: r["ddtree_sample_tau"][b] for p, r in rows.items()
-                                   if b in r.get("ddtree_sample_tau", {})}).to_dict() for b in budgets}
+    out["ddtree"] = {b: _block({p: r["ddtree_sample_tau"][b] for p, r in rows.items()
+                                if b in r.get("ddtree_sample_tau", {})}) for b in budgets}
     online = {p: r["online"]["sample_tau"] for p, r in rows.items() if "sample_tau" in (r.get("online") or {})}
     if online:
-        out["online"] = nested_ci(online).to_dict()
+        out["online"] = _block(online)
     return out

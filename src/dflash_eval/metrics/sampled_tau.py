@@ -7,9 +7,9 @@ greedy reference (:mod:`dflash_eval.metrics.tau`), which equals the online loop 
 (``docs/temperature.md``). A prompt's τ is the mean of its samples' τ (:class:`SampledTau`); its rounds are the
 samples' rounds pooled, so histograms and per-position acceptance rates are those of every sampled round.
 
-Confidence intervals: over a prompt's samples (:func:`sample_ci`), and over prompts and samples together for a
-mean over prompts (:func:`nested_ci`: a two-stage bootstrap, prompts resampled, then each resampled prompt's
-samples).
+Confidence intervals: over a prompt's samples (:func:`sample_ci`: Student's t over the samples), and for a mean
+over prompts the t interval over the prompt means (:func:`sampled_mean`), which covers both stages of the spread
+(:mod:`dflash_eval.metrics.sampled_ci`).
 
 Floors at T > 0 (:func:`spread_margin`): ``k * sqrt(2) * sd / sqrt(S)``, ``sd`` the standard deviation of the
 prompt's per-sample τ and ``S`` its samples: ``sqrt(2) * sd / sqrt(S)`` is the standard deviation of the difference
@@ -26,17 +26,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflash_eval.metrics.sampled_ci import nested_ci, sampled_summary
+from dflash_eval.metrics.sampled_ci import sampled_mean, sampled_summary
 from dflash_eval.metrics.stats import Summary, summarize
 from dflash_eval.metrics.tau import TauResult
 
 __all__ = [
     "SampledTau",
-    "nested_ci",
     "pool_samples",
     "row_margins",
     "sample_ci",
     "sample_row",
+    "sampled_mean",
     "sampled_summary",
     "samples_for_width",
     "spread_margin",
@@ -67,7 +67,7 @@ class SampledTau(TauResult):
     def to_dict(self) -> dict[str, Any]:
         ci = sample_ci(self.sample_taus)
         return {**super().to_dict(), "samples": len(self.samples), "sample_tau": self.sample_taus,
-                "sample_ci95": [ci.ci_low, ci.ci_high]}
+                "sample_ci95": [ci.ci_low, ci.ci_high], "sample_ci_method": ci.ci_method}
 
 
 def pool_samples(samples: Sequence[TauResult], block_size: int, method: str) -> SampledTau:
@@ -77,8 +77,8 @@ def pool_samples(samples: Sequence[TauResult], block_size: int, method: str) -> 
 
 
 def sample_ci(values: Sequence[float]) -> Summary:
-    """Mean and percentile-bootstrap 95 % CI over one prompt's samples."""
-    return summarize(values)
+    """Mean and t 95 % CI over one prompt's samples (method ``t over samples``)."""
+    return summarize(values, over="samples")
 
 
 def spread_margin(sample_taus: Sequence[float], sigmas: float) -> float:
@@ -112,6 +112,7 @@ def sample_row(chain: TauResult, ddtree: Mapping[int, TauResult]) -> dict[str, A
         return {}
     ci = sample_ci(chain.sample_taus)
     return {"samples": len(chain.samples), "sample_tau": chain.sample_taus, "sample_ci95": [ci.ci_low, ci.ci_high],
+            "sample_ci_method": ci.ci_method,
             "ddtree_sample_tau": {str(b): t.sample_taus for b, t in ddtree.items() if isinstance(t, SampledTau)}}
 
 

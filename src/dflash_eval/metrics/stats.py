@@ -1,11 +1,23 @@
-"""Summary statistics of per-prompt τ: mean, median and a percentile-bootstrap 95 % confidence interval, per
-category and over all prompts (with each category's pooled per-position acceptance,
-:mod:`dflash_eval.metrics.acceptance_rates`); and, for multi-turn conversations, τ per turn and per conversation."""
+"""Summary statistics of per-prompt τ: mean, median and the one 95 % confidence interval of a mean that the suite
+reports and judges by, per category and over all prompts (with each category's pooled per-position acceptance,
+:mod:`dflash_eval.metrics.acceptance_rates`); the paired difference of two runs' τ over the prompts both have; and,
+for multi-turn conversations, τ per turn and per conversation.
+
+The interval (:func:`t_interval`): Student's t over the units the mean averages (prompts; a prompt's samples for
+one prompt's CI), ``mean ± t(0.975, n - 1) · s / sqrt(n)``. For a run at temperature > 0 a prompt's value is the
+mean over its S samples, and the variance of the mean over n prompts is ``(σ_between² + σ_within² / S) / n``, which
+the sample variance of the n prompt means estimates without bias: one t interval over the prompt means covers both
+stages. A paired difference (:func:`paired_difference`: this run minus a baseline, a checkpoint minus the best one,
+a drafter minus the reference drafter) is the t interval of the per-prompt differences. Every
+interval carries its method's name (:attr:`Summary.ci_method`), which the reports print beside it.
+
+Fewer than 2 values give no interval: NaN bounds, which every verdict reads as "no evidence" (a comparison with NaN
+is false) and the reports as ``-``.
+"""
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -13,37 +25,79 @@ from typing import Any
 
 from dflash_eval.metrics.acceptance_rates import acceptance_block, acceptance_table, pool
 
-__all__ = ["Summary", "summarize", "by_category", "category_table", "ddtree_budgets", "conversation_table",
+__all__ = ["CI_LEVEL", "T_OVER_PROMPTS", "PAIRED_T_OVER_PROMPTS", "Summary", "t_interval", "ci_method_name",
+           "summarize", "paired_difference", "by_category", "category_table", "ddtree_budgets", "conversation_table",
            "turn_table"]
+
+#: The level of every confidence interval the suite reports.
+CI_LEVEL = 0.95
+#: The method of a mean's interval over prompts (eval.json ``ci_method``; the reports print it beside the numbers).
+T_OVER_PROMPTS = "t over prompts"
+#: The method of a paired difference's interval over the prompts both runs have.
+PAIRED_T_OVER_PROMPTS = "paired t over prompts"
+
+
+def ci_method_name(over: str, *, paired: bool = False) -> str:
+    """The name of the t interval over ``over`` (``"t over prompts"``, ``"paired t over prompts"``, ...)."""
+    return f"{'paired ' if paired else ''}t over {over}"
+
+
+def _t_quantile(p: float, df: int) -> float:
+    from scipy.special import stdtrit  # scipy takes ~0.7 s to import: kept out of pytest --help and dflash-eval --help
+
+    return float(stdtrit(df, p))
+
+
+def t_interval(values: Sequence[float], *, level: float = CI_LEVEL) -> tuple[float, float]:
+    """Student's t confidence interval of the mean of ``values`` (NaN, NaN with fewer than 2 or with a value that is
+    not finite; the mean twice when they are all equal)."""
+    vals = [float(v) for v in values]
+    n = len(vals)
+    if n < 2 or not all(math.isfinite(v) for v in vals):
+        return math.nan, math.nan
+    mean = statistics.fmean(vals)
+    sd = statistics.stdev(vals)
+    if sd == 0.0 or math.isnan(sd):
+        return mean, mean
+    half = _t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    return mean - half, mean + half
 
 
 @dataclass(frozen=True)
 class Summary:
+    """A mean with its median and its 95 % confidence interval, and the interval's method (:data:`T_OVER_PROMPTS`,
+    :data:`PAIRED_T_OVER_PROMPTS`, ``"t over samples"``, ...)."""
+
     n: int
     mean: float
     median: float
     ci_low: float
     ci_high: float
+    ci_method: str = T_OVER_PROMPTS
 
-    def to_dict(self) -> dict[str, float | int | list[float]]:
-        return {"n": self.n, "mean": self.mean, "median": self.median, "ci95": [self.ci_low, self.ci_high]}
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "mean": self.mean, "median": self.median, "ci95": [self.ci_low, self.ci_high],
+                "ci_method": self.ci_method}
 
 
-def summarize(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> Summary:
-    """Mean, median and percentile-bootstrap 95 % CI of the mean (deterministic for a given seed)."""
+def summarize(values: Sequence[float], *, over: str = "prompts", paired: bool = False) -> Summary:
+    """Mean, median and the t 95 % CI of the mean of ``values``, one value per ``over`` (prompts, samples, ...);
+    ``paired``: the values are paired differences (the method's name says so)."""
     vals = [float(v) for v in values]
+    method = ci_method_name(over, paired=paired)
     if not vals:
-        nan = float("nan")
-        return Summary(0, nan, nan, nan, nan)
-    mean = statistics.fmean(vals)
-    if len(vals) == 1:
-        return Summary(1, mean, vals[0], mean, mean)
-    rng = random.Random(seed)
-    n = len(vals)
-    means = sorted(statistics.fmean(rng.choices(vals, k=n)) for _ in range(resamples))
-    lo = means[int(0.025 * (resamples - 1))]
-    hi = means[int(round(0.975 * (resamples - 1)))]
-    return Summary(n, mean, statistics.median(vals), lo, hi)
+        nan = math.nan
+        return Summary(0, nan, nan, nan, nan, method)
+    lo, hi = t_interval(vals)
+    return Summary(len(vals), statistics.fmean(vals), statistics.median(vals), lo, hi, method)
+
+
+def paired_difference(after: Mapping[str, float], before: Mapping[str, float]) -> Summary:
+    """The mean per-prompt difference ``after - before`` over the prompts both have (NaN on either side left out),
+    with its paired t 95 % CI (:data:`PAIRED_T_OVER_PROMPTS`): a regression across checkpoints, a run against its
+    baseline, a drafter against the reference drafter."""
+    return summarize([a - before[p] for p, a in after.items()
+                      if p in before and not math.isnan(a) and not math.isnan(before[p])], paired=True)
 
 
 def by_category(values: Mapping[str, float], categories: Mapping[str, str]) -> dict[str, Summary]:
@@ -66,7 +120,7 @@ def ddtree_budgets(prompts: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def category_table(prompts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per category (and ``"all"``): n, and mean / median / bootstrap 95 % CI of chain τ and of each DDTree
+    """Per category (and ``"all"``): n, and mean / median / t 95 % CI over prompts of chain τ and of each DDTree
     budget's τ, from eval.json's ``prompts`` rows (prompts whose τ is NaN are left out), and ``acceptance``: per
     source, the pooled rounds' histogram and per-position rates. Verdicts are added by
     :func:`dflash_eval.metrics.verdict.judge_categories`."""
@@ -98,12 +152,13 @@ def conversation_table(prompts: Mapping[str, Mapping[str, Any]]) -> dict[str, di
 
 
 def turn_table(prompts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per turn number of multi-turn conversations: n, mean / median / bootstrap 95 % CI of chain τ over the
+    """Per turn number of multi-turn conversations: n, mean / median / t 95 % CI of chain τ over the
     conversations' k-th turns, and their pooled acceptance (histogram, per-position rates)."""
     by: dict[int, list[Mapping[str, Any]]] = {}
     for r in prompts.values():
         if r.get("conversation"):
             by.setdefault(int(r.get("turn", 0)), []).append(r)
-    return {str(k): {"chain": summarize([r["tau"] for r in rs if _num(r.get("tau"))]).to_dict(),
+    return {str(k): {"chain": summarize([r["tau"] for r in rs if _num(r.get("tau"))],
+                                        over="conversations").to_dict(),
                      "acceptance": acceptance_block(pool(r.get("histogram", []) for r in rs))}
             for k, rs in sorted(by.items())}

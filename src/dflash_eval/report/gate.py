@@ -7,13 +7,14 @@ gate.json (strict JSON, NaN written as null)::
 
     {"schema": 1, "created": ISO time, "wall_s", "passed": bool, "settings": {... every option but --drafter ...},
      "budgets": [N, ...],
-     "checkpoints": [{"drafter", "fingerprint", "mean_tau", "mean_ddtree": {N: τ}, "mean_floor", "worst_prompt",
+     "checkpoints": [{"drafter", "fingerprint", "mean_tau", "mean_ddtree": {N: τ} (macro means), "mean_tau_pooled",
+                      "mean_ddtree_pooled": {N: τ} (pooled over every round), "mean_floor", "worst_prompt",
                       "worst_tau", "worst_floor", "passed", "reasons": [...], "baseline", "seconds",
                       "prompts": {id: {"tau", "ddtree", "floor", "passed"}}} | {"drafter", "passed": false,
                       "error", "seconds"}]}
 
-gate.md: the comparison table (one row per checkpoint) and the prompts with the lowest chain τ (worst first, up to
-20) with every checkpoint's τ side by side.
+gate.md: the comparison table (one row per checkpoint: the macro and the pooled τ, named as in eval.md) and the
+prompts with the lowest chain τ (worst first, up to 20) with every checkpoint's τ side by side.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.common.number_text import MISSING, fmt, is_number
+from dflash_eval.metrics.acceptance_rates import TAU_KINDS_NOTE, pooled_means
 from dflash_eval.metrics.verdict import baseline_reasons
 from dflash_eval.report.step_summary import append_step_summary
 from dflash_eval.report.strict_json import dumps_strict
+from dflash_eval.report.table_rows import ci_name
 from dflash_eval.report.tables import TextTable, markdown_table
 
 if TYPE_CHECKING:
@@ -53,6 +56,8 @@ class GateRow:
     fingerprint: str | None = None
     mean_tau: float | None = None
     mean_ddtree: dict[str, float] = field(default_factory=dict)
+    mean_tau_pooled: float | None = None
+    mean_ddtree_pooled: dict[str, float] = field(default_factory=dict)
     mean_floor: float | None = None
     worst_prompt: str | None = None
     worst_tau: float | None = None
@@ -73,7 +78,9 @@ class GateRow:
         if self.error is not None:
             return {"drafter": self.drafter, "passed": self.passed, "error": self.error, "seconds": self.seconds}
         return {"drafter": self.drafter, "fingerprint": self.fingerprint, "mean_tau": self.mean_tau,
-                "mean_ddtree": self.mean_ddtree, "mean_floor": self.mean_floor, "worst_prompt": self.worst_prompt,
+                "mean_ddtree": self.mean_ddtree, "mean_tau_pooled": self.mean_tau_pooled,
+                "mean_ddtree_pooled": self.mean_ddtree_pooled, "mean_floor": self.mean_floor,
+                "worst_prompt": self.worst_prompt,
                 "worst_tau": self.worst_tau, "worst_floor": self.worst_floor, "passed": self.passed,
                 "reasons": self.reasons, "baseline": self.baseline, "prompts": self.prompts,
                 "seconds": self.seconds}
@@ -85,9 +92,13 @@ def gate_row(summary: TauSummary, floors: Floors, *, drafter: str, fingerprint: 
     verdicts = summary.prompts
     verdict = summary.verdict(floors)
     worst = min(verdicts.items(), key=lambda kv: kv[1].tau) if verdicts else None
+    pooled, pooled_dd = pooled_means({p: {"accept_lengths": r.accept_lengths,
+                                          "ddtree_accept_lengths": r.ddtree_accept_lengths}
+                                      for p, r in verdicts.items()})
     return GateRow(
         drafter=drafter, passed=bool(verdict.passed), fingerprint=fingerprint, mean_tau=summary.mean_tau,
-        mean_ddtree=summary.mean_ddtree, mean_floor=summary.mean_floor,
+        mean_ddtree=summary.mean_ddtree, mean_tau_pooled=pooled, mean_ddtree_pooled=pooled_dd,
+        mean_floor=summary.mean_floor,
         worst_prompt=worst[0] if worst else None, worst_tau=worst[1].tau if worst else None,
         worst_floor=worst[1].floor if worst else None, reasons=list(verdict.reasons),
         baseline=summary.baseline.to_json() if summary.baseline is not None else None,
@@ -98,6 +109,13 @@ def gate_row(summary: TauSummary, floors: Floors, *, drafter: str, fingerprint: 
 def error_row(drafter: str, exc: BaseException) -> GateRow:
     """The row of a checkpoint whose evaluation stopped with ``exc`` (it fails the gate)."""
     return GateRow(drafter=drafter, passed=False, error=f"{type(exc).__name__}: {exc}")
+
+
+def _baseline_cell(b: dict[str, Any] | None) -> str:
+    if not b:
+        return MISSING
+    lo, hi = b.get("ci95") or [None, None]
+    return f"{fmt(b.get('mean_diff'), 3, '+f')} [{fmt(lo, 3, '+f')}, {fmt(hi, 3, '+f')}]"
 
 
 def _worst_cell(r: GateRow) -> str:
@@ -113,16 +131,22 @@ def _verdict_cell(r: GateRow) -> str:
 
 
 def gate_table(rows: list[GateRow], budgets: list[Any], *, terminal: bool = False) -> TextTable:
-    """The comparison table, one row per checkpoint: mean τ, DDTree-N τ, mean floor, worst prompt (τ / floor),
-    verdict and seconds. ``terminal``: the terminal's form (the checkpoint's whole path, without the mean floor and
-    the seconds) instead of gate.md's (the checkpoint's name)."""
+    """The comparison table, one row per checkpoint: macro mean τ, DDTree-N τ (macro), pooled chain τ, mean floor,
+    worst prompt (τ / floor), verdict and seconds. ``terminal``: the terminal's form (the checkpoint's whole path,
+    without the mean floor and the seconds) instead of gate.md's (the checkpoint's name)."""
     bs = [str(b) for b in budgets]
-    header = ["checkpoint", "mean τ"] + [f"DDTree-{b} τ" for b in bs] + ["mean floor", "worst prompt (τ / floor)",
-                                                                         "verdict", "s"]
+    header = ["checkpoint", "mean τ (macro)"] + [f"DDTree-{b} τ (macro)" for b in bs] + [
+        "pooled τ", "mean floor", "worst prompt (τ / floor)", "verdict", "s"]
     cells = []
     for r in rows:
         cells.append([r.drafter if terminal else r.name, fmt(r.mean_tau)] + [fmt(r.mean_ddtree.get(b)) for b in bs]
-                     + [fmt(r.mean_floor), _worst_cell(r), _verdict_cell(r), fmt(r.seconds)])
+                     + [fmt(r.mean_tau_pooled), fmt(r.mean_floor), _worst_cell(r), _verdict_cell(r),
+                        fmt(r.seconds)])
+    base = [r.baseline for r in rows if r.baseline]
+    if base:  # the paired difference against --baseline, its CI named
+        header.insert(header.index("mean floor"), f"Δ vs baseline ({ci_name(base[0])})")
+        for r, row in zip(rows, cells):
+            row.insert(header.index("mean floor") - 1, _baseline_cell(r.baseline))
     if terminal:
         drop = {header.index("mean floor"), header.index("s")}
         header = [h for i, h in enumerate(header) if i not in drop]
@@ -169,7 +193,7 @@ def render_gate_markdown(rows: list[GateRow], settings: dict[str, Any], budgets:
     ok = sum(r.passed for r in rows)
     parts = ["## dflash-eval gate", "", f"{ok}/{len(rows)} checkpoint(s) passed; target "
              f"`{settings.get('target_model')}`, prompts `{settings.get('prompts')}`", "",
-             markdown_table(gate_table(rows, budgets)), "", NOT_CHECKED]
+             markdown_table(gate_table(rows, budgets)), "", TAU_KINDS_NOTE, "", NOT_CHECKED]
     worst = worst_prompts_table(rows)
     if worst.header[2:]:
         parts += ["", f"### {worst.title}", "", markdown_table(worst)]

@@ -17,19 +17,22 @@ eval.json (schema 1; documented in docs/reference.md)::
                       "server_position_rates" (SGLang speculative server), "online": {"tau", "rounds",
                       "accept_lengths", "histogram", "position_rates", "tokens", "matches_reference",
                       "first_divergence"} (--online-tau)}},
-     "mean_tau", "mean_floor", "mean_passed", "mean_ddtree": {budget: tau}, "mean_ddtree_floor": {budget: floor},
-     "sampled": {"prompts", "samples", "chain": {"n", "mean", "median", "ci95": [lo, hi]}, "ddtree": {budget: {...}},
-                 "online": {...}} (--temperature > 0: nested CI over prompts and samples; prompt rows add "samples",
-                "sample_tau", "sample_ci95", "ddtree_sample_tau"),
-     "categories": {category | "all": {"n", "chain": {"n", "mean", "median", "ci95": [lo, hi]},
+     "mean_tau" (macro), "mean_floor", "mean_passed", "mean_ddtree": {budget: tau} (macro),
+     "mean_ddtree_floor": {budget: floor}, "mean_tau_pooled", "mean_ddtree_pooled": {budget: tau} (pooled),
+     "tau_definitions": {"macro", "pooled"} (what each τ is, and who else reports it),
+     "sampled": {"prompts", "samples", "chain": {"n", "mean", "median", "ci95": [lo, hi], "ci_method",
+                                                "sd_between", "sd_within"}, "ddtree": {budget: {...}},
+                 "online": {...}} (--temperature > 0: t CI over the prompt means; prompt rows add "samples",
+                "sample_tau", "sample_ci95", "sample_ci_method", "ddtree_sample_tau"),
+     "categories": {category | "all": {"n", "chain": {"n", "mean", "median", "ci95": [lo, hi], "ci_method"},
                     "ddtree": {budget: {...same...}}, "floor", "ddtree_floor": {budget: floor}, "passed",
                     "acceptance": {"chain" | "online" | "server": {"rounds", "tau", "histogram",
                                                                    "position_rates"}}}},
      "conversations": {conversation: {"category", "turns": [id], "turn_tau", "rounds", "tau", "histogram",
                                       "position_rates"}} (multi-turn prompts only),
-     "turns": {k: {"chain": {"n", "mean", "median", "ci95"}, "acceptance": {"rounds", "tau", "histogram",
+     "turns": {k: {"chain": {"n", "mean", "median", "ci95", "ci_method"}, "acceptance": {"rounds", "tau", "histogram",
                                                                             "position_rates"}}},
-     "baseline": {"path", "n", "missing", "mean_baseline", "mean_run", "mean_diff", "ci95", "rel_change",
+     "baseline": {"path", "n", "missing", "mean_baseline", "mean_run", "mean_diff", "ci95", "ci_method", "rel_change",
                   "drop_tol", "rise_tol", "drop_passed", "rise_passed", "prompts": {id: {"baseline", "run", "delta"}}},
      "drift": [{"comparison", "prompt_id", "layer", "rel_err", "cos", "max_abs", "rel_tol", "cos_tol", "passed"}],
      "drift_accept": [{"comparison", "prompt_id", "tau_a", "tau_b", "diff", "tol", "passed", "a", "b"}],
@@ -59,6 +62,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
+from dflash_eval.metrics.acceptance_rates import TAU_DEFINITIONS, pooled_means
 from dflash_eval.metrics.sampled_ci import sampled_summary
 from dflash_eval.metrics.stats import (
     category_table,
@@ -157,6 +161,9 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
                 break
     if "mean_tau" in out:
         out["mean_passed"] = mean_passed(out)
+        # the other τ of the same rounds: pooled over every round (mean_tau and mean_ddtree are macro means)
+        out["mean_tau_pooled"], out["mean_ddtree_pooled"] = pooled_means(out["prompts"])
+        out["tau_definitions"] = dict(TAU_DEFINITIONS)
     refusal = next((f["drafter"]["refused"] for f in fragments if (f.get("drafter") or {}).get("refused")), None)
     if refusal:  # the first fragment may come from a process that never needed the drafter
         out["drafter"] = {**out.get("drafter", {}), "refused": refusal}
@@ -167,7 +174,7 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
         judge_categories(cats, None, ddtree_budgets(out["prompts"]))
     if cats is not None:
         out["categories"] = cats
-    sampled = sampled_summary(out["prompts"])  # --temperature > 0: the nested CI over prompts and samples
+    sampled = sampled_summary(out["prompts"])  # --temperature > 0: the mean over prompts of the means over samples
     if sampled is not None:
         out["sampled"] = sampled
     convs = next((f for f in fragments if f.get("conversations")), None)

@@ -17,6 +17,7 @@ from dflash_eval.report.table_rows import (
     baseline_line,
     budget_line,
     budgets,
+    category_ci_name,
     category_rows,
     conversation_rows,
     drift_rows,
@@ -24,6 +25,7 @@ from dflash_eval.report.table_rows import (
     ladder_rows,
     measurement_tables,
     sampled_line,
+    tau_kinds_line,
     tau_rows,
 )
 from dflash_eval.report.tables import TextTable, markdown_table, terminal_text
@@ -87,10 +89,11 @@ def _tau_tables(data: dict[str, Any], max_rows: int | None) -> list[TextTable | 
     vh, vrows = conversation_rows(data)
     return [TextTable(header, _collapse(rows, set(prompts), shown), title=_title(data), caption=caption,
                       left=frozenset({"prompt"})),
+            tau_kinds_line(data),
             baseline_line(data),
             sampled_line(data),
             TextTable(*category_rows(data), no_wrap=True, left=frozenset({"category"}),
-                      title=_category_title(data, "mean over prompts, bootstrap 95 % CI of the mean")),
+                      title=_category_title(data, f"macro mean over prompts, {category_ci_name(data)}")),
             TextTable(ah, _collapse(arows, set(prompts), shown), title=_ACCEPT_TITLE, caption=caption,
                       left=_ACCEPT_LEFT),
             TextTable(vh, _collapse(vrows, set(convs), conv_shown), title=_CONV_TITLE, left=_ACCEPT_LEFT,
@@ -192,8 +195,9 @@ def render_markdown(data: dict[str, Any]) -> str:
     if data.get("not_checked"):  # what a pass does not vouch for, before the tables
         parts += ["", "### Not checked", ""] + [f"- {line.removeprefix('not checked: ')}"
                                                  for line in not_checked_lines(data, limit=None)]
-    parts += _section("τ per prompt", TextTable(*tau_rows(data)), baseline_line(data), sampled_line(data))
-    parts += _section(_category_title(data, "mean, median, bootstrap 95 % CI of the mean"),
+    parts += _section("τ per prompt", TextTable(*tau_rows(data)), tau_kinds_line(data), baseline_line(data),
+                      sampled_line(data))
+    parts += _section(_category_title(data, f"macro mean over prompts, median, {category_ci_name(data)} of the mean"),
                       TextTable(*category_rows(data)))
     for title, rows in ((_ACCEPT_TITLE, acceptance_rows(data)), (_CONV_TITLE, conversation_rows(data))):
         parts += _section(f"{title[0].upper()}{title[1:]}", TextTable(*rows))

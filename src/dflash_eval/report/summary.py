@@ -38,20 +38,27 @@ def _against(value: object, floor: float | None) -> str:
 
 
 def _mean_text(data: dict[str, Any]) -> str:
-    """``mean chain τ 4.314 >= floor 4.064 over 37 prompts, none below its floor`` (categories that fail named)."""
+    """``mean chain τ (macro) 4.314 >= floor 4.064 over 37 prompts, none below its floor`` (categories that fail
+    named)."""
     prompts = data.get("prompts", {})
     below = [p for p, r in prompts.items() if r.get("passed") is False]
     cats = [c for c, r in (data.get("categories") or {}).items() if r.get("passed") is False and c != "all"]
-    text = (f"mean chain τ {_against(data.get('mean_tau'), data.get('mean_floor'))} over {len(prompts)} prompts, "
-            + ("none below its floor" if not below else "1 below its floor" if len(below) == 1 else
+    text = (f"mean chain τ (macro) {_against(data.get('mean_tau'), data.get('mean_floor'))} over {len(prompts)} "
+            "prompts, " + ("none below its floor" if not below else "1 below its floor" if len(below) == 1 else
                f"{len(below)} below their floors"))
     return text + (f"; categories below their floors: {', '.join(sorted(cats))}" if cats else "")
 
 
 def _detail_line(data: dict[str, Any]) -> str | None:
-    """The DDTree means against their floors and the prompts with the least room above their floors."""
+    """The DDTree means against their floors, the pooled τ and the prompts with the least room above their
+    floors."""
     floors = data.get("mean_ddtree_floor") or {}
-    parts = [f"mean DDTree-{b} τ {_against(v, floors.get(b))}" for b, v in (data.get("mean_ddtree") or {}).items()]
+    parts = [f"mean DDTree-{b} τ (macro) {_against(v, floors.get(b))}"
+             for b, v in (data.get("mean_ddtree") or {}).items()]
+    if "mean_tau_pooled" in data:  # the τ SGLang's spec_accept_length and SpecForge report: not the macro one
+        pooled = [f"chain {fmt(data['mean_tau_pooled'])}"] + [
+            f"DDTree-{b} {fmt(v)}" for b, v in (data.get("mean_ddtree_pooled") or {}).items()]
+        parts.append(f"pooled τ (accepted tokens / rounds, as SGLang's spec_accept_length) {', '.join(pooled)}")
     prompts = data.get("prompts", {})
     named = []
     for pid in worst_prompts(prompts, WORST_NAMED) if prompts else []:
@@ -69,10 +76,13 @@ def _gate_line(data: dict[str, Any], outcome: str) -> str:
     b = data.get("drift_budget") or {}
     over = [r for r in rows if row_outcome(r) != "pass"]
     budget = (">= " if b.get("lower_bound") else "") + fmt(b["budget"], 2, "e") if b.get("budget") is not None else "-"
+    lo, hi = b.get("ci") or [None, None]
+    ci = f" ({fmt(100 * b.get('ci_level', 0.9), 0)} % CI {fmt(lo, 2, 'e')}–{'inf' if hi is None else fmt(hi, 2, 'e')})"
     tight = min(rows, key=lambda r: math.inf if r.get("margin") is None else r["margin"])
-    limit = "the gate limit " + (f"{fmt(b['gate_limit'], 2, 'e')} (" if b.get("gate_limit") is not None else "(")
-    detail = (f"{len(rows) - len(over)} of {len(rows)} comparison layers within {limit}drift budget {budget} / safety "
-              f"{fmt(tight['safety'], 6, 'g')})")
+    undecided = sum(1 for r in over if row_outcome(r) == "inconclusive")
+    detail = (f"{len(rows) - len(over)} of {len(rows)} comparison layers pass (drift x safety "
+              f"{fmt(tight['safety'], 6, 'g')} below the lower end of the drift budget {budget}{ci})"
+              + (f", {undecided} inconclusive (inside the CI)" if undecided else ""))
     if tight.get("max_rel_err") is not None and tight.get("margin") is not None and tight["margin"] != math.inf:
         detail += (f"; tightest: {tight['comparison']} layer {tight['layer']}, drift "
                    f"{fmt(tight['max_rel_err'], 2, 'e')}, budget / drift {fmt(tight['margin'], 3, 'g')}x")

@@ -1,9 +1,10 @@
 """The rows of every table of the reports (terminal and eval.md alike), built from eval.json's data; every number
 reads through :func:`dflash_eval.common.number_text.fmt`, :mod:`.render` writes them through one table type.
 
-- τ: one row per prompt with its floors and verdict plus the mean row, one row per category (mean, median,
-  bootstrap 95 % CI, per DDTree budget too), the line on the ``--baseline`` comparison, and at temperature > 0 the
-  line of the mean over samples with its nested CI;
+- τ: one row per prompt with its floors and verdict plus the (macro) mean row, the line naming the macro and the
+  pooled τ of the run (:func:`tau_kinds_line`), one row per category (mean, median, 95 % CI, per DDTree budget too),
+  the line on the ``--baseline`` comparison, and at temperature > 0 the line of the mean over samples;
+- every CI is printed with its method (:func:`ci_name`: ``95 % CI (t over prompts)``);
 - per-position acceptance and the multi-turn conversations;
 - hidden-state drift, the drift budget's ladder and its gate;
 - one small table per registered measurement."""
@@ -15,13 +16,25 @@ from collections import defaultdict
 from typing import Any
 
 from dflash_eval.common.number_text import MISSING, fmt, is_number, percent_list, span, verdict_text
-from dflash_eval.metrics.acceptance_rates import acceptance_block, acceptance_table, position_rates, row_histograms
+from dflash_eval.metrics.acceptance_rates import (
+    acceptance_block,
+    acceptance_table,
+    pooled_means,
+    position_rates,
+    row_histograms,
+)
 from dflash_eval.metrics.stats import ddtree_budgets
 from dflash_eval.report.summary import row_outcome
 from dflash_eval.report.tables import TextTable
 
 __all__ = ["tau_rows", "category_rows", "baseline_line", "budgets", "acceptance_rows", "conversation_rows",
-           "drift_rows", "ladder_rows", "gate_rows", "budget_line", "measurement_tables", "sampled_line"]
+           "drift_rows", "ladder_rows", "gate_rows", "budget_line", "measurement_tables", "sampled_line", "ci_name",
+           "category_ci_name", "tau_kinds_line", "MEAN_ROW"]
+
+#: The first cell of the τ table's row of the means over prompts (macro means).
+MEAN_ROW = "MEAN (macro)"
+#: The method of an interval that eval.json does not name: one written before the methods were recorded.
+_UNNAMED_CI = "percentile bootstrap"
 
 
 def budgets(data: dict[str, Any]) -> list[str]:
@@ -30,19 +43,31 @@ def budgets(data: dict[str, Any]) -> list[str]:
 
 
 def _ci(s: dict[str, Any] | None) -> str:
-    if not s or not s.get("ci95"):
+    """``lo–hi``; ``-`` without an interval (fewer than 2 prompts)."""
+    if not s or not s.get("ci95") or not any(is_number(x) for x in s["ci95"]):
         return fmt(None)
     return span(s["ci95"][0], s["ci95"][1], 2)
 
 
+def ci_name(block: dict[str, Any] | None) -> str:
+    """``95 % CI (t over prompts)``: the level and the method of the interval of an eval.json block with ``ci95``
+    (its ``ci_method``; an eval.json written before methods were recorded used the percentile bootstrap)."""
+    return f"95 % CI ({(block or {}).get('ci_method') or _UNNAMED_CI})"
+
+
+def category_ci_name(data: dict[str, Any]) -> str:
+    """The CI name of the per-category table (its ``all`` row's chain interval; every row uses the same method)."""
+    return ci_name(((data.get("categories") or {}).get("all") or {}).get("chain"))
+
 def category_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-category table: n, chain τ mean / median / 95 % CI, the same per DDTree budget,
-    floors (chain/DDTree-N... in one cell), verdict; the overall ("all") row last."""
+    """Header and rows of the per-category table: n, chain τ (macro mean over the category's prompts) / median /
+    95 % CI, the same per DDTree budget, floors (chain/DDTree-N... in one cell), verdict; the overall ("all") row
+    last. The title names the CI's method (:func:`category_ci_name`)."""
     cats = data.get("categories") or {}
     bs = budgets(data)
-    header = ["category", "n", "chain mean", "median", "CI95"]
+    header = ["category", "n", "chain τ", "median", "CI95"]
     for b in bs:
-        header += [f"DDTree-{b} mean", "median", "CI95"]
+        header += [f"DDTree-{b} τ", "median", "CI95"]
     header += ["floors", "verdict"]  # "chain/DDTree-N..." floors in one cell (keeps the table within 120 columns)
     rows = []
     for c in sorted(cats, key=lambda k: (k == "all", k)):
@@ -70,7 +95,8 @@ def _insert_column(header: list[str], rows: list[list[str]], name: str, values: 
 
 
 def tau_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the τ table (prompt, chain τ, DDTree-N τ..., floor, verdict) plus a mean row."""
+    """Header and rows of the τ table (prompt, chain τ, DDTree-N τ..., floor, verdict) plus the row of the macro
+    means (:data:`MEAN_ROW`; the pooled τ are in :func:`tau_kinds_line`)."""
     bs = budgets(data)
     prompts = data.get("prompts", {})
     header = ["prompt", "chain τ"] + [f"DDTree-{b} τ" for b in bs] + ["floor"] + [f"DDTree-{b} floor" for b in bs] \
@@ -81,7 +107,7 @@ def tau_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                     + [fmt(r.get("ddtree_floor", {}).get(b)) for b in bs] + [str(r.get("rounds", "-")),
                                                                              verdict_text(r.get("passed"))])
     if "mean_tau" in data:
-        rows.append(["MEAN", fmt(data.get("mean_tau"))] + [fmt(data.get("mean_ddtree", {}).get(b)) for b in bs]
+        rows.append([MEAN_ROW, fmt(data.get("mean_tau"))] + [fmt(data.get("mean_ddtree", {}).get(b)) for b in bs]
                     + [fmt(data.get("mean_floor"))] + [fmt(data.get("mean_ddtree_floor", {}).get(b)) for b in bs]
                     + ["", verdict_text(bool(data.get("mean_passed")))])
     # Columns shown by the fields' presence (a NaN τ is null in eval.json: the same table from the file and the run)
@@ -110,11 +136,32 @@ def baseline_line(data: dict[str, Any]) -> str | None:
         return None
     lo, hi = b["ci95"]
     ok = verdict_text(bool(b["drop_passed"] and b["rise_passed"]))
-    return (f"baseline {b['path']}: mean chain τ {fmt(b['mean_baseline'])} -> {fmt(b['mean_run'])} over {b['n']} "
-            f"paired prompts, Δ {fmt(b['mean_diff'], 3, '+f')} (95 % CI {fmt(lo, 3, '+f')}..{fmt(hi, 3, '+f')}), "
+    return (f"baseline {b['path']}: mean chain τ (macro) {fmt(b['mean_baseline'])} -> {fmt(b['mean_run'])} over "
+            f"{b['n']} paired prompts, Δ {fmt(b['mean_diff'], 3, '+f')} ({ci_name(b)} {fmt(lo, 3, '+f')}.."
+            f"{fmt(hi, 3, '+f')}), "
             f"{_percent(b['rel_change'])} % (allowed -{_percent(b['drop_tol'], 'g')} % .. "
             f"+{_percent(b['rise_tol'], 'g')} %): {ok}"
             + (f"; {len(b['missing'])} prompt(s) not in the baseline" if b["missing"] else ""))
+
+
+def tau_kinds_line(data: dict[str, Any]) -> str | None:
+    """The run's two τ, named: macro (the mean row: mean over prompts of each prompt's τ; z-lab's DFlash
+    benchmark) and pooled (accepted tokens / verification rounds over every round: SGLang's ``spec_accept_length``,
+    SpecForge's benchmark), chain and each DDTree budget (None without τ)."""
+    if "mean_tau" not in data:
+        return None
+    prompts = data.get("prompts", {})
+    if "mean_tau_pooled" in data:
+        pooled, pooled_dd = data.get("mean_tau_pooled"), data.get("mean_ddtree_pooled") or {}
+    else:  # an eval.json written before the pooled τ was recorded
+        pooled, pooled_dd = pooled_means(prompts)
+    rounds = sum(r.get("rounds") or 0 for r in prompts.values())
+    macro = ", ".join([f"chain {fmt(data.get('mean_tau'))}"]
+                      + [f"DDTree-{b} {fmt(v)}" for b, v in (data.get("mean_ddtree") or {}).items()])
+    pool = ", ".join([f"chain {fmt(pooled)}"] + [f"DDTree-{b} {fmt(v)}" for b, v in pooled_dd.items()])
+    return (f"τ over the {len(prompts)} prompts — macro (mean over prompts of each prompt's τ, the {MEAN_ROW} row; "
+            f"z-lab's DFlash benchmark): {macro}; pooled (accepted tokens / verification rounds over all {rounds} "
+            f"chain rounds; SGLang's spec_accept_length, SpecForge's benchmark): {pool}")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -137,7 +184,7 @@ def _row(scope: str, source: str, block: dict[str, Any]) -> list[str]:
 
 def acceptance_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the acceptance table (module docstring); no rows when no prompt has a histogram."""
-    header = ["scope", "source", "rounds", "τ", "slot k accepted, % of rounds (k=1..B-1)",
+    header = ["scope", "source", "rounds", "pooled τ", "slot k accepted, % of rounds (k=1..B-1)",
               "accept length, % of rounds (1..B)"]
     prompts = data.get("prompts", {})
     rows = []
@@ -156,13 +203,14 @@ def acceptance_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 def conversation_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the multi-turn table; no rows without conversations."""
     convs = data.get("conversations") or {}
-    header = ["conversation", "category", "τ per turn", "conversation τ", "rounds"]
+    header = ["conversation", "category", "τ per turn", "conversation τ (pooled)", "rounds"]
     rows = [[cid, str(c.get("category", "-")), " / ".join(fmt(t) for t in c.get("turn_tau", [])),
              fmt(c.get("tau")), str(c.get("rounds", "-"))] for cid, c in convs.items()]
     for k, t in (data.get("turns") or {}).items():
         ch = t.get("chain", {})
         lo, hi = (ch.get("ci95") or [None, None])[:2]
-        rows.append([f"turn {k} (mean of {ch.get('n', 0)})", "", f"{fmt(ch.get('mean'))} (CI95 {span(lo, hi)})",
+        rows.append([f"turn {k} (mean of {ch.get('n', 0)})", "",
+                     f"{fmt(ch.get('mean'))} ({ci_name(ch)} {span(lo, hi)})",
                      fmt(t.get("acceptance", {}).get("tau")), str(t.get("acceptance", {}).get("rounds", "-"))])
     return header, rows
 
@@ -295,8 +343,9 @@ def measurement_tables(data: dict[str, Any]) -> list[TextTable]:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The line of a run at temperature > 0 in the terminal summary and eval.md: the mean τ over prompts of each
-# prompt's mean over samples with the nested 95 % CI over prompts and samples (eval.json's ``sampled`` block,
+# The line of a run at temperature > 0 in the terminal summary and eval.md: the macro mean τ over prompts of each
+# prompt's mean over samples with its 95 % CI (t over the prompt means: the per-category table's "all" row holds the
+# same interval) and the two stages of the spread (eval.json's ``sampled`` block,
 # :func:`dflash_eval.metrics.sampled_ci.sampled_summary`); None for a greedy run.
 
 
@@ -306,7 +355,8 @@ def _part(label: str, s: dict[str, Any]) -> str:
 
 
 def sampled_line(data: dict[str, Any]) -> str | None:
-    """``sampled at T=0.6: 8 prompts x 4 samples; mean τ (nested 95 % CI over prompts and samples): chain ...``."""
+    """``sampled at T=0.6: 8 prompts x 4 samples; macro mean τ over prompts of each prompt's mean over its samples,
+    95 % CI (t over prompts): chain ...; spread of chain τ: sd between prompts ..., within a prompt ...``."""
     s = data.get("sampled")
     if not s:
         return None
@@ -315,5 +365,9 @@ def sampled_line(data: dict[str, Any]) -> str | None:
     if s.get("online"):
         parts.append(_part("online", s["online"]))
     per = s["samples"] / s["prompts"] if s["prompts"] else 0
-    return (f"sampled at T={temp}: {s['prompts']} prompts x {per:g} samples; mean τ (nested 95 % CI over prompts "
-            "and samples): " + ", ".join(parts))
+    ch = s["chain"]
+    name = ci_name(ch) if "ci_method" in ch else "nested 95 % CI over prompts and samples"  # an older eval.json
+    spread = (f"; spread of chain τ: sd between prompts {fmt(ch['sd_between'])}, within a prompt "
+              f"{fmt(ch['sd_within'])}" if "sd_within" in ch else "")
+    return (f"sampled at T={temp}: {s['prompts']} prompts x {per:g} samples; macro mean τ over prompts of each "
+            f"prompt's mean over its samples, {name}: " + ", ".join(parts) + spread)

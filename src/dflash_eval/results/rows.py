@@ -8,7 +8,8 @@ of eval.json round-trips: ``Row.from_dict(row.to_dict()).to_dict() == row.to_dic
 
 The rows of τ: :class:`PromptRow` (eval.json's ``prompts``; the online loop's :class:`OnlineRow`, the SGLang
 server's and a sampled run's fields are optional members), :class:`CategoryRow`, :class:`ConversationRow`,
-:class:`TurnRow` and their parts :class:`Acceptance` (pooled rounds) and :class:`Stat` (mean, median, bootstrap CI).
+:class:`TurnRow` and their parts :class:`Acceptance` (pooled rounds) and :class:`Stat` (mean, median, t CI and its
+method).
 The drift rows are in :mod:`dflash_eval.results.blocks`.
 """
 
@@ -112,12 +113,14 @@ class Acceptance(Row):
 
 @dataclass
 class Stat(Row):
-    """Mean, median and bootstrap 95 % CI of τ over ``n`` prompts (:class:`dflash_eval.metrics.stats.Summary`)."""
+    """Mean, median and 95 % CI of τ over ``n`` prompts, and the CI's method (``t over prompts``;
+    :class:`dflash_eval.metrics.stats.Summary`; absent from an eval.json written before it was recorded)."""
 
     n: int
     mean: float
     median: float
     ci95: list[float]
+    ci_method: str | None = _opt()
 
 
 @dataclass
@@ -159,6 +162,7 @@ class PromptRow(Row):
     samples: int | None = _opt()
     sample_tau: list[float] | None = _opt()
     sample_ci95: list[float] | None = _opt()
+    sample_ci_method: str | None = _opt()
     ddtree_sample_tau: dict[str, list[float]] | None = _opt()
     server_accept_length: float | None = _opt()
     server_histogram: list[int] | None = _opt()

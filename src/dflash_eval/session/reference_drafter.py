@@ -4,8 +4,9 @@
 evaluated once per process on the shared completions and features (:meth:`ReferenceTau.measure`, asked for by
 :meth:`dflash_eval.session.eval_session.EvalSession.reference_tau`, which owns it); every drafter's
 result then carries ``drafter.reference`` (eval.json, gate.json, the history): the reference's mean chain and DDTree
-τ and, paired over the prompts both have, the mean difference drafter - reference with its percentile-bootstrap
-95 % CI (the statistics of :mod:`dflash_eval.metrics.baseline`). The architecture comparison against the reference
+τ and, paired over the prompts both have, the mean difference drafter - reference with its paired t 95 % CI
+(:func:`dflash_eval.metrics.stats.paired_difference`, as :mod:`dflash_eval.metrics.baseline` pairs a run with its
+baseline). The architecture comparison against the reference
 stays its own test (``tests_eval/test_checkpoint.py``).
 """
 
@@ -54,7 +55,8 @@ class ReferenceTau:
         return {"path": self.path, "fingerprint": self.fingerprint, "mean_tau": self.mean_tau,
                 "mean_ddtree": dict(self.mean_ddtree), "prompts": dict(self.prompts),
                 "paired": {"n": paired.n, "mean_reference": paired.mean_baseline, "mean_drafter": paired.mean_run,
-                           "mean_diff": d.mean, "ci95": [d.ci_low, d.ci_high], "rel_change": paired.rel_change}}
+                           "mean_diff": d.mean, "ci95": [d.ci_low, d.ci_high], "ci_method": d.ci_method,
+                           "rel_change": paired.rel_change}}
 
 
 class ReferenceDrafter:

@@ -2,7 +2,9 @@
 report folder by default).
 
 A record holds the step, the time, the drafter (label and weight fingerprint), mean chain τ and each DDTree
-budget's mean τ with their bootstrap 95 % CIs, the same per category, every prompt's chain τ (what the verdicts
+budget's mean τ (macro means over prompts) with their 95 % CIs (``ci_method``: t over prompts), the pooled τ
+(accepted tokens / verification rounds over every round: ``mean_tau_pooled``, ``mean_ddtree_pooled``), the same
+per category, every prompt's chain τ (what the verdicts
 across steps pair, :mod:`dflash_eval.training_loop.trend`), the drift budget when measured, the reference drafter's
 τ and the paired difference against it, the verdict against the floors with its reasons, the trend verdicts
 (``regression``: a failure; ``plateau``: a notice) and the settings digest (records of one digest are comparable).
@@ -26,6 +28,7 @@ from filelock import FileLock, Timeout
 
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.errors import ConfigError, EvalError
+from dflash_eval.metrics.acceptance_rates import pooled_means
 from dflash_eval.metrics.verdict import Verdict, trend_verdict
 from dflash_eval.training_loop import trend
 
@@ -38,7 +41,7 @@ __all__ = ["CheckpointRecord", "History", "session_verdict", "checkpoint_reasons
 
 
 def _stat(s: Stat) -> dict[str, Any]:
-    """A category's τ summary as a record holds it: τ and its bootstrap 95 % CI."""
+    """A category's τ summary as a record holds it: τ and its 95 % CI."""
     ci = s.ci95 or [math.nan, math.nan]
     return {"tau": s.mean, "ci95": [float(ci[0]), float(ci[1])]}
 
@@ -54,7 +57,7 @@ def _reference(block: dict[str, Any] | None) -> dict[str, Any] | None:
     paired = block["paired"]
     return {"path": block["path"], "fingerprint": block["fingerprint"], "mean_tau": block["mean_tau"],
             "mean_ddtree": block["mean_ddtree"], "mean_diff": paired["mean_diff"], "ci95": paired["ci95"],
-            "n": paired["n"]}
+            "ci_method": paired.get("ci_method"), "n": paired["n"]}
 
 
 def session_verdict(session: EvalSession) -> Verdict:
@@ -92,6 +95,9 @@ class CheckpointRecord:
     reasons: list[str] = field(default_factory=list)
     regression: str | None = None
     plateau: str | None = None
+    mean_tau_pooled: float | None = None  # None: a record written before the pooled τ was recorded
+    mean_ddtree_pooled: dict[str, float] = field(default_factory=dict)
+    ci_method: str | None = None  # of mean_tau_ci95 and the categories' CIs; None: percentile bootstrap (older)
 
     @property
     def verdict(self) -> str:
@@ -106,6 +112,10 @@ class CheckpointRecord:
         assert tau is not None and drafter is not None, "a record is made of an evaluated drafter's result"
         cats = _categories(tau.categories)
         budget = result.drift_budget.budget if result.drift_budget is not None else None
+        pooled, pooled_dd = pooled_means({p: {"accept_lengths": r.accept_lengths,
+                                              "ddtree_accept_lengths": r.ddtree_accept_lengths}
+                                          for p, r in tau.prompts.items()})
+        all_row = tau.categories.get("all")
         return cls(step=step, time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    drafter=str(drafter.path), fingerprint=drafter.fingerprint, settings_digest=digest,
                    mean_tau=tau.mean_tau, mean_tau_ci95=cats.get("all", {}).get("ci95", [math.nan, math.nan]),
@@ -113,12 +123,15 @@ class CheckpointRecord:
                    mean_ddtree_ci95={b: d["ci95"] for b, d in cats.get("all", {}).get("ddtree", {}).items()},
                    mean_floor=tau.mean_floor, categories=cats, prompts={p: r.tau for p, r in tau.prompts.items()},
                    drift_budget=budget, reference=_reference(drafter.reference),
-                   passed=None if reasons is None else not reasons, reasons=list(reasons or []))
+                   passed=None if reasons is None else not reasons, reasons=list(reasons or []),
+                   mean_tau_pooled=pooled, mean_ddtree_pooled=pooled_dd,
+                   ci_method=all_row.chain.ci_method if all_row is not None else None)
 
     def judged(self, records: list[CheckpointRecord], window: int) -> CheckpointRecord:
         """This record with its trend verdicts against ``records`` (earlier records of the same settings digest)."""
         earlier = trend.earlier_than(self, records)
-        return replace(self, regression=trend.regression(self, earlier), plateau=trend.plateau(self, earlier, window))
+        judged = replace(self, regression=trend.regression(self, earlier))
+        return replace(judged, plateau=trend.plateau(judged, earlier, window))  # a regression is no gain
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "verdict": self.verdict}
