@@ -26,7 +26,9 @@ import argparse
 import errno
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -95,10 +97,13 @@ def as_nobody(fn: Callable[[], str | None]) -> str | None:
         finally:
             os._exit(code)
     os.close(w)
+    ready, _, _ = select.select([r], [], [], 60.0)
+    if not ready:  # a child that hangs is killed: every wait has a timeout
+        os.kill(pid, signal.SIGKILL)
     with os.fdopen(r, "rb") as fh:
-        out = fh.read()
+        out = fh.read() if ready else b""
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the unprivileged child failed"
+    assert ready and os.waitstatus_to_exitcode(status) == 0, "the unprivileged child failed or hung"
     return json.loads(out)
 
 
