@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import random
 import subprocess
@@ -48,8 +49,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from dflash_eval.metrics.drift_budget import Perturbation, find_budget, perturb_layers  # noqa: E402
-from dflash_eval.metrics.stats import summarize  # noqa: E402
+from dflash_eval.metrics.drift_budget import Perturbation, perturb_layers  # noqa: E402
+from dflash_eval.metrics.drift_fit import fit_budget  # noqa: E402
 from dflash_eval.metrics.tau import simulate_tau  # noqa: E402
 from dflash_eval.options.settings import EvalSettings  # noqa: E402
 from dflash_eval.session.eval_session import EvalSession  # noqa: E402
@@ -103,30 +104,25 @@ def drift_and_gate(sess: EvalSession) -> dict[str, Any]:
 
 def subset_budgets(levels: list[dict[str, Any]], tol: float, sizes: list[int], draws: int,
                    seed: int = 0) -> dict[str, Any]:
-    """The rule applied to prompt subsets of each size (first N, and ``draws`` random subsets), from eval.json's
-    ``drift_budget.levels`` (per-prompt |Δτ|; a prompt's noise does not depend on the selection): by the CI's upper
-    end (the rule) and, for comparison, by the mean alone."""
-    ids = list(levels[0]["abs_dtau"]) if levels else []
+    """The budget fitted on prompt subsets of each size (first N, and ``draws`` random subsets), from eval.json's
+    ``drift_budget.levels`` (per-prompt signed drops; a prompt's noise does not depend on the selection): the
+    estimate's spread and how often the full set's estimate lies in the subset's CI."""
+    ids = list(levels[0]["drop"]) if levels else []
     rng = random.Random(seed)
 
-    def rule(sub: list[str], stat: str) -> float:
-        pts = []
-        for lv in levels:
-            s = summarize([lv["abs_dtau"][p] for p in sub])
-            pts.append((lv["injected_rel_err"], s.ci_high if stat == "ci" else s.mean))
-        return find_budget(pts, tol)[0]
+    def fit(sub: list[str]) -> tuple[float, float, float]:
+        f = fit_budget([lv["injected_rel_err"] for lv in levels],
+                       [[math.nan if lv["drop"][p] is None else lv["drop"][p] for p in sub] for lv in levels], tol)
+        return f.budget, f.ci_low, f.ci_high
 
     out: dict[str, Any] = {}
+    full = fit(ids)[0] if ids else math.nan
     for size in [n for n in sizes if n <= len(ids)]:
-        subs = [rng.sample(ids, size) for _ in range(draws)]
-        out[str(size)] = {}
-        for stat in ("ci", "mean"):
-            full = rule(ids, stat)
-            rand = [rule(sub, stat) for sub in subs]
-            out[str(size)][f"{stat}_rule"] = {
-                "full_set": full, "first_n": rule(ids[:size], stat), "random_min": min(rand),
-                "random_median": sorted(rand)[len(rand) // 2], "random_max": max(rand),
-                "share_equal_to_full_set": sum(1 for r in rand if r == full) / len(rand)}
+        rand = [fit(rng.sample(ids, size)) for _ in range(draws)]
+        est = sorted(r[0] for r in rand)
+        out[str(size)] = {"full_set": full, "first_n": fit(ids[:size])[0], "random_min": est[0],
+                          "random_median": est[len(est) // 2], "random_max": est[-1],
+                          "full_in_subset_ci": sum(1 for _, lo, hi in rand if lo <= full <= hi) / len(rand)}
     return out
 
 

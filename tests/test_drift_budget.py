@@ -1,6 +1,7 @@
-"""Unit tests of dflash_eval.metrics.drift_budget: the budget rule on synthetic τ curves, the perturbations, the batched
-measurement against the plain draft path, the gate and the τ-impact messages; and the budget through a session
-(cached once, tolerance applied on read).
+"""Unit tests of dflash_eval.metrics.drift_budget and drift_fit: the monotone fit, its crossing and bootstrap CI on
+synthetic τ curves (signed harm: a raise of τ is no harm; the lower-bound case; NaN prompts), the three-way gate and
+its messages, the perturbations, the batched measurement against the plain draft path; and the budget through a
+session (cached once, tolerance applied on read).
 
 Run: ``pytest tests/test_drift_budget.py``
 """
@@ -11,6 +12,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,44 +21,152 @@ from dflash_eval.errors import ConfigError
 from dflash_eval.metrics.drift_budget import (
     DriftBudget,
     Perturbation,
-    find_budget,
-    find_harm,
     gate_check,
+    gate_reason,
     impact,
     measure_ladder,
     parse_ladder,
     perturb_layers,
 )
+from dflash_eval.metrics.drift_fit import crossing, fit_budget, isotonic
 from dflash_eval.metrics.tau import chain_tau, draft_table
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.session.eval_session import EvalSession
 
-
-def curve(threshold: float, tol: float = 0.1) -> list[tuple[float, float]]:
-    """A synthetic mean |Δτ| curve: flat and small below ``threshold``, steep above it."""
-    errs = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0]
-    return [(e, 0.2 * tol * e / threshold if e <= threshold else tol * (1 + e / threshold)) for e in errs]
+ERRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0]
 
 
-@pytest.mark.parametrize("threshold", [1e-3, 3e-2, 1e-1])
-def test_budget_finder_returns_the_known_threshold(threshold):
-    pts = curve(threshold)
-    budget, lower, first = find_budget(pts[::-1], 0.1)  # order of the points does not matter
-    assert budget == threshold and lower is False
-    assert pts[::-1][first][0] == min(e for e, _ in pts if e > threshold)
+def drops_of(curve, n: int = 40, spread: float = 0.05, seed: int = 0) -> np.ndarray:
+    """Per-prompt drops ``curve(e) + noise`` at :data:`ERRS`, shape [level, prompt] (the noise is one draw per
+    prompt and level, zero mean)."""
+    rng = np.random.default_rng(seed)
+    return np.array([[curve(e) for _ in range(n)] for e in ERRS]) + spread * rng.standard_normal((len(ERRS), n))
 
 
-def test_budget_rule_edges():
-    # every level within: the largest one, flagged a lower bound
-    assert find_budget([(1e-3, 0.0), (1e-1, 0.05)], 0.1) == (1e-1, True, None)
-    # the smallest level over: no budget
-    assert find_budget([(1e-3, 0.2), (1e-1, 0.0)], 0.1)[:2] == (0.0, False)
-    # a level over the tolerance ends the search, even if a larger one falls back within it
-    assert find_budget([(1e-3, 0.0), (1e-2, 0.5), (1e-1, 0.0)], 0.1)[:2] == (1e-3, False)
-    # NaN (no prompt with a round) counts as over
-    assert find_budget([(1e-3, 0.0), (1e-2, math.nan)], 0.1)[:2] == (1e-3, False)
-    # equal to the tolerance is within
-    assert find_budget([(1e-3, 0.1)], 0.1)[0] == 1e-3
+def test_isotonic_is_the_monotone_least_squares_fit():
+    assert isotonic([1.0, 3.0, 2.0, 4.0]).tolist() == [1.0, 2.5, 2.5, 4.0]
+    assert isotonic([3.0, 2.0, 1.0]).tolist() == [2.0, 2.0, 2.0]
+    y = np.random.default_rng(1).standard_normal(30).cumsum()
+    f = isotonic(y)
+    assert np.all(np.diff(f) >= 0) and f.sum() == pytest.approx(y.sum())  # monotone; pooling keeps the sum
+
+
+def test_crossing_is_log_linear_between_points_and_flags_the_edges():
+    x, tol = [0.01, 0.1, 1.0], 0.1
+    assert crossing(x, [0.0, 0.05, 0.15], tol) == (pytest.approx(10 ** -0.5), "crossed")  # halfway in log x
+    assert crossing(x, [0.0, 0.1, 0.2], tol) == (pytest.approx(0.1), "crossed")  # reaching it counts
+    assert crossing(x, [0.2, 0.3, 0.4], tol) == (pytest.approx(0.005), "below_range")  # on the line from (0, 0)
+    assert crossing(x, [0.0, 0.01, 0.09], tol) == (1.0, "not_reached")
+
+
+@pytest.mark.parametrize("knee", [3e-2, 0.2, 0.6])
+def test_fit_recovers_a_known_crossing_with_a_ci_around_it(knee):
+    # the drop doubles per factor ~3 of error past the knee; 0.1 reached exactly at `knee`
+    fit = fit_budget(ERRS, drops_of(lambda e: 0.1 * (e / knee) ** 1.5), 0.1)
+    assert fit.status == "crossed" and fit.budget == pytest.approx(knee, rel=0.35)
+    assert fit.ci_low <= fit.budget <= fit.ci_high and fit.ci_low < knee * 1.4 and fit.ci_high > knee / 1.4
+    assert all(b >= a for a, b in zip(fit.fitted, fit.fitted[1:])) and min(fit.fitted) >= 0  # monotone, >= 0
+    again = fit_budget(ERRS, drops_of(lambda e: 0.1 * (e / knee) ** 1.5), 0.1)
+    assert (again.ci_low, again.ci_high) == (fit.ci_low, fit.ci_high)  # the bootstrap is seeded
+
+
+def test_ci_widens_with_fewer_prompts():
+    curve = lambda e: 0.1 * (e / 0.3) ** 1.5  # noqa: E731
+    many, few = (fit_budget(ERRS, drops_of(curve, n=n, spread=0.2), 0.1) for n in (200, 8))
+    assert few.ci_high - few.ci_low > many.ci_high - many.ci_low
+
+
+def test_a_raise_of_tau_is_no_harm():
+    # prompts' τ rises by 0.3 at 0.1 and 0.3 (negative drops): the |Δτ| of the old rule would have counted it
+    fit = fit_budget(ERRS, drops_of(lambda e: -0.3 if 0.05 < e < 0.5 else (0.5 if e >= 1 else 0.0)), 0.1)
+    assert fit.drops[4] < -0.2 and fit.fitted[4] == 0.0 and fit.fitted[5] == 0.0
+    assert fit.status == "crossed" and 0.3 < fit.budget < 1.0
+
+
+def test_no_crossing_gives_a_lower_bound_with_an_open_ci():
+    fit = fit_budget(ERRS, drops_of(lambda e: 0.01 * e, spread=0.01), 0.1)
+    assert fit.status == "not_reached" and fit.lower_bound and fit.budget == 3.0
+    assert fit.ci_high == math.inf and fit.ci_low <= 3.0
+
+
+def test_a_crossing_below_the_smallest_level_is_extrapolated_to_no_error():
+    fit = fit_budget(ERRS, drops_of(lambda e: 0.5, spread=0.01), 0.1)
+    assert fit.below_range and fit.budget == pytest.approx(1e-3 * 0.1 / 0.5, rel=0.1)
+
+
+def test_nan_prompts_and_zero_error_levels_are_left_out():
+    d = drops_of(lambda e: 0.1 * (e / 0.3) ** 1.5, n=20)
+    d[:, 3] = np.nan  # a prompt without a round
+    with_zero = np.vstack([np.zeros((1, 20)), d])
+    fit = fit_budget([0.0, *ERRS], with_zero, 0.1)
+    assert fit.n_prompts == 19 and len(fit.errors) == len(ERRS) and 0 not in fit.order
+    nothing = fit_budget(ERRS, np.full((len(ERRS), 3), np.nan), 0.1)
+    assert nothing.status == "no_prompts" and nothing.lower_bound and nothing.ci_high == math.inf
+
+
+def budget_of(levels: list[tuple[str, float, list[float]]], base=(4.0, 5.0), tol=0.1, safety=10.0,
+              conclusive: bool = False) -> DriftBudget:
+    ladder = parse_ladder(",".join(s for s, _, _ in levels))
+    n = len(base)
+    return DriftBudget.build(drafter="f" * 64, base="torch/float32", prompt_ids=[f"p{i}" for i in range(n)],
+                             base_tau=list(base), ladder=ladder, taus=[t for _, _, t in levels],
+                             injected=[[[e]] * n for _, e, _ in levels], tol=tol, safety=safety, seed=0,
+                             spec=",".join(s for s, _, _ in levels), conclusive=conclusive)
+
+
+def forty_prompts(conclusive: bool = False) -> DriftBudget:
+    """40 prompts at τ 4: no drop up to 0.1, then drops of 0.05 / 0.2 / 1.0 on average (one prompt in four
+    carrying them, so the bootstrap has something to resample)."""
+    base = [4.0] * 40
+    def at(mean: float) -> list[float]:
+        return [4.0 - (4 * mean if i % 4 == 0 else 0.0) for i in range(40)]
+    return budget_of([("1e-2", 1e-2, at(0.0)), ("1e-1", 0.1, at(0.0)), ("3e-1", 0.3, at(0.05)),
+                      ("1", 1.0, at(0.2)), ("3", 3.0, at(1.0))], base=tuple(base), safety=5.0, conclusive=conclusive)
+
+
+def test_budget_json_and_levels():
+    b = forty_prompts()
+    lo, hi = b.ci
+    assert b.fit.status == "crossed" and 0.3 < lo <= b.budget <= hi < 3.0 and not b.lower_bound
+    assert [lv.within(b.tol) for lv in b.levels] == [True, True, True, False, False]
+    js = json.loads(json.dumps(b.to_json()))
+    assert js["budget"] == pytest.approx(b.budget) and js["ci"] == [pytest.approx(lo), pytest.approx(hi)]
+    assert js["status"] == "crossed" and js["n_measured"] == 40 and js["gate_limit"] == pytest.approx(b.budget / 5)
+    assert js["levels"][3]["mean_drop"] == pytest.approx(0.2) and js["levels"][3]["drop"]["p0"] == pytest.approx(0.8)
+    assert js["fit"]["points"][2]["fitted_drop"] == pytest.approx(0.05) and "isotonic" in js["rule"]
+
+
+def test_three_way_gate_and_its_messages():
+    b = forty_prompts()
+    lo, hi = b.ci
+    below, inside, above = 0.5 * lo / 5, (lo + hi) / 2 / 5, 2 * hi / 5  # drift (x safety 5)
+    outcome = {x: gate_check("bf16-vs-fp32", 1, {"a": x, "b": x / 2}, b).outcome for x in (below, inside, above)}
+    assert outcome == {below: "pass", inside: "inconclusive", above: "fail"}
+    g = gate_check("bf16-vs-fp32", 1, {"a": inside}, b)
+    assert g.in_ci and not g.passed and g.to_json()["outcome"] == "inconclusive"
+    why = gate_reason(g, b, "bf16 vs fp32, target layer 1")
+    assert why.startswith("drift gate inconclusive") and f"{g.scaled:.2e}" in why and f"{lo:.2e}" in why
+    assert "--drift-budget-min-prompts" in why and "--drift-budget-conclusive" in why
+    assert gate_reason(gate_check("c", 1, {"a": above}, b), b, "c").startswith("drift over budget")
+    decided = forty_prompts(conclusive=True)
+    est = decided.budget / 5
+    assert gate_check("c", 1, {"a": est * 0.99}, decided).outcome == "pass"
+    over = gate_check("c", 1, {"a": est * 1.01}, decided)
+    assert over.outcome == "fail" and over.to_json()["decided_on"] == "estimate"
+    assert "decided on the estimate" in gate_reason(over, decided, "c")
+    assert impact(below, b).startswith("τ impact: within budget")
+    assert impact(above, b).startswith("τ impact: over budget")
+    assert impact(inside, b).startswith("τ impact: near the budget")
+    assert "as far as this check can tell" in impact(below, b, bound=True)
+
+
+def test_gate_on_a_lower_bound_never_fails_by_the_ci():
+    b = budget_of([("1e-2", 1e-2, [4.0, 5.0]), ("1e-1", 0.1, [4.0, 5.0])], safety=5.0)
+    assert b.lower_bound and b.budget == pytest.approx(0.1) and b.ci[1] == math.inf
+    assert gate_check("c", 1, {"a": 1e-2}, b).outcome == "pass"  # 5e-2 <= 0.1, below the lower bound
+    assert gate_check("c", 1, {"a": 1.0}, b).outcome == "inconclusive"  # beyond what was measured
+    forced = budget_of([("1e-2", 1e-2, [4.0, 5.0]), ("1e-1", 0.1, [4.0, 5.0])], safety=5.0, conclusive=True)
+    assert gate_check("c", 1, {"a": 1.0}, forced).outcome == "fail"
 
 
 def test_parse_ladder():
@@ -118,72 +228,6 @@ def test_an_identity_level_reuses_the_base_tau(tiny_drafter, tiny_head):
     taus, inj = measure_ladder(tiny_drafter, tiny_head, [("a", feats, toks, 5)], parse_ladder("bf16"),
                                base_tau=[123.0])
     assert taus == [[123.0]] and inj == [[[0.0] * len(layers)]]
-
-
-def budget_of(levels: list[tuple[str, float, list[float]]], base=(4.0, 5.0), tol=0.1, safety=10.0) -> DriftBudget:
-    ladder = parse_ladder(",".join(s for s, _, _ in levels))
-    return DriftBudget.build(drafter="f" * 64, base="torch/float32", prompt_ids=["a", "b"], base_tau=list(base),
-                             ladder=ladder, taus=[t for _, _, t in levels], injected=[[[e], [e]] for _, e, _ in levels],
-                             tol=tol, safety=safety, seed=0, spec=",".join(s for s, _, _ in levels))
-
-
-def test_the_rule_judges_the_upper_end_of_the_ci_of_the_mean():
-    # level 1e-1: mean |Δτ| 0.075 <= 0.1, but one prompt in four moved by 0.3: the CI's upper end is 0.3
-    b = DriftBudget.build(drafter="f" * 64, base="torch/float32", prompt_ids=list("abcd"), base_tau=[4.0] * 4,
-                          ladder=parse_ladder("1e-2,1e-1"), taus=[[4.0] * 4, [4.3, 4.0, 4.0, 4.0]],
-                          injected=[[[1e-2]] * 4, [[1e-1]] * 4], tol=0.1, safety=5.0, seed=0, spec="1e-2,1e-1")
-    assert b.levels[1].mean_abs_dtau == pytest.approx(0.075) and b.levels[1].summary.ci_high > 0.1
-    assert b.budget == 1e-2 and b.limiting == "noise 0.1" and [lv.within for lv in b.levels] == [True, False]
-    assert b.gate_limit == pytest.approx(2e-3)
-
-
-def test_budget_json_gate_and_impact():
-    b = budget_of([("1e-3", 1e-3, [4.0, 5.0]), ("1e-2", 1e-2, [4.1, 5.0]), ("1e-1", 0.1, [4.5, 4.5])])
-    assert b.budget == 1e-2 and not b.lower_bound and b.limiting == "noise 0.1"
-    assert [lv.within for lv in b.levels] == [True, True, False]
-    js = json.loads(json.dumps(b.to_json()))
-    assert js["budget"] == 1e-2 and js["gate_limit"] == pytest.approx(1e-3) and js["n_prompts"] == 2
-    assert js["levels"][1]["mean_abs_dtau"] == pytest.approx(0.05) and js["levels"][1]["abs_dtau"]["a"] == \
-        pytest.approx(0.1)
-    ok = gate_check("fla-vs-torch", 5, {"a": 5e-4, "b": 9e-4}, b)
-    bad = gate_check("fla-vs-torch", 5, {"a": 5e-4, "b": 2e-3}, b)
-    assert ok.passed and ok.worst_prompt == "b" and ok.margin == pytest.approx(1e-2 / 9e-4)
-    assert not bad.passed and bad.to_json()["passed"] is False
-    assert impact(9e-4, b).startswith("τ impact: within budget")
-    assert impact(2e-3, b).startswith("τ impact: over budget")
-    assert "as far as this check can tell" in impact(1e-4, b, bound=True)
-    assert impact(1.0, b, bound=True).startswith("τ impact: over budget (at least")
-
-
-def test_harm_is_the_smallest_level_whose_mean_exceeds_the_tolerance():
-    assert find_harm([(1.0, 0.5), (3e-1, 0.2), (1e-1, 0.1)], 0.1) == 1  # 0.1 is not over 0.1
-    assert find_harm([(1e-2, 0.0), (1e-1, 0.05)], 0.1) is None
-    assert find_harm([(1e-2, math.nan)], 0.1) is None  # no prompt with a round: no evidence of harm
-
-
-def few_prompts_budget(min_prompts: int) -> DriftBudget:
-    """Two prompts: 1e-2 leaves τ as it is; 1e-1 moves one prompt by 0.11 (mean 0.055, within, but the CI reaches
-    0.11: over by the CI rule); 1 moves both by 1.0 (mean 1.0: measurably harmful)."""
-    return DriftBudget.build(drafter="f" * 64, base="torch/float32", prompt_ids=["a", "b"], base_tau=[4.0, 5.0],
-                             ladder=parse_ladder("1e-2,1e-1,1"), taus=[[4.0, 5.0], [4.11, 5.0], [3.0, 4.0]],
-                             injected=[[[1e-2], [1e-2]], [[1e-1], [1e-1]], [[1.0], [1.0]]], tol=0.1, safety=5.0,
-                             seed=0, spec="1e-2,1e-1,1", min_prompts=min_prompts, selected=2)
-
-
-def test_gate_over_a_budget_of_too_few_prompts_is_inconclusive_until_the_drift_reaches_harm():
-    few = few_prompts_budget(min_prompts=32)
-    assert few.budget == 1e-2 and few.limiting == "noise 0.1" and not few.conclusive and few.n_measured == 2
-    assert few.harm == 1.0 and few.harm_label == "noise 1"
-    outcome = {err: gate_check("bf16-vs-fp32", 1, {"a": err, "b": err / 2}, few).outcome
-               for err in (1e-3, 5e-3, 0.1, 0.2, 0.5)}
-    # x safety 5: 5e-3 within 1e-2; 2.5e-2 .. 0.5 over the budget but short of harm (1.0); 1.0 and 2.5 reach it
-    assert outcome == {1e-3: "pass", 5e-3: "inconclusive", 0.1: "inconclusive", 0.2: "fail", 0.5: "fail"}
-    enough = few_prompts_budget(min_prompts=2)
-    assert enough.conclusive and gate_check("bf16-vs-fp32", 1, {"a": 5e-3}, enough).outcome == "fail"
-    js = json.loads(json.dumps(few.to_json()))
-    assert js["conclusive"] is False and js["min_prompts"] == 32 and js["harm_level"] == "noise 1"
-    row = gate_check("bf16-vs-fp32", 1, {"a": 5e-3}, few).to_json()
-    assert row["outcome"] == "inconclusive" and row["passed"] is False
 
 
 @pytest.fixture

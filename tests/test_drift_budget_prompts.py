@@ -1,10 +1,11 @@
 """The drift gate judges the drafter, not the noise of its budget: on a small selection the budget is measured on
-``--drift-budget-min-prompts`` prompts of ``--prompts``.
+``--drift-budget-min-prompts`` prompts of ``--prompts``, and a budget on few prompts has a wide CI, not a false
+alarm.
 
-A copy of the bundled drafter with 5 % relative Gaussian noise on every weight keeps its τ (it rises), yet its budget
-measured on the 6 selected prompts alone comes out one ladder level lower (one prompt's |Δτ| sets the CI) and failed
-``test_drift_within_budget[bf16-vs-fp32-L5]``. Measured on the first 32 prompts, the budget is the full set's and the
-gate passes.
+A copy of the bundled drafter with 5 % relative Gaussian noise on every weight keeps its τ (it rises); under the
+ladder rule its budget measured on the 6 selected prompts alone came out one ladder level lower and failed
+``test_drift_within_budget[bf16-vs-fp32-L5]``. Now, measured on the first 32 prompts, the gate passes; measured on
+the 6 alone, the budget's CI is wider and no gate fails.
 
 The same comparison at more selection sizes: ``benchmarks/bench_budget_prompts.py`` (docs/drift-budget.md).
 
@@ -14,6 +15,7 @@ Run: ``pytest tests/test_drift_budget_prompts.py -p no:cacheprovider``
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -41,13 +43,16 @@ def test_noisy_drafter_passes_the_gate_on_six_prompts(suite_checkout, pytester: 
     res, data = run("default")
     assert res.ret == 0, res.stdout.str()
     b = data["drift_budget"]
-    assert b["n_prompts"] == 32 and b["selected_prompts"] == 6 and b["conclusive"] is True
+    assert b["n_prompts"] == 32 and b["selected_prompts"] == 6 and b["status"] == "crossed"
     assert len(data["prompts"]) == 6  # τ, drift and the reports stay on the selection
     gates = {(g["comparison"], g["layer"]): g for g in data["drift_gate"]}
     assert gates and all(g["outcome"] == "pass" for g in gates.values()), gates
     res.stdout.fnmatch_lines(["*measured on the 32 first prompts of --prompts (6*"])  # the line wraps
 
-    # The old rule, the budget on the selection alone: the false alarm (the selection's features are cached now)
+    # The budget on the selection alone (the selection's features are cached now): a wider CI, still no false alarm
     res6, data6 = run("selection_only", "--drift-budget-min-prompts=6")
-    assert data6["drift_budget"]["n_prompts"] == 6 and data6["drift_budget"]["budget"] < b["budget"]
-    assert res6.ret == 1 and any(g["outcome"] == "fail" for g in data6["drift_gate"]), res6.stdout.str()
+    b6 = data6["drift_budget"]
+    assert b6["n_prompts"] == 6 and res6.ret == 0, res6.stdout.str()
+    width = (lambda ci: math.inf if ci[1] is None else ci[1] / ci[0])  # noqa: E731 - the CI's ratio high / low
+    assert width(b6["ci"]) > width(b["ci"])
+    assert all(g["outcome"] != "fail" for g in data6["drift_gate"]), data6["drift_gate"]

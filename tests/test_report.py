@@ -174,18 +174,25 @@ def test_prompt_spec_resolution(tmp_path):
 def budget_fragment(worker, gate_err):
     f = fragment(worker, {"a": 2.0}, drift=["a"])
     levels = [{"kind": "noise", "label": f"noise {e:g}", "nominal": e, "injected_rel_err": e, "mean_tau": 2.0 - d,
-               "mean_abs_dtau": d, "ci95": [d / 2, d * 2], "max_abs_dtau": 2 * d, "within": d <= 0.1,
-               "abs_dtau": {"a": d}} for e, d in ((1e-3, 0.0), (1e-1, 0.05), (3e-1, 0.4))]
+               "mean_drop": d, "drop_ci95": [d / 2, d * 2], "fitted_drop": d, "mean_abs_dtau": d,
+               "max_abs_dtau": 2 * d, "within": d < 0.1, "drop": {"a": d}}
+              for e, d in ((1e-3, 0.0), (1e-1, 0.05), (3e-1, 0.4))]
     levels.append({"kind": "round", "label": "round fp8", "nominal": "fp8", "injected_rel_err": 2.6e-2,
-                   "mean_tau": 2.0, "mean_abs_dtau": 0.0, "ci95": [0.0, 0.0], "max_abs_dtau": 0.0, "within": True,
-                   "abs_dtau": {"a": 0.0}})
+                   "mean_tau": 2.0, "mean_drop": 0.0, "drop_ci95": [0.0, 0.0], "fitted_drop": 0.0,
+                   "mean_abs_dtau": 0.0, "max_abs_dtau": 0.0, "within": True, "drop": {"a": 0.0}})
     f["drift_budget"] = {"drafter": "f" * 64, "base": "torch/float32", "n_prompts": 1, "prompt_ids": ["a"],
                          "base_mean_tau": 2.0, "base_tau": {"a": 2.0}, "tol": 0.1, "safety": 10.0, "seed": 0,
-                         "ladder": "1e-3,1e-1,3e-1,fp8", "budget": 0.1, "lower_bound": False,
-                         "limiting": "noise 0.3", "gate_limit": 0.01, "skipped": [], "rule": "...", "levels": levels}
+                         "ladder": "1e-3,1e-1,3e-1,fp8", "budget": 0.1, "ci": [0.05, 0.2], "ci_level": 0.9,
+                         "status": "crossed", "lower_bound": False, "gate_limit": 0.01, "skipped": [],
+                         "n_measured": 1, "conclusive": False, "rule": "...",
+                         "fit": {"status": "crossed", "points": [
+                             {"injected_rel_err": lv["injected_rel_err"], "mean_drop": lv["mean_drop"],
+                              "fitted_drop": lv["fitted_drop"]} for lv in levels]}, "levels": levels}
+    outcome = "pass" if gate_err * 10 <= 0.05 else "fail" if gate_err * 10 > 0.2 else "inconclusive"
     f["drift_gate"] = [{"comparison": "c1", "layer": 0, "max_rel_err": gate_err, "mean_rel_err": gate_err,
-                        "worst_prompt": "a", "budget": 0.1, "safety": 10.0, "margin": 0.1 / gate_err,
-                        "lower_bound": False, "passed": gate_err * 10 <= 0.1}]
+                        "worst_prompt": "a", "budget": 0.1, "budget_ci": [0.05, 0.2], "safety": 10.0,
+                        "margin": 0.1 / gate_err, "lower_bound": False, "passed": outcome == "pass",
+                        "outcome": outcome, "decided_on": "ci"}]
     return f
 
 
@@ -195,15 +202,19 @@ def test_drift_budget_in_the_reports(tmp_path):
     text = report.render_terminal(data)
     assert "drift budget: τ against injected feature error" in text and "round fp8" in text
     assert "drift gate" in text and "100x" in text and "PASS" in text
-    assert "drift budget of drafter ffffffffffff: 1.00e-01" in text and "drift <= 1.00e-02" in text
+    assert "drift budget of drafter ffffffffffff: 1.00e-01 (90 % CI 5.00e-02–2.00e-01)" in text
     md = report.render_markdown(data)
-    assert "### Drift budget and gate" in md and "| c1 | 0 | 1.00e-03 | a | 1.00e-02 | 1.00e-01 | 100x | PASS |" in md
+    assert "### Drift budget and gate" in md
+    assert "| c1 | 0 | 1.00e-03 | a | 1.00e-02 | 1.00e-01 | 5.00e-02–2.00e-01 | 100x | PASS |" in md
     paths = report.write_reports(data, tmp_path / "r")
     assert paths["budget_png"] == tmp_path / "r" / "drift_budget.png"
     assert paths["budget_png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    over = report.merge([budget_fragment("master", 2e-2)])
-    assert "| c1 | 0 | 2.00e-02 | a | 2.00e-01 | 1.00e-01 | 5x | FAIL |" in report.render_markdown(over)
-    assert report.measured_drifts(over) == {"c1": 2e-2}
+    over = report.merge([budget_fragment("master", 3e-2)])
+    assert "| c1 | 0 | 3.00e-02 | a | 3.00e-01 | 1.00e-01 | 5.00e-02–2.00e-01 | 3.33x | FAIL |" in \
+        report.render_markdown(over)
+    assert report.measured_drifts(over) == {"c1": 3e-2}
+    inside = report.merge([budget_fragment("master", 1e-2)])
+    assert "| 10x | INCONCLUSIVE |" in report.render_markdown(inside)
     plain = report.write_reports(report.merge([fragment("master", {"a": 2.0})]), tmp_path / "plain")
     assert "budget_png" not in plain and not (tmp_path / "plain" / "drift_budget.png").exists()
 
@@ -217,15 +228,17 @@ def test_drift_budget_fields_are_strict_json_and_valid(tmp_path):
     f = budget_fragment("master", 1e-3)
     f["drift_gate"].append({**f["drift_gate"][0], "layer": 1, "max_rel_err": 0.0, "margin": float("inf")})
     f["drift_budget"]["levels"].append({**f["drift_budget"]["levels"][0], "label": "noise 1", "nominal": 1.0,
-                                        "mean_tau": float("nan"), "mean_abs_dtau": float("nan"),
-                                        "ci95": [float("nan")] * 2, "max_abs_dtau": float("nan"), "within": False})
+                                        "mean_tau": float("nan"), "mean_drop": float("nan"),
+                                        "drop_ci95": [float("nan")] * 2, "max_abs_dtau": float("nan"),
+                                        "within": False})
     paths = report.write_reports(report.merge([f]), tmp_path / "r")
     data = json.loads(paths["json"].read_text())
     schema = json.loads(resources.files("dflash_eval.report").joinpath("eval.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(data)
     assert data["drift_gate"][1]["margin"] is None and data["drift_budget"]["levels"][-1]["mean_tau"] is None
     text = report.render_terminal(data)
-    assert "| c1 | 1 | 0.00e+00 | a | 0.00e+00 | 1.00e-01 | inf | PASS |" in report.render_markdown(data)
+    assert "| c1 | 1 | 0.00e+00 | a | 0.00e+00 | 1.00e-01 | 5.00e-02–2.00e-01 | inf | PASS |" in \
+        report.render_markdown(data)
     assert "noise 1" in text and paths["budget_png"].is_file()
     bad = {**data, "drift_gate": [{"comparison": "c1", "layer": "one", "max_rel_err": 1e-3, "budget": 0.1,
                                    "safety": 5.0, "passed": True}]}

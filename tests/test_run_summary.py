@@ -40,16 +40,21 @@ def fragment(n: int, *, low: str | None = None) -> dict:
 
 
 def budget(outcome: str = "pass") -> dict:
-    """A drift budget of 0.1 (gate limit 0.02) and one gate row whose drift passes or fails it."""
+    """A drift budget of 0.1 (90 % CI 0.08-0.12) and one gate row whose drift passes or fails it."""
     err = 0.004 if outcome == "pass" else 0.05
     levels = [{"kind": "noise", "label": f"noise {e:g}", "nominal": e, "injected_rel_err": e, "mean_tau": 4.31 - e,
-               "mean_abs_dtau": e / 2, "ci95": [e / 4, e], "max_abs_dtau": e, "within": e <= 0.1}
-              for e in (0.001, 0.01, 0.1, 0.3)]
+               "mean_drop": e / 2, "drop_ci95": [e / 4, e], "fitted_drop": e / 2, "mean_abs_dtau": e / 2,
+               "max_abs_dtau": e, "within": e / 2 < 0.1} for e in (0.001, 0.01, 0.1, 0.3)]
     levels.append({"kind": "round", "label": "round bf16", "nominal": None, "injected_rel_err": 0.0017,
-                   "mean_tau": 4.31, "mean_abs_dtau": 0.0, "ci95": [0.0, 0.0], "max_abs_dtau": 0.0, "within": True})
+                   "mean_tau": 4.31, "mean_drop": 0.0, "drop_ci95": [0.0, 0.0], "fitted_drop": 0.0,
+                   "mean_abs_dtau": 0.0, "max_abs_dtau": 0.0, "within": True})
     return {"drift_budget": {"drafter": "d" * 64, "base": "torch/float32", "n_prompts": 37, "base_mean_tau": 4.31,
-                             "tol": 0.1, "safety": 5.0, "seed": 0, "budget": 0.1, "lower_bound": False,
-                             "limiting": "noise 0.3", "gate_limit": 0.02, "levels": levels},
+                             "tol": 0.1, "safety": 5.0, "seed": 0, "budget": 0.1, "ci": [0.08, 0.12],
+                             "ci_level": 0.9, "status": "crossed", "lower_bound": False, "gate_limit": 0.02,
+                             "fit": {"points": [{"injected_rel_err": lv["injected_rel_err"],
+                                                 "mean_drop": lv["mean_drop"], "fitted_drop": lv["fitted_drop"]}
+                                                for lv in sorted(levels, key=lambda x: x["injected_rel_err"])]},
+                             "levels": levels},
             "drift_gate": [{"comparison": "bf16-vs-fp32", "layer": 3, "max_rel_err": err, "worst_prompt": "p1",
                             "budget": 0.1, "safety": 5.0, "margin": 0.1 / err, "lower_bound": False,
                             "passed": outcome == "pass", "outcome": outcome}]}
@@ -63,7 +68,8 @@ def test_verdict_block_of_a_passing_run(tmp_path):
                         "floor; drift gate PASS")
     assert "mean DDTree-8 τ 3.000 >= floor 2.000" in lines[1]
     assert "lowest prompts (chain τ / floor): p0 2.000 / 1.750, p1 2.100 / 1.850, p2 2.200 / 1.950" in lines[1]
-    assert lines[2].startswith("drift gate: PASS, 1 of 1 comparison layers within the gate limit 2.00e-02")
+    assert lines[2].startswith("drift gate: PASS, 1 of 1 comparison layers pass (drift x safety 5 below the lower "
+                               "end of the drift budget 1.00e-01 (90 % CI 8.00e-02–1.20e-01))")
     assert "bf16-vs-fp32 layer 3, drift 4.00e-03" in lines[2]
     assert lines[-1] == (f"reports: {tmp_path}/ (eval.md, eval.json, eval.png, drift_budget.png; eval.md holds every "
                          "table in full)")
@@ -156,17 +162,18 @@ def test_drift_budget_plot_reads_without_the_docs(outcome, colour, tmp_path):
         err = 0.004 if outcome == "pass" else 0.05
         rel = "<=" if outcome == "pass" else ">"
         assert title.get_text() == (f"drift gate {outcome.upper()}: worst measured drift {err:.2g} (bf16-vs-fp32) x "
-                                    f"safety 5 = {5 * err:.2g} {rel} budget 0.1")
+                                    f"safety 5 = {5 * err:.2g} {rel} budget 0.1 (90 % CI 0.08–0.12)")
         assert to_hex(title.get_color()) == colour
-        assert any("budget = largest injected feature error" in t.get_text() for t in fig.texts)
+        assert any("budget = injected feature error at which the fitted mean τ drop reaches 0.1" in t.get_text()
+                   for t in fig.texts)
         ax_d, ax_t = fig.axes
-        assert ax_d.get_ylim()[0] == 0.0 and ax_t.get_ylim()[0] == 1.0  # no axis cut to exaggerate a change
+        assert ax_d.get_ylim()[0] <= 0.0 and ax_t.get_ylim()[0] == 1.0  # no axis cut to exaggerate a change
         legend = fig.legends[0]
         labels = [t.get_text() for t in legend.get_texts()]
         assert min(t.get_fontsize() for t in legend.get_texts()) >= FONT_PT >= 9
-        assert "tolerance: mean |Δτ| <= 0.1" in labels
-        assert any(lb.startswith("gate limit = budget / 5") for lb in labels)
-        assert any(lb.startswith("measured drift bf16-vs-fp32") for lb in labels)
+        assert "tolerance: mean τ drop 0.1" in labels and "monotone fit of the mean drop (isotonic)" in labels
+        assert any(lb.startswith("budget's 90 % CI 0.08–0.12") for lb in labels)
+        assert any(lb.startswith("measured drift x safety 5, bf16-vs-fp32") for lb in labels)
         assert min(t.get_fontsize() for t in ax_d.get_xticklabels()) >= FONT_PT
     finally:
         plt.close(fig)

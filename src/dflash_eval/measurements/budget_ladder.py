@@ -107,7 +107,7 @@ class DriftBudgetLadder(Measurement):
             injected=[e.tensors["injected"].tolist() for e in got], tol=s.drift_budget_tol,
             safety=s.drift_budget_safety, seed=s.drift_budget_seed, spec=s.drift_budget_ladder,
             skipped=[f"{p.label}: this torch has no such dtype" for p in ladder if not p.available],
-            min_prompts=s.drift_budget_min_prompts, selected=selected)
+            min_prompts=s.drift_budget_min_prompts, selected=selected, conclusive=s.drift_budget_conclusive)
 
 
 def _measure(ev: Subject, side: Side, levels: list[Perturbation],

@@ -20,21 +20,21 @@ Each level's injected error is measured, not assumed: the mean over prompts and 
 on the tensors the drafter actually sees (after the cast to its dtype), the metric of
 :func:`dflash_eval.metrics.drift.layer_drift`.
 
-**The rule.** Sort the levels by injected error. The budget is the largest injected error ``e`` such that every
-level with injected error ``<= e`` keeps the mean over prompts of ``|τ(perturbed) - τ(unperturbed)|`` within
-``--drift-budget-tol`` with 95 % confidence: the upper end of the mean's percentile-bootstrap 95 % CI
-(:func:`dflash_eval.metrics.stats.summarize`: 2000 resamples of the prompts, seed 0) must not exceed the tolerance. A
-level over the tolerance ends the search even if a larger one happens to fall back within it. If the smallest
-level is already over, the budget is 0; if every level stays within, the budget is the largest injected error,
-flagged as a lower bound (``lower_bound``). Judging the CI's upper end rather than the mean itself makes the
-budget stable against the noise draw (docs/drift-budget.md: on the bundled drafter seeds 0, 1 and 2 all give 0.1
-with it, 0.3 / 0.3 / 0.1 by the mean alone), and more cautious when few prompts are selected (a wider CI). Each
-level also reports mean τ, the per-prompt ``|Δτ|``, their mean and maximum.
+**The budget is a number** (:mod:`dflash_eval.metrics.drift_fit`): the harm of a level is the signed τ drop, the
+mean over prompts of ``τ(unperturbed) - τ(perturbed)`` (a perturbation that raises τ does no harm); a monotone
+(isotonic) fit of the drop against the injected error, read log-linearly between the levels, reaches
+``--drift-budget-tol`` at the budget. Its 90 % CI comes from a paired bootstrap over prompts (the same resampled
+prompts at every level, refitted each time). No crossing within the ladder: the budget is the largest injected
+error, a lower bound (``lower_bound``), its CI open above. Each level also reports mean τ, its mean drop with a CI,
+the fitted drop and the per-prompt |Δτ|. The fit is done when the cached levels are read, so the tolerance and the
+safety factor change nothing that is cached.
 
-**The gate** (``test_drift_within_budget``): a comparison's measured drift at a layer (the worst prompt's relative
-error) times ``--drift-budget-safety`` must not exceed the budget (:func:`gate_check`).
+**The gate** (``test_drift_within_budget``, :func:`gate_check`): a comparison's measured drift at a layer (the
+worst prompt's relative error) times ``--drift-budget-safety`` passes at or below the lower end of the budget's CI,
+fails above its upper end, and is inconclusive in between (a skip that names the numbers and what would decide it;
+``--drift-budget-conclusive`` decides it on the estimate instead).
 
-Run it through the suite (it is cached per drafter, feature entries, ladder, seed and code)::
+Run it through the suite (it is cached per drafter, feature entries, level, seed and code)::
 
     pytest tests_eval -k within_budget
 """
@@ -49,6 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from dflash_eval.common.number_text import fmt
+from dflash_eval.metrics.drift_fit import BudgetFit, fit_budget
 from dflash_eval.metrics.drift_ladder import DEFAULT_LADDER, Perturbation, parse_ladder, perturb_layers
 from dflash_eval.metrics.stats import Summary, summarize
 from dflash_eval.metrics.tau import simulate_tau
@@ -58,8 +60,8 @@ if TYPE_CHECKING:
     from dflash_eval.drafter.model import DFlashDrafter
     from dflash_eval.target.head import TargetHead
 
-__all__ = ["DEFAULT_LADDER", "Perturbation", "parse_ladder", "perturb_layers", "measure_ladder", "find_budget",
-           "find_harm", "Level", "DriftBudget", "GateCheck", "gate_check", "impact"]
+__all__ = ["DEFAULT_LADDER", "Perturbation", "parse_ladder", "perturb_layers", "measure_ladder", "Level",
+           "DriftBudget", "GateCheck", "gate_check", "impact", "RULE", "PASS", "FAIL", "INCONCLUSIVE"]
 
 Prompt = tuple[str, dict[int, Tensor], Tensor, int]  # (prompt id, {layer: features [T, H]}, token ids [T], prompt_len)
 
@@ -130,42 +132,26 @@ def _measure_group(drafter: DFlashDrafter, head: TargetHead, chunk: Sequence[Pro
     return out
 
 
-def find_harm(points: Sequence[tuple[float, float]], tol: float) -> int | None:
-    """Index of the level with the smallest injected error whose mean |Δτ| exceeds ``tol`` (``points``: (injected
-    error, mean |Δτ|)): the smallest perturbation that measurably hurt τ on these prompts, or None."""
-    over = [i for i, (_, mean) in enumerate(points) if mean > tol]
-    return min(over, key=lambda i: points[i][0]) if over else None
-
-
-def find_budget(points: Sequence[tuple[float, float]], tol: float) -> tuple[float, bool, int | None]:
-    """The rule (module docstring) on ``(injected error, |Δτ| statistic)`` points (the statistic: the upper end of
-    the CI of the mean |Δτ|): ``(budget, lower_bound, index of the first point over the tolerance in injected-error
-    order, or None)``. A NaN statistic counts as over."""
-    order = sorted(range(len(points)), key=lambda i: points[i][0])
-    budget = 0.0
-    for i in order:
-        err, dev = points[i]
-        if not dev <= tol:
-            return budget, False, i
-        budget = max(budget, err)
-    return budget, True, None
-
-
 def _finite_mean(values: Sequence[float]) -> float:
     """Mean of the values that are not NaN (a prompt without a round has none); NaN when none is left."""
     vals = [v for v in values if not math.isnan(v)]
     return sum(vals) / len(vals) if vals else float("nan")
 
 
+def _sci(x: float) -> str:
+    return fmt(x, 2, "e")
+
+
 @dataclass
 class Level:
-    """One perturbation's effect: its injected error and τ of every prompt against the unperturbed τ."""
+    """One perturbation's effect: its injected error and τ of every prompt, against the unperturbed τ as the signed
+    drop ``τ(unperturbed) - τ(perturbed)`` per prompt (NaN for a prompt without a round)."""
 
     perturbation: Perturbation
     injected: float
     tau: list[float]
-    abs_dtau: list[float]
-    within: bool = False
+    drop: list[float]
+    fitted: float | None = None  # the monotone fit at this level's injected error (None: the level was not fitted)
 
     @property
     def mean_tau(self) -> float:
@@ -173,21 +159,44 @@ class Level:
 
     @cached_property
     def summary(self) -> Summary:
-        """Mean, median and bootstrap 95 % CI of the per-prompt |Δτ| (prompts without a round left out)."""
-        return summarize([d for d in self.abs_dtau if not math.isnan(d)])
+        """Mean, median and 95 % CI of the per-prompt τ drop (prompts without a round left out)."""
+        return summarize([d for d in self.drop if not math.isnan(d)])
+
+    @property
+    def mean_drop(self) -> float:
+        return self.summary.mean
+
+    @property
+    def abs_dtau(self) -> list[float]:
+        return [abs(d) for d in self.drop]
 
     @property
     def mean_abs_dtau(self) -> float:
-        return self.summary.mean
+        return _finite_mean(self.abs_dtau)
 
-    def to_json(self, prompt_ids: Sequence[str]) -> dict[str, Any]:
+    @property
+    def max_abs_dtau(self) -> float:
+        return max((d for d in self.abs_dtau if not math.isnan(d)), default=float("nan"))
+
+    def within(self, tol: float) -> bool:
+        """The fit at this level stays below ``tol`` (a level that was not fitted, e.g. a rounding that changed
+        nothing, is within)."""
+        return self.fitted is None or self.fitted < tol
+
+    def to_json(self, prompt_ids: Sequence[str], tol: float) -> dict[str, Any]:
         s = self.summary
         return {"kind": self.perturbation.kind, "label": self.perturbation.label,
                 "nominal": self.perturbation.size if self.perturbation.kind == "noise" else self.perturbation.dtype,
-                "injected_rel_err": self.injected, "mean_tau": self.mean_tau, "mean_abs_dtau": s.mean,
-                "ci95": [s.ci_low, s.ci_high], "max_abs_dtau": max((d for d in self.abs_dtau if not math.isnan(d)),
-                                                                   default=float("nan")),
-                "within": self.within, "abs_dtau": dict(zip(prompt_ids, self.abs_dtau))}
+                "injected_rel_err": self.injected, "mean_tau": self.mean_tau, "mean_drop": s.mean,
+                "drop_ci95": [s.ci_low, s.ci_high], "fitted_drop": self.fitted, "mean_abs_dtau": self.mean_abs_dtau,
+                "max_abs_dtau": self.max_abs_dtau, "within": self.within(tol), "drop": dict(zip(prompt_ids, self.drop))}
+
+
+RULE = ("the injected relative feature error at which a monotone (isotonic) fit of the mean over prompts of "
+        "τ(unperturbed) - τ(perturbed) against the injected error reaches tol (log-linear between measured errors; "
+        "a rise of τ is no harm), with a paired bootstrap CI over prompts; the gate passes when drift x safety is "
+        "below the CI's lower end, fails above its upper end, and is inconclusive in between (decided on the "
+        "estimate with --drift-budget-conclusive)")
 
 
 @dataclass
@@ -203,44 +212,47 @@ class DriftBudget:
     safety: float
     seed: int
     ladder: str
-    budget: float = 0.0
-    lower_bound: bool = False
-    limiting: str | None = None  # label of the first level over the tolerance
+    fit: BudgetFit
     skipped: list[str] = field(default_factory=list)
-    min_prompts: int = 0  # fewer prompts than this: a gate failure is inconclusive unless the drift reaches `harm`
-    harm: float | None = None  # injected error of the smallest level whose mean |Δτ| exceeds tol
-    harm_label: str | None = None
+    min_prompts: int = 0  # --drift-budget-min-prompts: a smaller selection was extended to this many
     selected: int | None = None  # prompts of the run's selection (the budget may be measured on more)
+    conclusive: bool = False  # --drift-budget-conclusive: a gate inside the CI is decided on the estimate
 
     @classmethod
     def build(cls, *, drafter: str, base: str, prompt_ids: Sequence[str], base_tau: Sequence[float],
               ladder: Sequence[Perturbation], taus: Sequence[Sequence[float]],
               injected: Sequence[Sequence[Sequence[float]]], tol: float, safety: float, seed: int, spec: str,
-              skipped: Sequence[str] = (), min_prompts: int = 0, selected: int | None = None) -> DriftBudget:
-        """Judge measured levels (:func:`measure_ladder`'s output) by the rule."""
+              skipped: Sequence[str] = (), min_prompts: int = 0, selected: int | None = None,
+              conclusive: bool = False) -> DriftBudget:
+        """The budget of measured levels (:func:`measure_ladder`'s output): the drops, the fit, the CI."""
         levels = []
         for p, ts, inj in zip(ladder, taus, injected):
             errs = [e for per_prompt in inj for e in per_prompt]
             levels.append(Level(p, sum(errs) / len(errs) if errs else float("nan"), list(ts),
-                                [abs(t - b) for t, b in zip(ts, base_tau)]))
-        budget, lower, first = find_budget([(lv.injected, lv.summary.ci_high) for lv in levels], tol)
-        for lv in levels:
-            lv.within = lv.injected <= budget and lv.summary.ci_high <= tol
-        harm = find_harm([(lv.injected, lv.summary.mean) for lv in levels], tol)
-        return cls(drafter, base, list(prompt_ids), list(base_tau), levels, tol, safety, seed, spec, budget, lower,
-                   None if first is None else levels[first].perturbation.label, list(skipped), min_prompts,
-                   None if harm is None else levels[harm].injected,
-                   None if harm is None else levels[harm].perturbation.label, selected)
+                                [b - t for t, b in zip(ts, base_tau)]))
+        fit = fit_budget([lv.injected for lv in levels], [lv.drop for lv in levels], tol)
+        for k, lv in enumerate(levels):
+            lv.fitted = fit.fitted_at(k)
+        return cls(drafter, base, list(prompt_ids), list(base_tau), levels, tol, safety, seed, spec, fit,
+                   list(skipped), min_prompts, selected, conclusive)
+
+    @property
+    def budget(self) -> float:
+        return self.fit.budget
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        """The budget's bootstrap CI (:data:`CI_LEVEL`); the upper end is +inf when open."""
+        return self.fit.ci_low, self.fit.ci_high
+
+    @property
+    def lower_bound(self) -> bool:
+        return self.fit.lower_bound
 
     @property
     def n_measured(self) -> int:
-        """Prompts whose |Δτ| entered the CIs (a prompt without a speculative round has none)."""
-        return sum(1 for t in self.base_tau if not math.isnan(t))
-
-    @property
-    def conclusive(self) -> bool:
-        """Whether the budget was measured on enough prompts to fail a gate on (``--drift-budget-min-prompts``)."""
-        return self.n_measured >= self.min_prompts
+        """Prompts whose τ entered the fit (a prompt without a speculative round has none)."""
+        return self.fit.n_prompts
 
     @property
     def base_mean_tau(self) -> float:
@@ -248,38 +260,48 @@ class DriftBudget:
 
     @property
     def gate_limit(self) -> float:
-        """The largest measured drift the gate lets through: budget / safety factor."""
+        """budget / safety factor: the measured drift at which drift x safety reaches the estimate."""
         return self.budget / self.safety
 
+    def budget_text(self) -> str:
+        """``4.20e-01 (90 % CI 3.50e-01–5.10e-01)``; ``>= `` for a lower bound, ``inf`` for an open end."""
+        lo, hi = self.ci
+        return (f"{'>= ' if self.lower_bound else ''}{_sci(self.budget)} ({self.fit.level:.0%} CI "
+                f"{_sci(lo)}–{_sci(hi)})").replace("%", " %")
+
     def describe(self) -> str:
-        bound = ">= " if self.lower_bound else ""
-        why = ("every level of the ladder stayed within it" if self.lower_bound else
-               f"next level {self.limiting!r} moved τ by more" if self.limiting else "")
+        f = self.fit
+        why = {"not_reached": f"the fitted τ drop stays below {self.tol:g} up to the largest injected error, so the "
+                              "budget is at least that",
+               "below_range": f"the fitted τ drop exceeds {self.tol:g} already at the smallest injected error; read "
+                              "on the line from no error, no drop",
+               "no_prompts": "no prompt had a speculative round, nothing was measured",
+               "crossed": f"where the fitted mean τ drop reaches {self.tol:g}"}[f.status]
         extra = (f", {len(self.prompt_ids) - self.selected} of them beyond the {self.selected} selected "
                  f"(--drift-budget-min-prompts {self.min_prompts})"
                  if self.selected is not None and len(self.prompt_ids) > self.selected else "")
-        return (f"drift budget {bound}{self.budget:.2e} (drafter {self.drafter[:12]}, {self.base} features of "
-                f"{len(self.prompt_ids)} prompts{extra}; largest injected relative error whose mean |Δτ| stays <= "
-                f"{self.tol:g} with 95 % confidence; "
-                f"{why})")
+        return (f"drift budget {self.budget_text()} (drafter {self.drafter[:12]}, {self.base} features of "
+                f"{self.n_measured} prompts{extra}; {why})")
 
     def to_json(self) -> dict[str, Any]:
+        lo, hi = self.ci
         return {"drafter": self.drafter, "base": self.base, "n_prompts": len(self.prompt_ids),
                 "prompt_ids": self.prompt_ids, "base_mean_tau": self.base_mean_tau,
                 "base_tau": dict(zip(self.prompt_ids, self.base_tau)), "tol": self.tol, "safety": self.safety,
-                "seed": self.seed, "ladder": self.ladder, "budget": self.budget, "lower_bound": self.lower_bound,
-                "limiting": self.limiting, "gate_limit": self.gate_limit, "skipped": self.skipped,
-                "min_prompts": self.min_prompts, "conclusive": self.conclusive, "harm": self.harm,
-                "harm_level": self.harm_label, "selected_prompts": self.selected,
-                "rule": "largest injected relative feature error e such that every perturbation with injected error "
-                        "<= e keeps the upper end of the bootstrap 95 % CI of the mean over prompts of "
-                        "|τ(perturbed) - τ(unperturbed)| <= tol",
-                "levels": [lv.to_json(self.prompt_ids) for lv in self.levels]}
+                "seed": self.seed, "ladder": self.ladder, "budget": self.budget, "ci": [lo, hi],
+                "ci_level": self.fit.level, "status": self.fit.status, "lower_bound": self.lower_bound,
+                "gate_limit": self.gate_limit, "skipped": self.skipped, "min_prompts": self.min_prompts,
+                "n_measured": self.n_measured, "selected_prompts": self.selected, "conclusive": self.conclusive,
+                "rule": RULE, "fit": self.fit.to_json(),
+                "levels": [lv.to_json(self.prompt_ids, self.tol) for lv in self.levels]}
+
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 
 
 @dataclass(frozen=True)
 class GateCheck:
-    """One comparison's measured drift at one target layer against the budget."""
+    """One comparison's measured drift at one target layer against the budget and its CI."""
 
     comparison: str
     layer: int
@@ -288,25 +310,37 @@ class GateCheck:
     worst_prompt: str
     budget: float
     safety: float
+    budget_low: float  # the CI's lower end
+    budget_high: float  # its upper end (+inf: open)
     lower_bound: bool = False
-    conclusive: bool = True  # the budget was measured on at least --drift-budget-min-prompts prompts
-    harm: float | None = None  # the smallest injected error that measurably hurt τ (DriftBudget.harm)
+    conclusive: bool = False  # --drift-budget-conclusive: decide on the estimate inside the CI
 
     @property
-    def passed(self) -> bool:
-        return self.max_rel_err * self.safety <= self.budget
+    def scaled(self) -> float:
+        """The worst prompt's drift x the safety factor: what is compared with the budget."""
+        return self.max_rel_err * self.safety
+
+    @property
+    def in_ci(self) -> bool:
+        """drift x safety lies inside the budget's CI: the measurement cannot tell which side it is on."""
+        return self.budget_low < self.scaled <= self.budget_high
 
     @property
     def outcome(self) -> str:
-        """``pass`` (drift x safety within the budget); ``fail`` when over it and the budget is conclusive, or on any
-        budget once drift x safety reaches a level whose mean |Δτ| exceeded the tolerance (the drift is as large as
-        a perturbation that measurably hurt τ on these prompts); else ``inconclusive``: the budget, measured on too
-        few prompts, is too noisy to fail a drafter on."""
-        if self.passed:
-            return "pass"
-        if self.conclusive or (self.harm is not None and self.max_rel_err * self.safety >= self.harm):
-            return "fail"
-        return "inconclusive"
+        """``pass`` when drift x safety is at most the CI's lower end, ``fail`` when above its upper end, else
+        ``inconclusive`` (with ``conclusive``: pass / fail against the point estimate)."""
+        x = self.scaled
+        if x <= self.budget_low:
+            return PASS
+        if x > self.budget_high:
+            return FAIL
+        if self.conclusive:
+            return PASS if x <= self.budget else FAIL
+        return INCONCLUSIVE
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == PASS
 
     @property
     def margin(self) -> float:
@@ -316,23 +350,53 @@ class GateCheck:
     def to_json(self) -> dict[str, Any]:
         return {"comparison": self.comparison, "layer": self.layer, "max_rel_err": self.max_rel_err,
                 "mean_rel_err": self.mean_rel_err, "worst_prompt": self.worst_prompt, "budget": self.budget,
-                "safety": self.safety, "margin": self.margin, "lower_bound": self.lower_bound, "passed": self.passed,
-                "outcome": self.outcome}
+                "budget_ci": [self.budget_low, self.budget_high], "safety": self.safety, "margin": self.margin,
+                "lower_bound": self.lower_bound, "passed": self.passed, "outcome": self.outcome,
+                "decided_on": "estimate" if self.in_ci and self.conclusive else "ci"}
 
 
 def gate_check(comparison: str, layer: int, rel_errs: dict[str, float], budget: DriftBudget) -> GateCheck:
-    """The gate for one comparison and layer: the worst prompt's relative error x safety <= budget."""
+    """The gate for one comparison and layer: the worst prompt's relative error x safety against the budget's CI."""
     worst = max(rel_errs, key=lambda p: rel_errs[p])
+    lo, hi = budget.ci
     return GateCheck(comparison, layer, rel_errs[worst], sum(rel_errs.values()) / len(rel_errs), worst,
-                     budget.budget, budget.safety, budget.lower_bound, budget.conclusive, budget.harm)
+                     budget.budget, budget.safety, lo, hi, budget.lower_bound, budget.conclusive)
 
 
 def impact(rel_err: float, budget: DriftBudget, *, bound: bool = False) -> str:
-    """``"τ impact: within budget (...)"`` or ``"τ impact: over budget (...)"`` for a feature error ``rel_err``
-    (``bound``: it is only a lower bound of the error)."""
-    ok = rel_err * budget.safety <= budget.budget
+    """``"τ impact: within budget (...)"``, ``"τ impact: over budget (...)"`` or ``"τ impact: near the budget
+    (...)"`` (inside its CI) for a feature error ``rel_err`` (``bound``: only a lower bound of the error)."""
+    x = rel_err * budget.safety
+    lo, hi = budget.ci
     what = "at least " if bound else ""
-    rel = f"{what}{rel_err:.2e} x safety {budget.safety:g} {'<=' if ok else '>'} budget {budget.budget:.2e}"
-    if ok and bound:
-        return f"τ impact: within budget as far as this check can tell ({rel}; a lower bound of the change)"
-    return f"τ impact: {'within' if ok else 'over'} budget ({rel})"
+    rel = f"{what}{_sci(rel_err)} x safety {budget.safety:g} = {_sci(x)}"
+    if x <= lo:
+        if bound:
+            return (f"τ impact: within budget as far as this check can tell ({rel} <= {budget.budget_text()}'s lower "
+                    f"end; a lower bound of the change)")
+        return f"τ impact: within budget ({rel} <= the lower end of {budget.budget_text()})"
+    if x > hi:
+        return f"τ impact: over budget ({rel} > the upper end of {budget.budget_text()})"
+    return f"τ impact: near the budget ({rel} inside {budget.budget_text()}: cannot tell)"
+
+
+def gate_reason(g: GateCheck, budget: DriftBudget, where: str) -> str:
+    """Why the gate ``g`` did not pass, for its test's message (``where``: the comparison and layer): over the
+    budget, or inconclusive with the numbers and what would decide it."""
+    lo, hi = budget.ci
+    drift = (f"{where}: worst prompt {g.worst_prompt!r} rel_err {_sci(g.max_rel_err)} (mean over prompts "
+             f"{_sci(g.mean_rel_err)}) x safety factor {g.safety:g} = {_sci(g.scaled)}")
+    if g.outcome == FAIL:
+        how = (f"> the estimate {_sci(g.budget)}, inside the CI, decided on the estimate (--drift-budget-conclusive)"
+               if g.in_ci else f"> the CI's upper end {_sci(hi)}")
+        return (f"drift over budget (the drift matters for τ): {drift} {how}; {budget.describe()}; margin "
+                f"{g.margin:.2g}x, the gate needs >= {g.safety:g}x")
+    if g.outcome == INCONCLUSIVE:
+        side = "below" if g.scaled <= g.budget else "above"
+        more = (f"measure the budget on more prompts (it was measured on {budget.n_measured}: "
+                f"--drift-budget-min-prompts N, or a larger --prompts / --num-prompts), which narrows its CI")
+        return (f"drift gate inconclusive: {drift} lies inside the budget's CI {_sci(lo)}–{_sci(hi)} ({side} its "
+                f"estimate {_sci(g.budget)}); {budget.describe()}. To decide: {more}; or pass "
+                f"--drift-budget-conclusive to judge against the estimate (this layer would "
+                f"{'pass' if g.scaled <= g.budget else 'fail'})")
+    return f"drift within budget: {drift} <= the CI's lower end {_sci(lo)}"

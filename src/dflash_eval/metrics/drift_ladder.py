@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_LADDER", "Perturbation", "parse_ladder", "perturb_layers"]
 
-DEFAULT_LADDER = "1e-3,1e-2,3e-2,1e-1,3e-1,1,bf16,fp16,fp8"
+DEFAULT_LADDER = "1e-3,1e-2,3e-2,1e-1,3e-1,0.5,1,2,bf16,fp16,fp8"
 
 
 @dataclass(frozen=True)

@@ -200,17 +200,19 @@ class EvalSettings:
     drift_budget_ladder: str = opt(DEFAULT_LADDER, "perturbations measuring the drafter's drift budget: relative "
                                    "Gaussian noise sizes and rounding dtypes (bf16, fp16, fp8)", commands=_RUN,
                                    affects_tau=False)
-    drift_budget_tol: float = opt(0.1, "largest mean |Δτ| over the prompts (upper end of its 95 % CI) a feature "
-                                  "perturbation may cause within the drift budget", "float", commands=_RUN,
-                                  affects_tau=False)
-    drift_budget_safety: float = opt(5.0, "drift gate: worst measured drift per layer x this <= the drift budget",
+    drift_budget_tol: float = opt(0.1, "the mean τ drop over the prompts that defines the drift budget: the "
+                                  "injected feature error at which the fitted drop reaches this", "float",
+                                  commands=_RUN, affects_tau=False)
+    drift_budget_safety: float = opt(5.0, "drift gate: worst measured drift per layer x this is compared with the "
+                                     "drift budget's CI (pass below its lower end, fail above its upper end)",
                                      "float", commands=_RUN, affects_tau=False)
     drift_budget_seed: int = opt(0, "seed of the drift budget's noise", "int", commands=_RUN, affects_tau=False)
     drift_budget_min_prompts: int = opt(32, "measure the drift budget on at least this many prompts: a smaller "
-                                        "selection is extended with the next prompts of --prompts; where --prompts "
-                                        "holds fewer, a gate failure is inconclusive (a skip) unless drift x "
-                                        "safety reaches a level whose mean |Δτ| exceeded the tolerance", "int",
-                                        commands=_RUN, affects_tau=False)
+                                        "selection is extended with the next prompts of --prompts (more prompts "
+                                        "narrow the budget's CI)", "int", commands=_RUN, affects_tau=False)
+    drift_budget_conclusive: bool = opt(False, "drift gate: decide a drift x safety inside the budget's CI on the "
+                                        "budget's estimate (pass / fail) instead of skipping it as inconclusive",
+                                        "bool", commands=_RUN, affects_tau=False)
     kernel_fault: str | None = opt(None, "diagnostic: perturb the delta-rule kernels of the evaluation's feature "
                                    "extraction: noise:REL or round:bf16|fp16|fp8 (completions unaffected)",
                                    commands=_RUN_GATE, affects_tau=True)

@@ -1,10 +1,12 @@
 """drift_budget.png: how much feature error the drafter tolerates, and where this run's measured drift lies.
 
 Readable without docs/drift-budget.md: the title gives the drift gate's verdict and the numbers behind it (worst
-measured drift x safety factor against the budget), a subtitle says what the budget is. Left, the main panel: mean
-|Δτ| over prompts (the change of τ the injected error causes) with its bootstrap 95 % CI against the tolerance, the
-budget, the gate limit (budget / safety) and each comparison's worst measured drift; right: mean chain τ on an axis
-from 1 (the τ of a drafter that never helps), so a change of a few hundredths looks as small as it is. Injected
+measured drift x safety factor against the budget and its CI), a subtitle says what the budget is. Left, the main
+panel: the mean τ drop over prompts (τ unperturbed - perturbed; below 0 τ rose) with its 95 % CI, the monotone fit
+through it, the tolerance, the budget (where the fit reaches the tolerance) with its CI as a band, and each
+comparison's worst measured drift x safety (left of the band: pass; right of it: fail; inside: inconclusive);
+right: mean chain τ on an axis from 1 (the τ of a drafter that never helps), so a change of a few hundredths looks
+as small as it is. Injected
 noise is a line, rounding to a lower-precision dtype labelled points. One legend under both panels, fonts at 9-12 pt.
 Written with matplotlib's Agg backend, atomically, next to eval.png.
 """
@@ -50,25 +52,34 @@ def budget_title(data: dict[str, Any]) -> tuple[str, str]:
     b = data["drift_budget"]
     outcome = gate_outcome(data)
     bound = ">= " if b.get("lower_bound") else ""
+    lo, hi = _ci(b)
+    ci = f"{fmt(100 * b.get('ci_level', 0.9), 0)} % CI {_g(lo)}–{_g(hi)}"
     drifts = measured_drifts(data)
     if outcome is None:
-        title = f"drift budget {bound}{_g(b['budget'])}: no drift was gated in this run"
+        title = f"drift budget {bound}{_g(b['budget'])} ({ci}): no drift was gated in this run"
     else:
         name, worst = max(drifts.items(), key=lambda kv: kv[1]) if drifts else ("-", float("nan"))
-        rel = "<=" if outcome == "pass" else ">" if outcome == "fail" else "vs"
+        rel = "<=" if outcome == "pass" else ">" if outcome == "fail" else "inside"
         title = (f"drift gate {outcome.upper()}: worst measured drift {_g(worst)} ({name}) x safety "
-                 f"{fmt(b['safety'], 6, 'g')} = {_g(worst * b['safety'])} {rel} budget {bound}{_g(b['budget'])}")
-    sub = (f"budget = largest injected feature error that keeps mean |Δτ| <= {fmt(b['tol'], 6, 'g')} (upper end of "
-           f"its 95 % CI), measured on {b['n_prompts']} prompts from {b['base']} features; drafter "
+                 f"{fmt(b['safety'], 6, 'g')} = {_g(worst * b['safety'])} {rel} budget {bound}{_g(b['budget'])} "
+                 f"({ci})")
+    sub = (f"budget = injected feature error at which the fitted mean τ drop reaches {fmt(b['tol'], 6, 'g')}, "
+           f"measured on {b.get('n_measured', b['n_prompts'])} prompts from {b['base']} features; drafter "
            f"{str(b['drafter'])[:12]}")
     return title, sub
+
+
+def _ci(b: dict[str, Any]) -> tuple[float, float]:
+    """The budget's CI (an open upper end, null in strict JSON, as inf)."""
+    lo, hi = b.get("ci") or [b["budget"], b["budget"]]
+    return (b["budget"] if lo is None else lo), (float("inf") if hi is None else hi)
 
 
 def _levels(b: dict[str, Any]) -> list[dict[str, Any]]:
     """The ladder's levels that have numbers (strict JSON writes NaN, no prompt with a round, as null), in order of
     injected error."""
     levels = [lv for lv in b["levels"]
-              if None not in (lv.get("injected_rel_err"), lv.get("mean_tau"), lv.get("mean_abs_dtau"), *lv["ci95"])]
+              if None not in (lv.get("injected_rel_err"), lv.get("mean_tau"), lv.get("mean_drop"), *lv["drop_ci95"])]
     return sorted(levels, key=lambda lv: lv["injected_rel_err"])
 
 
@@ -92,10 +103,10 @@ def _noise_and_rounding(ax: Axes, key: str, levels: list[dict[str, Any]], floor:
     if noise:
         xs, ys = [lv["injected_rel_err"] for lv in noise], [lv[key] for lv in noise]
         if main:
-            err = [[max(0.0, lv[key] - lv["ci95"][0]) for lv in noise],
-                   [max(0.0, lv["ci95"][1] - lv[key]) for lv in noise]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color="C0",
-                        label="injected Gaussian noise (bars: 95 % CI of mean |Δτ|)")
+            err = [[max(0.0, lv[key] - lv["drop_ci95"][0]) for lv in noise],
+                   [max(0.0, lv["drop_ci95"][1] - lv[key]) for lv in noise]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color="C0", linestyle="none",
+                        label="injected Gaussian noise (bars: 95 % CI of the mean drop)")
         else:
             ax.plot(xs, ys, marker="o", color="C0")
     for k, lv in enumerate(rounds):
@@ -108,17 +119,20 @@ def _noise_and_rounding(ax: Axes, key: str, levels: list[dict[str, Any]], floor:
 
 
 def _limits(ax: Axes, b: dict[str, Any], drifts: dict[str, float], floor: float, *, main: bool) -> None:
-    """The budget, the gate limit and each comparison's measured drift as vertical lines (labelled on the main
-    panel), the log x axis and its grid."""
+    """The budget as a vertical line with its CI as a band, and each comparison's measured drift x safety as a
+    dashed line (labelled on the main panel), the log x axis and its grid."""
     bound = ">= " if b["lower_bound"] else ""
+    lo, hi = _ci(b)
     ax.axvline(b["budget"], color="green", linewidth=2.2, label=f"drift budget {bound}{_g(b['budget'])}" if main
                else None)
-    ax.axvline(b["gate_limit"], color="green", linestyle=":", linewidth=2, label=None if not main else
-               f"gate limit = budget / {fmt(b['safety'], 6, 'g')} = {_g(b['gate_limit'])} (a measured drift must "
-               "stay left)")
+    top = max([lv["injected_rel_err"] for lv in b["levels"] if lv.get("injected_rel_err")] + [b["budget"]]) * 3
+    ax.axvspan(max(lo, floor / 10), min(hi, top), color="green", alpha=0.12, label=None if not main else
+               f"budget's {fmt(100 * b.get('ci_level', 0.9), 0)} % CI {_g(lo)}–{_g(hi)} (drift x safety inside: "
+               "inconclusive)")
     for k, (name, v) in enumerate(sorted(drifts.items())):
-        ax.axvline(max(v, floor / 10), color=f"C{k + 3}", linestyle="--", linewidth=1.8,
-                   label=f"measured drift {name}: {_g(v)}" if main else None)
+        ax.axvline(max(v * b["safety"], floor / 10), color=f"C{k + 3}", linestyle="--", linewidth=1.8,
+                   label=f"measured drift x safety {fmt(b['safety'], 6, 'g')}, {name}: {_g(v * b['safety'])}"
+                   if main else None)
     ax.set_xscale("log")
     ax.set_xlabel("injected relative feature error ||f' - f|| / ||f||", fontsize=FONT_PT + 1)
     ax.tick_params(labelsize=FONT_PT)
@@ -128,12 +142,17 @@ def _limits(ax: Axes, b: dict[str, Any], drifts: dict[str, float], floor: float,
 def _axes_ranges(ax_d: Axes, ax_t: Axes, b: dict[str, Any], levels: list[dict[str, Any]]) -> None:
     """The tolerance band and the y ranges and labels of both panels."""
     tol = fmt(b["tol"], 6, "g")
-    top = max([b["tol"] * 2] + [lv["ci95"][1] for lv in levels])
-    ax_d.axhspan(0, b["tol"], color="green", alpha=0.08)
-    ax_d.axhline(b["tol"], color="red", linewidth=1.5, label=f"tolerance: mean |Δτ| <= {tol}")
-    ax_d.set_ylim(0, top * 1.08)
-    ax_d.set_ylabel("mean |Δτ| over prompts (change of τ caused by the error)", fontsize=FONT_PT + 1)
-    ax_d.set_title("change of τ against injected error", fontsize=FONT_PT + 2)
+    top = max([b["tol"] * 2] + [lv["drop_ci95"][1] for lv in levels])
+    bottom = min([0.0] + [lv["drop_ci95"][0] for lv in levels])
+    pts = [p for p in (b.get("fit") or {}).get("points", []) if p.get("fitted_drop") is not None]
+    if pts:
+        ax_d.plot([p["injected_rel_err"] for p in pts], [p["fitted_drop"] for p in pts], color="black",
+                  linewidth=1.5, label="monotone fit of the mean drop (isotonic)")
+    ax_d.axhline(0, color="gray", linewidth=0.8)
+    ax_d.axhline(b["tol"], color="red", linewidth=1.5, label=f"tolerance: mean τ drop {tol}")
+    ax_d.set_ylim(bottom * 1.08 - 0.02 * top, top * 1.08)
+    ax_d.set_ylabel("mean τ drop over prompts (τ unperturbed - perturbed)", fontsize=FONT_PT + 1)
+    ax_d.set_title("τ drop against injected error", fontsize=FONT_PT + 2)
     base = b["base_mean_tau"]
     ax_t.axhline(base, color="gray", linewidth=1)
     ax_t.axhspan(base - b["tol"], base + b["tol"], color="gray", alpha=0.15)
@@ -148,7 +167,7 @@ def _titles_and_legend(fig: Figure, ax_d: Axes, data: dict[str, Any]) -> None:
     fig.suptitle(title, fontsize=FONT_PT + 4, fontweight="bold", color=_VERDICT_COLOURS[gate_outcome(data)])
     fig.text(0.5, 0.905, sub, ha="center", fontsize=FONT_PT + 1)
     handles, labels = ax_d.get_legend_handles_labels()
-    rank = ("injected", "rounding", "tolerance", "drift budget", "gate limit", "measured")
+    rank = ("injected", "rounding", "monotone", "tolerance", "drift budget", "budget's", "measured")
     order = sorted(range(len(labels)), key=lambda i: next((r for r, w in enumerate(rank)
                                                            if labels[i].startswith(w)), len(rank)))
     handles, labels = [handles[i] for i in order], [labels[i] for i in order]
@@ -173,7 +192,7 @@ def budget_figure(data: dict[str, Any]) -> Figure | None:
     floor = min([lv["injected_rel_err"] for lv in levels if lv["injected_rel_err"] > 0] +
                 [v for v in drifts.values() if v > 0] + [1e-3])
     fig, (ax_d, ax_t) = plt.subplots(1, 2, figsize=(13, 6.2), gridspec_kw={"width_ratios": [3, 2]})
-    for ax, key in ((ax_d, "mean_abs_dtau"), (ax_t, "mean_tau")):
+    for ax, key in ((ax_d, "mean_drop"), (ax_t, "mean_tau")):
         _noise_and_rounding(ax, key, levels, floor, main=ax is ax_d)
         _limits(ax, b, drifts, floor, main=ax is ax_d)
     _axes_ranges(ax_d, ax_t, b, levels)

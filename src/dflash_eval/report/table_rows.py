@@ -250,41 +250,46 @@ def _order(x: float | None) -> float:
     return float("inf") if x is None else x
 
 
+def budget_ci_text(b: dict[str, Any]) -> str:
+    """``>= 4.20e-01 (90 % CI 3.50e-01–inf)``: the budget with its CI (an open end, null in strict JSON, as inf)."""
+    lo, hi = b.get("ci") or [None, None]
+    level = fmt(100 * b.get("ci_level", 0.9), 0)
+    return (f"{'>= ' if b.get('lower_bound') else ''}{_sci(b['budget'])} ({level} % CI {_sci(lo)}–"
+            f"{'inf' if hi is None else _sci(hi)})")
+
+
 def budget_line(data: dict[str, Any]) -> str | None:
-    """One line on the drafter's drift budget and the gate's limit (None when the budget was not measured)."""
+    """One line on the drafter's drift budget, its CI and the gate's rule (None when the budget was not measured)."""
     b = data.get("drift_budget")
     if not b:
         return None
-    bound = ">= " if b["lower_bound"] else ""
-    why = ("every level stayed within the tolerance: a lower bound" if b["lower_bound"] else
-           f"the next level, {b['limiting']}, moved τ more")
-    return (f"drift budget of drafter {str(b['drafter'])[:12]}: {bound}{_sci(b['budget'])} relative feature error "
-            f"(largest injected error whose mean |Δτ| over {b['n_prompts']} prompts stays <= {fmt(b['tol'], 6, 'g')}, "
-            f"upper end of its 95 % CI; {b['base']} features, mean τ {fmt(b['base_mean_tau'])}; {why}); gate: "
-            f"measured drift x {fmt(b['safety'], 6, 'g')} <= budget, i.e. drift <= {_sci(b['gate_limit'])}"
+    tol = fmt(b["tol"], 6, "g")
+    why = {"not_reached": f"the fitted drop stays below {tol} over the whole ladder: a lower bound",
+           "below_range": f"the fitted drop exceeds {tol} already at the smallest level",
+           "no_prompts": "no prompt had a speculative round"}.get(b.get("status", ""), "")
+    return (f"drift budget of drafter {str(b['drafter'])[:12]}: {budget_ci_text(b)} relative feature error (where the "
+            f"monotone fit of the mean τ drop over {b.get('n_measured', b['n_prompts'])} prompts reaches {tol}; "
+            f"{b['base']} features, mean τ {fmt(b['base_mean_tau'])}{'; ' + why if why else ''}); gate: measured "
+            f"drift x {fmt(b['safety'], 6, 'g')} passes below the CI's lower end, fails above its upper end"
+            + ("; inside it is decided on the estimate (--drift-budget-conclusive)" if b.get("conclusive") else
+               "; inside it is inconclusive")
             + _budget_prompts_note(b))
 
 
 def _budget_prompts_note(b: dict[str, Any]) -> str:
-    """Where the budget's prompts came from, and whether it is conclusive (fewer than the minimum: not)."""
-    n, sel, least = b["n_prompts"], b.get("selected_prompts"), b.get("min_prompts")
-    note = f"; measured on the {n} first prompts of --prompts ({sel} selected)" if sel is not None and n > sel else ""
-    if b.get("conclusive") is False:
-        harm, tol = b.get("harm_level"), fmt(b["tol"], 6, "g")
-        note += (f"; fewer than --drift-budget-min-prompts {least}: over it a gate is inconclusive unless the drift x "
-                 f"{fmt(b['safety'], 6, 'g')} reaches " + (f"{harm} ({_sci(b['harm'])}), the smallest level whose mean "
-                                                          f"|Δτ| exceeded {tol}" if harm else
-                                                          f"a level whose mean |Δτ| exceeds {tol} (none did)"))
-    return note
+    """Where the budget's prompts came from (a selection smaller than --drift-budget-min-prompts is extended)."""
+    n, sel = b["n_prompts"], b.get("selected_prompts")
+    return f"; measured on the {n} first prompts of --prompts ({sel} selected)" if sel is not None and n > sel else ""
 
 
 def ladder_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The drift budget's ladder: one row per perturbation, in order of injected error."""
-    header = ["perturbation", "injected rel err", "mean τ", "mean |Δτ|", "CI95", "max |Δτ|", "within"]
+    """The drift budget's ladder: one row per perturbation, in order of injected error: mean τ, the mean τ drop
+    (signed: below 0 τ rose) with its CI, the monotone fit there, and the largest |Δτ| of a prompt."""
+    header = ["perturbation", "injected rel err", "mean τ", "mean drop", "CI95", "fitted drop", "max |Δτ|"]
     b = data.get("drift_budget") or {}
     levels = sorted(b.get("levels", []), key=lambda lv: _order(lv["injected_rel_err"]))
-    rows = [[lv["label"], _sci(lv["injected_rel_err"]), fmt(lv["mean_tau"]), fmt(lv["mean_abs_dtau"]),
-             span(lv["ci95"][0], lv["ci95"][1]), fmt(lv["max_abs_dtau"]), "yes" if lv["within"] else "NO"]
+    rows = [[lv["label"], _sci(lv["injected_rel_err"]), fmt(lv["mean_tau"]), fmt(lv["mean_drop"], 3, "+f"),
+             span(lv["drop_ci95"][0], lv["drop_ci95"][1]), fmt(lv["fitted_drop"]), fmt(lv["max_abs_dtau"])]
             for lv in levels]
     return header, rows
 
@@ -301,14 +306,17 @@ def _margin(g: dict[str, Any]) -> str:
 def gate_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The drift gate: per comparison and layer, the worst prompt's drift against the budget, and the margin
     (budget / drift; the gate needs at least the safety factor)."""
-    header = ["comparison", "layer", "max rel_err", "worst prompt", "x safety", "budget", "margin", "verdict"]
+    header = ["comparison", "layer", "max rel_err", "worst prompt", "x safety", "budget", "budget CI", "margin",
+              "verdict"]
     rows = []
     for g in data.get("drift_gate", []):
         err = g.get("max_rel_err")
         scaled = None if err is None else err * g["safety"]
+        lo, hi = g.get("budget_ci") or [None, None]
         rows.append([g["comparison"], str(g["layer"]), _sci(err), g.get("worst_prompt", "-"), _sci(scaled),
-                     (">= " if g.get("lower_bound") else "") + _sci(g["budget"]), _margin(g),
-                     row_outcome(g).upper()])
+                     (">= " if g.get("lower_bound") else "") + _sci(g["budget"]),
+                     f"{_sci(lo)}–{'inf' if hi is None else _sci(hi)}", _margin(g),
+                     row_outcome(g).upper() + (" (estimate)" if g.get("decided_on") == "estimate" else "")])
     return header, rows
 
 

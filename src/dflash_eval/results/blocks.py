@@ -8,8 +8,8 @@ from typing import Any
 
 from dflash_eval.results.rows import Row, _opt
 
-__all__ = ["Refusal", "DrafterBlock", "DriftRow", "DriftAcceptRow", "BudgetLevel", "DriftBudgetBlock",
-           "DriftGateRow", "LayerFingerprint", "FingerprintBlock"]
+__all__ = ["Refusal", "DrafterBlock", "DriftRow", "DriftAcceptRow", "BudgetLevel", "FitPoint", "BudgetFitBlock",
+           "DriftBudgetBlock", "DriftGateRow", "LayerFingerprint", "FingerprintBlock"]
 
 
 @dataclass
@@ -65,23 +65,50 @@ class DriftAcceptRow(Row):
 
 @dataclass
 class BudgetLevel(Row):
-    """One perturbation of the drift budget's ladder and the τ change it caused."""
+    """One perturbation of the drift budget's ladder and the τ drop it caused (signed: τ(unperturbed) -
+    τ(perturbed); ``drop`` per prompt), with the monotone fit at its injected error (None: not fitted)."""
 
     kind: str
     label: str
     nominal: float | str  # the noise size (a float) or the dtype (a string)
     injected_rel_err: float
     mean_tau: float
+    mean_drop: float
+    drop_ci95: list[float]
+    fitted_drop: float | None
     mean_abs_dtau: float
-    ci95: list[float]
     max_abs_dtau: float
     within: bool
-    abs_dtau: dict[str, float]
+    drop: dict[str, float]
+
+
+@dataclass
+class FitPoint(Row):
+    """One level of the drift budget's monotone fit: its injected error, mean τ drop and the fit there."""
+
+    injected_rel_err: float
+    mean_drop: float
+    fitted_drop: float
+
+
+@dataclass
+class BudgetFitBlock(Row):
+    """The drift budget's fit (:class:`dflash_eval.metrics.drift_fit.BudgetFit`): how, on what, and how often the
+    bootstrap resamples reached the tolerance."""
+
+    method: str
+    points: list[FitPoint]
+    status: str
+    n_prompts: int
+    ci_level: float
+    resamples: int
+    crossed_share: float
 
 
 @dataclass
 class DriftBudgetBlock(Row):
-    """The drafter's drift budget (:class:`dflash_eval.metrics.drift_budget.DriftBudget`) as eval.json holds it."""
+    """The drafter's drift budget (:class:`dflash_eval.metrics.drift_budget.DriftBudget`) as eval.json holds it:
+    the budget, its CI, the fit (``fit``: method, points, status) and the levels it was fitted on."""
 
     drafter: str
     base: str
@@ -94,23 +121,25 @@ class DriftBudgetBlock(Row):
     seed: int
     ladder: str
     budget: float
+    ci: list[float]
+    ci_level: float
+    status: str
     lower_bound: bool
-    limiting: str | None
     gate_limit: float | None
     skipped: list[str]
     min_prompts: int
-    conclusive: bool
-    harm: float | None
-    harm_level: str | None
+    n_measured: int
     selected_prompts: int | None
+    conclusive: bool
     rule: str
+    fit: BudgetFitBlock
     levels: list[BudgetLevel]
 
 
 @dataclass
 class DriftGateRow(Row):
-    """One comparison's measured drift at one target layer against the budget
-    (:class:`dflash_eval.metrics.drift_budget.GateCheck`)."""
+    """One comparison's measured drift at one target layer against the budget and its CI
+    (:class:`dflash_eval.metrics.drift_budget.GateCheck`); ``outcome``: pass / fail / inconclusive."""
 
     comparison: str
     layer: int
@@ -118,11 +147,13 @@ class DriftGateRow(Row):
     mean_rel_err: float
     worst_prompt: str
     budget: float
+    budget_ci: list[float]
     safety: float
     margin: float | None
     lower_bound: bool
     passed: bool
     outcome: str
+    decided_on: str
 
 
 @dataclass
