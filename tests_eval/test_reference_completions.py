@@ -11,7 +11,13 @@ import pytest
 from dflash_eval.golden.writer import golden_extension
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
 
-NEAR_TIE = 1e-3  # logit margin below which a divergence is a numerical near-tie, not a disagreement
+#: Top-2 logit margin below which a divergence between generation (the decode path, one token at a time) and the
+#: teacher-forced forward (the prefill path over the whole sequence) is a numerical near-tie, not a disagreement, by
+#: the dtype the target runs in. In float32 the two paths agree to ~1e-5. In bfloat16 the logits themselves are
+#: rounded to 8 significant bits: one step is 0.0625 for logits in [8, 16) and 0.125 in [16, 32), and the two paths
+#: round differently (measured on an H200 with fla, bundled target: divergences at margins 0.031 and 0.0625, one
+#: step, in 3 of 37 completions); a tie within two steps of a logit below 32 is no disagreement.
+NEAR_TIE = {"float32": 1e-3, "float64": 1e-3, "bfloat16": 0.25, "float16": 0.03125}
 
 
 @pytest.fixture
@@ -52,6 +58,6 @@ def test_teacher_forced_agreement(prompt_id, reference_completions, eval_session
             msg = (f"prompt {prompt_id!r}: first divergence at completion token {k} (position {p + k}): reference "
                    f"{want} ({eval_session.inputs.tokenizer.decode([want])!r}), teacher-forced argmax {got} "
                    f"({eval_session.inputs.tokenizer.decode([got])!r}), top-2 logit margin {m:.2e}")
-            if m < NEAR_TIE:
+            if m < NEAR_TIE.get(str(eval_session.settings.torch_dtype).removeprefix("torch."), 1e-3):
                 pytest.skip("near-tie, not a disagreement: " + msg)
             pytest.fail(msg, pytrace=False)
