@@ -59,13 +59,17 @@ def test_gate_dir_in_step_order_skipping_recorded_ones(tmp_path, cache, capsys):
 
 def test_a_regression_beyond_noise_fails_the_gate(tmp_path, cache):
     run = tmp_path / "run"
-    shutil.copytree(DRAFTER, run / "step_1")
-    shutil.copytree(SECOND, run / "step_2")  # the weaker drafter after the stronger one
+    for step in (1, 2, 3):  # a regression is judged from the fourth checkpoint: σ needs two differences
+        shutil.copytree(DRAFTER, run / f"step_{step}")
+    shutil.copytree(SECOND, run / "step_4")  # the weaker drafter after the stronger ones
     reports = tmp_path / "reports"
     assert gate(run, cache, reports) == 1
-    last = History(reports / "history.jsonl").read()[-1]
-    assert last.step == 2 and last.regression and "step 1" in last.regression and last.verdict == "fail"
-    assert "worse than the best checkpoint so far" in (reports / "history.md").read_text()
+    records = History(reports / "history.jsonl").read()
+    assert [r.regression for r in records[:3]] == [None, None, None]
+    last = records[-1]
+    assert last.step == 4 and last.regression and "(step 1 .. step 3; τ " in last.regression
+    assert last.verdict == "fail"
+    assert "below the run's recent level beyond the noise between checkpoints" in (reports / "history.md").read_text()
 
 
 def test_reference_drafter_tau_beside_each_checkpoint(tmp_path, cache):

@@ -1,7 +1,7 @@
 """The history of a training run's evaluations (dflash_eval.training_loop.history) and the verdicts across steps
-(training_loop.trend): appends from two concurrent writer processes all land, a writer killed inside its append
-leaves the history as it was and its lock free, regressions beyond noise fail, a plateau is noticed, and the trend
-table and plot are written from the records."""
+(training_loop.trend; the rule's own tests: tests/test_trend.py): appends from two concurrent writer processes all
+land, a writer killed inside its append leaves the history as it was and its lock free, regressions beyond noise
+fail, a plateau is noticed, and the trend table and plot are written from the records."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from dflash_eval.errors import ConfigError
 from dflash_eval.training_loop.history import CheckpointRecord, History
-from dflash_eval.training_loop.trend import paired_diff, plateau, regression
+from dflash_eval.training_loop.trend import paired, plateau, regression
 from dflash_eval.training_loop.trend_plot import write_trend_plot
 from dflash_eval.training_loop.trend_table import trend_table, write_trend_table
 
@@ -40,47 +40,55 @@ BASE = [3.0, 3.4, 2.8, 3.9, 3.1, 3.6, 2.9, 3.3, 3.5, 3.2]
 
 
 # ------------------------------------------------------------------------------------------------ verdicts
+def steady(steps: list[int], level: float = 1.0) -> list[CheckpointRecord]:
+    """Checkpoints of one run at one level, each a little above or below it (the noise between checkpoints)."""
+    return [record(s, [t + level + (0.02 if k % 2 else -0.02) + 0.01 * ((i * 7 + k) % 3 - 1)
+                       for i, t in enumerate(BASE)]) for k, s in enumerate(steps)]
+
+
 def test_regression_beyond_noise_fails_and_noise_does_not():
-    best = record(100, [t + 1.0 for t in BASE])
-    worse = record(200, [t + 0.6 for t in BASE])  # every prompt 0.4 lower: the CI lies below 0
-    assert regression(worse, [record(50, BASE), best]) is not None
-    assert "step 100" in regression(worse, [record(50, BASE), best])
-    noisy = record(200, [t + 1.0 + (0.3 if i % 2 else -0.3) for i, t in enumerate(BASE)])  # mean equal, noisy
-    assert regression(noisy, [best]) is None
-    assert regression(best, []) is None
-    d = paired_diff(worse, best)
-    assert d.n == len(BASE) and d.mean == pytest.approx(-0.4) and d.ci_high < 0
+    earlier = steady([100, 200, 300, 400, 500])
+    worse = record(600, [t + 0.6 for t in BASE])  # every prompt 0.4 lower than the run's level
+    msg = regression(worse, earlier)
+    assert msg is not None and msg.startswith("below the run's recent level beyond the noise between checkpoints")
+    assert "against the mean of the last 5 checkpoints (step 100 .. step 500; τ " in msg
+    noisy = record(600, [t + 1.0 + (0.03 if i % 2 else -0.03) for i, t in enumerate(BASE)])  # the level, noisy
+    assert regression(noisy, earlier) is None
+    assert regression(earlier[0], []) is None
+    d = paired(worse.prompts, earlier[0].prompts)
+    assert d.n == len(BASE) and d.mean == pytest.approx(-0.4 + 0.02 + 0.01 * 0, abs=0.011) and d.se >= 0
 
 
 def test_plateau_notice_over_the_last_k_checkpoints():
-    rising = [record(s, [t + 0.3 * k for t in BASE]) for k, s in enumerate((100, 200, 300, 400))]
-    assert plateau(rising[-1], rising[:-1], 3) is None  # each step gains on the one before
-    flat = [record(100, BASE)] + [record(s, [t + (0.05 if (i + s // 100) % 2 else -0.05) for i, t in
-                                             enumerate(BASE)]) for s in (200, 300, 400)]
+    rising = [record(s, [t + 0.3 * k for t in BASE]) for k, s in enumerate((100, 200, 300, 400, 500, 600))]
+    rising = [r.judged(rising[:k], 3) for k, r in enumerate(rising)]
+    assert all(r.plateau is None for r in rising)  # each step gains on the one before
+    flat = steady([100, 200, 300, 400, 500, 600])
     note = plateau(flat[-1], flat[:-1], 3)
-    assert note is not None and "last 3 checkpoints" in note and "step 100" in note
+    assert note is not None and "last 3 checkpoints" in note and "step 400 .. step 600" in note
     assert plateau(flat[2], flat[:2], 3) is None  # fewer than K + 1 checkpoints: no notice yet
 
 
 def test_judged_record_compares_only_earlier_steps():
-    hist = [record(100, BASE), record(300, [t + 1 for t in BASE])]
-    mid = record(200, [t + 0.5 for t in BASE]).judged(hist, 4)
-    assert mid.regression is None  # step 300 comes after it
-    late = record(400, [t + 0.5 for t in BASE]).judged(hist, 4)
-    assert late.regression is not None and late.verdict == "fail"
+    hist = steady([100, 200, 300, 400, 500, 700])
+    mid = record(600, [t + 0.6 for t in BASE]).judged(hist, 4)
+    assert mid.regression is not None and "(step 100 .. step 500; " in mid.regression  # not step 700
+    late = record(800, [t + 0.6 for t in BASE]).judged(hist, 4)
+    assert late.regression is not None and "(step 100 .. step 700; " in late.regression
+    assert late.verdict == "fail"
 
 
 # ------------------------------------------------------------------------------------------------ the file
 def test_append_read_round_trip_and_has(tmp_path):
     h = History(tmp_path / "history.jsonl")
     assert h.read() == []
-    out = h.append(record(100, BASE))
-    h.append(record(200, [t - 1 for t in BASE]))
+    out = [h.append(r) for r in steady([100, 200, 300, 400], level=0.0)]
+    h.append(record(500, [t - 1 for t in BASE]))
     got = h.read()
-    assert [r.step for r in got] == [100, 200] and got[0] == out
-    assert got[1].regression is not None  # judged against step 100 under the lock
+    assert [r.step for r in got] == [100, 200, 300, 400, 500] and got[:4] == out
+    assert got[4].regression is not None  # judged against the earlier steps under the lock
     assert h.has("ckpt/step_100", 100, "d1") and not h.has("ckpt/step_100", 100, "other")
-    line = json.loads((tmp_path / "history.jsonl").read_text().splitlines()[1])
+    line = json.loads((tmp_path / "history.jsonl").read_text().splitlines()[4])
     assert line["verdict"] == "fail" and line["prompts"]["p0"] == BASE[0] - 1
 
 

@@ -8,8 +8,9 @@
   drafter (and the module's train/eval mode restored after the call).
 - :mod:`~dflash_eval.training_loop.history`: one JSONL record per evaluated checkpoint in the report folder,
   appended atomically under a file lock; :mod:`~dflash_eval.training_loop.trend`: the verdicts across steps
-  (worse than the best so far beyond noise; a plateau notice); :mod:`~dflash_eval.training_loop.trend_table` and
-  :mod:`~dflash_eval.training_loop.trend_plot`: the markdown trend table and the τ-vs-step plot.
+  (below the run's recent level beyond the noise between checkpoints; a plateau notice);
+  :mod:`~dflash_eval.training_loop.trend_table` and :mod:`~dflash_eval.training_loop.trend_plot`: the markdown
+  trend table and the τ-vs-step plot.
 - :mod:`~dflash_eval.training_loop.checkpoint_dir`: the checkpoints of a training output folder in step order;
   :mod:`~dflash_eval.training_loop.watch`: waiting for new ones (``dflash-eval gate DIR --watch``).
 - :mod:`~dflash_eval.training_loop.trackers`: TensorBoard and Weights & Biases logging through their own
