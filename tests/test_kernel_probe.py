@@ -1,15 +1,22 @@
-"""The kernel probe (:mod:`dflash_eval.target.kernel_probe`) on the bundled target's head shapes:
+"""The kernel probe (:mod:`dflash_eval.target.kernel_probe`) on the bundled target:
 
-- an unchanged kernel gives the same digest bit for bit in two separate processes, and the probe's kernel calls take
-  well under a second on a CPU;
-- a change to one kernel (the chunked or the recurrent delta rule, the attention function), patched in from outside
-  dflash-eval with the same library versions, moves that kernel's digest and no other;
-- the backend decides what is probed (``torch-recurrent`` probes the recurrent function for prefill; a ``+<fault>``
-  suffix is already in the cache key and is not probed); the head shapes come from config.json, dense targets get
-  the attention probe alone, a missing field is an error naming the file and the key;
-- the registry of digests names the kernel whose output changed since features were cached; xdist workers' probes
-  merge into one ``provenance.kernel_probe`` block that validates against eval.json's schema;
-- with fla on a GPU, fla's chunk kernel is probed (skipped on a CPU, naming what was not checked).
+- an unchanged kernel gives the same digest bit for bit in two separate processes, at the extraction and the
+  generation shape, in fp32 and bf16;
+- the probe runs the target's own classes: every kernel function of the forward is recorded (both delta rules, both
+  convolutions, the gated norm, the attention function, the norms, the projections, prefill and decode apart), at
+  the bucket of the sequence length and the run's decode steps;
+- every class of fault patched in from OUTSIDE dflash-eval (tests/kernel_faults.py: noise on the chunked delta rule,
+  its decay gate x1.1, bf16 accumulation, noise only on long inputs, in ``causal_conv1d_fn``, in
+  ``causal_conv1d_update``, in the gated RMSNorm, on decode steps only, on long attention queries, in the recurrent
+  rule's prefill) moves the digest of exactly the probes whose path it is on, and names its own function as the
+  first kernel whose output changed; a fault on inputs longer than a bucket leaves that bucket's probe alone;
+- the backend decides what is probed (``torch-recurrent`` runs the recurrent function for prefill; a ``+<fault>``
+  suffix is already in the cache key and is not probed); head shapes are checked from config.json, dense targets
+  run their attention layer alone, a missing field is an error naming the file and the key;
+- the registry of digests names the first kernel whose output changed since an entry was cached; xdist workers'
+  probes merge into one ``provenance.kernel_probe`` block that validates against eval.json's schema;
+- the exact integer fold used on a GPU sees a one-bit change;
+- with fla on a GPU, fla's kernels are what the probe records (skipped on a CPU, naming what was not checked).
 
 Run: ``pytest tests/test_kernel_probe.py -p no:cacheprovider``
 """
@@ -24,114 +31,149 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernel_faults import FAULTS, LONG, install
 
 from dflash_eval.errors import ConfigError
-from dflash_eval.target.kernel_probe import ProbeShapes, probe
-from dflash_eval.target.kernel_registry import KernelProbes
+from dflash_eval.target.kernel_probe import MIN_BUCKET, TAIL, ProbeShape, ProbeShapes, bucket, fold, probe
+from dflash_eval.target.kernel_registry import KernelProbes, kernel_change
 from dflash_eval.target.loader import TargetDir
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = TargetDir(ROOT / "fixtures" / "target")
 MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
+EXTRACT = ProbeShape.for_sequence(300)  # the bundled prompts + completions: one bucket, 512 tokens
+GENERATE = ProbeShape.for_generation(200, 32, 16)  # 16 decode steps keep the unit tests short (the run: 128)
 
 SCRIPT = """
 import json, sys, torch
-from dflash_eval.target.kernel_probe import probe
+from dflash_eval.target.kernel_probe import ProbeShape, probe
 from dflash_eval.target.loader import TargetDir
 out = {}
 for dtype in (torch.float32, torch.bfloat16):
-    r = probe(TargetDir(sys.argv[1]), "torch", dtype, "cpu")
-    out[str(dtype)] = {"digest": r.digest, "kernels": {k: v.digest for k, v in r.kernels.items()}}
+    for name, shape in (("extract", ProbeShape.for_sequence(300)),
+                        ("generate", ProbeShape.for_generation(200, 32, 16))):
+        r = probe(TargetDir(sys.argv[1]), "torch", dtype, "cpu", shape)
+        out[f"{dtype}/{name}"] = {"digest": r.digest, "kernels": r.digests()}
 print(json.dumps(out))
 """
 
 
-@pytest.fixture
-def modeling():
-    """The bundled target's modeling module; patches of it are undone after the test."""
-    import importlib
-
-    return importlib.import_module(MODELING)
-
-
-def _inner(fn):
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return fn
-
-
-def _digests(r) -> dict[str, str]:
-    return {k: v.digest for k, v in r.kernels.items()}
+@pytest.fixture(scope="module")
+def clean() -> dict[tuple[str, str], object]:
+    """The clean probes of both torch backends at both shapes, and a long one."""
+    long = ProbeShape.for_sequence(1000)
+    return {(b, k): probe(TARGET, b, torch.float32, "cpu", s) for b in ("torch", "torch-recurrent")
+            for k, s in (("extract", EXTRACT), ("generate", GENERATE), ("long", long))}
 
 
 @pytest.mark.slow
 def test_an_unchanged_kernel_gives_the_same_digest_in_separate_processes():
     runs = [subprocess.run([sys.executable, "-c", SCRIPT, str(TARGET.path)], capture_output=True, text=True,
-                           timeout=300, cwd=ROOT) for _ in range(2)]
+                           timeout=600, cwd=ROOT) for _ in range(2)]
     assert all(p.returncode == 0 for p in runs), [p.stderr[-2000:] for p in runs]
     a, b = (json.loads(p.stdout.strip().splitlines()[-1]) for p in runs)
     assert a == b
-    here = {str(dt): probe(TARGET, "torch", dt, "cpu") for dt in (torch.float32, torch.bfloat16)}
-    assert {k: {"digest": r.digest, "kernels": _digests(r)} for k, r in here.items()} == a
-    assert a["torch.float32"]["digest"] != a["torch.bfloat16"]["digest"]  # the run's dtype is probed
-    again = probe(TARGET, "torch", torch.float32, "cpu")
-    assert again.digest == here["torch.float32"].digest
-    assert again.seconds < 1.0, f"the probe's kernel calls took {again.seconds:.3f} s on a CPU"
+    here = probe(TARGET, "torch", torch.float32, "cpu", EXTRACT)
+    assert {"digest": here.digest, "kernels": here.digests()} == a["torch.float32/extract"]
+    assert a["torch.float32/extract"]["digest"] != a["torch.bfloat16/extract"]["digest"]  # the run's dtype is probed
+    assert probe(TARGET, "torch", torch.float32, "cpu", EXTRACT).digest == here.digest
 
 
-def test_a_patched_chunk_kernel_moves_only_its_digest(modeling, monkeypatch):
-    clean = probe(TARGET, "torch", torch.float32, "cpu")
-    assert set(clean.kernels) == {"linear_attention_chunk", "linear_attention_recurrent", "attention"}
-    assert clean.kernels["linear_attention_chunk"].function == f"{MODELING}.torch_chunk_gated_delta_rule"
-    inner = _inner(modeling.torch_chunk_gated_delta_rule)
-
-    def gate_times_1_1(query, key, value, g, beta, **kwargs):
-        return inner(query, key, value, g * 1.1, beta, **kwargs)
-
-    monkeypatch.setattr(modeling, "torch_chunk_gated_delta_rule", gate_times_1_1)
-    patched = probe(TARGET, "torch", torch.float32, "cpu")
-    moved = {k for k in clean.kernels if clean.kernels[k].digest != patched.kernels[k].digest}
-    assert moved == {"linear_attention_chunk"}
-    assert patched.kernels["linear_attention_chunk"].function.endswith("gate_times_1_1")
-    assert patched.digest != clean.digest
-    monkeypatch.undo()
-    assert probe(TARGET, "torch", torch.float32, "cpu").digest == clean.digest
-
-
-def test_a_patched_recurrent_or_attention_kernel_moves_only_its_digest(modeling, monkeypatch):
-    clean = _digests(probe(TARGET, "torch", torch.float32, "cpu"))
-    inner = _inner(modeling.torch_recurrent_gated_delta_rule)
-
-    def bf16_state(query, key, value, g, beta, initial_state=None, **kwargs):  # a state kept in bf16
-        state = None if initial_state is None else initial_state.to(torch.bfloat16).float()
-        return inner(query, key, value, g, beta, initial_state=state, **kwargs)
-
-    monkeypatch.setattr(modeling, "torch_recurrent_gated_delta_rule", bf16_state)
-    recur = _digests(probe(TARGET, "torch", torch.float32, "cpu"))
-    assert {k for k in clean if clean[k] != recur[k]} == {"linear_attention_recurrent"}
-    monkeypatch.undo()
-
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def noisy_sdpa(*args, **kwargs):
-        out = sdpa(*args, **kwargs)
-        return out + 1e-6 * torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", noisy_sdpa)
-    attn = _digests(probe(TARGET, "torch", torch.float32, "cpu"))
-    assert {k for k in clean if clean[k] != attn[k]} == {"attention"}
+def test_the_probe_runs_every_kernel_of_the_forward_at_the_runs_shapes(clean):
+    ext, gen = clean[("torch", "extract")], clean[("torch", "generate")]
+    assert bucket(1) == bucket(MIN_BUCKET) == MIN_BUCKET and bucket(MIN_BUCKET + 1) == 2 * MIN_BUCKET
+    assert ext.shape.length == MIN_BUCKET + TAIL and ext.shape.length % 64  # the last chunk is a padded one
+    for phase in ("", "cached:"):  # without the model's cache (extraction) and with it (the argmax's forward)
+        assert ext.kernels[f"{phase}linear_attention.torch_chunk_gated_delta_rule"].function == \
+            f"{MODELING}.torch_chunk_gated_delta_rule"
+        for name in ("embed_tokens", "linear_attention.causal_conv1d_fn", "linear_attention.linear_attn.norm",
+                     "linear_attention.linear_attn.in_proj_qkv", "full_attention.attention",
+                     "full_attention.self_attn.q_norm", "norm", "lm_head"):
+            assert f"{phase}{name}" in ext.kernels, name
+    assert ext.kernels["linear_attention.linear_attn.norm"].kind == "gated-norm"
+    assert ext.kernels["full_attention.attention"].function.startswith("sdpa: ")  # transformers' default here
+    assert not any(k.startswith("decode:") for k in ext.kernels)
+    # generation: the padded prefill, then every decode step through the decode kernels
+    assert gen.shape.rows == 2 and gen.shape.new_tokens == 16
+    decode = {k: v for k, v in gen.kernels.items() if k.startswith("decode:")}
+    assert decode["decode:linear_attention.torch_recurrent_gated_delta_rule"].calls == 15
+    assert decode["decode:linear_attention.causal_conv1d_update"].calls == 15
+    assert decode["decode:full_attention.attention"].calls == 15
+    assert gen.kernels["generated_ids"].kind == "generation"
+    assert gen.kernels["linear_attention.apply_mask_to_padding_states"].calls == 1
+    assert len({ext.digest, gen.digest, clean[("torch", "long")].digest}) == 3
 
 
-def test_the_backend_decides_what_is_probed():
-    torch_r = probe(TARGET, "torch", torch.float32, "cpu")
-    recur_r = probe(TARGET, "torch-recurrent", torch.float32, "cpu")
-    assert recur_r.kernels["linear_attention_chunk"].function == f"{MODELING}.torch_recurrent_gated_delta_rule"
-    assert recur_r.kernels["linear_attention_chunk"].digest != torch_r.kernels["linear_attention_chunk"].digest
-    assert recur_r.kernels["attention"].digest == torch_r.kernels["attention"].digest
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_kernel_patched_from_outside_moves_the_digest_of_the_probes_on_its_path(fault, clean):
+    """Which probes move, and the first kernel named: the patched function itself."""
+    undo = install(fault)
+    try:
+        now = {k: probe(TARGET, k[0], torch.float32, "cpu", c.shape) for k, c in clean.items()}
+    finally:
+        undo()
+    first = {k: (kernel_change(c.digests(), now[k]) or [None])[0] for k, c in clean.items()}
+    moved = {k for k, f in first.items() if f is not None}
+    chunk = "linear_attention.torch_chunk_gated_delta_rule"
+    prefill = {(b, k) for b in ("torch", "torch-recurrent") for k in ("extract", "generate", "long")}
+    expect = {"chunk_noise": ({(b, k) for b, k in prefill if b == "torch"}, chunk),
+              "gate": ({(b, k) for b, k in prefill if b == "torch"}, chunk),
+              "bf16_chunk": ({(b, k) for b, k in prefill if b == "torch"}, chunk),
+              "long_inputs": ({(b, k) for b, k in prefill if b == "torch"}, chunk),
+              "conv1d": (prefill, "linear_attention.causal_conv1d_fn"),
+              "conv1d_update": ({("torch", "generate"), ("torch-recurrent", "generate")},
+                                "decode:linear_attention.causal_conv1d_update"),
+              "gated_norm": (prefill, "linear_attention.linear_attn.norm"),
+              "decode_only": ({("torch", "generate"), ("torch-recurrent", "generate")},
+                              "decode:linear_attention.torch_recurrent_gated_delta_rule"),
+              "recurrent_prefill": ({(b, k) for b, k in prefill if b == "torch-recurrent"}, chunk),
+              "attention_long": (prefill, "full_attention.attention")}[fault]
+    assert moved == expect[0], first
+    assert {first[k] for k in moved} == {expect[1]}
+    for k in moved:
+        function = now[k].kernels[expect[1]].function
+        assert "kernel_faults" in function or fault == "attention_long", function  # sdpa: inside transformers' own
+    assert LONG < EXTRACT.length  # the long-inputs fault is on the path of every probe of the bundled bucket
+
+
+def test_a_fault_on_inputs_longer_than_a_bucket_leaves_that_buckets_probe_alone(clean, monkeypatch):
+    import importlib
+
+    mod = importlib.import_module(MODELING)
+    chunk = mod.torch_chunk_gated_delta_rule
+    while hasattr(chunk, "__wrapped__"):
+        chunk = chunk.__wrapped__
+
+    def beyond_600(query, key, value, g, beta, **kw):
+        out, state = chunk(query, key, value, g, beta, **kw)
+        return (out * 1.01 if query.shape[1] > 600 else out), state
+
+    monkeypatch.setattr(mod, "torch_chunk_gated_delta_rule", beyond_600)
+    assert probe(TARGET, "torch", torch.float32, "cpu", EXTRACT).digest == clean[("torch", "extract")].digest
+    long = probe(TARGET, "torch", torch.float32, "cpu", clean[("torch", "long")].shape)
+    assert long.shape.length > 1000 and long.digest != clean[("torch", "long")].digest
+
+
+def test_the_backend_decides_what_is_probed(clean):
+    torch_r, recur_r = clean[("torch", "extract")], clean[("torch-recurrent", "extract")]
+    chunk = "linear_attention.torch_chunk_gated_delta_rule"
+    assert recur_r.kernels[chunk].function == f"{MODELING}.torch_recurrent_gated_delta_rule"
+    assert recur_r.kernels[chunk].digest != torch_r.kernels[chunk].digest
+    assert recur_r.kernels["linear_attention.causal_conv1d_fn"].digest == \
+        torch_r.kernels["linear_attention.causal_conv1d_fn"].digest  # the same inputs before the delta rule
     # the diagnostic fault is named in the cache key already: its backend is probed without it
-    fault = probe(TARGET, "torch+noise=0.01", torch.float32, "cpu")
+    fault = probe(TARGET, "torch+noise=0.01", torch.float32, "cpu", EXTRACT)
     assert fault.backend == "torch" and fault.digest == torch_r.digest
-    assert torch_r.kernels["attention"].function.startswith("sdpa: ")  # transformers' default for this class
+
+
+def test_the_integer_fold_sees_one_bit():
+    x = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0))
+    a = fold(x)
+    y = x.clone()
+    y.view(torch.int32)[2, 517] ^= 1  # the lowest mantissa bit of one element
+    assert not torch.equal(fold(y), a) and torch.equal(fold(x.clone()), a)
+    assert not torch.equal(fold(x.to(torch.bfloat16)), fold(x.to(torch.bfloat16) * (1 + 2 ** -7)))
+    assert fold(torch.tensor([True, False])).shape == (4,)
 
 
 def _target_dir(tmp_path: Path, **over) -> TargetDir:
@@ -142,17 +184,13 @@ def _target_dir(tmp_path: Path, **over) -> TargetDir:
     return TargetDir(d)
 
 
-def test_head_shapes_come_from_the_config(tmp_path):
+def test_head_shapes_come_from_the_config(tmp_path, clean):
     shapes = ProbeShapes.from_target(TARGET)
     assert shapes == ProbeShapes(num_heads=4, num_kv_heads=2, head_dim=64, linear=(4, 4, 32, 32))
-    r = probe(TARGET, "torch", torch.float32, "cpu")
-    assert r.kernels["linear_attention_chunk"].shapes["value"] == [1, 80, 4, 32]
-    assert r.kernels["attention"].shapes["key"] == [1, 2, 24, 64]
     # grouped value heads (more value than key heads), as the large Qwen3.5 models have
     wide = probe(_target_dir(tmp_path, linear_num_value_heads=8, linear_value_head_dim=16), "torch", torch.float32,
-                 "cpu")
-    assert wide.kernels["linear_attention_chunk"].shapes["value"] == [1, 80, 8, 16]
-    assert wide.digest != r.digest
+                 "cpu", EXTRACT)
+    assert wide.shapes.linear == (4, 8, 32, 16) and wide.digest != clean[("torch", "extract")].digest
 
     with pytest.raises(ConfigError, match=r"config\.json: no 'linear_key_head_dim', which the kernel probe needs"):
         ProbeShapes.from_target(_target_dir(tmp_path, linear_key_head_dim=None))
@@ -160,58 +198,66 @@ def test_head_shapes_come_from_the_config(tmp_path):
         ProbeShapes.from_target(_target_dir(tmp_path, linear_num_value_heads=6))
 
 
-def test_a_dense_target_gets_the_attention_probe_alone(tmp_path):
+def test_a_dense_target_gets_its_attention_layer_alone(tmp_path):
     d = tmp_path / "dense"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
                                                "hidden_size": 64, "num_attention_heads": 4,
                                                "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
-                                               "vocab_size": 128}))
-    r = probe(TargetDir(d), "torch", torch.float32, "cpu")
-    assert set(r.kernels) == {"attention"} and r.shapes.linear is None
-    assert r.kernels["attention"].shapes["query"] == [1, 4, 24, 16]
+                                               "intermediate_size": 96, "vocab_size": 128}))
+    r = probe(TargetDir(d), "torch", torch.float32, "cpu", EXTRACT)
+    assert r.shapes.linear is None
+    assert {k.kind for k in r.kernels.values()} >= {"attention", "norm", "matmul", "embedding"}
+    assert "linear-attention" not in {k.kind for k in r.kernels.values()}
+    assert any(k.endswith(".attention") for k in r.kernels)
 
 
-def test_the_registry_names_the_changed_kernel(tmp_path, modeling, monkeypatch):
+def test_the_registry_names_the_changed_kernel(tmp_path):
     reg = tmp_path / "registry"
     first = KernelProbes(TARGET, "cpu", registry_dir=reg)
-    clean = first.get("torch", torch.float32)
-    assert first.earlier("torch", torch.float32) == {}
-    inner = _inner(modeling.torch_chunk_gated_delta_rule)
-
-    def noisy(query, key, value, g, beta, **kwargs):
-        out, state = inner(query, key, value, g, beta, **kwargs)
-        return out + 1e-2 * out.pow(2).mean().sqrt() * torch.randn(out.shape, generator=torch.Generator()), state
-
-    monkeypatch.setattr(modeling, "torch_chunk_gated_delta_rule", noisy)
-    second = KernelProbes(TARGET, "cpu", registry_dir=reg)  # another run, same cache, the kernel patched
-    earlier = second.earlier("torch", torch.float32)
-    assert list(earlier) == [clean.digest]
-    msg = second.note_change("torch", torch.float32, clean.digest, earlier[clean.digest], "features")
+    clean = first.get("torch", torch.float32, EXTRACT)
+    assert first.earlier("torch", torch.float32, EXTRACT) == {}
+    undo = install("conv1d")
+    try:
+        second = KernelProbes(TARGET, "cpu", registry_dir=reg)  # another run, same cache, the kernel patched
+        earlier = second.earlier("torch", torch.float32, EXTRACT)
+        assert list(earlier) == [clean.digest]
+        msg = second.note_change("torch", torch.float32, EXTRACT, clean.digest, earlier[clean.digest], "features")
+    finally:
+        undo()
     assert msg is not None and msg.startswith(
-        "the linear-attention kernel's output changed since these features were cached (backend 'torch', float32")
-    assert "noisy" in msg and clean.kernels["linear_attention_chunk"].digest[:12] in msg
-    assert second.note_change("torch", torch.float32, clean.digest, earlier[clean.digest], "features") is None
+        "the conv1d kernel's output changed since these features were cached (backend 'torch', float32, cpu, "
+        "extraction of 549 tokens: first changed in call order linear_attention.causal_conv1d_fn "
+        "(kernel_faults.")
+    assert clean.kernels["linear_attention.causal_conv1d_fn"].digest[:12] in msg
+    assert second.note_change("torch", torch.float32, EXTRACT, clean.digest, earlier[clean.digest], "x") is None
     (change,) = second.to_json()["changed"]
-    assert change["kernels"] == ["linear_attention_chunk"] and change["kinds"] == ["linear-attention"]
-    assert change["was"] == clean.digest and change["now"] == second.get("torch", torch.float32).digest
+    assert change["first"] == "linear_attention.causal_conv1d_fn" and change["kinds"] == ["conv1d"]
+    assert change["was"] == clean.digest and change["now"] == second.get("torch", torch.float32, EXTRACT).digest
+    # another shape is another registry: nothing earlier there
+    assert KernelProbes(TARGET, "cpu", registry_dir=reg).earlier("torch", torch.float32, GENERATE) == {}
     shutil.rmtree(reg)  # an unreadable or missing registry only costs the message
-    assert KernelProbes(TARGET, "cpu", registry_dir=reg).earlier("torch", torch.float32) == {}
+    assert KernelProbes(TARGET, "cpu", registry_dir=reg).earlier("torch", torch.float32, EXTRACT) == {}
 
 
 @pytest.mark.fla
 @pytest.mark.gpu
-def test_fla_chunk_kernel_is_probed_on_a_gpu():
-    r = probe(TARGET, "fla", torch.bfloat16, "cuda")
-    assert r.kernels["linear_attention_chunk"].function.startswith("fla.ops.gated_delta_rule")
-    assert "fused_recurrent" in r.kernels["linear_attention_recurrent"].function
-    assert probe(TARGET, "fla", torch.bfloat16, "cuda").digest == r.digest  # bit for bit, twice
-    torch_r = probe(TARGET, "torch", torch.bfloat16, "cuda")
-    assert torch_r.kernels["linear_attention_chunk"].digest != r.kernels["linear_attention_chunk"].digest
-    assert torch_r.kernels["attention"].digest == r.kernels["attention"].digest
+def test_fla_kernels_are_probed_on_a_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: fla's kernels (chunk and fused recurrent delta rule) were not probed")
+    r = probe(TARGET, "fla", torch.bfloat16, "cuda", EXTRACT)
+    assert r.kernels["linear_attention.torch_chunk_gated_delta_rule"].function.startswith("fla.ops.gated_delta_rule")
+    g = probe(TARGET, "fla", torch.bfloat16, "cuda", GENERATE)
+    assert "fused_recurrent" in g.kernels["decode:linear_attention.torch_recurrent_gated_delta_rule"].function
+    assert probe(TARGET, "fla", torch.bfloat16, "cuda", EXTRACT).digest == r.digest  # bit for bit, twice
+    torch_r = probe(TARGET, "torch", torch.bfloat16, "cuda", EXTRACT)
+    chunk = "linear_attention.torch_chunk_gated_delta_rule"
+    assert torch_r.kernels[chunk].digest != r.kernels[chunk].digest
+    assert torch_r.kernels["linear_attention.causal_conv1d_fn"].digest == \
+        r.kernels["linear_attention.causal_conv1d_fn"].digest
 
 
-def test_workers_probes_merge_into_one_valid_block(tmp_path, modeling, monkeypatch):
+def test_workers_probes_merge_into_one_valid_block(tmp_path):
     """Two xdist workers' ``provenance.kernel_probe``: each probe once, the change only one of them noticed kept, the
     probe time per worker; the merged eval.json validates against the published schema."""
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (the test extra) validates eval.json")
@@ -220,26 +266,28 @@ def test_workers_probes_merge_into_one_valid_block(tmp_path, modeling, monkeypat
     from dflash_eval import report
 
     reg = tmp_path / "registry"
-    clean = KernelProbes(TARGET, "cpu", registry_dir=reg)
-    was = clean.get("torch", torch.float32)
-    inner = _inner(modeling.torch_chunk_gated_delta_rule)
-    monkeypatch.setattr(modeling, "torch_chunk_gated_delta_rule",
-                        lambda q, k, v, g, beta, **kw: inner(q, k, v, g * 1.1, beta, **kw))
-    gw0, gw1 = (KernelProbes(TARGET, "cpu", registry_dir=reg) for _ in range(2))
-    for w in (gw0, gw1):
-        w.get("torch", torch.float32)
-        w.get("torch-recurrent", torch.float32)
-    gw0.note_change("torch", torch.float32, was.digest, {k: v.digest for k, v in was.kernels.items()}, "features")
+    was = KernelProbes(TARGET, "cpu", registry_dir=reg).get("torch", torch.float32, EXTRACT)
+    undo = install("gate")
+    try:
+        gw0, gw1 = (KernelProbes(TARGET, "cpu", registry_dir=reg) for _ in range(2))
+        for w in (gw0, gw1):
+            w.get("torch", torch.float32, EXTRACT)
+            w.get("torch", torch.float32, GENERATE)
+        gw0.note_change("torch", torch.float32, EXTRACT, was.digest, was.digests(), "features")
+    finally:
+        undo()
     frags = [{"worker": name, "provenance": {"backend": "torch", "kernel_probe": w.to_json()}, "prompts": {}}
              for name, w in (("gw1", gw1), ("gw0", gw0))]
     data = report.merge(frags, wall_s=1.0)
     kp = data["provenance"]["kernel_probe"]
-    assert [(p["backend"], p["dtype"]) for p in kp["probes"]] == [("torch", "float32"), ("torch-recurrent", "float32")]
+    assert [(p["backend"], p["dtype"], p["shape"]["new_tokens"]) for p in kp["probes"]] == [
+        ("torch", "float32", 0), ("torch", "float32", 16)]
     assert [c["label"] for c in kp["changed"]] == ["torch/float32"] and set(kp["per_worker"]) == {"gw0", "gw1"}
+    assert kp["changed"][0]["kinds"] == ["linear-attention"]
     assert kp["seconds"] == round(max(gw0.seconds, gw1.seconds), 6) > 0
     schema = json.loads(resources.files("dflash_eval.report").joinpath("eval.schema.json").read_text())
     data["tests"] = {"counts": {}, "outcomes": {}}
     jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(data)))
-    data["provenance"]["kernel_probe"]["changed"][0]["kinds"] = ["conv1d"]
+    data["provenance"]["kernel_probe"]["changed"][0]["kinds"] = ["conv2d"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(data)))

@@ -47,7 +47,7 @@ def _session(target: Path, drafter: Path, tmp_path: Path, shared: EvalSession | 
              **over) -> EvalSession:
     values = {"target_model": target, "drafter": drafter, "prompts": _prompts(tmp_path),
               "cache_dir": tmp_path / "cache", "max_new_tokens": 8, "device": "cpu", "torch_threads": 1,
-              "tau_floor": 1.0, **over}
+              "tau_floor": 1.0, "witness_prompts": 0, **over}  # the witness loads the target: tests/test_witness.py
     return EvalSession(EvalSettings.from_mapping(values), worker=("master", 0, 1), shared=shared, progress=progress)
 
 
@@ -62,17 +62,24 @@ def _taus(session: EvalSession) -> dict[str, tuple[float, dict[int, float]]]:
 
 
 class _Spy:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, module, name: str, fail_after: int | None = None):
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, module, name: str, fail_after: int | None = None,
+                 where=lambda args: True):
+        """``where``: the calls that count towards ``fail_after`` (the others pass, recorded)."""
         self.calls: list[tuple] = []
         real = getattr(module, name)
 
         def spy(*a, **k):
-            if fail_after is not None and len(self.calls) >= fail_after:
+            if fail_after is not None and where(a) and sum(where(c[0]) for c in self.calls) >= fail_after:
                 raise KeyboardInterrupt(f"interrupted after {fail_after} call(s) of {name}")
             self.calls.append((a, k))
             return real(*a, **k)
 
         patch_uses(monkeypatch, module, name, spy)
+
+
+def _generations(spy: _Spy) -> list[tuple]:
+    """The spied generation calls on the target itself: the kernel probe's run on its own seeded probe model."""
+    return [c for c in spy.calls if hasattr(c[0][0], "path")]
 
 
 def _forbid_target(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,7 +155,7 @@ def test_other_layer_ids_extract_only_the_missing_layers_in_one_forward(tiny_tar
         gen = _Spy(m, generation_mod, "greedy_generate_batch")
         b = _session(tiny_target_dir, b_dir, tmp_path)
         b.tau_results  # noqa: B018
-    assert gen.calls == []
+    assert _generations(gen) == []
     assert len(forwards.calls) == len(TEXTS)  # one target forward per prompt ...
     assert all(list(a_[2]) == [3] for a_, _ in forwards.calls)  # ... for the missing layer only
     assert b.inputs.meter.counts["target_forwards"] == len(TEXTS)
@@ -167,7 +174,7 @@ def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir
                                                                  monkeypatch):
     # Batches of at most 2 prompts: the 3 prompts are generated as [longest] and [the other two].
     with monkeypatch.context() as m:
-        _Spy(m, generation_mod, "greedy_generate_batch", fail_after=1)
+        _Spy(m, generation_mod, "greedy_generate_batch", fail_after=1, where=lambda a: hasattr(a[0], "path"))
         s1 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path, generation_batch=2)
         with pytest.raises(KeyboardInterrupt):
             s1.tau_results  # noqa: B018
@@ -179,7 +186,8 @@ def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir
         s2 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path, generation_batch=2)
         with pytest.raises(KeyboardInterrupt):
             s2.tau_results  # noqa: B018
-    assert len(gen.calls) == 1 and len(gen.calls[0][0][1]) == 2  # only the batch the first run did not finish
+    # only the batch the first run did not finish
+    assert len(_generations(gen)) == 1 and len(_generations(gen)[0][0][1]) == 2
     kinds = [r["kind"] for r in s2.inputs.cache.productions()]
     assert kinds.count("completion") == 3 and kinds.count("features") == 3  # one prompt's 3 layers
     with monkeypatch.context() as m:
@@ -187,7 +195,7 @@ def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir
         forwards = _Spy(m, features_mod, "LayerCapture")
         s3 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
         res = _taus(s3)
-    assert gen.calls == [] and len(forwards.calls) == len(TEXTS) - 1 and set(res) == {"p0", "p1", "p2"}
+    assert _generations(gen) == [] and len(forwards.calls) == len(TEXTS) - 1 and set(res) == {"p0", "p1", "p2"}
     fresh = _session(tiny_target_dir, tiny_drafter_dir, tmp_path / "fresh")
     assert _taus(fresh) == res  # resuming gives what an uninterrupted run gives
 
@@ -237,7 +245,7 @@ def test_shared_session_reuses_the_first_sessions_stages(tiny_target_dir, tiny_d
         gen = _Spy(m, generation_mod, "greedy_generate_batch")
         b = _session(tiny_target_dir, b_dir, tmp_path, shared=a)
         tb = _taus(b)
-    assert reads.calls == [] and feats.calls == [] and gen.calls == []
+    assert reads.calls == [] and feats.calls == [] and _generations(gen) == []
     assert b.inputs.head is a.inputs.head and b.inputs.target is a.inputs.target
     assert b.inputs.meter.counts["target_forwards"] == forwards and set(tb) == set(ta)
     assert b.result().drafter.path == str(b_dir) != a.result().drafter.path

@@ -78,7 +78,8 @@ class DrafterEvaluation:
         # a stand-in for the run's Inputs: every attribute but the prompt-derived ones is the run's own
         view = cast(Inputs, PromptView(self.inputs, list(prompts)))
         refs = References(view, self.references.server)
-        other = DrafterEvaluation(view, refs, FeatureStore(view, refs, probes=self.store.probes), self.settings,
+        store = FeatureStore(view, refs, probes=self.store.probes, witness=self.store.witness)
+        other = DrafterEvaluation(view, refs, store, self.settings,
                                   checkpoint=self.checkpoint, live=self._live, lookup=self.runner.lookup)
         other._drafter, other._checks = self._drafter, self._checks
         other._refusal, other._refusal_known = self._refusal, self._refusal_known

@@ -1,17 +1,20 @@
 """The third stage: target features ``hidden_states[i + 1]`` per prompt, target layer and side (backend, dtype).
 
-One cache entry per (sequence, layer, backend, dtype, device kind, library versions, kernel probe digest): a
-drafter reading other target layers reuses the layers already cached and extracts only the missing ones, all in ONE
-target forward per prompt (one cache batch per prompt, spread over xdist workers). When that forward is the
+One cache entry per (sequence, layer, backend, dtype, device kind, library versions, kernel probe digest, witness
+token): a drafter reading other target layers reuses the layers already cached and extracts only the missing ones,
+all in ONE target forward per prompt (one cache batch per prompt, spread over xdist workers). When that forward is the
 evaluation backend's in the evaluation dtype it runs to the logits and also gives the references stage's
 teacher-forced argmax entry of the sequence (that stage states the request and makes the entry from the logits:
 :mod:`dflash_eval.references.teacher_forced`), so the argmax costs no forward of its own. Also the per-layer fingerprint
 of a fixed text (regression detection across library upgrades).
 
-The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the side's kernels in this process before the first key
-is made, so features extracted by kernels that computed something else (patched, rebuilt, another Triton or driver
-under the same versions) are never served: they are re-extracted, with a :class:`KernelOutputChanged` warning
-naming the kernel whose output changed (or, under ``--cache-only``, an error saying what to do).
+The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the side's forward in this process before the first
+key is made, at the probe shape of each sequence's length bucket, so features extracted by kernels that computed
+something else (patched, rebuilt, another Triton or driver under the same versions) are never served: they are
+re-extracted, with a :class:`KernelOutputChanged` warning naming the first kernel whose output changed (or, under
+``--cache-only``, an error saying what to do). Before that, the witness (:mod:`dflash_eval.features.witness`)
+re-extracts a seeded sample of the run's prompts with the live target and compares them with the cache: what the
+probe's seeded inputs did not show, real data does.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ from dflash_eval.cache.keys import cache_key, ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Producer, Request
 from dflash_eval.errors import CacheError
 from dflash_eval.features.feature_map import FeatureMap
+from dflash_eval.features.witness import Witness
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.drift import fingerprint as layer_fingerprint
+from dflash_eval.references.conversations import HistoryMissing
 from dflash_eval.references.greedy import CompletionRecord, References
 from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.backends import check_backend_device, use_backend
 from dflash_eval.target.hidden_states import LayerCapture, layer_features
+from dflash_eval.target.kernel_probe import ProbeResult, ProbeShape
 from dflash_eval.target.kernel_registry import KernelOutputChanged, KernelProbes
 from dflash_eval.target.provenance import device_kind, kernel_versions, library_versions, provenance
 
@@ -47,34 +53,66 @@ Features = Mapping[str, dict[int, torch.Tensor]]  # prompt id -> {layer: [T, H]}
 class FeatureStore:
     """Cached target features (see module docstring) of the sequences of ``references`` (whose teacher-forced argmax
     entries its forwards also give), read from the cache when a consumer asks for a prompt
-    (:class:`~dflash_eval.features.feature_map.FeatureMap`), never held for the session. ``probes``: the process's
-    kernel probes when another store made them already (the drift budget's prompt view)."""
+    (:class:`~dflash_eval.features.feature_map.FeatureMap`), never held for the session. ``probes`` / ``witness``:
+    the process's kernel probes and witness when another store made them already (the drift budget's prompt view;
+    by default the probes are the inputs' own)."""
 
-    def __init__(self, inputs: Inputs, references: References, probes: KernelProbes | None = None) -> None:
+    def __init__(self, inputs: Inputs, references: References, probes: KernelProbes | None = None,
+                 witness: Witness | None = None) -> None:
         self.inputs, self.references = inputs, references
         self._present: set[tuple[str, str, str, int]] = set()  # (prompt, backend, dtype, layer) ensured this session
         self._fingerprint: dict[str, Any] | None = None
-        self.probes = probes or KernelProbes(inputs.target_dir, inputs.settings.torch_device,
-                                             registry_dir=inputs.cache.base / "kernel_probes",
-                                             record=not inputs.cache.cache_only)
+        self.probes = probes or inputs.kernel_probes
+        self.witness = witness or Witness(inputs, self._known_sequence, self._cached_feature)
 
-    def kernel_digest(self, side: Side) -> str:
-        """The digest of the side's kernels' output in this process (:mod:`dflash_eval.target.kernel_probe`; probed on
-        the first call per backend and dtype)."""
-        if not self.probes.probed(side.backend, side.dtype):
+    def probe(self, side: Side, n_tokens: int) -> ProbeResult:
+        """The probe of the side's kernels at the extraction shape of a sequence of ``n_tokens``
+        (:mod:`dflash_eval.target.kernel_probe`; run on the first call per backend, dtype and length bucket)."""
+        shape = ProbeShape.for_sequence(n_tokens)
+        if not self.probes.probed(side.backend, side.dtype, shape):
             with self.inputs.meter.timed("kernel_probe"):
-                self.probes.get(side.backend, side.dtype)
+                self.probes.get(side.backend, side.dtype, shape)
             self.inputs.meter.counts["kernel_probes"] += 1
-        return self.probes.get(side.backend, side.dtype).digest
+        return self.probes.get(side.backend, side.dtype, shape)
 
-    def fields(self, seq: list[int], layer: int, side: Side, *, kernels: str | None = None) -> dict[str, Any]:
+    def kernel_digest(self, side: Side, n_tokens: int) -> str:
+        """The digest of the side's kernels' output in this process at the extraction shape of ``n_tokens``."""
+        return self.probe(side, n_tokens).digest
+
+    def fields(self, seq: list[int], layer: int, side: Side, *, kernels: str | None = None,
+               witness: str | None = None) -> dict[str, Any]:
         """The key fields of one feature entry; ``kernels``: another kernel probe digest than the live one (to look
-        for entries extracted with other kernels)."""
+        for entries extracted with other kernels); ``witness``: another witness token than the side's."""
         s = self.inputs.settings
-        return {"target": self.inputs.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
-                "layer": int(layer), "backend": side.backend, "dtype": str(side.dtype),
-                "device_kind": device_kind(s.torch_device), "versions": library_versions(),
-                "kernels": kernels or self.kernel_digest(side)}
+        token = witness if witness is not None else self.witness.token(side, (int(layer),) if layer >= 0 else ())
+        out = {"target": self.inputs.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
+               "layer": int(layer), "backend": side.backend, "dtype": str(side.dtype),
+               "device_kind": device_kind(s.torch_device), "versions": library_versions(),
+               "kernels": kernels or self.kernel_digest(side, len(seq))}
+        if token:
+            out["witness"] = token
+        return out
+
+    # ------------------------------------------------------------------------------------------------ the witness
+    def _known_sequence(self, pid: str) -> list[int] | None:
+        """Prompt + reference completion of ``pid`` when this process or the cache has the completion (never
+        produces one)."""
+        try:
+            rec = self.references.peek(pid)
+        except HistoryMissing:
+            return None
+        return None if rec is None else rec.sequence
+
+    def _cached_feature(self, pid: str, seq: list[int], layer: int, side: Side, token: str) -> torch.Tensor | None:
+        """The cached feature of one layer of ``seq`` keyed with witness ``token`` (None when not cached)."""
+        fields = self.fields(seq, layer, side, witness=token)
+        key = cache_key("features", fields)
+        if not self.inputs.cache.exists("features", key):
+            return None
+        req = Request("features", fields, expect=self._expected(fields, seq, layer, side), item=pid,
+                      what=f"features of prompt {pid!r}, layer {layer}, {side.label}")
+        e = self.inputs.cache.lookup(req, count=False)
+        return None if e is None else e.tensors["features"]
 
     def key(self, seq: list[int], layer: int, side: Side) -> str:
         return cache_key("features", self.fields(seq, layer, side))
@@ -83,7 +121,9 @@ class FeatureStore:
         """What a cached feature entry must hold for this request: written for exactly these key fields, a
         ``[len(seq), hidden_size]`` tensor of the side's dtype, extracted (provenance) with the side's backend and
         dtype, this layer, these library versions and kernels of this probe digest."""
-        fields = self.fields(seq, layer, side)
+        return self._expected(self.fields(seq, layer, side), seq, layer, side)
+
+    def _expected(self, fields: dict[str, Any], seq: list[int], layer: int, side: Side) -> Expected:
         return Expected(fields=fields,
                         tensors={"features": (side.dtype, (len(seq), self.inputs.target_dir.hidden_size))},
                         meta={"provenance": {"backend": side.backend, "dtype": str(side.dtype).removeprefix("torch."),
@@ -113,30 +153,37 @@ class FeatureStore:
 
     def check_kernels(self, seqs: dict[str, list[int]], layers: tuple[int, ...], side: Side, what: str) -> None:
         """Before extracting what is missing: if any of these entries was cached with kernels of another probe
-        digest (same target, tokens, backend, dtype, device kind and versions), say so by name, naming the most
-        recent such digest once per process (a :class:`KernelOutputChanged` warning, eval.json's
-        ``provenance.kernel_probe.changed``); under ``--cache-only`` raise CacheError saying what to do instead."""
+        digest (same target, tokens, backend, dtype, device kind, versions and probe shape), say so by name, naming
+        the first kernel whose output changed, once per process and probe (a :class:`KernelOutputChanged` warning,
+        eval.json's ``provenance.kernel_probe.changed``); under ``--cache-only`` raise CacheError saying what to do
+        instead."""
         cache = self.inputs.cache
-        earlier = self.probes.earlier(side.backend, side.dtype)
-        missing = [(pid, seq, i) for pid, seq in seqs.items() for i in layers
-                   if earlier and not cache.exists("features", self.key(seq, i, side))]
-        for digest, kernels in earlier.items():
-            stale = next((pid for pid, seq, i in missing
-                          if cache.exists("features", cache_key("features", self.fields(seq, i, side,
-                                                                                         kernels=digest)))), None)
-            if stale is None:
-                continue
-            msg = self.probes.note_change(side.backend, side.dtype, digest, kernels, "features")
-            if msg is None:  # said already in this process
-                return
-            if cache.cache_only:
-                raise CacheError(f"{msg}, e.g. those of {stale}; --cache-only forbids re-extracting them: run once "
-                                 "without --cache-only to extract them with the live kernels, or restore the kernels "
-                                 "they were extracted with")
-            msg += f"; features extracted with other kernels are not used: {what} are re-extracted with the live ones"
-            warnings.warn(KernelOutputChanged(msg), stacklevel=2)
-            self.inputs.log(msg)
-            return
+        by_shape: dict[ProbeShape, list[tuple[str, list[int], int]]] = {}
+        for pid, seq in seqs.items():
+            for i in layers:
+                by_shape.setdefault(ProbeShape.for_sequence(len(seq)), []).append((pid, seq, i))
+        for shape, items in by_shape.items():
+            earlier = self.probes.earlier(side.backend, side.dtype, shape)
+            missing = [(pid, seq, i) for pid, seq, i in items
+                       if earlier and not cache.exists("features", self.key(seq, i, side))]
+            for digest, kernels in earlier.items():
+                stale = next((pid for pid, seq, i in missing
+                              if cache.exists("features", cache_key("features", self.fields(seq, i, side,
+                                                                                             kernels=digest)))), None)
+                if stale is None:
+                    continue
+                msg = self.probes.note_change(side.backend, side.dtype, shape, digest, kernels, "features")
+                if msg is None:  # said already in this process
+                    break
+                if cache.cache_only:
+                    raise CacheError(f"{msg}, e.g. those of {stale}; --cache-only forbids re-extracting them: run once "
+                                     "without --cache-only to extract them with the live kernels, or restore the "
+                                     "kernels they were extracted with")
+                msg += (f"; features extracted with other kernels are not used: {what} are re-extracted with the live "
+                        "ones")
+                warnings.warn(KernelOutputChanged(msg), stacklevel=2)
+                self.inputs.log(msg)
+                break
 
     def features(self, completions: dict[str, CompletionRecord], side: Side, layers: tuple[int, ...]) -> Features:
         """Per prompt, per target layer features [T, H] of prompt + completion under ``side``: every entry made
@@ -153,6 +200,9 @@ class FeatureStore:
         needs); the entries ensured once are not looked up again in this session."""
         inp = self.inputs
         tag = (side.backend, str(side.dtype))
+        for n in sorted({len(seq) for seq in seqs.values()}):
+            self.probe(side, n)  # the probes first: the witness's keys need them, and they are timed apart
+        self.witness.token(side, layers)  # before any key of the side is made: its token goes into every key
         with inp.meter.timed("features"):
             batches = [self._batch(pid, seq, need, side, self._group_lock(seq, side)) for pid, seq in seqs.items()
                        if (need := tuple(i for i in layers if (pid, *tag, i) not in self._present))]
@@ -243,6 +293,8 @@ class FeatureStore:
             ids = inp.text_ids(FINGERPRINT_TEXT, "fingerprint")  # cached: a warm run loads no tokenizer
             layers = tuple(range(inp.target_dir.num_layers))
             side = inp.eval_side  # the evaluation backend (with a kernel fault, if any) and dtype
+            self.probe(side, len(ids))
+            self.witness.token(side, layers)
             batch = self._batch("fingerprint", ids, layers, side,
                                 "fingerprint-" + cache_key("fingerprint", self.fields(ids, -1, side)))
             entries = inp.cache.ensure([batch], prepare=lambda misses: self.check_kernels(
@@ -253,5 +305,5 @@ class FeatureStore:
                 "n_tokens": len(ids), "backend": s.eval_backend, "kernel_fault": s.kernel_fault,
                 "dtype": str(side.dtype).removeprefix("torch."), "device_kind": device_kind(s.torch_device),
                 "layers": {str(i): layer_fingerprint(feats[i]) for i in layers}, "versions": kernel_versions(),
-                "kernel_probe": {k: v.digest for k, v in self.probes.get(side.backend, side.dtype).kernels.items()}}
+                "kernel_probe": self.probe(side, len(ids)).by_kind()}
         return self._fingerprint

@@ -33,6 +33,8 @@ from dflash_eval.prompts import Prompt, load_prompt_spec
 from dflash_eval.runtime.progress import Meter, Sink, default_progress_sink
 from dflash_eval.target.backends import check_backend_device
 from dflash_eval.target.head import TargetHead
+from dflash_eval.target.kernel_probe import ProbeResult, ProbeShape
+from dflash_eval.target.kernel_registry import KernelProbes
 from dflash_eval.target.loader import Target, TargetDir, load_target
 
 if TYPE_CHECKING:
@@ -70,6 +72,23 @@ class Inputs:
         self._target: Target | None = None
         self._identity: str | None = None
         self._models: dict[torch.dtype, nn.Module] = {}
+
+    @cached_property
+    def kernel_probes(self) -> KernelProbes:
+        """The kernel probes of this process (:mod:`dflash_eval.target.kernel_registry`), shared by every stage whose
+        cache keys carry a probe digest (completions, the teacher-forced argmax, features, the fingerprint)."""
+        return KernelProbes(self.target_dir, self.settings.torch_device, registry_dir=self.cache.base / "kernel_probes",
+                            record=not self.cache.cache_only)
+
+    def kernel_probe(self, backend: str, dtype: torch.dtype, shape: ProbeShape) -> ProbeResult:
+        """The probe of ``backend`` in ``dtype`` at ``shape`` (:mod:`dflash_eval.target.kernel_probe`), run on the first
+        call of this process (timed as ``kernel_probe``, counted as ``kernel_probes``)."""
+        probes = self.kernel_probes
+        if not probes.probed(backend, dtype, shape):
+            with self.meter.timed("kernel_probe"):
+                probes.get(backend, dtype, shape)
+            self.meter.counts["kernel_probes"] += 1
+        return probes.get(backend, dtype, shape)
 
     def check_shareable(self, settings: EvalSettings) -> None:
         """Raise ConfigError unless ``settings`` differ from ours only in the drafter options."""

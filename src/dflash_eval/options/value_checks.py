@@ -48,6 +48,8 @@ class CheckedSettings(Protocol):
     def dtype(self) -> str: ...
     @property
     def device(self) -> str: ...
+    @property
+    def witness_prompts(self) -> int: ...
 
 
 def _flag(name: str) -> str:
@@ -55,11 +57,13 @@ def _flag(name: str) -> str:
 
 
 def check_counts(s: CheckedSettings) -> None:
-    """Counts that must be at least 1 where set."""
+    """Counts that must be at least 1 where set; ``--witness-prompts`` at least 0."""
     for name in ("max_new_tokens", "generation_batch", "max_blocks", "drift_budget_min_prompts", "num_prompts"):
         value = getattr(s, name)
         if value is not None and value < 1:
             raise ConfigError(f"{_flag(name)} must be >= 1, got {value}")
+    if s.witness_prompts < 0:
+        raise ConfigError(f"--witness-prompts must be >= 0 (0: no witness), got {s.witness_prompts}")
 
 
 def check_memory(s: CheckedSettings) -> None:

@@ -17,6 +17,7 @@ replies (:mod:`dflash_eval.references.conversations`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,7 @@ from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import cache_key
 from dflash_eval.cache.requests import Batch, Produced, Request, StepReporter
 from dflash_eval.cache.store import CacheEntry
-from dflash_eval.errors import EvalError
+from dflash_eval.errors import CacheError, EvalError
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.references.completion import CompletionRecord
 from dflash_eval.references.completion_sources import CompletionSources, out_of_vocab
@@ -36,6 +37,8 @@ from dflash_eval.runtime.progress import Progress
 from dflash_eval.serving.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_tensors
 from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.target.generation import generation_groups
+from dflash_eval.target.kernel_probe import ProbeShape, bucket
+from dflash_eval.target.kernel_registry import KernelOutputChanged
 from dflash_eval.target.provenance import device_kind, library_versions
 
 __all__ = ["CompletionRecord", "References", "SERVER_MAX_DISAGREEMENT", "argmax_fields", "out_of_vocab",
@@ -86,10 +89,17 @@ class References:
                              "max_new_tokens": s.max_new_tokens, "source": source}
         if source == "local":
             f.update(backend=s.eval_backend, dtype=str(s.torch_dtype), device_kind=device_kind(s.torch_device),
-                     versions=library_versions(), stop_at_eos=True)
+                     versions=library_versions(), stop_at_eos=True, kernels=self.generation_probe(pid))
             if s.generation_batch > 1:  # left-padded batches: equal to one-at-a-time up to float near-ties
                 f["generation"] = "left-padded-batch"
         return f
+
+    def generation_probe(self, pid: str) -> str:
+        """The digest of the kernel probe of local generation at ``pid``'s prompt length bucket
+        (:mod:`dflash_eval.target.kernel_probe`): prefill of a left-padded batch, then every decode step."""
+        s = self.inputs.settings
+        shape = ProbeShape.for_generation(len(self.prompt_ids(pid)), s.generation_batch, s.max_new_tokens)
+        return self.inputs.kernel_probe(s.eval_backend, s.torch_dtype, shape).digest
 
     def request(self, pid: str) -> Request:
         """The completion entry of ``pid`` for the configured ``--completions`` source (``cache``: either source's
@@ -139,6 +149,11 @@ class References:
         """The completion of ``pid`` if this process already has it (never produces)."""
         return self._records.get(pid)
 
+    def peek(self, pid: str) -> CompletionRecord | None:
+        """The completion of ``pid`` if this process has it or the cache holds it (never produces; HistoryMissing
+        for a later turn whose earlier turns are not known)."""
+        return self._records.get(pid) or self._read(pid)
+
     # ------------------------------------------------------------------------------------------------ produce
     def completions(self) -> dict[str, CompletionRecord]:
         """Every prompt's reference completion (cache, else produced per ``--completions``)."""
@@ -159,8 +174,12 @@ class References:
         if mode == "local":
             # Batches of every prompt of this turn group, cached or not (each batch generates only what is missing):
             # every worker forms the same batches, hence takes the same locks, whatever another has written already.
-            groups = generation_groups({p: len(self.prompt_ids(p)) for p in pids}, inp.settings.generation_batch,
-                                       min_groups=inp.worker_count)
+            # Prompts of one kernel probe bucket only per batch: a batch is no wider than its prompts' probe.
+            lengths = {p: len(self.prompt_ids(p)) for p in pids}
+            buckets = sorted({bucket(n) for n in lengths.values()}, reverse=True)
+            groups = [g for b in buckets for g in generation_groups(
+                {p: n for p, n in lengths.items() if bucket(n) == b}, inp.settings.generation_batch,
+                min_groups=inp.worker_count)]
             batches = [Batch([reqs[p] for p in grp], self.sources.generate_local,
                              lock="completion-" + cache_key("batch", {"keys": [reqs[p].key for p in grp]}))
                        for grp in groups]
@@ -172,9 +191,34 @@ class References:
         else:
             batches = [Batch(list(reqs.values()), self._refuse_uncached)]
         entries = inp.cache.ensure(batches, progress=progress, worker_index=inp.worker_index,
-                                   worker_count=inp.worker_count)
+                                   worker_count=inp.worker_count,
+                                   prepare=self._check_kernels if mode != "sglang" else None)
         for pid in pids:
             self._records[pid] = self._record(pid, entries[reqs[pid].key])
+
+    def _check_kernels(self, misses: list[Request]) -> None:
+        """Before generating what is missing: a completion cached under another generation probe digest (same
+        fields otherwise) is said by name, the first kernel whose output changed (a :class:`KernelOutputChanged`
+        warning, once per process and probe), or under ``--cache-only`` a CacheError saying what to do."""
+        inp, s = self.inputs, self.inputs.settings
+        for r in misses:
+            pid = str(r.item)
+            shape = ProbeShape.for_generation(len(self.prompt_ids(pid)), s.generation_batch, s.max_new_tokens)
+            local = self.fields(pid, "local")
+            for digest, kernels in inp.kernel_probes.earlier(s.eval_backend, s.torch_dtype, shape).items():
+                if not inp.cache.exists("completion", cache_key("completion", {**local, "kernels": digest})):
+                    continue
+                msg = inp.kernel_probes.note_change(s.eval_backend, s.torch_dtype, shape, digest, kernels,
+                                                    "completions")
+                if msg is not None and inp.cache.cache_only:
+                    raise CacheError(f"{msg}, e.g. that of prompt {pid!r}; --cache-only forbids generating it again: "
+                                     "run once without --cache-only to generate the completions with the live "
+                                     "kernels, or restore the kernels they were generated with")
+                if msg is not None:
+                    msg += "; completions generated with other kernels are not used: they are generated again"
+                    warnings.warn(KernelOutputChanged(msg), stacklevel=2)
+                    inp.log(msg)
+                break
 
     def _refuse_uncached(self, todo: list[Request]) -> list[Produced]:
         """``--completions cache`` never generates."""

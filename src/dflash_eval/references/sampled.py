@@ -26,6 +26,7 @@ from dflash_eval.references.greedy import References
 from dflash_eval.references.sampled_server import fetch_sampled
 from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.generation import generation_groups, greedy_generate_batch
+from dflash_eval.target.kernel_probe import bucket
 from dflash_eval.target.provenance import device_kind, library_versions
 from dflash_eval.target.sampling import stream_seed
 
@@ -57,7 +58,8 @@ class SampledReferences:
                                                                                                sample)}
         if source == "local":
             fields.update(backend=s.eval_backend, dtype=str(s.torch_dtype), device_kind=device_kind(s.torch_device),
-                          versions=library_versions(), stop_at_eos=True)
+                          versions=library_versions(), stop_at_eos=True,
+                          kernels=self.references.generation_probe(pid))  # the greedy references' probe: same path
         return fields
 
     def request(self, pid: str, sample: int) -> Request:
@@ -123,8 +125,10 @@ class SampledReferences:
         pairs = self.pairs()
         reqs = {p: self.request(*p) for p in pairs}
         label = {f"{pid}#{k}": (pid, k) for pid, k in pairs}
-        groups = generation_groups({n: len(self.references.prompt_ids(pid)) for n, (pid, _) in label.items()},
-                                   self.settings.generation_batch, min_groups=inp.worker_count)
+        lengths = {n: len(self.references.prompt_ids(pid)) for n, (pid, _) in label.items()}
+        groups = [g for b in sorted({bucket(n) for n in lengths.values()}, reverse=True)  # one probe bucket a batch
+                  for g in generation_groups({n: k for n, k in lengths.items() if bucket(k) == b},
+                                             self.settings.generation_batch, min_groups=inp.worker_count)]
         batches = [Batch([reqs[label[n]] for n in grp], self._producer([label[n] for n in grp]))
                    for grp in groups]
         entries = inp.cache.ensure(batches,

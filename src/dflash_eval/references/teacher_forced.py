@@ -21,6 +21,7 @@ from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.references.completion import CompletionRecord
 from dflash_eval.serving.server_check import teacher_forced_tensors
 from dflash_eval.target.backends import use_backend
+from dflash_eval.target.kernel_probe import ProbeShape
 from dflash_eval.target.provenance import device_kind, library_versions
 
 __all__ = ["TeacherForced", "argmax_fields", "argmax_produced", "argmax_request"]
@@ -28,11 +29,13 @@ __all__ = ["TeacherForced", "argmax_fields", "argmax_produced", "argmax_request"
 
 def argmax_fields(inp: Inputs, seq: list[int]) -> dict[str, Any]:
     """Key fields of the teacher-forced argmax entry of ``seq``: the target's full causal forward on the evaluation
-    backend (no kernel fault) and dtype."""
+    backend (no kernel fault) and dtype, with the kernel probe's digest at the extraction shape of ``seq``'s length
+    (:mod:`dflash_eval.target.kernel_probe`)."""
     s = inp.settings
+    probe = inp.kernel_probe(s.eval_backend, s.torch_dtype, ProbeShape.for_sequence(len(seq)))
     return {"target": inp.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
             "backend": s.eval_backend, "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
-            "versions": library_versions()}
+            "versions": library_versions(), "kernels": probe.digest}
 
 
 def argmax_request(inp: Inputs, pid: str, seq: list[int]) -> Request:

@@ -58,6 +58,7 @@ A drafter refused by architecture checks adds ``"refused": [{"check", "message"}
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter, defaultdict
 from typing import Any
@@ -78,17 +79,17 @@ SCHEMA = 1
 
 
 def _kernel_probes(fragments: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Every process's ``provenance.kernel_probe`` in one: each (backend, dtype) probe once (every process probes
-    its own kernels), every kernel change any process noticed, the probe time per worker."""
+    """Every process's ``provenance.kernel_probe`` in one: each (backend, dtype, probe shape) probe once (every
+    process probes its own kernels), every kernel change any process noticed, the probe time per worker."""
     found = [(f.get("worker", "?"), (f.get("provenance") or {}).get("kernel_probe")) for f in fragments]
     blocks: list[tuple[str, dict[str, Any]]] = [(w, b) for w, b in found if b]
     if not blocks:
         return None
-    probes: dict[tuple[str, str], Any] = {}
+    probes: dict[tuple[str, str, str], Any] = {}
     changed: dict[tuple[str, str], Any] = {}
     for _, b in blocks:
         for p in b.get("probes", []):
-            probes.setdefault((p.get("backend"), p.get("dtype")), p)
+            probes.setdefault((p.get("backend"), p.get("dtype"), json.dumps(p.get("shape"), sort_keys=True)), p)
         for c in b.get("changed", []):
             changed.setdefault((c.get("label"), c.get("was")), c)
     return {"seconds": max(b.get("seconds", 0.0) for _, b in blocks), "probes": list(probes.values()),

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_eval.common.workdir import run_location
+from dflash_eval.errors import DFlashEvalError
 from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, PromptTau
 from dflash_eval.measurements.online_greedy import OnlineTau
 from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, position_rates
 from dflash_eval.metrics.baseline import BaselineComparison
+from dflash_eval.metrics.drift_budget import impact
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.sampled_tau import SampledTau, sample_row
 from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
@@ -226,6 +228,20 @@ def _drift_rows(ev: DrafterEvaluation) -> tuple[list[DriftRow], list[DriftAccept
     return rows, acc
 
 
+def _with_witness_impact(ev: DrafterEvaluation, kernel_probe: dict[str, Any]) -> dict[str, Any]:
+    """``provenance.kernel_probe`` with the τ impact of every witness mismatch (its layer's relative error against
+    the drafter's drift budget, measured now if it was not) added to its entry and message."""
+    changed = [dict(c) for c in kernel_probe.get("changed", [])]
+    for c in changed:
+        if isinstance(c.get("witness"), dict):
+            try:
+                c["tau_impact"] = impact(float(c["witness"]["rel_err"]), ev.drift_budget())
+            except DFlashEvalError as exc:
+                c["tau_impact"] = f"τ impact: unknown (the drift budget could not be measured: {exc})"
+            c["message"] = f"{c['message']}; {c['tau_impact']}"
+    return {**kernel_probe, "changed": changed}
+
+
 def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang: dict[str, Any] | None = None,
                  fingerprint: dict[str, Any] | FingerprintBlock | None = None,
                  context: dict[str, Any] | None = None) -> EvalResult:
@@ -242,7 +258,9 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
                               **run_location()) if target else None, tau=tau, context=context,
         fingerprint=FingerprintBlock.from_dict(fingerprint) if isinstance(fingerprint, dict) else fingerprint)
     if result.provenance is not None and ev.store.probes.results:  # the kernels the features' keys carry
-        result.provenance["kernel_probe"] = ev.store.probes.to_json()
+        result.provenance["kernel_probe"] = _with_witness_impact(ev, ev.store.probes.to_json())
+    if result.provenance is not None and ev.store.witness.checks:  # the live features compared with the cache
+        result.provenance["witness"] = ev.store.witness.to_json()
     if ev.checkpoint_read:
         ck = ev.checkpoint
         result.drafter = DrafterBlock(path=str(ck.source), fingerprint=ck.fingerprint, config=ck.config.to_dict())

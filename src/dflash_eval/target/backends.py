@@ -77,6 +77,7 @@ HYBRID_MODULES = (
 _CHUNK = "torch_chunk_gated_delta_rule"
 _RECUR = "torch_recurrent_gated_delta_rule"
 _lock = threading.RLock()
+_active: list[BackendInfo] = []  # the backends in force, innermost last (held under _lock)
 
 
 FAULT_SEP = "+"
@@ -279,7 +280,9 @@ def use_backend(name: str, device: torch.device | str = "cpu") -> Iterator[Backe
 
     Process-wide (module globals), guarded by a re-entrant lock so nested or threaded uses do not interleave.
     ``fla`` on a CPU device raises :class:`BackendError` before any kernel is reached. A ``+<fault>`` suffix wraps
-    the backend's functions (module docstring); its noise generator is seeded anew on every entry.
+    the backend's functions (module docstring); its noise generator is seeded anew on every entry. Entered again,
+    nested, for the backend already in force (no fault), it changes nothing: what the outer block set up (the kernel
+    probe's recorders around the functions it set) stays in force for the code it calls.
     """
     import torch
 
@@ -287,8 +290,12 @@ def use_backend(name: str, device: torch.device | str = "cpu") -> Iterator[Backe
     check_backend_device(concrete, device)  # planning only saw fla installed: it must import now
     gen = torch.Generator().manual_seed(fault.seed) if fault is not None else None
     with _lock:
+        if fault is None and _active and _active[-1].name == concrete:
+            yield _active[-1]
+            return
         mods = loaded_hybrid_modules()
         saved = [(m, getattr(m, _CHUNK), getattr(m, _RECUR)) for m in mods]
+        depth = len(_active)
         try:
             info: BackendInfo | None = None
             for mod, chunk, recur in saved:
@@ -310,8 +317,11 @@ def use_backend(name: str, device: torch.device | str = "cpu") -> Iterator[Backe
                 setattr(mod, _RECUR, new_recur)
                 if info is None or (fault is not None and FAULT_SEP not in info.name):
                     info = BackendInfo(with_fault(concrete, fault), _describe(new_chunk), _describe(new_recur))
-            yield info or BackendInfo(with_fault(concrete, fault), "n/a (no hybrid modeling module)", "n/a")
+            _active.append(info or BackendInfo(with_fault(concrete, fault), "n/a (no hybrid modeling module)", "n/a"))
+            yield _active[-1]
         finally:
+            if len(_active) > depth:
+                _active.pop()
             for mod, chunk, recur in saved:
                 setattr(mod, _CHUNK, chunk)
                 setattr(mod, _RECUR, recur)

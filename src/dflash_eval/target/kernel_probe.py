@@ -1,32 +1,51 @@
-"""Kernel probe: the digest of what the target's kernels compute, so that cached features follow kernel behaviour.
+"""Kernel probe: the digest of what the target's forward computes, so that cached features and completions follow
+kernel behaviour.
 
 Cache keys name the backend and the library versions, which say nothing about a kernel patched or rebuilt in place,
 a new Triton or driver under the same fla version, or a wheel installed by hand. The probe runs, in this process,
-the very functions a target forward would call, on fixed seeded inputs at the target's head shapes (read from
-config.json: no model is built), in the run's dtype and on its device, and hashes the exact bytes of their outputs:
+the target's own transformers classes through the very call path a run takes, on seeded inputs, and hashes the exact
+bytes of everything they output:
 
-- ``linear_attention_chunk``: the prefill delta rule, i.e. the hybrid modeling module's
-  ``torch_chunk_gated_delta_rule`` global as :func:`dflash_eval.target.backends.use_backend` sets it for the backend
-  (transformers' chunked torch function, its recurrent one for ``torch-recurrent``, or fla's
-  ``chunk_gated_delta_rule``), at ``linear_num_key_heads`` x ``linear_key_head_dim`` queries/keys and
-  ``linear_num_value_heads`` x ``linear_value_head_dim`` values, over more than one 64-token chunk;
-- ``linear_attention_recurrent``: the decode delta rule (``torch_recurrent_gated_delta_rule``: transformers' torch
-  function or fla's ``fused_recurrent_gated_delta_rule``) from a non-zero state;
-- ``attention``: the attention function of the full-attention layers (transformers' attention interface for the
-  implementation the model loads with: ``sdpa`` where the model class supports it, else the module's eager
-  function), at ``num_attention_heads`` / ``num_key_value_heads`` x ``head_dim``, causal.
+- **The model it runs.** The target's causal LM class built from its config.json with one decoder layer per layer
+  type (a Gated DeltaNet target: one ``linear_attention`` and one ``full_attention`` layer, each with the target's
+  widths, heads, convolution and MLP), the final norm and a small vocabulary (:data:`PROBE_VOCAB`: the embedding and
+  lm_head are the only shapes that are not the target's), seeded random weights from the class's own initialisation,
+  in the run's dtype, on its device, with the attention implementation the target loads with. Every function the
+  layers call is the one the target's forward would call now: module globals of the modeling module (the delta
+  rules, ``causal_conv1d_fn`` / ``causal_conv1d_update``) as :func:`dflash_eval.target.backends.use_backend` sets them
+  for the backend, classes' ``forward`` (the gated RMSNorm, the norms, the MLP), the attention interface, torch's
+  own functions: a kernel patched from outside the project (a module global, a class's method, a function of torch
+  or fla) is what the probe runs.
+- **What it runs.** A :class:`ProbeShape`: the *extraction* probe runs one unpadded sequence of
+  ``bucket + TAIL`` tokens twice, without the model's cache (as features are extracted) and with it (as the forward
+  that also gives the teacher-forced argmax runs); the *generation* probe runs :func:`dflash_eval.target.generation.
+  greedy_generate_batch`, the references stage's own function, on a left-padded batch of :data:`GENERATION_ROWS`
+  prompts of up to ``bucket + TAIL`` tokens for the run's ``max_new_tokens`` decode steps: the chunked prefill with
+  padding, then every decode step through ``causal_conv1d_update``, the recurrent delta rule and attention over the
+  growing cache. Sequence lengths are bucketed (:func:`bucket`: the next power of two, at least
+  :data:`MIN_BUCKET`), and ``TAIL`` makes the probe longer than every sequence of its bucket and its last 64-token
+  chunk a padded one: a cache entry is keyed by the probe of its own bucket, so a fault that shows only on longer
+  inputs changes the key of exactly the entries it would change, and a run on another selection of prompts reuses
+  every entry of the same bucket.
+- **What it hashes.** Every output of every submodule (forward hooks: ``linear_attention.linear_attn.norm``,
+  ``full_attention.self_attn.q_proj``, ``embed_tokens``, ``lm_head``, ...), every call of the modeling module's
+  kernel functions (``linear_attention.torch_chunk_gated_delta_rule``, ``linear_attention.causal_conv1d_fn``, ...),
+  the attention function's output (the input of ``o_proj``: ``full_attention.attention``) and the generated ids,
+  each a :class:`KernelDigest` in the order of its first call; decode-step calls are named apart (``decode:...``),
+  and so are the extraction probe's calls with the cache (``cached:...``). On a CPU the digests are sha256 over the
+  exact bytes; on a GPU over an exact integer fold of them made on the device (:func:`fold`), so nothing large is
+  copied to the host. The probe's digest is a sha256 over its kernels' digests.
 
-Hybrid (Gated DeltaNet) targets get all three, dense ones the attention probe alone. An unchanged kernel gives the
-same digest bit for bit in every process (CPU probes run with one thread, so the digest does not depend on
-``--torch-threads`` or the xdist worker count). :class:`dflash_eval.target.kernel_registry.KernelProbes` keeps one
-:class:`ProbeResult` per (backend, dtype) of a run and the registry of the digests cached features were extracted
-with.
+An unchanged kernel gives the same digest bit for bit in every process (CPU probes run with one thread, so the
+digest does not depend on ``--torch-threads`` or the xdist worker count). :class:`dflash_eval.target.kernel_registry.
+KernelProbes` keeps one :class:`ProbeResult` per (backend, dtype, shape) of a run and the registry of the digests
+cached entries were made with; a changed digest is explained by the first kernel, in call order, whose output moved.
 
 Example::
 
     from dflash_eval.target.loader import TargetDir
-    r = probe(TargetDir("fixtures/target"), "torch", torch.float32, "cpu")
-    print(r.digest[:12], {k: v.digest[:12] for k, v in r.kernels.items()}, f"{r.seconds * 1e3:.1f} ms")
+    r = probe(TargetDir("fixtures/target"), "torch", torch.float32, "cpu", ProbeShape.for_sequence(300))
+    print(r.digest[:12], r.shape.label, len(r.kernels), f"{r.seconds:.2f} s")
 """
 
 from __future__ import annotations
@@ -36,36 +55,95 @@ import importlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor, nn
 
 from dflash_eval.errors import ConfigError
 from dflash_eval.target.backends import split_backend, use_backend
-from dflash_eval.target.loader import TargetDir
+from dflash_eval.target.generation import greedy_generate_batch
+from dflash_eval.target.hidden_states import decoder_parts
+from dflash_eval.target.loader import TargetDir, text_config
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PretrainedConfig, PreTrainedModel
 
-__all__ = ["KernelDigest", "ProbeResult", "ProbeShapes", "KERNEL_KINDS", "probe", "modeling_module",
-           "attention_implementation", "tensor_digest", "PROBE_SEED"]
+__all__ = ["KernelDigest", "ProbeResult", "ProbeShape", "ProbeShapes", "KERNEL_KINDS", "probe", "modeling_module",
+           "attention_implementation", "tensor_digest", "fold", "bucket", "probe_model", "PROBE_SEED", "MIN_BUCKET",
+           "TAIL", "GENERATION_ROWS", "PROBE_VOCAB"]
 
 PROBE_SEED = 20240611
-CHUNK_T = 80  # more than one 64-token chunk of the chunked delta rule, the last one padded
-RECURRENT_T = 4  # decode steps from a non-zero state
-ATTENTION_T = 24
-#: kernel name -> which kind of kernel it is, as messages say it
-KERNEL_KINDS = {"linear_attention_chunk": "linear-attention", "linear_attention_recurrent": "linear-attention",
-                "attention": "attention"}
-_CHUNK, _RECUR = "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"
+MIN_BUCKET = 512  # the shortest probe: every sequence up to 512 tokens shares one (the bundled prompts and more)
+TAIL = 37  # probe length = bucket + TAIL: longer than every sequence of the bucket, last 64-token chunk padded
+GENERATION_ROWS = 2  # rows of the generation probe (one of them left-padded); at most --generation-batch
+PROBE_VOCAB = 512  # the probe model's vocabulary: embedding and lm_head are the only shapes not the target's
+#: the modeling module's kernel functions the probe records (module global -> kind); those absent are skipped
+FUNCTION_KINDS = {"torch_chunk_gated_delta_rule": "linear-attention",
+                  "torch_recurrent_gated_delta_rule": "linear-attention", "causal_conv1d_fn": "conv1d",
+                  "causal_conv1d_update": "conv1d", "torch_causal_conv1d_update": "conv1d",
+                  "apply_mask_to_padding_states": "padding"}
+#: every kind of kernel the probe names (what messages and eval.json's ``kinds`` say)
+KERNEL_KINDS = ("linear-attention", "conv1d", "gated-norm", "norm", "attention", "matmul", "embedding", "rotary",
+                "activation", "mlp", "padding", "layer", "model", "generation")
 
 
-def tensor_digest(tensors: dict[str, torch.Tensor | None]) -> str:
+def bucket(n_tokens: int) -> int:
+    """The probe bucket of a sequence of ``n_tokens``: the next power of two, at least :data:`MIN_BUCKET`."""
+    n = max(int(n_tokens), 1)
+    return max(MIN_BUCKET, 1 << (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class ProbeShape:
+    """What one probe runs: ``tokens`` (a bucket: the probe runs ``tokens + TAIL`` tokens), ``rows`` left-padded
+    prompts and ``new_tokens`` decode steps (0: the extraction probe, one unpadded sequence)."""
+
+    tokens: int
+    rows: int = 1
+    new_tokens: int = 0
+
+    @classmethod
+    def for_sequence(cls, n_tokens: int) -> ProbeShape:
+        """The extraction probe of a sequence of ``n_tokens`` (features, the fingerprint, the teacher-forced
+        argmax)."""
+        return cls(bucket(n_tokens))
+
+    @classmethod
+    def for_generation(cls, prompt_tokens: int, batch: int, new_tokens: int) -> ProbeShape:
+        """The generation probe of a prompt of ``prompt_tokens`` generated in batches of up to ``batch`` prompts for
+        ``new_tokens`` steps."""
+        if new_tokens < 1:
+            raise ValueError(f"a generation probe needs at least one decode step, got {new_tokens}")
+        return cls(bucket(prompt_tokens), max(1, min(int(batch), GENERATION_ROWS)), int(new_tokens))
+
+    @property
+    def length(self) -> int:
+        """Tokens of the probe's longest (unpadded) row."""
+        return self.tokens + TAIL
+
+    @property
+    def generation(self) -> bool:
+        return self.new_tokens > 0
+
+    @property
+    def label(self) -> str:
+        if not self.generation:
+            return f"extraction of {self.length} tokens"
+        return f"generation of {self.rows} x {self.length} tokens + {self.new_tokens} steps"
+
+    def to_json(self) -> dict[str, int]:
+        return {"tokens": self.tokens, "rows": self.rows, "new_tokens": self.new_tokens, "length": self.length}
+
+
+# ------------------------------------------------------------------------------------------------ digests
+def tensor_digest(tensors: dict[str, Tensor | None]) -> str:
     """sha256 over each tensor's name, dtype, shape and exact bytes (in name order; None is hashed as absent)."""
     h = hashlib.sha256()
     for name in sorted(tensors):
@@ -78,6 +156,95 @@ def tensor_digest(tensors: dict[str, torch.Tensor | None]) -> str:
         h.update(f"{t.dtype}{tuple(t.shape)}\0".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+_MERSENNE = (1 << 61) - 1
+_FOLD_P = 1_048_573  # a prime below 2**20: weights < 2**20, 16-bit halves < 2**16, products < 2**36
+_FOLD_AB = ((40_503, 17), (65_521, 7_919), (1_000_003 % _FOLD_P, 104_729), (524_287, 1))
+_FOLD_CHUNK = 1 << 23  # elements per partial sum: < 2**23 x 2**36 = 2**59, no int64 overflow
+_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
+_INT_MASK = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF, 8: 0xFFFFFFFF}
+
+
+def fold(t: Tensor) -> Tensor:
+    """An exact integer fingerprint of ``t``'s bytes, computed on ``t``'s device (integer sums: the same in any
+    order, so the same on every run): four int64 sums of its elements' 16-bit halves, each weighted by fixed
+    position-dependent weights in [1, 2**20), partial sums reduced modulo 2**61 - 1 (nothing overflows). Changing
+    one bit of one element changes the fold (the change of that half, below 2**16 in size, times its weight is
+    non-zero and below the modulus); several changes cancel only by coincidence."""
+    x = t.detach().contiguous().reshape(-1)
+    if x.dtype == torch.bool:
+        x = x.to(torch.uint8)
+    size = x.element_size()
+    ints = x.view(_INT_VIEW[size]).to(torch.int64) & _INT_MASK[size]
+    halves = (ints & 0xFFFF, ints >> 16)
+    out = torch.zeros(4, dtype=torch.int64, device=x.device)
+    for start in range(0, ints.numel(), _FOLD_CHUNK):
+        idx = torch.arange(start, min(start + _FOLD_CHUNK, ints.numel()), device=x.device, dtype=torch.int64)
+        for k, (a, b) in enumerate(_FOLD_AB):
+            w = (idx * a + b) % _FOLD_P + 1
+            out[k] = (out[k] + (halves[k % 2][start:start + idx.numel()] * w).sum() % _MERSENNE) % _MERSENNE
+    return out
+
+
+def _tensors(out: Any) -> Iterator[Tensor | None]:
+    """The tensors of a module's or function's output, in order (None where an output is absent)."""
+    if out is None or isinstance(out, Tensor):
+        yield out
+    elif isinstance(out, dict):  # transformers' ModelOutput is an OrderedDict of what is set
+        for v in out.values():
+            if v is None or isinstance(v, Tensor | tuple | list | dict):
+                yield from _tensors(v)
+    elif isinstance(out, tuple | list):
+        for v in out:
+            if v is None or isinstance(v, Tensor | tuple | list | dict):
+                yield from _tensors(v)
+
+
+class _Kernel:
+    """One kernel's calls: their outputs hashed as they come (CPU) or folded on the device (GPU)."""
+
+    def __init__(self, function: str, kind: str, on_device: bool) -> None:
+        self.function, self.kind, self.on_device = function, kind, on_device
+        self.calls = 0
+        self._h = hashlib.sha256()
+        self._folds: list[Tensor] = []
+
+    def add(self, out: Any) -> None:
+        self.calls += 1
+        self._h.update(f"call {self.calls}\0".encode())
+        for t in _tensors(out):
+            if t is None:
+                self._h.update(b"none\0")
+                continue
+            self._h.update(f"{t.dtype}{tuple(t.shape)}\0".encode())
+            if self.on_device:
+                self._folds.append(fold(t))
+            else:
+                self._h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+    def digest(self) -> str:
+        if self._folds:
+            self._h.update(torch.stack(self._folds).cpu().numpy().astype("<i8").tobytes())
+            self._folds = []
+        return self._h.hexdigest()
+
+
+class _Tape:
+    """What the probe's hooks and wrappers record, kernel by kernel in the order of their first call."""
+
+    def __init__(self, on_device: bool) -> None:
+        self.on_device = on_device
+        self.kernels: dict[str, _Kernel] = {}
+        self.phase = ""  # "cached:" / "decode:" while such calls run
+        self.layer = ""  # the layer type whose decoder layer is running
+
+    def add(self, name: str, function: str, kind: str, out: Any) -> None:
+        key = self.phase + name
+        k = self.kernels.get(key)
+        if k is None:
+            k = self.kernels[key] = _Kernel(function, kind, self.on_device)
+        k.add(out)
 
 
 # ------------------------------------------------------------------------------------------------ shapes
@@ -96,7 +263,8 @@ def _int_field(cfg: dict[str, Any], key: str, where: Path, default: int | None =
 
 @dataclass(frozen=True)
 class ProbeShapes:
-    """The head shapes the target's kernels run at (config.json, text part)."""
+    """The head shapes the target's kernels run at (config.json, text part), checked before the probe model is
+    built: a missing or non-positive field is one error naming it."""
 
     num_heads: int
     num_kv_heads: int
@@ -131,7 +299,7 @@ class ProbeShapes:
         return out
 
 
-# ------------------------------------------------------------------------------------------------ what to call
+# ------------------------------------------------------------------------------------------------ the probe model
 def _model_class(target_dir: TargetDir) -> type[PreTrainedModel]:
     """The transformers class ``AutoModelForCausalLM`` builds for the target (else the config's architecture)."""
     import transformers
@@ -165,139 +333,273 @@ def attention_implementation(target_dir: TargetDir) -> str:
     return "sdpa" if getattr(_model_class(target_dir), "_supports_sdpa", False) else "eager"
 
 
-def _describe(fn: Callable[..., Any]) -> str:
+def _describe(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', getattr(fn, '__name__', '?'))}"
 
 
-class _AttentionCarrier(torch.nn.Module):
-    """What transformers' attention functions read from the attention module that calls them."""
+def probe_config(target_dir: TargetDir) -> PretrainedConfig:
+    """The target's text config with one decoder layer per layer type (in the order they first appear) and a
+    :data:`PROBE_VOCAB`-token vocabulary; every other field (widths, heads, convolution, MLP, norms, RoPE) is the
+    target's."""
+    from transformers import AutoConfig
 
-    def __init__(self, groups: int) -> None:
-        super().__init__()
-        self.num_key_value_groups = groups
-        self.is_causal = True
-        self.training = False
+    try:
+        cfg = text_config(AutoConfig.from_pretrained(target_dir.path, local_files_only=True))
+    except Exception as exc:
+        raise ConfigError(f"{target_dir.config_file}: transformers cannot read it for the kernel probe: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    d = cfg.to_dict()
+    types = [str(t) for t in (getattr(cfg, "layer_types", None) or [])]
+    distinct = list(dict.fromkeys(types))
+    d.update(num_hidden_layers=max(1, len(distinct)), vocab_size=PROBE_VOCAB, pad_token_id=0, bos_token_id=None,
+             eos_token_id=None)
+    if distinct:
+        d["layer_types"] = distinct
+    for key in ("mlp_only_layers", "sliding_window_layers"):  # per-layer lists that name the target's layer ids
+        d.pop(key, None)
+    return type(cfg).from_dict(d)
 
 
-# ------------------------------------------------------------------------------------------------ the probe
+def probe_model(target_dir: TargetDir, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
+    """The probe's model (module docstring): the target's causal LM class, seeded random weights from its own
+    initialisation, ``dtype``, on ``device``, eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = probe_config(target_dir)
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.device(dev):
+        torch.manual_seed(PROBE_SEED)
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attention_implementation(target_dir),
+                                                     dtype=dtype)
+        except Exception as exc:
+            raise ConfigError(f"{target_dir.config_file}: the kernel probe cannot build the target's class "
+                              f"{_model_class(target_dir).__name__} from it: {type(exc).__name__}: {exc}") from exc
+    return model.to(dev).eval()
+
+
+# ------------------------------------------------------------------------------------------------ the result
 @dataclass(frozen=True)
 class KernelDigest:
-    """One kernel's probe: the function called, the input shapes, the digest of its outputs' exact bytes."""
+    """One kernel of the probe: the function or class method called (``module.qualname``), its kind, how many
+    calls, the digest of all their outputs."""
 
     function: str
-    shapes: dict[str, list[int]]
+    kind: str
+    calls: int
     digest: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"function": self.function, "shapes": self.shapes, "digest": self.digest}
+        return {"function": self.function, "kind": self.kind, "calls": self.calls, "digest": self.digest[:16]}
 
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """The probe of one (backend, dtype, device): a digest per kernel, their combined digest, the time the kernel
-    calls took (``seconds``) and the time to import the modeling module they live in (``import_seconds``, paid by
-    the first probe of a process; with fla, importing fla's ops is paid by the backend switch, in ``seconds``)."""
+    """The probe of one (backend, dtype, device, shape): a digest per kernel (in the order of their first call),
+    their combined digest, the time the probe took (``seconds``: building the probe model and running it) and the
+    time to import the modeling module (``import_seconds``, paid by the first probe of a process; with fla,
+    importing fla's ops is paid by the backend switch, in ``seconds``)."""
 
     backend: str
     dtype: str
     device: str
     shapes: ProbeShapes
+    shape: ProbeShape
     kernels: dict[str, KernelDigest]
     seconds: float
     import_seconds: float = 0.0
 
     @cached_property
     def digest(self) -> str:
-        """sha256 over the kernels' digests: what cache keys carry."""
-        return hashlib.sha256(json.dumps({k: v.digest for k, v in sorted(self.kernels.items())}).encode()
-                              ).hexdigest()
+        """sha256 over the shape and the kernels' digests in call order: what cache keys carry."""
+        return hashlib.sha256(json.dumps([self.shape.to_json(), [(k, v.digest) for k, v in self.kernels.items()]]
+                                         ).encode()).hexdigest()
 
     @property
     def label(self) -> str:
         return f"{self.backend}/{self.dtype}"
 
+    def digests(self) -> dict[str, str]:
+        """kernel -> digest, in call order (what the registry remembers)."""
+        return {k: v.digest for k, v in self.kernels.items()}
+
+    def by_kind(self) -> dict[str, str]:
+        """kind -> a digest over the kernels of that kind (the golden fingerprint keeps these)."""
+        kinds: dict[str, list[str]] = {}
+        for k in self.kernels.values():
+            kinds.setdefault(k.kind, []).append(k.digest)
+        return {kind: hashlib.sha256("".join(ds).encode()).hexdigest()[:16] for kind, ds in sorted(kinds.items())}
+
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "dtype": self.dtype, "device": self.device, "digest": self.digest,
                 "seconds": round(self.seconds, 6), "import_seconds": round(self.import_seconds, 6),
-                "shapes": self.shapes.to_json(), "kernels": {k: v.to_json() for k, v in sorted(self.kernels.items())}}
+                "shapes": self.shapes.to_json(), "shape": self.shape.to_json(), "label": self.shape.label,
+                "kernels": {k: v.to_json() for k, v in self.kernels.items()}}
 
 
-def _inputs(gen: torch.Generator, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    return {name: torch.randn(shape, generator=gen, dtype=torch.float32) for name, shape in shapes.items()}
+# ------------------------------------------------------------------------------------------------ running it
+def _module_kind(module: nn.Module, name: str) -> str:
+    cls = type(module).__name__
+    if name.endswith("lm_head") or isinstance(module, nn.Linear):
+        return "matmul"
+    for part, kind in (("NormGated", "gated-norm"), ("Norm", "norm"), ("Rotary", "rotary"),
+                       ("Embedding", "embedding"), ("DecoderLayer", "layer"), ("MLP", "mlp"), ("Moe", "mlp"),
+                       ("MoE", "mlp"), ("Experts", "mlp"), ("GatedDeltaNet", "linear-attention"),
+                       ("Attention", "attention"), ("Model", "model")):
+        if part in cls:
+            return kind
+    return "activation" if "act" in name.rsplit(".", 1)[-1] or "Activation" in cls else "layer"
 
 
-def _delta_rule_inputs(gen: torch.Generator, t: int, linear: tuple[int, int, int, int], dtype: torch.dtype,
-                       dev: torch.device) -> dict[str, torch.Tensor]:
-    """q, k, v in the run's dtype; beta in (0, 1) in the run's dtype and the log decay g <= 0 in fp32, as the
-    Gated DeltaNet layer makes them."""
-    hk, hv, dk, dv = linear
-    x = _inputs(gen, {"q": (1, t, hk, dk), "k": (1, t, hk, dk), "v": (1, t, hv, dv), "b": (1, t, hv),
-                      "a": (1, t, hv)})
-    return {"query": x["q"].to(dev, dtype), "key": x["k"].to(dev, dtype), "value": x["v"].to(dev, dtype),
-            "beta": x["b"].sigmoid().to(dev, dtype), "g": (-torch.nn.functional.softplus(x["a"]) * 0.5).to(dev)}
+def _event_names(model: nn.Module) -> dict[str, tuple[str, str]]:
+    """Submodule path -> (event name, layer type): ``linear_attention.linear_attn.norm`` for a module of a decoder
+    layer, ``embed_tokens`` / ``norm`` / ``lm_head`` / ``model`` for the others."""
+    base, layers, _ = decoder_parts(model)
+    types = list(getattr(model.config, "layer_types", None) or [])
+    layer_path = {id(layer): (i, types[i] if i < len(types) else f"layer{i}") for i, layer in enumerate(layers)}
+    paths = {id(m): p for p, m in model.named_modules()}
+    prefix = {i: paths[id(layer)] for i, layer in enumerate(layers)}
+    out: dict[str, tuple[str, str]] = {}
+    for path, module in model.named_modules():
+        if not path or isinstance(module, nn.ModuleList | nn.ModuleDict):
+            continue
+        if id(module) in layer_path:
+            _, t = layer_path[id(module)]
+            out[path] = (t, t)
+            continue
+        owner = next((i for i, p in prefix.items() if path.startswith(p + ".")), None)
+        if owner is not None:
+            t = layer_path[id(layers[owner])][1]
+            out[path] = (f"{t}.{path[len(prefix[owner]) + 1:]}", t)
+        else:
+            out[path] = ("model" if module is base else path.rsplit(".", 1)[-1] if module in
+                         (getattr(base, "embed_tokens", None), getattr(base, "norm", None),
+                          getattr(base, "rotary_emb", None)) else path, "")
+    return out
 
 
-def _probe_delta_rule(fn: Callable[..., Any], gen: torch.Generator, t: int, linear: tuple[int, int, int, int],
-                      dtype: torch.dtype, dev: torch.device, *, with_state: bool) -> KernelDigest:
-    x = _delta_rule_inputs(gen, t, linear, dtype, dev)
-    _, hv, dk, dv = linear
-    state = (torch.randn((1, hv, dk, dv), generator=gen, dtype=torch.float32) * 0.1).to(dev) if with_state else None
-    out, final = fn(x["query"], x["key"], x["value"], g=x["g"], beta=x["beta"], initial_state=state,
-                    output_final_state=True, use_qk_l2norm_in_kernel=True)
-    shapes = {k: list(v.shape) for k, v in x.items()}
-    if state is not None:
-        shapes["initial_state"] = list(state.shape)
-    return KernelDigest(_describe(fn), shapes, tensor_digest({"output": out, "final_state": final}))
-
-
-def _probe_attention(mod: ModuleType, impl: str, gen: torch.Generator, shapes: ProbeShapes, dtype: torch.dtype,
-                     dev: torch.device) -> KernelDigest:
+@contextmanager
+def _recording(model: nn.Module, mod: ModuleType, target_dir: TargetDir, tape: _Tape) -> Iterator[None]:
+    """Forward hooks on every submodule of ``model``, a pre-hook on each attention's ``o_proj`` (the attention
+    function's output) and wrappers around the modeling module's kernel functions, all removed on exit."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    default = getattr(mod, "eager_attention_forward", None)
-    if impl == "eager" and default is None:
-        raise ConfigError(f"{mod.__name__} has no eager_attention_forward for the kernel probe's attention")
-    fn = ALL_ATTENTION_FUNCTIONS.get_interface(impl, default)  # type: ignore[arg-type]  # None only for a registered impl (eager checked above)
-    h, kv, d = shapes.num_heads, shapes.num_kv_heads, shapes.head_dim
-    x = _inputs(gen, {"query": (1, h, ATTENTION_T, d), "key": (1, kv, ATTENTION_T, d),
-                      "value": (1, kv, ATTENTION_T, d)})
-    q, k, v = (x[n].to(dev, dtype) for n in ("query", "key", "value"))
-    out, _ = fn(_AttentionCarrier(h // kv).to(dev), q, k, v, None, dropout=0.0, scaling=d ** -0.5)
-    return KernelDigest(f"{impl}: {_describe(fn)}", {k: list(t.shape) for k, t in x.items()},
-                        tensor_digest({"output": out}))
+    handles: list[Any] = []
+    names = _event_names(model)
+    impl = attention_implementation(target_dir)
+    attention_fn = _describe(ALL_ATTENTION_FUNCTIONS.get_interface(impl, getattr(mod, "eager_attention_forward",
+                                                                                 None)))  # type: ignore[arg-type]  # None only for a registered impl
+    for path, module in model.named_modules():
+        if path not in names:
+            continue
+        event, layer_type = names[path]
+        kind, function = _module_kind(module, path), _describe(type(module).forward)
+
+        def hook(_m: nn.Module, _inp: Any, out: Any, event: str = event, kind: str = kind,
+                 function: str = function) -> None:
+            tape.add(event, function, kind, out)
+
+        if layer_type and event == layer_type:  # a decoder layer: its calls run under its type
+            def enter(_m: nn.Module, _inp: Any, layer_type: str = layer_type) -> None:
+                tape.layer = layer_type
+
+            handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(hook))
+        if path.endswith(".o_proj") and layer_type:
+            def attention_out(_m: nn.Module, inp: tuple[Any, ...], layer_type: str = layer_type) -> None:
+                tape.add(f"{layer_type}.attention", f"{impl}: {attention_fn}", "attention", inp[0])
+
+            handles.append(module.register_forward_pre_hook(attention_out))
+    saved = {name: getattr(mod, name) for name in FUNCTION_KINDS if callable(getattr(mod, name, None))}
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            tape.add(f"{tape.layer or 'model'}.{name}", _describe(fn), FUNCTION_KINDS[name], out)
+            return out
+
+        return call
+
+    try:
+        for name, fn in saved.items():
+            setattr(mod, name, wrap(name, fn))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(mod, name, fn)
+        for h in handles:
+            h.remove()
+
+
+def _run_extraction(model: nn.Module, shape: ProbeShape, gen: torch.Generator, dev: torch.device,
+                    tape: _Tape) -> None:
+    """One unpadded sequence through the model without its cache (feature extraction) and with it (the forward
+    that also gives the teacher-forced argmax)."""
+    ids = torch.randint(1, PROBE_VOCAB, (1, shape.length), generator=gen).to(dev)
+    model(input_ids=ids, use_cache=False)
+    tape.phase = "cached:"
+    try:
+        model(input_ids=ids)
+    finally:
+        tape.phase = ""
+
+
+def _run_generation(model: nn.Module, shape: ProbeShape, gen: torch.Generator, dev: torch.device, backend: str,
+                    tape: _Tape) -> None:
+    """The references stage's greedy generation on ``shape.rows`` left-padded prompts; decode steps recorded apart."""
+    base = getattr(model, "model", model)
+
+    def phase(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        embeds = kwargs.get("inputs_embeds")
+        t = ids.shape[-1] if isinstance(ids, Tensor) else embeds.shape[1] if isinstance(embeds, Tensor) else 2
+        tape.phase = "decode:" if t == 1 else ""
+
+    rows = [torch.randint(1, PROBE_VOCAB, (shape.length - r * (shape.length // (2 * shape.rows)),), generator=gen)
+            for r in range(shape.rows)]
+    handle = base.register_forward_pre_hook(phase, with_kwargs=True)
+    try:
+        target = SimpleNamespace(model=model, device=dev, eos_token_id=None)
+        out = greedy_generate_batch(target, rows, shape.new_tokens, backend=backend,  # type: ignore[arg-type]  # what greedy_generate_batch reads of a Target
+                                    stop_at_eos=False)
+    finally:
+        handle.remove()
+        tape.phase = ""
+    tape.add("generated_ids", _describe(greedy_generate_batch), "generation", torch.tensor(out, dtype=torch.int64))
 
 
 _THREADS_LOCK = threading.Lock()
 
 
-def probe(target_dir: TargetDir, backend: str, dtype: torch.dtype, device: torch.device | str) -> ProbeResult:
-    """Run the target's kernels for ``backend`` (a ``+<fault>`` suffix is dropped: the fault is named in the cache
-    key already) in ``dtype`` on ``device`` on fixed seeded inputs; see the module docstring."""
+def probe(target_dir: TargetDir, backend: str, dtype: torch.dtype, device: torch.device | str,
+          shape: ProbeShape | None = None) -> ProbeResult:
+    """Run the target's forward for ``backend`` (a ``+<fault>`` suffix is dropped: the fault is named in the cache
+    key already) in ``dtype`` on ``device`` at ``shape`` (default: the extraction probe of the shortest bucket) on
+    seeded inputs; see the module docstring."""
+    shape = shape or ProbeShape(MIN_BUCKET)
     t0 = time.perf_counter()
     shapes = ProbeShapes.from_target(target_dir)
     mod = modeling_module(target_dir)
-    impl = attention_implementation(target_dir)
     base = split_backend(backend)[0]
     dev = torch.device(device)
-    kernels: dict[str, KernelDigest] = {}
     t1 = time.perf_counter()
+    tape = _Tape(on_device=dev.type != "cpu")
     with _THREADS_LOCK:
         threads = torch.get_num_threads()
         if dev.type == "cpu":
             torch.set_num_threads(1)  # CPU reductions may split differently with another thread count
         try:
-            gen = torch.Generator().manual_seed(PROBE_SEED)
-            with torch.no_grad():
-                if shapes.linear is not None and hasattr(mod, _CHUNK):
-                    with use_backend(base, dev):
-                        kernels["linear_attention_chunk"] = _probe_delta_rule(
-                            getattr(mod, _CHUNK), gen, CHUNK_T, shapes.linear, dtype, dev, with_state=False)
-                        kernels["linear_attention_recurrent"] = _probe_delta_rule(
-                            getattr(mod, _RECUR), gen, RECURRENT_T, shapes.linear, dtype, dev, with_state=True)
-                kernels["attention"] = _probe_attention(mod, impl, gen, shapes, dtype, dev)
+            model = probe_model(target_dir, dtype, dev)
+            gen = torch.Generator().manual_seed(PROBE_SEED + shape.length)
+            with torch.no_grad(), use_backend(base, dev), _recording(model, mod, target_dir, tape):
+                if shape.generation:
+                    _run_generation(model, shape, gen, dev, base, tape)
+                else:
+                    _run_extraction(model, shape, gen, dev, tape)
+            kernels = {k: KernelDigest(v.function, v.kind, v.calls, v.digest()) for k, v in tape.kernels.items()}
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
         finally:
             torch.set_num_threads(threads)
-    return ProbeResult(base, str(dtype).removeprefix("torch."), str(dev), shapes, kernels,
+    return ProbeResult(base, str(dtype).removeprefix("torch."), str(dev), shapes, shape, kernels,
                        seconds=time.perf_counter() - t1, import_seconds=t1 - t0)

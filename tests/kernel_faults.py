@@ -1,0 +1,121 @@
+"""Kernel faults patched from OUTSIDE dflash-eval into the functions and classes the bundled target's forward calls
+(transformers' Qwen3.5 modeling module, torch), with the same library versions: what a kernel rebuilt, patched or
+miscompiled in place looks like to the suite. Each fault adds seeded relative noise (1e-2 of the output's RMS, the
+same noise on every call of one shape) where it applies, or changes the computation, and nothing elsewhere:
+
+- ``chunk_noise``: the chunked delta rule's output, every call;
+- ``gate``: the decay gate of the chunked delta rule times 1.1;
+- ``bf16_chunk``: the chunked delta rule run with its inputs and output in bf16 (bf16 accumulation);
+- ``long_inputs``: the chunked delta rule's output, only on calls over more than :data:`LONG` tokens;
+- ``conv1d``: ``causal_conv1d_fn``'s output (the prefill convolution);
+- ``conv1d_update``: ``causal_conv1d_update``'s output (the decode-step convolution);
+- ``gated_norm``: the gated RMSNorm's output (``Qwen3_5RMSNormGated.forward``);
+- ``decode_only``: the recurrent delta rule's output on single-token calls (decode steps) only;
+- ``recurrent_prefill``: the recurrent delta rule's output on multi-token calls only (the ``torch-recurrent``
+  backend's prefill);
+- ``attention_long``: torch's ``scaled_dot_product_attention`` output, only for more than :data:`LONG_QUERIES`
+  queries.
+
+``install(name)`` patches and returns the undo; ``plugin_source(name)`` is a pytest plugin module that installs it
+in a suite subprocess (``-p <module>``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
+LONG = 200  # tokens: longer than the old probe (80) and some bundled prompts + completions, shorter than others
+LONG_QUERIES = 64
+REL = 1e-2
+HERE = Path(__file__).resolve().parent
+
+
+def noisy(out: torch.Tensor, rel: float = REL) -> torch.Tensor:
+    """``out`` plus seeded Gaussian noise of ``rel`` x its RMS (the same noise for every call of one shape)."""
+    noise = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out.device)
+    return (out.float() + rel * out.float().pow(2).mean().sqrt() * noise).to(out.dtype)
+
+
+def _inner(fn: Callable) -> Callable:
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+def _faults(mod) -> dict[str, tuple[object, str, Callable]]:
+    """name -> (owner, attribute, replacement)."""
+    chunk, recur = _inner(mod.torch_chunk_gated_delta_rule), _inner(mod.torch_recurrent_gated_delta_rule)
+    conv, conv_update = mod.causal_conv1d_fn, mod.causal_conv1d_update
+    norm_forward = mod.Qwen3_5RMSNormGated.forward
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def chunk_noise(query, key, value, g, beta, **kw):
+        out, state = chunk(query, key, value, g, beta, **kw)
+        return noisy(out), state
+
+    def gate_times_1_1(query, key, value, g, beta, **kw):
+        return chunk(query, key, value, g * 1.1, beta, **kw)
+
+    def bf16_chunk(query, key, value, g, beta, **kw):
+        dt = query.dtype
+        out, state = chunk(*(t.to(torch.bfloat16) for t in (query, key, value)), g, beta.to(torch.bfloat16), **kw)
+        return out.to(torch.bfloat16).to(dt), state
+
+    def long_inputs_chunk(query, key, value, g, beta, **kw):
+        out, state = chunk(query, key, value, g, beta, **kw)
+        return (noisy(out) if query.shape[1] > LONG else out), state
+
+    def noisy_causal_conv1d_fn(*args, **kw):
+        return noisy(conv(*args, **kw))
+
+    def noisy_causal_conv1d_update(*args, **kw):
+        return noisy(conv_update(*args, **kw))
+
+    def noisy_gated_norm_forward(self, hidden_states, gate):
+        return noisy(norm_forward(self, hidden_states, gate))
+
+    def decode_only_recurrent(query, key, value, g, beta, **kw):
+        out, state = recur(query, key, value, g, beta, **kw)
+        return (noisy(out) if query.shape[1] == 1 else out), state
+
+    def prefill_only_recurrent(query, key, value, g, beta, **kw):
+        out, state = recur(query, key, value, g, beta, **kw)
+        return (noisy(out) if query.shape[1] > 1 else out), state
+
+    def long_query_sdpa(query, *args, **kw):
+        out = sdpa(query, *args, **kw)
+        return noisy(out) if query.shape[-2] > LONG_QUERIES else out
+
+    return {"chunk_noise": (mod, "torch_chunk_gated_delta_rule", chunk_noise),
+            "gate": (mod, "torch_chunk_gated_delta_rule", gate_times_1_1),
+            "bf16_chunk": (mod, "torch_chunk_gated_delta_rule", bf16_chunk),
+            "long_inputs": (mod, "torch_chunk_gated_delta_rule", long_inputs_chunk),
+            "conv1d": (mod, "causal_conv1d_fn", noisy_causal_conv1d_fn),
+            "conv1d_update": (mod, "causal_conv1d_update", noisy_causal_conv1d_update),
+            "gated_norm": (mod.Qwen3_5RMSNormGated, "forward", noisy_gated_norm_forward),
+            "decode_only": (mod, "torch_recurrent_gated_delta_rule", decode_only_recurrent),
+            "recurrent_prefill": (mod, "torch_recurrent_gated_delta_rule", prefill_only_recurrent),
+            "attention_long": (torch.nn.functional, "scaled_dot_product_attention", long_query_sdpa)}
+
+
+FAULTS = tuple(_faults(importlib.import_module(MODELING)))
+
+
+def install(name: str) -> Callable[[], None]:
+    """Patch fault ``name`` in; the returned function undoes it."""
+    owner, attr, fn = _faults(importlib.import_module(MODELING))[name]
+    was = getattr(owner, attr)
+    setattr(owner, attr, fn)
+    return lambda: setattr(owner, attr, was)
+
+
+def plugin_source(name: str) -> str:
+    """A pytest plugin module that installs fault ``name`` when the suite process imports it."""
+    return (f'"""Kernel fault {name!r} patched in from outside dflash-eval (tests/kernel_faults.py)."""\n'
+            f"import sys\nsys.path.insert(0, {str(HERE)!r})\nimport kernel_faults\n\n"
+            f"kernel_faults.install({name!r})\n")

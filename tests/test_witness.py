@@ -1,0 +1,154 @@
+"""The witness (:mod:`dflash_eval.features.witness`): a warm run re-extracts a seeded sample of its prompts with the
+live target and compares them with the cached features.
+
+- a fault the kernel probe cannot see (noise in the recurrent delta rule's prefill on sequences shorter than the
+  probe's, patched from outside dflash-eval) leaves every probe digest as it was, and the witness says which side,
+  prompt, target layer and first position differ, re-extracts that side's features with the live kernels (a new
+  witness token in their keys), which then equal a cold run's under the same fault, bit for bit;
+- the next warm run with the same kernels reuses them (nothing produced); a run whose kernels went back to the clean
+  ones goes back to the first features (nothing produced either);
+- under ``--cache-only`` the mismatch is an error naming what differs and what to do;
+- the τ impact of a mismatch is added to its message where the run's result is built;
+- ``--witness-prompts 0`` checks nothing; a CPU compares bit for bit, a GPU within the measured bound.
+
+Run: ``pytest tests/test_witness.py -p no:cacheprovider``
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from kernel_faults import MODELING, noisy
+
+from dflash_eval.errors import CacheError
+from dflash_eval.features.witness import GPU_BOUND, reproducibility_bound
+from dflash_eval.metrics.drift import Side
+from dflash_eval.options.settings import EvalSettings
+from dflash_eval.results.eval_result import _with_witness_impact
+from dflash_eval.session.eval_session import EvalSession
+from dflash_eval.target.kernel_probe import MIN_BUCKET
+from dflash_eval.target.kernel_registry import KernelOutputChanged
+
+ROOT = Path(__file__).resolve().parents[1]
+RECURRENT = Side("torch-recurrent", torch.float32)
+pytestmark = pytest.mark.slow
+
+
+def _session(cache: Path, **over) -> EvalSession:
+    s = EvalSettings.from_mapping({
+        "target_model": ROOT / "fixtures" / "target", "drafter": ROOT / "fixtures" / "drafter",
+        "prompts": ROOT / "fixtures" / "prompts.jsonl", "num_prompts": 2, "max_new_tokens": 16, "cache_dir": cache,
+        "device": "cpu", "torch_threads": 1, "witness_prompts": 1, **over})
+    return EvalSession(s, worker=("master", 0, 1), progress=None)
+
+
+def _features(session: EvalSession, side: Side = RECURRENT) -> dict[str, dict[int, torch.Tensor]]:
+    feats = session.evaluation.features(side)
+    return {pid: dict(feats[pid]) for pid in feats}
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[p][i], b[p][i]) for p in a for i in a[p])
+
+
+@pytest.fixture
+def short_prefill_fault(monkeypatch: pytest.MonkeyPatch):
+    """Noise on the recurrent delta rule's multi-token calls shorter than the shortest probe: the torch-recurrent
+    side's prefill of the bundled prompts, never a probe (and never the torch backend's generation)."""
+    mod = importlib.import_module(MODELING)
+    recur = mod.torch_recurrent_gated_delta_rule
+    while hasattr(recur, "__wrapped__"):
+        recur = recur.__wrapped__
+
+    def short_prefill(query, key, value, g, beta, **kw):
+        out, state = recur(query, key, value, g, beta, **kw)
+        return (noisy(out) if 1 < query.shape[1] < MIN_BUCKET else out), state
+
+    def install() -> None:
+        monkeypatch.setattr(mod, "torch_recurrent_gated_delta_rule", short_prefill)
+
+    return install
+
+
+def test_the_witness_catches_what_the_probe_cannot_see(tmp_path, short_prefill_fault, monkeypatch):
+    cache = tmp_path / "cache"
+    first = _session(cache)
+    clean = _features(first)
+    clean_probes = {k: r.digest for k, r in first.inputs.kernel_probes.results.items()}
+    assert first.store.witness.checks[RECURRENT.label].skipped  # a cold run: nothing cached to compare
+    shutil.copytree(cache, tmp_path / "cache_only")
+
+    short_prefill_fault()
+    warm = _session(cache)
+    with pytest.warns(KernelOutputChanged, match=r"witness: the live target's features of prompt 'code-bisect-[01]' "
+                                                 r"\(torch-recurrent/float32\) differ from the cached ones bit for "
+                                                 r"bit: target layer 1, first at position 0 of \d+ \(layer rel_err "):
+        faulty = _features(warm)
+    assert {k: r.digest for k, r in warm.inputs.kernel_probes.results.items() if k in clean_probes} == clean_probes
+    check = warm.store.witness.checks[RECURRENT.label]
+    (m,) = check.mismatches
+    assert (m.layer, m.position, m.bound) == (1, 0, 0.0) and m.rel_err > 0 and check.token
+    assert warm.inputs.cache.stats.produced > 0 and not _equal(faulty, clean)
+    (change,) = [c for c in warm.inputs.kernel_probes.changes if c["kinds"] == ["witness"]]
+    assert change["now"] == check.token and change["was"] == "" and "re-extracted with the live kernels" in \
+        change["message"]
+    # the torch side's features are witnessed too, and match: its kernels are not on the fault's path
+    _features(warm, warm.inputs.eval_side)
+    assert not warm.store.witness.checks[warm.inputs.eval_side.label].mismatches
+
+    cold = _session(tmp_path / "cold")
+    assert _equal(_features(cold), faulty)  # the warm run reads what a cold run makes
+
+    again = _session(cache)
+    assert _equal(_features(again), faulty) and again.inputs.cache.stats.produced == 0  # the new token's features
+    assert not again.store.witness.checks[RECURRENT.label].mismatches
+
+    with pytest.raises(CacheError, match=r"witness: .* target layer 1, first at position 0 .*--cache-only forbids "
+                                         r"re-extracting the features of torch-recurrent/float32"):
+        _features(_session(tmp_path / "cache_only", cache_only=True))
+
+    monkeypatch.undo()  # the clean kernels again: back to the first features, nothing extracted
+    back = _session(cache)
+    with pytest.warns(KernelOutputChanged, match="witness token"):
+        restored = _features(back)
+    assert _equal(restored, clean) and back.store.witness.checks[RECURRENT.label].token == ""
+    assert back.inputs.cache.stats.produced == 0
+
+
+def test_the_tau_impact_of_a_mismatch_is_reported(monkeypatch):
+    """The layer's relative error goes to :func:`dflash_eval.metrics.drift_budget.impact` with the drafter's budget;
+    its verdict is added to the entry and its message."""
+    import dflash_eval.results.eval_result as eval_result
+
+    budget = SimpleNamespace(name="the drafter's budget")
+    seen = []
+    monkeypatch.setattr(eval_result, "impact", lambda rel, b: seen.append((rel, b)) or "τ impact: within budget (x)")
+    change = {"label": "torch/float32", "was": "", "now": "abc", "kernels": ["witness"], "kinds": ["witness"],
+              "message": "witness: ...", "witness": {"rel_err": 1e-3}}
+    probe_change = {**change, "kinds": ["conv1d"], "witness": None}
+    ev = SimpleNamespace(drift_budget=lambda: budget)
+    out = _with_witness_impact(ev, {"probes": [], "changed": [change, probe_change]})  # type: ignore[arg-type]
+    assert seen == [(1e-3, budget)]
+    assert out["changed"][0]["tau_impact"] == "τ impact: within budget (x)"
+    assert out["changed"][0]["message"] == "witness: ...; τ impact: within budget (x)"
+    assert "tau_impact" not in out["changed"][1]
+    assert change["message"] == "witness: ..."  # the process's own record is left as it was
+
+
+def test_no_witness_checks_nothing(tmp_path):
+    _features(_session(tmp_path / "cache"))
+    off = _session(tmp_path / "cache", witness_prompts=0)
+    _features(off)
+    assert off.store.witness.checks == {} and not off.inputs.target_loaded
+    with pytest.raises(Exception, match="--witness-prompts must be >= 0"):
+        _session(tmp_path / "cache", witness_prompts=-1).inputs.settings.validate_values()
+
+
+def test_a_cpu_compares_bit_for_bit_a_gpu_within_the_measured_bound():
+    assert reproducibility_bound(RECURRENT, "cpu") == 0.0
+    assert reproducibility_bound(Side("fla", torch.bfloat16), "cuda") == GPU_BOUND["torch.bfloat16"]
