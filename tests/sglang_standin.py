@@ -39,6 +39,13 @@ over all requests) wrongly: every token of its greedy completion is shifted by o
 (``(t + 1) % vocab_size``), as a replica behind a router that serves other weights would answer, while every other
 prompt gets the right completion.
 
+``--sampling-fault F`` (any mode that answers ``/generate``) answers every SAMPLED request (``temperature`` >=
+1e-6) with other sampling than it asks, as a proxy that drops or rewrites ``sampling_params`` keys, or a server
+with other defaults, would: ``greedy`` (argmax, the request's temperature ignored), ``half-temperature`` /
+``double-temperature`` (the asked temperature x 0.5 / x 2), ``ignore-top-k`` (the asked ``top_k`` dropped: no
+truncation), ``ignore-top-p`` (likewise ``top_p``), ``extra-top-k`` (top-k 20 where the request asks none) and
+``extra-top-p`` (top-p 0.8 where the request asks none). Greedy requests are answered as asked.
+
 ``--synthetic-spec-accept-length X`` (any mode) adds a SYNTHETIC ``meta_info.spec_accept_length`` (about X),
 ``spec_verify_ct`` and ``spec_accept_histogram`` to every completion, as a server running ``--speculative-algorithm``
 would; no drafter runs, the number only exercises the suite's reporting of the server's accept length.
@@ -90,6 +97,8 @@ MODES = (
 EAGER_LOAD_MODES = frozenset({"happy"})
 WRONG_MODEL_PATH = "/models/Some-Other-Model-7B"
 DIE_EXIT_CODE = 3
+SAMPLING_FAULTS = ("none", "greedy", "half-temperature", "double-temperature", "ignore-top-k", "ignore-top-p",
+                   "extra-top-k", "extra-top-p")
 
 
 def log(msg: str) -> None:
@@ -232,14 +241,26 @@ class StandIn:
         torch's global generator, which transformers' sampling draws from)."""
         import torch
 
-        if temperature < 1e-6:
+        fault = self.args.sampling_fault
+        if temperature < 1e-6 or fault == "greedy":
             return {"do_sample": False}
         seed = params.get("sampling_seed")
         if seed is not None and self.args.enable_deterministic_inference:
             torch.manual_seed(int(seed))
         top_k = int(params.get("top_k", -1))
+        top_p = float(params.get("top_p", 1.0))
+        if fault in ("half-temperature", "double-temperature"):  # the request's own temperature, rescaled
+            temperature *= 0.5 if fault == "half-temperature" else 2.0
+        elif fault == "ignore-top-k":
+            top_k = -1
+        elif fault == "ignore-top-p":
+            top_p = 1.0
+        elif fault == "extra-top-k" and top_k <= 0:
+            top_k = 20
+        elif fault == "extra-top-p" and top_p >= 1.0:
+            top_p = 0.8
         return {"do_sample": True, "temperature": temperature, "top_k": top_k if top_k > 0 else 0,
-                "top_p": float(params.get("top_p", 1.0)), "min_p": float(params.get("min_p", 0.0)) or None}
+                "top_p": top_p, "min_p": float(params.get("min_p", 0.0)) or None}
 
     def generate(self, request: Any) -> Any:
         self.load()
@@ -420,6 +441,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--wrong-answer-at", type=int, default=None, metavar="K",
                         help="answer the K-th prompt asked (from 0, over all requests) with a wrong completion (each "
                              "token shifted by one in the vocabulary); the others right")
+    parser.add_argument("--sampling-fault", choices=SAMPLING_FAULTS, default="none",
+                        help="answer sampled requests with other sampling than asked (greedy, the temperature "
+                             "halved or doubled, top-k / top-p ignored or added), as a proxy that drops "
+                             "sampling_params keys would; 'none': as asked")
     parser.add_argument("--synthetic-spec-accept-length", type=float, default=None, metavar="X",
                         help="SYNTHETIC (no drafter runs): emit meta_info.spec_accept_length ~= X and spec_verify_ct, "
                              "as a server with --speculative-algorithm would; for testing the reporting only")
@@ -431,7 +456,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     args = parse_args(argv)
-    log(f"stand-in for SGLang (version {VERSION}, NOT SGLang), mode={args.mode}, pid={os.getpid()}")
+    log(f"stand-in for SGLang (version {VERSION}, NOT SGLang), mode={args.mode}, sampling fault={args.sampling_fault}, "
+        f"pid={os.getpid()}")
     state = StandIn(args)
     if args.mode in EAGER_LOAD_MODES:
         state.load()

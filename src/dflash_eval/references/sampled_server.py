@@ -5,8 +5,9 @@ run's temperature, top-k, top-p and min-p and, as ``sampling_seed``, the sample'
 (:func:`dflash_eval.target.sampling.stream_seed`), so the request that a recorded floor's reference came from can be
 asked again. The server's draws are its own random numbers (SGLang's sampler, not this package's), so its samples
 differ from local ones of the same seed; what makes them valid references is that they are draws of the same
-processed target distribution, which the local target checks for every completion before anything of the fetch is
-cached (:mod:`dflash_eval.serving.server_sample_check`).
+processed target distribution, neither too flat nor too sharp, which the local target checks for every completion
+and pooled over the whole fetch before anything of the fetch is cached
+(:mod:`dflash_eval.serving.server_sample_check`).
 
 SGLang honours ``sampling_seed`` only when started with ``--enable-deterministic-inference`` (its ``/server_info``
 then says ``enable_deterministic_inference: true``). Without it every fetch draws afresh: a cached sample is reused,
