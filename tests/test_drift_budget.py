@@ -250,10 +250,12 @@ def test_budget_through_the_session_is_cached_and_judged_on_read(settings):
     b1 = s1.drift_budget()
     assert b1.base == "torch/float32" and [lv.perturbation.label for lv in b1.levels] == ["noise 0.01", "round bf16"]
     assert _produced(settings, "drift_budget") == 2  # one entry per level
-    looser = dataclasses.replace(settings, drift_budget_tol=5.0, drift_budget_safety=2.0)
+    looser = dataclasses.replace(settings, drift_budget_tol=5.0, drift_budget_safety=2.0,
+                                 drift_budget_conclusive=True)
     b2 = EvalSession(looser, worker=("master", 0, 1)).drift_budget()
-    assert _produced(settings, "drift_budget") == 2  # tolerance and safety are applied on read
+    assert _produced(settings, "drift_budget") == 2  # tolerance, safety and the gate's rule are applied on read
     assert [lv.tau for lv in b2.levels] == [lv.tau for lv in b1.levels] and b2.safety == 2.0 and b2.lower_bound
+    assert b2.conclusive and not b1.conclusive and b2.fit.status == "not_reached"
     EvalSession(dataclasses.replace(settings, drift_budget_seed=1), worker=("master", 0, 1)).drift_budget()
     assert _produced(settings, "drift_budget") == 4  # the seed is part of the key
     fewer = dataclasses.replace(settings, drift_budget_ladder="0.01")
