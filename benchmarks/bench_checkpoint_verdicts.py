@@ -216,21 +216,29 @@ def judge(taus: Sequence[Taus], label: str, window: int, *, old: bool = True) ->
 
 
 # ------------------------------------------------------------------------------------------------ synthetic runs
+def anova(seq: Sequence[Taus]) -> tuple[float, float]:
+    """The variance of a run's checkpoint means and the per-prompt residual variance (checkpoints x prompts, the
+    prompts every checkpoint has)."""
+    ps = sorted(set.intersection(*(set(t) for t in seq)))
+    x = [[t[p] for p in ps] for t in seq]
+    k, n = len(x), len(ps)
+    rows = [statistics.fmean(r) for r in x]
+    cols = [statistics.fmean(r[j] for r in x) for j in range(n)]
+    grand = statistics.fmean(rows)
+    mse = math.fsum((x[i][j] - rows[i] - cols[j] + grand) ** 2 for i in range(k) for j in range(n)) / (
+        (k - 1) * (n - 1))
+    return statistics.variance(rows), mse
+
+
 def noise_model(seqs: Sequence[Sequence[Taus]]) -> tuple[float, float]:
     """σ_c (the checkpoint effect every prompt shares) and σ_e (per prompt and checkpoint) of equivalent runs, by
-    a two-way analysis of variance of each run (checkpoints x prompts), averaged over the runs."""
+    a two-way analysis of variance of each run (:func:`anova`), averaged over the runs."""
     vc, ve = [], []
     for seq in seqs:
-        ps = sorted(set.intersection(*(set(t) for t in seq)))
-        x = [[t[p] for p in ps] for t in seq]
-        k, n = len(x), len(ps)
-        rows = [statistics.fmean(r) for r in x]
-        cols = [statistics.fmean(r[j] for r in x) for j in range(n)]
-        grand = statistics.fmean(rows)
-        mse = math.fsum((x[i][j] - rows[i] - cols[j] + grand) ** 2 for i in range(k) for j in range(n)) / (
-            (k - 1) * (n - 1))
+        vm, mse = anova(seq)
+        n = len(set.intersection(*(set(t) for t in seq)))
         ve.append(mse)
-        vc.append(max(0.0, statistics.variance(rows) - mse / n))
+        vc.append(max(0.0, vm - mse / n))
     return math.sqrt(statistics.fmean(vc)), math.sqrt(statistics.fmean(ve))
 
 
@@ -292,8 +300,8 @@ def main() -> None:
     cols = ("old", "t+bonf", "new")
     print(f"\n## Equivalent sequences: {a.seeds} x {a.steps} checkpoints, {a.noise:.0%} relative weight noise, "
           f"{a.num_prompts} prompts")
-    print("| seed | mean τ range | false regressions old | t+bonf | new | plateau notices (new) |\n"
-          "|---|---|---|---|---|---|")
+    print("| seed | mean τ range | SD of the means (prompts' share of their variance) | false regressions old | "
+          "t+bonf | new | plateau notices (new) |\n|---|---|---|---|---|---|---|")
     tot = dict.fromkeys(cols, 0)
     for s, seq in eq.items():
         v = judge(seq, f"eq{s}", a.window)
@@ -301,14 +309,17 @@ def main() -> None:
         for c in cols:
             tot[c] += sum(v[c])
         flagged = {c: [100 * (k + 1) for k, f in enumerate(v[c]) if f] for c in cols}
-        print(f"| {s} | {min(means):.3f}-{max(means):.3f} | {sum(v['old'])} {flagged['old'] or ''} | "
+        vm, mse = anova(seq)
+        share = mse / len(set.intersection(*(set(t) for t in seq))) / vm
+        print(f"| {s} | {min(means):.3f}-{max(means):.3f} | {math.sqrt(vm):.3f} ({share:.2f}) | "
+              f"{sum(v['old'])} {flagged['old'] or ''} | "
               f"{sum(v['t+bonf'])} | {sum(v['new'])} {flagged['new'] or ''} | {sum(v['plateau'])} of "
               f"{a.steps - a.window} |")
         if a.verbose:
             for rec in v["records"]:
                 print(f"    step {rec.step} τ {rec.mean_tau:.4f} {rec.regression or ''} {rec.plateau or ''}")
     n_judged = a.seeds * (a.steps - 1)
-    print(f"| all | | {tot['old']} of {n_judged} | {tot['t+bonf']} | {tot['new']} | |")
+    print(f"| all | | | {tot['old']} of {n_judged} | {tot['t+bonf']} | {tot['new']} | |")
 
     print(f"\n## Drop sequences: the checkpoint at one position replaced by one about {a.drop:.0%} lower")
     print("| seed | extra noise r | measured drop | caught at positions: old | t+bonf | new | false regressions "
