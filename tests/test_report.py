@@ -205,12 +205,12 @@ def test_drift_budget_in_the_reports(tmp_path):
     assert "drift budget of drafter ffffffffffff: 1.00e-01 (90 % CI 5.00e-02–2.00e-01)" in text
     md = report.render_markdown(data)
     assert "### Drift budget and gate" in md
-    assert "| c1 | 0 | 1.00e-03 | a | 1.00e-02 | 1.00e-01 | 5.00e-02–2.00e-01 | 100x | PASS |" in md
+    assert "| c1 | 0 | 1.00e-03 | a | 1.00e-02 | 1.00e-01 | 0.05–0.2 | 100x | PASS |" in md
     paths = report.write_reports(data, tmp_path / "r")
     assert paths["budget_png"] == tmp_path / "r" / "drift_budget.png"
     assert paths["budget_png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     over = report.merge([budget_fragment("master", 3e-2)])
-    assert "| c1 | 0 | 3.00e-02 | a | 3.00e-01 | 1.00e-01 | 5.00e-02–2.00e-01 | 3.33x | FAIL |" in \
+    assert "| c1 | 0 | 3.00e-02 | a | 3.00e-01 | 1.00e-01 | 0.05–0.2 | 3.33x | FAIL |" in \
         report.render_markdown(over)
     assert report.measured_drifts(over) == {"c1": 3e-2}
     inside = report.merge([budget_fragment("master", 1e-2)])
@@ -237,7 +237,7 @@ def test_drift_budget_fields_are_strict_json_and_valid(tmp_path):
     jsonschema.Draft202012Validator(schema).validate(data)
     assert data["drift_gate"][1]["margin"] is None and data["drift_budget"]["levels"][-1]["mean_tau"] is None
     text = report.render_terminal(data)
-    assert "| c1 | 1 | 0.00e+00 | a | 0.00e+00 | 1.00e-01 | 5.00e-02–2.00e-01 | inf | PASS |" in \
+    assert "| c1 | 1 | 0.00e+00 | a | 0.00e+00 | 1.00e-01 | 0.05–0.2 | inf | PASS |" in \
         report.render_markdown(data)
     assert "noise 1" in text and paths["budget_png"].is_file()
     bad = {**data, "drift_gate": [{"comparison": "c1", "layer": "one", "max_rel_err": 1e-3, "budget": 0.1,

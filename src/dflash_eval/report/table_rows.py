@@ -315,7 +315,7 @@ def gate_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         lo, hi = g.get("budget_ci") or [None, None]
         rows.append([g["comparison"], str(g["layer"]), _sci(err), g.get("worst_prompt", "-"), _sci(scaled),
                      (">= " if g.get("lower_bound") else "") + _sci(g["budget"]),
-                     f"{_sci(lo)}–{'inf' if hi is None else _sci(hi)}", _margin(g),
+                     f"{fmt(lo, 3, 'g')}–{'inf' if hi is None else fmt(hi, 3, 'g')}", _margin(g),
                      row_outcome(g).upper() + (" (estimate)" if g.get("decided_on") == "estimate" else "")])
     return header, rows
 
