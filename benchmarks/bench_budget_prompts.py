@@ -1,12 +1,12 @@
 """Benchmark: how the drift budget and the gate depend on the number of prompts the budget is measured on.
 
 For each N of ``--sizes``, ``pytest tests_eval -k within_budget --num-prompts N --drift-budget-min-prompts N`` (the
-budget on the N selected prompts alone, the rule before ``--drift-budget-min-prompts``), then the same selections
-with the default minimum (the budget on at least that many prompts of ``--prompts``). Prints, per run, the budget,
-its limiting level with the mean |Δτ| and its CI, the level that measurably hurt τ, and each gate's outcome: side by
-side, the false alarms of small budgets and what the minimum makes of them. ``--weight-noise REL`` evaluates a copy
-of the drafter with REL x rms Gaussian noise on every weight (the noisy drafter of docs/drift-budget.md). Run (a few
-minutes on a 2-core CPU; completions and features are cached in ``--cache``)::
+budget on the N selected prompts alone), then the same selections with the default minimum (the budget on at least
+that many prompts of ``--prompts``). Prints, per run, the budget, its 90 % CI, where the fit reached the tolerance,
+and each gate's outcome: side by side, how the budget's CI narrows with more prompts and what the gate makes of it.
+``--weight-noise REL`` evaluates a copy of the drafter with REL x rms Gaussian noise on every weight (the noisy
+drafter of docs/drift-budget.md). Run (a few minutes on a 2-core CPU; completions and features are cached in
+``--cache``)::
 
     .venv/bin/python benchmarks/bench_budget_prompts.py --weight-noise 0.05 --sizes 6,24,32,37
 """
@@ -40,14 +40,12 @@ def noisy_drafter(src: Path, out: Path, rel: float, seed: int = 0) -> Path:
 
 def row(label: str, data: dict) -> str:
     b = data["drift_budget"]
-    lim = next((lv for lv in b["levels"] if lv["label"] == b["limiting"]), None)
-    lim_s = (f"{lim['label']} (mean {lim['mean_abs_dtau']:.3f}, CI {lim['ci95'][0]:.3f}-{lim['ci95'][1]:.3f})"
-             if lim else "-")
+    lo, hi = b["ci"]
     gates = ", ".join(f"L{g['layer']} {g['outcome']}" for g in data["drift_gate"]
                       if g["comparison"] == "bf16-vs-fp32")
     worst = max((g["max_rel_err"] for g in data["drift_gate"] if g["comparison"] == "bf16-vs-fp32"), default=0.0)
-    return (f"| {label} | {b['n_prompts']} | {b['base_mean_tau']:.3f} | {b['budget']:.2g} | {lim_s} | "
-            f"{b.get('harm_level') or '-'} | {worst:.2e} | {gates} |")
+    return (f"| {label} | {b['n_prompts']} | {b['base_mean_tau']:.3f} | {b['budget']:.3g} | {lo:.3g}–"
+            f"{'inf' if hi is None else f'{hi:.3g}'} | {b['status']} | {worst:.2e} | {gates} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         drafter = (noisy_drafter(args.drafter, work / "drafter", args.weight_noise) if args.weight_noise
                    else args.drafter)
         cache = args.cache or work / "cache"
-        print("| run | budget prompts | their mean τ | budget | limiting level | harm level | worst bf16 drift | "
+        print("| run | budget prompts | their mean τ | budget | 90 % CI | fit | worst bf16 drift | "
               "bf16-vs-fp32 gate |\n|---|---|---|---|---|---|---|---|")
         for n in [int(x) for x in args.sizes.split(",")]:
             for label, extra in ((f"{n} selected, budget on them", [f"--drift-budget-min-prompts={n}"]),
