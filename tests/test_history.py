@@ -177,3 +177,92 @@ def test_trend_table_and_plot(tmp_path):
     png = write_trend_plot(recs, tmp_path / "history.png")
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert write_trend_plot([], tmp_path / "none.png") is None
+
+
+# ------------------------------------------------------------------------------------------------ history.png
+def _run_with_everything(tmp_path: Path) -> list[CheckpointRecord]:
+    """A history written as a run writes it: a rise, a steady stretch, a floor missed, a drop beyond noise, steady
+    again, then two evaluations without a step (released checkpoints evaluated beside the run)."""
+    h = History(tmp_path / "history.jsonl")
+    wobble = [0.0, 0.03, -0.02, 0.01, -0.03, 0.02, -0.01, 0.03, -0.02, 0.0, 0.02, -0.03]
+    for k, s in enumerate(range(100, 1300, 100)):
+        lvl = min(k, 1) * 0.3 + wobble[k] - (0.6 if s == 1000 else 0.0)
+        r = record(s, [t + lvl + 0.01 * ((i * 7 + k) % 3 - 1) for i, t in enumerate(BASE)])
+        if s == 300:
+            r.passed, r.reasons = False, ["mean chain τ 3.500 < 3.6"]
+        h.append(r, window=3)
+    for name in ("released/v1", "released/v2"):
+        h.append(record(None, [t + 0.3 for t in BASE], drafter=name), window=3)
+    return h.read()
+
+
+def test_the_plots_delta_is_the_regression_verdicts_own(tmp_path):
+    from dflash_eval.training_loop.trend_plot import regression_deltas
+
+    records = _run_with_everything(tmp_path)
+    deltas = regression_deltas(records)
+    assert deltas[0] is None and deltas[1].upper is None and deltas[2].upper is None  # σ needs 3 earlier ones
+    assert sum(r.regression is not None for r in records) == 1  # the drop at step 1000
+    for r, d in zip(records, deltas):
+        assert (d is not None and d.regression) == (r.regression is not None), (r.step, r.drafter, d)
+        if r.regression:  # the numbers the verdict's text names
+            assert f"paired Δ {d.mean:+.3f} over {d.n} prompts" in r.regression
+            assert f"upper limit {d.upper:+.3f} < 0" in r.regression
+
+
+def test_steps_and_stepless_evaluations_are_drawn_apart(tmp_path):
+    from matplotlib.lines import Line2D
+
+    from dflash_eval.training_loop.trend_plot import trend_figure
+
+    records = _run_with_everything(tmp_path)
+    fig = trend_figure(records)
+    axes = {ax.get_label(): ax for ax in fig.axes}
+    assert set(axes) == {"steps tau", "steps delta", "named tau", "named delta"}
+    steps = [float(s) for s in range(100, 1300, 100)]
+    mean = next(ln for ln in axes["steps tau"].get_lines() if ln.get_label() == "mean chain τ (macro)")
+    assert list(mean.get_xdata()) == steps  # no evaluation without a step on the step axis ("one past the last")
+    named = next(ln for ln in axes["named tau"].get_lines() if ln.get_label() == "mean chain τ (macro)")
+    assert list(named.get_xdata()) == [0.0, 1.0]
+    assert [t.get_text() for t in axes["named delta"].get_xticklabels()] == ["v1", "v2"]
+
+    def marks(ax, label):
+        return [list(ln.get_xdata()) for ln in ax.get_lines() if isinstance(ln, Line2D) and ln.get_label() == label]
+
+    tau = axes["steps tau"]
+    assert marks(tau, "floor missed") == [[300.0]]
+    assert marks(tau, "regression across steps") == [[1000.0]]
+    plateau = marks(tau, "plateau (a notice)")
+    assert plateau and all(x >= 400 for x in plateau[0])
+    markers = {ln.get_label(): ln.get_marker() for ln in tau.get_lines()}
+    assert len({markers["floor missed"], markers["regression across steps"], markers["plateau (a notice)"]}) == 3
+    # the legend sits outside every panel
+    fig.draw_without_rendering()  # the layout: where the legend and the panels are
+    assert not any(ax.get_legend() for ax in fig.axes) and len(fig.legends) == 1
+    box = fig.legends[0].get_window_extent()
+    assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes)
+    png = write_trend_plot(records, tmp_path / "history.png")
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tracker_scalars_carry_the_verdict(tmp_path):
+    import dflash_eval
+
+    records = _run_with_everything(tmp_path)
+    names = set(dflash_eval.TRACKER_SCALARS)
+    for r in records:
+        got = dflash_eval.tracker_scalars(r)
+        generic = {k if not k.startswith("tau/ddtree-") else k.replace("-8", "-<N>", 1) for k in got}
+        generic = {"tau/category/<name>" if k.startswith("tau/category/") else k for k in generic}
+        assert generic <= names, generic - names  # every logged name is documented
+        assert got["tau/mean"] == r.mean_tau and got["tau/floor"] == 1.5
+        assert (got["tau/mean_ci95_low"], got["tau/mean_ci95_high"]) == tuple(r.mean_tau_ci95)
+        assert got["verdict/regression"] == (1.0 if r.regression else 0.0)
+        assert got["verdict/plateau"] == (1.0 if r.plateau else 0.0)
+        assert got["verdict/floor_missed"] == (0.0 if r.passed else 1.0)
+        assert got["verdict/pass"] == (1.0 if r.verdict == "pass" else 0.0)
+    unjudged = record(5, BASE)
+    unjudged.passed, unjudged.mean_floor = None, None
+    got = dflash_eval.tracker_scalars(unjudged)
+    assert "verdict/pass" not in got and "verdict/floor_missed" not in got and "tau/floor" not in got
+    assert got["verdict/regression"] == 0.0

@@ -214,8 +214,25 @@ def test_the_verdict_is_composed_from_its_parts():
         "no mean chain floor"]  # the gate requires floors
     dropped = checkpoint_verdict(prompts, [], none, cmp, floors_required=False)
     assert dropped.passed is False and dropped.reasons[0].startswith("τ dropped against the baseline: -33.33 %")
-    ok = checkpoint_verdict(prompts, [Threshold("chain", 2.0, 1.0)], Floors(mean_override=1.0), None)
+    ok = checkpoint_verdict(prompts, [Threshold("chain", 2.0, 1.5)], Floors(mean_override=1.5), None)
     assert ok == Verdict(True)
+
+
+def test_floors_that_judge_nothing_are_said_so():
+    """τ >= 1 for any drafter: a verdict whose every floor is <= 1 passes any drafter, and its notice says so; one
+    floor above 1 (a prompt's, a DDTree budget's, the mean's) judges something."""
+    prompts = {"a": {"tau": 1.0, "floor": 1.0, "ddtree_floor": {"8": 1.0}, "passed": True},
+               "b": {"tau": 1.0, "floor": None, "ddtree_floor": {}, "passed": None}}
+    vacuous = checkpoint_verdict(prompts, [Threshold("chain", 1.0, 1.0), Threshold("DDTree-8", 1.0, 1.0)],
+                                 Floors(mean_override=1.0), None)
+    assert vacuous.passed is True and vacuous.reasons == []
+    assert len(vacuous.notices) == 1 and "judge nothing" in vacuous.notices[0] and "--tau-floor" in vacuous.notices[0]
+    for floors in ({"floor": 1.2}, {"ddtree_floor": {"8": 1.01}}):
+        judged = {**prompts, "a": {**prompts["a"], **floors}}
+        assert checkpoint_verdict(judged, [Threshold("chain", 1.0, 1.0)], Floors(mean_override=1.0), None,
+                                  floors_required=False).notices == []
+    assert checkpoint_verdict(prompts, [Threshold("chain", 1.0, 0.5)], Floors(mean_override=0.5), None).notices
+    assert checkpoint_verdict(prompts, [], Floors(), None, floors_required=False).notices == []  # unjudged
 
 
 @pytest.mark.parametrize(("data", "kw", "passed", "reasons"), [

@@ -15,8 +15,14 @@ against one target and prompt set, keeping a history of τ over steps.
 
     from dflash_eval import Evaluator              # evaluate while you train (docs/training-loop.md)
 
-    evaluator = Evaluator(settings, history=True)  # target, prompts, completions and features: once
+    evaluator = Evaluator(settings, history=True,  # target, prompts, completions and features: once
+                          trackers=[TensorBoardTracker("runs/x/tb")])   # τ, its CI, floor, verdict as scalars
     result = evaluator.evaluate(drafter_module, step=step)   # a path, a state dict + config=, or the live module
+    evaluator.close()                              # history.md (trend_table) and history.png (trend plot)
+
+The trend table and plot of any records: :func:`trend_table`, :func:`write_trend_table`, :func:`write_trend_plot`;
+the scalars a tracker logs: :func:`tracker_scalars` (names: :data:`TRACKER_SCALARS`). The drafter being trained:
+:class:`DFlashDrafter` built from a :class:`DrafterConfig`, saved with :func:`save_drafter`.
 
 Packages, by concern: ``options`` (declared once, parsed, preflight checks), ``prompts`` (sets, files, formatting),
 ``target`` (the target model, its kernels and features), ``drafter`` (config, model, checkpoints, checks),
@@ -55,6 +61,16 @@ _LAZY = {
     "Evaluator": "dflash_eval.training_loop.evaluator",
     "History": "dflash_eval.training_loop.history",
     "CheckpointRecord": "dflash_eval.training_loop.history",
+    "trend_table": "dflash_eval.training_loop.trend_table",
+    "write_trend_table": "dflash_eval.training_loop.trend_table",
+    "write_trend_plot": "dflash_eval.training_loop.trend_plot",
+    "TensorBoardTracker": "dflash_eval.training_loop.trackers",
+    "WandbTracker": "dflash_eval.training_loop.trackers",
+    "DFlashDrafter": "dflash_eval.drafter.model",
+    "DrafterConfig": "dflash_eval.drafter.config",
+    "save_drafter": "dflash_eval.drafter.checkpoint",
+    "tracker_scalars": "dflash_eval.training_loop.trackers",
+    "TRACKER_SCALARS": "dflash_eval.training_loop.trackers",
 }
 
 __all__ = ["__version__", *_LAZY, "DFlashEvalError", "ConfigError", "CheckpointError", "ArchitectureMismatch",
@@ -62,6 +78,9 @@ __all__ = ["__version__", *_LAZY, "DFlashEvalError", "ConfigError", "CheckpointE
 
 if TYPE_CHECKING:
     # re-exported for type checkers (`X as X`); at run time __getattr__ imports them on first use
+    from dflash_eval.drafter.checkpoint import save_drafter as save_drafter
+    from dflash_eval.drafter.config import DrafterConfig as DrafterConfig
+    from dflash_eval.drafter.model import DFlashDrafter as DFlashDrafter
     from dflash_eval.evaluation.drafter_evaluation import PromptTau as PromptTau
     from dflash_eval.options.settings import EvalSettings as EvalSettings
     from dflash_eval.results.eval_result import EvalResult as EvalResult
@@ -70,6 +89,13 @@ if TYPE_CHECKING:
     from dflash_eval.training_loop.evaluator import Evaluator as Evaluator
     from dflash_eval.training_loop.history import CheckpointRecord as CheckpointRecord
     from dflash_eval.training_loop.history import History as History
+    from dflash_eval.training_loop.trackers import TRACKER_SCALARS as TRACKER_SCALARS
+    from dflash_eval.training_loop.trackers import TensorBoardTracker as TensorBoardTracker
+    from dflash_eval.training_loop.trackers import WandbTracker as WandbTracker
+    from dflash_eval.training_loop.trackers import tracker_scalars as tracker_scalars
+    from dflash_eval.training_loop.trend_plot import write_trend_plot as write_trend_plot
+    from dflash_eval.training_loop.trend_table import trend_table as trend_table
+    from dflash_eval.training_loop.trend_table import write_trend_table as write_trend_table
 
 
 def __getattr__(name: str) -> Any:

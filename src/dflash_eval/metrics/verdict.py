@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dflash_eval.common.number_text import fmt
@@ -41,7 +41,8 @@ __all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresho
            "category_thresholds", "judge_prompts", "judge_mean", "judge_categories", "judge_run", "mean_passed",
            "gate_reasons", "NO_ACCEPTANCE", "NO_ACCEPTANCE_EPS", "NO_ACCEPTANCE_TOKENS", "NO_ACCEPTANCE_MAX_EXCESS",
            "no_acceptance", "no_acceptance_fails", "refused",
-           "diagnoses", "Verdict", "compose", "baseline_reasons", "checkpoint_verdict", "trend_verdict",
+           "diagnoses", "Verdict", "compose", "baseline_reasons", "VACUOUS_FLOOR", "vacuous_floors",
+           "checkpoint_verdict", "trend_verdict",
            "tau_verdict", "row_outcome", "gate_outcome", "run_verdict"]
 
 #: Chain τ at most this far above 1 counts as 1.00 (what the reports print): at most one accepted draft token in
@@ -307,15 +308,36 @@ def baseline_reasons(cmp: BaselineComparison | None) -> list[str]:
     return out
 
 
+#: τ is never below 1 (every verification round accepts at least the target's own token, greedy or sampled): a floor
+#: at or below this passes every drafter.
+VACUOUS_FLOOR = 1.0
+
+
+def vacuous_floors(prompts: dict[str, dict[str, Any]], means: list[Threshold]) -> str | None:
+    """The notice when every floor a verdict judges (the means', every prompt's, chain and DDTree) is at most
+    :data:`VACUOUS_FLOOR`: such floors judge nothing; None when one is above it, or there is none."""
+    values = [t.floor for t in means] + [v.get("floor") for v in prompts.values()] + [
+        f for v in prompts.values() for f in (v.get("ddtree_floor") or {}).values()]
+    floors = [f for f in values if f is not None]
+    if not floors or max(floors) > VACUOUS_FLOOR:
+        return None
+    return (f"every τ floor judged here is <= {VACUOUS_FLOOR:g} (the highest: {max(floors):g}): τ >= 1 for any "
+            "drafter at any temperature (each round accepts at least the target's own token), so these floors pass "
+            "every drafter and judge nothing; record floors (dflash-eval record) or pass a --tau-floor above 1")
+
+
 def checkpoint_verdict(prompts: dict[str, dict[str, Any]], means: list[Threshold], floors: Floors,
                        baseline: BaselineComparison | None, *, floors_required: bool = True) -> Verdict:
     """A checkpoint's τ (judged eval.json ``prompts`` rows, the mean thresholds) against its floors
     (:func:`gate_reasons`) and its baseline comparison (:func:`baseline_reasons`). ``floors_required`` False: the
     floors are judged only when there are any (a floors file, ``--tau-floor`` / ``--tau-floor-prompt``), so a run
-    with neither floors nor baseline is unjudged rather than failed."""
+    with neither floors nor baseline is unjudged rather than failed. Floors that judge nothing
+    (:func:`vacuous_floors`) are a notice of the verdict."""
     judged = floors_required or bool(floors.raw) or bool(floors.explicit)
     fl = gate_reasons(prompts, means, prompt_floors_required=floors.prompt_floors_required) if judged else None
-    return compose(fl, baseline=None if baseline is None else baseline_reasons(baseline))
+    verdict = compose(fl, baseline=None if baseline is None else baseline_reasons(baseline))
+    vacuous = vacuous_floors(prompts, means) if judged else None
+    return replace(verdict, notices=[*verdict.notices, vacuous]) if vacuous else verdict
 
 
 def trend_verdict(verdict: Verdict, regression: str | None, plateau: str | None = None) -> Verdict:

@@ -5,18 +5,21 @@ completions, the target features) is produced once by the first call, from the c
 memory: each later call costs drafter work only (no target forward, no cache read of features). ``evaluate``
 returns the suite's typed result (:class:`~dflash_eval.results.eval_result.EvalResult`, the fields behind eval.json);
 the verdict of the checkpoint, against the floors and across steps, is the :class:`~dflash_eval.training_loop.
-history.CheckpointRecord` in :attr:`Evaluator.records` (and, given a history file, appended to it).
+history.CheckpointRecord` in :attr:`Evaluator.records` (and, given a history file, appended to it). With a history
+file, :meth:`Evaluator.close` (or the ``with`` block's end) writes the trend table ``history.md`` and the plot
+``history.png`` beside it, atomically; :meth:`Evaluator.write_trend` writes them at any time.
 
 Example (a training loop)::
 
     from dflash_eval import Evaluator
-    ev = Evaluator({"target_model": "fixtures/target", "prompts": "fixtures/prompts.jsonl",
-                    "report_dir": "runs/x/eval"}, history=True)
-    for step in range(total):
-        train_step(drafter)
-        if step % 500 == 0:
-            result = ev.evaluate(drafter, step=step)       # the live module, on its device, in training mode
-            print(step, result.tau.mean_tau, ev.records[-1].verdict)
+    with Evaluator({"target_model": "fixtures/target", "prompts": "fixtures/prompts.jsonl",
+                    "report_dir": "runs/x/eval"}, history=True) as ev:
+        for step in range(total):
+            train_step(drafter)
+            if step % 500 == 0:
+                result = ev.evaluate(drafter, step=step)   # the live module, on its device, in training mode
+                print(step, result.tau.mean_tau, ev.records[-1].verdict)
+    # runs/x/eval/history.jsonl, history.md, history.png
 
 ``dflash-eval gate`` evaluates every checkpoint through this class. The Evaluator is a client of
 :class:`~dflash_eval.session.eval_session.EvalSession` (one per checkpoint, sharing the first one's stages and
@@ -28,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -51,8 +55,10 @@ from dflash_eval.training_loop.drafter_input import (
     drafter_input,
     evaluation_mode,
 )
-from dflash_eval.training_loop.history import CheckpointRecord, History, checkpoint_reasons
+from dflash_eval.training_loop.history import CheckpointRecord, History, session_verdict
 from dflash_eval.training_loop.plugins import plugin_manager, register_tracker, result_ready
+from dflash_eval.training_loop.trend_plot import write_trend_plot
+from dflash_eval.training_loop.trend_table import write_trend_table
 
 __all__ = ["Evaluator", "SessionOptions", "settings_digest"]
 
@@ -84,7 +90,8 @@ class Evaluator:
         settings: :class:`~dflash_eval.EvalSettings`, or a mapping of option names to values
             (``EvalSettings.from_mapping``: relative paths against the current folder).
         history: a :class:`History`, a JSONL path, or True for ``<report_dir>/history.jsonl``; every evaluation
-            appends one record to it. None/False: records are kept in memory only.
+            appends one record to it, and :meth:`close` writes ``history.md`` and ``history.png`` beside it.
+            None/False: records are kept in memory only (:attr:`records`), and no file is written.
         trackers: objects with ``log(record, result)`` and ``close()`` (:mod:`dflash_eval.training_loop.trackers`),
             registered on ``hooks`` as implementations of ``pytest_dflash_eval_history_record``.
         hooks: the manager of the dflash-eval hooks (:mod:`dflash_eval.hookspec`); default: a
@@ -119,8 +126,11 @@ class Evaluator:
         self.data: dict[str, Any] | None = None  # the last evaluation's mapping, with the fields plugins added
         self.drift_budget, self.plateau_window = drift_budget, plateau_window
         self.records: list[CheckpointRecord] = []
+        self.trend_files: list[Path] = []  # what the last write_trend() wrote
         self._digest: str | None = None
         self._pending: dict[str, EvalSession] = {}
+        self._warned: set[str] = set()
+        self._closed = False
 
     @property
     def inputs(self) -> Inputs:
@@ -200,17 +210,46 @@ class Evaluator:
         rejected = result_ready(self.hooks, self.settings, self.data)
         if rejected:
             raise ResultRejected(*rejected[0])
-        record = CheckpointRecord.of(result, step=step, digest=self.digest, reasons=checkpoint_reasons(session))
+        verdict = session_verdict(session)
+        for notice in verdict.notices:  # e.g. floors that judge nothing: said once per evaluator
+            if notice not in self._warned:
+                self._warned.add(notice)
+                warnings.warn(notice, UserWarning, stacklevel=2)
+        reasons = None if verdict.passed is None else list(verdict.reasons)
+        record = CheckpointRecord.of(result, step=step, digest=self.digest, reasons=reasons)
         record = self.history.append(record, window=self.plateau_window) if self.history else \
             record.judged([r for r in self.records if r.settings_digest == self.digest], self.plateau_window)
         self.records.append(record)
         self.hooks.hook.pytest_dflash_eval_history_record(record=record, history=self.history or None, result=result)
         return result
 
+    def write_trend(self) -> list[Path]:
+        """Write ``history.md`` (the trend table, :func:`~dflash_eval.training_loop.trend_table.write_trend_table`)
+        and ``history.png`` (:func:`~dflash_eval.training_loop.trend_plot.write_trend_plot`) beside the history
+        file, from every record in it, each atomically (a reader sees the old file or the new one, never a torn
+        one); returns their paths (also :attr:`trend_files`). Nothing without a history file or a record."""
+        if self.history is None:
+            return []
+        records = self.history.read()
+        if not records:
+            return []
+        paths = [write_trend_table(records, self.history.path.with_suffix(".md"))]
+        png = write_trend_plot(records, self.history.path.with_suffix(".png"))
+        self.trend_files = paths + ([png] if png is not None else [])
+        return self.trend_files
+
     def close(self) -> None:
-        """Close the trackers (flushes their files)."""
-        for tracker in self.trackers:
-            tracker.close()
+        """Close the trackers (flushes their files), then write the trend files (:meth:`write_trend`). Once: a
+        second call does nothing. The trackers are closed even when the trend files cannot be written (a
+        :class:`~dflash_eval.errors.StorageError` naming the file)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for tracker in self.trackers:
+                tracker.close()
+        finally:
+            self.write_trend()
 
     def __enter__(self) -> Evaluator:
         return self
