@@ -71,8 +71,8 @@ def test_verdict_block_of_a_passing_run(tmp_path):
     assert lines[2].startswith("drift gate: PASS, 1 of 1 comparison layers pass (drift x safety 5 below the lower "
                                "end of the drift budget 1.00e-01 (90 % CI 8.00e-02–1.20e-01))")
     assert "bf16-vs-fp32 layer 3, drift 4.00e-03" in lines[2]
-    assert lines[-1] == (f"reports: {tmp_path}/ (eval.md, eval.json, eval.png, drift_budget.png; eval.md holds every "
-                         "table in full)")
+    assert lines[-1] == (f"reports: {tmp_path}/ (eval.md, eval.json, eval.html, eval.png, drift_budget.png; eval.md "
+                         "holds every table in full)")
     recorded = report.verdict_lines(data, report_dir=tmp_path, recorded=True)[0]  # --update-tau-floors
     assert "none below its floor (floors written by this run); drift gate PASS" in recorded
 

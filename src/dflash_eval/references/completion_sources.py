@@ -6,19 +6,21 @@ stage states the requests, the cache serves them): each gets the batch's missing
 per request. Nothing is cached unless every answer of a batch is valid: an empty completion or a token id outside
 the target's vocabulary is an error naming the prompt, never an entry, and every completion of an SGLang fetch must
 be reproduced by the local target's teacher-forced argmax (:mod:`dflash_eval.serving.server_check`). A completion's
-text is always the local tokenizer's decoding of its ids; the server's own text is kept as ``server_text``.
+text is always the local tokenizer's decoding of its ids, kept with each token's piece of it (``pieces``:
+:mod:`dflash_eval.references.token_pieces`); the server's own text is kept as ``server_text``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from dflash_eval.cache.requests import Produced, Request
 from dflash_eval.errors import EvalError
 from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.references.token_pieces import decode_pieces
 from dflash_eval.serving.server_check import check_server_completions
 from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.target.generation import greedy_generate_batch
@@ -54,11 +56,12 @@ class CompletionSources:
                             f"{self.inputs.settings.target_model}); the source does not serve this target's "
                             "tokenizer? No cache entry written")
 
-    @staticmethod
-    def _entry(pid: str, source: str, ids: list[int], text: str, finish: Any,
+    def _entry(self, pid: str, source: str, ids: list[int], finish: Any,
                extra_meta: dict[str, Any] | None = None) -> Produced:
-        return Produced({"output_ids": torch.tensor(ids)}, {"text": text, "source": source, "finish_reason": finish,
-                                                            "prompt_id": pid, **(extra_meta or {})}, tokens=len(ids))
+        text, pieces = decode_pieces(self.inputs.tokenizer, ids)
+        return Produced({"output_ids": torch.tensor(ids)}, {"text": text, "pieces": pieces, "source": source,
+                                                            "finish_reason": finish, "prompt_id": pid,
+                                                            **(extra_meta or {})}, tokens=len(ids))
 
     def generate_local(self, todo: list[Request]) -> list[Produced]:
         """Greedy-generate, in one left-padded batch, the completions of ``todo`` (requests of one batch)."""
@@ -71,8 +74,7 @@ class CompletionSources:
         for pid, ids in zip(pids, outs):  # every answer of the batch checked before any is cached
             self.check_ids(pid, "local", ids)
         inp.meter.counts["generated_tokens"] += sum(len(ids) for ids in outs)
-        return [self._entry(pid, "local", ids, cast(str, inp.tokenizer.decode(ids, skip_special_tokens=True)), None)
-                for pid, ids in zip(pids, outs)]
+        return [self._entry(pid, "local", ids, None) for pid, ids in zip(pids, outs)]
 
     def fetch_sglang(self, todo: list[Request]) -> list[Produced]:
         """Fetch greedy completions of ``todo`` from the ready server; refused unless every answer is valid and
@@ -95,6 +97,5 @@ class CompletionSources:
             hist = getattr(c, "spec_accept_histogram", None)  # a plugin's client may answer without it
             if hist is not None:
                 extra["spec_accept_histogram"] = list(hist)
-            text = cast(str, inp.tokenizer.decode(list(c.output_ids), skip_special_tokens=True))  # as local completions
-            out.append(self._entry(pid, "sglang", list(c.output_ids), text, c.finish_reason, extra))
+            out.append(self._entry(pid, "sglang", list(c.output_ids), c.finish_reason, extra))  # text: as local ones
         return out

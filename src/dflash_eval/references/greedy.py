@@ -133,7 +133,7 @@ class References:
         return CompletionRecord(pid, self.prompt_ids(pid), ids, text,
                                 entry.meta.get("source", entry.manifest.get("fields", {}).get("source", "?")),
                                 entry.meta.get("finish_reason"), entry.meta.get("spec_accept_length") if spec else None,
-                                entry.meta.get("spec_accept_histogram") if spec else None)
+                                entry.meta.get("spec_accept_histogram") if spec else None, entry.meta.get("pieces"))
 
     def cached(self) -> bool:
         """Whether every prompt's completion is memoised or cached for the configured ``--completions`` source."""

@@ -7,8 +7,9 @@ server does, the stream seed sent as the request's ``sampling_seed`` and every a
 target before anything is cached (:mod:`dflash_eval.references.sampled_server`). Each is one ``sampled_completion``
 cache entry keyed by the target, the prompt ids, the length, the source, the sampling settings and the stream seed
 (so a run with more samples reuses the first ones; greedy completions and their snapshots are other entries,
-untouched; ``--completions cache`` takes either source's entry). Later turns of multi-turn conversations are
-conditioned on the greedy completions of the earlier turns.
+untouched; ``--completions cache`` takes either source's entry); its meta holds the local tokenizer's text of the ids
+and each token's piece of it (:mod:`dflash_eval.references.token_pieces`). Later turns of multi-turn conversations
+are conditioned on the greedy completions of the earlier turns.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.requests import Batch, Produced, Producer, Request
 from dflash_eval.errors import EvalError
 from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.references.completion import CompletionRecord
 from dflash_eval.references.greedy import References
 from dflash_eval.references.sampled_server import fetch_sampled
+from dflash_eval.references.token_pieces import decode_pieces
 from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.generation import generation_groups, greedy_generate_batch
 from dflash_eval.target.kernel_probe import bucket
@@ -41,6 +44,7 @@ class SampledReferences:
     def __init__(self, inputs: Inputs, references: References) -> None:
         self.inputs, self.references = inputs, references
         self.settings = inputs.settings
+        self._records: dict[str, list[CompletionRecord]] | None = None
 
     @property
     def wanted(self) -> bool:
@@ -104,10 +108,12 @@ class SampledReferences:
                                     "no cache entry written")
             inp.meter.counts["generated_tokens"] += sum(len(o) for o in outs)
             dt = (time.perf_counter() - t0) / max(1, len(want))
-            made = {reqs[p].key: Produced({"output_ids": torch.tensor(ids, dtype=torch.int64)},
-                                          {"prompt_id": p[0], "sample": p[1], "seconds": dt, "source": "local"},
-                                          tokens=len(ids))
-                    for p, ids in zip(want, outs)}
+            made = {}
+            for p, ids in zip(want, outs):
+                text, pieces = decode_pieces(inp.tokenizer, ids)
+                made[reqs[p].key] = Produced({"output_ids": torch.tensor(ids, dtype=torch.int64)},
+                                             {"prompt_id": p[0], "sample": p[1], "seconds": dt, "source": "local",
+                                              "text": text, "pieces": pieces}, tokens=len(ids))
             return [made[r.key] for r in todo]
 
         return produce
@@ -121,6 +127,16 @@ class SampledReferences:
 
     def completions(self) -> dict[str, list[list[int]]]:
         """Every selected prompt's sampled completions (cache, else sampled in batches spread over xdist workers)."""
+        return {pid: [r.output_ids for r in recs] for pid, recs in self.records().items()}
+
+    def records(self) -> dict[str, list[CompletionRecord]]:
+        """Every selected prompt's sampled completions as records, in sample order: ids, text and pieces (None in an
+        entry written before they were recorded), source and stream seed (:meth:`completions`: their ids)."""
+        if self._records is None:
+            self._records = self._read_records()
+        return self._records
+
+    def _read_records(self) -> dict[str, list[CompletionRecord]]:
         inp = self.inputs
         pairs = self.pairs()
         reqs = {p: self.request(*p) for p in pairs}
@@ -134,7 +150,12 @@ class SampledReferences:
         entries = inp.cache.ensure(batches,
                                    progress=lambda n: Progress("sampled reference completions", n, inp.progress),
                                    worker_index=inp.worker_index, worker_count=inp.worker_count)
-        out: dict[str, list[list[int]]] = {p.id: [] for p in inp.prompts}
+        out: dict[str, list[CompletionRecord]] = {p.id: [] for p in inp.prompts}
         for pid, k in pairs:
-            out[pid].append(entries[reqs[(pid, k)].key].tensors["output_ids"].tolist())
+            e = entries[reqs[(pid, k)].key]
+            ids = e.tensors["output_ids"].tolist()
+            out[pid].append(CompletionRecord(pid, self.references.prompt_ids(pid), ids, e.meta.get("text", ""),
+                                             e.meta.get("source", e.manifest.get("fields", {}).get("source", "?")),
+                                             e.meta.get("finish_reason"), pieces=e.meta.get("pieces"), sample=k,
+                                             seed=int(reqs[(pid, k)].fields["stream_seed"])))
         return out

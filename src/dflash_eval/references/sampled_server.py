@@ -29,6 +29,7 @@ from dflash_eval.errors import EvalError
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.references.completion_sources import out_of_vocab
 from dflash_eval.references.greedy import References
+from dflash_eval.references.token_pieces import decode_pieces
 from dflash_eval.serving.server_sample_check import check_sampled_completions
 from dflash_eval.sglang.client import ReferenceClient
 
@@ -94,6 +95,7 @@ def fetch_sampled(inp: Inputs, references: References, pairs: list[tuple[str, in
     for (pid, k), seed, c in zip(want, seeds, comps):
         meta = {"prompt_id": pid, "sample": k, "source": "sglang", "sampling_seed": seed, "seeded": seeded,
                 "finish_reason": c.finish_reason, "server_text": c.text}
+        meta["text"], meta["pieces"] = decode_pieces(inp.tokenizer, list(c.output_ids))  # as local completions
         made[reqs[(pid, k)].key] = Produced({"output_ids": torch.tensor(list(c.output_ids), dtype=torch.int64)},
                                             meta, tokens=len(c.output_ids))
     return [made[r.key] for r in todo]

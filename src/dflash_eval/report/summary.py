@@ -26,7 +26,7 @@ WORST_NAMED = 3
 #: How many reasons of skipped tests the verdict names (eval.md and eval.json hold them all).
 NOT_CHECKED_NAMED = 4
 #: The files of a run's report folder, in the order the verdict lists them.
-REPORT_FILES = ("eval.md", "eval.json", "eval.png", "drift_budget.png")
+REPORT_FILES = ("eval.md", "eval.json", "eval.html", "samples.jsonl", "eval.png", "drift_budget.png")
 
 
 def _against(value: object, floor: float | None) -> str:

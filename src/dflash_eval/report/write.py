@@ -1,5 +1,5 @@
-"""Writing a run's reports (eval.json, eval.md, eval.png, drift_budget.png, $GITHUB_STEP_SUMMARY) and applying the
-golden-update options at the end of a run.
+"""Writing a run's reports (eval.json, eval.md, eval.png, drift_budget.png, samples.jsonl, eval.html,
+$GITHUB_STEP_SUMMARY) and applying the golden-update options at the end of a run.
 
 A report that cannot be written (no space left, a read-only file system, no permission, a regular file where the
 folder should be) is one :class:`~dflash_eval.errors.StorageError` naming the file and the cause, and the reports of
@@ -18,8 +18,10 @@ from dflash_eval.golden import writer as golden
 from dflash_eval.metrics.floors import load_floors
 from dflash_eval.metrics.verdict import judge_run
 from dflash_eval.report.budget_plot import write_budget_plot
+from dflash_eval.report.html_report import HTML_NAME, write_html
 from dflash_eval.report.plot import write_plot
 from dflash_eval.report.render import render_markdown
+from dflash_eval.report.samples import SAMPLES_NAME, write_samples
 from dflash_eval.report.step_summary import append_step_summary
 from dflash_eval.report.strict_json import dumps_strict
 
@@ -29,16 +31,17 @@ if TYPE_CHECKING:  # imports torch: kept out of the report's own import
 __all__ = ["REPORT_NAMES", "write_reports", "finish"]
 
 #: The files of one run's report set, in the order they are written.
-REPORT_NAMES = ("eval.json", "eval.md", "eval.png", "drift_budget.png")
+REPORT_NAMES = ("eval.json", "eval.md", "eval.png", "drift_budget.png", SAMPLES_NAME, HTML_NAME)
 
 
-def write_reports(data: dict[str, Any], report_dir: Path) -> dict[str, Path]:
-    """eval.json, eval.md and the plots under ``report_dir`` (each atomically), then eval.md appended to the CI step
-    summary; ``{kind: path}`` of what was written. StorageError naming the file that could not be written (the
-    reports of an earlier run removed: see the module docstring)."""
+def write_reports(data: dict[str, Any], report_dir: Path, *, recorded: bool = False) -> dict[str, Path]:
+    """eval.json, eval.md, the plots, samples.jsonl and eval.html under ``report_dir`` (each atomically), then eval.md
+    appended to the CI step summary; ``{kind: path}`` of what was written (``recorded``: this run wrote the τ floors
+    it is judged against, which eval.html's verdict says). StorageError naming the file that could not be written
+    (the reports of an earlier run removed: see the module docstring)."""
     report_dir = Path(report_dir)
     try:
-        paths, md = _write_reports(data, report_dir)
+        paths, md = _write_reports(data, report_dir, recorded)
     except OSError as exc:
         for name in REPORT_NAMES:  # best effort: the failure raised below is the message
             try:
@@ -50,7 +53,7 @@ def write_reports(data: dict[str, Any], report_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def _write_reports(data: dict[str, Any], report_dir: Path) -> tuple[dict[str, Path], str]:
+def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool) -> tuple[dict[str, Path], str]:
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": report_dir / "eval.json", "md": report_dir / "eval.md"}
     atomic_write_text(paths["json"], dumps_strict(data) + "\n")  # NaN -> null (schema: eval.schema.json)
@@ -62,6 +65,10 @@ def _write_reports(data: dict[str, Any], report_dir: Path) -> tuple[dict[str, Pa
             paths[key] = written
         else:  # nothing to plot this run: a plot left by an earlier run would be read as this one's
             (report_dir / name).unlink(missing_ok=True)
+    samples = write_samples(data, report_dir / SAMPLES_NAME)  # None (an earlier one removed): no references in data
+    if samples is not None:
+        paths["samples"] = samples
+    paths["html"] = write_html(data, report_dir / HTML_NAME, recorded=recorded)  # last: it links the others
     return paths, md
 
 
@@ -76,7 +83,7 @@ def finish(data: dict[str, Any], settings: EvalSettings) -> list[str]:
     if settings.update_fingerprints and data.get("fingerprint"):
         fp = golden.update_fingerprint(data["fingerprint"], settings.golden_dir)
         msgs.append(f"feature fingerprint written to {fp}")
-    write_reports(data, settings.report_dir)  # the verdict printed last names them (report.summary)
+    write_reports(data, settings.report_dir, recorded=bool(settings.update_tau_floors))  # the verdict names them
     for change in ((data.get("provenance") or {}).get("kernel_probe") or {}).get("changed", []):
         msgs.append(f"kernel probe: {change['message']}; re-extracted with the live kernels")
     return msgs

@@ -7,8 +7,9 @@ out) and judges τ through :mod:`dflash_eval.metrics.verdict`. Under pytest-xdis
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.workdir import run_location
 from dflash_eval.errors import DFlashEvalError
@@ -19,11 +20,13 @@ from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.drift_budget import impact
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.sampled_tau import SampledTau, sample_row
+from dflash_eval.metrics.speedup import speedup_block
 from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
-from dflash_eval.metrics.tau import macro_tau
+from dflash_eval.metrics.tau import TauResult, macro_tau
 from dflash_eval.metrics.verdict import Verdict, checkpoint_verdict, judge_categories, judge_prompts, mean_thresholds
 from dflash_eval.prompts import Prompt
 from dflash_eval.references.greedy import CompletionRecord
+from dflash_eval.references.token_pieces import decode_pieces
 from dflash_eval.results.blocks import (
     DrafterBlock,
     DriftAcceptRow,
@@ -36,7 +39,10 @@ from dflash_eval.results.blocks import (
 from dflash_eval.results.rows import CategoryRow, ConversationRow, PromptRow, Row, TurnRow, rows_from_dict, rows_to_dict
 from dflash_eval.target.provenance import provenance
 
-__all__ = ["EvalResult", "TauSummary", "JsonBlock", "build_result", "prompt_rows", "tau_summary"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["EvalResult", "TauSummary", "JsonBlock", "build_result", "prompt_rows", "tau_summary", "speedup_summary"]
 
 
 #: The result's blocks whose layout belongs to another part of the suite, carried as eval.json holds them: the
@@ -113,6 +119,7 @@ class EvalResult:
     fingerprint: FingerprintBlock | None = None
     spans: list[tuple[str, float, float]] = field(default_factory=list)
     measurements: dict[str, JsonBlock] = field(default_factory=dict)  # registered measurements' own blocks
+    speedup: JsonBlock | None = None  # the predicted speed-up (dflash_eval.metrics.speedup.speedup_block)
 
     def to_dict(self) -> dict[str, Any]:
         """eval.json's fields for this process (a fragment, before merging across workers)."""
@@ -135,12 +142,14 @@ class EvalResult:
             out["fingerprint"] = self.fingerprint.to_dict()
         if self.measurements:
             out["measurements"] = self.measurements
+        if self.speedup is not None:
+            out["speedup"] = self.speedup
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EvalResult:
         """A process's result from its :meth:`to_dict` fragment (the baseline comparison is not read back)."""
-        kw: dict[str, Any] = {k: data.get(k) for k in ("sglang", "target", "provenance", "context")}
+        kw: dict[str, Any] = {k: data.get(k) for k in ("sglang", "target", "provenance", "context", "speedup")}
         kw.update({k: t.from_dict(data[k]) for k, t in _TYPED.items() if data.get(k) is not None})
         kw.update({k: [t.from_dict(r) for r in data[k]] for k, t in _TYPED_LISTS.items() if data.get(k) is not None})
         if data.get("drift_budget") is not None:
@@ -152,6 +161,10 @@ class EvalResult:
                    measurements=dict(data.get("measurements") or {}), **kw)
 
 
+def _no_tokenizer() -> PreTrainedTokenizerBase:
+    raise ValueError("a reference without its token pieces, and no tokenizer to decode them")
+
+
 def _online_row(o: OnlineTau) -> dict[str, Any]:
     row = {**acceptance_block(histogram(o.tau.accept_lengths, o.tau.block_size)),
            "accept_lengths": o.tau.accept_lengths, "tokens": o.tokens, "matches_reference": o.matches_reference,
@@ -161,13 +174,44 @@ def _online_row(o: OnlineTau) -> dict[str, Any]:
     return row
 
 
+def completion_rows(r: PromptTau, refs: list[CompletionRecord],
+                    tokenizer: Callable[[], PreTrainedTokenizerBase]) -> list[dict[str, Any]]:
+    """The ``completions`` of a prompt row: each reference of ``refs`` (the greedy one, or the sampled ones in sample
+    order) with the rounds τ was measured on it (:class:`~dflash_eval.results.rows.CompletionRow`); ``tokenizer``
+    decodes the pieces of an entry written before they were recorded."""
+    def per_sample(t: TauResult) -> list[TauResult]:
+        return list(t.samples) if isinstance(t, SampledTau) else [t]
+
+    chains, dd = per_sample(r.chain), {str(b): per_sample(t) for b, t in r.ddtree.items()}
+    if len(chains) != len(refs) or any(len(v) != len(refs) for v in dd.values()):
+        raise ValueError(f"prompt {r.prompt_id!r}: τ measured on {len(chains)} references, {len(refs)} given")
+    out = []
+    for k, (rec, chain) in enumerate(zip(refs, chains)):
+        text, pieces = rec.text, rec.pieces
+        if pieces is None or len(pieces) != len(rec.output_ids):  # an entry written before pieces were recorded
+            text, pieces = decode_pieces(tokenizer(), rec.output_ids)
+        row: dict[str, Any] = {"sample": k if rec.sample is None else rec.sample, "source": rec.source,
+                               "ids": list(rec.output_ids), "text": text, "pieces": list(pieces),
+                               "accept_lengths": list(chain.accept_lengths), "tau": chain.tau,
+                               "ddtree": {b: v[k].tau for b, v in dd.items()},
+                               "ddtree_accept_lengths": {b: list(v[k].accept_lengths) for b, v in dd.items()}}
+        if rec.seed is not None:
+            row["seed"] = rec.seed
+        out.append(row)
+    return out
+
+
 def prompt_rows(results: dict[str, PromptTau], floors: Floors,
                 completions: dict[str, CompletionRecord] | None = None,
                 baseline: BaselineComparison | None = None, prompts: dict[str, Prompt] | None = None,
-                online: dict[str, OnlineTau] | None = None) -> dict[str, dict[str, Any]]:
+                online: dict[str, OnlineTau] | None = None,
+                references: dict[str, list[CompletionRecord]] | None = None,
+                tokenizer: Callable[[], PreTrainedTokenizerBase] | None = None) -> dict[str, dict[str, Any]]:
     """eval.json's judged ``prompts`` rows; ``completions`` adds an SGLang server's own accept length (and
     histogram), ``baseline`` the baseline's τ of the prompt, ``prompts`` the conversation and turn of a multi-turn
-    prompt, ``online`` the online loop's rounds."""
+    prompt and its text, ``online`` the online loop's rounds, ``references`` the references τ was measured on (the
+    greedy one, or the sampled ones) with their rounds (:func:`completion_rows`; ``tokenizer``: for entries written
+    before pieces were recorded)."""
     out = {}
     for pid, r in results.items():
         hist = r.chain.histogram
@@ -193,6 +237,12 @@ def prompt_rows(results: dict[str, PromptTau], floors: Floors,
             out[pid]["online"] = _online_row(online[pid])
         if baseline is not None and pid in baseline.deltas:
             out[pid]["baseline_tau"] = baseline.deltas[pid][0]
+        refs = (references or {}).get(pid)
+        if refs:
+            out[pid]["prompt_ids"] = list(refs[0].prompt_ids)
+            if p is not None:
+                out[pid]["prompt_text"] = p.text
+            out[pid]["completions"] = completion_rows(r, refs, tokenizer or _no_tokenizer)
     judge_prompts(out, floors)
     return out
 
@@ -201,8 +251,10 @@ def tau_summary(ev: DrafterEvaluation, floors: Floors, baseline: BaselineCompari
                 online: dict[str, OnlineTau] | None = None) -> TauSummary:
     """Judge ``ev``'s τ against ``floors`` (and note each prompt's baseline τ and, given, its online τ)."""
     res = ev.tau_results
-    rows = prompt_rows(res, floors, {p: r for p in res if (r := ev.references.known(p)) is not None}, baseline,
-                       ev.inputs.prompt_by_id, online)
+    known = {p: r for p in res if (r := ev.references.known(p)) is not None}
+    refs = ev.sampled_references.records() if ev.sampled else {p: [r] for p, r in known.items()}
+    rows = prompt_rows(res, floors, known, baseline, ev.inputs.prompt_by_id, online, refs,
+                       lambda: ev.inputs.tokenizer)
     budgets = tuple(ev.settings.ddtree_budget)
     mean_tau = macro_tau([r.chain for r in res.values()])
     mean_ddtree = {str(b): macro_tau([r.ddtree[b] for r in res.values()]) for b in budgets}
@@ -213,6 +265,18 @@ def tau_summary(ev: DrafterEvaluation, floors: Floors, baseline: BaselineCompari
                       {t.label.removeprefix("DDTree-"): t.floor for t in means[1:]}, rows_from_dict(CategoryRow, cats),
                       baseline, rows_from_dict(ConversationRow, conversation_table(rows)),
                       rows_from_dict(TurnRow, turn_table(rows)))
+
+
+def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> JsonBlock:
+    """eval.json's ``speedup``: the predicted speed of every strategy from the round costs timed on the run's device
+    (the ``round_costs`` measurement, timed now unless cached) and the mean τ with its CI over prompts, judged against
+    ``--speedup-floor`` (:func:`dflash_eval.metrics.speedup.speedup_block`)."""
+    costs, cached = ev.measure("round_costs")
+    every = tau.categories.get("all")
+    chain = (tau.mean_tau, every.chain.ci95 if every is not None else None)
+    ddtree = {int(b): (v, every.ddtree[b].ci95 if every is not None and b in every.ddtree else None)
+              for b, v in tau.mean_ddtree.items()}
+    return speedup_block(costs, chain, ddtree, floor=ev.settings.speedup_floor, cached=cached)
 
 
 def _drift_rows(ev: DrafterEvaluation) -> tuple[list[DriftRow], list[DriftAcceptRow]]:
@@ -268,6 +332,8 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
             result.drafter.refused = [Refusal(check=n, message=m) for n, m in ev.refusal.checks]
     if ev.drifts:
         result.drift, result.drift_accept = _drift_rows(ev)
+    if tau is not None and ev.runner.computed("round_costs"):  # the speed-up test (or the Evaluator) timed a round
+        result.speedup = speedup_summary(ev, tau)
     if ev.budget_computed:
         result.drift_budget = DriftBudgetBlock.from_dict(ev.drift_budget().to_json())
         result.drift_gate = [DriftGateRow.from_dict(g.to_json()) for name in ev.drifts

@@ -7,7 +7,8 @@ as they are). :meth:`Row.from_dict` reads such an object back (fields it does no
 of eval.json round-trips: ``Row.from_dict(row.to_dict()).to_dict() == row.to_dict()``.
 
 The rows of τ: :class:`PromptRow` (eval.json's ``prompts``; the online loop's :class:`OnlineRow`, the SGLang
-server's and a sampled run's fields are optional members), :class:`CategoryRow`, :class:`ConversationRow`,
+server's and a sampled run's fields are optional members; :class:`CompletionRow`: each reference the prompt's τ was
+measured on, its ids, text and rounds), :class:`CategoryRow`, :class:`ConversationRow`,
 :class:`TurnRow` and their parts :class:`Acceptance` (pooled rounds) and :class:`Stat` (mean, median, t CI and its
 method).
 The drift rows are in :mod:`dflash_eval.results.blocks`.
@@ -23,8 +24,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, TypeVar
 
-__all__ = ["OPTIONAL", "Row", "Acceptance", "Stat", "OnlineRow", "PromptRow", "CategoryRow", "ConversationRow",
-           "TurnRow", "rows_to_dict", "rows_from_dict"]
+__all__ = ["OPTIONAL", "Row", "Acceptance", "Stat", "OnlineRow", "CompletionRow", "PromptRow", "CategoryRow",
+           "ConversationRow", "TurnRow", "rows_to_dict", "rows_from_dict"]
 
 #: Field metadata of a key eval.json leaves out while the field is None.
 OPTIONAL = {"optional": True}
@@ -141,10 +142,34 @@ class OnlineRow(Row):
 
 
 @dataclass
+class CompletionRow(Row):
+    """One reference completion a prompt's τ was measured on (eval.json's ``prompts.<id>.completions``; one line of
+    ``reports/samples.jsonl``): ``sample`` 0 at temperature 0, the sampled reference's index above it (``seed``: its
+    stream seed); where it came from (``local``, ``sglang``); its token ids, decoded text and each token's piece of
+    that text (``pieces``, joining to ``text``); the chain loop's accept length of every verification round on it,
+    its τ, and each DDTree budget's τ and accept lengths. Round ``r`` starts at completion position ``c_r`` (``c_0 =
+    0``, the prefill's token; ``c_{r+1} = c_r + a_r``): it accepts the drafts of positions ``c_r + 1 .. c_r + a_r - 1``
+    and its bonus token at ``c_r + a_r`` is where the first draft was rejected, unless ``a_r`` is the block size."""
+
+    sample: int
+    source: str
+    ids: list[int]
+    text: str
+    pieces: list[str]
+    accept_lengths: list[int]
+    tau: float
+    ddtree: dict[str, float]
+    ddtree_accept_lengths: dict[str, list[int]]
+    seed: int | None = _opt()
+
+
+@dataclass
 class PromptRow(Row):
     """One prompt's judged τ (eval.json's ``prompts`` row): chain τ and its rounds, each DDTree budget's τ, the
     floors and the verdict (``passed`` None: not gated); a sampled run's samples, the SGLang server's own accept
-    length, the turn of a multi-turn conversation, the online loop's τ and the baseline's τ when measured."""
+    length, the turn of a multi-turn conversation, the online loop's τ and the baseline's τ when measured; the
+    prompt's token ids (what the target saw, its chat template applied), its text and the references the τ was
+    measured on (``completions``)."""
 
     category: str
     tau: float
@@ -171,6 +196,9 @@ class PromptRow(Row):
     turn: int | None = _opt()
     online: OnlineRow | None = _opt()
     baseline_tau: float | None = _opt()
+    prompt_ids: list[int] | None = _opt()
+    prompt_text: str | None = _opt()
+    completions: list[CompletionRow] | None = _opt()
 
 
 @dataclass

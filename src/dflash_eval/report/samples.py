@@ -1,0 +1,62 @@
+"""reports/samples.jsonl: one JSON line per (prompt, reference completion) a run measured τ on, the per-sample record
+(as lm-evaluation-harness's ``--log_samples``) that joins a prompt's rounds to its text without the cache.
+
+A line holds the prompt (id, category, its token ids as the target saw them, its text, the conversation and turn of
+a multi-turn prompt), the reference (``sample``: 0 at temperature 0, the sampled reference's index above it, with
+its stream ``seed``; ``source``: ``local`` or ``sglang``; its ids, text and each token's piece of the text), and the
+drafter's rounds on it: the chain loop's accept length of every verification round, its τ, and each DDTree budget's
+τ and accept lengths, with the block size and temperature that say what the numbers mean. Round ``r`` starts at
+completion position ``c_r`` (``c_0 = 0``, the prefill's token; ``c_{r+1} = c_r + a_r``), accepts the drafts of
+positions ``c_r + 1 .. c_r + a_r - 1`` and ends with the target's token at ``c_r + a_r``: the first rejected
+draft's position unless ``a_r`` is the block size (:class:`dflash_eval.results.rows.CompletionRow`).
+
+The lines come from eval.json's data (each prompt row's ``completions``), in the prompts' order; strict JSON (a τ
+without rounds is ``null``), written atomically with the other reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.common.atomic import atomic_write_text
+from dflash_eval.report.strict_json import dumps_strict
+
+__all__ = ["SAMPLES_NAME", "sample_records", "write_samples"]
+
+#: The file's name in the report folder.
+SAMPLES_NAME = "samples.jsonl"
+
+
+def sample_records(data: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The lines of samples.jsonl (module docstring) for eval.json ``data``: one per reference of every prompt row
+    that holds its ``completions``."""
+    block = (data.get("context") or {}).get("block_size")
+    temperature = (data.get("settings") or {}).get("temperature")
+    for pid, row in (data.get("prompts") or {}).items():
+        for c in row.get("completions") or []:
+            rec: dict[str, Any] = {
+                "prompt_id": pid, "category": row.get("category"), "sample": c["sample"], "source": c["source"],
+                "seed": c.get("seed"), "temperature": temperature, "block_size": block,
+                "prompt_ids": row.get("prompt_ids"), "prompt_text": row.get("prompt_text"),
+                "prompt_tokens": row.get("prompt_tokens"),
+                "completion_ids": c["ids"], "completion_text": c["text"], "completion_pieces": c["pieces"],
+                "completion_tokens": len(c["ids"]),
+                "rounds": len(c["accept_lengths"]), "accept_lengths": c["accept_lengths"], "tau": c["tau"],
+                "ddtree": c["ddtree"], "ddtree_accept_lengths": c["ddtree_accept_lengths"]}
+            if row.get("conversation") is not None:
+                rec["conversation"], rec["turn"] = row["conversation"], row.get("turn")
+            yield rec
+
+
+def write_samples(data: dict[str, Any], path: Path) -> Path | None:
+    """samples.jsonl at ``path`` (atomically); None, and a file an earlier run left there removed, when no prompt
+    row holds its references (a run that measured no τ, or eval.json data of a version before they were recorded):
+    an earlier run's lines would be read as this one's. OSError when it cannot be written (the caller names it)."""
+    lines = [dumps_strict(rec, indent=None) + "\n" for rec in sample_records(data)]
+    if not lines:
+        path.unlink(missing_ok=True)
+        return None
+    atomic_write_text(path, "".join(lines))
+    return path

@@ -1,0 +1,208 @@
+"""reports/eval.html: the rounds marked in the completion text (accepted drafts, the first rejected draft, the bonus
+token of a whole block, the last token), τ along the response, worst prompts first, and the page as a browser draws
+it: the suite run in-process on the bundled target and drafter, its eval.html opened in headless Chromium (Debian's
+``chromium``; skipped, naming what was not checked, where none is installed), its screenshot and its DOM after the
+scripts ran checked against the run's eval.json.
+
+Run: ``pytest tests/test_html_report.py -p no:cacheprovider``
+"""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dflash_eval.report.html_report import (
+    BUCKET,
+    Segment,
+    html_verdict_lines,
+    render_html,
+    segments,
+    tau_by_position,
+)
+from dflash_eval.testing import browser
+
+NO_BROWSER = ("no Chromium (apt-get install -y chromium, or $DFLASH_EVAL_CHROMIUM): eval.html not opened in a "
+              "browser; its rendering, its scripts and its screenshot not checked")
+
+
+# ------------------------------------------------------------------------------------------------- the rounds
+def test_segments_follow_the_rounds() -> None:
+    # block 4, 12 tokens: rounds start at 0, 3, 4, 8 (a = 3, 1, 4, 3); the last ends on the last token (11)
+    got = segments([3, 1, 4, 3], 12, 4)
+    assert got == [Segment("prefill", 0, 1), Segment("accepted", 1, 3, 1, 3), Segment("rejected", 3, 4, 1, 3),
+                   Segment("rejected", 4, 5, 2, 1), Segment("accepted", 5, 8, 3, 4), Segment("bonus", 8, 9, 3, 4),
+                   Segment("accepted", 9, 11, 4, 3), Segment("end", 11, 12, 4, 3)]
+    assert sum(s.hi - s.lo for s in got) == 12  # every token in exactly one role
+    # --max-blocks stopped the loop: the rest is reached by no round
+    assert segments([2], 6, 4)[-1] == Segment("unreached", 3, 6)
+    # rounds that do not fit the completion are cut where they would run past it
+    assert segments([2, 9], 5, 8) == [Segment("prefill", 0, 1), Segment("accepted", 1, 2, 1, 2),
+                                      Segment("rejected", 2, 3, 1, 2), Segment("unreached", 3, 5)]
+    assert segments([], 0, 8) == []
+
+
+def test_tau_by_position_is_the_mean_accept_length_of_the_rounds_starting_in_a_bucket() -> None:
+    rounds = [(0, 4), (4, 2), (6, 8), (BUCKET, 1), (BUCKET + 1, 3), (3 * BUCKET, 5)]
+    assert tau_by_position(rounds) == {0: (14 / 3, 3), 1: (2.0, 2), 3: (5.0, 1)}
+
+
+def _row(ids: list[int], pieces: list[str], accept: list[int], dd: list[int], **over: Any) -> dict[str, Any]:
+    comp = {"sample": 0, "source": "local", "ids": ids, "text": "".join(pieces), "pieces": pieces,
+            "accept_lengths": accept, "tau": sum(accept) / len(accept), "ddtree": {"8": sum(dd) / len(dd)},
+            "ddtree_accept_lengths": {"8": dd}}
+    return {"category": "code", "tau": comp["tau"], "rounds": len(accept), "accept_lengths": accept,
+            "histogram": [], "position_rates": [], "ddtree": comp["ddtree"], "ddtree_accept_lengths": {"8": dd},
+            "floor": 1.5, "ddtree_floor": {}, "prompt_tokens": 3, "completion_tokens": len(ids), "passed": True,
+            "prompt_ids": [1, 2, 3], "prompt_text": "<b>prompt</b>", "completions": [comp], **over}
+
+
+def test_text_is_escaped_and_worst_prompts_come_first() -> None:
+    pieces = ["x", "<script>", "alert(1)", "</script>", " &", "\n", "y"]
+    data = {"context": {"block_size": 8}, "settings": {}, "mean_tau": 2.0,
+            "prompts": {"good": _row(list(range(7)), pieces, [3, 3], [3, 3]),
+                        "bad": _row(list(range(7)), pieces, [1, 1, 4], [2, 4], passed=False, tau=1.0)}}
+    page = render_html(data, ["dflash-eval: FAIL (τ below its floors) — <mean>"])
+    assert "&lt;script&gt;alert(1)" in page and "&lt;/script&gt;" in page and " &amp;" in page
+    assert "&lt;b&gt;prompt&lt;/b&gt;" in page and "FAIL (τ below its floors) — &lt;mean&gt;" in page
+    assert page.index('id="p-bad"') < page.index('id="p-good"')  # the failing prompt first
+    assert page.count("<script") == page.count("</script>") == 1  # the page's own script, nothing from the data
+    assert 'title="chain round 2: accept length 1; the draft at position 2 was rejected' in page
+
+
+# ------------------------------------------------------------------------------------------------- in a browser
+class _Dom(HTMLParser):
+    """Elements of a dumped DOM: tag, attributes, text (of the element and its descendants) and where it is: the id
+    of the prompt section and the loop (``data-method``) of the marks it is in."""
+
+    VOID = {"meta", "link", "br", "img", "input", "hr", "circle", "line", "polyline", "path", "rect"}
+
+    def __init__(self, html: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.elements: list[tuple[str, dict[str, str], list[str], dict[str, str]]] = []
+        self._open: list[tuple[str, dict[str, str], list[str], dict[str, str]]] = []
+        self.feed(html)
+
+    def _element(self, tag: str, attrs: list[tuple[str, str | None]]) -> tuple[str, dict[str, str], list[str],
+                                                                                 dict[str, str]]:
+        a = {k: v or "" for k, v in attrs}
+        ctx = dict(self._open[-1][3]) if self._open else {}
+        if tag == "section":
+            ctx["section"] = a.get("id", "")
+        if "marks" in a.get("class", "").split():
+            ctx["method"] = a.get("data-method", "")
+        el = (tag, a, [], ctx)
+        self.elements.append(el)
+        return el
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        el = self._element(tag, attrs)
+        if tag not in self.VOID:
+            self._open.append(el)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._element(tag, attrs)
+
+    def handle_endtag(self, tag: str) -> None:
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i][0] == tag:
+                del self._open[i:]
+                break
+
+    def handle_data(self, data: str) -> None:
+        for _, _, text, _ in self._open:
+            text.append(data)
+
+    def find(self, tag: str | None = None, cls: str | None = None, *, section: str | None = None,
+             method: str | None = None, **attrs: str) -> list[tuple[dict[str, str], str]]:
+        """``(attributes, text)`` of the matching elements, in document order (``section``, ``method``: inside that
+        prompt section, inside the marks of that loop)."""
+        return [(a, "".join(t)) for g, a, t, ctx in self.elements
+                if (tag is None or g == tag) and (cls is None or cls in a.get("class", "").split())
+                and (section is None or ctx.get("section") == section)
+                and (method is None or ctx.get("method") == method)
+                and all(a.get(k.replace("_", "-")) == v for k, v in attrs.items())]
+
+
+def _expected_marks(comp: dict[str, Any], lengths: list[int], block: int) -> dict[str, int]:
+    """Counts of the marks of one reference, computed from its rounds alone (not through :func:`segments`)."""
+    n, start, out = len(comp["ids"]), 0, {"rejected": 0, "bonus": 0, "end": 0}
+    for a in lengths:
+        start += a
+        out["bonus" if a == block else "end" if start == n - 1 else "rejected"] += 1
+    return out
+
+
+@pytest.fixture
+def chromium() -> str:
+    exe = browser.find_chromium()
+    if exe is None:
+        pytest.skip(NO_BROWSER)
+    return exe
+
+
+@pytest.mark.slow
+def test_eval_html_of_a_bundled_run_in_a_browser(chromium, bundled_suite, tmp_path) -> None:
+    res = bundled_suite("-k", "tau", "--max-new-tokens", "48", "--tau-floor", "1.5", report="reports",
+                        cache=tmp_path / "cache")
+    assert res.ret == 0, res.stdout.str()
+    reports = tmp_path / "reports"
+    data = json.loads((reports / "eval.json").read_text())
+    page = reports / "eval.html"
+    assert page.is_file() and (reports / "samples.jsonl").is_file()
+    block = data["context"]["block_size"]
+    prompts = data["prompts"]
+    assert len(prompts) == 2 and all(r["completions"] for r in prompts.values())
+
+    dom = _Dom(browser.dump_dom(page))
+    (body,) = [a for t, a, *_ in dom.elements if t == "body"]
+    assert body.get("data-ready") == "1" and body.get("data-method") == "chain"  # the script ran
+    (first,) = dom.find("div", "first")
+    assert first[1] == html_verdict_lines(data)[0] and first[1].startswith("dflash-eval: PASS")
+    sections = dom.find("section", "prompt")
+    assert len(sections) == len(prompts)
+    lowest = min(prompts, key=lambda p: prompts[p]["tau"])
+    assert sections[0][0]["id"] == f"p-{lowest}"  # worst (lowest τ above one floor) first
+    for section, _ in sections:
+        pid = section["id"].removeprefix("p-")
+        (comp,) = prompts[pid]["completions"]
+        for method, lengths in [("chain", comp["accept_lengths"]), ("ddtree-8", comp["ddtree_accept_lengths"]["8"])]:
+            want = _expected_marks(comp, lengths, block)
+            for kind, count in want.items():
+                assert len(dom.find("span", kind, section=section["id"], method=method)) == count, (pid, method, kind)
+            assert want["rejected"] > 0  # the bundled drafter is rejected somewhere in 48 tokens
+            (marks,) = dom.find("div", "marks", section=section["id"], data_method=method)
+            assert marks[1].replace("↵", "") == comp["text"]  # the marks hold the whole text, in order
+            label = "chain" if method == "chain" else "DDTree-8"
+            titles = [a["title"] for a, _ in dom.find("span", section=section["id"], method=method, data_round="1")]
+            assert titles and titles[0].startswith(f"{label} round 1: accept length {lengths[0]}; ")
+    (count,) = dom.find("span", id="marks-count")
+    marked = len([a for a, _ in dom.find("span", "rejected") if a.get("data-round")])
+    assert marked > 0 and count[1].startswith(f"{marked} rejected drafts")
+
+    switched = _Dom(browser.dump_dom(page, query="method=ddtree-8"))
+    (body,) = [a for t, a, *_ in switched.elements if t == "body"]
+    assert body.get("data-method") == "ddtree-8"
+
+    png = browser.screenshot(page, tmp_path / "eval.png", width=1280, height=2400)
+    _check_screenshot(png, (1280, 2400))
+
+
+def _check_screenshot(png: Path, size: tuple[int, int]) -> None:
+    image_mod = pytest.importorskip("PIL.Image", reason="Pillow (matplotlib's) reads the screenshot")
+    with image_mod.open(png) as im:
+        assert im.size == size
+        rgb = im.convert("RGB")
+        colours = rgb.getcolors(maxcolors=1 << 20) or []
+    assert len(colours) > 50, "a blank page: fewer than 50 colours"
+
+    def near(target: tuple[int, int, int]) -> int:
+        return sum(n for n, c in colours if max(abs(a - b) for a, b in zip(c, target)) <= 6)
+
+    assert near((0xC8, 0xEC, 0xC9)) > 100, "no accepted drafts drawn (their green)"
+    assert near((0xFF, 0xB3, 0xB3)) > 20, "no rejected draft drawn (its red)"
+    assert near((0x00, 0x72, 0xB2)) > 20, "no chart line drawn (the first series' blue)"
