@@ -1,7 +1,8 @@
 """``dflash-eval gate DIR`` over a training run's checkpoints: evaluated in step order (steps from their names),
 those already in the history skipped on the next run, a new one alone evaluated after it; the history's trend
-table and plot written beside it; the reference drafter's τ and the paired difference in the history and the
-table; TensorBoard and W&B logging where their libraries are installed."""
+table and plot written beside it; the reference drafter's τ and the paired difference in the history, the trend
+table and the gate table; ``--latest``: the newest checkpoint alone decides the exit status, earlier failures
+reported; floors that judge nothing said so; TensorBoard and W&B logging where their libraries are installed."""
 
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gate-cache")
 
 
-def gate(run: Path, cache: Path, reports: Path, *extra: str) -> int:
+def gate(run: Path, cache: Path, reports: Path, *extra: str, floor: str = "1.0") -> int:
     return main(["gate", str(run), "--target-model", str(ROOT / "fixtures" / "target"), "--prompts",
                  str(ROOT / "fixtures" / "prompts.jsonl"), "--num-prompts", "3", "--max-new-tokens", "24",
-                 "--tau-floor", "1.0", "--cache-dir", str(cache), "--report-dir", str(reports), "--quiet", *extra])
+                 "--tau-floor", floor, "--cache-dir", str(cache), "--report-dir", str(reports), "--quiet", *extra])
 
 
 def test_gate_dir_in_step_order_skipping_recorded_ones(tmp_path, cache, capsys):
@@ -46,6 +47,10 @@ def test_gate_dir_in_step_order_skipping_recorded_ones(tmp_path, cache, capsys):
     gate_json = json.loads((reports / "gate.json").read_text())
     assert [Path(c["drafter"]).name for c in gate_json["checkpoints"]] == ["checkpoint-100", "global_step200",
                                                                            "step_300"]
+    assert [c["step"] for c in gate_json["checkpoints"]] == [100, 200, 300]
+    # --tau-floor 1.0 passes any drafter (τ >= 1): the verdict says so rather than passing without a word
+    assert all("judge nothing" in c["notices"][0] for c in gate_json["checkpoints"])
+    assert "### Notices" in (reports / "gate.md").read_text()
     capsys.readouterr()
     assert gate(run, cache, reports) == 0  # nothing new
     assert "no new checkpoint" in capsys.readouterr().out
@@ -89,6 +94,48 @@ def test_reference_drafter_tau_beside_each_checkpoint(tmp_path, cache):
     assert ref["mean_diff"] == pytest.approx(rec.mean_tau - ref_alone.mean_tau, abs=1e-12)
     assert ref["mean_diff"] > 0 and ref["ci95"][0] <= ref["mean_diff"] <= ref["ci95"][1]
     assert "reference τ" in (reports / "history.md").read_text()
+    # the gate table: the reference's τ and the paired Δ with its CI, as in history.md
+    (row,) = json.loads((reports / "gate.json").read_text())["checkpoints"]
+    assert row["reference"] == ref
+    md = (reports / "gate.md").read_text()
+    head = next(line for line in md.splitlines() if line.startswith("| checkpoint"))
+    assert "| reference τ | Δ vs reference (95 % CI (paired t over prompts)) |" in head
+    cells = next(line for line in md.splitlines() if line.startswith("| step_5")).split(" | ")
+    col = head.split(" | ").index("reference τ")
+    assert cells[col] == f"{ref['mean_tau']:.3f}"
+    assert cells[col + 1] == f"{ref['mean_diff']:+.3f} [{ref['ci95'][0]:+.3f}, {ref['ci95'][1]:+.3f}]"
+    assert "reference τ" not in (tmp_path / "alone-reports" / "gate.md").read_text()  # only with the option
+
+
+def test_latest_gates_the_newest_checkpoint_only(tmp_path, cache):
+    """The weaker drafter at step 1 misses a floor of 3.0 the bundled one meets: the whole run fails the gate,
+    --latest only when its newest checkpoint fails."""
+    run = tmp_path / "run"
+    shutil.copytree(SECOND, run / "step_1")
+    shutil.copytree(DRAFTER, run / "step_2")
+    assert gate(run, cache, tmp_path / "all", floor="3.0") == 1  # every checkpoint gates
+    reports = tmp_path / "reports"
+    assert gate(run, cache, reports, "--latest", floor="3.0") == 0
+    data = json.loads((reports / "gate.json").read_text())
+    assert data["passed"] is True
+    assert [(c["step"], c["passed"], c["gating"]) for c in data["checkpoints"]] == [(1, False, False), (2, True, True)]
+    md = (reports / "gate.md").read_text()
+    assert "1 earlier failure(s) reported, not gating" in md and "(earlier checkpoint: reported, not gating)" in md
+    # nothing new: the newest is judged from its history record; the earlier failure is named, not failing
+    assert gate(run, cache, reports, "--latest", floor="3.0") == 0
+    (row,) = json.loads((reports / "gate.json").read_text())["checkpoints"]
+    assert row["step"] == 2 and row["passed"] and row["gating"]
+    assert any("judged from its history record" in n for n in row["notices"])
+    assert any("1 earlier checkpoint(s) of the history failed (step 1;" in n for n in row["notices"])
+    assert len(History(reports / "history.jsonl").read()) == 2  # not evaluated again
+    # a newer checkpoint that misses the floor fails the gate
+    shutil.copytree(SECOND, run / "step_3")
+    assert gate(run, cache, reports, "--latest", floor="3.0") == 1
+    (row,) = json.loads((reports / "gate.json").read_text())["checkpoints"]
+    assert row["step"] == 3 and not row["passed"] and row["gating"]
+    assert main(["gate", "--drafter", str(DRAFTER), "--latest", "--target-model", str(ROOT / "fixtures" / "target"),
+                 "--tau-floor", "3.0", "--cache-dir", str(cache), "--report-dir", str(tmp_path / "d"),
+                 "--quiet"]) == 2  # --latest needs a training run
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed")
@@ -103,7 +150,14 @@ def test_tensorboard_event_files(tmp_path, cache):
     rec = History(tmp_path / "reports" / "history.jsonl").read()[-1]
     (ev,) = acc.Scalars("tau/mean")
     assert ev.step == 7 and ev.value == pytest.approx(rec.mean_tau, rel=1e-6)
-    assert "tau/position/1" in acc.Tags()["scalars"] and "tau/ddtree-8" in acc.Tags()["scalars"]
+    tags = acc.Tags()["scalars"]
+    assert "tau/position/1" in tags and "tau/ddtree-8" in tags
+    # the verdict as numbers to alert on, the floor and the CI bounds
+    want = {"verdict/pass": 1.0, "verdict/floor_missed": 0.0, "verdict/regression": 0.0, "verdict/plateau": 0.0,
+            "tau/floor": 1.0, "tau/mean_ci95_low": rec.mean_tau_ci95[0], "tau/mean_ci95_high": rec.mean_tau_ci95[1]}
+    for tag, value in want.items():
+        (ev,) = acc.Scalars(tag)
+        assert ev.step == 7 and ev.value == pytest.approx(value, rel=1e-6), tag
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")

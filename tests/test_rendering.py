@@ -146,7 +146,8 @@ def test_gate_rows_come_from_the_typed_summary(tmp_path):
     assert row.passed and row.reasons == [] and (row.worst_prompt, row.worst_tau, row.worst_floor) == ("b", 1.5, 1.0)
     assert list(row.to_json()) == ["drafter", "fingerprint", "mean_tau", "mean_ddtree", "mean_tau_pooled",
                                    "mean_ddtree_pooled", "mean_floor", "worst_prompt", "worst_tau", "worst_floor",
-                                   "passed", "reasons", "baseline", "prompts", "seconds"]
+                                   "passed", "reasons", "baseline", "prompts", "seconds", "step", "gating",
+                                   "notices", "reference"]
     assert row.to_json()["prompts"]["a"] == {"tau": 2.5, "ddtree": {"8": 3.0}, "floor": 2.0, "passed": True}
     low = gate_row(_summary({"a": 1.9, "b": 1.5}, floors), floors, drafter="x", fingerprint="f")
     assert not low.passed and low.reasons == ["1 prompt(s) below floor"]
@@ -156,7 +157,8 @@ def test_gate_rows_come_from_the_typed_summary(tmp_path):
     assert dropped.to_json()["baseline"] == cmp.to_json()
     err = error_row(str(tmp_path / "gone"), FileNotFoundError("no such checkpoint"))
     assert err.to_json() == {"drafter": str(tmp_path / "gone"), "passed": False,
-                             "error": "FileNotFoundError: no such checkpoint", "seconds": None}
+                             "error": "FileNotFoundError: no such checkpoint", "seconds": None, "step": None,
+                             "gating": True}
     md = render_gate_markdown([row, low, err], {"target_model": "/t", "prompts": "p"}, [8])
     assert "1/3 checkpoint(s) passed" in md and "| gone | - | - | - | - | - | ERROR FileNotFoundError" in md
     assert "| a | 2.000 | 2.500 | 1.900 FAIL |" in md and "(2 of 2 prompts, worst first)" in md

@@ -4,8 +4,14 @@ Evaluator`, those already in the history skipped, ``--watch`` for new ones, and 
 
 Every gate run, with ``--drafter`` too, appends one record per evaluated checkpoint to ``--history`` (default
 ``<report-dir>/history.jsonl``) and rewrites ``history.md`` (the trend table) and ``history.png`` (τ over steps)
-beside it. A checkpoint worse than the best one before it beyond noise fails the gate (exit 1) like a missed
-floor; a plateau (no gain beyond noise over the last ``--plateau-window`` checkpoints) is printed as a notice.
+beside it (the Evaluator's :meth:`~dflash_eval.training_loop.evaluator.Evaluator.close`). A checkpoint below the
+run's recent level beyond the noise between checkpoints fails the gate (exit 1) like a missed floor; a plateau (no
+gain beyond noise over the last ``--plateau-window`` checkpoints) is a notice.
+
+``--latest``: the newest checkpoint (the last in step order) alone decides the exit status. The earlier ones the
+history does not hold yet are evaluated too (the verdicts across steps judge the newest against them) and their
+failures reported as rows that do not gate; failures recorded in the history before are named in a notice; a
+newest checkpoint the history holds already is judged from its record, not evaluated again.
 """
 
 from __future__ import annotations
@@ -18,9 +24,8 @@ from typing import TYPE_CHECKING, Unpack
 
 from dflash_eval.errors import ConfigError, DFlashEvalError
 from dflash_eval.training_loop.checkpoint_dir import Found, find_checkpoints
+from dflash_eval.training_loop.history import CheckpointRecord
 from dflash_eval.training_loop.trackers import TensorBoardTracker, WandbTracker
-from dflash_eval.training_loop.trend_plot import write_trend_plot
-from dflash_eval.training_loop.trend_table import write_trend_table
 from dflash_eval.training_loop.watch import WatchLimits, watch
 
 if TYPE_CHECKING:  # they import torch: kept out of --help
@@ -37,7 +42,10 @@ if TYPE_CHECKING:  # they import torch: kept out of --help
         hooks: pluggy.PluginManager | None
 
 __all__ = ["add_training_options", "training_checkpoints", "first_checkpoints", "make_evaluator", "judged_row",
-           "write_trend", "gate_training_run"]
+           "record_row", "write_trend", "gate_training_run"]
+
+#: How many earlier failures the ``--latest`` notice names (the rest are counted).
+EARLIER_NAMED = 5
 
 
 def add_training_options(g: argparse.ArgumentParser) -> None:
@@ -58,6 +66,11 @@ def add_training_options(g: argparse.ArgumentParser) -> None:
                    help="seconds a new checkpoint's files must stay unchanged before it is read (default 5)")
     g.add_argument("--history", metavar="FILE", default=None,
                    help="the JSONL history appended to (default <report-dir>/history.jsonl)")
+    g.add_argument("--latest", action="store_true",
+                   help="only the newest checkpoint of DIR / --drafter-glob (the last in step order) decides the exit "
+                        "status: earlier ones not in the history yet are evaluated (the newest is judged against "
+                        "them) and their failures reported without failing the gate; a newest one already in the "
+                        "history is judged from its record")
     g.add_argument("--plateau-window", type=int, default=4, metavar="K",
                    help="a plateau notice when none of the last K checkpoints gained beyond noise (default 4)")
     g.add_argument("--tensorboard", metavar="DIR", default=None,
@@ -109,6 +122,9 @@ def make_evaluator(ns: argparse.Namespace, settings: EvalSettings, *, log: Calla
 
     if ns.plateau_window < 2:
         raise ConfigError(f"--plateau-window must be >= 2, got {ns.plateau_window}")
+    if getattr(ns, "latest", False) and not (ns.train_dir or ns.drafter_glob):
+        raise ConfigError("--latest judges the newest checkpoint of a training run: give a training folder DIR or "
+                          "--drafter-glob GLOB (with --drafter every checkpoint named gates)")
     trackers: list[TensorBoardTracker | WandbTracker] = []
     if ns.tensorboard:
         trackers.append(TensorBoardTracker(Path(ns.tensorboard)))
@@ -131,27 +147,44 @@ def judged_row(evaluator: Evaluator, session: EvalSession, *, step: int | None =
         assert result.drafter is not None  # evaluate fills it in
         row = gate_row(session.tau_summary(), session.floors, drafter=str(path), fingerprint=result.drafter.fingerprint)
         rec = evaluator.records[-1]
+        row.reference = rec.reference
         if rec.regression:
             row.passed, row.reasons = False, [*row.reasons, rec.regression]
         if rec.plateau:
+            row.notices.append(rec.plateau)
             evaluator.base.inputs.log(f"[dflash-eval] notice: {rec.plateau}")
     except DFlashEvalError as exc:
         row = error_row(str(path), exc)
+    row.step = step
     row.seconds = round(time.perf_counter() - t0, 3)
     return row
 
 
-def write_trend(evaluator: Evaluator) -> list[Path]:
-    """``history.md`` and ``history.png`` beside the history file, from every record in it."""
+def record_row(record: CheckpointRecord) -> GateRow:
+    """The gate row of a checkpoint judged from its history record (not evaluated again): its means, floor and
+    verdict as recorded (the floors of the run that recorded it), its regression a reason, its plateau a notice."""
+    from dflash_eval.report.gate import GateRow  # imports torch: kept out of --help
 
-    hist = evaluator.history
-    assert hist is not None  # make_evaluator gives every gate Evaluator a history
-    records = hist.read()
-    if not records:
-        return []
-    paths = [write_trend_table(records, hist.path.with_suffix(".md"))]
-    png = write_trend_plot(records, hist.path.with_suffix(".png"))
-    return paths + ([png] if png is not None else [])
+    worst = min(record.prompts.items(), key=lambda kv: kv[1]) if record.prompts else None
+    return GateRow(drafter=record.drafter, passed=record.verdict != "fail", step=record.step,
+                   fingerprint=record.fingerprint, mean_tau=record.mean_tau, mean_ddtree=dict(record.mean_ddtree),
+                   mean_tau_pooled=record.mean_tau_pooled, mean_ddtree_pooled=dict(record.mean_ddtree_pooled),
+                   mean_floor=record.mean_floor, worst_prompt=worst[0] if worst else None,
+                   worst_tau=worst[1] if worst else None,
+                   reasons=[*record.reasons, *([record.regression] if record.regression else [])],
+                   notices=[f"judged from its history record of {record.time} (already evaluated; not again)",
+                            *([record.plateau] if record.plateau else [])],
+                   reference=record.reference,
+                   prompts={p: {"tau": t, "ddtree": {}, "floor": None, "passed": None}  # a record keeps chain τ only
+                            for p, t in record.prompts.items()})
+
+
+def write_trend(evaluator: Evaluator) -> list[Path]:
+    """Close ``evaluator`` (its trackers; ``history.md`` and ``history.png`` beside the history file, from every
+    record in it) and return the trend files it wrote."""
+
+    evaluator.close()
+    return list(evaluator.trend_files)
 
 
 def _evaluate_found(evaluator: Evaluator, found: Found, say: Callable[[str], None]) -> GateRow:
@@ -174,13 +207,51 @@ def gate_training_run(ns: argparse.Namespace, evaluator: Evaluator, found: list[
 
     history = evaluator.history
     assert history is not None  # make_evaluator gives every gate Evaluator a history
+    before = history.read() if getattr(ns, "latest", False) else []
     todo = [f for f in found if not history.has(str(f.path), f.step, evaluator.digest)]
     say(f"[dflash-eval] {len(found)} checkpoint(s) found, {len(found) - len(todo)} already in "
         f"{history.path}")
-    rows = [_evaluate_found(evaluator, f, say) for f in todo]
+    done = [(f, _evaluate_found(evaluator, f, say)) for f in todo]
+    newest = [found[-1]] if found else []
     if ns.watch:
         limits = WatchLimits(poll_s=ns.watch_poll, settle_s=ns.watch_settle, timeout_s=ns.watch_timeout)
         root = Path(ns.train_dir).expanduser() if ns.train_dir else None
-        watch(root, lambda f: rows.append(_evaluate_found(evaluator, f, say)), patterns=tuple(ns.drafter_glob),
-              seen={f.path for f in found}, limits=limits, log=say)
+
+        def evaluate_new(f: Found) -> None:
+            newest[:] = [f]
+            done.append((f, _evaluate_found(evaluator, f, say)))
+
+        watch(root, evaluate_new, patterns=tuple(ns.drafter_glob), seen={f.path for f in found}, limits=limits,
+              log=say)
+    if getattr(ns, "latest", False) and newest:
+        return _latest_rows(done, newest[0], before, evaluator.digest, say)
+    return [row for _, row in done]
+
+
+def _latest_rows(done: list[tuple[Found, GateRow]], newest: Found, before: list[CheckpointRecord], digest: str,
+                 say: Callable[[str], None]) -> list[GateRow]:
+    """``--latest``: the rows of this run, only the newest checkpoint's gating (its record's row when it was not
+    evaluated now), the failures the history held before this run named in a notice on it."""
+    rows = [row for _, row in done]
+    mine = [row for f, row in done if f == newest]
+    for r in rows:
+        r.gating = any(r is m for m in mine)
+    if not mine:
+        rec = next((r for r in reversed(before) if r.drafter == str(newest.path) and r.step == newest.step
+                    and r.settings_digest == digest), None)
+        if rec is None:  # not in the history and not evaluated: cannot happen unless the history was moved away
+            raise ConfigError(f"--latest: the newest checkpoint {newest.path} is neither in the history nor "
+                              "evaluated in this run")
+        mine = [record_row(rec)]
+        rows.append(mine[0])
+    failed = [r for r in before if r.settings_digest == digest and r.verdict == "fail"
+              and not (r.drafter == str(newest.path) and r.step == newest.step)]
+    if failed:
+        named = ", ".join(f"step {r.step}" if r.step is not None else Path(r.drafter).name
+                          for r in failed[-EARLIER_NAMED:])
+        more = f" and {len(failed) - EARLIER_NAMED} more" if len(failed) > EARLIER_NAMED else ""
+        note = (f"--latest: {len(failed)} earlier checkpoint(s) of the history failed ({named}{more}; history.md "
+                "says why): reported, not gating")
+        mine[0].notices.append(note)
+        say(f"[dflash-eval] notice: {note}")
     return rows

@@ -15,7 +15,8 @@ against the floors of ``--floors-file`` or ``--tau-floor``) and writes the combi
 ``--report-dir`` (``gate.json``, ``gate.md``: :mod:`dflash_eval.report.gate`).
 
 Exit status: 0 every checkpoint passes; 1 at least one fails (τ below a floor, τ dropped or rose beyond the
-``--baseline`` tolerances, a drafter that does not fit the target), or a file the gate writes (the cache, its
+``--baseline`` tolerances, a drafter that does not fit the target; under ``--latest`` only the newest checkpoint of a
+training run counts), or a file the gate writes (the cache, its
 reports) could not be written: one message naming it and the cause; 2 bad input, reported once before any work (a
 path that does not exist, an invalid option value, an unreadable config.json, a floors file or baseline recorded
 with other τ-relevant settings, an option the gate does not honour), or no τ floors for the selected prompts and no
@@ -208,15 +209,20 @@ def _report(ns: argparse.Namespace, rows: list[GateRow], settings: EvalSettings,
     from dflash_eval.report.tables import print_tables  # imports torch: kept out of --help
 
     failed = [r for r in rows if not r.passed]
+    gating = [r for r in failed if r.gating]  # gate --latest: an earlier checkpoint's failure is reported only
     print_tables([gate_table(rows, list(settings.ddtree_budget), terminal=True)], sys.stdout)
-    print(f"{len(rows) - len(failed)}/{len(rows)} checkpoint(s) passed in {time.perf_counter() - t_all:.1f} s")
+    earlier = f"; {len(failed) - len(gating)} earlier failure(s) not gating (--latest)" if failed != gating else ""
+    print(f"{len(rows) - len(failed)}/{len(rows)} checkpoint(s) passed in {time.perf_counter() - t_all:.1f} s{earlier}")
+    for r in rows:
+        for notice in r.notices:
+            print(f"notice: {r.name}: {notice}")
     print(NOT_CHECKED.replace("`", ""))
     if ns.json_out:
         atomic_write_text(Path(ns.json_out), dumps_strict({"checkpoints": [r.to_json() for r in rows],
-                                                           "passed": not failed}) + "\n")
+                                                           "passed": not gating}) + "\n")
     paths = write_gate_report(rows, settings, wall_s=time.perf_counter() - t_all)
     print("reports: " + ", ".join(str(p) for p in paths.values()))
-    return EXIT_FAIL if failed else EXIT_OK
+    return EXIT_FAIL if gating else EXIT_OK
 
 
 def gate(ns: argparse.Namespace) -> int:
@@ -274,8 +280,7 @@ def _finish(ns: argparse.Namespace, evaluator: Evaluator, rows: list[GateRow], s
             t_all: float) -> int:
     """The trackers closed, the history's trend table and plot, then the gate's report (:func:`_report`)."""
 
-    evaluator.close()
-    trend = write_trend(evaluator)
+    trend = write_trend(evaluator)  # closes the evaluator: its trackers, then the trend files
     if not rows:
         print(f"no new checkpoint to evaluate; history: {', '.join(str(p) for p in trend)}")
         return EXIT_OK

@@ -10,11 +10,18 @@ gate.json (strict JSON, NaN written as null)::
      "checkpoints": [{"drafter", "fingerprint", "mean_tau", "mean_ddtree": {N: τ} (macro means), "mean_tau_pooled",
                       "mean_ddtree_pooled": {N: τ} (pooled over every round), "mean_floor", "worst_prompt",
                       "worst_tau", "worst_floor", "passed", "reasons": [...], "baseline", "seconds",
-                      "prompts": {id: {"tau", "ddtree", "floor", "passed"}}} | {"drafter", "passed": false,
-                      "error", "seconds"}]}
+                      "prompts": {id: {"tau", "ddtree", "floor", "passed"}}, "step", "gating",
+                      "notices": [...], "reference"} | {"drafter", "passed": false, "error", "seconds", "step",
+                      "gating"}]}
 
-gate.md: the comparison table (one row per checkpoint: the macro and the pooled τ, named as in eval.md) and the
-prompts with the lowest chain τ (worst first, up to 20) with every checkpoint's τ side by side.
+``passed`` at the top: every gating checkpoint passed (:func:`gate_passed`); a checkpoint with ``gating`` false
+(an earlier checkpoint under ``gate --latest``) is reported, its failure does not fail the gate. ``reference``
+(with ``--reference-drafter``): the reference drafter's mean τ and the paired difference against it (``mean_tau``,
+``mean_diff``, ``ci95``, ``ci_method``, ``n``, ``path``).
+
+gate.md: the comparison table (one row per checkpoint: the macro and the pooled τ, named as in eval.md; the paired
+Δ against ``--baseline`` and against the reference drafter when given), the notices, and the prompts with the
+lowest chain τ (worst first, up to 20) with every checkpoint's τ side by side.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ if TYPE_CHECKING:
     from dflash_eval.results.eval_result import TauSummary
 
 __all__ = ["GATE_SCHEMA", "NOT_CHECKED", "WORST_SHOWN", "GateRow", "gate_row", "error_row", "baseline_reasons",
-           "gate_data", "gate_table", "worst_prompts_table", "render_gate_markdown", "write_gate_report"]
+           "gate_passed", "gate_data", "gate_table", "worst_prompts_table", "render_gate_markdown",
+           "write_gate_report"]
 
 GATE_SCHEMA = 1
 #: How many prompts gate.md's lowest-τ table shows.
@@ -49,10 +57,15 @@ WORST_SHOWN = 20
 @dataclass
 class GateRow:
     """One checkpoint of a gate run: its mean τ per budget against the mean floor, its lowest prompt, its verdict and
-    why it failed; or (``error`` set) the error that stopped its evaluation. ``seconds``: its evaluation's time."""
+    why it failed; or (``error`` set) the error that stopped its evaluation. ``seconds``: its evaluation's time.
+    ``gating`` False: reported, but its verdict does not decide the gate's (an earlier checkpoint under
+    ``--latest``); ``notices``: what the verdict says without failing (floors that judge nothing, a plateau, ...);
+    ``reference``: the paired difference against ``--reference-drafter``."""
 
     drafter: str
     passed: bool
+    step: int | None = None
+    gating: bool = True
     fingerprint: str | None = None
     mean_tau: float | None = None
     mean_ddtree: dict[str, float] = field(default_factory=dict)
@@ -64,6 +77,8 @@ class GateRow:
     worst_floor: float | None = None
     reasons: list[str] = field(default_factory=list)
     baseline: dict[str, Any] | None = None
+    reference: dict[str, Any] | None = None
+    notices: list[str] = field(default_factory=list)
     prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: str | None = None
     seconds: float | None = None
@@ -76,14 +91,16 @@ class GateRow:
     def to_json(self) -> dict[str, Any]:
         """The row as gate.json's ``checkpoints`` entry."""
         if self.error is not None:
-            return {"drafter": self.drafter, "passed": self.passed, "error": self.error, "seconds": self.seconds}
+            return {"drafter": self.drafter, "passed": self.passed, "error": self.error, "seconds": self.seconds,
+                    "step": self.step, "gating": self.gating}
         return {"drafter": self.drafter, "fingerprint": self.fingerprint, "mean_tau": self.mean_tau,
                 "mean_ddtree": self.mean_ddtree, "mean_tau_pooled": self.mean_tau_pooled,
                 "mean_ddtree_pooled": self.mean_ddtree_pooled, "mean_floor": self.mean_floor,
                 "worst_prompt": self.worst_prompt,
                 "worst_tau": self.worst_tau, "worst_floor": self.worst_floor, "passed": self.passed,
                 "reasons": self.reasons, "baseline": self.baseline, "prompts": self.prompts,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "step": self.step, "gating": self.gating, "notices": self.notices,
+                "reference": self.reference}
 
 
 def gate_row(summary: TauSummary, floors: Floors, *, drafter: str, fingerprint: str) -> GateRow:
@@ -100,7 +117,7 @@ def gate_row(summary: TauSummary, floors: Floors, *, drafter: str, fingerprint: 
         mean_ddtree=summary.mean_ddtree, mean_tau_pooled=pooled, mean_ddtree_pooled=pooled_dd,
         mean_floor=summary.mean_floor,
         worst_prompt=worst[0] if worst else None, worst_tau=worst[1].tau if worst else None,
-        worst_floor=worst[1].floor if worst else None, reasons=list(verdict.reasons),
+        worst_floor=worst[1].floor if worst else None, reasons=list(verdict.reasons), notices=list(verdict.notices),
         baseline=summary.baseline.to_json() if summary.baseline is not None else None,
         prompts={pid: {"tau": v.tau, "ddtree": v.ddtree, "floor": v.floor, "passed": v.passed}
                  for pid, v in verdicts.items()})
@@ -118,6 +135,13 @@ def _baseline_cell(b: dict[str, Any] | None) -> str:
     return f"{fmt(b.get('mean_diff'), 3, '+f')} [{fmt(lo, 3, '+f')}, {fmt(hi, 3, '+f')}]"
 
 
+def _reference_cells(r: dict[str, Any] | None) -> list[str]:
+    """The reference drafter's mean τ and the paired difference against it with its CI."""
+    if not r:
+        return [MISSING, MISSING]
+    return [fmt(r.get("mean_tau")), _baseline_cell(r)]
+
+
 def _worst_cell(r: GateRow) -> str:
     if r.worst_prompt is None:
         return MISSING
@@ -125,9 +149,8 @@ def _worst_cell(r: GateRow) -> str:
 
 
 def _verdict_cell(r: GateRow) -> str:
-    if r.error is not None:
-        return f"ERROR {r.error}"
-    return "PASS" if r.passed else "FAIL: " + "; ".join(r.reasons)
+    text = f"ERROR {r.error}" if r.error is not None else "PASS" if r.passed else "FAIL: " + "; ".join(r.reasons)
+    return text if r.gating else f"{text} (earlier checkpoint: reported, not gating)"
 
 
 def gate_table(rows: list[GateRow], budgets: list[Any], *, terminal: bool = False) -> TextTable:
@@ -147,6 +170,12 @@ def gate_table(rows: list[GateRow], budgets: list[Any], *, terminal: bool = Fals
         header.insert(header.index("mean floor"), f"Δ vs baseline ({ci_name(base[0])})")
         for r, row in zip(rows, cells):
             row.insert(header.index("mean floor") - 1, _baseline_cell(r.baseline))
+    ref = [r.reference for r in rows if r.reference]
+    if ref:  # the reference drafter's τ and the paired difference against it, its CI named (as in history.md)
+        at = header.index("mean floor")
+        header[at:at] = ["reference τ", f"Δ vs reference ({ci_name(ref[0])})"]
+        for r, row in zip(rows, cells):
+            row[at:at] = _reference_cells(r.reference)
     if terminal:
         drop = {header.index("mean floor"), header.index("s")}
         header = [h for i, h in enumerate(header) if i not in drop]
@@ -174,11 +203,16 @@ def worst_prompts_table(rows: list[GateRow], limit: int = WORST_SHOWN) -> TextTa
     return TextTable(["prompt", "floor"] + [r.name for r in evaluated], cells, title=title)
 
 
+def gate_passed(rows: list[GateRow]) -> bool:
+    """The gate's verdict: every gating row passed (a row with ``gating`` False is reported only)."""
+    return all(r.passed for r in rows if r.gating)
+
+
 def gate_data(rows: list[GateRow], settings: EvalSettings, *, wall_s: float | None = None) -> dict[str, Any]:
     """gate.json's content from the gate's per-checkpoint rows."""
     opts = {k: v for k, v in settings.to_dict().items() if k != "drafter"}
     return {"schema": GATE_SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "wall_s": None if wall_s is None else round(wall_s, 3), "passed": all(r.passed for r in rows),
+            "wall_s": None if wall_s is None else round(wall_s, 3), "passed": gate_passed(rows),
             "settings": opts, "budgets": list(settings.ddtree_budget), "checkpoints": [r.to_json() for r in rows]}
 
 
@@ -191,9 +225,16 @@ NOT_CHECKED = ("Not checked by `dflash-eval gate` (it judges τ only): the hidde
 def render_gate_markdown(rows: list[GateRow], settings: dict[str, Any], budgets: list[Any]) -> str:
     """gate.md (module docstring); ``settings``: gate.json's (the target and prompts it names)."""
     ok = sum(r.passed for r in rows)
-    parts = ["## dflash-eval gate", "", f"{ok}/{len(rows)} checkpoint(s) passed; target "
+    earlier = [r for r in rows if not r.gating and not r.passed]
+    status = f"{ok}/{len(rows)} checkpoint(s) passed" + (
+        f" ({len(earlier)} earlier failure(s) reported, not gating: only the newest checkpoint gates)"
+        if earlier else "")
+    parts = ["## dflash-eval gate", "", f"{status}; target "
              f"`{settings.get('target_model')}`, prompts `{settings.get('prompts')}`", "",
              markdown_table(gate_table(rows, budgets)), "", TAU_KINDS_NOTE, "", NOT_CHECKED]
+    notices = [f"- `{r.name}`: {n}" for r in rows for n in r.notices]
+    if notices:
+        parts += ["", "### Notices", "", *notices]
     worst = worst_prompts_table(rows)
     if worst.header[2:]:
         parts += ["", f"### {worst.title}", "", markdown_table(worst)]
