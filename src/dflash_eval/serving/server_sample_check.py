@@ -26,11 +26,15 @@ a slightly other distribution, which the thresholds below leave room for (``docs
 The score is taken twice: per completion (``z`` of its own tokens; refused below :data:`SAMPLE_Z_FLAT` or above
 :data:`SAMPLE_Z_SHARP`: one completion of another replica) and pooled over the whole fetch (``Z`` of every token of
 every completion fetched in one go; refused below :data:`FETCH_Z_FLAT` or above :data:`FETCH_Z_SHARP`), where a
-small effect per token, too small to show in one completion, adds up: greedy completions of 16 tokens score about
-+3 each, four of them +6 together. The thresholds come from the false-refusal rates measured on seeded draws of
-the bundled target (``benchmarks/bench_sample_check.py``; numbers and command in ``docs/temperature.md``): the
-score's right tail is light (``s_t + H_t <= H_t``), its left tail heavy (an improbable token is a large negative
-term), hence the asymmetric thresholds.
+small effect per token, too small to show in one completion, adds up: on the bundled target at T 0.6, greedy
+completions of 16 tokens score about +2.8 each, four of them about +5 together. The left tail of the score is heavy
+(an improbable token is a large negative term), hence the flat thresholds far out. The right tail is light where
+many positions share the variance, since each term is at most ``b_t = log max q_t + H_t``; where a few positions
+carry it (a moderately likely argmax over a flat tail) it is not, so a sharp score refuses only where Freedman's
+inequality with the largest ``b_t`` also bounds its chance for a right server by :data:`SHARP_GUARANTEE`
+(:func:`freedman_tail`), whatever the distributions. The thresholds come from false-refusal rates measured on
+seeded draws of the bundled target (``benchmarks/bench_sample_check.py``; numbers and commands in
+``docs/temperature.md``).
 
 One error names what failed (support, too sharp, too flat), where (the sample ``prompt#k``, or the fetch and its
 most extreme sample), the score and its threshold, and diagnostics (mean log q against the draws' expectation, the
@@ -94,7 +98,7 @@ class SampleFit:
     expected_argmax: float  # their expected number for draws of q (the sum of max q)
     worst: int  # completion position of the least likely in-support token (-1: none)
     worst_logq: float
-    max_gain: float = 0.0  # the largest score term a draw could add at one of its positions: max_t log max q_t + H_t
+    max_gain: float  # the largest score term a draw could add at one of its positions: max_t log max q_t + H_t
 
     @property
     def n_inside(self) -> int:
@@ -328,6 +332,6 @@ def check_sampled_completions(inputs: Inputs, items: list[tuple[str, list[int], 
             f"{url} does not sample the target {s.target_model} as asked (--temperature {params.temperature:g}, "
             f"top-k {params.top_k}, top-p {params.top_p:g}, min-p {params.min_p:g}): "
             f"{describe(r, fetch, by_item[r.fit.item], inputs.tokenizer)}{others}. Other weights, another tokenizer, "
-            "other sampling settings on the server's side (a proxy that drops sampling_params keys), or a replica "
-            "behind the URL that serves something else? No completion of this fetch cached")
+            "other sampling settings on the server's side, or a replica behind the URL that serves something else? "
+            "No completion of this fetch cached")
     return fetch
