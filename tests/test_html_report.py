@@ -23,6 +23,7 @@ from dflash_eval.report.html_report import (
     render_html,
     segments,
     tau_by_position,
+    title,
 )
 from dflash_eval.testing import browser
 
@@ -71,7 +72,9 @@ def test_text_is_escaped_and_worst_prompts_come_first() -> None:
     assert "&lt;b&gt;prompt&lt;/b&gt;" in page and "FAIL (τ below its floors) — &lt;mean&gt;" in page
     assert page.index('id="p-bad"') < page.index('id="p-good"')  # the failing prompt first
     assert page.count("<script") == page.count("</script>") == 1  # the page's own script, nothing from the data
-    assert 'title="chain round 2: accept length 1; the draft at position 2 was rejected' in page
+    assert '<span class="rejected" data-p="2" data-r="2" data-a="1">' in page  # round 2 ends at position 2
+    assert title("rejected", "chain", Segment("rejected", 2, 3, 2, 1)) == (
+        "chain round 2: accept length 1; the draft at position 2 was rejected (the target's token shown)")
 
 
 # ------------------------------------------------------------------------------------------------- in a browser
@@ -178,15 +181,18 @@ def test_eval_html_of_a_bundled_run_in_a_browser(chromium, bundled_suite, tmp_pa
             (marks,) = dom.find("div", "marks", section=section["id"], data_method=method)
             assert marks[1].replace("↵", "") == comp["text"]  # the marks hold the whole text, in order
             label = "chain" if method == "chain" else "DDTree-8"
-            titles = [a["title"] for a, _ in dom.find("span", section=section["id"], method=method, data_round="1")]
-            assert titles and titles[0].startswith(f"{label} round 1: accept length {lengths[0]}; ")
+            spans = [a for a, _ in dom.find("span", section=section["id"], method=method) if "data-p" in a]
+            assert spans and all(a.get("title") for a in spans)  # every mark has its tooltip, written by the script
+            first_round = [a["title"] for a in spans if a.get("data-r") == "1"]
+            assert first_round[0].startswith(f"{label} round 1: accept length {lengths[0]}; "), first_round
     (count,) = dom.find("span", id="marks-count")
-    marked = len([a for a, _ in dom.find("span", "rejected") if a.get("data-round")])
-    assert marked > 0 and count[1].startswith(f"{marked} rejected drafts")
+    assert count[1] == f"{len(dom.find('span', 'rejected', method='chain'))} rejected drafts marked (chain)"
 
     switched = _Dom(browser.dump_dom(page, query="method=ddtree-8"))
     (body,) = [a for t, a, *_ in switched.elements if t == "body"]
     assert body.get("data-method") == "ddtree-8"
+    (count,) = switched.find("span", id="marks-count")
+    assert count[1] == f"{len(switched.find('span', 'rejected', method='ddtree-8'))} rejected drafts marked (DDTree-8)"
 
     png = browser.screenshot(page, tmp_path / "eval.png", width=1280, height=2400)
     _check_screenshot(png, (1280, 2400))

@@ -26,6 +26,7 @@ page without the texts.
 from __future__ import annotations
 
 import html
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -39,8 +40,8 @@ from dflash_eval.report.plot import worst_prompts
 from dflash_eval.report.summary import verdict_lines
 from dflash_eval.report.table_rows import acceptance_rows, budgets, category_ci_name, category_rows, tau_kinds_line
 
-__all__ = ["HTML_NAME", "BUCKET", "PROMPTS_SHOWN", "SAMPLES_SHOWN", "Segment", "segments", "tau_by_position",
-           "html_verdict_lines", "render_html", "write_html"]
+__all__ = ["HTML_NAME", "BUCKET", "PROMPTS_SHOWN", "SAMPLES_SHOWN", "TITLES", "Segment", "segments", "title",
+           "marked_text", "tau_by_position", "html_verdict_lines", "render_html", "write_html"]
 
 #: The file's name in the report folder.
 HTML_NAME = "eval.html"
@@ -72,7 +73,7 @@ class Segment:
 
 def segments(accept_lengths: Sequence[int], n: int, block_size: int | None) -> list[Segment]:
     """The roles of ``n`` completion tokens under the rounds of ``accept_lengths`` (the conventions of
-    :mod:`dflash_eval.metrics.tau`: round ``r`` starts at ``c_r``, ``c_0 = 0``, accepts the drafts of ``c_r + 1 ..
+    :mod:`dflash_eval.metrics.tau`: round ``r`` starts at ``c_r``, ``c_1 = 0``, accepts the drafts of ``c_r + 1 ..
     c_r + a_r - 1`` and the target's token at ``c_r + a_r`` ends it). Rounds that would run past the completion (data
     that does not fit it) are cut there."""
     if n <= 0:
@@ -206,8 +207,8 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, width: i
 def _position_series(rows: Iterable[dict[str, Any]], method: str, label: str, *, dashed: bool = False) -> Series:
     """τ along the response of the references of ``rows`` (pooled), as a chart series."""
     rounds = [r for row in rows for c in row.get("completions") or [] for r in round_starts(_lengths(c, method))]
-    pts = [(b * BUCKET, tau, f" (positions {b * BUCKET}–{(b + 1) * BUCKET - 1}, {n} rounds)")
-           for b, (tau, n) in tau_by_position(rounds).items()]
+    pts = [(b * BUCKET + BUCKET / 2, tau, f" (rounds starting at positions {b * BUCKET}–{(b + 1) * BUCKET - 1}: {n})")
+           for b, (tau, n) in tau_by_position(rounds).items()]  # each point at its bucket's middle
     return Series(label, pts, dashed)
 
 
@@ -258,13 +259,15 @@ def _prompt_charts(data: dict[str, Any], row: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------- text
-_TITLES = {
-    "prefill": "position {lo}: the target's token from the prefill (before any round)",
-    "accepted": "{m} round {r}: accept length {a}; drafts accepted at positions {lo}–{last}",
-    "rejected": "{m} round {r}: accept length {a}; the draft at position {lo} was rejected (the target's token shown)",
-    "bonus": "{m} round {r}: accept length {a}, the whole block; the target's bonus token at position {lo}",
-    "end": "{m} round {r}: accept length {a}; position {lo} is the last token (the loop ends, no rejection)",
-    "unreached": "positions {lo}–{last}: no round reached them (--max-blocks)",
+#: The tooltip of each mark (``title``, set by the page's script from the span's data attributes: ``data-r`` the
+#: round, ``data-a`` its accept length, ``data-p`` the first position, ``data-q`` the last; ``{m}`` the loop).
+TITLES = {
+    "prefill": "position {p}: the target's token from the prefill (before any round)",
+    "accepted": "{m} round {r}: accept length {a}; drafts accepted at positions {p}–{q}",
+    "rejected": "{m} round {r}: accept length {a}; the draft at position {p} was rejected (the target's token shown)",
+    "bonus": "{m} round {r}: accept length {a}, the whole block; the target's bonus token at position {p}",
+    "end": "{m} round {r}: accept length {a}; position {p} is the last token (the loop ends, no rejection)",
+    "unreached": "positions {p}–{q}: no round reached them (--max-blocks)",
 }
 
 
@@ -275,14 +278,20 @@ def _piece_html(text: str, kind: str) -> str:
     return e
 
 
-def marked_text(pieces: Sequence[str], accept_lengths: Sequence[int], block_size: int | None, label: str) -> str:
-    """The completion's pieces as HTML with every round's marks (:func:`segments`; ``label`` names the loop)."""
+def title(kind: str, loop: str, seg: Segment) -> str:
+    """The tooltip of a mark (:data:`TITLES`), as the page's script writes it."""
+    return TITLES[kind].format(m=loop, r=seg.round, a=seg.accept, p=seg.lo, q=seg.hi - 1)
+
+
+def marked_text(pieces: Sequence[str], accept_lengths: Sequence[int], block_size: int | None) -> str:
+    """The completion's pieces as HTML with every round's marks (:func:`segments`): one span per segment, its round,
+    accept length and positions as data attributes (the page's script turns them into its ``title``)."""
     out = []
     for s in segments(accept_lengths, len(pieces), block_size):
         text = "".join(pieces[s.lo:s.hi])
-        title = _TITLES[s.kind].format(m=label, r=s.round, a=s.accept, lo=s.lo, last=s.hi - 1)
-        rnd = f' data-round="{s.round}"' if s.round else ""
-        out.append(f'<span class="{s.kind}"{rnd} title="{html.escape(title)}">{_piece_html(text, s.kind)}</span>')
+        data = f' data-p="{s.lo}"' + (f' data-r="{s.round}" data-a="{s.accept}"' if s.round else "") + (
+            f' data-q="{s.hi - 1}"' if s.hi - s.lo > 1 else "")
+        out.append(f'<span class="{s.kind}"{data}>{_piece_html(text, s.kind)}</span>')
     return "".join(out)
 
 
@@ -293,8 +302,8 @@ def _sample_html(data: dict[str, Any], c: dict[str, Any], several: bool) -> str:
     head += [f"DDTree-{b} τ {fmt(v)}" for b, v in (c.get("ddtree") or {}).items()]
     if c.get("seed") is not None:
         head.append(f"seed {c['seed']}")
-    marks = "".join(f'<div class="marks" data-method="{m}">'
-                    f'{marked_text(c["pieces"], _lengths(c, m), block, label)}</div>' for m, label in _methods(data))
+    marks = "".join(f'<div class="marks" data-method="{m}">{marked_text(c["pieces"], _lengths(c, m), block)}</div>'
+                    for m, _ in _methods(data))
     return (f'<div class="sample"><div class="shead">{html.escape(" · ".join(head))}</div>'
             f'<div class="text">{marks}</div></div>')
 
@@ -379,6 +388,8 @@ white-space:pre-wrap;border:1px solid #ccc;background:#fafafa}
 table{border-collapse:collapse;margin:6px 0 12px;font-size:13px}
 th,td{border:1px solid #ddd;padding:3px 8px;text-align:right}th{background:#f3f3f3}
 td:first-child,th:first-child,table.index td:nth-child(2),table.index td:nth-child(3){text-align:left}
+.index-wrap{max-height:330px;overflow:auto;display:inline-block;border-bottom:1px solid #ddd}
+.index-wrap table{margin:0}.index-wrap th{position:sticky;top:0}
 .charts{display:flex;flex-wrap:wrap;gap:12px;margin:8px 0}.chart{background:#fff;border:1px solid #e3e3e3}
 .chart .grid{stroke:#eee}.chart .axis{stroke:#888}.chart .tick{font-size:10px;fill:#555}
 .chart .label{font-size:11px;fill:#333}.chart .ct{font-size:12px;font-weight:600;fill:#222}
@@ -407,29 +418,53 @@ background:#fcfcfc;border:1px solid #eee;padding:8px;max-height:520px;overflow:a
 
 _JS = """
 (function(){
-  var body=document.body, methods=[].map.call(document.querySelectorAll('input[name=method]'),function(i){
-    return i.value;});
-  function show(m){ if(methods.indexOf(m)<0){return;} body.setAttribute('data-method',m);
-    var i=document.querySelector('input[name=method][value="'+m+'"]'); if(i){i.checked=true;} }
-  var q=/[?&]method=([\\w-]+)/.exec(location.search)||/method=([\\w-]+)/.exec(location.hash);
-  if(q){show(q[1]);}
+  var body=document.body, loops=LOOPS, titles=TITLES;
+  function fill(t, v){ return t.replace(/\\{(\\w)\\}/g, function(_, k){ return v[k]; }); }
+  [].forEach.call(document.querySelectorAll('.marks span[data-p]'), function(s){
+    var t=titles[s.className]; if(!t){return;}
+    var m=loops[s.parentNode.getAttribute('data-method')]||'';
+    s.title=fill(t,{m:m, r:s.getAttribute('data-r'), a:s.getAttribute('data-a'), p:s.getAttribute('data-p'),
+                    q:s.getAttribute('data-q')||s.getAttribute('data-p')});
+  });
+  function show(m){ if(!(m in loops)){return;} body.setAttribute('data-method',m);
+    var i=document.querySelector('input[name=method][value="'+m+'"]'); if(i){i.checked=true;} count(); }
+  function count(){ var n=document.querySelectorAll('.marks[data-method="'+body.getAttribute('data-method')+
+      '"] .rejected').length, shown=document.getElementById('marks-count');
+    if(shown){shown.textContent=n+' rejected drafts marked ('+loops[body.getAttribute('data-method')]+')';} }
   [].forEach.call(document.querySelectorAll('input[name=method]'),function(i){
     i.addEventListener('change',function(){show(i.value);});});
-  var n=document.querySelectorAll('.marks .rejected').length, shown=document.getElementById('marks-count');
-  if(shown){shown.textContent=n+' rejected drafts marked over every loop and reference shown';}
+  var q=/[?&]method=([\\w-]+)/.exec(location.search)||/method=([\\w-]+)/.exec(location.hash);
+  show(q ? q[1] : 'chain');
   body.setAttribute('data-ready','1');
 })();
 """
+
+
+def _json(value: object) -> str:
+    """``value`` as a JavaScript literal inside a ``<script>`` (``</`` cannot close it)."""
+    return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
 
 
 def _method_css(data: dict[str, Any]) -> str:
     return "".join(f'body[data-method="{m}"] .marks[data-method="{m}"]{{display:block}}' for m, _ in _methods(data))
 
 
+def _shown_path(path: object) -> str:
+    """A path of the run as the page shows it: relative to the working folder when inside it (where the run was
+    started: what the user typed, not the machine's folders above it)."""
+    if not isinstance(path, str) or not path:
+        return "-"
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
 def _head_lines(data: dict[str, Any]) -> list[str]:
     s, ctx = data.get("settings") or {}, data.get("context") or {}
     drafter, target = data.get("drafter") or {}, data.get("target") or {}
-    lines = [f"drafter {drafter.get('path', '-')}", f"target {target.get('path', s.get('target_model', '-'))}"]
+    lines = [f"drafter {_shown_path(drafter.get('path'))}",
+             f"target {_shown_path(target.get('path', s.get('target_model')))}"]
     facts = [f"block size {ctx.get('block_size', '-')}", f"max new tokens {ctx.get('max_new_tokens', '-')}",
              f"{len(data.get('prompts') or {})} prompts"]
     if is_number(s.get("temperature")) and s["temperature"] > 0:
@@ -475,14 +510,14 @@ def render_html(data: dict[str, Any], verdict: Sequence[str], *, files: Sequence
         out.append(_category_charts(data))
         header, rows = acceptance_rows(data)
         if rows:
-            out.append("<h3>Acceptance per position (slot k of the block accepted / rounds)</h3>")
-            out.append(_table(header, rows))
+            out.append("<details><summary>acceptance per position and accept lengths, every prompt and category"
+                       f" (the table of eval.md)</summary>{_table(header, rows)}</details>")
     if prompts:
         order = worst_prompts(prompts, len(prompts))
         out.append(f"<h2>Prompts, worst first ({len(prompts)})</h2>")
         out.append('<p class="sub">failing prompts first, then the least room above the floor (the lowest τ without '
                    "a floor)</p>")
-        out.append(_prompt_index(data, order))
+        out.append(f'<div class="index-wrap">{_prompt_index(data, order)}</div>')
         shown = order[:PROMPTS_SHOWN]
         if len(order) > len(shown):
             out.append(f'<p class="note">the {len(order) - len(shown)} prompts after the first {len(shown)}: rows '
@@ -496,7 +531,8 @@ def render_html(data: dict[str, Any], verdict: Sequence[str], *, files: Sequence
                    ' <span class="note" id="marks-count"></span></div>')
         out.append('<p class="note">positions count completion tokens from 0; hover a mark for its round</p>')
         out += [_prompt_section(data, k, pid, prompts[pid]) for k, pid in enumerate(shown, 1)]
-    out += ["</main>", f"<script>{_JS}</script>", "</body></html>"]
+    script = _JS.replace("LOOPS", _json(dict(_methods(data)))).replace("TITLES", _json(TITLES))
+    out += ["</main>", f"<script>{script}</script>", "</body></html>"]
     return "\n".join(out) + "\n"
 
 

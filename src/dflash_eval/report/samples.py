@@ -6,7 +6,7 @@ a multi-turn prompt), the reference (``sample``: 0 at temperature 0, the sampled
 its stream ``seed``; ``source``: ``local`` or ``sglang``; its ids, text and each token's piece of the text), and the
 drafter's rounds on it: the chain loop's accept length of every verification round, its τ, and each DDTree budget's
 τ and accept lengths, with the block size and temperature that say what the numbers mean. Round ``r`` starts at
-completion position ``c_r`` (``c_0 = 0``, the prefill's token; ``c_{r+1} = c_r + a_r``), accepts the drafts of
+completion position ``c_r`` (``c_1 = 0``, the prefill's token; ``c_{r+1} = c_r + a_r``), accepts the drafts of
 positions ``c_r + 1 .. c_r + a_r - 1`` and ends with the target's token at ``c_r + a_r``: the first rejected
 draft's position unless ``a_r`` is the block size (:class:`dflash_eval.results.rows.CompletionRow`).
 

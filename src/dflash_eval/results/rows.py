@@ -9,7 +9,7 @@ of eval.json round-trips: ``Row.from_dict(row.to_dict()).to_dict() == row.to_dic
 The rows of τ: :class:`PromptRow` (eval.json's ``prompts``; the online loop's :class:`OnlineRow`, the SGLang
 server's and a sampled run's fields are optional members; :class:`CompletionRow`: each reference the prompt's τ was
 measured on, its ids, text and rounds), :class:`CategoryRow`, :class:`ConversationRow`,
-:class:`TurnRow` and their parts :class:`Acceptance` (pooled rounds) and :class:`Stat` (mean, median, t CI and its
+:class:`TurnRow` and their parts :class:`Acceptance` (pooled rounds) and :class:`Stat` (mean, median, 95 % CI and its
 method).
 The drift rows are in :mod:`dflash_eval.results.blocks`.
 """
@@ -114,7 +114,7 @@ class Acceptance(Row):
 
 @dataclass
 class Stat(Row):
-    """Mean, median and 95 % CI of τ over ``n`` prompts, and the CI's method (``t over prompts``;
+    """Mean, median and 95 % CI of τ over ``n`` prompts, and the CI's method (``Hall t over prompts``;
     :class:`dflash_eval.metrics.stats.Summary`; absent from an eval.json written before it was recorded)."""
 
     n: int
@@ -147,7 +147,7 @@ class CompletionRow(Row):
     ``reports/samples.jsonl``): ``sample`` 0 at temperature 0, the sampled reference's index above it (``seed``: its
     stream seed); where it came from (``local``, ``sglang``); its token ids, decoded text and each token's piece of
     that text (``pieces``, joining to ``text``); the chain loop's accept length of every verification round on it,
-    its τ, and each DDTree budget's τ and accept lengths. Round ``r`` starts at completion position ``c_r`` (``c_0 =
+    its τ, and each DDTree budget's τ and accept lengths. Round ``r`` starts at completion position ``c_r`` (``c_1 =
     0``, the prefill's token; ``c_{r+1} = c_r + a_r``): it accepts the drafts of positions ``c_r + 1 .. c_r + a_r - 1``
     and its bonus token at ``c_r + a_r`` is where the first draft was rejected, unless ``a_r`` is the block size."""
 
