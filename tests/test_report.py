@@ -128,9 +128,9 @@ def test_category_tables_and_floors(tmp_path):
     cats = data["categories"]
     assert set(cats) == {"c", "code", "all"} and cats["c"]["n"] == 2 and cats["all"]["n"] == 3
     assert cats["c"]["chain"]["mean"] == 1.5 and cats["c"]["chain"]["median"] == 1.5
-    lo, hi = cats["c"]["chain"]["ci95"]  # Student's t over 2 prompts: 1.5 ± t(0.975, 1) 0.5, t(0.975, 1) = 12.7062
+    lo, hi = cats["c"]["chain"]["ci95"]  # 2 prompts: no skewness, Student's t: 1.5 ± t(0.975, 1) 0.5 = 12.7062 x 0.5
     assert (lo, hi) == pytest.approx((1.5 - 12.706205 * 0.5, 1.5 + 12.706205 * 0.5))
-    assert cats["c"]["chain"]["ci_method"] == "t over prompts"
+    assert cats["c"]["chain"]["ci_method"] == "Hall t over prompts"
     assert all(math.isnan(x) for x in cats["code"]["chain"]["ci95"])  # one prompt: no interval
     assert cats["c"]["ddtree"]["8"]["mean"] == 2.0 and cats["c"]["passed"] is None
     header, rows = report.category_rows(data)

@@ -16,7 +16,8 @@ from dflash_eval import report
 from dflash_eval.metrics.sampled_ci import sampled_mean, spread
 from dflash_eval.report.strict_json import dumps_strict
 
-TAUS = {"a": [1.2, 1.6, 1.4, 1.8], "b": [2.0, 2.4, 2.2, 2.6], "c": [1.0, 1.1, 1.0, 1.3]}
+# prompt means 1.5, 2.3, 0.7: symmetric, so the interval over them is Student's t (no skewness to correct)
+TAUS = {"a": [1.2, 1.6, 1.4, 1.8], "b": [2.0, 2.4, 2.2, 2.6], "c": [0.6, 0.7, 0.6, 0.9]}
 
 
 def _row(pid: str, taus: list[float], *, sampled: bool) -> dict:
@@ -49,7 +50,7 @@ def test_sampled_block_is_the_t_ci_over_prompt_means_and_validates() -> None:
     assert s["chain"]["mean"] == pytest.approx(grand)
     # Student's t with 2 degrees of freedom: t(0.975, 2) = 4.302653 (tables)
     assert s["chain"]["ci95"] == pytest.approx([grand - 4.302653 * se, grand + 4.302653 * se], rel=1e-6)
-    assert s["chain"]["ci_method"] == "t over prompts"
+    assert s["chain"]["ci_method"] == "Hall t over prompts"
     # one interval for one number: the category table's "all" row of the same run holds the same one
     assert s["chain"]["ci95"] == pytest.approx(doc["categories"]["all"]["chain"]["ci95"])
     assert s["chain"]["sd_within"] == pytest.approx(math.sqrt(statistics.fmean(statistics.variance(v)
@@ -86,6 +87,6 @@ def test_eval_md_and_terminal_show_the_ci_of_a_sampled_run_with_its_method() -> 
     want = f"chain {s['mean']:.3f} ({s['ci95'][0]:.3f}..{s['ci95'][1]:.3f})"
     md = report.render_markdown(doc)
     assert "sampled at T=0.6: 3 prompts x 4 samples" in md and want in md and "online " in md
-    assert "95 % CI (t over prompts): chain" in md and "nested" not in md
+    assert "95 % CI (Hall t over prompts): chain" in md and "nested" not in md
     assert want in report.render_terminal(doc, width=400)
     assert "sampled at" not in report.render_markdown(_merged(False))

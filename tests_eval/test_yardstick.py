@@ -1,6 +1,6 @@
 """τ of the drafter against ``--reference-drafter`` (a released drafter of the same target) on the same prompts.
 
-The reference's τ and the paired difference (drafter - reference, per prompt, paired t 95 % CI over the prompts) are
+The reference's τ and the paired difference (drafter - reference, per prompt, paired 95 % CI over the prompts) are
 reported beside the drafter's (eval.json ``drafter.reference``); the test fails when the drafter is worse than the
 reference beyond noise (the whole CI below 0; a single prompt gives no interval, and no evidence). The architecture
 comparison against the reference is ``test_checkpoint.py::test_matches_reference_drafter``.

@@ -1,8 +1,9 @@
 """Comparing a run's τ with a baseline: an earlier reports/eval.json (the last good checkpoint), prompt by prompt.
 
 The comparison is paired over the prompts both runs have: the mean of the per-prompt differences (this run minus
-the baseline), its paired t 95 % confidence interval (:func:`dflash_eval.metrics.stats.paired_difference`) and the
-change relative to the baseline's mean over the same prompts. Two rules, each its own test:
+the baseline), its paired 95 % confidence interval (skew-corrected t,
+:func:`dflash_eval.metrics.stats.paired_difference`) and the change relative to the baseline's mean over the same
+prompts. Two rules, each its own test:
 
 - drop: the run fails when mean chain τ fell by more than ``--baseline-drop-tol`` (relative);
 - ceiling: the run fails when mean chain τ rose by more than ``--baseline-rise-tol`` (relative): τ that jumps up is
@@ -80,7 +81,7 @@ class BaselineComparison:
 
     @property
     def diff(self) -> Summary:
-        """Summary (mean, median, paired t 95 % CI) of the paired differences this run - baseline."""
+        """Summary (mean, median, paired skew-corrected t 95 % CI) of the paired differences this run - baseline."""
         return paired_difference({p: a for p, (_, a) in self.deltas.items()},
                                  {p: b for p, (b, _) in self.deltas.items()})
 

@@ -1,13 +1,14 @@
 """eval.json's ``sampled`` block of a run at temperature > 0, on plain numbers (no torch: the report merge uses it):
 the mean over prompts of each prompt's mean over its samples, with its 95 % CI and the two stages of its spread.
 
-The CI is the suite's one interval of a mean over prompts (:func:`dflash_eval.metrics.stats.summarize`: Student's t
-over the prompt means). With n prompts of S samples each, ``Var(grand mean) = (σ_between² + σ_within² / S) / n``,
-and the sample variance of the prompt means estimates exactly that, so the t interval over them covers both
-stages; it is the same interval as the per-category table's ``all`` row of the same run. (A two-stage bootstrap,
-prompts resampled and then each drawn prompt's samples, counts the within-prompt variance twice and was up to a
-quarter wider than needed: ``benchmarks/bench_coverage.py``.) :func:`spread` gives the two stages, which say
-whether more samples or more prompts narrow the interval (:func:`dflash_eval.metrics.sampled_tau.samples_for_width`).
+The CI is the suite's one interval of a mean over prompts (:func:`dflash_eval.metrics.stats.summarize`: Student's
+t corrected for skewness, over the prompt means). With n prompts of S samples each, ``Var(grand mean) =
+(σ_between² + σ_within² / S) / n``, and the sample variance of the prompt means estimates exactly that, so the
+interval over them covers both stages; it is the same interval as the per-category table's ``all`` row of the same
+run. (A two-stage bootstrap, prompts resampled and then each drawn prompt's samples, counts the within-prompt
+variance twice and was up to a quarter wider than needed: ``benchmarks/bench_coverage.py``.) :func:`spread` gives
+the two stages, which say whether more samples or more prompts narrow the interval
+(:func:`dflash_eval.metrics.sampled_tau.samples_for_width`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ __all__ = ["sampled_mean", "spread", "sampled_summary"]
 
 
 def sampled_mean(per_prompt: Mapping[str, Sequence[float]]) -> Summary:
-    """The mean over prompts of each prompt's mean over its samples, with the t 95 % CI over the prompt means
-    (prompts without a sample are left out)."""
+    """The mean over prompts of each prompt's mean over its samples, with the skew-corrected t 95 % CI over the
+    prompt means (prompts without a sample are left out)."""
     return summarize([statistics.fmean(float(v) for v in vs) for vs in per_prompt.values() if vs])
 
 
@@ -50,8 +51,8 @@ def _block(per_prompt: Mapping[str, Sequence[float]]) -> dict[str, Any]:
 def sampled_summary(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
     """eval.json's ``sampled`` block of a run at temperature > 0 (None for a greedy run): the samples per prompt
     and, for the chain, each DDTree budget and, with ``--online-tau``, the online loop, the mean over prompts of each
-    prompt's mean over samples with its t CI over the prompt means (:func:`sampled_mean`) and the two stages of the
-    spread (:func:`spread`)."""
+    prompt's mean over samples with its skew-corrected t CI over the prompt means (:func:`sampled_mean`) and the two
+    stages of the spread (:func:`spread`)."""
     if not rows or not all("sample_tau" in r for r in rows.values()):
         return None
     out: dict[str, Any] = {"prompts": len(rows), "samples": sum(r["samples"] for r in rows.values()),

@@ -7,7 +7,7 @@ greedy reference (:mod:`dflash_eval.metrics.tau`), which equals the online loop 
 (``docs/temperature.md``). A prompt's τ is the mean of its samples' τ (:class:`SampledTau`); its rounds are the
 samples' rounds pooled, so histograms and per-position acceptance rates are those of every sampled round.
 
-Confidence intervals: over a prompt's samples (:func:`sample_ci`: Student's t over the samples), and for a mean
+Confidence intervals: over a prompt's samples (:func:`sample_ci`: skew-corrected t over the samples), and for a mean
 over prompts the t interval over the prompt means (:func:`sampled_mean`), which covers both stages of the spread
 (:mod:`dflash_eval.metrics.sampled_ci`).
 
@@ -77,7 +77,7 @@ def pool_samples(samples: Sequence[TauResult], block_size: int, method: str) -> 
 
 
 def sample_ci(values: Sequence[float]) -> Summary:
-    """Mean and t 95 % CI over one prompt's samples (method ``t over samples``)."""
+    """Mean and skew-corrected t 95 % CI over one prompt's samples (method ``Hall t over samples``)."""
     return summarize(values, over="samples")
 
 

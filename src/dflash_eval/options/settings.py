@@ -172,7 +172,8 @@ class EvalSettings:
                                         "dtype, backend) with a warning instead of refusing it", "bool",
                                         commands=_RUN_GATE, affects_tau=False)
     baseline: Path | None = opt(None, "an earlier reports/eval.json: compare this run's chain τ prompt by prompt "
-                                "(paired, t CI over prompts); test_baseline_tau_drop / test_baseline_tau_ceiling",
+                                "(paired, skew-corrected t CI over prompts); test_baseline_tau_drop / "
+                                "test_baseline_tau_ceiling",
                                 "path", commands=_RUN_GATE, affects_tau=False)
     baseline_drop_tol: float = opt(0.02, "largest relative drop of the paired mean chain τ against --baseline that "
                                    "still passes", "float", commands=_RUN_GATE, affects_tau=False)

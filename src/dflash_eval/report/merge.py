@@ -22,7 +22,7 @@ eval.json (schema 1; documented in docs/reference.md)::
      "tau_definitions": {"macro", "pooled"} (what each τ is, and who else reports it),
      "sampled": {"prompts", "samples", "chain": {"n", "mean", "median", "ci95": [lo, hi], "ci_method",
                                                 "sd_between", "sd_within"}, "ddtree": {budget: {...}},
-                 "online": {...}} (--temperature > 0: t CI over the prompt means; prompt rows add "samples",
+                 "online": {...}} (--temperature > 0: Hall t CI over the prompt means; prompt rows add "samples",
                 "sample_tau", "sample_ci95", "sample_ci_method", "ddtree_sample_tau"),
      "categories": {category | "all": {"n", "chain": {"n", "mean", "median", "ci95": [lo, hi], "ci_method"},
                     "ddtree": {budget: {...same...}}, "floor", "ddtree_floor": {budget: floor}, "passed",

@@ -4,7 +4,7 @@ reads through :func:`dflash_eval.common.number_text.fmt`, :mod:`.render` writes 
 - τ: one row per prompt with its floors and verdict plus the (macro) mean row, the line naming the macro and the
   pooled τ of the run (:func:`tau_kinds_line`), one row per category (mean, median, 95 % CI, per DDTree budget too),
   the line on the ``--baseline`` comparison, and at temperature > 0 the line of the mean over samples;
-- every CI is printed with its method (:func:`ci_name`: ``95 % CI (t over prompts)``);
+- every CI is printed with its method (:func:`ci_name`: ``95 % CI (Hall t over prompts)``);
 - per-position acceptance and the multi-turn conversations;
 - hidden-state drift, the drift budget's ladder and its gate;
 - one small table per registered measurement."""
@@ -50,7 +50,7 @@ def _ci(s: dict[str, Any] | None) -> str:
 
 
 def ci_name(block: dict[str, Any] | None) -> str:
-    """``95 % CI (t over prompts)``: the level and the method of the interval of an eval.json block with ``ci95``
+    """``95 % CI (Hall t over prompts)``: the level and the method of the interval of an eval.json block with ``ci95``
     (its ``ci_method``; an eval.json written before methods were recorded used the percentile bootstrap)."""
     return f"95 % CI ({(block or {}).get('ci_method') or _UNNAMED_CI})"
 
@@ -364,7 +364,7 @@ def _part(label: str, s: dict[str, Any]) -> str:
 
 def sampled_line(data: dict[str, Any]) -> str | None:
     """``sampled at T=0.6: 8 prompts x 4 samples; macro mean τ over prompts of each prompt's mean over its samples,
-    95 % CI (t over prompts): chain ...; spread of chain τ: sd between prompts ..., within a prompt ...``."""
+    95 % CI (Hall t over prompts): chain ...; spread of chain τ: sd between prompts ..., within a prompt ...``."""
     s = data.get("sampled")
     if not s:
         return None

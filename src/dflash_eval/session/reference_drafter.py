@@ -4,7 +4,7 @@
 evaluated once per process on the shared completions and features (:meth:`ReferenceTau.measure`, asked for by
 :meth:`dflash_eval.session.eval_session.EvalSession.reference_tau`, which owns it); every drafter's
 result then carries ``drafter.reference`` (eval.json, gate.json, the history): the reference's mean chain and DDTree
-τ and, paired over the prompts both have, the mean difference drafter - reference with its paired t 95 % CI
+τ and, paired over the prompts both have, the mean difference drafter - reference with its paired 95 % CI
 (:func:`dflash_eval.metrics.stats.paired_difference`, as :mod:`dflash_eval.metrics.baseline` pairs a run with its
 baseline). The architecture comparison against the reference
 stays its own test (``tests_eval/test_checkpoint.py``).

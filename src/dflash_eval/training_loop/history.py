@@ -2,7 +2,7 @@
 report folder by default).
 
 A record holds the step, the time, the drafter (label and weight fingerprint), mean chain τ and each DDTree
-budget's mean τ (macro means over prompts) with their 95 % CIs (``ci_method``: t over prompts), the pooled τ
+budget's mean τ (macro means over prompts) with their 95 % CIs (``ci_method``: Hall t over prompts), the pooled τ
 (accepted tokens / verification rounds over every round: ``mean_tau_pooled``, ``mean_ddtree_pooled``), the same
 per category, every prompt's chain τ (what the verdicts
 across steps pair, :mod:`dflash_eval.training_loop.trend`), the drift budget when measured, the reference drafter's

@@ -313,8 +313,9 @@ def plateau(record: _Record, earlier: Sequence[_Record], window: int, *,
     limit = c * noise.scale(d)
     if d.mean > limit:
         return None
+    against = f"the mean of the {len(before)} before them" if len(before) > 1 else "the one before them"
     return (f"plateau: no gain beyond noise over the last {window} checkpoints ({_span(seq[-window:])}) against "
-            f"the mean of the {len(before)} before them ({_span(before)}; τ {fmt(_mean(ref))}): the largest, "
+            f"{against} ({_span(before)}; τ {fmt(_mean(ref))}): the largest, "
             f"{_name(r)}, paired Δ {fmt(d.mean, 3, '+f')} <= {fmt(limit, 3, '+f')} ({fmt(c, 2)} × "
             f"{fmt(noise.scale(d))}, {noise.words()}; {fmt(c, 2)}: the one-sided {fmt(100 * (1 - alpha), 0)} % "
             f"limit for the best of {len(recent)} against the mean of {len(before)})")
