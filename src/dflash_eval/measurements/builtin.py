@@ -3,7 +3,8 @@ those registered in code (:func:`dflash_eval.measurements.registry.register`), l
 
 The built-in ones: ``tau`` (chain and DDTree τ on the greedy references, per feature side), ``tau_sampled`` (τ on
 the sampled references at temperature > 0), ``drift_budget`` (the drafter's drift budget), ``online`` and
-``online_sampled`` (the real speculative loop on the greedy or sampled references).
+``online_sampled`` (the real speculative loop on the greedy or sampled references), ``round_costs`` (the costs
+of a speculative round and of a plain decoding step, timed on the run's device: the predicted speed-up).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dflash_eval.measurements.budget_ladder import DriftBudgetLadder
 from dflash_eval.measurements.online_greedy import OnlineGreedy
 from dflash_eval.measurements.online_sampled import OnlineSampled
 from dflash_eval.measurements.registry import Measurement, register, registered_here
+from dflash_eval.measurements.round_costs import RoundCostsMeasurement
 from dflash_eval.measurements.tau_greedy import GreedyTau
 from dflash_eval.measurements.tau_sampled import SampledTauMeasurement
 
@@ -23,7 +25,8 @@ __all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "registered", "spec"]
 ENTRY_POINT_GROUP = "dflash_eval.measurements"
 
 BUILTIN: dict[str, Measurement] = {m.name: m for m in (GreedyTau(), SampledTauMeasurement(), DriftBudgetLadder(),
-                                                       OnlineGreedy(), OnlineSampled())}
+                                                       OnlineGreedy(), OnlineSampled(),
+                                                       RoundCostsMeasurement())}
 _loaded = False
 
 

@@ -167,6 +167,11 @@ class EvalSettings:
                                   affects_tau=False)
     tau_floor_prompt: float | None = opt(None, "floor of EVERY prompt's chain and DDTree τ (replaces the floors "
                                          "file's per-prompt floors)", "float", commands=_RUN_GATE, affects_tau=False)
+    speedup_floor: float | None = opt(None, "floor of the PREDICTED chain speed-up over plain decoding (mean τ x "
+                                      "the cost of a plain step / the cost of a round, both timed on this run's "
+                                      "device and dtype; docs/speedup.md): test_predicted_speedup and the gate fail "
+                                      "below it; valid only for the device it was measured on", "float",
+                                      commands=_RUN_GATE, affects_tau=False)
     allow_settings_mismatch: bool = opt(False, "use a floors file or --baseline recorded with other τ-relevant "
                                         "settings (target, max_new_tokens, block size, chat template, thinking, "
                                         "dtype, backend) with a warning instead of refusing it", "bool",

@@ -83,12 +83,16 @@ def check_sglang(s: CheckedSettings) -> None:
 
 
 def check_tolerances(s: CheckedSettings) -> None:
-    """Margins and tolerances that must not be negative."""
+    """Margins and tolerances that must not be negative; ``--speedup-floor`` a finite speed-up above 0."""
     if s.tau_margin < 0:
         raise ConfigError(f"--tau-margin must be >= 0, got {s.tau_margin}")
     for name in ("baseline_drop_tol", "baseline_rise_tol", "drift_budget_tol", "drift_budget_safety"):
         if not getattr(s, name) >= 0:
             raise ConfigError(f"{_flag(name)} must be >= 0, got {getattr(s, name)}")
+    floor = getattr(s, "speedup_floor", None)
+    if floor is not None and not 0 < floor < float("inf"):
+        raise ConfigError(f"--speedup-floor must be a finite speed-up > 0 (e.g. 1.5: 1.5 times plain decoding), "
+                          f"got {floor}")
 
 
 def check_fault(s: CheckedSettings) -> None:

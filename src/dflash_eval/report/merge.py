@@ -53,7 +53,12 @@ eval.json (schema 1; documented in docs/reference.md)::
      "tests": {"counts": {outcome: n}, "outcomes": {nodeid: outcome}},
      "diagnoses": [line] (named causes of a failing run, dflash_eval.metrics.verdict.diagnoses; absent when none),
      "measurements": {name: {"summary": {...}, "rows": [[label, value], ...]}} (blocks of measurements registered
-                     by plugins; of the workers' blocks of one name the first non-empty one; absent when none)}
+                     by plugins; of the workers' blocks of one name the first non-empty one; absent when none),
+     "speedup": {"device", "device_kind", "dtype", "backend", "threads", "context_len", "block_size",
+                 "plain_tokens_per_s", "costs": {part: s, ...}, "cached", "strategies": {"chain" | "ddtree-N":
+                 {"strategy", "loop", "tau", "tau_ci", "round_s", "parts", "speedup", "speedup_ci", "tokens_per_s",
+                 "tokens_per_s_ci"}}, "best", "best_budget", "loop": {"chain": {...}}, "assumptions", "floor",
+                 "passed"} (the predicted speed-up, test_predicted_speedup; docs/speedup.md)}
 
 A drafter refused by architecture checks adds ``"refused": [{"check", "message"}]`` to "drafter" and
 ``"mean_passed": false``.
@@ -148,7 +153,7 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
     and ``skipped`` (node id -> skip reason) of the suite's tests go to ``tests`` and ``not_checked``."""
     out: dict[str, Any] = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     for key in ("settings", "target", "drafter", "provenance", "context", "fingerprint", "sglang", "baseline",
-                "drift_budget"):
+                "drift_budget", "speedup"):
         for f in fragments:
             if f.get(key):
                 out[key] = f[key]

@@ -1,0 +1,299 @@
+"""From τ to speed: predicted speed-up and tokens/s of each decoding strategy on the device the costs were measured on.
+
+τ (accepted tokens per verification round) is what the suite measures; what a researcher decides on is speed. A
+round of speculative decoding costs more than a plain decoding step: the drafter's block pass, a target forward over
+more tokens, the work around them. With the costs of one round and of one plain step measured on the run's own
+device and dtype (:class:`RoundCosts`, measured by :mod:`dflash_eval.measurements.round_costs`)::
+
+    speed-up(τ)  = τ x step / round(τ)          tokens/s(τ) = τ / round(τ) = speed-up(τ) / step
+
+``step`` is one plain greedy decoding step of the target (a forward over one token with its cache, the argmax);
+``round(τ)`` is the sum of the round's parts (:func:`round_parts`), for two ways of running the loop:
+
+- ``server`` (the prediction the reports show): how a serving engine runs it. The drafter's context keys and values
+  are cached and grow by the committed positions; the target verifies the block (chain: B tokens) or the tree
+  (DDTree-N: N + 1 tokens under the tree's attention mask) in one forward; the linear-attention (Gated DeltaNet)
+  layers keep the state after every verified token and the accepted one is copied into the request's state, so
+  nothing is re-run. Parts: ``draft`` (block pass, lm_head), ``tree_build`` (DDTree: top-k, the best-first tree, its
+  mask), ``verify`` (the target forward and its argmax), ``accept`` (comparison, or the walk down the tree),
+  ``append`` (the drafter's context keys and values of the τ committed positions), ``state_select`` (one copy of
+  every linear-attention layer's state).
+- ``loop`` (this project's online loop, :mod:`dflash_eval.metrics.online_loop`, chain only): the drafter recomputes
+  its context's keys and values every round (``draft_full``), the target cache is copied before the verify
+  (``snapshot``) and the τ committed tokens are run again from the copy (``commit``); ``project`` is the projection
+  of their features. What ``benchmarks/bench_speedup.py`` times against plain decoding, to check the arithmetic.
+
+Costs that depend on how many tokens a round commits (``append``, ``project``, ``commit``) are measured at 1 and at B
+tokens and interpolated linearly at τ. Every cost is a median of repeated timings at one context length, the
+token-weighted mean position of the run's completions (:func:`mean_context`): the costs that grow with the context
+(attention over the KV cache) are linear in it, so their mean over a generation is their value at the mean position.
+
+The confidence interval carries τ's over: ``round(τ)`` grows with τ more slowly than τ itself (only the commit-sized
+parts do), so the speed-up is increasing in τ and the interval of mean τ over prompts (the t 95 % CI of the
+per-category table) maps through the formula to an interval of the speed-up at mean τ with the same coverage. It does
+not include the timing noise, reported beside the costs (``spread``: the interquartile range over the median).
+
+What the prediction leaves out (batching and concurrency, a server's scheduler and HTTP overheads, CUDA graphs,
+sampling at temperature > 0): ``docs/speedup.md``.
+
+Example::
+
+    costs = RoundCosts.from_dict(data["speedup"]["costs"])
+    p = predict(costs, "chain", 4.3, (4.1, 4.5))
+    print(p.speedup, p.speedup_ci, p.tokens_per_s)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from dflash_eval.metrics.verdict import passes
+
+__all__ = ["LOOPS", "RoundCosts", "Prediction", "round_parts", "predict", "mean_context", "context_bucket",
+           "strategy_name", "budget_of", "speedup_block", "best_strategy", "floor_reason", "ASSUMPTIONS"]
+
+Loop = Literal["server", "loop"]
+#: A CI of mean τ: [low, high] (a bound None or NaN: unknown), or None.
+TauCI = Sequence[float | None] | None
+#: The two ways of running the speculative loop a round's cost is predicted for (module docstring).
+LOOPS: tuple[Loop, ...] = ("server", "loop")
+
+#: What the prediction assumes, in eval.json's ``speedup.assumptions`` (docs/speedup.md explains each).
+ASSUMPTIONS = (
+    "batch size 1: one request decoding alone, no other request sharing the forwards",
+    "costs measured with this implementation (transformers' modeling code, eager PyTorch, no CUDA graphs); a serving "
+    "engine's own kernels, graphs and scheduler change every part",
+    "DDTree verifies N + 1 tokens in one forward with the tree's attention mask on the attention layers; the "
+    "linear-attention (Gated DeltaNet) layers are timed as a k-token forward: a tree verify advances each node's "
+    "recurrent state from its parent's (SGLang: retrieve_parent_token) at the cost of k recurrent steps, and only "
+    "the accepted path's state is kept (a copy per layer: state_select)",
+    "costs at one context length, the token-weighted mean position of the run's completions",
+    "greedy verification; τ from the offline simulation on the run's references",
+)
+
+
+def _lerp(pair: Sequence[float], tau: float, block_size: int) -> float:
+    """The cost of committing ``tau`` tokens, from its costs at 1 and at ``block_size`` tokens (``pair``): linear in
+    between, clamped to [1, B]."""
+    lo, hi = float(pair[0]), float(pair[1])
+    if block_size <= 1 or math.isnan(tau):
+        return lo
+    f = (min(max(tau, 1.0), float(block_size)) - 1.0) / (block_size - 1)
+    return lo + (hi - lo) * f
+
+
+def strategy_name(budget: int | None) -> str:
+    """``chain`` (budget None) or ``ddtree-<N>``: a strategy's name in eval.json and the reports."""
+    return "chain" if budget is None else f"ddtree-{budget}"
+
+
+def budget_of(strategy: str) -> int | None:
+    """The DDTree budget of a strategy's name (None: the chain)."""
+    return None if strategy == "chain" else int(strategy.removeprefix("ddtree-"))
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """Seconds of each part of a round and of a plain decoding step on one device, dtype and context length; each
+    the median of ``repeats`` timings after ``warmup`` untimed ones (module docstring). ``spread``: per part, the
+    interquartile range of its timings over their median."""
+
+    device: str
+    device_kind: str
+    dtype: str
+    backend: str
+    threads: int
+    context_len: int
+    block_size: int
+    repeats: int
+    warmup: int
+    step: float
+    verify: float
+    draft: float
+    accept: float
+    append: tuple[float, float]
+    state_select: float
+    tree_verify: dict[int, float] = field(default_factory=dict)
+    tree_build: dict[int, float] = field(default_factory=dict)
+    tree_accept: dict[int, float] = field(default_factory=dict)
+    draft_full: float = math.nan
+    snapshot: float = math.nan
+    project: tuple[float, float] = (math.nan, math.nan)
+    spread: dict[str, float] = field(default_factory=dict)
+    seconds: float = math.nan  # the measurement's own wall time
+
+    @property
+    def budgets(self) -> tuple[int, ...]:
+        return tuple(sorted(self.tree_verify))
+
+    @property
+    def plain_tokens_per_s(self) -> float:
+        """Tokens per second of plain greedy decoding (one token a step)."""
+        return 1.0 / self.step if self.step > 0 else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("tree_verify", "tree_build", "tree_accept"):
+            d[k] = {str(b): v for b, v in d[k].items()}
+        d["append"], d["project"] = list(self.append), list(self.project)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RoundCosts:
+        """The costs of :meth:`to_dict` (or of eval.json, where strict JSON wrote a NaN as null)."""
+        kw: dict[str, Any] = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        for k in ("tree_verify", "tree_build", "tree_accept"):
+            kw[k] = {int(b): _num(v) for b, v in (kw.get(k) or {}).items()}
+        for k in ("append", "project"):
+            if k in kw:
+                kw[k] = tuple(_num(x) for x in kw[k])
+        for k in ("step", "verify", "draft", "accept", "state_select", "draft_full", "snapshot", "seconds"):
+            if k in kw:
+                kw[k] = _num(kw[k])
+        kw["spread"] = {k: _num(v) for k, v in (kw.get("spread") or {}).items()}
+        return cls(**kw)
+
+
+def _num(v: object) -> float:
+    """A number as eval.json holds it (strict JSON: NaN written as null)."""
+    return math.nan if v is None else float(v)  # type: ignore[arg-type]  # a JSON number
+
+
+def round_parts(costs: RoundCosts, budget: int | None, tau: float, loop: Loop = "server") -> dict[str, float]:
+    """Seconds of each part of one round of ``budget``'s strategy (None: the chain) committing ``tau`` tokens on
+    average (module docstring); their sum is the round's cost. KeyError for a budget the costs were not measured
+    for; ValueError for a DDTree in the ``loop`` model (this project's online loop runs the chain only)."""
+    b = costs.block_size
+    if loop == "loop":
+        if budget is not None:
+            raise ValueError("this project's online loop runs the chain only: no loop cost of a DDTree round")
+        return {"draft": costs.draft_full, "project": _lerp(costs.project, tau, b), "snapshot": costs.snapshot,
+                "verify": costs.verify, "accept": costs.accept,
+                "commit": _lerp((costs.step, costs.verify), tau, b)}
+    parts = {"draft": costs.draft}
+    if budget is None:
+        parts.update(verify=costs.verify, accept=costs.accept)
+    else:
+        parts.update(tree_build=costs.tree_build[budget], verify=costs.tree_verify[budget],
+                     accept=costs.tree_accept[budget])
+    parts.update(append=_lerp(costs.append, tau, b), state_select=costs.state_select)
+    return parts
+
+
+def _speedup(costs: RoundCosts, budget: int | None, tau: float, loop: Loop) -> tuple[float, float]:
+    """(speed-up, round seconds) at ``tau``."""
+    if tau is None or math.isnan(tau):
+        return math.nan, math.nan
+    r = sum(round_parts(costs, budget, tau, loop).values())
+    return tau * costs.step / r, r
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One strategy's predicted speed (module docstring): τ with its CI, the round's cost and parts, the speed-up
+    over plain decoding and the tokens per second, each with the interval τ's CI maps to."""
+
+    strategy: str
+    loop: str
+    tau: float
+    tau_ci: list[float]
+    round_s: float
+    parts: dict[str, float]
+    speedup: float
+    speedup_ci: list[float]
+    tokens_per_s: float
+    tokens_per_s_ci: list[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _interval(values: Sequence[float | None]) -> list[float]:
+    return [math.nan if v is None else float(v) for v in values]
+
+
+def predict(costs: RoundCosts, strategy: str, tau: float, tau_ci: TauCI = None,
+            loop: Loop = "server") -> Prediction:
+    """The predicted speed of ``strategy`` (``chain`` or ``ddtree-<N>``) at mean τ ``tau`` with its CI ``tau_ci``
+    (NaN bounds: none; the interval maps through the formula, which increases with τ)."""
+    budget = budget_of(strategy)
+    lo, hi = _interval(tau_ci or (None, None))
+    s, r = _speedup(costs, budget, tau, loop)
+    s_lo, s_hi = _speedup(costs, budget, lo, loop)[0], _speedup(costs, budget, hi, loop)[0]
+    per_s = costs.plain_tokens_per_s
+    parts = round_parts(costs, budget, tau, loop) if not math.isnan(tau) else {}
+    return Prediction(strategy, loop, tau, [lo, hi], r, parts, s, [s_lo, s_hi], s * per_s, [s_lo * per_s, s_hi * per_s])
+
+
+def mean_context(lengths: Sequence[tuple[int, int]]) -> float:
+    """The token-weighted mean position at which the target decodes the completions: for each (prompt tokens P,
+    completion tokens N) the positions P .. P + N - 1, every token weighted alike (NaN when there is none)."""
+    tokens = sum(n for _, n in lengths)
+    if tokens <= 0:
+        return math.nan
+    return sum(n * (p + (n - 1) / 2) for p, n in lengths) / tokens
+
+
+#: The context lengths costs are measured at are rounded up to a multiple of this many tokens: runs whose
+#: completions differ by a few tokens share one cache entry (attention's cost changes by far less over 64 tokens).
+CONTEXT_STEP = 64
+
+
+def context_bucket(mean: float, step: int = CONTEXT_STEP) -> int:
+    """The context length the costs are measured at: ``mean`` rounded up to a multiple of ``step`` (at least one)."""
+    if math.isnan(mean) or mean <= 0:
+        return step
+    return int(math.ceil(mean / step) * step)
+
+
+def best_strategy(predictions: Mapping[str, Prediction]) -> str | None:
+    """The strategy with the highest predicted speed-up (None when none is a number)."""
+    known = {k: p.speedup for k, p in predictions.items() if not math.isnan(p.speedup)}
+    return max(known, key=lambda k: known[k]) if known else None
+
+
+def floor_reason(block: Mapping[str, Any]) -> str | None:
+    """Why the predicted chain speed-up fails ``--speedup-floor`` (eval.json's ``speedup`` block: ``floor`` and
+    ``strategies.chain.speedup``); None when it passes or no floor was given. The floor is judged like a τ floor
+    (:func:`dflash_eval.metrics.verdict.passes`: a missing or NaN speed-up fails)."""
+    floor = block.get("floor")
+    if floor is None:
+        return None
+    chain = (block.get("strategies") or {}).get("chain") or {}
+    value = chain.get("speedup")
+    if passes(value, floor):
+        return None
+    lo, hi = (chain.get("speedup_ci") or [None, None])[:2]
+    return (f"predicted chain speed-up {_x(value)} (95 % CI [{_x(lo)}, {_x(hi)}] from τ's) < --speedup-floor "
+            f"{floor:g} on {block.get('device', '?')} ({block.get('dtype', '?')}, context {block.get('context_len')})")
+
+
+def _x(v: object) -> str:
+    return "-" if not isinstance(v, (int, float)) or math.isnan(float(v)) else f"{float(v):.2f}x"
+
+
+def speedup_block(costs: RoundCosts, chain: tuple[float, TauCI], ddtree: Mapping[int, tuple[float, TauCI]], *,
+                  floor: float | None = None, cached: bool = False) -> dict[str, Any]:
+    """eval.json's ``speedup``: the costs, every strategy's prediction (``strategies``: chain and each DDTree budget
+    of ``ddtree`` that the costs hold, the ``server`` model), the chain under this project's online loop
+    (``loop``), the best strategy and the best DDTree budget, the floor and its verdict. ``chain`` and ``ddtree``
+    give mean τ and its CI."""
+    preds = {"chain": predict(costs, "chain", *chain)}
+    for b, (tau, ci) in sorted(ddtree.items()):
+        if b in costs.tree_verify:
+            preds[strategy_name(b)] = predict(costs, strategy_name(b), tau, ci)
+    trees = {k: p for k, p in preds.items() if k != "chain"}
+    best_tree = best_strategy(trees)
+    block: dict[str, Any] = {
+        "device": costs.device, "device_kind": costs.device_kind, "dtype": costs.dtype, "backend": costs.backend,
+        "threads": costs.threads, "context_len": costs.context_len, "block_size": costs.block_size,
+        "plain_tokens_per_s": costs.plain_tokens_per_s, "costs": costs.to_dict(), "cached": cached,
+        "strategies": {k: p.to_dict() for k, p in preds.items()}, "best": best_strategy(preds),
+        "best_budget": budget_of(best_tree) if best_tree else None,
+        "loop": {"chain": predict(costs, "chain", *chain, loop="loop").to_dict()},
+        "assumptions": list(ASSUMPTIONS), "floor": floor}
+    block["passed"] = None if floor is None else floor_reason(block) is None
+    return block

@@ -1,0 +1,220 @@
+"""The predicted speed-up (:mod:`dflash_eval.metrics.speedup`) and the round costs it is computed from
+(:mod:`dflash_eval.measurements.round_costs`): the formula against a computation by hand, τ's CI carried through it,
+the floor's verdict, the tree verify's mask and positions against plain causal forwards of every root path, the
+timing of a tiny target, and the cached measurement served to a second session of the same device and shapes.
+
+Run: ``pytest tests/test_speedup.py -n 0 -p no:randomly``
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_eval.metrics.ddtree import TreeNode
+from dflash_eval.metrics.speedup import (
+    RoundCosts,
+    best_strategy,
+    context_bucket,
+    floor_reason,
+    mean_context,
+    predict,
+    round_parts,
+    speedup_block,
+)
+from dflash_eval.report.strict_json import dumps_strict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():  # type: ignore[no-untyped-def]
+    """One torch thread, restored after: timings on a shared machine are not at the mercy of idle spinning threads
+    (the thread count is in the costs' cache key, like the device)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def costs(**over: object) -> RoundCosts:
+    """Costs in ms-sized seconds, chosen so that each part's share is visible in the sums."""
+    kw: dict = dict(device="cpu (test)", device_kind="cpu", dtype="float32", backend="torch", threads=1,
+                    context_len=192, block_size=8, repeats=7, warmup=1, step=0.010, verify=0.015, draft=0.004,
+                    accept=0.0001, append=(0.0002, 0.0009), state_select=0.00005, tree_verify={4: 0.012, 8: 0.016},
+                    tree_build={4: 0.0003, 8: 0.0005}, tree_accept={4: 0.0001, 8: 0.0002}, draft_full=0.006,
+                    snapshot=0.001, project=(0.0001, 0.0003))
+    kw.update(over)
+    return RoundCosts(**kw)
+
+
+def test_speedup_is_tau_times_step_over_the_round() -> None:
+    c = costs()
+    tau = 4.5
+    append = 0.0002 + (0.0009 - 0.0002) * (tau - 1) / 7  # linear between 1 and B = 8 committed tokens
+    chain_round = 0.004 + 0.015 + 0.0001 + append + 0.00005
+    p = predict(c, "chain", tau, (4.0, 5.0))
+    assert p.round_s == pytest.approx(chain_round)
+    assert p.speedup == pytest.approx(tau * 0.010 / chain_round)
+    assert p.tokens_per_s == pytest.approx(tau / chain_round)
+    tree_round = 0.004 + 0.0005 + 0.016 + 0.0002 + append + 0.00005
+    assert predict(c, "ddtree-8", tau).speedup == pytest.approx(tau * 0.010 / tree_round)
+    assert sum(round_parts(c, 8, tau).values()) == pytest.approx(tree_round)
+    # this project's online loop: recomputed context, a cache snapshot and the τ committed tokens run again
+    commit = 0.010 + (0.015 - 0.010) * (tau - 1) / 7
+    loop_round = 0.006 + (0.0001 + 0.0002 * (tau - 1) / 7) + 0.001 + 0.015 + 0.0001 + commit
+    assert predict(c, "chain", tau, loop="loop").round_s == pytest.approx(loop_round)
+    with pytest.raises(ValueError, match="chain only"):
+        round_parts(c, 8, tau, "loop")
+    with pytest.raises(KeyError):
+        round_parts(c, 16, tau)  # a budget the costs were not measured for
+
+
+def test_tau_ci_maps_through_the_formula() -> None:
+    c = costs()
+    p = predict(c, "chain", 4.5, (4.0, 5.0))
+    lo, hi = p.speedup_ci
+    assert lo == pytest.approx(predict(c, "chain", 4.0).speedup)
+    assert hi == pytest.approx(predict(c, "chain", 5.0).speedup)
+    assert lo < p.speedup < hi  # the speed-up increases with τ: the interval keeps its order
+    assert p.tokens_per_s_ci == pytest.approx([lo / 0.010, hi / 0.010])
+    none = predict(c, "chain", 4.5, (None, math.nan))  # one prompt: no CI
+    assert all(math.isnan(x) for x in none.speedup_ci) and none.speedup == pytest.approx(p.speedup)
+    assert math.isnan(predict(c, "chain", math.nan).speedup)
+
+
+def test_commit_sized_costs_are_clamped_to_one_and_b_tokens() -> None:
+    c = costs()
+    assert round_parts(c, None, 0.5)["append"] == pytest.approx(0.0002)
+    assert round_parts(c, None, 12.0)["append"] == pytest.approx(0.0009)
+
+
+def test_mean_context_and_bucket() -> None:
+    # positions 10..13 (4 tokens) and 100..101 (2 tokens): token-weighted mean
+    assert mean_context([(10, 4), (100, 2)]) == pytest.approx((10 + 11 + 12 + 13 + 100 + 101) / 6)
+    assert math.isnan(mean_context([(5, 0)]))
+    assert context_bucket(1.0) == 64 and context_bucket(64.0) == 64 and context_bucket(64.5) == 128
+    assert context_bucket(math.nan) == 64
+
+
+def test_block_names_the_best_strategy_and_judges_the_floor() -> None:
+    c = costs()
+    block = speedup_block(c, (4.5, (4.0, 5.0)), {4: (3.9, (3.5, 4.3)), 8: (5.6, (5.0, 6.2)), 16: (6.0, (5, 7))},
+                          floor=1.5)
+    assert list(block["strategies"]) == ["chain", "ddtree-4", "ddtree-8"]  # 16: no costs measured for it
+    speeds = {k: v["speedup"] for k, v in block["strategies"].items()}
+    assert block["best"] == max(speeds, key=lambda k: speeds[k]) == "ddtree-8" and block["best_budget"] == 8
+    assert block["plain_tokens_per_s"] == pytest.approx(100.0)
+    assert block["passed"] is True and floor_reason(block) is None
+    high = speedup_block(c, (4.5, (4.0, 5.0)), {}, floor=speeds["chain"] + 0.01)
+    assert high["passed"] is False
+    reason = floor_reason(high)
+    assert reason is not None and "--speedup-floor" in reason and "cpu (test)" in reason and "context 192" in reason
+    assert speedup_block(c, (4.5, (4.0, 5.0)), {})["passed"] is None  # no floor: not judged
+    nan = speedup_block(c, (math.nan, (None, None)), {}, floor=1.0)  # no τ: a floor fails, like a τ floor
+    assert nan["passed"] is False
+    assert best_strategy({}) is None
+
+
+def test_costs_round_trip_through_strict_json() -> None:
+    c = costs(spread={"step": math.nan, "verify": 0.1})
+    back = RoundCosts.from_dict(json.loads(dumps_strict(c.to_dict())))
+    assert back.tree_verify == c.tree_verify and back.append == c.append and back.step == c.step
+    assert math.isnan(back.spread["step"]) and back.budgets == (4, 8)
+
+
+# ------------------------------------------------------------------------------------------------ on a model
+@pytest.fixture(scope="module")
+def attention_target(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A random target whose every layer is full attention: a tree's mask decides every token it sees."""
+    from dflash_eval.target.loader import load_target
+    from dflash_eval.testing.tiny import build_random_target
+
+    path = build_random_target(tmp_path_factory.mktemp("attn_target"), seed=3, full_attention_interval=1)
+    return load_target(path, device="cpu", dtype="fp32")
+
+
+def _tree() -> list[TreeNode]:
+    # root ─ a(1) ─ c(2) ─ e(3)
+    #      └ b(1) ─ d(2)
+    return [TreeNode(1, 0, -1, 11, -0.1), TreeNode(1, 1, -1, 12, -0.2), TreeNode(2, 0, 0, 13, -0.3),
+            TreeNode(2, 0, 1, 14, -0.4), TreeNode(3, 0, 2, 15, -0.5)]
+
+
+@torch.no_grad()
+def test_tree_verify_equals_a_forward_of_every_root_path(attention_target) -> None:  # type: ignore[no-untyped-def]
+    """Each node's logits under the tree's mask and positions are those of a causal forward over the context and
+    its root path: the mask hides siblings and cousins, the positions follow depth."""
+    from transformers import DynamicCache
+
+    from dflash_eval.measurements.round_costs import _walk, tree_inputs
+
+    model, L = attention_target.model, 10
+    ctx = torch.arange(20, 20 + L)[None]
+    cache = DynamicCache(config=model.config)
+    model(ctx, cache=cache, use_cache=True)
+    nodes = _tree()
+    ids, pos, mask, children = tree_inputs(nodes, 7, L, L, torch.float32, torch.device("cpu"))
+    assert pos.tolist() == [[L, L + 1, L + 1, L + 2, L + 2, L + 3]]
+    assert children == {0: {11: 1, 12: 2}, 1: {13: 3}, 2: {14: 4}, 3: {15: 5}}
+    out = model(ids, cache=copy.deepcopy(cache), use_cache=True,
+                attention_mask={"full_attention": mask, "linear_attention": None}, position_ids=pos).logits[0]
+    paths = {0: [7], 1: [7, 11], 2: [7, 12], 3: [7, 11, 13], 4: [7, 12, 14], 5: [7, 11, 13, 15]}
+    for i, path in paths.items():
+        ref = model(torch.cat([ctx, torch.tensor([path])], 1)).logits[0, -1]
+        assert torch.allclose(out[i], ref, atol=1e-4), f"tree index {i} (path {path})"
+    # the positive control: a causal mask over the node order lets node b see node a, and its logits differ
+    causal = model(ids, cache=copy.deepcopy(cache), use_cache=True).logits[0]
+    assert not torch.allclose(causal[2], model(torch.cat([ctx, torch.tensor([paths[2]])], 1)).logits[0, -1],
+                              atol=1e-4)
+    assert _walk(children, [11, 13, 0, 15, 0, 0]) == 3  # root → a → c → e
+    assert _walk(children, [12, 0, 99, 0, 0, 0]) == 1  # root → b, then no child 99
+
+
+def test_round_costs_on_a_tiny_target(tiny_target, tiny_head, tiny_drafter_config) -> None:  # type: ignore[no-untyped-def]
+    from dflash_eval.measurements.round_costs import measure_round_costs
+
+    seen: list[int] = []
+    c = measure_round_costs(tiny_target, tiny_drafter_config, tiny_head, context_len=64, budgets=(2, 5),
+                            backend="torch", tokens=list(range(3, 70)), repeats=3, warmup=1, report=seen.append)
+    assert seen == list(range(1, len(seen) + 1)) and len(seen) == 11 + 3 * 2
+    assert c.budgets == (2, 5) and c.context_len == 64 and c.block_size == tiny_drafter_config.block_size
+    for name in ("step", "verify", "draft", "accept", "draft_full", "snapshot"):
+        assert 0 < getattr(c, name) < 10, name
+    assert all(0 < x < 10 for x in (*c.append, *c.project, *c.tree_verify.values(), *c.tree_build.values(),
+                                    *c.tree_accept.values()))
+    assert c.state_select >= 0 and c.repeats == 3 and c.seconds > 0 and set(c.spread) >= {"step", "verify"}
+    assert c.device_kind == "cpu" and c.dtype == "float32"
+    p = predict(c, "chain", 3.0, (2.5, 3.5))
+    assert p.speedup > 0 and p.speedup_ci[0] < p.speedup < p.speedup_ci[1]
+
+
+def test_round_costs_are_cached_per_device_and_shapes(tmp_path: Path, tiny_target_dir: Path,
+                                                     tiny_drafter_dir: Path) -> None:
+    """The first session times the round (and its result reports it); a second one of the same target, drafter
+    shape, device and dtype reads the costs back; a floor above the prediction is a failing verdict."""
+    from dflash_eval import EvalSession, EvalSettings
+    from dflash_eval.results.eval_result import speedup_summary
+
+    base = {"target_model": str(tiny_target_dir), "drafter": str(tiny_drafter_dir),
+            "prompts": str(ROOT / "fixtures" / "prompts.jsonl"), "num_prompts": 2, "max_new_tokens": 12,
+            "cache_dir": str(tmp_path / "cache"), "witness_prompts": 0, "tau_floor": 1.0}
+    first = EvalSession(EvalSettings.from_mapping(base), progress=None)
+    c1, cached1 = first.evaluation.measure("round_costs")
+    assert cached1 is False and c1.context_len == context_bucket(mean_context(
+        [(len(r.prompt_ids), len(r.output_ids)) for r in first.completions().values()]))
+    first.tau_summary()  # result() reports what was computed: τ, then the speed-up from it
+    block = first.result().to_dict()["speedup"]
+    assert set(block["strategies"]) == {"chain", "ddtree-8"} and block["passed"] is None
+    second = EvalSession(EvalSettings.from_mapping({**base, "speedup_floor": 1000.0}), progress=None)
+    c2, cached2 = second.evaluation.measure("round_costs")
+    assert cached2 is True and c2 == c1
+    judged = speedup_summary(second.evaluation, second.tau_summary())
+    assert judged["passed"] is False and "--speedup-floor 1000" in (floor_reason(judged) or "")
+    other = EvalSession(EvalSettings.from_mapping({**base, "ddtree_budget": "4"}), progress=None)
+    assert other.evaluation.measure("round_costs")[1] is False  # other budgets: timed anew
