@@ -9,7 +9,8 @@ live target and compares them with the cached features.
   ones goes back to the first features (nothing produced either);
 - under ``--cache-only`` the mismatch is an error naming what differs and what to do;
 - the τ impact of a mismatch is added to its message where the run's result is built;
-- ``--witness-prompts 0`` checks nothing; a CPU compares bit for bit, a GPU within the measured bound.
+- ``--witness-prompts 0`` checks nothing; a CPU compares bit for bit (with the torch thread count the cached
+  features were extracted with), a GPU within the measured bound.
 
 Run: ``pytest tests/test_witness.py -p no:cacheprovider``
 """
@@ -147,6 +148,32 @@ def test_no_witness_checks_nothing(tmp_path):
     assert off.store.witness.checks == {} and not off.inputs.target_loaded
     with pytest.raises(Exception, match="--witness-prompts must be >= 0"):
         _session(tmp_path / "cache", witness_prompts=-1).inputs.settings.validate_values()
+
+
+def test_the_witness_extracts_with_the_thread_count_of_the_cache(tmp_path, monkeypatch):
+    """The torch-recurrent rule's last bits depend on the CPU thread count (benchmarks/bench_witness.py --threads):
+    a cache filled with one thread is witnessed with one thread by a process running two."""
+    import dflash_eval.features.witness as witness_mod
+
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        _features(_session(tmp_path / "cache"))
+        torch.set_num_threads(2)
+        seen = []
+        real = witness_mod.layer_features
+
+        def spy(*a, **k):
+            seen.append(torch.get_num_threads())
+            return real(*a, **k)
+
+        monkeypatch.setattr(witness_mod, "layer_features", spy)
+        warm = _session(tmp_path / "cache")
+        _features(warm)
+        assert seen == [1] and torch.get_num_threads() == 2
+        assert not warm.store.witness.checks[RECURRENT.label].mismatches
+    finally:
+        torch.set_num_threads(saved)
 
 
 def test_a_cpu_compares_bit_for_bit_a_gpu_within_the_measured_bound():

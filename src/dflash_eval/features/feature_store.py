@@ -103,8 +103,10 @@ class FeatureStore:
             return None
         return None if rec is None else rec.sequence
 
-    def _cached_feature(self, pid: str, seq: list[int], layer: int, side: Side, token: str) -> torch.Tensor | None:
-        """The cached feature of one layer of ``seq`` keyed with witness ``token`` (None when not cached)."""
+    def _cached_feature(self, pid: str, seq: list[int], layer: int, side: Side,
+                        token: str) -> tuple[torch.Tensor, int | None] | None:
+        """The cached feature of one layer of ``seq`` keyed with witness ``token`` and the torch thread count it was
+        extracted with (None when not recorded); None when not cached."""
         fields = self.fields(seq, layer, side, witness=token)
         key = cache_key("features", fields)
         if not self.inputs.cache.exists("features", key):
@@ -112,7 +114,10 @@ class FeatureStore:
         req = Request("features", fields, expect=self._expected(fields, seq, layer, side), item=pid,
                       what=f"features of prompt {pid!r}, layer {layer}, {side.label}")
         e = self.inputs.cache.lookup(req, count=False)
-        return None if e is None else e.tensors["features"]
+        if e is None:
+            return None
+        threads = (e.meta.get("provenance") or {}).get("torch_threads")
+        return e.tensors["features"], threads if isinstance(threads, int) else None
 
     def key(self, seq: list[int], layer: int, side: Side) -> str:
         return cache_key("features", self.fields(seq, layer, side))
@@ -266,7 +271,8 @@ class FeatureStore:
                 i = int(r.fields["layer"])
                 meta = {"prompt_id": pid, "provenance": provenance(
                     backend=info.name, dtype=side.dtype, device=inp.settings.torch_device, kernel=info.chunk_impl,
-                    layer_ids=[i], kernel_probe=r.fields["kernels"])}
+                    layer_ids=[i], kernel_probe=r.fields["kernels"],
+                    torch_threads=torch.get_num_threads())}  # a CPU's reductions may split by it: the witness redoes it
                 out.append(Produced({"features": feats[i]}, meta, tokens=len(seq)))
             return out
         return produce

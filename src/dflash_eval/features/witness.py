@@ -4,11 +4,12 @@ compares them with the cached features before any of them is used.
 The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the target's code on seeded inputs at the run's
 shapes; the witness runs the real target on real data. For each side (backend, dtype) whose features a process
 reads, the first time it reads them, it takes ``--witness-prompts`` prompts of the selection (a seeded order, the
-first ones whose features of the asked layers are cached), extracts their features with the live kernels (one
-forward per prompt, stopped after the deepest of those layers) and compares them with the cache: exactly where the
-backend is deterministic (every backend on a CPU), within :func:`reproducibility_bound` elsewhere (measured across
-clean re-runs: docs/gpu-drift.md). Nothing cached, nothing to compare: a cold run produces its features with the
-live kernels anyway.
+first ones with features of the asked layers cached), extracts those layers with the live kernels (one forward per
+prompt, stopped after the deepest of them: the deepest layer the drafter reads) and compares them with the cache:
+exactly where the backend is deterministic (every backend on a CPU, run with the torch thread count the cached
+features were extracted with: the torch-recurrent rule's last bits depend on it), within
+:func:`reproducibility_bound` elsewhere (measured across clean re-runs: docs/gpu-drift.md). Nothing cached, nothing
+to compare: a cold run produces its features with the live kernels anyway.
 
 A mismatch names the side, the prompt, the layer and the first position where the features differ (with the layer's
 relative error); the features of that side are then not used: a new *witness token* (a digest of the live witnessed
@@ -60,7 +61,7 @@ WITNESS_SEED = "dflash-eval witness"
 #: witness calls a difference a mismatch; measured across clean re-runs (docs/gpu-drift.md, "The witness")
 GPU_BOUND = {"torch.float32": 1e-5, "torch.float16": 1e-3, "torch.bfloat16": 1e-2}
 
-Lookup = Callable[[str, list[int], int, Side, str], Tensor | None]
+Lookup = Callable[[str, list[int], int, Side, str], tuple[Tensor, int | None] | None]
 
 
 def reproducibility_bound(side: Side, device: torch.device | str) -> float:
@@ -130,6 +131,20 @@ def _first_difference(live: Tensor, cached: Tensor, bound: float) -> tuple[int, 
         rows = diff.norm(dim=-1) > bound * b.norm(dim=-1).clamp_min(1e-30)
     pos = int(rows.nonzero()[0, 0]) if bool(rows.any()) else 0
     return pos, rel, float(diff.abs().max())
+
+
+def _extract(model: torch.nn.Module, seq: list[int], layers: list[int], side: Side, device: torch.device | str,
+             threads: int | None) -> dict[int, Tensor]:
+    """The live features of ``seq``; on a CPU with ``threads`` torch threads, those the cached ones were extracted
+    with (a CPU's reductions may split by the thread count: the torch-recurrent rule's last bits do)."""
+    saved = torch.get_num_threads()
+    if threads and torch.device(device).type == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        with use_backend(side.backend, device), torch.no_grad():
+            return layer_features(model, torch.tensor(seq, dtype=torch.long), layers)
+    finally:
+        torch.set_num_threads(saved)
 
 
 class Witness:
@@ -220,17 +235,18 @@ class Witness:
             seq = self.sequence(pid)
             if seq is None:
                 continue
-            cached = {i: t for i in layers if (t := self.lookup(pid, seq, i, side, token)) is not None}
-            if not cached:
+            found = {i: t for i in layers if (t := self.lookup(pid, seq, i, side, token)) is not None}
+            if not found:
                 continue  # not cached: produced with the live kernels
+            cached = {i: t[0] for i, t in found.items()}
+            threads = next((t[1] for t in found.values() if t[1] is not None), None)
             check.prompts.append(pid)
             check.layers = sorted(set(check.layers) | set(cached))
             t0 = time.perf_counter()
             model = inp.model_for(side.dtype)
             t1 = time.perf_counter()
             check.load_seconds += t1 - t0
-            with use_backend(side.backend, inp.settings.torch_device), torch.no_grad():
-                live = layer_features(model, torch.tensor(seq, dtype=torch.long), list(cached))
+            live = _extract(model, seq, list(cached), side, inp.settings.torch_device, threads)
             inp.meter.counts["witness_prompts"] += 1
             self._state[pid] = tensor_digest({str(i): t for i, t in cached.items()})
             self._live[pid] = tensor_digest({str(i): live[i] for i in cached})

@@ -68,7 +68,9 @@ from torch import Tensor, nn
 
 from dflash_eval.errors import ConfigError
 from dflash_eval.target.backends import split_backend, use_backend
-from dflash_eval.target.generation import greedy_generate_batch
+
+# a name of its own: a test's stand-in for the references' generation (patched by name) is not what the probe runs
+from dflash_eval.target.generation import greedy_generate_batch as references_generation
 from dflash_eval.target.hidden_states import decoder_parts
 from dflash_eval.target.loader import TargetDir, text_config
 
@@ -560,12 +562,12 @@ def _run_generation(model: nn.Module, shape: ProbeShape, gen: torch.Generator, d
     handle = base.register_forward_pre_hook(phase, with_kwargs=True)
     try:
         target = SimpleNamespace(model=model, device=dev, eos_token_id=None)
-        out = greedy_generate_batch(target, rows, shape.new_tokens, backend=backend,  # type: ignore[arg-type]  # what greedy_generate_batch reads of a Target
+        out = references_generation(target, rows, shape.new_tokens, backend=backend,  # type: ignore[arg-type]  # what greedy_generate_batch reads of a Target
                                     stop_at_eos=False)
     finally:
         handle.remove()
         tape.phase = ""
-    tape.add("generated_ids", _describe(greedy_generate_batch), "generation", torch.tensor(out, dtype=torch.int64))
+    tape.add("generated_ids", _describe(references_generation), "generation", torch.tensor(out, dtype=torch.int64))
 
 
 _THREADS_LOCK = threading.Lock()
