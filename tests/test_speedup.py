@@ -218,3 +218,25 @@ def test_round_costs_are_cached_per_device_and_shapes(tmp_path: Path, tiny_targe
     assert judged["passed"] is False and "--speedup-floor 1000" in (floor_reason(judged) or "")
     other = EvalSession(EvalSettings.from_mapping({**base, "ddtree_budget": "4"}), progress=None)
     assert other.evaluation.measure("round_costs")[1] is False  # other budgets: timed anew
+
+
+# ------------------------------------------------------------------------------------------------ reports
+def test_reports_show_the_prediction(tmp_path: Path) -> None:
+    from dflash_eval.report.render import render_markdown, render_terminal
+    from dflash_eval.report.speedup_report import SPEEDUP_PLOT, speedup_rows, verdict_line, write_speedup_plot
+
+    block = speedup_block(costs(), (4.5, (4.0, 5.0)), {4: (3.9, (3.5, 4.3)), 8: (5.6, (5.0, 6.2))}, floor=9.0)
+    data = json.loads(dumps_strict({"speedup": block}))  # as eval.json holds it
+    header, rows = speedup_rows(data)
+    assert [r[0] for r in rows] == ["chain", "DDTree-4", "DDTree-8 (best)", "chain, this project's online loop"]
+    chain = block["strategies"]["chain"]
+    assert rows[0][3] == f"{chain['speedup']:.2f}x [{chain['speedup_ci'][0]:.2f}x, {chain['speedup_ci'][1]:.2f}x]"
+    line = verdict_line(data)
+    assert line is not None and "cpu (test)" in line and "floor 9 FAIL" in line and "best DDTree-8" in line
+    md = render_markdown(data)
+    assert "### Predicted speed-up" in md and "--speedup-floor 9: FAIL" in md and "speedup.png" in md
+    assert "DDTree-8 (best)" in render_terminal(data)
+    assert write_speedup_plot(data, tmp_path / SPEEDUP_PLOT) == tmp_path / SPEEDUP_PLOT
+    assert (tmp_path / SPEEDUP_PLOT).read_bytes()[:4] == b"\x89PNG"
+    assert write_speedup_plot({}, tmp_path / "none.png") is None and speedup_rows({})[1] == []
+    assert verdict_line({}) is None and "Predicted speed-up" not in render_markdown({})

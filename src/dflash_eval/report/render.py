@@ -1,7 +1,7 @@
 """eval.json's data as text: the τ table, the per-category table, the per-position acceptance table, the multi-turn
-conversation table, the drift summary and the drift budget with its gate, for the terminal (:func:`render_terminal`)
-and as markdown (:func:`render_markdown`: eval.md, $GITHUB_STEP_SUMMARY). Both take their rows from the same row
-builders (:mod:`.table_rows`) and write them through one table type
+conversation table, the predicted speed-up, the drift summary and the drift budget with its gate, for the terminal
+(:func:`render_terminal`) and as markdown (:func:`render_markdown`: eval.md, $GITHUB_STEP_SUMMARY). Both take their
+rows from the same row builders (:mod:`.table_rows`, :mod:`.speedup_report`) and write them through one table type
 (:mod:`.tables`), so a number reads the same on every surface (:mod:`dflash_eval.common.number_text`)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
 from dflash_eval.report.plot import worst_prompts
+from dflash_eval.report.speedup_report import speedup_lines, speedup_rows
 from dflash_eval.report.summary import not_checked_lines
 from dflash_eval.report.table_rows import (
     acceptance_rows,
@@ -121,8 +122,17 @@ def render_terminal(data: dict[str, Any], *, width: int = 120, max_rows: int | N
     """The τ tables, the drift summary and the drift budget as text (rich tables, no colour codes). Beyond
     :data:`TERMINAL_ROWS_FULL` prompts, the per-prompt tables keep only the ``max_rows`` prompts with the least room
     above their floors (conversations: the lowest τ) and say how many more eval.md holds; ``max_rows`` None: all."""
-    return terminal_text(_tau_tables(data, max_rows) + list(measurement_tables(data)) + _drift_tables(data),
-                         width=width)
+    return terminal_text(_tau_tables(data, max_rows) + _speedup_tables(data) + list(measurement_tables(data))
+                         + _drift_tables(data), width=width)
+
+
+_SPEEDUP_TITLE = "predicted speed-up over plain decoding on this run's device (docs/speedup.md)"
+
+
+def _speedup_tables(data: dict[str, Any]) -> list[TextTable | str | None]:
+    """The predicted speed-up's table and its lines (nothing without eval.json's ``speedup``)."""
+    return [TextTable(*speedup_rows(data), title=_SPEEDUP_TITLE, left=frozenset({"strategy"})),
+            *speedup_lines(data)]
 
 
 _ACCEPT_TITLE = ("acceptance per draft position (per prompt, category and run; sources: chain = offline simulation, "
@@ -201,6 +211,8 @@ def render_markdown(data: dict[str, Any]) -> str:
                       TextTable(*category_rows(data)))
     for title, rows in ((_ACCEPT_TITLE, acceptance_rows(data)), (_CONV_TITLE, conversation_rows(data))):
         parts += _section(f"{title[0].upper()}{title[1:]}", TextTable(*rows))
+    parts += _section(f"{_SPEEDUP_TITLE[0].upper()}{_SPEEDUP_TITLE[1:]}", TextTable(*speedup_rows(data)),
+                      *speedup_lines(data), "Plot: `speedup.png`." if data.get("speedup") else None)
     for table in measurement_tables(data):
         parts += _section(f"Measurement: {(table.title or '').removeprefix('measurement: ')}", table, table.caption)
     parts += _section("Hidden-state drift (regression check)", TextTable(*drift_rows(data)))

@@ -1,6 +1,6 @@
 """The run's verdict in a few lines, printed last in the terminal's dflash-eval section (after the tables): PASS or
 FAIL and why, the mean τ against its floor, the prompts with the least room above their floors, the drift gate's
-outcome and where the reports are.
+outcome, the predicted speed-up on the run's device and where the reports are.
 
 The verdict itself is composed by :func:`dflash_eval.metrics.verdict.run_verdict`: the run passes when τ passes its
 floors (:func:`~dflash_eval.metrics.verdict.tau_verdict`: the mean and every gated prompt and category), the drift
@@ -17,6 +17,7 @@ from typing import Any
 from dflash_eval.common.number_text import fmt, is_number
 from dflash_eval.metrics.verdict import gate_outcome, row_outcome, run_verdict, tau_verdict
 from dflash_eval.report.plot import worst_prompts
+from dflash_eval.report.speedup_report import verdict_line as speedup_line
 
 __all__ = ["WORST_NAMED", "REPORT_FILES", "tau_verdict", "gate_outcome", "row_outcome", "verdict_lines",
            "not_checked_lines"]
@@ -26,7 +27,7 @@ WORST_NAMED = 3
 #: How many reasons of skipped tests the verdict names (eval.md and eval.json hold them all).
 NOT_CHECKED_NAMED = 4
 #: The files of a run's report folder, in the order the verdict lists them.
-REPORT_FILES = ("eval.md", "eval.json", "eval.html", "samples.jsonl", "eval.png", "drift_budget.png")
+REPORT_FILES = ("eval.md", "eval.json", "eval.html", "samples.jsonl", "eval.png", "drift_budget.png", "speedup.png")
 
 
 def _against(value: object, floor: float | None) -> str:
@@ -123,6 +124,9 @@ def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests
         lines.append(detail)
     if gate is not None:
         lines.append(_gate_line(data, gate))
+    speed = speedup_line(data)  # the predicted speed-up on this device, when the run measured it
+    if speed:
+        lines.append(speed)
     lines += not_checked_lines(data)
     lines += [f"cause: {d}" for d in data.get("diagnoses", [])]
     if report_dir is not None:

@@ -1,4 +1,4 @@
-"""Writing a run's reports (eval.json, eval.md, eval.png, drift_budget.png, samples.jsonl, eval.html,
+"""Writing a run's reports (eval.json, eval.md, eval.png, drift_budget.png, speedup.png, samples.jsonl, eval.html,
 $GITHUB_STEP_SUMMARY) and applying the golden-update options at the end of a run.
 
 A report that cannot be written (no space left, a read-only file system, no permission, a regular file where the
@@ -22,6 +22,7 @@ from dflash_eval.report.html_report import HTML_NAME, write_html
 from dflash_eval.report.plot import write_plot
 from dflash_eval.report.render import render_markdown
 from dflash_eval.report.samples import SAMPLES_NAME, write_samples
+from dflash_eval.report.speedup_report import SPEEDUP_PLOT, write_speedup_plot
 from dflash_eval.report.step_summary import append_step_summary
 from dflash_eval.report.strict_json import dumps_strict
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # imports torch: kept out of the report's own import
 __all__ = ["REPORT_NAMES", "write_reports", "finish"]
 
 #: The files of one run's report set, in the order they are written.
-REPORT_NAMES = ("eval.json", "eval.md", "eval.png", "drift_budget.png", SAMPLES_NAME, HTML_NAME)
+REPORT_NAMES = ("eval.json", "eval.md", "eval.png", "drift_budget.png", SPEEDUP_PLOT, SAMPLES_NAME, HTML_NAME)
 
 
 def write_reports(data: dict[str, Any], report_dir: Path, *, recorded: bool = False) -> dict[str, Path]:
@@ -59,7 +60,8 @@ def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool) -> tu
     atomic_write_text(paths["json"], dumps_strict(data) + "\n")  # NaN -> null (schema: eval.schema.json)
     md = render_markdown(data)
     atomic_write_text(paths["md"], md)
-    for key, name, plot in (("png", "eval.png", write_plot), ("budget_png", "drift_budget.png", write_budget_plot)):
+    for key, name, plot in (("png", "eval.png", write_plot), ("budget_png", "drift_budget.png", write_budget_plot),
+                            ("speedup_png", SPEEDUP_PLOT, write_speedup_plot)):
         written = plot(data, report_dir / name)
         if written is not None:
             paths[key] = written

@@ -1,0 +1,171 @@
+"""The predicted speed-up in the reports: its table (every strategy: τ, the round's cost, speed-up and tokens/s with
+the intervals τ's CI maps to), the lines around it (device, plain decoding's speed, the round's parts, the best
+budget, the floor), the verdict block's line and ``speedup.png`` (predicted speed-up against the DDTree budget, the
+chain beside it). From eval.json's ``speedup`` block (:func:`dflash_eval.metrics.speedup.speedup_block`); the
+arithmetic and what it leaves out: docs/speedup.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dflash_eval.common.atomic import atomic_write_with
+from dflash_eval.common.number_text import fmt, is_number
+from dflash_eval.metrics.speedup import budget_of, floor_reason
+
+if TYPE_CHECKING:  # matplotlib is imported when the plot is drawn
+    from matplotlib.figure import Figure
+
+__all__ = ["SPEEDUP_PLOT", "speedup_rows", "speedup_lines", "verdict_line", "write_speedup_plot", "speedup_figure",
+           "strategy_label"]
+
+#: The plot's file name in the report folder.
+SPEEDUP_PLOT = "speedup.png"
+
+
+def strategy_label(strategy: str) -> str:
+    """``chain`` or ``DDTree-N`` (the reports' spelling)."""
+    b = budget_of(strategy)
+    return "chain" if b is None else f"DDTree-{b}"
+
+
+def _x(v: object, digits: int = 2) -> str:
+    return f"{fmt(v, digits)}x" if is_number(v) else fmt(v)
+
+
+def _ci(ci: object, digits: int = 2, unit: str = "") -> str:
+    lo, hi = (list(ci) + [None, None])[:2] if isinstance(ci, (list, tuple)) else (None, None)
+    if not is_number(lo) or not is_number(hi):
+        return ""
+    return f" [{fmt(lo, digits)}{unit}, {fmt(hi, digits)}{unit}]"
+
+
+def _ms(s: object) -> str:
+    return fmt(1e3 * s, 2) if is_number(s) else fmt(s)
+
+
+def speedup_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The table: one row per strategy, then the chain as this project's online loop runs it (no rows without a
+    ``speedup`` block)."""
+    block = data.get("speedup") or {}
+    header = ["strategy", "mean τ [95 % CI]", "round (ms)", "speed-up [95 % CI]", "tokens/s [95 % CI]"]
+    rows = []
+    preds = [(strategy_label(k), p) for k, p in (block.get("strategies") or {}).items()]
+    preds += [("chain, this project's online loop", p) for p in ((block.get("loop") or {}).get("chain"),) if p]
+    best = strategy_label(block["best"]) if block.get("best") else None
+    for label, p in preds:
+        rows.append([label + (" (best)" if label == best else ""), fmt(p.get("tau")) + _ci(p.get("tau_ci"), 3),
+                     _ms(p.get("round_s")), _x(p.get("speedup")) + _ci(p.get("speedup_ci"), 2, "x"),
+                     fmt(p.get("tokens_per_s"), 1) + _ci(p.get("tokens_per_s_ci"), 1)])
+    return header, rows
+
+
+def _source(block: dict[str, Any]) -> str:
+    return "read from the cache (timed by an earlier run)" if block.get("cached") else "timed in this run"
+
+
+def speedup_lines(data: dict[str, Any]) -> list[str]:
+    """The lines under the table: where and how the costs were measured, plain decoding's speed, the parts of a
+    chain round, the best strategy and budget, the floor's verdict, what the prediction assumes."""
+    block = data.get("speedup")
+    if not block:
+        return []
+    costs = block.get("costs") or {}
+    chain = (block.get("strategies") or {}).get("chain") or {}
+    parts = ", ".join(f"{k} {_ms(v)}" for k, v in (chain.get("parts") or {}).items())
+    lines = [f"Predicted on {block.get('device')} ({block.get('dtype')}, backend {block.get('backend')}), context "
+             f"{block.get('context_len')} tokens, costs "
+             f"{_source(block)}: medians of {costs.get('repeats')} timings. Plain greedy decoding "
+             f"{fmt(block.get('plain_tokens_per_s'), 1)} tokens/s (a step {_ms(costs.get('step'))} ms); a chain "
+             f"round (ms): {parts}."]
+    best, bb = block.get("best"), block.get("best_budget")
+    if best:
+        top = ((block.get("strategies") or {}).get(best) or {}).get("speedup")
+        lines.append(f"Best: {strategy_label(best)} {_x(top)}"
+                     + (f"; best DDTree budget {bb}" if bb is not None else "") + ". The CIs carry τ's over (the "
+                     "95 % t CI of mean τ over prompts through the formula), not the timing noise.")
+    if block.get("floor") is not None:
+        reason = floor_reason(block)
+        lines.append(f"--speedup-floor {block['floor']:g}: " + ("PASS" if reason is None else f"FAIL: {reason}"))
+    lines.append("Valid for this device only; a prediction for batch size 1 in this implementation (no serving "
+                 "engine's kernels, CUDA graphs or scheduler): docs/speedup.md.")
+    return lines
+
+
+def verdict_line(data: dict[str, Any]) -> str | None:
+    """The verdict block's line: the chain's and the best strategy's predicted speed-up with their CIs, the device,
+    the floor (None without a ``speedup`` block)."""
+    block = data.get("speedup")
+    if not block:
+        return None
+    st = block.get("strategies") or {}
+    chain = st.get("chain") or {}
+    text = (f"predicted speed-up on {block.get('device')} ({block.get('dtype')}): chain {_x(chain.get('speedup'))}"
+            f"{_ci(chain.get('speedup_ci'), 2, 'x')} ({fmt(chain.get('tokens_per_s'), 1)} tokens/s, plain "
+            f"{fmt(block.get('plain_tokens_per_s'), 1)})")
+    best = block.get("best")
+    if best and best != "chain":
+        text += f", best {strategy_label(best)} {_x(st[best].get('speedup'))}{_ci(st[best].get('speedup_ci'), 2, 'x')}"
+    if block.get("floor") is not None:
+        text += f"; floor {block['floor']:g} " + ("PASS" if floor_reason(block) is None else "FAIL")
+    return text
+
+
+def speedup_figure(data: dict[str, Any]) -> Figure | None:
+    """Predicted speed-up (with τ's interval as bars) against the DDTree budget, the chain as a horizontal line with
+    its band, 1x (plain decoding) marked; None without a ``speedup`` block."""
+    block = data.get("speedup")
+    if not block or not block.get("strategies"):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    st = block["strategies"]
+    trees = sorted((int(k.removeprefix("ddtree-")), p) for k, p in st.items() if k != "chain")
+    fig, ax = plt.subplots(figsize=(7.0, 4.2), dpi=100)
+    chain = st.get("chain") or {}
+    if is_number(chain.get("speedup")):
+        ax.axhline(chain["speedup"], color="C1", label=f"chain {_x(chain['speedup'])}")
+        lo, hi = chain.get("speedup_ci") or [None, None]
+        if is_number(lo) and is_number(hi):
+            ax.axhspan(lo, hi, color="C1", alpha=0.15, label="chain: 95 % CI from τ's")
+    if trees:
+        xs = [b for b, _ in trees]
+        ys = [p.get("speedup") for _, p in trees]
+        err = [[max(0.0, p["speedup"] - p["speedup_ci"][0]) if is_number((p.get("speedup_ci") or [None])[0])
+                and is_number(p.get("speedup")) else 0.0 for _, p in trees],
+               [max(0.0, p["speedup_ci"][1] - p["speedup"]) if is_number((p.get("speedup_ci") or [None, None])[1])
+                and is_number(p.get("speedup")) else 0.0 for _, p in trees]]
+        ax.errorbar(xs, [y if is_number(y) else float("nan") for y in ys], yerr=err, marker="o", capsize=3,
+                    color="C0", label="DDTree-N (bars: 95 % CI from τ's)")
+        bb = block.get("best_budget")
+        if bb is not None:
+            y = st[f"ddtree-{bb}"]["speedup"]
+            ax.annotate(f"best N = {bb}: {_x(y)}", (bb, y), textcoords="offset points", xytext=(6, 8), fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+    ax.axhline(1.0, color="#777777", linestyle="--", linewidth=1, label="plain decoding (1x)")
+    ax.set_xlabel("DDTree node budget N")
+    ax.set_ylabel("predicted speed-up over plain decoding")
+    ax.set_title(f"Predicted speed-up on {block.get('device')} ({block.get('dtype')}), context "
+                 f"{block.get('context_len')}", fontsize=10)
+    ax.legend(fontsize=8, loc="best")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def write_speedup_plot(data: dict[str, Any], path: Path) -> Path | None:
+    """Write ``speedup.png`` (None when eval.json holds no prediction)."""
+    fig = speedup_figure(data)
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_with(path, lambda p: fig.savefig(p, format="png", dpi=100))
+    plt.close(fig)
+    return path
