@@ -240,3 +240,15 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
     assert (tmp_path / SPEEDUP_PLOT).read_bytes()[:4] == b"\x89PNG"
     assert write_speedup_plot({}, tmp_path / "none.png") is None and speedup_rows({})[1] == []
     assert verdict_line({}) is None and "Predicted speed-up" not in render_markdown({})
+
+
+def test_block_validates_against_the_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (the test extra) validates eval.json")
+    from importlib import resources
+
+    schema = json.loads(resources.files("dflash_eval.report").joinpath("eval.schema.json").read_text())
+    v = jsonschema.Draft202012Validator({"$defs": schema["$defs"], **schema["properties"]["speedup"]})
+    block = speedup_block(costs(), (4.5, (None, None)), {8: (5.6, (5.0, 6.2))}, floor=1.2)
+    assert not list(v.iter_errors(json.loads(dumps_strict(block))))
+    bad = json.loads(dumps_strict({**block, "strategies": {"tree8": block["strategies"]["chain"]}}))
+    assert list(v.iter_errors(bad))  # a strategy's name is chain or ddtree-N
