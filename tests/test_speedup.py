@@ -48,7 +48,7 @@ def costs(**over: object) -> RoundCosts:
                     context_len=192, block_size=8, repeats=7, warmup=1, step=0.010, verify=0.015, draft=0.004,
                     accept=0.0001, append=(0.0002, 0.0009), state_select=0.00005, tree_verify={4: 0.012, 8: 0.016},
                     tree_build={4: 0.0003, 8: 0.0005}, tree_accept={4: 0.0001, 8: 0.0002}, draft_full=0.006,
-                    snapshot=0.001, project=(0.0001, 0.0003))
+                    snapshot=0.001, project=(0.0001, 0.0003), forward_2=0.013)
     kw.update(over)
     return RoundCosts(**kw)
 
@@ -66,7 +66,7 @@ def test_speedup_is_tau_times_step_over_the_round() -> None:
     assert predict(c, "ddtree-8", tau).speedup == pytest.approx(tau * 0.010 / tree_round)
     assert sum(round_parts(c, 8, tau).values()) == pytest.approx(tree_round)
     # this project's online loop: recomputed context, a cache snapshot and the τ committed tokens run again
-    commit = 0.010 + (0.015 - 0.010) * (tau - 1) / 7
+    commit = 0.013 + (0.015 - 0.013) * (tau - 2) / 6  # through 1 (step), 2 (forward_2) and 8 (verify) tokens
     loop_round = 0.006 + (0.0001 + 0.0002 * (tau - 1) / 7) + 0.001 + 0.015 + 0.0001 + commit
     assert predict(c, "chain", tau, loop="loop").round_s == pytest.approx(loop_round)
     with pytest.raises(ValueError, match="chain only"):
@@ -92,6 +92,11 @@ def test_commit_sized_costs_are_clamped_to_one_and_b_tokens() -> None:
     c = costs()
     assert round_parts(c, None, 0.5)["append"] == pytest.approx(0.0002)
     assert round_parts(c, None, 12.0)["append"] == pytest.approx(0.0009)
+    commit = {t: round_parts(c, None, t, "loop")["commit"] for t in (0.5, 1.0, 1.5, 2.0, 8.0, 12.0)}
+    assert commit[0.5] == commit[1.0] == pytest.approx(0.010) and commit[1.5] == pytest.approx(0.0115)
+    assert commit[2.0] == pytest.approx(0.013) and commit[8.0] == commit[12.0] == pytest.approx(0.015)
+    no_2 = costs(forward_2=math.nan)  # costs without the 2-token forward: linear from 1 to B
+    assert round_parts(no_2, None, 4.5, "loop")["commit"] == pytest.approx(0.010 + 0.005 * 3.5 / 7)
 
 
 def test_mean_context_and_bucket() -> None:
@@ -182,9 +187,9 @@ def test_round_costs_on_a_tiny_target(tiny_target, tiny_head, tiny_drafter_confi
     seen: list[int] = []
     c = measure_round_costs(tiny_target, tiny_drafter_config, tiny_head, context_len=64, budgets=(2, 5),
                             backend="torch", tokens=list(range(3, 70)), repeats=3, warmup=1, report=seen.append)
-    assert seen == list(range(1, len(seen) + 1)) and len(seen) == 11 + 3 * 2
+    assert seen == list(range(1, len(seen) + 1)) and len(seen) == 12 + 3 * 2
     assert c.budgets == (2, 5) and c.context_len == 64 and c.block_size == tiny_drafter_config.block_size
-    for name in ("step", "verify", "draft", "accept", "draft_full", "snapshot"):
+    for name in ("step", "verify", "forward_2", "draft", "accept", "draft_full", "snapshot"):
         assert 0 < getattr(c, name) < 10, name
     assert all(0 < x < 10 for x in (*c.append, *c.project, *c.tree_verify.values(), *c.tree_build.values(),
                                     *c.tree_accept.values()))

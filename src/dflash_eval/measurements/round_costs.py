@@ -17,6 +17,8 @@ part's cost is the median, its ``spread`` the interquartile range over the media
   each node's recurrent state is advanced from its parent's: docs/speedup.md);
 - ``draft``: the drafter's block pass against cached context keys and values, the target's lm_head, the argmax;
   ``draft_full``: the same recomputing the context's keys and values (as this project's online loop drafts);
+- ``forward_2``: the target forward over 2 tokens (this project's online loop commits 1 to B tokens by a forward:
+  costed through 1, 2 and B tokens);
 - ``tree_build[N]``: the block's log-probs and top-N per slot, the best-first DDTree
   (:func:`dflash_eval.metrics.ddtree.build_ddtree`), its attention mask and positions on the device;
 - ``accept`` and ``tree_accept[N]``: the target's argmax over the verified tokens read on the host, compared with
@@ -29,9 +31,9 @@ part's cost is the median, its ``spread`` the interquartile range over the media
 
 One cache entry holds the costs, keyed by the target, the drafter config, the block size and budgets, the context
 length, the device kind (on a CPU also its model and torch's thread count), the dtype, the backend, the library
-versions and :data:`~dflash_eval.cache.code_version.CODE_VERSION`: every later run and every checkpoint of the same
-drafter shape reads it back. A timing is a real measurement of the machine: a miss is refused under
-``--cache-only``. On the bundled fixtures on a CPU it takes about a second.
+versions, :data:`~dflash_eval.cache.code_version.CODE_VERSION` and :data:`COSTS_VERSION`: every later run and every
+checkpoint of the same drafter shape reads it back. A timing is a real measurement of the machine: a miss is refused
+under ``--cache-only``. On the bundled fixtures on a CPU it takes a second or two.
 """
 
 from __future__ import annotations
@@ -65,13 +67,16 @@ from dflash_eval.target.hidden_states import LayerCapture
 from dflash_eval.target.loader import Target
 from dflash_eval.target.provenance import device_kind, device_name, library_versions
 
-__all__ = ["RoundCostsMeasurement", "REPEATS", "WARMUP", "measure_round_costs", "tree_inputs", "cpu_model",
-           "context_tokens"]
+__all__ = ["RoundCostsMeasurement", "REPEATS", "WARMUP", "COSTS_VERSION", "measure_round_costs", "tree_inputs",
+           "cpu_model", "context_tokens"]
 
 #: Timed runs of each part (the median is its cost) ...
 REPEATS = 7
 #: ... after this many untimed ones (allocations, kernel selection, caches warmed).
 WARMUP = 1
+#: The version of what :func:`measure_round_costs` times, in the entry's key: raised when a part is added or timed
+#: differently (the costs are keyed by it, not by the τ code's ``CODE_VERSION``).
+COSTS_VERSION = 2
 
 
 def cpu_model() -> str:
@@ -225,6 +230,8 @@ def measure_round_costs(target: Target, config: DrafterConfig, head: TargetHead,
         chain_block[1:] = logits.argmax(-1)
         record("verify", _timed(lambda c: model(chain_block[None], **{kw: c}, use_cache=True), dev, setup=fresh,
                                 repeats=repeats, warmup=warmup))
+        record("forward_2", _timed(lambda c: model(chain_block[None, :2], **{kw: c}, use_cache=True), dev,
+                                   setup=fresh, repeats=repeats, warmup=warmup))
         record("draft", _timed(lambda _: draft_logits(drafter, head, ckv, block, start)[0, 0].argmax(-1), dev,
                                repeats=repeats, warmup=warmup))
         record("draft_full", _timed(lambda _: draft_logits(drafter, head, ctx, block, start)[0, 0].argmax(-1), dev,
@@ -283,13 +290,13 @@ def measure_round_costs(target: Target, config: DrafterConfig, head: TargetHead,
         append=(c["append_1"], c["append_b"]), state_select=c["state_select"],
         tree_verify={n: c[f"tree_verify_{n}"] for n in budgets}, tree_build={n: c[f"tree_build_{n}"] for n in budgets},
         tree_accept={n: c[f"tree_accept_{n}"] for n in budgets}, draft_full=c["draft_full"], snapshot=c["snapshot"],
-        project=(c["project_1"], c["project_b"]), spread={k: s for k, (_, s) in med.items()},
+        project=(c["project_1"], c["project_b"]), forward_2=c["forward_2"], spread={k: s for k, (_, s) in med.items()},
         seconds=time.perf_counter() - t_start)
 
 
 def parts_count(budgets: tuple[int, ...]) -> int:
     """How many parts :func:`measure_round_costs` times (progress)."""
-    return 11 + 3 * len(budgets)
+    return 12 + 3 * len(budgets)
 
 
 class RoundCostsMeasurement(Measurement):
@@ -313,8 +320,8 @@ class RoundCostsMeasurement(Measurement):
         fields: dict[str, Any] = {
             "target": inp.target_identity, "drafter_config": config.to_dict(), "block_size": config.block_size,
             "budgets": list(budgets), "context_len": ctx, "device_kind": device_kind(dev), "dtype": str(s.torch_dtype),
-            "backend": s.eval_backend, "versions": library_versions(), "code": CODE_VERSION, "repeats": REPEATS,
-            "warmup": WARMUP}
+            "backend": s.eval_backend, "versions": library_versions(), "code": CODE_VERSION, "costs": COSTS_VERSION,
+            "repeats": REPEATS, "warmup": WARMUP}
         if dev.type == "cpu":  # a CPU's speed is its model's and its threads'
             fields.update(cpu=cpu_model(), threads=torch.get_num_threads())
 

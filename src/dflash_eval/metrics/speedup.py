@@ -23,8 +23,10 @@ device and dtype (:class:`RoundCosts`, measured by :mod:`dflash_eval.measurement
   (``snapshot``) and the τ committed tokens are run again from the copy (``commit``); ``project`` is the projection
   of their features. What ``benchmarks/bench_speedup.py`` times against plain decoding, to check the arithmetic.
 
-Costs that depend on how many tokens a round commits (``append``, ``project``, ``commit``) are measured at 1 and at B
-tokens and interpolated linearly at τ. Every cost is a median of repeated timings at one context length, the
+Costs that depend on how many tokens a round commits (``append``, ``project``) are measured at 1 and at B tokens and
+interpolated linearly at τ; the loop's ``commit`` forward at 1, 2 and B tokens, piecewise linearly (a target forward
+over 2 tokens can cost much more than over 1: on a CPU, transformers' fallback of the linear-attention layers runs
+one token by the recurrent rule and more by the chunked one, padded to a chunk). Every cost is a median of repeated timings at one context length, the
 token-weighted mean position of the run's completions (:func:`mean_context`): the costs that grow with the context
 (attention over the KV cache) are linear in it, so their mean over a generation is their value at the mean position.
 
@@ -122,6 +124,7 @@ class RoundCosts:
     draft_full: float = math.nan
     snapshot: float = math.nan
     project: tuple[float, float] = (math.nan, math.nan)
+    forward_2: float = math.nan  # a target forward over 2 tokens (the loop's commit of one accepted draft)
     spread: dict[str, float] = field(default_factory=dict)
     seconds: float = math.nan  # the measurement's own wall time
 
@@ -150,7 +153,8 @@ class RoundCosts:
         for k in ("append", "project"):
             if k in kw:
                 kw[k] = tuple(_num(x) for x in kw[k])
-        for k in ("step", "verify", "draft", "accept", "state_select", "draft_full", "snapshot", "seconds"):
+        for k in ("step", "verify", "draft", "accept", "state_select", "draft_full", "snapshot", "forward_2",
+                  "seconds"):
             if k in kw:
                 kw[k] = _num(kw[k])
         kw["spread"] = {k: _num(v) for k, v in (kw.get("spread") or {}).items()}
@@ -160,6 +164,17 @@ class RoundCosts:
 def _num(v: object) -> float:
     """A number as eval.json holds it (strict JSON: NaN written as null)."""
     return math.nan if v is None else float(v)  # type: ignore[arg-type]  # a JSON number
+
+
+def _commit(costs: RoundCosts, tau: float) -> float:
+    """The loop's commit forward over τ tokens on average: piecewise linear through its costs at 1 (``step``), 2
+    (``forward_2``) and B (``verify``) tokens (without ``forward_2``: linear from 1 to B)."""
+    b = costs.block_size
+    if b <= 2 or math.isnan(costs.forward_2):
+        return _lerp((costs.step, costs.verify), tau, b)
+    if tau <= 2:
+        return _lerp((costs.step, costs.forward_2), tau, 2)
+    return costs.forward_2 + (costs.verify - costs.forward_2) * (min(tau, float(b)) - 2.0) / (b - 2)
 
 
 def round_parts(costs: RoundCosts, budget: int | None, tau: float, loop: Loop = "server") -> dict[str, float]:
@@ -172,7 +187,7 @@ def round_parts(costs: RoundCosts, budget: int | None, tau: float, loop: Loop = 
             raise ValueError("this project's online loop runs the chain only: no loop cost of a DDTree round")
         return {"draft": costs.draft_full, "project": _lerp(costs.project, tau, b), "snapshot": costs.snapshot,
                 "verify": costs.verify, "accept": costs.accept,
-                "commit": _lerp((costs.step, costs.verify), tau, b)}
+                "commit": _commit(costs, tau)}
     parts = {"draft": costs.draft}
     if budget is None:
         parts.update(verify=costs.verify, accept=costs.accept)
