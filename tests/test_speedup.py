@@ -257,3 +257,70 @@ def test_block_validates_against_the_schema() -> None:
     assert not list(v.iter_errors(json.loads(dumps_strict(block))))
     bad = json.loads(dumps_strict({**block, "strategies": {"tree8": block["strategies"]["chain"]}}))
     assert list(v.iter_errors(bad))  # a strategy's name is chain or ddtree-N
+
+
+# ------------------------------------------------------------------------------------------------ training loop
+def test_floor_joins_a_checkpoint_verdict() -> None:
+    from dflash_eval.metrics.speedup import with_speedup_floor
+    from dflash_eval.metrics.verdict import Verdict
+
+    block = speedup_block(costs(), (4.5, (4.0, 5.0)), {}, floor=1.5)
+    assert with_speedup_floor(Verdict(None), block) == Verdict(True)  # unjudged by τ: judged by the speed-up
+    assert with_speedup_floor(Verdict(False, ["τ below"]), block) == Verdict(False, ["τ below"])
+    high = speedup_block(costs(), (4.5, (4.0, 5.0)), {}, floor=99.0)
+    failed = with_speedup_floor(Verdict(True, [], ["a notice"]), high)
+    assert failed.passed is False and "--speedup-floor 99" in failed.reasons[0] and failed.notices == ["a notice"]
+    no_floor = speedup_block(costs(), (4.5, (4.0, 5.0)), {})
+    assert with_speedup_floor(Verdict(None), no_floor) == Verdict(None) == with_speedup_floor(Verdict(None), None)
+
+
+def test_evaluator_records_and_tracks_the_prediction(tmp_path: Path, tiny_target_dir: Path,
+                                                     tiny_drafter_dir: Path) -> None:
+    """Each checkpoint's record holds the prediction (the costs timed once: the second checkpoint reads them), the
+    trackers log it, and --speedup-floor fails a checkpoint whose τ passes."""
+    from dflash_eval import Evaluator, tracker_scalars
+
+    opts = {"target_model": str(tiny_target_dir), "prompts": str(ROOT / "fixtures" / "prompts.jsonl"),
+            "num_prompts": 2, "max_new_tokens": 12, "cache_dir": str(tmp_path / "cache"), "witness_prompts": 0,
+            "tau_floor": 1.0, "speedup_floor": 50.0, "report_dir": str(tmp_path / "reports")}
+    with Evaluator(opts, history=True) as ev:
+        first = ev.evaluate(tiny_drafter_dir, step=1)
+        second = ev.evaluate(tiny_drafter_dir, step=2)
+    assert first.speedup is not None and first.speedup["cached"] is False and second.speedup["cached"] is True
+    rec = ev.records[-1]
+    assert rec.speedup is not None and rec.speedup["chain"] == second.speedup["strategies"]["chain"]["speedup"]
+    assert rec.verdict == "fail" and any("--speedup-floor 50" in r for r in rec.reasons)
+    got = tracker_scalars(rec)
+    assert got["speedup/chain"] == rec.speedup["chain"] and "speedup/ddtree-8" in got
+    assert got["speedup/plain_tokens_per_s"] == pytest.approx(second.speedup["plain_tokens_per_s"])
+    line = json.loads((tmp_path / "reports" / "history.jsonl").read_text().splitlines()[-1])
+    assert line["speedup"]["floor"] == 50.0 and line["speedup"]["passed"] is False
+    with Evaluator({**opts, "speedup_floor": None}, speedup=False) as off:
+        assert off.evaluate(tiny_drafter_dir, step=3).speedup is None and off.records[-1].speedup is None
+
+
+def test_gate_shows_and_judges_the_prediction(tmp_path: Path, tiny_target_dir: Path, tiny_drafter_dir: Path) -> None:
+    import shutil
+
+    from dflash_eval.cli.main import main
+
+    run, reports = tmp_path / "run", tmp_path / "reports"
+    shutil.copytree(tiny_drafter_dir, run / "step_100")
+
+    def gate(*extra: str) -> int:
+        return main(["gate", str(run), "--target-model", str(tiny_target_dir), "--prompts",
+                     str(ROOT / "fixtures" / "prompts.jsonl"), "--num-prompts", "2", "--max-new-tokens", "12",
+                     "--tau-floor", "1.0", "--witness-prompts", "0", "--cache-dir", str(tmp_path / "cache"),
+                     "--report-dir", str(reports), "--quiet", *extra])
+
+    assert gate("--speedup-floor", "50") == 1  # τ passes its floor; the predicted speed-up does not
+    row = json.loads((reports / "gate.json").read_text())["checkpoints"][0]
+    assert row["passed"] is False and any("--speedup-floor 50" in r for r in row["reasons"])
+    assert row["speedup"]["chain"] > 0 and row["speedup"]["floor"] == 50.0
+    md = (reports / "gate.md").read_text()
+    assert "predicted speed-up (chain [95 % CI]; best)" in md and f"{row['speedup']['chain']:.2f}x" in md
+    from dflash_eval.cli.gate_run import record_row
+    from dflash_eval.training_loop.history import History
+
+    again = record_row(History(reports / "history.jsonl").read()[0])  # a row judged from its history record
+    assert again.speedup == row["speedup"] and again.passed is False

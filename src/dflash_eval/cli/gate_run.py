@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Unpack
 
 from dflash_eval.errors import ConfigError, DFlashEvalError
+from dflash_eval.metrics.speedup import floor_reason
 from dflash_eval.training_loop.checkpoint_dir import Found, find_checkpoints
 from dflash_eval.training_loop.history import CheckpointRecord
 from dflash_eval.training_loop.trackers import TensorBoardTracker, WandbTracker
@@ -147,7 +148,10 @@ def judged_row(evaluator: Evaluator, session: EvalSession, *, step: int | None =
         assert result.drafter is not None  # evaluate fills it in
         row = gate_row(session.tau_summary(), session.floors, drafter=str(path), fingerprint=result.drafter.fingerprint)
         rec = evaluator.records[-1]
-        row.reference = rec.reference
+        row.reference, row.speedup = rec.reference, rec.speedup
+        speed = floor_reason(result.speedup) if result.speedup else None  # --speedup-floor, as the record's verdict
+        if speed:
+            row.passed, row.reasons = False, [*row.reasons, speed]
         if rec.regression:
             row.passed, row.reasons = False, [*row.reasons, rec.regression]
         if rec.plateau:
@@ -174,7 +178,7 @@ def record_row(record: CheckpointRecord) -> GateRow:
                    reasons=[*record.reasons, *([record.regression] if record.regression else [])],
                    notices=[f"judged from its history record of {record.time} (already evaluated; not again)",
                             *([record.plateau] if record.plateau else [])],
-                   reference=record.reference,
+                   reference=record.reference, speedup=record.speedup,
                    prompts={p: {"tau": t, "ddtree": {}, "floor": None, "passed": None}  # a record keeps chain τ only
                             for p, t in record.prompts.items()})
 

@@ -26,9 +26,10 @@ device and dtype (:class:`RoundCosts`, measured by :mod:`dflash_eval.measurement
 Costs that depend on how many tokens a round commits (``append``, ``project``) are measured at 1 and at B tokens and
 interpolated linearly at τ; the loop's ``commit`` forward at 1, 2 and B tokens, piecewise linearly (a target forward
 over 2 tokens can cost much more than over 1: on a CPU, transformers' fallback of the linear-attention layers runs
-one token by the recurrent rule and more by the chunked one, padded to a chunk). Every cost is a median of repeated timings at one context length, the
-token-weighted mean position of the run's completions (:func:`mean_context`): the costs that grow with the context
-(attention over the KV cache) are linear in it, so their mean over a generation is their value at the mean position.
+one token by the recurrent rule and more by the chunked one, padded to a chunk). Every cost is a median of repeated
+timings at one context length, the token-weighted mean position of the run's completions (:func:`mean_context`): the
+costs that grow with the context (attention over the KV cache) are linear in it, so their mean over a generation is
+their value at the mean position.
 
 The confidence interval carries τ's over: ``round(τ)`` grows with τ more slowly than τ itself (only the commit-sized
 parts do), so the speed-up is increasing in τ and the interval of mean τ over prompts (the t 95 % CI of the
@@ -52,10 +53,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from dflash_eval.metrics.verdict import passes
+from dflash_eval.metrics.verdict import Verdict, passes
 
 __all__ = ["LOOPS", "RoundCosts", "Prediction", "round_parts", "predict", "mean_context", "context_bucket",
-           "strategy_name", "budget_of", "speedup_block", "best_strategy", "floor_reason", "ASSUMPTIONS"]
+           "strategy_name", "budget_of", "speedup_block", "best_strategy", "floor_reason", "ASSUMPTIONS",
+           "speedup_digest", "with_speedup_floor"]
 
 Loop = Literal["server", "loop"]
 #: A CI of mean τ: [low, high] (a bound None or NaN: unknown), or None.
@@ -312,3 +314,31 @@ def speedup_block(costs: RoundCosts, chain: tuple[float, TauCI], ddtree: Mapping
         "assumptions": list(ASSUMPTIONS), "floor": floor}
     block["passed"] = None if floor is None else floor_reason(block) is None
     return block
+
+
+def speedup_digest(block: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The prediction in a few numbers, as the training history, the trackers and the gate keep it: the device, the
+    chain's speed-up with its CI and tokens/s, plain decoding's tokens/s, each DDTree budget's speed-up, the best
+    strategy and budget, the floor and its verdict (None without a block)."""
+    if not block:
+        return None
+    st = block.get("strategies") or {}
+    chain = st.get("chain") or {}
+    return {"device": block.get("device"), "dtype": block.get("dtype"), "context_len": block.get("context_len"),
+            "chain": chain.get("speedup"), "chain_ci95": list(chain.get("speedup_ci") or [None, None]),
+            "tokens_per_s": chain.get("tokens_per_s"), "plain_tokens_per_s": block.get("plain_tokens_per_s"),
+            "ddtree": {str(budget_of(k)): v.get("speedup") for k, v in st.items() if k != "chain"},
+            "best": block.get("best"), "best_budget": block.get("best_budget"), "floor": block.get("floor"),
+            "passed": block.get("passed")}
+
+
+def with_speedup_floor(verdict: Verdict, block: Mapping[str, Any] | None) -> Verdict:
+    """``verdict`` with the predicted chain speed-up judged against ``--speedup-floor`` (eval.json's ``speedup``
+    block; nothing changes without a block or a floor): its reason (:func:`floor_reason`) fails it; a verdict
+    unjudged so far passes when the speed-up does."""
+    if not block or block.get("floor") is None:
+        return verdict
+    reason = floor_reason(block)
+    if reason is not None:
+        return Verdict(False, [*verdict.reasons, reason], list(verdict.notices))
+    return verdict if verdict.passed is not None else Verdict(True, list(verdict.reasons), list(verdict.notices))

@@ -11,13 +11,15 @@ gate.json (strict JSON, NaN written as null)::
                       "mean_ddtree_pooled": {N: τ} (pooled over every round), "mean_floor", "worst_prompt",
                       "worst_tau", "worst_floor", "passed", "reasons": [...], "baseline", "seconds",
                       "prompts": {id: {"tau", "ddtree", "floor", "passed"}}, "step", "gating",
-                      "notices": [...], "reference"} | {"drafter", "passed": false, "error", "seconds", "step",
-                      "gating"}]}
+                      "notices": [...], "reference", "speedup"} | {"drafter", "passed": false, "error", "seconds",
+                      "step", "gating"}]}
 
 ``passed`` at the top: every gating checkpoint passed (:func:`gate_passed`); a checkpoint with ``gating`` false
 (an earlier checkpoint under ``gate --latest``) is reported, its failure does not fail the gate. ``reference``
 (with ``--reference-drafter``): the reference drafter's mean τ and the paired difference against it (``mean_tau``,
-``mean_diff``, ``ci95``, ``ci_method``, ``n``, ``path``).
+``mean_diff``, ``ci95``, ``ci_method``, ``n``, ``path``); ``speedup`` (when predicted): the chain's predicted
+speed-up over plain decoding on the gate's device with its CI, tokens/s, each DDTree budget's, the best budget, the
+``--speedup-floor`` and its verdict (:func:`dflash_eval.metrics.speedup.speedup_digest`; docs/speedup.md).
 
 gate.md: the comparison table (one row per checkpoint: the macro and the pooled τ, named as in eval.md; the paired
 Δ against ``--baseline`` and against the reference drafter when given), the notices, and the prompts with the
@@ -78,6 +80,7 @@ class GateRow:
     reasons: list[str] = field(default_factory=list)
     baseline: dict[str, Any] | None = None
     reference: dict[str, Any] | None = None
+    speedup: dict[str, Any] | None = None  # the predicted speed-up (dflash_eval.metrics.speedup.speedup_digest)
     notices: list[str] = field(default_factory=list)
     prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: str | None = None
@@ -100,7 +103,7 @@ class GateRow:
                 "worst_tau": self.worst_tau, "worst_floor": self.worst_floor, "passed": self.passed,
                 "reasons": self.reasons, "baseline": self.baseline, "prompts": self.prompts,
                 "seconds": self.seconds, "step": self.step, "gating": self.gating, "notices": self.notices,
-                "reference": self.reference}
+                "reference": self.reference, "speedup": self.speedup}
 
 
 def gate_row(summary: TauSummary, floors: Floors, *, drafter: str, fingerprint: str) -> GateRow:
@@ -142,6 +145,18 @@ def _reference_cells(r: dict[str, Any] | None) -> list[str]:
     return [fmt(r.get("mean_tau")), _baseline_cell(r)]
 
 
+def _speedup_cell(sp: dict[str, Any] | None) -> str:
+    """``2.06x [1.78, 2.35]; DDTree-8 2.13x`` (the chain's predicted speed-up with its CI; the best strategy's)."""
+    if not sp:
+        return MISSING
+    lo, hi = (list(sp.get("chain_ci95") or []) + [None, None])[:2]
+    text = f"{fmt(sp.get('chain'), 2)}x [{fmt(lo, 2)}, {fmt(hi, 2)}]"
+    best, bb = sp.get("best"), sp.get("best_budget")
+    if best and best != "chain" and bb is not None:
+        text += f"; DDTree-{bb} {fmt((sp.get('ddtree') or {}).get(str(bb)), 2)}x"
+    return text
+
+
 def _worst_cell(r: GateRow) -> str:
     if r.worst_prompt is None:
         return MISSING
@@ -170,6 +185,11 @@ def gate_table(rows: list[GateRow], budgets: list[Any], *, terminal: bool = Fals
         header.insert(header.index("mean floor"), f"Δ vs baseline ({ci_name(base[0])})")
         for r, row in zip(rows, cells):
             row.insert(header.index("mean floor") - 1, _baseline_cell(r.baseline))
+    if any(r.speedup for r in rows):  # the predicted speed-up on the gate's device (docs/speedup.md)
+        at = header.index("mean floor")
+        header.insert(at, "predicted speed-up (chain [95 % CI]; best)")
+        for r, row in zip(rows, cells):
+            row.insert(at, _speedup_cell(r.speedup))
     ref = [r.reference for r in rows if r.reference]
     if ref:  # the reference drafter's τ and the paired difference against it, its CI named (as in history.md)
         at = header.index("mean floor")

@@ -98,6 +98,9 @@ class Evaluator:
             :func:`~dflash_eval.training_loop.plugins.plugin_manager` (the ``dflash_eval`` entry-point group's plugins).
         log: where progress lines go (default: nowhere).
         drift_budget: also measure each checkpoint's drift budget (drafter work: one τ simulation per ladder level).
+        speedup: also predict each checkpoint's speed-up over plain decoding on this device (eval.json's ``speedup``,
+            the record's, the trackers' ``speedup/*``; judged against ``--speedup-floor``): the round costs are timed
+            once per target, drafter shape and device and cached (docs/speedup.md).
         plateau_window: K of the plateau notice (no gain beyond noise over the last K checkpoints).
         session_options: passed on to the first :class:`~dflash_eval.session.eval_session.EvalSession` (e.g. its
             progress sink), whose stages every later session shares.
@@ -107,7 +110,7 @@ class Evaluator:
                  history: History | str | Path | bool | None = None, trackers: Sequence[Any] = (),
                  hooks: pluggy.PluginManager | None = None,
                  log: Callable[[str], None] | None = None, worker: tuple[str, int, int] | None = None,
-                 drift_budget: bool = False, plateau_window: int = 4,
+                 drift_budget: bool = False, plateau_window: int = 4, speedup: bool = True,
                  **session_options: Unpack[SessionOptions]) -> None:
         if not isinstance(settings, EvalSettings):
             settings = EvalSettings.from_mapping(dict(settings or {}), base=Path.cwd())
@@ -125,6 +128,7 @@ class Evaluator:
             register_tracker(self.hooks, tracker)
         self.data: dict[str, Any] | None = None  # the last evaluation's mapping, with the fields plugins added
         self.drift_budget, self.plateau_window = drift_budget, plateau_window
+        self.speedup = speedup
         self.records: list[CheckpointRecord] = []
         self.trend_files: list[Path] = []  # what the last write_trend() wrote
         self._digest: str | None = None
@@ -203,6 +207,8 @@ class Evaluator:
             if self.drift_budget:
                 session.drift_budget()
             session.measure_registered()
+            if self.speedup:  # the round costs (cached per drafter shape and device); result() predicts from them
+                session.evaluation.measure("round_costs")
             result = session.result()
         assert result.drafter is not None and result.tau is not None
         result.drafter.path, result.drafter.step = src.label, step
@@ -210,7 +216,7 @@ class Evaluator:
         rejected = result_ready(self.hooks, self.settings, self.data)
         if rejected:
             raise ResultRejected(*rejected[0])
-        verdict = session_verdict(session)
+        verdict = session_verdict(session, result.speedup)
         for notice in verdict.notices:  # e.g. floors that judge nothing: said once per evaluator
             if notice not in self._warned:
                 self._warned.add(notice)

@@ -6,7 +6,9 @@ budget's mean τ (macro means over prompts) with their 95 % CIs (``ci_method``: 
 (accepted tokens / verification rounds over every round: ``mean_tau_pooled``, ``mean_ddtree_pooled``), the same
 per category, every prompt's chain τ (what the verdicts
 across steps pair, :mod:`dflash_eval.training_loop.trend`), the drift budget when measured, the reference drafter's
-τ and the paired difference against it, the verdict against the floors with its reasons, the trend verdicts
+τ and the paired difference against it, the predicted speed-up on the evaluation's device (``speedup``: the chain's
+with its CI, tokens/s, each DDTree budget's, the best budget; :func:`dflash_eval.metrics.speedup.speedup_digest`),
+the verdict against the floors (and ``--speedup-floor``) with its reasons, the trend verdicts
 (``regression``: a failure; ``plateau``: a notice) and the settings digest (records of one digest are comparable).
 
 Appending is atomic and safe under concurrent writers: under a file lock (``history.jsonl.lock``, filelock) the
@@ -29,6 +31,7 @@ from filelock import FileLock, Timeout
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.errors import ConfigError, EvalError
 from dflash_eval.metrics.acceptance_rates import pooled_means
+from dflash_eval.metrics.speedup import speedup_digest, with_speedup_floor
 from dflash_eval.metrics.verdict import Verdict, trend_verdict
 from dflash_eval.training_loop import trend
 
@@ -60,11 +63,12 @@ def _reference(block: dict[str, Any] | None) -> dict[str, Any] | None:
             "ci_method": paired.get("ci_method"), "n": paired["n"]}
 
 
-def session_verdict(session: EvalSession) -> Verdict:
+def session_verdict(session: EvalSession, speedup: dict[str, Any] | None = None) -> Verdict:
     """The session's checkpoint against its floors and ``--baseline``, as the gate judges it
     (:meth:`~dflash_eval.results.eval_result.TauSummary.verdict`); unjudged when there are no floors at all (no
-    floors file for the prompts, no ``--tau-floor`` / ``--tau-floor-prompt``) and no baseline."""
-    return session.tau_summary().verdict(session.floors, floors_required=False)
+    floors file for the prompts, no ``--tau-floor`` / ``--tau-floor-prompt``) and no baseline. ``speedup``: the
+    checkpoint's predicted speed-up (eval.json's block), judged against ``--speedup-floor`` when it has one."""
+    return with_speedup_floor(session.tau_summary().verdict(session.floors, floors_required=False), speedup)
 
 
 def checkpoint_reasons(session: EvalSession) -> list[str] | None:
@@ -98,6 +102,7 @@ class CheckpointRecord:
     mean_tau_pooled: float | None = None  # None: a record written before the pooled τ was recorded
     mean_ddtree_pooled: dict[str, float] = field(default_factory=dict)
     ci_method: str | None = None  # of mean_tau_ci95 and the categories' CIs; None: percentile bootstrap (older)
+    speedup: dict[str, Any] | None = None  # the predicted speed-up (metrics.speedup.speedup_digest); None: not measured
 
     @property
     def verdict(self) -> str:
@@ -125,7 +130,8 @@ class CheckpointRecord:
                    drift_budget=budget, reference=_reference(drafter.reference),
                    passed=None if reasons is None else not reasons, reasons=list(reasons or []),
                    mean_tau_pooled=pooled, mean_ddtree_pooled=pooled_dd,
-                   ci_method=all_row.chain.ci_method if all_row is not None else None)
+                   ci_method=all_row.chain.ci_method if all_row is not None else None,
+                   speedup=speedup_digest(result.speedup))
 
     def judged(self, records: list[CheckpointRecord], window: int) -> CheckpointRecord:
         """This record with its trend verdicts against ``records`` (earlier records of the same settings digest)."""

@@ -9,8 +9,8 @@ Both log, keyed by the training step (the record's step; records without one cou
 the scalars of :func:`tracker_scalars` (their names: :data:`TRACKER_SCALARS`, one line each): τ with its 95 % CI
 bounds, the floor, the verdict as numbers to alert on (``verdict/pass``, ``verdict/floor_missed``,
 ``verdict/regression``, ``verdict/plateau``: 1 or 0), the reference drafter's τ and the paired difference with its
-CI, the drift budget; TensorBoard also the verdict's text. A tracker whose library is not installed is refused when
-it is made, with one error naming the package to install.
+CI, the drift budget, the predicted speed-up on the evaluation's device; TensorBoard also the verdict's text. A
+tracker whose library is not installed is refused when it is made, with one error naming the package to install.
 
 Each is a plugin implementing the ``pytest_dflash_eval_history_record`` hook (:mod:`dflash_eval.hookspec`): the
 :class:`~dflash_eval.training_loop.evaluator.Evaluator` registers the trackers it is given on its hook manager and
@@ -58,6 +58,13 @@ TRACKER_SCALARS: dict[str, str] = {
     "tau/reference_diff_ci95_low": "lower bound of its 95 % CI (paired t over prompts)",
     "tau/reference_diff_ci95_high": "upper bound of that CI",
     "drift_budget": "the drift budget, when measured",
+    "speedup/chain": "predicted chain speed-up over plain decoding on the evaluation's device (docs/speedup.md)",
+    "speedup/chain_ci95_low": "lower bound of its 95 % CI (τ's CI through the formula)",
+    "speedup/chain_ci95_high": "upper bound of that CI",
+    "speedup/ddtree-<N>": "predicted DDTree-N speed-up",
+    "speedup/best_budget": "the DDTree budget with the highest predicted speed-up",
+    "speedup/tokens_per_s": "predicted chain tokens per second (plain decoding: speedup/plain_tokens_per_s)",
+    "speedup/plain_tokens_per_s": "plain greedy decoding's tokens per second, timed on the same device",
     "verdict/pass": "1 the checkpoint passes, 0 it fails (a floor missed or a regression); left out when unjudged",
     "verdict/floor_missed": "1 a floor was missed, 0 every floor met; left out without floors",
     "verdict/regression": "1 below the run's recent level beyond the noise between checkpoints, else 0",
@@ -107,6 +114,12 @@ def tracker_scalars(record: CheckpointRecord, result: EvalResult | None = None) 
         out.update({"tau/reference": ref.get("mean_tau"), "tau/reference_diff": ref.get("mean_diff"),
                     **_bounds("tau/reference_diff", ref.get("ci95"))})
     out["drift_budget"] = record.drift_budget
+    sp = record.speedup or {}
+    if sp:  # the predicted speed-up (left out when not measured)
+        out.update({"speedup/chain": sp.get("chain"), **_bounds("speedup/chain", sp.get("chain_ci95")),
+                    "speedup/best_budget": sp.get("best_budget"), "speedup/tokens_per_s": sp.get("tokens_per_s"),
+                    "speedup/plain_tokens_per_s": sp.get("plain_tokens_per_s")})
+        out.update({f"speedup/ddtree-{b}": v for b, v in (sp.get("ddtree") or {}).items()})
     verdict = record.verdict
     if verdict != "unjudged":
         out["verdict/pass"] = 1.0 if verdict == "pass" else 0.0
