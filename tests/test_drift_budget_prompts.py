@@ -37,7 +37,7 @@ def test_noisy_drafter_passes_the_gate_on_six_prompts(suite_checkout, pytester: 
             "tests_eval", "-k", "within_budget", f"--target-model={ROOT / 'fixtures' / 'target'}",
             f"--drafter={drafter}", f"--prompts=humaneval:16,{ROOT / 'fixtures' / 'prompts.jsonl'}",
             "--num-prompts=6", f"--cache-dir={tmp_path / 'cache'}",
-            f"--report-dir={tmp_path / report}", *args, timeout=1200)
+            f"--report-dir={tmp_path / report}", *args, timeout=1800)
         return res, json.loads((tmp_path / report / "eval.json").read_text())
 
     res, data = run("default")
