@@ -86,6 +86,8 @@ def test_tau_ci_maps_through_the_formula() -> None:
     none = predict(c, "chain", 4.5, (None, math.nan))  # one prompt: no CI
     assert all(math.isnan(x) for x in none.speedup_ci) and none.speedup == pytest.approx(p.speedup)
     assert math.isnan(predict(c, "chain", math.nan).speedup)
+    wide = predict(c, "chain", 1.5, (0.2, 9.5))  # a t interval of two prompts reaching past τ's range [1, B]
+    assert wide.tau_ci == [1.0, 8.0] and wide.speedup_ci[0] == pytest.approx(predict(c, "chain", 1.0).speedup)
 
 
 def test_commit_sized_costs_are_clamped_to_one_and_b_tokens() -> None:
@@ -110,7 +112,9 @@ def test_mean_context_and_bucket() -> None:
 def test_block_names_the_best_strategy_and_judges_the_floor() -> None:
     c = costs()
     block = speedup_block(c, (4.5, (4.0, 5.0)), {4: (3.9, (3.5, 4.3)), 8: (5.6, (5.0, 6.2)), 16: (6.0, (5, 7))},
-                          floor=1.5)
+                          floor=1.5, pooled={"chain": 4.0, "ddtree-8": 5.0, "ddtree-16": 5.5})
+    assert set(block["pooled"]) == {"chain", "ddtree-8"}  # the strategies predicted
+    assert block["pooled"]["chain"]["speedup"] == pytest.approx(predict(c, "chain", 4.0).speedup)
     assert list(block["strategies"]) == ["chain", "ddtree-4", "ddtree-8"]  # 16: no costs measured for it
     speeds = {k: v["speedup"] for k, v in block["strategies"].items()}
     assert block["best"] == max(speeds, key=lambda k: speeds[k]) == "ddtree-8" and block["best_budget"] == 8
@@ -187,7 +191,7 @@ def test_round_costs_on_a_tiny_target(tiny_target, tiny_head, tiny_drafter_confi
     seen: list[int] = []
     c = measure_round_costs(tiny_target, tiny_drafter_config, tiny_head, context_len=64, budgets=(2, 5),
                             backend="torch", tokens=list(range(3, 70)), repeats=3, warmup=1, report=seen.append)
-    assert seen == list(range(1, len(seen) + 1)) and len(seen) == 12 + 3 * 2
+    assert seen == [1, 2, 3, 4]  # one warm-up round, then three timed rounds of every part
     assert c.budgets == (2, 5) and c.context_len == 64 and c.block_size == tiny_drafter_config.block_size
     for name in ("step", "verify", "forward_2", "draft", "accept", "draft_full", "snapshot"):
         assert 0 < getattr(c, name) < 10, name
@@ -230,7 +234,8 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
     from dflash_eval.report.render import render_markdown, render_terminal
     from dflash_eval.report.speedup_report import SPEEDUP_PLOT, speedup_rows, verdict_line, write_speedup_plot
 
-    block = speedup_block(costs(), (4.5, (4.0, 5.0)), {4: (3.9, (3.5, 4.3)), 8: (5.6, (5.0, 6.2))}, floor=9.0)
+    block = speedup_block(costs(), (4.5, (4.0, 5.0)), {4: (3.9, (3.5, 4.3)), 8: (5.6, (5.0, 6.2))}, floor=9.0,
+                          pooled={"chain": 4.25})
     data = json.loads(dumps_strict({"speedup": block}))  # as eval.json holds it
     header, rows = speedup_rows(data)
     assert [r[0] for r in rows] == ["chain", "DDTree-4", "DDTree-8 (best)", "chain, this project's online loop"]
@@ -240,6 +245,7 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
     assert line is not None and "cpu (test)" in line and "floor 9 FAIL" in line and "best DDTree-8" in line
     md = render_markdown(data)
     assert "### Predicted speed-up" in md and "--speedup-floor 9: FAIL" in md and "speedup.png" in md
+    assert f"chain {block['pooled']['chain']['speedup']:.2f}x (τ 4.250" in md  # the pooled τ's speed-up
     assert "DDTree-8 (best)" in render_terminal(data)
     assert write_speedup_plot(data, tmp_path / SPEEDUP_PLOT) == tmp_path / SPEEDUP_PLOT
     assert (tmp_path / SPEEDUP_PLOT).read_bytes()[:4] == b"\x89PNG"

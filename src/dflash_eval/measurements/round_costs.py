@@ -5,9 +5,10 @@ Everything is timed on the run's own target (its device, dtype and linear-attent
 cache prefilled to the run's context length (:func:`dflash_eval.metrics.speedup.mean_context`, rounded up to a
 multiple of 64 tokens: the prefill's tokens are the run's own reference sequences), and on a drafter of the run's
 drafter config, built with fresh random weights at the run's dtype (what a part costs depends on the shapes, not on
-the weights). Each part is run ``WARMUP`` times untimed, then ``REPEATS`` times timed (``torch.cuda.synchronize``
-before and after each on CUDA; a fresh copy of the prefilled cache for each forward, copied outside the timing); a
-part's cost is the median, its ``spread`` the interquartile range over the median:
+the weights). The parts are timed round-robin, every part once a round, ``WARMUP`` rounds untimed, then ``REPEATS``
+timed (``torch.cuda.synchronize`` before and after each on CUDA; a fresh copy of the prefilled cache for each
+forward, copied outside the timing), so that on a shared machine every part's timings spread over the same stretch of
+time; a part's cost is the median, its ``spread`` the interquartile range over the median:
 
 - ``step``: one plain greedy decoding step: a target forward over 1 token, its argmax, read on the host;
 - ``verify``: the target forward over the B tokens of a chain block (the drafter's target layers captured, as a
@@ -44,7 +45,6 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -76,7 +76,7 @@ REPEATS = 7
 WARMUP = 1
 #: The version of what :func:`measure_round_costs` times, in the entry's key: raised when a part is added or timed
 #: differently (the costs are keyed by it, not by the τ code's ``CODE_VERSION``).
-COSTS_VERSION = 2
+COSTS_VERSION = 3
 
 
 def cpu_model() -> str:
@@ -177,13 +177,35 @@ def context_tokens(sequences: list[list[int]], n: int) -> list[int]:
     return (pool * (n // len(pool) + 1))[:n]
 
 
+def _tree_parts(model: Any, kw: str, head: TargetHead, logits: Tensor, n: int, bonus: int, context_len: int,
+                dtype: torch.dtype, dev: torch.device, fresh: Callable[[], Any]
+                ) -> list[tuple[str, Callable[[Any], object], Callable[[], Any] | None]]:
+    """The timed parts of a DDTree-``n`` round: building the tree from the block's ``logits`` ([B-1, V]), the
+    target's forward over it under its mask, the walk down it along the target's argmax."""
+    top = max(1, min(n, head.vocab_size))
+
+    def build(_: object) -> tuple[Tensor, Tensor, Tensor, Children]:
+        lp, tk = logits.float().log_softmax(-1).topk(top, dim=-1)
+        return tree_inputs(build_ddtree(tk.cpu(), lp.cpu(), n), bonus, context_len, context_len, dtype, dev)
+
+    t_ids, t_pos, t_mask, children = build(None)
+    masks = {"full_attention": t_mask, "linear_attention": None}
+
+    def verify(c: Any) -> Tensor:
+        return model(t_ids, **{kw: c}, use_cache=True, attention_mask=masks, position_ids=t_pos).logits[0]
+
+    tver = verify(fresh())
+    return [(f"tree_build_{n}", build, None), (f"tree_verify_{n}", verify, fresh),
+            (f"tree_accept_{n}", lambda _: _walk(children, tver.argmax(-1).tolist()), None)]
+
+
 @torch.no_grad()
 def measure_round_costs(target: Target, config: DrafterConfig, head: TargetHead, *, context_len: int,
                         budgets: tuple[int, ...], backend: str, tokens: list[int], repeats: int = REPEATS,
                         warmup: int = WARMUP, report: Callable[[int], None] | None = None) -> RoundCosts:
     """Time every part of a round and a plain step (module docstring) at ``context_len`` on ``target``'s device
     and dtype, with a drafter of ``config`` (fresh random weights); ``tokens``: at least ``context_len`` + 1 token
-    ids to prefill with; ``report(k)``: called after each of the parts."""
+    ids to prefill with; ``report(k)``: called after the k-th round of every part."""
     t_start = time.perf_counter()
     model, dev, dtype = target.model, target.device, target.dtype
     b, L = config.block_size, context_len
@@ -192,21 +214,10 @@ def measure_round_costs(target: Target, config: DrafterConfig, head: TargetHead,
         drafter = DFlashDrafter(config).to(device=dev, dtype=dtype).eval()
     kw = cache_keyword(model)
     ids = torch.tensor(tokens[: L + 1], dtype=torch.long, device=dev)
-    times: dict[str, list[float]] = {}
-    done = 0
-
-    def record(name: str, xs: list[float]) -> None:
-        nonlocal done
-        times[name] = xs
-        done += 1
-        if report is not None:
-            report(done)
-
     from transformers import DynamicCache  # imported with the target's modeling code, when a model is timed
 
     layers = tuple(config.target_layer_ids)
-    with ExitStack() as stack:
-        stack.enter_context(use_backend(backend, dev))
+    with use_backend(backend, dev):
         cache0 = DynamicCache(config=model.config)  # type: ignore[arg-type]  # transformers' config, through nn.Module
         with LayerCapture(model, layers) as cap:
             model(ids[None, :L], **{kw: cache0}, use_cache=True)
@@ -218,69 +229,49 @@ def measure_round_costs(target: Target, config: DrafterConfig, head: TargetHead,
         bonus = int(ids[L])
         block = block_ids(torch.tensor([bonus], device=dev), b, config.mask_token_id)[None]  # [1, 1, B]
         start = torch.tensor([[L]], device=dev)
-
-        def step(cache: Any) -> None:  # a plain decoding step: no features captured
-            out = model(ids[None, L:L + 1], **{kw: cache}, use_cache=True)
-            int(out.logits[0, -1].argmax())
-
-        record("step", _timed(step, dev, setup=fresh, repeats=repeats, warmup=warmup))
-        stack.enter_context(LayerCapture(model, layers))  # a speculative loop captures the drafter's target layers
         logits = draft_logits(drafter, head, ckv, block, start)[0, 0]  # [B-1, V]
         chain_block = block[0, 0].clone()
         chain_block[1:] = logits.argmax(-1)
-        record("verify", _timed(lambda c: model(chain_block[None], **{kw: c}, use_cache=True), dev, setup=fresh,
-                                repeats=repeats, warmup=warmup))
-        record("forward_2", _timed(lambda c: model(chain_block[None, :2], **{kw: c}, use_cache=True), dev,
-                                   setup=fresh, repeats=repeats, warmup=warmup))
-        record("draft", _timed(lambda _: draft_logits(drafter, head, ckv, block, start)[0, 0].argmax(-1), dev,
-                               repeats=repeats, warmup=warmup))
-        record("draft_full", _timed(lambda _: draft_logits(drafter, head, ctx, block, start)[0, 0].argmax(-1), dev,
-                                    repeats=repeats, warmup=warmup))
         ver = model(chain_block[None], **{kw: fresh()}, use_cache=True).logits[0]  # [B, V]
+        states = _state_tensors(cache0)
+        copies = [torch.empty_like(t) for t in states]
+
+        def step(cache: Any) -> None:  # a plain decoding step
+            int(model(ids[None, L:L + 1], **{kw: cache}, use_cache=True).logits[0, -1].argmax())
 
         def accept(_: object) -> None:
             post = ver.argmax(-1)
             int((chain_block[1:] == post[:-1]).int().cumprod(0).sum())
 
-        record("accept", _timed(accept, dev, repeats=repeats, warmup=warmup))
-        for n in (1, b):
-            f = feats[-n:]
-
-            def append(_: object, f: Tensor = f) -> object:
-                return drafter.context_kv(drafter.project_context(f)[None])
-
-            def project(_: object, f: Tensor = f) -> object:
-                return drafter.project_context(f)
-
-            record(f"append_{'1' if n == 1 else 'b'}", _timed(append, dev, repeats=repeats, warmup=warmup))
-            record(f"project_{'1' if n == 1 else 'b'}", _timed(project, dev, repeats=repeats, warmup=warmup))
-        states = _state_tensors(cache0)
-        copies = [torch.empty_like(s) for s in states]
-        record("state_select", _timed(lambda _: [d.copy_(s) for d, s in zip(copies, states)], dev, repeats=repeats,
-                                      warmup=warmup))
-        record("snapshot", _timed(lambda _: copy.deepcopy(cache0), dev, repeats=repeats, warmup=warmup))
+        parts: list[tuple[str, Callable[[Any], object], Callable[[], Any] | None]] = [
+            ("verify", lambda c: model(chain_block[None], **{kw: c}, use_cache=True), fresh),
+            ("forward_2", lambda c: model(chain_block[None, :2], **{kw: c}, use_cache=True), fresh),
+            ("draft", lambda _: draft_logits(drafter, head, ckv, block, start)[0, 0].argmax(-1), None),
+            ("draft_full", lambda _: draft_logits(drafter, head, ctx, block, start)[0, 0].argmax(-1), None),
+            ("accept", accept, None),
+            ("append_1", lambda _: drafter.context_kv(drafter.project_context(feats[-1:])[None]), None),
+            ("append_b", lambda _: drafter.context_kv(drafter.project_context(feats)[None]), None),
+            ("project_1", lambda _: drafter.project_context(feats[-1:]), None),
+            ("project_b", lambda _: drafter.project_context(feats), None),
+            ("state_select", lambda _: [d.copy_(t) for d, t in zip(copies, states)], None),
+            ("snapshot", lambda _: copy.deepcopy(cache0), None)]
         for n in budgets:
-            top = max(1, min(n, head.vocab_size))
-
-            def build(_: object, n: int = n, top: int = top) -> tuple[Tensor, Tensor, Tensor, Children]:
-                lp, tk = logits.float().log_softmax(-1).topk(top, dim=-1)
-                return tree_inputs(build_ddtree(tk.cpu(), lp.cpu(), n), bonus, L, L, dtype, dev)
-
-            t_ids, t_pos, t_mask, children = build(None)
-            masks = {"full_attention": t_mask, "linear_attention": None}
-
-            def tree_verify(c: Any, t_ids: Tensor = t_ids, t_pos: Tensor = t_pos,
-                            masks: dict[str, Tensor | None] = masks) -> Tensor:
-                return model(t_ids, **{kw: c}, use_cache=True, attention_mask=masks, position_ids=t_pos).logits[0]
-
-            tver = tree_verify(fresh())
-
-            def tree_accept(_: object, tver: Tensor = tver, children: Children = children) -> int:
-                return _walk(children, tver.argmax(-1).tolist())
-
-            record(f"tree_build_{n}", _timed(build, dev, repeats=repeats, warmup=warmup))
-            record(f"tree_verify_{n}", _timed(tree_verify, dev, setup=fresh, repeats=repeats, warmup=warmup))
-            record(f"tree_accept_{n}", _timed(tree_accept, dev, repeats=repeats, warmup=warmup))
+            parts += _tree_parts(model, kw, head, logits, n, bonus, L, dtype, dev, fresh)
+        # Round-robin: every part once a round, so that each part's timings spread over the same stretch of time
+        # (on a shared machine a part timed in a quiet moment and another in a busy one would not compare).
+        times: dict[str, list[float]] = {name: [] for name in ["step"] + [p[0] for p in parts]}
+        for i in range(warmup + repeats):
+            keep = i >= warmup
+            xs = _timed(step, dev, setup=fresh, repeats=1, warmup=0)  # no features captured: plain decoding
+            if keep:
+                times["step"] += xs
+            with LayerCapture(model, layers):  # a speculative loop captures the drafter's target layers
+                for name, fn, setup in parts:
+                    xs = _timed(fn, dev, setup=setup, repeats=1, warmup=0)
+                    if keep:
+                        times[name] += xs
+            if report is not None:
+                report(i + 1)
     med = {k: _median_spread(v) for k, v in times.items()}
     c = {k: m for k, (m, _) in med.items()}
     return RoundCosts(
@@ -294,9 +285,9 @@ def measure_round_costs(target: Target, config: DrafterConfig, head: TargetHead,
         seconds=time.perf_counter() - t_start)
 
 
-def parts_count(budgets: tuple[int, ...]) -> int:
-    """How many parts :func:`measure_round_costs` times (progress)."""
-    return 12 + 3 * len(budgets)
+def rounds_count(repeats: int = REPEATS, warmup: int = WARMUP) -> int:
+    """How many rounds of every part :func:`measure_round_costs` runs (progress)."""
+    return warmup + repeats
 
 
 class RoundCostsMeasurement(Measurement):
@@ -326,7 +317,7 @@ class RoundCostsMeasurement(Measurement):
             fields.update(cpu=cpu_model(), threads=torch.get_num_threads())
 
         def produce(todo: list[Request]) -> list[Produced]:
-            prog = Progress("round costs (timing)", parts_count(budgets), inp.progress, unit="parts")
+            prog = Progress("round costs (timing)", rounds_count(), inp.progress, unit="rounds")
             with inp.meter.timed("round_costs"):
                 costs = measure_round_costs(
                     inp.target, config, inp.head, context_len=ctx, budgets=budgets, backend=s.eval_backend,

@@ -238,6 +238,9 @@ def predict(costs: RoundCosts, strategy: str, tau: float, tau_ci: TauCI = None,
     (NaN bounds: none; the interval maps through the formula, which increases with τ)."""
     budget = budget_of(strategy)
     lo, hi = _interval(tau_ci or (None, None))
+    # τ lies in [1, B] (every round commits the target's own token, at most B): a t interval of few prompts may
+    # reach past either end, which no drafter's τ can
+    lo, hi = (x if math.isnan(x) else min(max(x, 1.0), float(costs.block_size)) for x in (lo, hi))
     s, r = _speedup(costs, budget, tau, loop)
     s_lo, s_hi = _speedup(costs, budget, lo, loop)[0], _speedup(costs, budget, hi, loop)[0]
     per_s = costs.plain_tokens_per_s
@@ -293,11 +296,14 @@ def _x(v: object) -> str:
 
 
 def speedup_block(costs: RoundCosts, chain: tuple[float, TauCI], ddtree: Mapping[int, tuple[float, TauCI]], *,
-                  floor: float | None = None, cached: bool = False) -> dict[str, Any]:
+                  floor: float | None = None, cached: bool = False,
+                  pooled: Mapping[str, float] | None = None) -> dict[str, Any]:
     """eval.json's ``speedup``: the costs, every strategy's prediction (``strategies``: chain and each DDTree budget
     of ``ddtree`` that the costs hold, the ``server`` model), the chain under this project's online loop
     (``loop``), the best strategy and the best DDTree budget, the floor and its verdict. ``chain`` and ``ddtree``
-    give mean τ and its CI."""
+    give mean τ (the macro mean over prompts: the speed-up of a typical request) and its CI; ``pooled`` (by
+    strategy): the pooled τ (accepted tokens / rounds over every round), whose speed-up is that of the prompt set's
+    total throughput, every token weighted alike (``pooled``: τ, speed-up and tokens/s, without a CI)."""
     preds = {"chain": predict(costs, "chain", *chain)}
     for b, (tau, ci) in sorted(ddtree.items()):
         if b in costs.tree_verify:
@@ -311,6 +317,8 @@ def speedup_block(costs: RoundCosts, chain: tuple[float, TauCI], ddtree: Mapping
         "strategies": {k: p.to_dict() for k, p in preds.items()}, "best": best_strategy(preds),
         "best_budget": budget_of(best_tree) if best_tree else None,
         "loop": {"chain": predict(costs, "chain", *chain, loop="loop").to_dict()},
+        "pooled": {k: {"tau": t, "speedup": (p := predict(costs, k, t)).speedup, "tokens_per_s": p.tokens_per_s}
+                   for k, t in (pooled or {}).items() if k in preds},
         "assumptions": list(ASSUMPTIONS), "floor": floor}
     block["passed"] = None if floor is None else floor_reason(block) is None
     return block

@@ -85,6 +85,12 @@ def speedup_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"Best: {strategy_label(best)} {_x(top)}"
                      + (f"; best DDTree budget {bb}" if bb is not None else "") + ". The CIs carry τ's over (the "
                      "95 % t CI of mean τ over prompts through the formula), not the timing noise.")
+    pooled = block.get("pooled") or {}
+    if pooled:
+        lines.append("Over the prompt set as a whole (pooled τ, every token alike: the throughput of decoding them one "
+                     "after another): " + ", ".join(
+                         f"{strategy_label(k)} {_x(v.get('speedup'))} (τ {fmt(v.get('tau'))}, "
+                         f"{fmt(v.get('tokens_per_s'), 1)} tokens/s)" for k, v in pooled.items()) + ".")
     if block.get("floor") is not None:
         reason = floor_reason(block)
         lines.append(f"--speedup-floor {block['floor']:g}: " + ("PASS" if reason is None else f"FAIL: {reason}"))

@@ -15,7 +15,7 @@ from dflash_eval.common.workdir import run_location
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, PromptTau
 from dflash_eval.measurements.online_greedy import OnlineTau
-from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, position_rates
+from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, pooled_means, position_rates
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.drift_budget import impact
 from dflash_eval.metrics.floors import Floors
@@ -276,7 +276,11 @@ def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> JsonBlock:
     chain = (tau.mean_tau, every.chain.ci95 if every is not None else None)
     ddtree = {int(b): (v, every.ddtree[b].ci95 if every is not None and b in every.ddtree else None)
               for b, v in tau.mean_ddtree.items()}
-    return speedup_block(costs, chain, ddtree, floor=ev.settings.speedup_floor, cached=cached)
+    pooled, pooled_dd = pooled_means({p: {"accept_lengths": r.accept_lengths,
+                                          "ddtree_accept_lengths": r.ddtree_accept_lengths}
+                                      for p, r in tau.prompts.items()})
+    return speedup_block(costs, chain, ddtree, floor=ev.settings.speedup_floor, cached=cached,
+                         pooled={"chain": pooled, **{f"ddtree-{b}": v for b, v in pooled_dd.items()}})
 
 
 def _drift_rows(ev: DrafterEvaluation) -> tuple[list[DriftRow], list[DriftAcceptRow]]:
