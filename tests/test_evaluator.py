@@ -7,6 +7,7 @@ naming what to pass."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -116,3 +117,37 @@ def test_bad_input_is_one_error_naming_what_to_pass(warm, tmp_path):
         ev.evaluate(3)
     with pytest.raises(CheckpointError, match="not tensors"):
         ev.evaluate({"fc.weight": [1.0]}, config=read_checkpoint(ROOT / "fixtures" / "drafter").config)
+
+
+def test_close_writes_the_trend_files_and_a_vacuous_floor_is_said(warm, tmp_path):
+    """The Evaluator writes history.md and history.png beside its history at close() (once; the trackers closed
+    first), and warns that a floor of 1.0 (SETTINGS' --tau-floor) passes any drafter."""
+    ev, _ = warm
+    report = tmp_path / "reports"
+    closed = []
+
+    class Tracker:
+        def log(self, record: object, result: object) -> None: ...
+
+        def close(self) -> None:
+            closed.append(not (report / "history.md").exists())  # the trackers first, then the files
+
+    other = dflash_eval.Evaluator({**SETTINGS, "cache_dir": str(ev.settings.cache_dir), "report_dir": str(report)},
+                                  history=True, trackers=[Tracker()])
+    with pytest.warns(UserWarning, match=r"every τ floor judged here is <= 1 .* judge nothing"):
+        other.evaluate(ROOT / "fixtures" / "drafter", step=1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        other.evaluate(ROOT / "fixtures" / "drafter", step=2)
+    assert not [w for w in seen if "judge nothing" in str(w.message)]  # said once per evaluator
+    assert not (report / "history.md").exists()
+    other.close()
+    assert closed == [True] and other.trend_files == [report / "history.md", report / "history.png"]
+    assert "| 2 | `drafter` |" in (report / "history.md").read_text()
+    assert (report / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    other.close()
+    assert closed == [True]  # once
+    memory = dflash_eval.Evaluator({**SETTINGS, "cache_dir": str(ev.settings.cache_dir),
+                                    "report_dir": str(tmp_path / "mem")})
+    memory.close()
+    assert memory.trend_files == [] and not (tmp_path / "mem").exists()  # no history file: nothing written

@@ -1,12 +1,16 @@
 """Train a DFlash drafter for the bundled target and evaluate it every N steps through dflash_eval.Evaluator.
 
+Needs a checkout of this repository: it trains with the recipe and corpus the bundled fixtures were built with
+(``dflash_eval.testing``, which the wheel does not ship). With the installed package alone, see
+``train_loop.py`` (a plain PyTorch loop) and ``specforge_callback.py`` (a SpecForge-style callback) beside it.
+
 The project's training recipe (dflash_eval.testing.training: random anchors, blocks [anchor token, MASK x (B-1)],
 context strictly before the anchor, slot weights exp(-(k-1)/gamma), the target's frozen embedding and lm_head) on
 the target's greedy continuations of line-aligned windows of a few standard-library files, from a random drafter.
 Every ``--every`` steps the live module (in training mode, on its device) is evaluated in-process: the first call
 produces the reference completions and features of the evaluation prompts, every later call costs drafter work
-only. Each evaluation appends a record to ``<report-dir>/history.jsonl``; at the end the trend table
-(``history.md``) and the τ-vs-step plot (``history.png``) are written beside it.
+only. Each evaluation appends a record to ``<report-dir>/history.jsonl``; at the end the evaluator is closed, which
+writes the trend table (``history.md``) and the τ-vs-step plot (``history.png``) beside it.
 
 Run from a checkout (docs/training-loop.md shows the output of the second command: τ 1.00 -> 4.24 in 34 min on 2
 CPU cores)::
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_eval import Evaluator
+from dflash_eval import Evaluator, trend_table
 from dflash_eval.drafter import DFlashDrafter, load_config_file
 from dflash_eval.target.head import TargetHead
 from dflash_eval.testing.training import (
@@ -37,12 +41,13 @@ from dflash_eval.testing.training import (
     sample_anchors,
     slot_weights,
 )
-from dflash_eval.training_loop.trend_plot import write_trend_plot
-from dflash_eval.training_loop.trend_table import trend_table, write_trend_table
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 def training_examples(model, tokenizer, layer_ids, n: int, new_tokens: int, seed: int) -> list:
-    """The target's greedy continuations of ``n`` line-aligned windows of the standard-library corpus, with their features."""
+    """The target's greedy continuations of ``n`` line-aligned windows of the standard-library corpus, with their
+    features."""
     prefixes = corpus_windows(tokenizer, n, seed)
     conts = greedy_continuations(model, prefixes, new_tokens, batch_size=32)
     return build_drafter_examples(model, [p + c for p, c in zip(prefixes, conts)], [len(p) for p in prefixes],
@@ -68,9 +73,9 @@ def make_evaluator(args: argparse.Namespace, target_dir: Path) -> Evaluator:
     evaluator = Evaluator({"target_model": str(target_dir), "prompts": str(ROOT / "fixtures" / "prompts.jsonl"),
                            "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
                            "report_dir": args.report_dir, "cache_dir": args.cache_dir, "dtype": "fp32",
-                           # a drafter in training has no floors of its own yet: τ >= 1 holds for any drafter, and
+                           # a drafter in training has no floors of its own yet (not the checkout's golden ones):
                            # the trend across steps (the history's verdicts) is what this run judges
-                           "tau_floor": 1.0, "floors_file": str(Path(args.report_dir) / "tau_floors.json")},
+                           "floors_file": str(Path(args.report_dir) / "tau_floors.json")},
                           history=history)
     evaluator.check_inputs()
     return evaluator
@@ -136,9 +141,7 @@ def main(argv: list[str] | None = None) -> list[tuple[int, float, float]]:
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         opt.step()
         loss = float(value)
-    records = evaluator.history.read()
-    write_trend_table(records, Path(args.report_dir) / "history.md")
-    write_trend_plot(records, Path(args.report_dir) / "history.png")
+    evaluator.close()  # history.md and history.png beside history.jsonl
     print(trend_table(evaluator.records), end="")
     return out
 

@@ -10,14 +10,22 @@
   appended atomically under a file lock; :mod:`~dflash_eval.training_loop.trend`: the verdicts across steps
   (below the run's recent level beyond the noise between checkpoints; a plateau notice);
   :mod:`~dflash_eval.training_loop.trend_table` and :mod:`~dflash_eval.training_loop.trend_plot`: the markdown
-  trend table and the τ-vs-step plot.
+  trend table and the plot (τ over steps, the regression verdict's Δ and its limit, evaluations without a step
+  apart), written by ``Evaluator.close()`` beside the history.
 - :mod:`~dflash_eval.training_loop.checkpoint_dir`: the checkpoints of a training output folder in step order;
   :mod:`~dflash_eval.training_loop.watch`: waiting for new ones (``dflash-eval gate DIR --watch``).
 - :mod:`~dflash_eval.training_loop.trackers`: TensorBoard and Weights & Biases logging through their own
-  libraries, when installed, as implementations of the history-record hook; :mod:`~dflash_eval.training_loop.plugins`:
+  libraries, when installed, as implementations of the history-record hook (τ, its CI, the floor and the verdict
+  as scalars: ``TRACKER_SCALARS``); :mod:`~dflash_eval.training_loop.plugins`:
   the hook manager outside pytest.
 
 The reference drafter's τ (``--reference-drafter``) is the session's (:mod:`dflash_eval.session.reference_drafter`).
 
-Docs: ``docs/training-loop.md``; example: ``docs/examples/train_with_eval.py``.
+What a trainer imports is exported from :mod:`dflash_eval` (``Evaluator``, ``History``, ``CheckpointRecord``,
+``trend_table``, ``write_trend_table``, ``write_trend_plot``, ``TensorBoardTracker``, ``WandbTracker``,
+``tracker_scalars``, ``TRACKER_SCALARS``); these modules are private by convention.
+
+Docs: ``docs/training-loop.md``; examples with the installed package: ``docs/examples/train_loop.py`` (a plain
+loop), ``docs/examples/specforge_callback.py`` (a SpecForge-style callback); in a checkout:
+``docs/examples/train_with_eval.py``.
 """

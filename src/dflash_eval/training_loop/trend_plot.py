@@ -177,6 +177,7 @@ def trend_figure(records: Sequence[CheckpointRecord]) -> Figure:
     the panels of the module docstring: the step axis's on the left (their axes' labels ``steps tau`` and ``steps
     delta``), those of the records without a step on the right (``named tau``, ``named delta``)."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     digest = records[-1].settings_digest
     mine = [r for r in records if r.settings_digest == digest]
@@ -205,6 +206,7 @@ def trend_figure(records: Sequence[CheckpointRecord]) -> Figure:
             top.set_ylabel("τ (mean accepted tokens per round)")
             bottom.set_ylabel("paired Δτ vs recent level")
             bottom.set_xlabel("training step")
+            bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
         else:
             top.set_title("evaluations without a step", fontsize=9)
             bottom.set_xlabel("checkpoint (no step)")
