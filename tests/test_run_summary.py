@@ -64,9 +64,9 @@ def test_verdict_block_of_a_passing_run(tmp_path):
     data = report.merge([{**fragment(37), **budget("pass")}])
     report.write_reports(data, tmp_path)
     lines = report.verdict_lines(data, report_dir=tmp_path)
-    assert lines[0] == ("dflash-eval: PASS — mean chain τ 3.800 >= floor 1.500 over 37 prompts, none below its "
+    assert lines[0] == ("dflash-eval: PASS — mean chain τ (macro) 3.800 >= floor 1.500 over 37 prompts, none below its "
                         "floor; drift gate PASS")
-    assert "mean DDTree-8 τ 3.000 >= floor 2.000" in lines[1]
+    assert "mean DDTree-8 τ (macro) 3.000 >= floor 2.000; pooled τ" in lines[1]
     assert "lowest prompts (chain τ / floor): p0 2.000 / 1.750, p1 2.100 / 1.850, p2 2.200 / 1.950" in lines[1]
     assert lines[2].startswith("drift gate: PASS, 1 of 1 comparison layers pass (drift x safety 5 below the lower "
                                "end of the drift budget 1.00e-01 (90 % CI 8.00e-02–1.20e-01))")
