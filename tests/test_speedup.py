@@ -119,6 +119,10 @@ def test_block_names_the_best_strategy_and_judges_the_floor() -> None:
     speeds = {k: v["speedup"] for k, v in block["strategies"].items()}
     assert block["best"] == max(speeds, key=lambda k: speeds[k]) == "ddtree-8" and block["best_budget"] == 8
     assert block["plain_tokens_per_s"] == pytest.approx(100.0)
+    assert block["near_best"] == []  # DDTree-8 beats the chain and DDTree-4 by more than 5 %
+    tie = speedup_block(costs(tree_verify={4: 0.016, 8: 0.016}, tree_build={4: 0.0005, 8: 0.0005}),
+                        (4.5, None), {4: (5.5, None), 8: (5.6, None)})
+    assert tie["best"] == "ddtree-8" and tie["near_best"] == ["ddtree-4"]  # 5.5 / 5.6: within 5 %
     assert block["passed"] is True and floor_reason(block) is None
     high = speedup_block(c, (4.5, (4.0, 5.0)), {}, floor=speeds["chain"] + 0.01)
     assert high["passed"] is False

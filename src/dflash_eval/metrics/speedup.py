@@ -57,7 +57,7 @@ from dflash_eval.metrics.verdict import Verdict, passes
 
 __all__ = ["LOOPS", "RoundCosts", "Prediction", "round_parts", "predict", "mean_context", "context_bucket",
            "strategy_name", "budget_of", "speedup_block", "best_strategy", "floor_reason", "ASSUMPTIONS",
-           "speedup_digest", "with_speedup_floor"]
+           "speedup_digest", "with_speedup_floor", "NEAR_BEST"]
 
 Loop = Literal["server", "loop"]
 #: A CI of mean τ: [low, high] (a bound None or NaN: unknown), or None.
@@ -257,6 +257,10 @@ def mean_context(lengths: Sequence[tuple[int, int]]) -> float:
     return sum(n * (p + (n - 1) / 2) for p, n in lengths) / tokens
 
 
+#: Strategies predicted within this share of the best one are named beside it (``near_best``): the timings' own
+#: noise (a few per cent on a shared machine: benchmarks.md) does not tell them apart.
+NEAR_BEST = 0.05
+
 #: The context lengths costs are measured at are rounded up to a multiple of this many tokens: runs whose
 #: completions differ by a few tokens share one cache entry (attention's cost changes by far less over 64 tokens).
 CONTEXT_STEP = 64
@@ -309,12 +313,14 @@ def speedup_block(costs: RoundCosts, chain: tuple[float, TauCI], ddtree: Mapping
         if b in costs.tree_verify:
             preds[strategy_name(b)] = predict(costs, strategy_name(b), tau, ci)
     trees = {k: p for k, p in preds.items() if k != "chain"}
-    best_tree = best_strategy(trees)
+    best_tree, best = best_strategy(trees), best_strategy(preds)
+    top = preds[best].speedup if best else math.nan
+    near = [k for k, p in preds.items() if k != best and p.speedup >= (1 - NEAR_BEST) * top]
     block: dict[str, Any] = {
         "device": costs.device, "device_kind": costs.device_kind, "dtype": costs.dtype, "backend": costs.backend,
         "threads": costs.threads, "context_len": costs.context_len, "block_size": costs.block_size,
         "plain_tokens_per_s": costs.plain_tokens_per_s, "costs": costs.to_dict(), "cached": cached,
-        "strategies": {k: p.to_dict() for k, p in preds.items()}, "best": best_strategy(preds),
+        "strategies": {k: p.to_dict() for k, p in preds.items()}, "best": best, "near_best": near,
         "best_budget": budget_of(best_tree) if best_tree else None,
         "loop": {"chain": predict(costs, "chain", *chain, loop="loop").to_dict()},
         "pooled": {k: {"tau": t, "speedup": (p := predict(costs, k, t)).speedup, "tokens_per_s": p.tokens_per_s}

@@ -82,7 +82,10 @@ def speedup_lines(data: dict[str, Any]) -> list[str]:
     best, bb = block.get("best"), block.get("best_budget")
     if best:
         top = ((block.get("strategies") or {}).get(best) or {}).get("speedup")
+        near = [f"{strategy_label(k)} {_x(((block.get('strategies') or {}).get(k) or {}).get('speedup'))}"
+                for k in block.get("near_best") or []]
         lines.append(f"Best: {strategy_label(best)} {_x(top)}"
+                     + (f" ({', '.join(near)} within 5 %: not told apart by these timings)" if near else "")
                      + (f"; best DDTree budget {bb}" if bb is not None else "") + ". The CIs carry τ's over (the "
                      "95 % t CI of mean τ over prompts through the formula), not the timing noise.")
     pooled = block.get("pooled") or {}
