@@ -65,11 +65,12 @@ def test_gate_two_checkpoints_then_failing_floor_then_bad_path(common, tmp_path,
     assert "2/2 checkpoint(s) passed" in md and "| drafter |" in md and "| step_2 |" in md
     assert "### Lowest chain τ (2 of 2 prompts, worst first)" in md
 
-    # Warm (same cache): the target is never built; a floor nobody reaches fails the gate with exit 1.
+    # Warm (same cache), the witness off (it re-extracts a prompt through the live target by design): the target
+    # is never built; a floor nobody reaches fails the gate with exit 1.
     patch_uses(monkeypatch, target_mod, "load_target", lambda *a, **k: pytest.fail("warm gate loaded the target"))
     with pytest.warns(UserWarning, match="ignored"):
         rc = main(["gate", "--drafter", str(FIXTURE_DRAFTER), "--drafter", str(copy), "--tau-floor", "100",
-                   "--floors-file", str(FLOORS), "--json", str(out_json), *common])
+                   "--floors-file", str(FLOORS), "--json", str(out_json), "--witness-prompts", "0", *common])
     out = capsys.readouterr().out
     assert rc == 1 and out.count("FAIL") == 2 and "0/2 checkpoint(s) passed" in out
     assert "mean chain τ" in out and "below floor" not in out  # only the mean is gated
