@@ -231,6 +231,17 @@ def test_round_costs_are_cached_per_device_and_shapes(tmp_path: Path, tiny_targe
     assert judged["passed"] is False and "--speedup-floor 1000" in (floor_reason(judged) or "")
     other = EvalSession(EvalSettings.from_mapping({**base, "ddtree_budget": "4"}), progress=None)
     assert other.evaluation.measure("round_costs")[1] is False  # other budgets: timed anew
+    from dflash_eval.errors import CacheError
+
+    torch.set_num_threads(2)  # a warm --cache-only run with another thread count (a cold -n 2 run, then -n 0)
+    warm = EvalSession(EvalSettings.from_mapping({**base, "cache_only": True}), progress=None)
+    assert warm.evaluation.measure("round_costs") == (c1, True)  # the 1-thread costs serve, nothing is timed
+    normal = EvalSession(EvalSettings.from_mapping(base), progress=None)
+    c3, cached3 = normal.evaluation.measure("round_costs")
+    assert cached3 is False and c3.threads == 2  # outside --cache-only this thread count is timed for itself
+    miss = EvalSession(EvalSettings.from_mapping({**base, "cache_only": True, "ddtree_budget": "16"}), progress=None)
+    with pytest.raises(CacheError, match="round"):
+        miss.evaluation.measure("round_costs")
 
 
 # ------------------------------------------------------------------------------------------------ reports

@@ -33,14 +33,17 @@ time; a part's cost is the median, its ``spread`` the interquartile range over t
 One cache entry holds the costs, keyed by the target, the drafter config, the block size and budgets, the context
 length, the device kind (on a CPU also its model and torch's thread count), the dtype, the backend, the library
 versions, :data:`~dflash_eval.cache.code_version.CODE_VERSION` and :data:`COSTS_VERSION`: every later run and every
-checkpoint of the same drafter shape reads it back. A timing is a real measurement of the machine: a miss is refused
-under ``--cache-only``. On the bundled fixtures on a CPU it takes a second or two.
+checkpoint of the same drafter shape reads it back. A timing is a real measurement of the machine: under
+``--cache-only`` nothing is timed, and on a CPU the costs timed with another thread count serve (a warm ``-n 0`` run
+after a cold ``-n 2`` one, whose workers had one thread each; the device's name in the reports says how many); a
+miss is refused. On the bundled fixtures on a CPU it takes a second or two.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import os
 import platform
 import statistics
 import time
@@ -313,8 +316,13 @@ class RoundCostsMeasurement(Measurement):
             "budgets": list(budgets), "context_len": ctx, "device_kind": device_kind(dev), "dtype": str(s.torch_dtype),
             "backend": s.eval_backend, "versions": library_versions(), "code": CODE_VERSION, "costs": COSTS_VERSION,
             "repeats": REPEATS, "warmup": WARMUP}
+        alternatives: tuple[Request, ...] = ()
         if dev.type == "cpu":  # a CPU's speed is its model's and its threads'
             fields.update(cpu=cpu_model(), threads=torch.get_num_threads())
+            if s.cache_only:  # never timed under --cache-only: the costs timed with another thread count serve
+                alternatives = tuple(
+                    Request(self.kind, {**fields, "threads": t}, what=f"the round costs timed with {t} threads")
+                    for t in range(1, max(os.cpu_count() or 1, fields["threads"]) + 1) if t != fields["threads"])
 
         def produce(todo: list[Request]) -> list[Produced]:
             prog = Progress("round costs (timing)", rounds_count(), inp.progress, unit="rounds")
@@ -326,7 +334,8 @@ class RoundCostsMeasurement(Measurement):
             return [Produced({"seconds": torch.tensor([costs.seconds], dtype=torch.float64)},
                              {"costs": costs.to_dict()})]
 
-        req = Request(self.kind, fields, what=f"the costs of a speculative round on {device_kind(dev)}")
+        req = Request(self.kind, fields, what=f"the costs of a speculative round on {device_kind(dev)}",
+                      alternatives=alternatives)
         return Plan([Batch([req], produce)], {"costs": req})
 
     def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
