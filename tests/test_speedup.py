@@ -345,3 +345,34 @@ def test_gate_shows_and_judges_the_prediction(tmp_path: Path, tiny_target_dir: P
 
     again = record_row(History(reports / "history.jsonl").read()[0])  # a row judged from its history record
     assert again.speedup == row["speedup"] and again.passed is False
+
+
+# ------------------------------------------------------------------------------------------------ the suite
+def test_suite_gates_on_the_floor(pytester: pytest.Pytester, suite_checkout, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                  tiny_target_dir: Path, tiny_drafter_dir: Path) -> None:
+    """test_predicted_speedup: skipped without a floor (the prediction reported all the same), failed below one
+    with the reason naming the floor and the device, passed above one; the verdict block has the line."""
+    suite_checkout()
+
+    def run(*extra: str, name: str) -> tuple[pytest.RunResult, dict]:
+        res = pytester.runpytest_inprocess(
+            "tests_eval", "-q", "-k", "predicted_speedup", "--target-model", str(tiny_target_dir), "--drafter",
+            str(tiny_drafter_dir), "--prompts", str(ROOT / "fixtures" / "prompts.jsonl"), "--num-prompts", "2",
+            "--max-new-tokens", "12", "--tau-floor", "1.0", "--witness-prompts", "0", "--torch-threads", "1",
+            "--cache-dir", str(tmp_path / "cache"), "--report-dir", str(tmp_path / name), *extra)
+        return res, json.loads((tmp_path / name / "eval.json").read_text())
+
+    res, data = run(name="none")
+    res.assert_outcomes(skipped=1)
+    assert data["speedup"]["floor"] is None and data["speedup"]["strategies"]["chain"]["speedup"] > 0
+    assert "predicted speed-up on cpu" in res.stdout.str() and (tmp_path / "none" / "speedup.png").is_file()
+    chain = data["speedup"]["strategies"]["chain"]["speedup"]
+    high = float(f"{chain * 10:.3f}")
+    res, data = run("--speedup-floor", str(high), name="high")
+    res.assert_outcomes(failed=1)
+    out = res.stdout.str()
+    assert "predicted chain speed-up" in out and f"< --speedup-floor {high:g} on cpu" in out
+    assert data["speedup"]["passed"] is False and data["speedup"]["cached"] is True  # timed once, by the first run
+    res, data = run("--speedup-floor", f"{chain / 10:.4f}", name="low")
+    res.assert_outcomes(passed=1)
+    assert data["speedup"]["passed"] is True
