@@ -10,9 +10,10 @@ Checkpoints (the bundled drafter, ``fixtures/drafter``, on the first ``--num-pro
   sequence) replaced by a drafter whose τ is about 10 % lower (``--drop``): one more seed of the same noise,
   times ``(1 + r * N(0, 1))`` on every weight, ``r`` calibrated per seed by bisection on its measured mean τ
   against the mean of its equivalent sequence (each calibration step one evaluation; the measured drop is printed);
-- a **rising sequence** (``--rising``, 0 to skip): the extra noise ``r`` shrinking linearly to 0 over the steps
-  (from ``--rising-top``, by default 3 x the median calibrated r), so τ rises: no regression and no plateau should
-  be judged while it does.
+- a **rising sequence** (``--rising``, 0 to skip): extra noise of one direction, the sequence's own, its size ``r``
+  shrinking linearly to 0 over the steps (from ``--rising-top``, by default 3 x the median calibrated r): a smooth
+  path from a weaker drafter to the bundled one, as training moves, plus every checkpoint's independent noise. τ
+  rises: no regression and no plateau should be judged while it does.
 
 Every checkpoint is evaluated once (one ``Evaluator``, the live module, ``evaluate(module, step=...)``) and its
 per-prompt chain τ kept in ``--record`` (``benchmarks/results/checkpoint-verdicts-<device>.json``; JSON, written
@@ -90,7 +91,7 @@ class Checkpoints:
             self._base = read_checkpoint(ROOT / "fixtures" / "drafter")
         return self._ev
 
-    def _drafter(self, seed: int, step: int, extra: float) -> Any:
+    def _drafter(self, seed: int, step: int, extra: float, fixed: bool) -> Any:
         import torch
 
         from dflash_eval.drafter import build_drafter
@@ -98,7 +99,7 @@ class Checkpoints:
         self._evaluator()
         m = build_drafter(self._base, dtype="fp32")
         g = torch.Generator().manual_seed(1_000_003 * seed + step)
-        h = torch.Generator().manual_seed(2_000_029 * seed + step)
+        h = torch.Generator().manual_seed(2_000_029 * seed + (0 if fixed else step))
         with torch.no_grad():
             for p in m.parameters():
                 p.mul_(1 + self.a.noise * torch.randn(p.shape, generator=g))
@@ -106,14 +107,15 @@ class Checkpoints:
                     p.mul_(1 + extra * torch.randn(p.shape, generator=h))
         return m.train()
 
-    def taus(self, seed: int, step: int, extra: float = 0.0) -> Taus:
-        """Per-prompt chain τ of the drafter with noise seed (``seed``, ``step``) and ``extra`` noise (recorded)."""
-        key = f"{seed}/{step}/{extra:.6g}"
+    def taus(self, seed: int, step: int, extra: float = 0.0, *, fixed: bool = False) -> Taus:
+        """Per-prompt chain τ of the drafter with noise seed (``seed``, ``step``) and ``extra`` noise (recorded);
+        ``fixed``: the extra noise's direction is the sequence's own, the same at every step."""
+        key = f"{seed}/{step}/{extra:.6g}" + ("/fixed" if fixed else "")
         if key not in self.data["taus"]:
             from dflash_eval.common.atomic import atomic_write_text
 
             t0 = time.perf_counter()
-            result = self._evaluator().evaluate(self._drafter(seed, step, extra), step=step)
+            result = self._evaluator().evaluate(self._drafter(seed, step, extra, fixed), step=step)
             assert result.tau is not None
             self.data["taus"][key] = {p: r.tau for p, r in result.tau.prompts.items()}
             atomic_write_text(self.path, json.dumps(self.data, indent=0, sort_keys=True))
@@ -295,7 +297,7 @@ def main() -> None:
     top = a.rising_top if a.rising_top is not None else 3 * statistics.median(r for r, _, _ in drops.values())
     for i in range(a.rising):
         s = 100 + i
-        rising[s] = [cp.taus(s, k, round(top * (1 - k / a.steps), 6)) for k in steps]
+        rising[s] = [cp.taus(s, k, round(top * (1 - k / a.steps), 6), fixed=True) for k in steps]
 
     cols = ("old", "t+bonf", "new")
     print(f"\n## Equivalent sequences: {a.seeds} x {a.steps} checkpoints, {a.noise:.0%} relative weight noise, "

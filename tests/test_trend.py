@@ -109,6 +109,24 @@ def test_the_message_names_the_comparison_the_difference_the_limit_and_the_corre
     assert "the limit for one checkpoint against the mean of 9, σ measured from them" in msg
 
 
+def test_the_numbers_behind_the_verdict_are_the_verdicts():
+    """regression_test gives what the message says: the stretch, Δ, the limit, the upper end; None before any."""
+    rng = random.Random(14)
+    for drops in ({}, {11: 0.10}):
+        recs = judge(run(rng, 14, drops=drops))
+        for k, r in enumerate(recs):
+            t = trend.regression_test(r, recs[:k])
+            if k == 0:
+                assert t is None
+                continue
+            kept = k - sum(x.regression is not None for x in recs[:k])
+            assert t is not None and len(t.stretch) == min(kept, trend.WINDOW)
+            assert (t.upper is None) == (k < 3) and t.regression == (r.regression is not None)
+            if r.regression:
+                assert f"upper limit {t.upper:+.3f} < 0" in r.regression and f"paired Δ {t.delta.mean:+.3f}" in \
+                    r.regression
+
+
 def second_drops(seed: int) -> tuple[int, int]:
     """Of 30 runs with 10 % drops at steps 10 and 15: how often the first is caught, and the second after it."""
     rng = random.Random(seed)
@@ -167,7 +185,7 @@ def test_the_gain_limit_holds_its_level_in_an_independent_simulation():
         r = [rng.gauss(0, 1) for _ in range(recent)]
         groups = [[y - x for x, y in zip(g, g[1:])] for g in (b, r)]  # not across the boundary
         ss = sum((v - statistics.fmean(g)) ** 2 for g in groups for v in g)  # each about its mean
-        hits += (max(r) - statistics.fmean(b)) / math.sqrt(ss / sum(len(g) - 1 for g in groups)) > c
+        hits += (max(r) - b[-1]) / math.sqrt(ss / sum(len(g) - 1 for g in groups)) > c
     assert abs(hits / n - trend.ALPHA_GAIN) < 0.008, hits / n
 
 
@@ -235,8 +253,8 @@ def test_plateau_noticed_on_a_flat_run_not_on_a_rising_one():
     assert sum(r.plateau is not None for r in flat[4:]) >= 7
     note = flat[-1].plateau
     assert note is not None and note.startswith("plateau: no gain beyond noise over the last 4 checkpoints")
-    assert "(step 900 .. step 1200) against the mean of the 8 before them (step 100 .. step 800; τ " in note
-    assert "95 % limit for the best of 4 against the mean of 8" in note
+    assert "(step 900 .. step 1200) over the best of the 8 before them (step 100 .. step 800): the largest, " in note
+    assert "95 % limit for the best of 4 over one checkpoint" in note
     rising = judge(run(rng, 12, rise=0.2))  # 2 x the checkpoint means' spread a step
     assert all(r.plateau is None for r in rising)
     assert all(r.regression is None for r in rising)

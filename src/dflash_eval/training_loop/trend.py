@@ -1,11 +1,12 @@
 """Verdicts across training steps, from the per-prompt chain τ of the history's records: a regression (a failure)
 and a plateau (a notice). The rule, why it is so, and its measured error rates: ``docs/training-loop.md``.
 
-A checkpoint is judged against the run's recent level: the per-prompt mean τ of the last :data:`WINDOW`
-checkpoints before it (its *stretch*; fewer at the start), paired over the prompts both have a τ for: Δ is the mean
-over those prompts of τ(this) - τ(level). Not the best earlier checkpoint: the best of several noisy checkpoints
-lies above its true τ (the winner's curse; one lucky checkpoint would stay the bar for good), the mean of several
-does not, and it varies less. Not the whole run: its early rise is no noise of a later plateau.
+Both verdicts look at the run's recent *stretch*: the last :data:`WINDOW` checkpoints before the one judged (before
+the last K for a plateau; fewer at the start), compared paired over the prompts both sides have a τ for (Δ: the
+mean per-prompt difference). A regression is judged against the stretch's *level*, its per-prompt mean τ, not its
+best checkpoint: the best of several noisy checkpoints lies above its true τ (the winner's curse; one lucky
+checkpoint would stay the bar for good), the mean of several does not, and it varies less. Not the whole run: its
+early rise is no noise of a later plateau.
 
 The noise is not the prompts' alone: two checkpoints of one run that are equally good still differ in τ (their
 weights differ), by more than the prompts' standard error once the prompts are many. That noise between
@@ -21,11 +22,14 @@ regressions are left out of every stretch (their drop is no noise, and no level)
   one-sided 99 % quantile of (mean of w - the new one) / σ̂ over simulated runs of w + 1 equally good checkpoints
   (independent normal τ, σ̂ computed as above), so that equally good checkpoints are failed at most once in 100.
 - **plateau**: none of the last K checkpoints (this one included, in step order) gained beyond noise over the
-  level of the stretch before them: max over them of Δ(recent, level before) <= c' · σ, c' (:func:`gain_limit`)
-  the one-sided 95 % quantile of (max of K - mean of the B before) / σ̂ for equally good checkpoints (the best of K
-  being picked is allowed for). σ here is the standard deviation of the differences within the stretch before the
-  K and of those among the K, each group about its mean (a steady rise is the gain looked for, not noise), never
-  across the boundary (a gain would inflate it).
+  best checkpoint of the stretch before them: max over them of Δ(recent, best before) <= c' · σ, c'
+  (:func:`gain_limit`) the one-sided 95 % quantile of (max of K - one earlier checkpoint) / σ̂ for equally good
+  checkpoints. Here the bar is the best, not the level: a gain must clear what the run already reached, and the
+  level of a rising stretch lags behind it (the notice would come late); the best's own luck is not discounted
+  (the best of a rising stretch is its latest checkpoint, no lucky pick), so the notice comes early rather than
+  late. σ here is the standard deviation of the
+  differences within the stretch before the K and of those among the K, each group about its mean (a steady rise is
+  the gain looked for, not noise), never across the boundary (a gain would inflate it).
 
 The limits are Monte Carlo quantiles, seeded (a verdict is the same on every run and machine) and cached per size.
 Only records of one settings digest are compared (the same target, prompts and τ-relevant options).
@@ -46,8 +50,8 @@ if TYPE_CHECKING:  # numpy is imported where a limit is simulated, not with the 
     from numpy.typing import NDArray
 
 __all__ = ["ALPHA_REGRESSION", "ALPHA_GAIN", "WINDOW", "Paired", "Noise", "paired", "level", "successive",
-           "checkpoint_noise", "trend_free_noise", "regression_limit", "gain_limit", "earlier_than", "regression",
-           "plateau", "step_order"]
+           "checkpoint_noise", "trend_free_noise", "regression_limit", "gain_limit", "earlier_than",
+           "RegressionTest", "regression_test", "regression", "plateau", "step_order"]
 
 #: One-sided level of the regression test: the share of equally good checkpoints failed as regressions.
 ALPHA_REGRESSION = 0.01
@@ -234,16 +238,18 @@ def regression_limit(w: int, alpha: float = ALPHA_REGRESSION) -> float:
 
 @lru_cache(maxsize=256)
 def gain_limit(recent: int, before: int, alpha: float = ALPHA_GAIN) -> float:
-    """c': the one-sided ``1 - alpha`` quantile of (max of ``recent`` - mean of ``before``) / σ̂ over equally good
+    """c': the one-sided ``1 - alpha`` quantile of (max of ``recent`` - one of ``before``) / σ̂ over equally good
     checkpoints, σ̂ the pooled standard deviation of the successive differences within the ``before`` and within
-    the ``recent``, each group about its mean (at least one degree of freedom in all)."""
+    the ``recent``, each group about its mean (at least one degree of freedom in all). The best before is taken as
+    one checkpoint, its selection not discounted: a gain is claimed cautiously, a plateau noticed early rather than
+    late (the best of a rising stretch is its latest, no lucky pick)."""
     if recent < 1 or before < 1 or max(before - 2, 0) + max(recent - 2, 0) < 1:
         raise ValueError(f"a gain limit needs checkpoints on both sides and a degree of freedom for σ; got "
                          f"{recent} recent, {before} before them")
 
     def stat(x: NDArray[np.float64]) -> NDArray[np.float64]:
         b, r = x[:, :before], x[:, before:]
-        out: NDArray[np.float64] = (r.max(axis=1) - b.mean(axis=1)) / _pooled_sd(b, r)
+        out: NDArray[np.float64] = (r.max(axis=1) - b[:, -1]) / _pooled_sd(b, r)
         return out
 
     return _quantile(stat, before + recent, 1 - alpha, (2, recent, before))
@@ -270,33 +276,67 @@ def _kept(records: Sequence[_R]) -> list[_R]:
 
 
 # ------------------------------------------------------------------------------------------------ verdicts
+@dataclass(frozen=True)
+class RegressionTest:
+    """The numbers the regression verdict judges a checkpoint by: its stretch (the earlier checkpoints it is
+    compared with), Δ against their level, the noise (None with fewer than two successive differences: not judged)
+    and the limit c; :attr:`upper` = Δ + c · σ, a regression when below 0."""
+
+    stretch: Sequence[_Record]
+    delta: Paired
+    noise: Noise | None
+    limit: float | None
+    alpha: float
+
+    @property
+    def scale(self) -> float | None:
+        """What Δ is measured in (:meth:`Noise.scale`); None when not judged."""
+        return None if self.noise is None else self.noise.scale(self.delta)
+
+    @property
+    def upper(self) -> float | None:
+        """The one-sided upper limit of Δ; None when not judged."""
+        scale = self.scale
+        return None if scale is None or self.limit is None else self.delta.mean + self.limit * scale
+
+    @property
+    def regression(self) -> bool:
+        upper = self.upper
+        return upper is not None and upper < 0
+
+
+def regression_test(record: _Record, earlier: Sequence[_Record], *,
+                    alpha: float = ALPHA_REGRESSION) -> RegressionTest | None:
+    """:class:`RegressionTest` of ``record`` against ``earlier`` (the records before it, :func:`earlier_than`);
+    None when no earlier checkpoint (no regression) shares a prompt with it."""
+    stretch = [r for r in _kept(earlier) if paired(record.prompts, r.prompts).n][-WINDOW:]
+    if not stretch:
+        return None
+    noise = checkpoint_noise(successive(stretch))
+    c = regression_limit(len(stretch), alpha) if noise is not None else None
+    return RegressionTest(stretch, paired(record.prompts, level(stretch)), noise, c, alpha)
+
+
 def regression(record: _Record, earlier: Sequence[_Record], *, alpha: float = ALPHA_REGRESSION) -> str | None:
     """The failure message when ``record`` is below the level of the run's recent stretch beyond noise (see module
     docstring), else None (also with fewer than three earlier checkpoints sharing a prompt with it: σ is measured
     from them)."""
-    stretch = [r for r in _kept(earlier) if paired(record.prompts, r.prompts).n][-WINDOW:]
-    noise = checkpoint_noise(successive(stretch))
-    if noise is None:
+    t = regression_test(record, earlier, alpha=alpha)
+    if t is None or not t.regression or t.noise is None or t.limit is None or t.upper is None:
         return None
-    ref = level(stretch)
-    d = paired(record.prompts, ref)
-    c = regression_limit(len(stretch), alpha)
-    scale = noise.scale(d)
-    upper = d.mean + c * scale
-    if upper >= 0:
-        return None
+    d, c, scale, stretch = t.delta, t.limit, t.noise.scale(t.delta), t.stretch
     return (f"below the run's recent level beyond the noise between checkpoints: paired Δ {fmt(d.mean, 3, '+f')} "
             f"over {d.n} prompts against the mean of the last {len(stretch)} checkpoints ({_span(stretch)}; τ "
-            f"{fmt(_mean(ref))}), its {fmt(100 * (1 - alpha), 0)} % upper limit {fmt(upper, 3, '+f')} < 0 (Δ + "
-            f"{fmt(c, 2)} × {fmt(scale)}, {noise.words()}; {fmt(c, 2)}: the limit for one checkpoint against the "
-            f"mean of {len(stretch)}, σ measured from them)")
+            f"{fmt(_mean(level(stretch)))}), its {fmt(100 * (1 - alpha), 0)} % upper limit {fmt(t.upper, 3, '+f')} "
+            f"< 0 (Δ + {fmt(c, 2)} × {fmt(scale)}, {t.noise.words()}; {fmt(c, 2)}: the limit for one checkpoint "
+            f"against the mean of {len(stretch)}, σ measured from them)")
 
 
 def plateau(record: _Record, earlier: Sequence[_Record], window: int, *,
             alpha: float = ALPHA_GAIN) -> str | None:
-    """The notice when none of the last ``window`` checkpoints up to ``record`` gained beyond noise over the level
-    of the stretch before them (see module docstring); None with fewer than ``window + 1`` checkpoints, or when a
-    recent checkpoint gained."""
+    """The notice when none of the last ``window`` checkpoints up to ``record`` gained beyond noise over the best
+    checkpoint of the stretch before them (see module docstring); None with fewer than ``window + 1`` checkpoints,
+    or when a recent checkpoint gained."""
     seq = step_order([*earlier, record])
     if len(seq) <= window:
         return None
@@ -304,18 +344,22 @@ def plateau(record: _Record, earlier: Sequence[_Record], window: int, *,
     noise = trend_free_noise([successive(before), successive(recent)])
     if not before or not recent or noise is None:
         return None
-    ref = level(before)
-    gains = [(r, d) for r in recent if (d := paired(r.prompts, ref)).n]
+    gains = []  # per recent checkpoint: its gain over the best before (the one it gained least over)
+    for r in recent:
+        ds = [(b, d) for b in before if (d := paired(r.prompts, b.prompts)).n]
+        if ds:
+            b, d = min(ds, key=lambda bd: bd[1].mean)
+            gains.append((r, b, d))
     if not gains:
         return None
     c = gain_limit(len(recent), len(before), alpha)
-    r, d = max(gains, key=lambda rd: rd[1].mean - c * noise.scale(rd[1]))
+    r, b, d = max(gains, key=lambda g: g[2].mean - c * noise.scale(g[2]))
     limit = c * noise.scale(d)
     if d.mean > limit:
         return None
-    against = f"the mean of the {len(before)} before them" if len(before) > 1 else "the one before them"
-    return (f"plateau: no gain beyond noise over the last {window} checkpoints ({_span(seq[-window:])}) against "
-            f"{against} ({_span(before)}; τ {fmt(_mean(ref))}): the largest, "
-            f"{_name(r)}, paired Δ {fmt(d.mean, 3, '+f')} <= {fmt(limit, 3, '+f')} ({fmt(c, 2)} × "
-            f"{fmt(noise.scale(d))}, {noise.words()}; {fmt(c, 2)}: the one-sided {fmt(100 * (1 - alpha), 0)} % "
-            f"limit for the best of {len(recent)} against the mean of {len(before)})")
+    best = "the one before them" if len(before) == 1 else f"the best of the {len(before)} before them"
+    return (f"plateau: no gain beyond noise over the last {window} checkpoints ({_span(seq[-window:])}) over "
+            f"{best} ({_span(before)}): the largest, {_name(r)} over {_name(b)} (τ {fmt(_mean(b.prompts))}), "
+            f"paired Δ {fmt(d.mean, 3, '+f')} <= {fmt(limit, 3, '+f')} ({fmt(c, 2)} × {fmt(noise.scale(d))}, "
+            f"{noise.words()}; {fmt(c, 2)}: the one-sided {fmt(100 * (1 - alpha), 0)} % limit for the best of "
+            f"{len(recent)} over one checkpoint)")
