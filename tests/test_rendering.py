@@ -147,7 +147,7 @@ def test_gate_rows_come_from_the_typed_summary(tmp_path):
     assert list(row.to_json()) == ["drafter", "fingerprint", "mean_tau", "mean_ddtree", "mean_tau_pooled",
                                    "mean_ddtree_pooled", "mean_floor", "worst_prompt", "worst_tau", "worst_floor",
                                    "passed", "reasons", "baseline", "prompts", "seconds", "step", "gating",
-                                   "notices", "reference"]
+                                   "notices", "reference", "speedup"]
     assert row.to_json()["prompts"]["a"] == {"tau": 2.5, "ddtree": {"8": 3.0}, "floor": 2.0, "passed": True}
     low = gate_row(_summary({"a": 1.9, "b": 1.5}, floors), floors, drafter="x", fingerprint="f")
     assert not low.passed and low.reasons == ["1 prompt(s) below floor"]

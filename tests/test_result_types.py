@@ -28,7 +28,8 @@ from dflash_eval.results.rows import Row
 NAN = float("nan")
 
 #: EvalResult's blocks carried as eval.json holds them (their layout belongs to another part of the suite).
-OPAQUE = {"settings", "cache", "sglang", "target", "provenance", "context", "measurements"}
+OPAQUE = {"settings", "cache", "sglang", "target", "provenance", "context", "measurements",
+          "speedup"}  # speedup: a JSON block of metrics.speedup (its schema in eval.schema.json); not typed rows yet
 #: Row fields of that kind: the drafter's config (DrafterConfig.to_dict) and the reference drafter's block.
 OPAQUE_ROW_FIELDS = {("DrafterBlock", "config"), ("DrafterBlock", "reference"),
                      ("FingerprintBlock", "versions"), ("FingerprintBlock", "kernel_probe")}
