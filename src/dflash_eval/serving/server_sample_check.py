@@ -27,8 +27,8 @@ The score is taken twice: per completion (``z`` of its own tokens; refused below
 :data:`SAMPLE_Z_SHARP`: one completion of another replica) and pooled over the whole fetch (``Z`` of every token of
 every completion fetched in one go; refused below :data:`FETCH_Z_FLAT` or above :data:`FETCH_Z_SHARP`), where a
 small effect per token, too small to show in one completion, adds up: on the bundled target at T 0.6, greedy
-completions of 16 tokens score about +2.5 to +3 each, four of them about +5 together. The left tail of the score is heavy
-(an improbable token is a large negative term), hence the flat thresholds far out. The right tail is light where
+completions of 16 tokens score about +2.5 to +3 each, four of them about +5 together. The left tail of the score is
+heavy (an improbable token is a large negative term), hence the flat thresholds far out. The right tail is light where
 many positions share the variance, since each term is at most ``b_t = log max q_t + H_t``; where a few positions
 carry it (a moderately likely argmax over a flat tail) it is not, so a sharp score refuses only where Freedman's
 inequality with the largest ``b_t`` also bounds its chance for a right server by :data:`SHARP_GUARANTEE`
