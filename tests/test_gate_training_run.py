@@ -99,7 +99,7 @@ def test_reference_drafter_tau_beside_each_checkpoint(tmp_path, cache):
     assert row["reference"] == ref
     md = (reports / "gate.md").read_text()
     head = next(line for line in md.splitlines() if line.startswith("| checkpoint"))
-    assert "| reference τ | Δ vs reference (95 % CI (paired t over prompts)) |" in head
+    assert "| reference τ | Δ vs reference (95 % CI (paired Hall t over prompts)) |" in head
     cells = next(line for line in md.splitlines() if line.startswith("| step_5")).split(" | ")
     col = head.split(" | ").index("reference τ")
     assert cells[col] == f"{ref['mean_tau']:.3f}"
