@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_eval.common.atomic import atomic_write_with
 from dflash_eval.common.number_text import fmt
+from dflash_eval.report.plot import save_png
 from dflash_eval.report.summary import gate_outcome
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
@@ -86,14 +86,7 @@ def _levels(b: dict[str, Any]) -> list[dict[str, Any]]:
 def write_budget_plot(data: dict[str, Any], path: Path) -> Path | None:
     """Write the plot (None when eval.json holds no drift budget)."""
     fig = budget_figure(data)
-    if fig is None:
-        return None
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_with(path, lambda p: fig.savefig(p, format="png", dpi=100))
-    plt.close(fig)
-    return path
+    return None if fig is None else save_png(fig, path)
 
 
 def _noise_and_rounding(ax: Axes, key: str, levels: list[dict[str, Any]], floor: float, *, main: bool) -> None:

@@ -23,8 +23,9 @@ from dflash_eval.metrics.stats import ddtree_budgets
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
-__all__ = ["write_plot", "worst_prompts", "WORST_SHOWN"]
+__all__ = ["write_plot", "save_png", "worst_prompts", "WORST_SHOWN"]
 
 WORST_SHOWN = 25
 _COLORS = {True: "#4c72b0", False: "#c44e52", None: "#9a9a9a"}  # passed / failed / not gated
@@ -139,6 +140,13 @@ def write_plot(data: dict[str, Any], path: Path) -> Path | None:
                  f"{fmt(mean)} (floor {fmt(floor)}){verdict}",
                  fontsize=11)
     fig.tight_layout()
+    return save_png(fig, path)
+
+
+def save_png(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` to ``path`` as a 100-dpi PNG, atomically (its folder made), and close it: every report plot."""
+    import matplotlib.pyplot as plt
+
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_with(path, lambda p: fig.savefig(p, format="png", dpi=100))
     plt.close(fig)

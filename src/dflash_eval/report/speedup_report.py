@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_eval.common.atomic import atomic_write_with
 from dflash_eval.common.number_text import fmt, is_number
 from dflash_eval.metrics.speedup import budget_of, floor_reason
+from dflash_eval.report.plot import save_png
 
 if TYPE_CHECKING:  # matplotlib is imported when the plot is drawn
     from matplotlib.figure import Figure
@@ -170,11 +170,4 @@ def speedup_figure(data: dict[str, Any]) -> Figure | None:
 def write_speedup_plot(data: dict[str, Any], path: Path) -> Path | None:
     """Write ``speedup.png`` (None when eval.json holds no prediction)."""
     fig = speedup_figure(data)
-    if fig is None:
-        return None
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_with(path, lambda p: fig.savefig(p, format="png", dpi=100))
-    plt.close(fig)
-    return path
+    return None if fig is None else save_png(fig, path)
