@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from dflash_eval.drafter import DFlashDrafter, DrafterConfig, save_drafter
+from dflash_eval.measurements.registry import register, registered_here, unregister
 from dflash_eval.target.head import TargetHead
 from dflash_eval.target.loader import Target, load_target
 from dflash_eval.testing.tiny import build_random_target, random_drafter_config
@@ -21,6 +22,18 @@ from dflash_eval.testing.tiny import build_random_target, random_drafter_config
 pytest_plugins = ["pytester"]  # tests/test_options.py runs the eval-suite plugin in a pytest of its own
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def measurement_registry_restored() -> Iterator[None]:
+    """The measurement registry as it was before each test: a measurement a test (or the conftest of an in-process
+    suite run) registered does not reach the runs of later tests in the same process."""
+    before = registered_here()
+    yield
+    for name in set(registered_here()) - set(before):
+        unregister(name)
+    for m in before.values():
+        register(m, replace=True)
 
 
 @pytest.fixture

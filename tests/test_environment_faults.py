@@ -424,8 +424,8 @@ class Two(One):
     value = 2
 
 
-register(One())
-register(Two())
+register(One(), replace=True)  # a second in-process run imports this conftest again
+register(Two(), replace=True)
 '''
 
 
