@@ -206,7 +206,7 @@ def test_the_plots_delta_is_the_regression_verdicts_own(tmp_path):
     for r, d in zip(records, deltas):
         assert (d is not None and d.regression) == (r.regression is not None), (r.step, r.drafter, d)
         if r.regression:  # the numbers the verdict's text names
-            assert f"paired Δ {d.mean:+.3f} over {d.n} prompts" in r.regression
+            assert f"paired Δ {d.delta.mean:+.3f} over {d.delta.n} prompts" in r.regression
             assert f"upper limit {d.upper:+.3f} < 0" in r.regression
 
 

@@ -10,9 +10,10 @@ Top panel, τ against the training step:
 - a distinct mark for each verdict: a floor missed (red ×), a regression across steps (purple ▼), a plateau notice
   (orange ◇, hollow).
 
-Bottom panel, the regression verdict's own numbers (:func:`regression_delta`): each checkpoint's paired Δ against
-the run's recent level (the per-prompt mean of the checkpoints before it, as :mod:`~dflash_eval.training_loop.trend`
-forms it), with the one-sided bar up to the verdict's limit Δ + c·σ: a bar whose top stays below 0 is a regression.
+Bottom panel, the regression verdict's own numbers (:func:`regression_deltas`: the
+:class:`~dflash_eval.training_loop.trend.RegressionTest` the verdict was decided by): each checkpoint's paired Δ
+against the run's recent level (the per-prompt mean of the checkpoints before it), with the one-sided bar up to the
+verdict's limit Δ + c·σ: a bar whose top stays below 0 is a regression.
 Checkpoints with fewer than three earlier ones (σ not yet measured) show Δ alone, hollow.
 
 Evaluations without a step (a released checkpoint evaluated beside the run, ``gate --drafter``) are not placed on
@@ -25,72 +26,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.atomic import atomic_write_with
 from dflash_eval.training_loop.history import CheckpointRecord
-from dflash_eval.training_loop.trend import (
-    ALPHA_REGRESSION,
-    WINDOW,
-    checkpoint_noise,
-    earlier_than,
-    level,
-    paired,
-    regression_limit,
-    step_order,
-    successive,
-)
+from dflash_eval.training_loop.trend import ALPHA_REGRESSION, RegressionTest, earlier_than, regression_test, step_order
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["RegressionDelta", "regression_delta", "regression_deltas", "trend_figure", "write_trend_plot"]
+__all__ = ["regression_deltas", "trend_figure", "write_trend_plot"]
 
 BLUE, GREEN, ORANGE, RED, PURPLE = "#4c72b0", "#55a868", "#dd8452", "#c44e52", "#8172b3"
 
 
-@dataclass(frozen=True)
-class RegressionDelta:
-    """A checkpoint's paired Δ against the level of its stretch (``w`` earlier checkpoints, ``n`` shared prompts)
-    and, when the regression verdict can be judged (w >= 3), its one-sided upper limit ``upper`` = Δ + c·σ
-    (None: not judged yet). ``upper < 0`` is the regression verdict."""
-
-    mean: float
-    upper: float | None
-    w: int
-    n: int
-
-    @property
-    def regression(self) -> bool:
-        return self.upper is not None and self.upper < 0
-
-
-def regression_delta(record: CheckpointRecord, earlier: Sequence[CheckpointRecord]) -> RegressionDelta | None:
-    """The numbers :func:`~dflash_eval.training_loop.trend.regression` judges ``record`` by against ``earlier``
-    (the records of its digest written before it): the stretch (the last :data:`~dflash_eval.training_loop.trend.
-    WINDOW` earlier checkpoints in step order that are no regression and share a prompt with it), Δ against its
-    level and the limit. None without such an earlier checkpoint."""
-    before = earlier_than(record, earlier)
-    stretch = [r for r in step_order(before) if r.regression is None and paired(record.prompts, r.prompts).n]
-    stretch = stretch[-WINDOW:]
-    if not stretch:
-        return None
-    d = paired(record.prompts, level(stretch))
-    noise = checkpoint_noise(successive(stretch))
-    if noise is None or math.isnan(d.mean):
-        return RegressionDelta(d.mean, None, len(stretch), d.n)
-    return RegressionDelta(d.mean, d.mean + regression_limit(len(stretch)) * noise.scale(d), len(stretch), d.n)
-
-
-def regression_deltas(records: Sequence[CheckpointRecord]) -> list[RegressionDelta | None]:
-    """:func:`regression_delta` of each record (in the order given: the order written) against the records of its
-    settings digest written before it, as the history judged it."""
+def regression_deltas(records: Sequence[CheckpointRecord]) -> list[RegressionTest | None]:
+    """The regression verdict's own numbers (:func:`~dflash_eval.training_loop.trend.regression_test`) for each
+    record, in the order given (the order written), against the records of its settings digest written before it,
+    as the history judged it."""
     out = []
     for i, r in enumerate(records):
-        out.append(regression_delta(r, [e for e in records[:i] if e.settings_digest == r.settings_digest]))
+        mine = [e for e in records[:i] if e.settings_digest == r.settings_digest]
+        out.append(regression_test(r, earlier_than(r, mine)))
     return out
 
 
@@ -134,7 +93,7 @@ def _tau_panel(ax: Axes, x: list[float], rows: list[CheckpointRecord], *, lines:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle="none", label=label, zorder=4, **kw)
 
 
-def _delta_panel(ax: Axes, x: list[float], deltas: list[RegressionDelta | None]) -> None:
+def _delta_panel(ax: Axes, x: list[float], deltas: list[RegressionTest | None]) -> None:
     """Δ against the run's recent level at ``x``, with the verdict's one-sided limit."""
     ax.axhline(0.0, color="black", linewidth=0.8)
     judged = [(xx, d) for xx, d in zip(x, deltas) if d is not None and d.upper is not None]
@@ -146,11 +105,11 @@ def _delta_panel(ax: Axes, x: list[float], deltas: list[RegressionDelta | None])
                  "(regression: below 0)")
         for pts, color, marker, lab in ((ok, BLUE, "o", label), (bad, PURPLE, "v", "regression: limit below 0")):
             if pts:
-                ax.errorbar([p[0] for p in pts], [d.mean for _, d in pts],
-                            yerr=[[0.0] * len(pts), [_nan(d.upper) - d.mean for _, d in pts]],
+                ax.errorbar([p[0] for p in pts], [d.delta.mean for _, d in pts],
+                            yerr=[[0.0] * len(pts), [_nan(d.upper) - d.delta.mean for _, d in pts]],
                             fmt=marker, color=color, ecolor=color, capsize=4, label=lab)
     if early:
-        ax.plot([p[0] for p in early], [d.mean for _, d in early], "o", markerfacecolor="none",
+        ax.plot([p[0] for p in early], [d.delta.mean for _, d in early], "o", markerfacecolor="none",
                 markeredgecolor="grey", linestyle="none",
                 label="paired Δ, not judged yet (fewer than 3 earlier checkpoints)")
 
