@@ -19,6 +19,7 @@ import torch
 from dflash_eval.common.dtypes import round_through
 from dflash_eval.errors import ConfigError
 from dflash_eval.metrics.drift_budget import (
+    Direction,
     DriftBudget,
     Perturbation,
     gate_check,
@@ -105,13 +106,14 @@ def test_nan_prompts_and_zero_error_levels_are_left_out():
 
 
 def budget_of(levels: list[tuple[str, float, list[float]]], base=(4.0, 5.0), tol=0.1, safety=10.0,
-              conclusive: bool = False) -> DriftBudget:
+              conclusive: bool = False, direction: Direction | None = None, axis_note: str = "") -> DriftBudget:
     ladder = parse_ladder(",".join(s for s, _, _ in levels))
     n = len(base)
     return DriftBudget.build(drafter="f" * 64, base="torch/float32", prompt_ids=[f"p{i}" for i in range(n)],
                              base_tau=list(base), ladder=ladder, taus=[t for _, _, t in levels],
                              injected=[[[e]] * n for _, e, _ in levels], tol=tol, safety=safety, seed=0,
-                             spec=",".join(s for s, _, _ in levels), conclusive=conclusive)
+                             spec=",".join(s for s, _, _ in levels), conclusive=conclusive, direction=direction,
+                             axis_note=axis_note)
 
 
 def forty_prompts(conclusive: bool = False) -> DriftBudget:
@@ -134,6 +136,38 @@ def test_budget_json_and_levels():
     assert js["status"] == "crossed" and js["n_measured"] == 40 and js["gate_limit"] == pytest.approx(b.budget / 5)
     assert js["levels"][3]["mean_drop"] == pytest.approx(0.2) and js["levels"][3]["drop"]["p0"] == pytest.approx(0.8)
     assert js["fit"]["points"][2]["fitted_drop"] == pytest.approx(0.05) and "isotonic" in js["rule"]
+
+
+def test_the_drift_axis_is_the_budget_and_the_isotropic_one_is_reported_beside_it():
+    base = [4.0] * 40
+
+    def at(mean: float) -> list[float]:
+        return [4.0 - (4 * mean if i % 4 == 0 else 0.0) for i in range(40)]
+    drift = [("x1", 5e-3, at(0.0)), ("x10", 5e-2, at(0.0)), ("x30", 0.15, at(0.05)), ("x100", 0.5, at(0.4)),
+             ("x300", 1.5, at(2.0))]
+    iso = [("0.1", 0.1, at(0.0)), ("0.5", 0.5, at(0.02)), ("1", 1.0, at(0.4)), ("bf16", 2e-3, at(0.0))]
+    direction = Direction("bf16-vs-fp32", "torch/float32", "torch/bfloat16", 5e-3,
+                          (("torch-vs-torch-recurrent", 3e-7), ("bf16-vs-fp32", 5e-3)))
+    b = budget_of(iso + drift, base=tuple(base), safety=5.0, direction=direction)
+    alone = {a: budget_of(lv, base=tuple(base), safety=5.0) for a, lv in (("drift", drift), ("iso", iso))}
+    assert b.axis == "drift" and b.fit.errors == alone["drift"].fit.errors and b.budget == alone["drift"].budget
+    assert b.secondary is not None and b.secondary.fit.budget == alone["iso"].budget and b.ci == alone["drift"].ci
+    assert 0.15 < b.budget < 0.5 < b.secondary.fit.budget < 1.0  # the structured direction hurts at less error
+    assert [lv.fitted for lv in b.levels] == [lv.fitted for lv in alone["iso"].levels + alone["drift"].levels]
+    text = "along the bf16-vs-fp32 drift of this run (torch/bfloat16 - torch/float32), amplified x1..x300"
+    assert b.axis_text == text and text in b.describe() and "isotropic noise and rounding alone" in b.describe()
+    js = json.loads(json.dumps(b.to_json()))
+    assert js["axis"] == "drift" and js["axis_text"] == text and js["direction"]["comparison"] == "bf16-vs-fp32"
+    assert js["secondary"]["axis"] == "isotropic" and js["secondary"]["budget"] == pytest.approx(b.secondary.fit.budget)
+    assert [lv["axis"] for lv in js["levels"]] == ["isotropic"] * 4 + ["drift"] * 5
+    assert [lv["kind"] for lv in js["levels"]][-1] == "drift" and js["levels"][-1]["nominal"] == 300.0
+    # the gate judges against the drift axis's CI only
+    lo, hi = b.ci
+    assert gate_check("c", 1, {"a": 1.01 * hi / 5}, b).outcome == "fail" and hi < b.secondary.fit.ci_low
+    # no second feature side: the isotropic axis is the budget, and says so
+    fallback = budget_of(iso, base=tuple(base), safety=5.0, axis_note="no drift direction: no comparison")
+    assert fallback.axis == "isotropic" and fallback.secondary is None and fallback.direction is None
+    assert "isotropic relative noise and dtype rounding (no drift direction: no comparison)" in fallback.describe()
 
 
 def test_three_way_gate_and_its_messages():
@@ -175,6 +209,40 @@ def test_parse_ladder():
     for bad in ("", "0", "-1e-3", "fp64", "nan"):
         with pytest.raises(ConfigError, match="--drift-budget-ladder"):
             parse_ladder(bad)
+
+
+@pytest.mark.parametrize("bad", ["x", "x0", "x-3", "xabc", "xnan", "xinf", "x1e999"])
+def test_parse_ladder_drift_levels_and_their_errors(bad):
+    lad = parse_ladder("x1,X10, x3e1,0.1,bf16,x10")
+    assert [(p.kind, p.size) for p in lad[:3]] == [("drift", 1.0), ("drift", 10.0), ("drift", 30.0)]
+    assert [p.label for p in lad] == ["drift x1", "drift x10", "drift x30", "noise 0.1", "round bf16"]
+    assert [p.axis for p in lad] == ["drift"] * 3 + ["isotropic"] * 2
+    assert not lad[0].seeded and lad[3].seeded and not lad[4].seeded
+    with pytest.raises(ConfigError, match=f"--drift-budget-ladder: '{bad}' is not an amplification"):
+        parse_ladder(f"x1,{bad},0.1")
+
+
+def test_drift_level_amplifies_the_other_side_and_ignores_the_seed():
+    g = torch.Generator().manual_seed(0)
+    f = {1: torch.randn(64, 32, generator=g) * 3, 3: torch.randn(64, 32, generator=g) + 5}
+    d = {i: 1e-3 * torch.randn(64, 32, generator=g) * x.pow(2).mean().sqrt() for i, x in f.items()}
+    other = {i: f[i] + d[i] for i in f}
+    drift = [float(d[i].norm() / f[i].norm()) for i in f]
+    for alpha in (1.0, 10.0, 300.0):
+        p = parse_ladder(f"x{alpha:g}")[0]
+        out, errs = perturb_layers(f, p, seed=0, prompt_id="x", dtype=torch.float32, other=other)
+        want = torch.cat([f[i] + alpha * d[i] for i in f], -1)
+        assert torch.allclose(out, want, rtol=1e-5, atol=1e-4)  # along the direction, scaled by α
+        assert errs == pytest.approx([alpha * e for e in drift], rel=1e-3)  # injected error = α x the drift
+        again, _ = perturb_layers(f, p, seed=7, prompt_id="y", dtype=torch.float32, other=other)
+        assert torch.equal(out, again)  # neither the seed nor the prompt id enters
+    p = parse_ladder("x3")[0]
+    with pytest.raises(ValueError, match="prompt 'x': no features of the other side for layers \\[3\\]"):
+        perturb_layers(f, p, seed=0, prompt_id="x", dtype=torch.float32, other={1: other[1]})
+    with pytest.raises(ValueError, match="not the same tokens"):
+        perturb_layers(f, p, seed=0, prompt_id="x", dtype=torch.float32, other={1: other[1][:5], 3: other[3]})
+    bf = perturb_layers(f, p, seed=0, prompt_id="x", dtype=torch.bfloat16, other=other)[0]
+    assert bf.dtype == torch.bfloat16  # what a bf16 drafter sees
 
 
 def test_noise_has_the_requested_relative_size_and_is_seeded():
@@ -219,6 +287,28 @@ def test_measured_ladder_equals_the_plain_draft_path(tiny_drafter, tiny_head):
         items = [(perturb_layers(f, p, seed=3, prompt_id=pid, dtype=torch.float32)[0], toks, pl)
                  for pid, f, toks, pl in prompts]
         assert ts == [chain_tau(tb).tau for tb in draft_table(tiny_drafter, tiny_head, items)]
+
+
+def test_drift_levels_through_the_ladder_equal_the_plain_draft_path(tiny_drafter, tiny_head):
+    g = torch.Generator().manual_seed(1)
+    h, layers = tiny_drafter.config.hidden_size, tiny_drafter.config.target_layer_ids
+    prompts = []
+    for k, t in enumerate((33, 48)):
+        feats = {i: torch.randn(t, h, generator=g) for i in layers}
+        other = {i: x + 0.05 * torch.randn(t, h, generator=g) for i, x in feats.items()}
+        prompts.append((f"p{k}", feats, torch.randint(2, tiny_head.vocab_size, (t,), generator=g), 8, other))
+    ladder = parse_ladder("x1,x30,0.5")
+    taus, inj = measure_ladder(tiny_drafter, tiny_head, prompts, ladder, seed=2, memory=1)
+    other_seed, inj5 = measure_ladder(tiny_drafter, tiny_head, prompts, ladder, seed=5)
+    assert other_seed[:2] == taus[:2] and inj5[:2] == inj[:2]  # the drift levels do not depend on the seed
+    assert inj5[2] != inj[2]  # the noise level does
+    for p, ts in zip(ladder, taus):
+        items = [(perturb_layers(f, p, seed=2, prompt_id=pid, dtype=torch.float32, other=o)[0], toks, pl)
+                 for pid, f, toks, pl, o in prompts]
+        assert ts == [chain_tau(tb).tau for tb in draft_table(tiny_drafter, tiny_head, items)]
+    assert np.mean(inj[1]) == pytest.approx(30 * np.mean(inj[0]), rel=1e-3)
+    with pytest.raises(ValueError, match="no features of the other side"):
+        measure_ladder(tiny_drafter, tiny_head, [p[:4] for p in prompts], ladder[:1])
 
 
 def test_an_identity_level_reuses_the_base_tau(tiny_drafter, tiny_head):
@@ -266,6 +356,41 @@ def test_budget_through_the_session_is_cached_and_judged_on_read(settings):
     assert set(gates) == set(s1.evaluation.layer_ids) and all(g.passed for g in gates.values())
     res = s1.result().to_dict()
     assert res["drift_budget"]["budget"] == b1.budget and len(res["drift_gate"]) == len(gates)
+
+
+def test_drift_levels_through_the_session_follow_the_largest_drift_and_not_the_seed(settings):
+    s = dataclasses.replace(settings, drift_budget_ladder="x3,x30,1e-2")
+    b = EvalSession(s, worker=("master", 0, 1)).drift_budget()
+    assert b.axis == "drift" and b.direction is not None and b.secondary is not None
+    assert (b.direction.comparison, b.direction.other) == ("bf16-vs-fp32", "torch/bfloat16")  # the largest drift
+    cands = dict(b.direction.candidates)
+    assert cands["bf16-vs-fp32"] > 100 * cands["torch-vs-torch-recurrent"] and b.direction.drift > 0
+    x3, x30 = b.levels[0], b.levels[1]
+    assert x3.injected == pytest.approx(3 * b.direction.drift, rel=0.02)  # α x the measured drift
+    assert x30.injected == pytest.approx(10 * x3.injected, rel=1e-3)
+    assert "amplified x3..x30" in b.describe() and _produced(s, "drift_budget") == 3
+    b1 = EvalSession(dataclasses.replace(s, drift_budget_seed=1), worker=("master", 0, 1)).drift_budget()
+    assert _produced(s, "drift_budget") == 4  # only the noise level is measured again under another seed
+    assert [lv.tau for lv in b1.levels[:2]] == [lv.tau for lv in b.levels[:2]] and b1.budget == b.budget
+    # another other side (a kernel fault on the evaluation side): the drift levels are new, the noise level reused
+    f = EvalSession(dataclasses.replace(s, kernel_fault="noise:0.5"), worker=("master", 0, 1)).drift_budget()
+    assert f.direction is not None and f.direction.comparison == "torch+noise=0.5-vs-torch"
+    assert _produced(s, "drift_budget") == 6 and f.levels[2].tau == b.levels[2].tau
+    assert f.levels[0].injected > 10 * x3.injected
+
+
+def test_without_a_second_side_the_isotropic_axis_is_the_budget(settings):
+    s = EvalSession(dataclasses.replace(settings, drift_budget_ladder="x3,1e-2"), worker=("master", 0, 1))
+    s.inputs.__dict__["comparisons"] = []  # a run that compares no second feature side
+    b = s.drift_budget()
+    assert b.axis == "isotropic" and b.direction is None
+    assert [lv.perturbation.label for lv in b.levels] == ["noise 0.01"]
+    assert b.skipped == ["drift x3: no drift comparison of this run has the reference side torch/float32 on one side"]
+    assert "isotropic relative noise and dtype rounding (no drift direction: no drift comparison" in b.describe()
+    only = EvalSession(dataclasses.replace(settings, drift_budget_ladder="x3,x10"), worker=("master", 0, 1))
+    only.inputs.__dict__["comparisons"] = []
+    with pytest.raises(ConfigError, match="only amplified-drift levels.*add isotropic levels"):
+        only.drift_budget()
 
 
 def test_kernel_fault_is_its_own_side_and_comparison(settings):

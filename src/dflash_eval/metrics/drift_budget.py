@@ -7,27 +7,36 @@ prompt by prompt, with τ on the unperturbed features. Levels are batched into a
 allows (:func:`dflash_eval.metrics.tau.simulate_tau`: every chain in lock-step, drafting only the round starts it
 visits).
 
-Perturbations (``--drift-budget-ladder``, default :data:`DEFAULT_LADDER`; :mod:`dflash_eval.metrics.drift_ladder`):
+Perturbations (``--drift-budget-ladder``, default :data:`DEFAULT_LADDER`; :mod:`dflash_eval.metrics.drift_ladder`),
+on two axes:
 
-- a number ``e``: relative Gaussian noise, ``f + e * rms(f) * N(0, 1)`` per prompt and layer (seeded per level,
-  prompt and layer from ``--drift-budget-seed``, so a prompt's noise does not depend on which others are selected);
-- ``bf16`` / ``fp16`` / ``fp8``: the features rounded through that dtype
-  (:func:`dflash_eval.common.dtypes.round_through`; ``fp8`` = float8-e4m3 with a per-tensor scale), where this torch has
-  it. On fp32 features they cover the small end of the ladder (fp16 ~2e-4, bf16 ~2e-3 relative error on the bundled
-  target, fp8 ~3e-2); a level that leaves the features unchanged (bf16 rounding of bf16 features) costs no simulation.
+- **the main axis, the measured drift direction amplified**: ``xA`` sets each prompt's features of each layer to
+  ``f + A * (g - f)``, ``f`` the perturbed side's (the reference side), ``g`` the same prompt's and layer's features
+  of the other side of the run's drift comparison with the largest drift (bf16 against fp32 on a CPU, fla against
+  torch on a GPU with fla; :func:`dflash_eval.measurements.budget_ladder.drift_direction`). Real kernel drift is
+  structured (correlated across positions, channels and layers) and costs more τ per unit of error than isotropic
+  noise, so the budget is read along it. No randomness: these levels do not depend on ``--drift-budget-seed``;
+- **the secondary, isotropic axis**: a number ``e``, relative Gaussian noise ``f + e * rms(f) * N(0, 1)`` per prompt
+  and layer (seeded per level, prompt and layer from ``--drift-budget-seed``, so a prompt's noise does not depend on
+  which others are selected); ``bf16`` / ``fp16`` / ``fp8``: the features rounded through that dtype
+  (:func:`dflash_eval.common.dtypes.round_through`; ``fp8`` = float8-e4m3 with a per-tensor scale), where this
+  torch has it. A level that leaves the features unchanged (bf16 rounding of bf16 features) costs no simulation.
+  These levels are fitted on their own and reported next to the budget; the gate does not use them. Where the run
+  has no second feature side (no drift comparison), the drift levels are skipped and the budget is read on this
+  axis, which the reports say.
 
 Each level's injected error is measured, not assumed: the mean over prompts and layers of ``||f' - f|| / ||f||``
 on the tensors the drafter actually sees (after the cast to its dtype), the metric of
 :func:`dflash_eval.metrics.drift.layer_drift`.
 
-**The budget is a number** (:mod:`dflash_eval.metrics.drift_fit`): the harm of a level is the signed τ drop, the
-mean over prompts of ``τ(unperturbed) - τ(perturbed)`` (a perturbation that raises τ does no harm); a monotone
-(isotonic) fit of the drop against the injected error, read log-linearly between the levels, reaches
+**The budget is a number** (:mod:`dflash_eval.metrics.drift_fit`): the harm of a level is the signed τ drop, the mean
+over prompts of ``τ(unperturbed) - τ(perturbed)`` (a perturbation that raises τ does no harm); a monotone (isotonic)
+fit of the drop against the injected error of the main axis's levels, read log-linearly between the levels, reaches
 ``--drift-budget-tol`` at the budget. Its 90 % CI comes from a paired bootstrap over prompts (the same resampled
-prompts at every level, refitted each time). No crossing within the ladder: the budget is the largest injected
-error, a lower bound (``lower_bound``), its CI open above. Each level also reports mean τ, its mean drop with a CI,
-the fitted drop and the per-prompt |Δτ|. The fit is done when the cached levels are read, so the tolerance and the
-safety factor change nothing that is cached.
+prompts at every level, refitted each time). No crossing within the ladder: the budget is the largest injected error,
+a lower bound (``lower_bound``), its CI open above. Each level also reports mean τ, its mean drop with a CI, the
+fitted drop and the per-prompt |Δτ|. The fit is done when the cached levels are read, so the tolerance and the safety
+factor change nothing that is cached.
 
 **The gate** (``test_drift_within_budget``, :func:`gate_check`): a comparison's measured drift at a layer (the
 worst prompt's relative error) times ``--drift-budget-safety`` passes at or below the lower end of the budget's CI,
@@ -51,7 +60,14 @@ from torch import Tensor
 
 from dflash_eval.common.number_text import fmt
 from dflash_eval.metrics.drift_fit import BudgetFit, fit_budget
-from dflash_eval.metrics.drift_ladder import DEFAULT_LADDER, Perturbation, parse_ladder, perturb_layers
+from dflash_eval.metrics.drift_ladder import (
+    DEFAULT_LADDER,
+    DRIFT_AXIS,
+    ISOTROPIC_AXIS,
+    Perturbation,
+    parse_ladder,
+    perturb_layers,
+)
 from dflash_eval.metrics.stats import Summary, summarize
 from dflash_eval.metrics.tau import simulate_tau
 from dflash_eval.metrics.tau_chunks import DEFAULT_CHUNK_MEMORY, bytes_per_token, lengths_of, plan_chunks
@@ -61,12 +77,20 @@ if TYPE_CHECKING:
     from dflash_eval.target.head import TargetHead
 
 __all__ = ["DEFAULT_LADDER", "Perturbation", "parse_ladder", "perturb_layers", "measure_ladder", "Level",
-           "DriftBudget", "GateCheck", "gate_check", "impact", "RULE", "PASS", "FAIL", "INCONCLUSIVE"]
+           "Direction", "AxisFit", "DriftBudget", "GateCheck", "gate_check", "impact", "RULE", "PASS", "FAIL",
+           "INCONCLUSIVE"]
 
 Prompt = tuple[str, dict[int, Tensor], Tensor, int]  # (prompt id, {layer: features [T, H]}, token ids [T], prompt_len)
+#: A prompt with its features of the other side by layer (what a ``drift`` level amplifies the difference to).
+DirectedPrompt = tuple[str, dict[int, Tensor], Tensor, int, dict[int, Tensor]]
 
 
-def measure_ladder(drafter: DFlashDrafter, head: TargetHead, prompts: Sequence[Prompt],
+def _other(p: Prompt | DirectedPrompt) -> dict[int, Tensor] | None:
+    """The other side's features of a prompt (None for a prompt given without them)."""
+    return p[4] if len(p) == 5 else None
+
+
+def measure_ladder(drafter: DFlashDrafter, head: TargetHead, prompts: Sequence[Prompt] | Sequence[DirectedPrompt],
                    ladder: Sequence[Perturbation], *, base_tau: Sequence[float] | None = None, seed: int = 0,
                    max_blocks: int | None = None, memory: int | None = DEFAULT_CHUNK_MEMORY,
                    progress: Callable[[int], None] | None = None) -> tuple[list[list[float]], list[list[list[float]]]]:
@@ -77,9 +101,10 @@ def measure_ladder(drafter: DFlashDrafter, head: TargetHead, prompts: Sequence[P
     prompts is read chunk by chunk); within a chunk, the levels go through
     :func:`dflash_eval.metrics.tau.simulate_tau` together (every chain in lock-step, drafting only the starts it
     visits), as many per call as the budget allows. The noise of a prompt is seeded by its id, so the chunks change
-    nothing. A level that leaves a chunk's features bit-identical (e.g. bf16 rounding of bf16 features) takes
-    ``base_tau`` instead, when given. ``progress``: called with the positions simulated so far, out of
-    ``len(ladder)`` x the sum of ``T - 1 - prompt_len``.
+    nothing. A ``drift`` level needs each prompt's other-side features (:data:`DirectedPrompt`). A level that leaves a
+    chunk's features bit-identical (e.g. bf16 rounding of bf16 features) takes ``base_tau`` instead, when given.
+    ``progress``: called with the positions simulated so far, out of ``len(ladder)`` x the sum of
+    ``T - 1 - prompt_len``.
     """
     lengths = lengths_of(prompts, lambda p: int(p[2].shape[0]))
     per_token = bytes_per_token(drafter)
@@ -90,7 +115,7 @@ def measure_ladder(drafter: DFlashDrafter, head: TargetHead, prompts: Sequence[P
         chunk = [prompts[i] for i in order]
         size = len(order) * max(lengths[i] for i in order) * per_token
         step = len(ladder) if memory is None else max(1, memory // max(1, size))
-        positions = sum(max(0, int(toks.shape[0]) - 1 - plen) for _, _, toks, plen in chunk)
+        positions = sum(max(0, int(p[2].shape[0]) - 1 - p[3]) for p in chunk)
         for g0 in range(0, len(ladder), step):
             group = range(g0, min(g0 + step, len(ladder)))
             sims = _measure_group(drafter, head, chunk, [ladder[k] for k in group], base_tau and
@@ -111,7 +136,7 @@ def _offset(progress: Callable[[int], None], base: int) -> Callable[[int], None]
     return lambda d: progress(base + d)
 
 
-def _measure_group(drafter: DFlashDrafter, head: TargetHead, chunk: Sequence[Prompt],
+def _measure_group(drafter: DFlashDrafter, head: TargetHead, chunk: Sequence[Prompt | DirectedPrompt],
                    levels: Sequence[Perturbation], base_tau: Sequence[float] | None, seed: int, max_blocks: int | None,
                    progress: Callable[[int], None] | None) -> list[tuple[list[float], list[list[float]]]]:
     """(τ of each prompt of ``chunk``, its injected errors) under each of ``levels``, in one simulation."""
@@ -119,12 +144,12 @@ def _measure_group(drafter: DFlashDrafter, head: TargetHead, chunk: Sequence[Pro
     out: list[tuple[list[float], list[list[float]]]] = []
     items, drafted = [], []
     for k, lv in enumerate(levels):
-        level = [perturb_layers(feats, lv, seed=seed, prompt_id=pid, dtype=dt) for pid, feats, _, _ in chunk]
+        level = [perturb_layers(p[1], lv, seed=seed, prompt_id=p[0], dtype=dt, other=_other(p)) for p in chunk]
         out.append((list(base_tau) if base_tau else [], [e for _, e in level]))
         if base_tau is not None and not any(x for _, e in level for x in e):
             continue
         drafted.append(k)
-        items += [(f, toks, plen) for (f, _), (_, _, toks, plen) in zip(level, chunk)]
+        items += [(f, p[2], p[3]) for (f, _), p in zip(level, chunk)]
     flat = [r.chain.tau for r in simulate_tau(drafter, head, items, (), max_blocks=max_blocks, progress=progress)]
     n = len(chunk)
     for j, k in enumerate(drafted):
@@ -152,6 +177,11 @@ class Level:
     tau: list[float]
     drop: list[float]
     fitted: float | None = None  # the monotone fit at this level's injected error (None: the level was not fitted)
+    injected_by_prompt: list[float] = field(default_factory=list)  # each prompt's mean over layers
+
+    @property
+    def axis(self) -> str:
+        return self.perturbation.axis
 
     @property
     def mean_tau(self) -> float:
@@ -185,18 +215,73 @@ class Level:
 
     def to_json(self, prompt_ids: Sequence[str], tol: float) -> dict[str, Any]:
         s = self.summary
-        return {"kind": self.perturbation.kind, "label": self.perturbation.label,
-                "nominal": self.perturbation.size if self.perturbation.kind == "noise" else self.perturbation.dtype,
+        return {"kind": self.perturbation.kind, "axis": self.axis, "label": self.perturbation.label,
+                "nominal": self.perturbation.dtype if self.perturbation.kind == "round" else self.perturbation.size,
                 "injected_rel_err": self.injected, "mean_tau": self.mean_tau, "mean_drop": s.mean,
                 "drop_ci95": [s.ci_low, s.ci_high], "fitted_drop": self.fitted, "mean_abs_dtau": self.mean_abs_dtau,
                 "max_abs_dtau": self.max_abs_dtau, "within": self.within(tol), "drop": dict(zip(prompt_ids, self.drop))}
 
 
-RULE = ("the injected relative feature error at which a monotone (isotonic) fit of the mean over prompts of "
-        "τ(unperturbed) - τ(perturbed) against the injected error reaches tol (log-linear between measured errors; "
+RULE = ("along the run's measured drift direction amplified (reference + α (other side - reference); isotropic "
+        "noise where the run has no second feature side): the injected relative feature error at which a monotone "
+        "(isotonic) fit of the mean over prompts of τ(unperturbed) - τ(perturbed) against the injected error reaches "
+        "tol (log-linear between measured errors; "
         "a rise of τ is no harm), with a paired bootstrap CI over prompts; the gate passes when drift x safety is "
         "below the CI's lower end, fails above its upper end, and is inconclusive in between (decided on the "
         "estimate with --drift-budget-conclusive)")
+
+
+@dataclass(frozen=True)
+class Direction:
+    """The measured drift direction the main axis amplifies: the ``other`` side's features minus the ``reference``
+    side's (the perturbed ones), of comparison ``comparison``, chosen as the largest ``drift`` (mean relative error
+    over prompts and layers) among the run's comparisons (``candidates``: each one's drift)."""
+
+    comparison: str
+    reference: str
+    other: str
+    drift: float
+    candidates: tuple[tuple[str, float], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"comparison": self.comparison, "reference": self.reference, "other": self.other,
+                "drift": self.drift, "candidates": dict(self.candidates)}
+
+
+@dataclass(frozen=True)
+class AxisFit:
+    """The fit of one axis's levels (``levels``: their indices in :attr:`DriftBudget.levels`)."""
+
+    axis: str
+    levels: tuple[int, ...]
+    fit: BudgetFit
+
+    def text(self) -> str:
+        lo, hi = self.fit.ci_low, self.fit.ci_high
+        return (f"{'>= ' if self.fit.lower_bound else ''}{_sci(self.fit.budget)} ({self.fit.level:.0%} CI "
+                f"{_sci(lo)}–{_sci(hi)})").replace("%", " %")
+
+    def to_json(self) -> dict[str, Any]:
+        f = self.fit
+        return {"axis": self.axis, "budget": f.budget, "ci": [f.ci_low, f.ci_high], "ci_level": f.level,
+                "status": f.status, "lower_bound": f.lower_bound, "n_measured": f.n_prompts, "fit": f.to_json()}
+
+
+def _fit_axis(axis: str, levels: list[Level], ks: Sequence[int], tol: float) -> AxisFit:
+    """The monotone fit of the levels ``ks`` of one axis (each level's ``fitted`` set from it)."""
+    if not ks:
+        raise ValueError(f"the drift budget's {axis} axis has no level to fit")
+    fit = fit_budget([levels[k].injected for k in ks], [levels[k].drop for k in ks], tol)
+    for j, k in enumerate(ks):
+        levels[k].fitted = fit.fitted_at(j)
+    return AxisFit(axis, tuple(ks), fit)
+
+
+def _alphas_text(levels: Sequence[Level]) -> str:
+    alphas = sorted(lv.perturbation.size for lv in levels if lv.axis == DRIFT_AXIS)
+    if not alphas:
+        return ""
+    return f"x{alphas[0]:g}" if len(alphas) == 1 else f"x{alphas[0]:g}..x{alphas[-1]:g}"
 
 
 @dataclass
@@ -217,24 +302,44 @@ class DriftBudget:
     min_prompts: int = 0  # --drift-budget-min-prompts: a smaller selection was extended to this many
     selected: int | None = None  # prompts of the run's selection (the budget may be measured on more)
     conclusive: bool = False  # --drift-budget-conclusive: a gate inside the CI is decided on the estimate
+    axis: str = ISOTROPIC_AXIS  # the main axis, whose fit is the budget: DRIFT_AXIS or ISOTROPIC_AXIS
+    direction: Direction | None = None  # the measured drift direction of the drift axis
+    axis_note: str = ""  # why the main axis is the isotropic one (no second feature side ...)
+    secondary: AxisFit | None = None  # the isotropic axis's own fit, when the drift axis is the main one
 
     @classmethod
     def build(cls, *, drafter: str, base: str, prompt_ids: Sequence[str], base_tau: Sequence[float],
               ladder: Sequence[Perturbation], taus: Sequence[Sequence[float]],
               injected: Sequence[Sequence[Sequence[float]]], tol: float, safety: float, seed: int, spec: str,
               skipped: Sequence[str] = (), min_prompts: int = 0, selected: int | None = None,
-              conclusive: bool = False) -> DriftBudget:
-        """The budget of measured levels (:func:`measure_ladder`'s output): the drops, the fit, the CI."""
+              conclusive: bool = False, direction: Direction | None = None, axis_note: str = "") -> DriftBudget:
+        """The budget of measured levels (:func:`measure_ladder`'s output): the drops, the fit, the CI. The main
+        axis is the amplified drift direction when the ladder has its levels (``direction`` says which), else the
+        isotropic one; with both, the isotropic levels get their own fit (:attr:`secondary`)."""
         levels = []
         for p, ts, inj in zip(ladder, taus, injected):
             errs = [e for per_prompt in inj for e in per_prompt]
             levels.append(Level(p, sum(errs) / len(errs) if errs else float("nan"), list(ts),
-                                [b - t for t, b in zip(ts, base_tau)]))
-        fit = fit_budget([lv.injected for lv in levels], [lv.drop for lv in levels], tol)
-        for k, lv in enumerate(levels):
-            lv.fitted = fit.fitted_at(k)
-        return cls(drafter, base, list(prompt_ids), list(base_tau), levels, tol, safety, seed, spec, fit,
-                   list(skipped), min_prompts, selected, conclusive)
+                                [b - t for t, b in zip(ts, base_tau)],
+                                injected_by_prompt=[sum(e) / len(e) if e else float("nan") for e in inj]))
+        drift_k = [k for k, lv in enumerate(levels) if lv.axis == DRIFT_AXIS]
+        iso_k = [k for k, lv in enumerate(levels) if lv.axis == ISOTROPIC_AXIS]
+        axis = DRIFT_AXIS if drift_k else ISOTROPIC_AXIS
+        main = _fit_axis(axis, levels, drift_k or iso_k, tol)
+        secondary = _fit_axis(ISOTROPIC_AXIS, levels, iso_k, tol) if drift_k and iso_k else None
+        return cls(drafter, base, list(prompt_ids), list(base_tau), levels, tol, safety, seed, spec, main.fit,
+                   list(skipped), min_prompts, selected, conclusive, axis, direction if drift_k else None,
+                   axis_note, secondary)
+
+    @property
+    def axis_text(self) -> str:
+        """What the budget was read along: ``along the bf16-vs-fp32 drift of this run (torch/bfloat16 -
+        torch/float32), amplified x1..x300``, or the isotropic axis and why."""
+        if self.axis == DRIFT_AXIS:
+            d = self.direction
+            where = f"the {d.comparison} drift of this run ({d.other} - {d.reference})" if d else "the measured drift"
+            return f"along {where}, amplified {_alphas_text(self.levels)}"
+        return "along isotropic relative noise and dtype rounding" + (f" ({self.axis_note})" if self.axis_note else "")
 
     @property
     def budget(self) -> float:
@@ -280,8 +385,10 @@ class DriftBudget:
         extra = (f", {len(self.prompt_ids) - self.selected} of them beyond the {self.selected} selected "
                  f"(--drift-budget-min-prompts {self.min_prompts})"
                  if self.selected is not None and len(self.prompt_ids) > self.selected else "")
-        return (f"drift budget {self.budget_text()} (drafter {self.drafter[:12]}, {self.base} features of "
-                f"{self.n_measured} prompts{extra}; {why})")
+        second = (f"; isotropic noise and rounding alone: {self.secondary.text()}, not gated"
+                  if self.secondary is not None else "")
+        return (f"drift budget {self.budget_text()} {self.axis_text} (drafter {self.drafter[:12]}, {self.base} "
+                f"features of {self.n_measured} prompts{extra}; {why}{second})")
 
     def to_json(self) -> dict[str, Any]:
         lo, hi = self.ci
@@ -292,7 +399,9 @@ class DriftBudget:
                 "ci_level": self.fit.level, "status": self.fit.status, "lower_bound": self.lower_bound,
                 "gate_limit": self.gate_limit, "skipped": self.skipped, "min_prompts": self.min_prompts,
                 "n_measured": self.n_measured, "selected_prompts": self.selected, "conclusive": self.conclusive,
-                "rule": RULE, "fit": self.fit.to_json(),
+                "rule": RULE, "fit": self.fit.to_json(), "axis": self.axis, "axis_text": self.axis_text,
+                "axis_note": self.axis_note, "direction": self.direction.to_json() if self.direction else None,
+                "secondary": self.secondary.to_json() if self.secondary else None,
                 "levels": [lv.to_json(self.prompt_ids, self.tol) for lv in self.levels]}
 
 
