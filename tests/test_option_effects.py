@@ -131,7 +131,8 @@ def test_generation_batch_sets_the_local_batches(run, tmp_path):
 
 
 def test_drift_budget_safety_and_seed(run):
-    """``--drift-budget-safety`` is the gate's factor; ``--drift-budget-seed`` seeds the budget's noise levels."""
+    """``--drift-budget-safety`` is the gate's factor; ``--drift-budget-seed`` seeds the budget's noise levels (the
+    secondary axis), not its amplified drift levels (the main axis, whose fit is the budget)."""
     res, calls = run("-k", "within_budget", "--drift-budget-safety", "1e12", report="safety")
     gate = named(calls, "test_drift_within_budget[")
     assert gate and all(r.outcome == "failed" for r in gate.values()), res.stdout.str()
@@ -140,7 +141,11 @@ def test_drift_budget_safety_and_seed(run):
     res, _ = run("-k", "within_budget", "--drift-budget-seed", "1", report="seed")
     seed1 = read_report(run, res)["drift_budget"]
     assert seed0["seed"] == 0 and seed1["seed"] == 1, (seed0, seed1)
-    assert seed1["levels"] != seed0["levels"], "the noise levels measured the same under another seed"
+    noise = [[lv for lv in b["levels"] if lv["kind"] == "noise"] for b in (seed0, seed1)]
+    drift = [[lv for lv in b["levels"] if lv["kind"] == "drift"] for b in (seed0, seed1)]
+    assert noise[0] and noise[1] != noise[0], "the noise levels measured the same under another seed"
+    assert drift[0] and drift[1] == drift[0], "the amplified drift levels depend on the seed"
+    assert seed1["budget"] == seed0["budget"], "the budget (the drift axis) moved with the noise seed"
 
 
 def test_rehash_recomputes_the_target_identity(run, cache_dir):

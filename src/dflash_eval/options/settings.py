@@ -208,16 +208,18 @@ class EvalSettings:
                                       "fp32, 0.998 bf16)", "float", commands=_RUN, affects_tau=False)
     drift_accept_tol: float = opt(0.5, "max |τ(eval features) - τ(reference features)| per prompt", "float",
                                   commands=_RUN, affects_tau=False)
-    drift_budget_ladder: str = opt(DEFAULT_LADDER, "perturbations measuring the drafter's drift budget: relative "
-                                   "Gaussian noise sizes and rounding dtypes (bf16, fp16, fp8)", commands=_RUN,
-                                   affects_tau=False)
+    drift_budget_ladder: str = opt(DEFAULT_LADDER, "perturbations measuring the drafter's drift budget: xA amplifies "
+                                   "the run's measured drift direction A times (the main axis, the budget's fit); "
+                                   "relative Gaussian noise sizes and rounding dtypes (bf16, fp16, fp8) form the "
+                                   "isotropic axis reported beside it", commands=_RUN, affects_tau=False)
     drift_budget_tol: float = opt(0.1, "the mean τ drop over the prompts that defines the drift budget: the "
                                   "injected feature error at which the fitted drop reaches this", "float",
                                   commands=_RUN, affects_tau=False)
     drift_budget_safety: float = opt(5.0, "drift gate: worst measured drift per layer x this is compared with the "
                                      "drift budget's CI (pass below its lower end, fail above its upper end)",
                                      "float", commands=_RUN, affects_tau=False)
-    drift_budget_seed: int = opt(0, "seed of the drift budget's noise", "int", commands=_RUN, affects_tau=False)
+    drift_budget_seed: int = opt(0, "seed of the drift budget's noise levels (not of its amplified drift levels)",
+                                 "int", commands=_RUN, affects_tau=False)
     drift_budget_min_prompts: int = opt(32, "measure the drift budget on at least this many prompts: a smaller "
                                         "selection is extended with the next prompts of --prompts (more prompts "
                                         "narrow the budget's CI)", "int", commands=_RUN, affects_tau=False)

@@ -6,8 +6,10 @@ panel: the mean τ drop over prompts (τ unperturbed - perturbed; below 0 τ ros
 through it, the tolerance, the budget (where the fit reaches the tolerance) with its CI as a band, and each
 comparison's worst measured drift x safety (left of the band: pass; right of it: fail; inside: inconclusive);
 right: mean chain τ on an axis from 1 (the τ of a drafter that never helps), so a change of a few hundredths looks
-as small as it is. Injected
-noise is a line, rounding to a lower-precision dtype labelled points. One legend under both panels, fonts at 9-12 pt.
+as small as it is. The main axis (the run's measured drift direction amplified, whose fit is the budget) is a line
+with CI bars; the secondary, isotropic axis (injected noise a line, rounding to a lower-precision dtype labelled
+points) is drawn beside it with its own fit dotted; the title and subtitle name the axis the budget was read along.
+One legend under both panels, fonts at 9-12 pt.
 Written with matplotlib's Agg backend, atomically, next to eval.png.
 """
 
@@ -63,9 +65,16 @@ def budget_title(data: dict[str, Any]) -> tuple[str, str]:
         title = (f"drift gate {outcome.upper()}: worst measured drift {_g(worst)} ({name}) x safety "
                  f"{fmt(b['safety'], 6, 'g')} = {_g(worst * b['safety'])} {rel} budget {bound}{_g(b['budget'])} "
                  f"({ci})")
-    sub = (f"budget = injected feature error at which the fitted mean τ drop reaches {fmt(b['tol'], 6, 'g')}, "
-           f"measured on {b.get('n_measured', b['n_prompts'])} prompts from {b['base']} features; drafter "
-           f"{str(b['drafter'])[:12]}")
+    axis = f" {b['axis_text']}" if b.get("axis_text") else ""
+    second = b.get("secondary")
+    beside = ""
+    if second:
+        slo, shi = _ci(second)
+        beside = f"; isotropic alone {'>= ' if second.get('lower_bound') else ''}{_g(second['budget'])} " \
+                 f"({_g(slo)}–{_g(shi)}), not gated"
+    sub = (f"budget = injected feature error{axis} at which the fitted mean τ drop reaches "
+           f"{fmt(b['tol'], 6, 'g')}\nmeasured on {b.get('n_measured', b['n_prompts'])} prompts from {b['base']} "
+           f"features; drafter {str(b['drafter'])[:12]}{beside}")
     return title, sub
 
 
@@ -90,16 +99,32 @@ def write_budget_plot(data: dict[str, Any], path: Path) -> Path | None:
 
 
 def _noise_and_rounding(ax: Axes, key: str, levels: list[dict[str, Any]], floor: float, *, main: bool) -> None:
-    """One panel's injected-noise line (with CI bars on the main panel) and rounding points (labelled there)."""
+    """One panel's amplified-drift and injected-noise lines (with CI bars on the main panel) and rounding points
+    (labelled there)."""
+    drift = [lv for lv in levels if lv["kind"] == "drift"]
     noise = [lv for lv in levels if lv["kind"] == "noise"]
     rounds = [lv for lv in levels if lv["kind"] == "round"]
+    if drift:
+        xs, ys = [lv["injected_rel_err"] for lv in drift], [lv[key] for lv in drift]
+        if main:
+            err = [[max(0.0, lv[key] - lv["drop_ci95"][0]) for lv in drift],
+                   [max(0.0, lv["drop_ci95"][1] - lv[key]) for lv in drift]]
+            ax.errorbar(xs, ys, yerr=err, marker="D", capsize=3, color="C2", linestyle="none",
+                        label=f"measured drift direction amplified, {drift[0]['label'].removeprefix('drift ')}.."
+                              f"{drift[-1]['label'].removeprefix('drift ')} (main axis; bars: 95 % CI)")
+            for lv in drift:
+                ax.annotate(lv["label"].removeprefix("drift "), (lv["injected_rel_err"], lv[key]),
+                            textcoords="offset points", xytext=(4, -12), fontsize=FONT_PT - 1, color="C2")
+        else:
+            ax.plot(xs, ys, marker="D", color="C2")
     if noise:
         xs, ys = [lv["injected_rel_err"] for lv in noise], [lv[key] for lv in noise]
         if main:
             err = [[max(0.0, lv[key] - lv["drop_ci95"][0]) for lv in noise],
                    [max(0.0, lv["drop_ci95"][1] - lv[key]) for lv in noise]]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color="C0", linestyle="none",
-                        label="injected Gaussian noise (bars: 95 % CI of the mean drop)")
+                        label="injected Gaussian noise" + (" (secondary, isotropic axis" if drift else " (") +
+                              "; bars: 95 % CI of the mean drop)")
         else:
             ax.plot(xs, ys, marker="o", color="C0")
     for k, lv in enumerate(rounds):
@@ -140,7 +165,13 @@ def _axes_ranges(ax_d: Axes, ax_t: Axes, b: dict[str, Any], levels: list[dict[st
     pts = [p for p in (b.get("fit") or {}).get("points", []) if p.get("fitted_drop") is not None]
     if pts:
         ax_d.plot([p["injected_rel_err"] for p in pts], [p["fitted_drop"] for p in pts], color="black",
-                  linewidth=1.5, label="monotone fit of the mean drop (isotonic)")
+                  linewidth=1.5, label="monotone fit of the mean drop (isotonic)"
+                  + (", main axis: the budget" if b.get("secondary") else ""))
+    second = ((b.get("secondary") or {}).get("fit") or {}).get("points", [])
+    spts = [p for p in second if p.get("fitted_drop") is not None]
+    if spts:
+        ax_d.plot([p["injected_rel_err"] for p in spts], [p["fitted_drop"] for p in spts], color="gray",
+                  linewidth=1.2, linestyle=":", label="monotone fit, isotropic axis (not gated)")
     ax_d.axhline(0, color="gray", linewidth=0.8)
     ax_d.axhline(b["tol"], color="red", linewidth=1.5, label=f"tolerance: mean τ drop {tol}")
     ax_d.set_ylim(bottom * 1.08 - 0.02 * top, top * 1.08)
@@ -158,14 +189,15 @@ def _titles_and_legend(fig: Figure, ax_d: Axes, data: dict[str, Any]) -> None:
     """The verdict title (in the verdict's colour), the subtitle and one legend under both panels."""
     title, sub = budget_title(data)
     fig.suptitle(title, fontsize=FONT_PT + 4, fontweight="bold", color=_VERDICT_COLOURS[gate_outcome(data)])
-    fig.text(0.5, 0.905, sub, ha="center", fontsize=FONT_PT + 1)
+    fig.text(0.5, 0.945, sub, ha="center", va="top", fontsize=FONT_PT + 1)
     handles, labels = ax_d.get_legend_handles_labels()
-    rank = ("injected", "rounding", "monotone", "tolerance", "drift budget", "budget's", "measured")
+    rank = ("measured drift direction", "injected", "rounding", "monotone", "tolerance", "drift budget", "budget's",
+            "measured")
     order = sorted(range(len(labels)), key=lambda i: next((r for r, w in enumerate(rank)
                                                            if labels[i].startswith(w)), len(rank)))
     handles, labels = [handles[i] for i in order], [labels[i] for i in order]
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=FONT_PT, frameon=False)
-    fig.tight_layout(rect=(0, 0.05 + 0.035 * ((len(labels) + 1) // 2), 1, 0.89))
+    fig.tight_layout(rect=(0, 0.05 + 0.035 * ((len(labels) + 1) // 2), 1, 0.87))
 
 
 def budget_figure(data: dict[str, Any]) -> Figure | None:

@@ -40,7 +40,7 @@ TERMINAL_ROWS_FULL = 15
 TERMINAL_ROWS_SHOWN = 10
 _ORDER = "failing first, then least room above the floor"
 _ACCEPT_LEFT = frozenset({"scope", "source", "conversation", "category"})
-_DRIFT_LEFT = frozenset({"comparison", "perturbation", "worst prompt"})
+_DRIFT_LEFT = frozenset({"comparison", "axis", "perturbation", "worst prompt"})
 
 
 def _sort_key(x: float | None) -> float:
@@ -221,8 +221,8 @@ def render_markdown(data: dict[str, Any]) -> str:
         gate = TextTable(*gate_rows(data))
         parts += ["", "### Drift budget and gate", "", budget, "", markdown_table(
             TextTable(*ladder_rows(data)))] + (["", markdown_table(gate)] if gate else [])
-        parts += ["", "Plot: `drift_budget.png` (τ and mean |Δτ| against the injected feature error, this run's "
-                  "measured drift marked)."]
+        parts += ["", "Plot: `drift_budget.png` (τ and the mean τ drop against the injected feature error along each "
+                  "axis, this run's measured drift marked)."]
     tm = data.get("timings", {})
     if tm.get("sum"):
         parts += ["", "### Timings (s)", "", f"wall {fmt(tm.get('wall_s'), 2)}; summed over processes: "

@@ -81,8 +81,9 @@ def _gate_line(data: dict[str, Any], outcome: str) -> str:
     ci = f" ({fmt(100 * b.get('ci_level', 0.9), 0)} % CI {fmt(lo, 2, 'e')}–{'inf' if hi is None else fmt(hi, 2, 'e')})"
     tight = min(rows, key=lambda r: math.inf if r.get("margin") is None else r["margin"])
     undecided = sum(1 for r in over if row_outcome(r) == "inconclusive")
+    axis = f" {b['axis_text']}" if b.get("axis_text") else ""
     detail = (f"{len(rows) - len(over)} of {len(rows)} comparison layers pass (drift x safety "
-              f"{fmt(tight['safety'], 6, 'g')} below the lower end of the drift budget {budget}{ci})"
+              f"{fmt(tight['safety'], 6, 'g')} below the lower end of the drift budget {budget}{ci}{axis})"
               + (f", {undecided} inconclusive (inside the CI)" if undecided else ""))
     if tight.get("max_rel_err") is not None and tight.get("margin") is not None and tight["margin"] != math.inf:
         detail += (f"; tightest: {tight['comparison']} layer {tight['layer']}, drift "

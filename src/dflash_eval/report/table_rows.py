@@ -259,7 +259,8 @@ def budget_ci_text(b: dict[str, Any]) -> str:
 
 
 def budget_line(data: dict[str, Any]) -> str | None:
-    """One line on the drafter's drift budget, its CI and the gate's rule (None when the budget was not measured)."""
+    """One line on the drafter's drift budget, the axis it was read along, its CI, the secondary (isotropic) axis's
+    own budget and the gate's rule (None when the budget was not measured)."""
     b = data.get("drift_budget")
     if not b:
         return None
@@ -267,10 +268,14 @@ def budget_line(data: dict[str, Any]) -> str | None:
     why = {"not_reached": f"the fitted drop stays below {tol} over the whole ladder: a lower bound",
            "below_range": f"the fitted drop exceeds {tol} already at the smallest level",
            "no_prompts": "no prompt had a speculative round"}.get(b.get("status", ""), "")
-    return (f"drift budget of drafter {str(b['drafter'])[:12]}: {budget_ci_text(b)} relative feature error (where the "
-            f"monotone fit of the mean τ drop over {b.get('n_measured', b['n_prompts'])} prompts reaches {tol}; "
-            f"{b['base']} features, mean τ {fmt(b['base_mean_tau'])}{'; ' + why if why else ''}); gate: measured "
-            f"drift x {fmt(b['safety'], 6, 'g')} passes below the CI's lower end, fails above its upper end"
+    axis = f" {b['axis_text']}" if b.get("axis_text") else ""
+    second = b.get("secondary")
+    beside = (f"; isotropic noise and rounding alone (not gated): {budget_ci_text(second)}" if second else "")
+    return (f"drift budget of drafter {str(b['drafter'])[:12]}: {budget_ci_text(b)} relative feature error{axis} "
+            f"(where the monotone fit of the mean τ drop over {b.get('n_measured', b['n_prompts'])} prompts reaches "
+            f"{tol}; {b['base']} features, mean τ {fmt(b['base_mean_tau'])}{'; ' + why if why else ''}){beside}; "
+            f"gate: measured drift x {fmt(b['safety'], 6, 'g')} passes below the CI's lower end, fails above its "
+            "upper end"
             + ("; inside it is decided on the estimate (--drift-budget-conclusive)" if b.get("conclusive") else
                "; inside it is inconclusive")
             + _budget_prompts_note(b))
@@ -283,12 +288,20 @@ def _budget_prompts_note(b: dict[str, Any]) -> str:
 
 
 def ladder_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The drift budget's ladder: one row per perturbation, in order of injected error: mean τ, the mean τ drop
-    (signed: below 0 τ rose) with its CI, the monotone fit there, and the largest |Δτ| of a prompt."""
-    header = ["perturbation", "injected rel err", "mean τ", "mean drop", "CI95", "fitted drop", "max |Δτ|"]
+    """The drift budget's ladder: one row per perturbation, the main axis's levels first (the budget's fit), then the
+    secondary axis's, each in order of injected error: mean τ, the mean τ drop (signed: below 0 τ rose) with its
+    CI, its axis's monotone fit there, and the largest |Δτ| of a prompt."""
+    header = ["axis", "perturbation", "injected rel err", "mean τ", "mean drop", "CI95", "fitted drop", "max |Δτ|"]
     b = data.get("drift_budget") or {}
-    levels = sorted(b.get("levels", []), key=lambda lv: _order(lv["injected_rel_err"]))
-    rows = [[lv["label"], _sci(lv["injected_rel_err"]), fmt(lv["mean_tau"]), fmt(lv["mean_drop"], 3, "+f"),
+    main = b.get("axis") or "isotropic"
+    names = {"drift": "drift direction", "isotropic": "isotropic"}
+
+    def axis_of(lv: dict[str, Any]) -> str:
+        return lv.get("axis") or ("drift" if lv.get("kind") == "drift" else "isotropic")
+
+    levels = sorted(b.get("levels", []), key=lambda lv: (axis_of(lv) != main, _order(lv["injected_rel_err"])))
+    rows = [[("main: " if axis_of(lv) == main else "secondary: ") + names.get(axis_of(lv), axis_of(lv)), lv["label"],
+             _sci(lv["injected_rel_err"]), fmt(lv["mean_tau"]), fmt(lv["mean_drop"], 3, "+f"),
              span(lv["drop_ci95"][0], lv["drop_ci95"][1]), fmt(lv["fitted_drop"]), fmt(lv["max_abs_dtau"])]
             for lv in levels]
     return header, rows

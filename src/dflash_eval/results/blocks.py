@@ -9,7 +9,8 @@ from typing import Any
 from dflash_eval.results.rows import Row, _opt
 
 __all__ = ["Refusal", "DrafterBlock", "DriftRow", "DriftAcceptRow", "BudgetLevel", "FitPoint", "BudgetFitBlock",
-           "DriftBudgetBlock", "DriftGateRow", "LayerFingerprint", "FingerprintBlock"]
+           "BudgetDirection", "SecondaryAxis", "DriftBudgetBlock", "DriftGateRow", "LayerFingerprint",
+           "FingerprintBlock"]
 
 
 @dataclass
@@ -80,6 +81,7 @@ class BudgetLevel(Row):
     max_abs_dtau: float
     within: bool
     drop: dict[str, float]
+    axis: str | None = _opt()  # drift (the measured drift direction amplified) | isotropic (noise, rounding)
 
 
 @dataclass
@@ -103,6 +105,33 @@ class BudgetFitBlock(Row):
     ci_level: float
     resamples: int
     crossed_share: float
+
+
+@dataclass
+class BudgetDirection(Row):
+    """The measured drift direction the budget's main axis amplifies (:class:`dflash_eval.metrics.drift_budget.
+    Direction`): ``other`` minus ``reference`` of comparison ``comparison``, its drift, every candidate's drift."""
+
+    comparison: str
+    reference: str
+    other: str
+    drift: float
+    candidates: dict[str, float]
+
+
+@dataclass
+class SecondaryAxis(Row):
+    """The isotropic axis's own fit beside the budget (:class:`dflash_eval.metrics.drift_budget.AxisFit`): reported,
+    not gated."""
+
+    axis: str
+    budget: float
+    ci: list[float]
+    ci_level: float
+    status: str
+    lower_bound: bool
+    n_measured: int
+    fit: BudgetFitBlock
 
 
 @dataclass
@@ -134,6 +163,11 @@ class DriftBudgetBlock(Row):
     rule: str
     fit: BudgetFitBlock
     levels: list[BudgetLevel]
+    axis: str | None = _opt()  # the main axis the budget was fitted on: drift | isotropic
+    axis_text: str | None = _opt()  # what it was read along, in words
+    axis_note: str | None = _opt()  # why the main axis is the isotropic one
+    direction: BudgetDirection | None = _opt()
+    secondary: SecondaryAxis | None = _opt()
 
 
 @dataclass
