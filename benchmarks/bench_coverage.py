@@ -9,10 +9,14 @@ every interval computed on each; printed: the share that held the true mean (%, 
 error) and the median width; then, for Student's t and the suite's interval, how often the interval lay wholly
 below the true mean and wholly above it (a verdict reads one end: a regression is an upper end below 0). The
 suite's interval is ``Hall t (now)`` (:func:`dflash_eval.metrics.stats.hall_t_interval`: Student's t corrected for
-skewness); ``percentile (before)`` and ``nested (before)`` are the ones it used before; Student's t, BCa and the
-studentized bootstrap are the other candidates. Every interval sees the same draws (one seed per model and n). The
-per-prompt τ of the second drafter (a weaker drafter, its τ far more skewed) is a stress model beyond the bundled
-runs.
+skewness; at T > 0 :func:`dflash_eval.metrics.stats.sampled_hall_t_interval`, its skewness and kurtosis-matched
+degrees of freedom from the samples as well); ``percentile (before)``, ``nested (before)`` and ``Hall t, prompt
+means (before)`` are the ones it used before; ``Hall t, skew from samples`` and ``Hall t, Box df`` are the two parts
+of the sampled interval alone, ``Hall t, ANOVA Satterthwaite`` the variance of a prompt mean from the one-way ANOVA
+(between-prompt part truncated at 0) with Satterthwaite's degrees of freedom, ``Hall t, bootstrap q`` Hall t with a
+bootstrap-calibrated quantile; Student's t, BCa and the studentized bootstrap are the other candidates. Every
+interval sees the same draws (one seed per model and n). The per-prompt τ of the second drafter (a weaker drafter,
+its τ far more skewed) is a stress model beyond the bundled runs.
 
 Run (a few minutes on a 2-core CPU; ``--reps 500`` for a quick look)::
 
@@ -45,7 +49,10 @@ from dflash_eval.testing import ci_coverage as cc  # noqa: E402
 
 CALIBRATION = ROOT / "tests" / "data" / "ci_calibration.json"
 SIZES = (8, 12, 37)
-_CHEAP = ("t", "Hall t (now)")  # closed-form intervals: more runs for a smaller Monte Carlo error
+#: closed-form intervals: more runs for a smaller Monte Carlo error
+_CHEAP = ("t", "Hall t, prompt means (before)", "Hall t, skew from samples", "Hall t, Box df",
+          "Hall t, ANOVA Satterthwaite", "Hall t (now)")
+_SIDES = ("t", "Hall t, prompt means (before)", "Hall t (now)")  # printed one side at a time
 
 
 def _eval(path: Path) -> dict[str, Any]:
@@ -142,42 +149,45 @@ def describe(cal: dict[str, Any]) -> list[str]:
 
 def table(title: str, ms: list[cc.Model], intervals: list[str], reps: int, t_reps: int, seed: int) -> None:
     """One block: per model and n, every interval's coverage (%) and median width."""
-    print(f"\n{title}: coverage % (Monte Carlo s.e.) / median width; {reps} runs per cell, t and Hall t: {t_reps}")
-    head = f"{'model':42} {'n':>3}  " + "  ".join(f"{name:>22}" for name in intervals)
+    print(f"\n{title}: coverage % (Monte Carlo s.e.) / median width; {reps} runs per cell, closed-form intervals "
+          f"(t, Hall t): {t_reps}")
+    widths = [max(22, len(name)) for name in intervals]
+    head = f"{'model':42} {'n':>3}  " + "  ".join(f"{name:>{w}}" for name, w in zip(intervals, widths))
     print(head)
     print("-" * len(head))
     for k, model in enumerate(ms):
         for n in SIZES:
             cells = []
-            for name in intervals:
+            for name, w in zip(intervals, widths):
                 if name == "nested (before)" and model.samples == 1:
-                    cells.append(f"{'(= percentile)':>22}")
+                    cells.append(f"{'(= percentile)':>{w}}")
                     continue
                 c = cc.coverage(model, cc.INTERVALS[name], n, t_reps if name in _CHEAP else reps,
                                 seed + 1000 * k + n)
-                cells.append(f"{100 * c.covered:5.1f} ({100 * c.standard_error:.1f}) / {c.median_width:6.3f}".rjust(22))
+                cells.append(f"{100 * c.covered:5.1f} ({100 * c.standard_error:.1f}) / {c.median_width:6.3f}".rjust(w))
             print(f"{model.name:42} {n:3d}  " + "  ".join(cells), flush=True)
 
 
 def sides(title: str, ms: list[cc.Model], reps: int, seed: int) -> None:
     """Per model and n: how often Student's t and the suite's interval lay wholly below / above the true mean."""
-    names = [n for n in _CHEAP if n in cc.INTERVALS]
+    names = [n for n in _SIDES if n in cc.INTERVALS]
     print(f"\n{title}: % of runs whose interval lay wholly below / wholly above the true mean (2.5 / 2.5 nominal); "
           f"{reps} runs per cell")
-    head = f"{'model':42} {'n':>3}  " + "  ".join(f"{name:>16}" for name in names)
+    widths = [max(16, len(name)) for name in names]
+    head = f"{'model':42} {'n':>3}  " + "  ".join(f"{name:>{w}}" for name, w in zip(names, widths))
     print(head)
     print("-" * len(head))
     for k, model in enumerate(ms):
         for n in SIZES:
             cells = [cc.coverage(model, cc.INTERVALS[name], n, reps, seed + 1000 * k + n) for name in names]
-            print(f"{model.name:42} {n:3d}  " + "  ".join(f"{100 * c.below:6.1f} / {100 * c.above:5.1f}".rjust(16)
-                                                          for c in cells), flush=True)
+            print(f"{model.name:42} {n:3d}  " + "  ".join(f"{100 * c.below:6.1f} / {100 * c.above:5.1f}".rjust(w)
+                                                          for c, w in zip(cells, widths)), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=2000, help="runs drawn per model and n for the bootstrap intervals")
-    ap.add_argument("--t-reps", type=int, default=20000, help="runs drawn per model and n for the t and Hall t "
+    ap.add_argument("--t-reps", type=int, default=20000, help="runs drawn per model and n for the closed-form "
                     "intervals (cheap: more runs, a smaller Monte Carlo error)")
     ap.add_argument("--samples", type=int, default=8, help="samples per prompt of the T > 0 models (default: the "
                     "suite's --samples-per-prompt)")

@@ -14,6 +14,7 @@ import pytest
 
 from dflash_eval import report
 from dflash_eval.metrics.sampled_ci import sampled_mean, spread
+from dflash_eval.metrics.stats import sampled_hall_t_interval
 from dflash_eval.report.strict_json import dumps_strict
 
 # prompt means 1.5, 2.3, 0.7: symmetric, so the interval over them is Student's t (no skewness to correct)
@@ -46,11 +47,11 @@ def test_sampled_block_is_the_t_ci_over_prompt_means_and_validates() -> None:
     s = doc["sampled"]
     assert s["prompts"] == 3 and s["samples"] == 12
     means = [statistics.fmean(v) for v in TAUS.values()]
-    grand, se = statistics.fmean(means), statistics.stdev(means) / math.sqrt(3)
+    grand = statistics.fmean(means)
     assert s["chain"]["mean"] == pytest.approx(grand)
-    # Student's t with 2 degrees of freedom: t(0.975, 2) = 4.302653 (tables)
-    assert s["chain"]["ci95"] == pytest.approx([grand - 4.302653 * se, grand + 4.302653 * se], rel=1e-6)
-    assert s["chain"]["ci_method"] == "Hall t over prompts"
+    # at T > 0 the interval over the prompt means takes its skewness and kurtosis from the samples too
+    assert s["chain"]["ci95"] == pytest.approx(list(sampled_hall_t_interval(list(TAUS.values()))), rel=1e-12)
+    assert s["chain"]["ci_method"] == "Hall t over prompts and samples"
     # one interval for one number: the category table's "all" row of the same run holds the same one
     assert s["chain"]["ci95"] == pytest.approx(doc["categories"]["all"]["chain"]["ci95"])
     assert s["chain"]["sd_within"] == pytest.approx(math.sqrt(statistics.fmean(statistics.variance(v)
@@ -87,6 +88,6 @@ def test_eval_md_and_terminal_show_the_ci_of_a_sampled_run_with_its_method() -> 
     want = f"chain {s['mean']:.3f} ({s['ci95'][0]:.3f}..{s['ci95'][1]:.3f})"
     md = report.render_markdown(doc)
     assert "sampled at T=0.6: 3 prompts x 4 samples" in md and want in md and "online " in md
-    assert "95 % CI (Hall t over prompts): chain" in md and "nested" not in md
+    assert "95 % CI (Hall t over prompts and samples): chain" in md and "nested" not in md
     assert want in report.render_terminal(doc, width=400)
     assert "sampled at" not in report.render_markdown(_merged(False))

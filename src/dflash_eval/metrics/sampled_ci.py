@@ -1,13 +1,14 @@
 """eval.json's ``sampled`` block of a run at temperature > 0, on plain numbers (no torch: the report merge uses it):
 the mean over prompts of each prompt's mean over its samples, with its 95 % CI and the two stages of its spread.
 
-The CI is the suite's one interval of a mean over prompts (:func:`dflash_eval.metrics.stats.summarize`: Student's
-t corrected for skewness, over the prompt means). With n prompts of S samples each, ``Var(grand mean) =
-(σ_between² + σ_within² / S) / n``, and the sample variance of the prompt means estimates exactly that, so the
-interval over them covers both stages; it is the same interval as the per-category table's ``all`` row of the same
-run. (A two-stage bootstrap, prompts resampled and then each drawn prompt's samples, counts the within-prompt
-variance twice and was up to a quarter wider than needed: ``benchmarks/bench_coverage.py``.) :func:`spread` gives
-the two stages, which say whether more samples or more prompts narrow the interval
+The CI is the suite's one interval of a mean over prompts at temperature > 0
+(:func:`dflash_eval.metrics.stats.sampled_hall_t_interval`: Student's t corrected for skewness, over the prompt
+means, with the skewness and kurtosis of a prompt mean taken from the samples too). With n prompts of S samples
+each, ``Var(grand mean) = (σ_between² + σ_within² / S) / n``, and the sample variance of the prompt means estimates
+exactly that, so the interval over them covers both stages; it is the same interval as the per-category table's
+``all`` row of the same run. (A two-stage bootstrap, prompts resampled and then each drawn prompt's samples,
+counts the within-prompt variance twice and was up to a quarter wider than needed: ``benchmarks/bench_coverage.py``.)
+:func:`spread` gives the two stages, which say whether more samples or more prompts narrow the interval
 (:func:`dflash_eval.metrics.sampled_tau.samples_for_width`).
 """
 
@@ -25,8 +26,9 @@ __all__ = ["sampled_mean", "spread", "sampled_summary"]
 
 def sampled_mean(per_prompt: Mapping[str, Sequence[float]]) -> Summary:
     """The mean over prompts of each prompt's mean over its samples, with the skew-corrected t 95 % CI over the
-    prompt means (prompts without a sample are left out)."""
-    return summarize([statistics.fmean(float(v) for v in vs) for vs in per_prompt.values() if vs])
+    prompt means and their samples (prompts without a sample are left out)."""
+    groups = [[float(v) for v in vs] for vs in per_prompt.values() if vs]
+    return summarize([statistics.fmean(g) for g in groups], samples=groups)
 
 
 def spread(per_prompt: Mapping[str, Sequence[float]]) -> dict[str, float]:

@@ -21,6 +21,17 @@ the percentile bootstrap the suite used before, BCa and the studentized bootstra
 (docs/benchmarks.md, "Coverage of the confidence intervals"). Every interval carries its method's name
 (:attr:`Summary.ci_method`), which the reports print beside it.
 
+At temperature > 0 the interval takes the moments it corrects by from the samples too
+(:func:`sampled_hall_t_interval`, method :data:`SAMPLED_T_OVER_PROMPTS`): the third and fourth cumulants of a
+prompt mean are ``κ_between + κ_within / S²`` and ``κ_between + κ_within / S³``, and the within-prompt parts
+estimated from all n·S samples are far steadier than the same cumulants estimated from n prompt means. The skewness
+feeds Hall's correction; the kurtosis sets the degrees of freedom of the standard error (the moment match of
+G. E. P. Box, "Non-normality and tests on variances", Biometrika 40, 1953, and G. E. P. Box and S. L. Andersen,
+"Permutation theory in the derivation of robust criteria and the study of departures from assumption", J. R.
+Statist. Soc. B 17, 1955: a variance of n values with excess kurtosis γ₂ varies as a χ² of ``1 / (1 / (n - 1) +
+γ₂ / (2 n))`` degrees of freedom). At T = 0.6 a few samples of a prompt run long, and the prompt-mean interval
+covered 91-94 % at 8-37 prompts; this one covers at least 94 % (docs/benchmarks.md).
+
 Fewer than 2 values give no interval: NaN bounds, which every verdict reads as "no evidence" (a comparison with NaN
 is false) and the reports as ``-``.
 """
@@ -35,8 +46,9 @@ from typing import Any
 
 from dflash_eval.metrics.acceptance_rates import acceptance_block, acceptance_table, pool
 
-__all__ = ["CI_LEVEL", "T_OVER_PROMPTS", "PAIRED_T_OVER_PROMPTS", "Summary", "t_interval", "hall_t_interval",
-           "ci_method_name", "summarize", "paired_difference", "by_category", "category_table", "ddtree_budgets",
+__all__ = ["CI_LEVEL", "T_OVER_PROMPTS", "PAIRED_T_OVER_PROMPTS", "SAMPLED_T_OVER_PROMPTS", "Summary", "t_interval",
+           "hall_t_interval", "sampled_hall_t_interval", "ci_method_name", "summarize", "paired_difference",
+           "by_category", "category_table", "ddtree_budgets",
            "conversation_table", "turn_table"]
 
 #: The level of every confidence interval the suite reports.
@@ -45,14 +57,17 @@ CI_LEVEL = 0.95
 T_OVER_PROMPTS = "Hall t over prompts"
 #: The method of a paired difference's interval over the prompts both runs have.
 PAIRED_T_OVER_PROMPTS = "paired Hall t over prompts"
+#: The method of a mean's interval over prompts at temperature > 0, its moments taken from the prompts' samples.
+SAMPLED_T_OVER_PROMPTS = "Hall t over prompts and samples"
 
 
-def ci_method_name(over: str, *, paired: bool = False) -> str:
-    """The name of the interval over ``over`` (``"Hall t over prompts"``, ``"paired Hall t over prompts"``, ...)."""
-    return f"{'paired ' if paired else ''}Hall t over {over}"
+def ci_method_name(over: str, *, paired: bool = False, samples: bool = False) -> str:
+    """The name of the interval over ``over`` (``"Hall t over prompts"``, ``"paired Hall t over prompts"``, ...);
+    ``samples``: the interval of :func:`sampled_hall_t_interval` (``"Hall t over prompts and samples"``)."""
+    return f"{'paired ' if paired else ''}Hall t over {over}{' and samples' if samples else ''}"
 
 
-def _t_quantile(p: float, df: int) -> float:
+def _t_quantile(p: float, df: float) -> float:
     from scipy.special import stdtrit  # scipy takes ~0.7 s to import: kept out of pytest --help and dflash-eval --help
 
     return float(stdtrit(df, p))
@@ -91,17 +106,77 @@ def hall_t_interval(values: Sequence[float], *, level: float = CI_LEVEL) -> tupl
     n = len(values)
     if sd == 0:
         return mean, mean
-    a = gamma / (3 * math.sqrt(n))
+    return _hall_bounds(mean, sd / math.sqrt(n), gamma / (3 * math.sqrt(n)), n - 1, level)
 
+
+def _hall_bounds(mean: float, se: float, a: float, df: float, level: float) -> tuple[float, float]:
+    """``mean - g⁻¹(±t(0.5 + level / 2, df)) · se``, ``g(T) = T + a/2 + a T² + a² T³ / 3`` (Hall 1992)."""
     def inverse(y: float) -> float:  # g⁻¹: g(T) = ((1 + a T)³ - 1) / (3 a) + a / 2
         if abs(a) < 1e-12:
             return y
         u = 1 + 3 * a * (y - a / 2)
         return (math.copysign(abs(u) ** (1 / 3), u) - 1) / a
 
-    q = _t_quantile(0.5 + level / 2, n - 1)
-    se = sd / math.sqrt(n)
+    q = _t_quantile(0.5 + level / 2, df)
     return mean - inverse(q) * se, mean - inverse(-q) * se
+
+
+def _k3(values: Sequence[float]) -> float:
+    """Fisher's k-statistic of the third cumulant (unbiased) of 3 or more values."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    return n * math.fsum((v - mean) ** 3 for v in values) / ((n - 1) * (n - 2))
+
+
+def _k4(values: Sequence[float]) -> float:
+    """Fisher's k-statistic of the fourth cumulant (unbiased) of 4 or more values."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    m2 = math.fsum((v - mean) ** 2 for v in values) / n
+    m4 = math.fsum((v - mean) ** 4 for v in values) / n
+    return n * n * ((n + 1) * m4 - 3 * (n - 1) * m2 * m2) / ((n - 1) * (n - 2) * (n - 3))
+
+
+def sampled_hall_t_interval(groups: Sequence[Sequence[float]], *, level: float = CI_LEVEL) -> tuple[float, float]:
+    """The 95 % CI of the mean over units (prompts) of each unit's mean over its samples, Hall's skewness-corrected
+    t with the moments of a unit's mean taken from the samples as well (module docstring). ``groups``: each
+    prompt's per-sample values (its value is their mean).
+
+    With n prompts, prompt means ``m_i`` and S_i samples each: the standard error is ``sd(m) / sqrt(n)`` as for
+    :func:`hall_t_interval` (it estimates ``(σ_between² + σ_within² / S) / n`` without bias); the third cumulant
+    of a prompt mean is ``k3(m)`` (Fisher's unbiased k-statistic of the prompt means) unless the within-prompt part
+    ``κ3_within · mean(1 / S_i²)``, ``κ3_within`` the mean over prompts of their samples' k3, reaches further from
+    0 on its own side (the between-prompt part, estimated as the difference, is then taken as 0 rather than let it
+    cancel the better-estimated within part); the fourth is the larger of ``k4(m)`` and ``κ4_within · mean(1 /
+    S_i³)`` (the samples' k4, likewise), and its excess kurtosis ``γ₂ = κ4 / sd(m)⁴`` (at least 0) sets ``df =
+    1 / (1 / (n - 1) + γ₂ / (2 n))`` (Box 1953; k-statistics: R. A. Fisher, "Moments and product moments of
+    sampling distributions", Proc. London Math. Soc. 30, 1930). The interval is then :func:`hall_t_interval`'s
+    with ``γ = κ3 / sd(m)³`` and ``df``. Without prompts of 3 or more samples it is :func:`hall_t_interval` over
+    the prompt means. NaN, NaN with fewer than 2 prompts, a prompt without a sample or a value that is not
+    finite."""
+    gs = [[float(v) for v in g] for g in groups]
+    if len(gs) < 2 or any(not g for g in gs) or not all(math.isfinite(v) for g in gs for v in g):
+        return math.nan, math.nan
+    means = [statistics.fmean(g) for g in gs]
+    if all(len(g) < 3 for g in gs):
+        return hall_t_interval(means, level=level)
+    n = len(means)
+    mean = statistics.fmean(means)
+    d = [m - mean for m in means]
+    m2, m3, m4 = (math.fsum(v ** k for v in d) / n for k in (2, 3, 4))
+    k2 = m2 * n / (n - 1)
+    if k2 <= 0:
+        return mean, mean
+    k3 = m3 * n * n / ((n - 1) * (n - 2)) if n > 2 else 0.0
+    within3 = statistics.fmean(_k3(g) for g in gs if len(g) > 2) * statistics.fmean(1 / len(g) ** 2 for g in gs)
+    kappa3 = within3 if (k3 - within3) * within3 < 0 else k3
+    fourth = [_k4(g) for g in gs if len(g) > 3]
+    kappa4 = max(_k4(means) if n > 3 else -math.inf,
+                 statistics.fmean(fourth) * statistics.fmean(1 / len(g) ** 3 for g in gs) if fourth else -math.inf)
+    excess = max(0.0, kappa4 / k2 ** 2)
+    df = 1 / (1 / (n - 1) + excess / (2 * n))
+    a = kappa3 / k2 ** 1.5 / (3 * math.sqrt(n))
+    return _hall_bounds(mean, math.sqrt(k2 / n), a, df, level)
 
 
 @dataclass(frozen=True)
@@ -121,34 +196,74 @@ class Summary:
                 "ci_method": self.ci_method}
 
 
-def summarize(values: Sequence[float], *, over: str = "prompts", paired: bool = False) -> Summary:
+def summarize(values: Sequence[float], *, over: str = "prompts", paired: bool = False,
+              samples: Sequence[Sequence[float]] | None = None) -> Summary:
     """Mean, median and the skewness-corrected t 95 % CI of the mean of ``values`` (:func:`hall_t_interval`), one
     value per ``over`` (prompts, samples, ...); ``paired``: the values are paired differences (the method's name
-    says so)."""
+    says so); ``samples``: at temperature > 0, each value's per-sample values (the value is their mean), and the CI
+    is :func:`sampled_hall_t_interval` (method ``"Hall t over prompts and samples"``) where a prompt has 3 or more.
+    ValueError when ``samples`` does not match ``values`` (another count, or a value that is not its samples'
+    mean)."""
     vals = [float(v) for v in values]
     method = ci_method_name(over, paired=paired)
     if not vals:
         nan = math.nan
         return Summary(0, nan, nan, nan, nan, method)
-    lo, hi = hall_t_interval(vals)
+    if samples is not None and any(len(g) > 2 for g in samples):
+        _check_samples(vals, samples)
+        lo, hi = sampled_hall_t_interval(samples)
+        method = ci_method_name(over, paired=paired, samples=True)
+    else:
+        lo, hi = hall_t_interval(vals)
     return Summary(len(vals), statistics.fmean(vals), statistics.median(vals), lo, hi, method)
 
 
-def paired_difference(after: Mapping[str, float], before: Mapping[str, float]) -> Summary:
+def _check_samples(values: Sequence[float], samples: Sequence[Sequence[float]]) -> None:
+    """ValueError unless ``samples`` holds one group per value, each group's mean the value."""
+    if len(samples) != len(values):
+        raise ValueError(f"{len(values)} values but {len(samples)} groups of samples: each value needs its samples")
+    for i, (v, g) in enumerate(zip(values, samples)):
+        m = statistics.fmean(float(x) for x in g) if g else math.nan
+        if not math.isclose(v, m, rel_tol=1e-9, abs_tol=1e-9) and not (math.isnan(v) and math.isnan(m)):
+            raise ValueError(f"value {i} is {v!r} but its {len(g)} samples' mean is {m!r}: the samples are not "
+                             "that value's (another prompt's, or another budget's?)")
+
+
+def paired_difference(after: Mapping[str, float], before: Mapping[str, float], *,
+                      after_samples: Mapping[str, Sequence[float]] | None = None,
+                      before_samples: Mapping[str, Sequence[float]] | None = None) -> Summary:
     """The mean per-prompt difference ``after - before`` over the prompts both have (NaN on either side left out),
     with its 95 % CI over those prompts (:func:`hall_t_interval` of the differences, :data:`PAIRED_T_OVER_PROMPTS`):
-    a regression across checkpoints, a run against its baseline, a drafter against the reference drafter."""
-    return summarize([a - before[p] for p, a in after.items()
-                      if p in before and not math.isnan(a) and not math.isnan(before[p])], paired=True)
+    a regression across checkpoints, a run against its baseline, a drafter against the reference drafter. At
+    temperature > 0, ``after_samples`` / ``before_samples``: each prompt's per-sample τ of either side; where every
+    paired prompt has as many on both sides, the sample-by-sample differences (their mean is the prompt's
+    difference, paired on the same sampled references or not) give :func:`sampled_hall_t_interval`."""
+    keys = [p for p, a in after.items() if p in before and not math.isnan(a) and not math.isnan(before[p])]
+    diffs = [after[p] - before[p] for p in keys]
+    groups: list[list[float]] | None = None
+    if after_samples is not None and before_samples is not None and keys and all(
+            p in after_samples and p in before_samples and len(after_samples[p]) == len(before_samples[p])
+            for p in keys):
+        groups = [[float(a) - float(b) for a, b in zip(after_samples[p], before_samples[p])] for p in keys]
+        diffs = [statistics.fmean(g) if g else math.nan for g in groups]
+    return summarize(diffs, paired=True, samples=groups)
 
 
-def by_category(values: Mapping[str, float], categories: Mapping[str, str]) -> dict[str, Summary]:
-    """Summaries per category plus ``"all"``; ``values`` and ``categories`` are keyed by prompt id."""
-    groups: dict[str, list[float]] = {}
-    for pid, v in values.items():
-        groups.setdefault(categories.get(pid, "prompt"), []).append(v)
-    out = {cat: summarize(vs) for cat, vs in sorted(groups.items())}
-    out["all"] = summarize(list(values.values()))
+def by_category(values: Mapping[str, float], categories: Mapping[str, str],
+                samples: Mapping[str, Sequence[float]] | None = None) -> dict[str, Summary]:
+    """Summaries per category plus ``"all"``; ``values`` and ``categories`` are keyed by prompt id; ``samples``
+    (temperature > 0): each prompt's per-sample values, for :func:`summarize`'s interval over prompts and
+    samples."""
+    groups: dict[str, list[str]] = {}
+    for pid in values:
+        groups.setdefault(categories.get(pid, "prompt"), []).append(pid)
+
+    def summary(pids: list[str]) -> Summary:
+        sam = [samples[p] for p in pids] if samples is not None and all(p in samples for p in pids) else None
+        return summarize([values[p] for p in pids], samples=sam)
+
+    out = {cat: summary(pids) for cat, pids in sorted(groups.items())}
+    out["all"] = summary(list(values))
     return out
 
 
@@ -167,9 +282,12 @@ def category_table(prompts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[s
     source, the pooled rounds' histogram and per-position rates. Verdicts are added by
     :func:`dflash_eval.metrics.verdict.judge_categories`."""
     cat = {p: r.get("category", "prompt") for p, r in prompts.items()}
-    chain = by_category({p: r["tau"] for p, r in prompts.items() if _num(r.get("tau"))}, cat)
+    chain = by_category({p: r["tau"] for p, r in prompts.items() if _num(r.get("tau"))}, cat,
+                        {p: r["sample_tau"] for p, r in prompts.items() if r.get("sample_tau")})
     bs = ddtree_budgets(prompts)
-    dd = {b: by_category({p: r["ddtree"][b] for p, r in prompts.items() if _num(r.get("ddtree", {}).get(b))}, cat)
+    dd = {b: by_category({p: r["ddtree"][b] for p, r in prompts.items() if _num(r.get("ddtree", {}).get(b))}, cat,
+                         {p: r["ddtree_sample_tau"][b] for p, r in prompts.items()
+                          if (r.get("ddtree_sample_tau") or {}).get(b)})
           for b in bs}
     acc = acceptance_table(prompts)
     return {c: {"n": summ.n, "chain": summ.to_dict(), "ddtree": {b: dd[b][c].to_dict() for b in bs if c in dd[b]},
