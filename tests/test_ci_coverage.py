@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dflash_eval.metrics.baseline import compare, load_baseline
 from dflash_eval.metrics.stats import (
     PAIRED_T_OVER_PROMPTS,
     SAMPLED_T_OVER_PROMPTS,
@@ -30,6 +31,7 @@ from dflash_eval.metrics.stats import (
     summarize,
     t_interval,
 )
+from dflash_eval.session.reference_drafter import ReferenceTau
 from dflash_eval.testing import ci_coverage as cc
 
 CALIBRATION = json.loads((Path(__file__).parent / "data" / "ci_calibration.json").read_text())
@@ -161,3 +163,28 @@ def test_the_percentile_bootstrap_of_before_falls_short() -> None:
     greedy = list(CALIBRATION["greedy"].values())
     c = cc.coverage(cc.resampled("greedy", greedy), cc.percentile_bootstrap, 8, 1000, seed=8)
     assert c.covered < 0.93
+
+
+def test_a_baseline_and_the_reference_drafter_at_t06_pair_their_samples(tmp_path: Path) -> None:
+    """At T > 0 the paired differences against a baseline eval.json and against the reference drafter take the
+    sampled interval of the sample-by-sample differences; a greedy side (no samples) leaves Hall t over the
+    prompts' differences."""
+    rng = np.random.default_rng(0)
+    base = {f"p{i}": (1.2 + rng.gamma(0.5, 0.3, size=8)).tolist() for i in range(6)}
+    run = {p: (np.asarray(v) + rng.normal(0.05, 0.1, size=8)).tolist() for p, v in base.items()}
+    rows = {p: {"tau": float(np.mean(v)), "sample_tau": v} for p, v in base.items()}
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps({"prompts": rows}))
+    b = load_baseline(path)
+    run_tau = {p: float(np.mean(v)) for p, v in run.items()}
+    want = sampled_hall_t_interval([[a - c for a, c in zip(run[p], base[p])] for p in base])
+    d = compare(run_tau, b, drop_tol=0.1, rise_tol=0.1, run_samples=run).diff
+    assert d.ci_method == "paired " + SAMPLED_T_OVER_PROMPTS and (d.ci_low, d.ci_high) == pytest.approx(want)
+    assert d.mean == pytest.approx(statistics.fmean(run_tau[p] - rows[p]["tau"] for p in base))
+    greedy = compare(run_tau, b, drop_tol=0.1, rise_tol=0.1).diff
+    assert greedy.ci_method == PAIRED_T_OVER_PROMPTS
+    diffs = [run_tau[p] - rows[p]["tau"] for p in base]
+    assert (greedy.ci_low, greedy.ci_high) == pytest.approx(hall_t_interval(diffs))
+    ref = ReferenceTau("ref", "f", {p: r["tau"] for p, r in rows.items()}, 1.3, {}, samples=base)
+    paired = ref.block(run_tau, run)["paired"]
+    assert paired["ci_method"] == "paired " + SAMPLED_T_OVER_PROMPTS and paired["ci95"] == pytest.approx(list(want))

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,14 @@ __all__ = ["Baseline", "BaselineComparison", "load_baseline", "compare"]
 
 @dataclass(frozen=True)
 class Baseline:
-    """The per-prompt τ and run context of an earlier eval.json."""
+    """The per-prompt τ and run context of an earlier eval.json (``samples``: each prompt's per-sample τ of a run
+    at temperature > 0)."""
 
     path: Path
     tau: dict[str, float]
     context: dict[str, Any]
     drafter: str | None
+    samples: dict[str, list[float]] = field(default_factory=dict)
 
 
 def load_baseline(path: str | Path) -> Baseline:
@@ -51,10 +54,11 @@ def load_baseline(path: str | Path) -> Baseline:
         raise ConfigError(f"--baseline {path}: no 'prompts' with τ (is it a reports/eval.json of a τ run?)")
     try:
         tau = {str(p): float(r["tau"]) for p, r in prompts.items() if r.get("tau") is not None}
+        samples = {str(p): [float(v) for v in r["sample_tau"]] for p, r in prompts.items() if r.get("sample_tau")}
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise ConfigError(f"--baseline {path}: malformed 'prompts' entry ({type(exc).__name__}: {exc})") from exc
     context = data.get("context") if isinstance(data.get("context"), dict) else {}
-    return Baseline(path, tau, dict(context), (data.get("drafter") or {}).get("fingerprint"))
+    return Baseline(path, tau, dict(context), (data.get("drafter") or {}).get("fingerprint"), samples)
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class BaselineComparison:
     missing: list[str]  # selected prompts the baseline does not have
     drop_tol: float
     rise_tol: float
+    samples: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # T > 0: (baseline, run)
 
     @property
     def n(self) -> int:
@@ -81,9 +86,12 @@ class BaselineComparison:
 
     @property
     def diff(self) -> Summary:
-        """Summary (mean, median, paired skew-corrected t 95 % CI) of the paired differences this run - baseline."""
+        """Summary (mean, median, paired skew-corrected t 95 % CI) of the paired differences this run - baseline (at
+        temperature > 0 with both runs' samples)."""
         return paired_difference({p: a for p, (_, a) in self.deltas.items()},
-                                 {p: b for p, (b, _) in self.deltas.items()})
+                                 {p: b for p, (b, _) in self.deltas.items()},
+                                 after_samples={p: a for p, (_, a) in self.samples.items()} if self.samples else None,
+                                 before_samples={p: b for p, (b, _) in self.samples.items()} if self.samples else None)
 
     @property
     def rel_change(self) -> float:
@@ -118,9 +126,14 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def compare(run_tau: dict[str, float], baseline: Baseline, *, drop_tol: float, rise_tol: float) -> BaselineComparison:
-    """Pair ``run_tau`` (prompt id -> chain τ) with the baseline's τ of the same prompts."""
+def compare(run_tau: dict[str, float], baseline: Baseline, *, drop_tol: float, rise_tol: float,
+            run_samples: Mapping[str, Sequence[float]] | None = None) -> BaselineComparison:
+    """Pair ``run_tau`` (prompt id -> chain τ) with the baseline's τ of the same prompts (``run_samples``: at
+    temperature > 0 each prompt's per-sample τ, paired with the baseline's for the CI)."""
     deltas = {p: (baseline.tau[p], t) for p, t in run_tau.items()
               if p in baseline.tau and not math.isnan(t) and not math.isnan(baseline.tau[p])}
+    run_samples = run_samples or {}
+    samples = {p: (list(baseline.samples[p]), [float(v) for v in run_samples[p]]) for p in deltas
+               if p in baseline.samples and p in run_samples}
     return BaselineComparison(str(baseline.path), deltas, [p for p in run_tau if p not in baseline.tau],
-                              drop_tol, rise_tol)
+                              drop_tol, rise_tol, samples if len(samples) == len(deltas) else {})

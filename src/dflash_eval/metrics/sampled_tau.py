@@ -36,6 +36,7 @@ __all__ = [
     "row_margins",
     "sample_ci",
     "sample_row",
+    "sample_taus",
     "sampled_mean",
     "sampled_summary",
     "samples_for_width",
@@ -79,6 +80,12 @@ def pool_samples(samples: Sequence[TauResult], block_size: int, method: str) -> 
 def sample_ci(values: Sequence[float]) -> Summary:
     """Mean and skew-corrected t 95 % CI over one prompt's samples (method ``Hall t over samples``)."""
     return summarize(values, over="samples")
+
+
+def sample_taus(results: Mapping[str, TauResult]) -> dict[str, list[float]]:
+    """Each prompt's per-sample τ of a run at temperature > 0 (:attr:`SampledTau.sample_taus`; empty for a greedy
+    run): what :func:`dflash_eval.metrics.stats.paired_difference` pairs sample by sample."""
+    return {p: r.sample_taus for p, r in results.items() if isinstance(r, SampledTau)}
 
 
 def spread_margin(sample_taus: Sequence[float], sigmas: float) -> float:

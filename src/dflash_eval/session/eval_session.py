@@ -36,6 +36,7 @@ from dflash_eval.inputs.run_inputs import DEFAULT_PROGRESS, Inputs
 from dflash_eval.metrics.baseline import Baseline, BaselineComparison, compare, load_baseline
 from dflash_eval.metrics.drift_budget import DriftBudget, GateCheck
 from dflash_eval.metrics.floors import Floors
+from dflash_eval.metrics.sampled_tau import sample_taus
 from dflash_eval.metrics.tau_context import describe, mismatches, sampling_context
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.references.greedy import CompletionRecord, References
@@ -196,7 +197,8 @@ class EvalSession:
         if b is None:
             return None
         return compare({p: r.chain.tau for p, r in self.tau_results.items()}, b,
-                       drop_tol=self.settings.baseline_drop_tol, rise_tol=self.settings.baseline_rise_tol)
+                       drop_tol=self.settings.baseline_drop_tol, rise_tol=self.settings.baseline_rise_tol,
+                       run_samples=sample_taus({p: r.chain for p, r in self.tau_results.items()}))
 
     def tau_summary(self) -> TauSummary:
         """τ of every prompt judged against the floors, the means and the per-category table."""
@@ -214,7 +216,10 @@ class EvalSession:
         """eval.json's ``drafter.reference``: ``--reference-drafter``'s τ on these prompts (measured on first use)
         and the paired difference of this drafter's chain τ against it (None without a reference drafter)."""
         ref = self.reference_tau()
-        return None if ref is None else ref.block({p: r.tau for p, r in self.tau_summary().prompts.items()})
+        if ref is None:
+            return None
+        return ref.block({p: r.tau for p, r in self.tau_summary().prompts.items()},
+                         sample_taus({p: r.chain for p, r in self.tau_results.items()}))
 
     def measure_registered(self) -> list[str]:
         """Run the registered measurements that apply to this run (:mod:`dflash_eval.measurements.builtin`); their

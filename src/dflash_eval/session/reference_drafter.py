@@ -12,7 +12,7 @@ stays its own test (``tests_eval/test_checkpoint.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
 from dflash_eval.features.feature_store import FeatureStore
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.metrics.baseline import Baseline, compare
+from dflash_eval.metrics.sampled_tau import sample_taus
 from dflash_eval.metrics.tau import macro_tau
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.references.greedy import References
@@ -29,13 +30,15 @@ __all__ = ["ReferenceDrafter", "ReferenceTau"]
 
 @dataclass(frozen=True)
 class ReferenceTau:
-    """τ of the reference drafter: chain τ per prompt, the macro means (chain and each DDTree budget)."""
+    """τ of the reference drafter: chain τ per prompt, the macro means (chain and each DDTree budget); at
+    temperature > 0 each prompt's per-sample chain τ (``samples``)."""
 
     path: str
     fingerprint: str
     prompts: dict[str, float]
     mean_tau: float
     mean_ddtree: dict[str, float]
+    samples: dict[str, list[float]] = field(default_factory=dict)
 
     @classmethod
     def measure(cls, evaluation: DrafterEvaluation) -> ReferenceTau:
@@ -45,12 +48,14 @@ class ReferenceTau:
         return cls(path=str(evaluation.settings.drafter), fingerprint=evaluation.checkpoint.fingerprint,
                    prompts={p: r.chain.tau for p, r in res.items()},
                    mean_tau=macro_tau([r.chain for r in res.values()]),
-                   mean_ddtree={str(b): macro_tau([r.ddtree[b] for r in res.values()]) for b in budgets})
+                   mean_ddtree={str(b): macro_tau([r.ddtree[b] for r in res.values()]) for b in budgets},
+                   samples=sample_taus({p: r.chain for p, r in res.items()}))
 
-    def block(self, tau: dict[str, float]) -> dict[str, Any]:
-        """eval.json's ``drafter.reference`` for a drafter whose chain τ per prompt is ``tau``."""
-        paired = compare(tau, Baseline(Path(self.path), self.prompts, {}, self.fingerprint), drop_tol=0.0,
-                         rise_tol=0.0)
+    def block(self, tau: dict[str, float], samples: dict[str, list[float]] | None = None) -> dict[str, Any]:
+        """eval.json's ``drafter.reference`` for a drafter whose chain τ per prompt is ``tau`` (``samples``: at
+        temperature > 0 its per-sample chain τ, paired with the reference's for the CI)."""
+        paired = compare(tau, Baseline(Path(self.path), self.prompts, {}, self.fingerprint, self.samples),
+                         drop_tol=0.0, rise_tol=0.0, run_samples=samples)
         d = paired.diff
         return {"path": self.path, "fingerprint": self.fingerprint, "mean_tau": self.mean_tau,
                 "mean_ddtree": dict(self.mean_ddtree), "prompts": dict(self.prompts),
