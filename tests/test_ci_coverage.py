@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from dflash_eval.metrics.stats import (
     SAMPLED_T_OVER_PROMPTS,
     T_OVER_PROMPTS,
     by_category,
+    category_table,
     hall_t_interval,
     paired_difference,
     sampled_hall_t_interval,
@@ -188,3 +190,20 @@ def test_a_baseline_and_the_reference_drafter_at_t06_pair_their_samples(tmp_path
     ref = ReferenceTau("ref", "f", {p: r["tau"] for p, r in rows.items()}, 1.3, {}, samples=base)
     paired = ref.block(run_tau, run)["paired"]
     assert paired["ci_method"] == "paired " + SAMPLED_T_OVER_PROMPTS and paired["ci95"] == pytest.approx(list(want))
+
+
+def test_the_category_table_at_t06_uses_the_rows_samples_and_refuses_rows_that_disagree() -> None:
+    groups = {p: v for p, v in list(CALIBRATION["t0.6"].items())[:6]}
+    rows = {p: {"tau": statistics.fmean(v), "sample_tau": v, "category": "code",
+                "ddtree": {"8": statistics.fmean(v) + 0.1}, "ddtree_sample_tau": {"8": [x + 0.1 for x in v]}}
+            for p, v in groups.items()}
+    table = category_table(rows)
+    want = sampled_hall_t_interval(list(groups.values()))
+    assert table["all"]["chain"]["ci_method"] == SAMPLED_T_OVER_PROMPTS
+    assert table["all"]["chain"]["ci95"] == pytest.approx(list(want))
+    assert table["code"]["ddtree"]["8"]["ci95"] == pytest.approx([want[0] + 0.1, want[1] + 0.1])
+    first = next(iter(rows))
+    for bad, field in (({"sample_tau": [*groups[first][:-1], 9.0]}, "sample_tau"),
+                       ({"ddtree_sample_tau": {"8": [9.0] * 8}}, "ddtree_sample_tau['8']")):
+        with pytest.raises(ValueError, match=f"prompt '{first}': the mean of its {re.escape(field)}"):
+            category_table({**rows, first: {**rows[first], **bad}})

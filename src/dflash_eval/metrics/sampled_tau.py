@@ -8,8 +8,9 @@ greedy reference (:mod:`dflash_eval.metrics.tau`), which equals the online loop 
 samples' rounds pooled, so histograms and per-position acceptance rates are those of every sampled round.
 
 Confidence intervals: over a prompt's samples (:func:`sample_ci`: skew-corrected t over the samples), and for a mean
-over prompts the t interval over the prompt means (:func:`sampled_mean`), which covers both stages of the spread
-(:mod:`dflash_eval.metrics.sampled_ci`).
+over prompts the skew-corrected t interval over the prompt means with its moments taken from the samples too
+(:func:`sampled_mean`, :func:`dflash_eval.metrics.stats.sampled_hall_t_interval`), which covers both stages of the
+spread (:mod:`dflash_eval.metrics.sampled_ci`).
 
 Floors at T > 0 (:func:`spread_margin`): ``k * sqrt(2) * sd / sqrt(S)``, ``sd`` the standard deviation of the
 prompt's per-sample τ and ``S`` its samples: ``sqrt(2) * sd / sqrt(S)`` is the standard deviation of the difference

@@ -276,19 +276,38 @@ def ddtree_budgets(prompts: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return sorted({b for r in prompts.values() for b in r.get("ddtree", {})}, key=int)
 
 
+def _row_samples(values: Mapping[str, float], prompts: Mapping[str, Mapping[str, Any]], key: str,
+                 budget: str | None = None) -> dict[str, list[float]]:
+    """The per-sample τ of eval.json rows at temperature > 0 (``key``, per DDTree ``budget``) of the prompts in
+    ``values``; ValueError naming the prompt and field where a row's samples do not average to its τ."""
+    out = {}
+    for p, v in values.items():
+        field = prompts[p].get(key) or {}
+        vals = field.get(budget) if budget is not None and isinstance(field, Mapping) else field
+        if not vals:
+            continue
+        got = statistics.fmean(float(x) for x in vals)
+        if not math.isclose(got, float(v), rel_tol=1e-9, abs_tol=1e-9):
+            where = f"{key}[{budget!r}]" if budget is not None else key
+            raise ValueError(f"prompt {p!r}: the mean of its {where} is {got!r}, its τ {v!r}: the row's samples and "
+                             "τ disagree (an eval.json edited or merged from different runs?)")
+        out[p] = [float(x) for x in vals]
+    return out
+
+
 def category_table(prompts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per category (and ``"all"``): n, and mean / median / 95 % CI over prompts of chain τ and of each DDTree
     budget's τ, from eval.json's ``prompts`` rows (prompts whose τ is NaN are left out), and ``acceptance``: per
     source, the pooled rounds' histogram and per-position rates. Verdicts are added by
     :func:`dflash_eval.metrics.verdict.judge_categories`."""
     cat = {p: r.get("category", "prompt") for p, r in prompts.items()}
-    chain = by_category({p: r["tau"] for p, r in prompts.items() if _num(r.get("tau"))}, cat,
-                        {p: r["sample_tau"] for p, r in prompts.items() if r.get("sample_tau")})
+    chain_values = {p: r["tau"] for p, r in prompts.items() if _num(r.get("tau"))}
+    chain = by_category(chain_values, cat, _row_samples(chain_values, prompts, "sample_tau"))
     bs = ddtree_budgets(prompts)
-    dd = {b: by_category({p: r["ddtree"][b] for p, r in prompts.items() if _num(r.get("ddtree", {}).get(b))}, cat,
-                         {p: r["ddtree_sample_tau"][b] for p, r in prompts.items()
-                          if (r.get("ddtree_sample_tau") or {}).get(b)})
-          for b in bs}
+    dd = {}
+    for b in bs:
+        values = {p: r["ddtree"][b] for p, r in prompts.items() if _num(r.get("ddtree", {}).get(b))}
+        dd[b] = by_category(values, cat, _row_samples(values, prompts, "ddtree_sample_tau", b))
     acc = acceptance_table(prompts)
     return {c: {"n": summ.n, "chain": summ.to_dict(), "ddtree": {b: dd[b][c].to_dict() for b in bs if c in dd[b]},
                 "acceptance": acc.get(c, {})}
