@@ -1,7 +1,8 @@
 """The drafter's drift budget (:mod:`dflash_eval.metrics.drift_budget`): the ``drift_budget`` measurement, measured on
 the reference side's features and memoised in the cache: one ``drift_budget`` entry per ladder level (τ of every
 prompt and the injected errors under that perturbation), keyed by every input (drafter, code, feature entries,
-prompts, level; the seed for the noise levels only; the other side's feature entries for the drift levels).
+prompts, level; the seed for the noise levels only; the other side's feature entries for the drift levels), so runs
+with another ``--drift-budget-seed`` reuse the drift and rounding levels.
 
 The drift levels (``xA``) amplify the measured drift direction of the run's drift comparison with the largest drift
 (:func:`drift_direction`: among the comparisons that are not skipped and have the reference side on one side, the
@@ -121,7 +122,7 @@ class DriftBudgetLadder(Measurement):
         def fields(level: Perturbation) -> dict[str, Any]:
             if level.kind == DRIFT:
                 return {**common, "level": level.label, "direction": toward}
-            return {**common, "level": level.label, "seed": s.drift_budget_seed}
+            return {**common, "level": level.label, **({"seed": s.drift_budget_seed} if level.seeded else {})}
 
         reqs = {lv.label: Request(self.kind, fields(lv), derived=True, item=lv.label,
                                   what=f"the drift budget's level {lv.label}", expect=Expected(
