@@ -75,16 +75,23 @@ def test_gate_passes_under_the_budget_and_fails_over_it(suite, dirs):
     res, data = faulty("noise:3", report="over")
     gate = reports(res, "test_drift_within_budget[")
     assert res.ret == 1 and gate and all(r.outcome == "failed" for r in gate.values()), res.stdout.str()
-    assert all(g["outcome"] == "fail" and g["max_rel_err"] * b["safety"] > b["ci"][1] for g in data["drift_gate"])
+    over = data["drift_budget"]  # read along this run's own drift direction (the faulty kernel against the clean)
+    assert over["axis"] == "drift" and over["direction"]["comparison"] == "torch+noise=3-vs-torch"
+    assert all(g["outcome"] == "fail" and g["max_rel_err"] * over["safety"] > over["ci"][1]
+               for g in data["drift_gate"])
     msg = str(next(iter(gate.values())).longrepr)
     assert "drift over budget (the drift matters for τ)" in msg and f"x safety factor {b['safety']:g}" in msg
     regress = reports(res, "test_drift_regression[")
     assert regress and all(r.outcome == "failed" for r in regress.values())
     assert all("numerics regression" in str(r.longrepr) and "τ impact: over budget" in str(r.longrepr)
                for r in regress.values())
-    assert data["drift_budget"]["levels"] == b["levels"]  # the same budget, read from the cache
+    def iso(budget: dict) -> list:
+        return [lv for lv in budget["levels"] if lv["axis"] == "isotropic"]
+    assert iso(over) == iso(b) and iso(b)  # the same isotropic levels, read from the cache
     produced = [json.loads(x) for x in (dirs["cache"] / "v1" / "produce.log").read_text().splitlines()]
-    assert sum(1 for x in produced if x["kind"] == "drift_budget") == len(b["levels"])  # one entry per level, once
+    drift_levels = len(over["levels"]) - len(iso(over))
+    # one entry per level, once; the drift levels anew for the other direction
+    assert sum(1 for x in produced if x["kind"] == "drift_budget") == len(b["levels"]) + drift_levels
 
 
 def test_gate_inside_the_budgets_ci_is_inconclusive_until_asked_to_decide(suite):
