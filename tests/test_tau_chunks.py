@@ -105,3 +105,10 @@ def test_chunked_drift_ladder_equals_the_unchunked_one(bundled) -> None:  # type
     assert measure_ladder(drafter, head, lazy, ladder, base_tau=base, seed=1, memory=3 << 20) == whole
     total = len(ladder) * sum(int(t.shape[0]) - 1 - p for _, _, t, p in prompts)
     assert seen == sorted(seen) and seen[-1] == total
+
+
+def test_a_second_feature_side_is_counted_per_token(bundled) -> None:  # type: ignore[no-untyped-def]
+    drafter, _, _ = bundled
+    cfg = drafter.config
+    read = len(cfg.target_layer_ids) * int(cfg.hidden_size) * 4  # one side's fp32 features of a token
+    assert bytes_per_token(drafter, sides=2) - bytes_per_token(drafter) == read

@@ -62,6 +62,7 @@ from dflash_eval.common.number_text import fmt
 from dflash_eval.metrics.drift_fit import BudgetFit, fit_budget
 from dflash_eval.metrics.drift_ladder import (
     DEFAULT_LADDER,
+    DRIFT,
     DRIFT_AXIS,
     ISOTROPIC_AXIS,
     Perturbation,
@@ -107,7 +108,7 @@ def measure_ladder(drafter: DFlashDrafter, head: TargetHead, prompts: Sequence[P
     ``T - 1 - prompt_len``.
     """
     lengths = lengths_of(prompts, lambda p: int(p[2].shape[0]))
-    per_token = bytes_per_token(drafter)
+    per_token = bytes_per_token(drafter, sides=2 if any(lv.kind == DRIFT for lv in ladder) else 1)
     taus: list[list[float]] = [[float("nan")] * len(prompts) for _ in ladder]
     injected: list[list[list[float]]] = [[[] for _ in prompts] for _ in ladder]
     done = 0

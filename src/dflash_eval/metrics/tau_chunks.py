@@ -31,16 +31,17 @@ DEFAULT_CHUNK_MEMORY = 2 << 30  # --chunk-memory's default (docs/benchmarks.md: 
 T = TypeVar("T")
 
 
-def bytes_per_token(drafter: DFlashDrafter, *, source_itemsize: int = 4) -> int:
+def bytes_per_token(drafter: DFlashDrafter, *, source_itemsize: int = 4, sides: int = 1) -> int:
     """Memory one token of a prompt takes while its chunk is simulated: its feature values (hidden size x the
-    drafter's target layers) as read (``source_itemsize`` bytes each) and in the drafter's dtype, the projected
+    drafter's target layers) as read (``source_itemsize`` bytes each, for each of ``sides`` feature sides read:
+    2 where a level reads the other side of a drift comparison too) and in the drafter's dtype, the projected
     context and each drafter layer's context keys and values, counted twice (a forward's selection of contexts may
     copy them)."""
     cfg = drafter.config
     feature_width = len(cfg.target_layer_ids) * int(cfg.hidden_size)
     item = torch.finfo(next(drafter.parameters()).dtype).bits // 8
     kv = 2 * int(cfg.num_hidden_layers) * 2 * int(cfg.num_key_value_heads) * int(cfg.head_dim) * item
-    return feature_width * (source_itemsize + item) + int(cfg.hidden_size) * item + kv
+    return feature_width * (sides * source_itemsize + item) + int(cfg.hidden_size) * item + kv
 
 
 def plan_chunks(lengths: Sequence[int], per_token: int, budget: int | None) -> list[list[int]]:
