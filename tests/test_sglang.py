@@ -978,3 +978,27 @@ def test_launched_server_dying_during_generate_is_reported_with_code_and_log(
             assert svc.server.process.poll() is None
     finally:
         svc.stop()
+
+
+def test_a_signal_during_the_launch_is_held_until_the_server_is_recorded() -> None:
+    """A SIGTERM (or Ctrl-C) between the fork and the recording of the process is delivered after it, in order,
+    to the handler that was installed; the handler in force again afterwards."""
+    import signal as _signal
+
+    from dflash_eval.sglang.launch import _signals_held
+
+    seen: list[str] = []
+    previous = _signal.signal(_signal.SIGTERM, lambda signum, frame: seen.append("handler"))
+    try:
+        with _signals_held():
+            _signal.raise_signal(_signal.SIGTERM)
+            seen.append("recorded")
+        assert seen == ["recorded", "handler"]
+        with pytest.raises(KeyboardInterrupt):  # Ctrl-C too: raised where the block ends
+            with _signals_held():
+                _signal.raise_signal(_signal.SIGINT)
+                seen.append("recorded again")
+        assert seen[-1] == "recorded again"
+        assert _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler
+    finally:
+        _signal.signal(_signal.SIGTERM, previous)

@@ -270,12 +270,16 @@ def test_interrupted_run_stops_the_launched_server(tmp_path: Path, sig: signal.S
     argv = suite_argv(tmp_path, "--sglang-launch", standin_cmd(port, "--mode", "never-ready"),
                       "--sglang-url", f"http://127.0.0.1:{port}", "--sglang-timeout", "600")
     log = tmp_path / "reports" / "sglang-server.log"
-    proc = subprocess.Popen(argv, cwd=ROOT, env=suite_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    out_file = tmp_path / "pytest-output.txt"  # a file, not a pipe nobody reads while waiting: no blocked writes
+    with out_file.open("w") as sink:
+        # SIGINT's default disposition in the child: a runner that ignores SIGINT (SIG_IGN survives exec) would
+        # leave Python without its KeyboardInterrupt handler, and the signal would test nothing
+        proc = subprocess.Popen(argv, cwd=ROOT, env=suite_env(), stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not (log.is_file() and "listening on" in log.read_text()):
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert proc.poll() is None, out_file.read_text()
             time.sleep(0.2)
         assert log.is_file() and "listening on" in log.read_text(), f"server not launched within 300 s: {log}"
         m = re.search(r"pid=(\d+)", log.read_text())
@@ -286,8 +290,11 @@ def test_interrupted_run_stops_the_launched_server(tmp_path: Path, sig: signal.S
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not group_gone(server_pid):
             time.sleep(0.1)
-        assert group_gone(server_pid), f"launched server group {server_pid} survived {sig.name} to pytest by 60 s"
-        out, _ = proc.communicate(timeout=300)
+        assert group_gone(server_pid), (f"launched server group {server_pid} survived {sig.name} to pytest by 60 s"
+                                        f"\n--- pytest so far ---\n{out_file.read_text()[-3000:]}"
+                                        f"\n--- server log ---\n{log.read_text()[-2000:]}")
+        proc.wait(timeout=300)
+        out = out_file.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

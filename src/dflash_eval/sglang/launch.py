@@ -14,15 +14,18 @@ SIGTERM to the group, waits up to ``term_timeout_s`` (10 s) for every member to 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 from dflash_eval.sglang.client import wait_until_ready
 from dflash_eval.sglang.ports import check_port_free
@@ -76,6 +79,31 @@ def group_members(pgid: int) -> list[int]:
         if len(fields) >= 3 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
             members.append(int(entry.name))
     return members
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP held back inside the block and raised again, in order, when it ends: a signal
+    between the server's fork and its recording in :class:`LaunchedServer` would otherwise interrupt the launch with
+    a child nobody knows to stop. Python-level handlers (not a signal mask, which the child would inherit; a handled
+    signal is back to its default in the child after exec). A no-op off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        pending.append(signum)
+
+    sigs = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    previous = {sig: signal.signal(sig, hold) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for signum in dict.fromkeys(pending):
+            signal.raise_signal(signum)
 
 
 class LaunchedServer:
@@ -133,27 +161,28 @@ class LaunchedServer:
         if self.env is not None:
             env = {**os.environ, **{str(k): str(v) for k, v in self.env.items()}}
         log_fh = open(self.log_path, "ab")
-        try:
-            log_fh.write(f"=== dflash-eval launching: {self.command}\n".encode())
-            log_fh.flush()
-            self.process = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_fh,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as exc:
-            raise SGLangError(
-                f"could not launch SGLang server for {self.url}: {exc} (command: {self.command!r})"
-            ) from exc
-        finally:
-            log_fh.close()  # the child holds its own descriptor
-        self._pgid = self.process.pid  # start_new_session: the child leads a new group
-        self._stopped = False
-        atexit.register(self.stop)
+        with _signals_held():  # a Ctrl-C / SIGTERM arriving now is handled once the process is known to stop()
+            try:
+                log_fh.write(f"=== dflash-eval launching: {self.command}\n".encode())
+                log_fh.flush()
+                self.process = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_fh,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                raise SGLangError(
+                    f"could not launch SGLang server for {self.url}: {exc} (command: {self.command!r})"
+                ) from exc
+            finally:
+                log_fh.close()  # the child holds its own descriptor
+            self._pgid = self.process.pid  # start_new_session: the child leads a new group
+            self._stopped = False
+            atexit.register(self.stop)
         logger.info("launched SGLang server pid %d for %s, log %s", self.process.pid, self.url, self.log_path)
         try:
             self.ready_after_s = wait_until_ready(
