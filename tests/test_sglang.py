@@ -989,6 +989,7 @@ def test_a_signal_during_the_launch_is_held_until_the_server_is_recorded() -> No
 
     seen: list[str] = []
     previous = _signal.signal(_signal.SIGTERM, lambda signum, frame: seen.append("handler"))
+    previous_int = _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # an xdist worker ignores SIGINT
     try:
         with _signals_held():
             _signal.raise_signal(_signal.SIGTERM)
@@ -1002,3 +1003,4 @@ def test_a_signal_during_the_launch_is_held_until_the_server_is_recorded() -> No
         assert _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler
     finally:
         _signal.signal(_signal.SIGTERM, previous)
+        _signal.signal(_signal.SIGINT, previous_int)
