@@ -98,6 +98,19 @@ def write_budget_plot(data: dict[str, Any], path: Path) -> Path | None:
     return None if fig is None else save_png(fig, path)
 
 
+def _series(ax: Axes, key: str, levels: list[dict[str, Any]], *, main: bool, marker: str, color: str,
+            label: str) -> None:
+    """One axis's levels against their injected error: on the main panel points with the 95 % CI bars of the
+    mean drop and ``label``, elsewhere a line."""
+    xs, ys = [lv["injected_rel_err"] for lv in levels], [lv[key] for lv in levels]
+    if not main:
+        ax.plot(xs, ys, marker=marker, color=color)
+        return
+    err = [[max(0.0, lv[key] - lv["drop_ci95"][0]) for lv in levels],
+           [max(0.0, lv["drop_ci95"][1] - lv[key]) for lv in levels]]
+    ax.errorbar(xs, ys, yerr=err, marker=marker, capsize=3, color=color, linestyle="none", label=label)
+
+
 def _noise_and_rounding(ax: Axes, key: str, levels: list[dict[str, Any]], floor: float, *, main: bool) -> None:
     """One panel's amplified-drift and injected-noise lines (with CI bars on the main panel) and rounding points
     (labelled there)."""
@@ -105,28 +118,17 @@ def _noise_and_rounding(ax: Axes, key: str, levels: list[dict[str, Any]], floor:
     noise = [lv for lv in levels if lv["kind"] == "noise"]
     rounds = [lv for lv in levels if lv["kind"] == "round"]
     if drift:
-        xs, ys = [lv["injected_rel_err"] for lv in drift], [lv[key] for lv in drift]
+        _series(ax, key, drift, main=main, marker="D", color="C2",
+                label=f"measured drift direction amplified, {drift[0]['label'].removeprefix('drift ')}.."
+                      f"{drift[-1]['label'].removeprefix('drift ')} (main axis; bars: 95 % CI)")
         if main:
-            err = [[max(0.0, lv[key] - lv["drop_ci95"][0]) for lv in drift],
-                   [max(0.0, lv["drop_ci95"][1] - lv[key]) for lv in drift]]
-            ax.errorbar(xs, ys, yerr=err, marker="D", capsize=3, color="C2", linestyle="none",
-                        label=f"measured drift direction amplified, {drift[0]['label'].removeprefix('drift ')}.."
-                              f"{drift[-1]['label'].removeprefix('drift ')} (main axis; bars: 95 % CI)")
             for lv in drift:
                 ax.annotate(lv["label"].removeprefix("drift "), (lv["injected_rel_err"], lv[key]),
                             textcoords="offset points", xytext=(4, -12), fontsize=FONT_PT - 1, color="C2")
-        else:
-            ax.plot(xs, ys, marker="D", color="C2")
     if noise:
-        xs, ys = [lv["injected_rel_err"] for lv in noise], [lv[key] for lv in noise]
-        if main:
-            err = [[max(0.0, lv[key] - lv["drop_ci95"][0]) for lv in noise],
-                   [max(0.0, lv["drop_ci95"][1] - lv[key]) for lv in noise]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color="C0", linestyle="none",
-                        label="injected Gaussian noise" + (" (secondary, isotropic axis" if drift else " (") +
-                              "; bars: 95 % CI of the mean drop)")
-        else:
-            ax.plot(xs, ys, marker="o", color="C0")
+        _series(ax, key, noise, main=main, marker="o", color="C0",
+                label="injected Gaussian noise" + (" (secondary, isotropic axis" if drift else " (") +
+                      "; bars: 95 % CI of the mean drop)")
     for k, lv in enumerate(rounds):
         x = max(lv["injected_rel_err"], floor / 10)
         ax.scatter([x], [lv[key]], marker="s", color="C1", zorder=3,
