@@ -114,14 +114,14 @@ def test_batched_check_equals_each_rows_own_forward(tiny_target):
     from dflash_eval.serving.server_check import teacher_forced_logits
 
     rows = [([5, 9, 17, 3], [40, 41, 42]), ([7], [8, 9, 10, 11, 12, 13]), ([1, 2, 3, 4, 5, 6, 7, 8, 9], [100])]
-    got = [(t["argmax"], t["margin"]) for t in map(teacher_forced_tensors,
-                                                   teacher_forced_logits(tiny_target.model, rows, tiny_target.device))]
-    for (p, c), (argmax, margin) in zip(rows, got, strict=True):
+    got = list(map(teacher_forced_tensors, teacher_forced_logits(tiny_target.model, rows, tiny_target.device)))
+    for (p, c), t in zip(rows, got, strict=True):
         with torch.no_grad():
             logits = tiny_target.model(input_ids=torch.tensor([p + c])).logits[0].float()
         own = teacher_forced_tensors(logits)
-        assert torch.equal(argmax, own["argmax"][len(p) - 1:len(p) - 1 + len(c)])
-        torch.testing.assert_close(margin, own["margin"][len(p) - 1:len(p) - 1 + len(c)], rtol=1e-4, atol=1e-4)
+        assert torch.equal(t["top_ids"][:, 0], own["top_ids"][len(p) - 1:len(p) - 1 + len(c), 0])
+        torch.testing.assert_close(t["top_logits"], own["top_logits"][len(p) - 1:len(p) - 1 + len(c)], rtol=1e-4,
+                                   atol=1e-4)
 
 
 def test_server_with_the_targets_answers_is_cached_with_locally_decoded_text(sglang_session, tiny_target):
@@ -181,3 +181,24 @@ def test_cached_features_of_another_dtype_are_recomputed(session):
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheCorruption)
         EvalSession(session.settings, worker=("master", 0, 1)).evaluation.features(side)[pid][layer]  # clean
+
+
+def test_server_disagreements_are_judged_by_the_near_tie_rule():
+    """A server token within the near-tie band of the local target's best is a near tie and does not count against
+    the server; one outside it does (more than max(1, 10 %) of the tokens: refused)."""
+    from dflash_eval.serving.server_check import disagreement
+
+    n, vocab = 20, 50
+    logits = torch.zeros(n, vocab)
+    logits[:, 0] = 5.0  # the local argmax is token 0 everywhere
+    logits[:, 1] = 5.0 - 0.1  # token 1: 0.1 below it (a bf16 near tie, not an fp32 one)
+    logits[:, 2] = 5.0 - 3.0  # token 2: confidently below
+    ties = [1 if k % 2 else 0 for k in range(n)]  # the server flips every other token at a near tie
+    d = disagreement("p", 7, ties, logits, torch.bfloat16)
+    assert len(d.near_ties) == 10 and not d.wrong and not d.refused
+    assert d.near_ties[0].position == 1 and d.near_ties[0].absolute == 8 and d.near_ties[0].against == "server"
+    fp32 = disagreement("p", 7, ties, logits, torch.float32)
+    assert len(fp32.wrong) == 10 and fp32.refused  # 0.1 is far outside the float32 band
+    wrong = [2 if k in (3, 9, 15) else 1 if k % 2 else 0 for k in range(n)]  # three confident ones among the ties
+    d = disagreement("p", 7, wrong, logits, "bfloat16")
+    assert [w.position for w in d.wrong] == [3, 9, 15] and d.refused and d.wrong[0].margin == pytest.approx(3.0)

@@ -7,7 +7,10 @@ sees the numbers without opening eval.json:
 - the run: ``dflash_eval.mean_tau``, ``dflash_eval.mean_floor``, ``dflash_eval.mean_ddtree<N>``,
   ``dflash_eval.prompts`` (how many were evaluated), ``dflash_eval.failed_prompts``, ``dflash_eval.verdict``
   (``PASS`` / ``FAIL``: the mean and every gated prompt and category against their floors) and, when the drift
-  gate ran, ``dflash_eval.drift_gate`` (``PASS`` / ``FAIL`` / ``INCONCLUSIVE``);
+  gate ran, ``dflash_eval.drift_gate`` (``PASS`` / ``FAIL`` / ``INCONCLUSIVE``); ``dflash_eval.near_ties`` (how many
+  completions left their golden record or their teacher-forced argmax at a near tie of the target: not failures)
+  and one ``dflash_eval.near_tie.<n>`` per near tie (prompt, what it was compared with, position, both tokens, the
+  margin and the band);
 - each prompt (the τ tests ``test_tau[<prompt>]`` and ``test_ddtree_tau[<prompt>-ddtree<N>]``):
   ``dflash_eval.prompt.<prompt>.tau``, ``.floor``, ``.rounds``, ``.ddtree<N>.tau``, ``.ddtree<N>.floor`` and
   ``.verdict``.
@@ -31,9 +34,15 @@ TESTCASE_PROPERTY_FAMILIES = ("xunit1", "legacy")
 
 
 def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
-    """The properties of merged eval.json ``data`` (empty without τ)."""
+    """The properties of merged eval.json ``data``: the near ties, and (when τ was measured) τ and the verdicts."""
+    ties = data.get("near_ties") or []
+    near: dict[str, Any] = {"dflash_eval.near_ties": len(ties)} if ties or "mean_tau" in data else {}
+    for n, tie in enumerate(ties):
+        near[f"dflash_eval.near_tie.{n}"] = (f"{tie['prompt_id']} against {tie['against']} at completion token "
+                                            f"{tie['position']}: {tie['expected']} vs {tie['got']}, margin "
+                                            f"{_round(tie.get('margin'))} < band {tie['band']:g} ({tie['dtype']})")
     if "mean_tau" not in data:
-        return {}
+        return near
     from dflash_eval.report.summary import gate_outcome, tau_verdict  # imports torch: kept out of --help
 
     prompts = data.get("prompts", {})
@@ -48,6 +57,7 @@ def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
     gate = gate_outcome(data)
     if gate is not None:
         out["dflash_eval.drift_gate"] = gate.upper()
+    out.update(near)
     for n, group in enumerate(data.get("not_checked") or []):  # what the verdict does not vouch for
         out[f"dflash_eval.not_checked.{n}"] = f"{group['reason']} ({group['tests']} tests)"
     for pid, r in prompts.items():

@@ -1,10 +1,17 @@
-"""The teacher-forced argmax entries of the references stage: the target's argmax and top-2 margin at every position
-of prompt + reference completion, one causal forward per sequence.
+"""The teacher-forced argmax entries of the references stage: the target's best tokens and their logits
+(:data:`~dflash_eval.metrics.near_tie.TOP_K` of them) at every position of prompt + reference completion, one causal
+forward per sequence, and the near-tie judgement of a completion against them.
 
 The references stage owns the ``argmax`` cache kind: its key fields (:func:`argmax_fields`), what an entry holds
 (:func:`argmax_request`) and how one is made from the target's logits (:func:`argmax_produced`) live here alone. The
 feature stage, whose forward over the same sequence on the evaluation backend and dtype runs to the logits anyway,
 asks for these requests and hands its logits to :func:`argmax_produced`, so the argmax costs no forward of its own.
+
+Since the target is causal, its logits at position ``i`` of prompt + completion are those of a forward over the first
+``i + 1`` tokens alone: where two completions share a prefix, the entry of one holds the target's answer on the
+other's prefix too. :meth:`TeacherForced.divergence` judges a completion against its own argmax,
+:meth:`TeacherForced.judge` any other token sequence that shares its prefix up to a position (the golden completion:
+:mod:`dflash_eval.golden.completions`); both by the near-tie rule of :mod:`dflash_eval.metrics.near_tie`.
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.metrics.near_tie import TOP_K, Divergence, judge
 from dflash_eval.references.completion import CompletionRecord
-from dflash_eval.serving.server_check import teacher_forced_tensors
+from dflash_eval.serving.server_check import teacher_forced_tensors, top_tokens
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.kernel_probe import ProbeShape
 from dflash_eval.target.provenance import device_kind, library_versions
@@ -35,14 +43,16 @@ def argmax_fields(inp: Inputs, seq: list[int]) -> dict[str, Any]:
     probe = inp.kernel_probe(s.eval_backend, s.torch_dtype, ProbeShape.for_sequence(len(seq)))
     return {"target": inp.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
             "backend": s.eval_backend, "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
-            "versions": library_versions(), "kernels": probe.digest}
+            "versions": library_versions(), "kernels": probe.digest, "top": TOP_K}
 
 
 def argmax_request(inp: Inputs, pid: str, seq: list[int]) -> Request:
-    """The argmax entry of prompt ``pid``'s sequence ``seq``: an int64 argmax and a float32 margin per position."""
+    """The argmax entry of prompt ``pid``'s sequence ``seq``: the target's :data:`TOP_K` best token ids (int64) and
+    their logits (float32) at every position."""
     n = len(seq)
+    k = min(TOP_K, inp.vocab_size)
     return Request("argmax", argmax_fields(inp, seq), what=f"teacher-forced argmax of {pid!r}", item=pid,
-                   expect=Expected(tensors={"argmax": (torch.int64, (n,)), "margin": (torch.float32, (n,))}))
+                   expect=Expected(tensors={"top_ids": (torch.int64, (n, k)), "top_logits": (torch.float32, (n, k))}))
 
 
 def argmax_produced(pid: str, logits: torch.Tensor) -> Produced:
@@ -51,31 +61,70 @@ def argmax_produced(pid: str, logits: torch.Tensor) -> Produced:
 
 
 class TeacherForced:
-    """(argmax, margin) per prompt, from the cache, else one causal target forward per prompt. ``completions``: the
-    references stage's completions (the sequences)."""
+    """The target's best tokens per position of each prompt's prompt + completion, from the cache, else one causal
+    target forward per prompt; ``completions``: the references stage's completions (the sequences). Every judgement of
+    a completion made here is kept in :attr:`judged` (``(prompt, against)`` -> the divergence, None where there is
+    none): the run's report names its near ties."""
 
     def __init__(self, inputs: Inputs, completions: Callable[[], dict[str, CompletionRecord]]) -> None:
         self.inputs = inputs
         self.completions = completions
-        self._argmax: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._top: dict[str, dict[str, torch.Tensor]] = {}
+        self.judged: dict[tuple[str, str], Divergence | None] = {}
 
     def get(self, pid: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(argmax, top1 - top2 logit margin) of the target at every position of ``pid``'s prompt + completion.
+        """(argmax, top1 - top2 logit margin) of the target at every position of ``pid``'s prompt + completion."""
+        top = self.top(pid)
+        ids, logits = top["top_ids"], top["top_logits"]
+        margin = logits[:, 0] - logits[:, 1] if logits.shape[1] > 1 else torch.full_like(logits[:, 0], torch.inf)
+        return ids[:, 0], margin
+
+    def top(self, pid: str) -> dict[str, torch.Tensor]:
+        """The entry of ``pid``: ``top_ids`` [T, K] (best first) and ``top_logits`` [T, K] at every position of its
+        prompt + completion.
 
         Under xdist the first call produces every selected prompt's (each worker starts at its own offset and takes
         what no other worker holds), instead of one prompt per test: the tests of different prompts land on
         different workers in no fixed order, and one lock per prompt would have the workers take turns on them."""
-        if pid not in self._argmax:
+        if pid not in self._top:
             inp = self.inputs
             comps = self.completions()
-            pids = [p.id for p in inp.prompts] if inp.worker_count > 1 and not self._argmax else [pid]
+            pids = [p.id for p in inp.prompts] if inp.worker_count > 1 and not self._top else [pid]
             reqs = {p: argmax_request(inp, p, comps[p].sequence) for p in pids}
             batches = [Batch([reqs[p]], self._produce(p, comps[p].sequence)) for p in pids]
             entries = inp.cache.ensure(batches, worker_index=inp.worker_index, worker_count=inp.worker_count)
             for p in pids:
-                e = entries[reqs[p].key]
-                self._argmax[p] = (e.tensors["argmax"], e.tensors["margin"])
-        return self._argmax[pid]
+                self._top[p] = dict(entries[reqs[p].key].tensors)
+        return self._top[pid]
+
+    def judge(self, pid: str, against: str, position: int, expected: int) -> Divergence:
+        """``expected`` against ``pid``'s completion token at completion ``position``, where the two sequences share
+        every earlier token: judged by the target's best tokens there (module docstring), and kept in
+        :attr:`judged`."""
+        rec = self.completions()[pid]
+        at = len(rec.prompt_ids) + position - 1
+        tok = self.inputs.tokenizer
+        d = judge(pid, against, position, at + 1, expected, rec.output_ids[position], top_tokens(self.top(pid), at),
+                  self.inputs.settings.torch_dtype, lambda t: str(tok.decode([t])))
+        self.judged[(pid, against)] = d
+        return d
+
+    def divergence(self, pid: str) -> Divergence | None:
+        """The first position where ``pid``'s completion leaves the target's own teacher-forced argmax over it,
+        judged (None: the argmax reproduces the whole completion); kept in :attr:`judged`."""
+        rec = self.completions()[pid]
+        p = len(rec.prompt_ids)
+        argmax = self.top(pid)["top_ids"][p - 1:p - 1 + len(rec.output_ids), 0].tolist()
+        k = next((i for i, (want, got) in enumerate(zip(argmax, rec.output_ids)) if want != got), None)
+        if k is None:
+            self.judged[(pid, "teacher-forced")] = None
+            return None
+        return self.judge(pid, "teacher-forced", k, argmax[k])
+
+    def near_ties(self) -> list[Divergence]:
+        """The near ties judged in this process, by prompt."""
+        return sorted((d for d in self.judged.values() if d is not None and d.near_tie),
+                      key=lambda d: (d.prompt_id, d.against))
 
     def _produce(self, pid: str, seq: list[int]) -> Callable[[list[Request]], list[Produced]]:
         """One causal target forward over ``seq`` on the evaluation backend and dtype."""

@@ -58,7 +58,11 @@ eval.json (schema 1; documented in docs/reference.md)::
                  "plain_tokens_per_s", "costs": {part: s, ...}, "cached", "strategies": {"chain" | "ddtree-N":
                  {"strategy", "loop", "tau", "tau_ci", "round_s", "parts", "speedup", "speedup_ci", "tokens_per_s",
                  "tokens_per_s_ci"}}, "best", "best_budget", "loop": {"chain": {...}}, "assumptions", "floor",
-                 "passed"} (the predicted speed-up, test_predicted_speedup; docs/speedup.md)}
+                 "passed"} (the predicted speed-up, test_predicted_speedup; docs/speedup.md),
+     "near_ties": [{"prompt_id", "against" ("golden" | "teacher-forced"), "position", "absolute", "expected", "got",
+                    "expected_text", "got_text", "margin", "margin_bound", "band", "dtype", "near_tie"}] (completions
+                   that left their golden record or their teacher-forced argmax at a near tie of the target: not
+                   failures, the tokens after them not compared; dflash_eval.metrics.near_tie; absent when none)}
 
 A drafter refused by architecture checks adds ``"refused": [{"check", "message"}]`` to "drafter" and
 ``"mean_passed": false``.
@@ -201,6 +205,9 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
     measurements = _measurements(fragments)
     if measurements:
         out["measurements"] = measurements
+    ties = {(d["prompt_id"], d["against"]): d for f in fragments for d in f.get("near_ties") or []}
+    if ties:  # every process judges its own tests' prompts: one row per prompt and comparison
+        out["near_ties"] = [ties[k] for k in sorted(ties)]
     out["timings"] = _timings(fragments, wall_s)
     out["counts"] = {f.get("worker", "?"): f.get("counts", {}) for f in fragments}
     out["cache"] = {f.get("worker", "?"): f.get("cache", {}) for f in fragments}

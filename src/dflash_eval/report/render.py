@@ -14,6 +14,7 @@ from dflash_eval.report.plot import worst_prompts
 from dflash_eval.report.speedup_report import speedup_lines, speedup_rows
 from dflash_eval.report.summary import not_checked_lines
 from dflash_eval.report.table_rows import (
+    NEAR_TIE_NOTE,
     acceptance_rows,
     baseline_line,
     budget_line,
@@ -25,6 +26,7 @@ from dflash_eval.report.table_rows import (
     gate_rows,
     ladder_rows,
     measurement_tables,
+    near_tie_rows,
     sampled_line,
     tau_kinds_line,
     tau_rows,
@@ -205,6 +207,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     if data.get("not_checked"):  # what a pass does not vouch for, before the tables
         parts += ["", "### Not checked", ""] + [f"- {line.removeprefix('not checked: ')}"
                                                  for line in not_checked_lines(data, limit=None)]
+    parts += _section("Near ties", TextTable(*near_tie_rows(data)), f"Each row is {NEAR_TIE_NOTE}.")
     parts += _section("τ per prompt", TextTable(*tau_rows(data)), tau_kinds_line(data), baseline_line(data),
                       sampled_line(data))
     parts += _section(_category_title(data, f"macro mean over prompts, median, {category_ci_name(data)} of the mean"),

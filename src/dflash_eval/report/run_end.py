@@ -17,10 +17,10 @@ __all__ = ["measured", "TerminalSection", "terminal_section"]
 
 
 def measured(fragments: list[dict[str, Any]]) -> bool:
-    """Whether any process measured something to report: τ, drift, a fingerprint, a registered measurement, or a
-    refused drafter."""
-    return any("prompts" in f or "drift" in f or "fingerprint" in f or "measurements" in f or refused(f)
-               for f in fragments)
+    """Whether any process measured something to report: τ, drift, a fingerprint, a registered measurement, a near
+    tie of the target, or a refused drafter."""
+    return any("prompts" in f or "drift" in f or "fingerprint" in f or "measurements" in f or "near_ties" in f
+               or refused(f) for f in fragments)
 
 
 @dataclass

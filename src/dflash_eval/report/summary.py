@@ -15,17 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.common.number_text import fmt, is_number
+from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.verdict import gate_outcome, row_outcome, run_verdict, tau_verdict
 from dflash_eval.report.plot import worst_prompts
 from dflash_eval.report.speedup_report import verdict_line as speedup_line
 
 __all__ = ["WORST_NAMED", "REPORT_FILES", "tau_verdict", "gate_outcome", "row_outcome", "verdict_lines",
-           "not_checked_lines"]
+           "not_checked_lines", "near_tie_lines"]
 
 #: How many prompts the verdict names (those with the least room above their floors).
 WORST_NAMED = 3
 #: How many reasons of skipped tests the verdict names (eval.md and eval.json hold them all).
 NOT_CHECKED_NAMED = 4
+#: How many near ties the verdict names (eval.md and eval.json hold them all).
+NEAR_TIES_NAMED = 4
 #: The files of a run's report folder, in the order the verdict lists them.
 REPORT_FILES = ("eval.md", "eval.json", "eval.html", "samples.jsonl", "eval.png", "drift_budget.png", "speedup.png")
 
@@ -103,6 +106,18 @@ def not_checked_lines(data: dict[str, Any], *, limit: int | None = NOT_CHECKED_N
     return lines
 
 
+def near_tie_lines(data: dict[str, Any], *, limit: int | None = NEAR_TIES_NAMED) -> list[str]:
+    """``near tie: <prompt> ...``, one line per completion that left its golden record or its teacher-forced argmax
+    at a near tie of the target (eval.json's ``near_ties``; at most ``limit``, then how many more): not failures, and
+    the tokens after each are not compared, which the verdict says."""
+    ties = [Divergence.from_dict(d) for d in data.get("near_ties") or []]
+    shown = ties if limit is None else ties[:limit]
+    lines = [f"near tie: {d.describe()}" for d in shown]
+    if len(ties) > len(shown):
+        lines.append(f"near tie: {len(ties) - len(shown)} more (eval.md lists them)")
+    return lines
+
+
 def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests: int = 0,
                   exitstatus: int = 0, recorded: bool = False) -> list[str]:
     """The verdict block (module docstring). Its first line says it all: ``dflash-eval: PASS`` or ``dflash-eval:
@@ -119,6 +134,9 @@ def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests
                "drift gate " + (gate.upper() if gate else "not run")]
     if skipped:
         summary.append(f"{skipped} test{'s' if skipped != 1 else ''} not checked (below)")
+    ties = len(data.get("near_ties") or [])
+    if ties:
+        summary.append(f"{ties} near tie{'s' if ties != 1 else ''} of the target, not failures (below)")
     lines = [f"{head} — {'; '.join(summary)}"]
     detail = _detail_line(data) if tau is not None else None
     if detail:
@@ -128,6 +146,7 @@ def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests
     speed = speedup_line(data)  # the predicted speed-up on this device, when the run measured it
     if speed:
         lines.append(speed)
+    lines += near_tie_lines(data)
     lines += not_checked_lines(data)
     lines += [f"cause: {d}" for d in data.get("diagnoses", [])]
     if report_dir is not None:

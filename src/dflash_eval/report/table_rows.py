@@ -23,18 +23,37 @@ from dflash_eval.metrics.acceptance_rates import (
     position_rates,
     row_histograms,
 )
+from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.stats import ddtree_budgets
 from dflash_eval.report.summary import row_outcome
 from dflash_eval.report.tables import TextTable
 
 __all__ = ["tau_rows", "category_rows", "baseline_line", "budgets", "acceptance_rows", "conversation_rows",
            "drift_rows", "ladder_rows", "gate_rows", "budget_line", "measurement_tables", "sampled_line", "ci_name",
-           "category_ci_name", "tau_kinds_line", "MEAN_ROW"]
+           "category_ci_name", "tau_kinds_line", "near_tie_rows", "NEAR_TIE_NOTE", "MEAN_ROW"]
 
 #: The first cell of the τ table's row of the means over prompts (macro means).
 MEAN_ROW = "MEAN (macro)"
 #: The method of an interval that eval.json does not name: one written before the methods were recorded.
 _UNNAMED_CI = "percentile bootstrap"
+
+
+#: What a near tie means, under its table and in the verdict block.
+NEAR_TIE_NOTE = ("a near tie: the run's completion left what it was compared with where the target's own two best "
+                 "tokens lie within rounding of each other (the margin below the dtype's near-tie band); not a "
+                 "failure, and the completion tokens after it are not compared")
+
+
+def near_tie_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """One row per near tie of eval.json's ``near_ties``: the prompt, what it was compared with, the completion
+    token where it parted, both tokens, the target's margin there and the band."""
+    header = ["prompt", "compared with", "completion token", "expected", "this run", "margin", "near-tie band"]
+    rows = []
+    for raw in data.get("near_ties") or []:
+        d = Divergence.from_dict(raw)
+        rows.append([d.prompt_id, d.against, str(d.position), f"{d.expected} {d.expected_text}".strip(),
+                     f"{d.got} {d.got_text}".strip(), d.margin_text, f"{d.band:g} ({d.dtype})"])
+    return header, rows
 
 
 def budgets(data: dict[str, Any]) -> list[str]:

@@ -19,6 +19,7 @@ from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, po
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.drift_budget import impact
 from dflash_eval.metrics.floors import Floors
+from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.sampled_tau import SampledTau, sample_row
 from dflash_eval.metrics.speedup import speedup_block
 from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
@@ -120,6 +121,7 @@ class EvalResult:
     spans: list[tuple[str, float, float]] = field(default_factory=list)
     measurements: dict[str, JsonBlock] = field(default_factory=dict)  # registered measurements' own blocks
     speedup: JsonBlock | None = None  # the predicted speed-up (dflash_eval.metrics.speedup.speedup_block)
+    near_ties: list[Divergence] = field(default_factory=list)  # completions that left a comparison at a near tie
 
     def to_dict(self) -> dict[str, Any]:
         """eval.json's fields for this process (a fragment, before merging across workers)."""
@@ -144,6 +146,8 @@ class EvalResult:
             out["measurements"] = self.measurements
         if self.speedup is not None:
             out["speedup"] = self.speedup
+        if self.near_ties:
+            out["near_ties"] = [d.to_dict() for d in self.near_ties]
         return out
 
     @classmethod
@@ -158,7 +162,8 @@ class EvalResult:
                    cache=data["cache"], errors=list(data.get("errors", [])),
                    spans=[tuple(sp) for sp in data.get("spans", [])],
                    tau=TauSummary.from_dict(data) if "mean_tau" in data else None,
-                   measurements=dict(data.get("measurements") or {}), **kw)
+                   measurements=dict(data.get("measurements") or {}),
+                   near_ties=[Divergence.from_dict(d) for d in data.get("near_ties") or []], **kw)
 
 
 def _no_tokenizer() -> PreTrainedTokenizerBase:
@@ -329,6 +334,7 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
         result.provenance["kernel_probe"] = _with_witness_impact(ev, ev.store.probes.to_json())
     if result.provenance is not None and ev.store.witness.checks:  # the live features compared with the cache
         result.provenance["witness"] = ev.store.witness.to_json()
+    result.near_ties = ev.references.argmax.near_ties()
     if ev.checkpoint_read:
         ck = ev.checkpoint
         result.drafter = DrafterBlock(path=str(ck.source), fingerprint=ck.fingerprint, config=ck.config.to_dict())

@@ -3,12 +3,15 @@
 Every completion of a fetch is teacher-forced through the local target: prompt + completion, several per forward
 (right-padded batches: a causal model's output at a position depends only on the tokens up to it, so the padding
 after a row's last token changes nothing for that row, up to floating-point summation order), and the target's
-argmax at every completion position is compared with the server's token there. A completion whose tokens the
-argmax misses at more than :data:`SERVER_MAX_DISAGREEMENT` of its positions (and at more than one: a bf16 server
-flips near-ties) is wrong: :func:`check_server_completions` raises one error naming the prompt, the number of
-wrong positions and the first one (server token vs target token, both decoded, and the target's top-2 margin
-there), and the other wrong prompts of the fetch. A server that answers some prompts right and others wrong (a
-replica behind a router that serves other weights, a mixed adapter) is caught like one that is wrong throughout.
+argmax at every completion position is compared with the server's token there. Each position where they differ is
+judged by the near-tie rule (:mod:`dflash_eval.metrics.near_tie`): where the server's token lies within the near-tie
+band of the target's best (a bf16 server, other kernels, another batch flip near ties) it is a near tie and does not
+count; where it lies outside, the server contradicts a confident target. A completion with confident disagreements at
+more than :data:`SERVER_MAX_DISAGREEMENT` of its positions (and at more than one) is wrong:
+:func:`check_server_completions` raises one error naming the prompt, the number of confident disagreements and the
+first one (server token vs target token, both decoded, and the target's margin there), the near ties beside them, and
+the other wrong prompts of the fetch. A server that answers some prompts right and others wrong (a replica behind a
+router that serves other weights, a mixed adapter) is caught like one that is wrong throughout.
 
 The argmax of these batches is not cached as the teacher-forced argmax entry (that entry is one unpadded forward,
 written bit for bit by the feature extraction): the check costs one batched forward per
@@ -17,7 +20,7 @@ written bit for bit by the feature extraction): the check costs one batched forw
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,6 +28,7 @@ import torch
 from torch import nn
 
 from dflash_eval.errors import EvalError
+from dflash_eval.metrics.near_tie import TOP_K, Divergence, TopTokens, judge
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.generation import generation_groups
 
@@ -34,10 +38,11 @@ if TYPE_CHECKING:
     from dflash_eval.inputs.run_inputs import Inputs
 
 __all__ = ["SERVER_MAX_DISAGREEMENT", "CHECK_LOGITS_BUDGET", "Disagreement", "check_server_completions",
-           "teacher_forced_tensors", "disagreement", "teacher_forced_logits", "teacher_forced_rows"]
+           "teacher_forced_tensors", "top_tokens", "disagreement", "teacher_forced_logits", "teacher_forced_rows"]
 
-#: Largest fraction of a fetched completion's tokens that the local target's teacher-forced argmax may disagree
-#: with (at least one token: a bf16 server flips near-ties); above it the server is refused.
+#: Largest fraction of a fetched completion's tokens at which the local target's teacher-forced argmax may
+#: confidently disagree with the server (near ties aside; at least one token: the server's numerics are not the local
+#: target's); above it the server is refused.
 SERVER_MAX_DISAGREEMENT = 0.1
 #: Most logits (rows x padded length x vocabulary) that one batched forward of the check may produce.
 CHECK_LOGITS_BUDGET = 2**28  # 1 GiB of float32 logits
@@ -45,31 +50,47 @@ CHECK_LOGITS_BUDGET = 2**28  # 1 GiB of float32 logits
 
 @dataclass(frozen=True)
 class Disagreement:
-    """Where a server completion and the target's teacher-forced argmax differ (completion positions)."""
+    """Where a server completion and the target's teacher-forced argmax differ, each position judged by the near-tie
+    rule (``expected``: the local argmax, ``got``: the server's token)."""
 
     prompt_id: str
-    wrong: list[int]
     n_tokens: int
-    server: list[int]
-    local: list[int]
-    margin: list[float]
+    divergences: list[Divergence]
+
+    @property
+    def wrong(self) -> list[Divergence]:
+        """The confident disagreements (outside the near-tie band)."""
+        return [d for d in self.divergences if not d.near_tie]
+
+    @property
+    def near_ties(self) -> list[Divergence]:
+        return [d for d in self.divergences if d.near_tie]
 
     @property
     def refused(self) -> bool:
         return len(self.wrong) > max(1, int(SERVER_MAX_DISAGREEMENT * self.n_tokens))
 
 
-def disagreement(pid: str, ids: list[int], argmax: torch.Tensor, margin: torch.Tensor) -> Disagreement:
-    """Compare the server's ``ids`` with the target's ``argmax`` (and top-2 ``margin``) at the same positions."""
-    pred = argmax.tolist()
-    wrong = [k for k, (want, got) in enumerate(zip(ids, pred)) if want != got]
-    return Disagreement(pid, wrong, len(ids), list(ids), pred, margin.tolist())
+def disagreement(pid: str, prompt_len: int, ids: list[int], logits: torch.Tensor, dtype: object,
+                 decode: Callable[[int], str] | None = None) -> Disagreement:
+    """Compare the server's completion ``ids`` with the target's float32 ``logits`` [len(ids), V] predicting them."""
+    tensors = teacher_forced_tensors(logits)
+    argmax = tensors["top_ids"][:, 0].tolist()
+    found = [judge(pid, "server", k, prompt_len + k, want, got, top_tokens(tensors, k), dtype, decode)
+             for k, (want, got) in enumerate(zip(argmax, ids)) if want != got]
+    return Disagreement(pid, len(ids), found)
 
 
-def teacher_forced_tensors(logits: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The argmax entry's tensors from [T, V] float32 logits: argmax and top1 - top2 margin per position."""
-    top = logits.topk(2, dim=-1)
-    return {"argmax": top.indices[:, 0].cpu(), "margin": (top.values[:, 0] - top.values[:, 1]).cpu()}
+def teacher_forced_tensors(logits: torch.Tensor, k: int = TOP_K) -> dict[str, torch.Tensor]:
+    """The teacher-forced entry's tensors from [T, V] float32 logits: the ``k`` best token ids (int64 [T, k], best
+    first) and their logits (float32 [T, k]) at every position."""
+    top = logits.float().topk(min(k, logits.shape[-1]), dim=-1)
+    return {"top_ids": top.indices.to(torch.int64).cpu(), "top_logits": top.values.cpu()}
+
+
+def top_tokens(tensors: dict[str, torch.Tensor], position: int) -> TopTokens:
+    """The target's best tokens at ``position`` of a teacher-forced entry (:func:`teacher_forced_tensors`)."""
+    return TopTokens(tuple(tensors["top_ids"][position].tolist()), tuple(tensors["top_logits"][position].tolist()))
 
 
 @torch.no_grad()
@@ -116,23 +137,24 @@ def check_server_completions(inputs: Inputs, items: list[tuple[str, list[int], l
     if not items:
         return
     s = inputs.settings
+    tok = inputs.tokenizer
+    lengths = {pid: len(p) for pid, p, _ in items}
     found: dict[str, Disagreement] = {}
     for pid, ids, logits in teacher_forced_rows(inputs, items):
-        t = teacher_forced_tensors(logits)
-        found[pid] = disagreement(pid, ids, t["argmax"], t["margin"])
+        found[pid] = disagreement(pid, lengths[pid], ids, logits, s.torch_dtype)
     bad = [found[pid] for pid, _, _ in items if found[pid].refused]
     if not bad:
         return
     d = bad[0]
-    k = d.wrong[0]
-    tok = inputs.tokenizer
+    w = d.wrong[0]
+    ties = f" and {len(d.near_ties)} near ties within the {w.dtype} band {w.band:g}, not counted" if d.near_ties else ""
     others = f"; also wrong: prompts {[b.prompt_id for b in bad[1:]]}" if len(bad) > 1 else ""
     raise EvalError(
         f"{url} does not serve the target {s.target_model}: its greedy completion of prompt {d.prompt_id!r} "
         f"disagrees with the local target's teacher-forced argmax at {len(d.wrong)} of {d.n_tokens} tokens (first "
-        f"at completion token {k}: server {d.server[k]} {_token(tok, d.server[k])}, local {d.local[k]} "
-        f"{_token(tok, d.local[k])}, local top-2 margin {d.margin[k]:.3g}){others}; "
-        f"{len(items) - len(bad)} of the {len(items)} completions of this fetch agree. Other weights, another "
-        "checkpoint, a replica or adapter behind the URL that serves something else, or a broken server? "
+        f"at completion token {w.position}: server {w.got} {_token(tok, w.got)}, local {w.expected} "
+        f"{_token(tok, w.expected)}, the local target's margin {w.margin_text}, outside the {w.dtype} near-tie band)"
+        f"{ties}{others}; {len(items) - len(bad)} of the {len(items)} completions of this fetch agree. Other weights, "
+        "another checkpoint, a replica or adapter behind the URL that serves something else, or a broken server? "
         "No completion cached"
     )
