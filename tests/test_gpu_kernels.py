@@ -56,3 +56,46 @@ def test_device_map_spreads_target_and_features_agree(tiny_target_dir) -> None: 
     b, _ = extract_features(split, ids, layers, backend="fla")
     d = layer_drift(b.to(a.device), a)
     assert d.rel_err < 1e-5, d
+
+
+_COMPILE_SCRIPT = """
+import json, sys, torch
+from pathlib import Path
+from dflash_eval.runtime.progress import Meter
+from dflash_eval.target.backends import use_backend
+from dflash_eval.target.hidden_states import layer_features
+from dflash_eval.target.kernel_cache import add_sink, use_kernel_cache
+from dflash_eval.target.loader import load_target
+
+where = use_kernel_cache(Path(sys.argv[1]))
+meter = Meter()
+add_sink(meter.note_compile)
+target = load_target(Path(sys.argv[2]), device="cuda", dtype="bf16")
+with meter.timed("features"), use_backend("fla", "cuda"):
+    layer_features(target.model, torch.arange(2, 300) % 290, list(range(target.num_layers)))
+print(json.dumps({**meter.compilation.to_dict(), "where": where.to_dict()}))
+"""
+
+
+def test_fla_kernels_compile_into_the_cache_dir_and_a_second_process_loads_them(  # type: ignore[no-untyped-def]
+        tiny_target_dir, tmp_path) -> None:
+    """A fresh process compiles (and autotunes) fla's kernels into ``<cache>/triton``, timed as compilation of the
+    stage it ran in; a second process with that folder restored compiles nothing and loads them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(tmp_path / "cache"), str(tiny_target_dir)],
+                             env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["where"] == {"path": str(tmp_path / "cache" / "triton"), "source": "--cache-dir"}
+    assert first["kernels_compiled"] > 0 and first["by_stage"].get("features", 0) > 0, first
+    assert list((tmp_path / "cache" / "triton").rglob("*.json")), "no compiled kernel in the cache folder"
+    # autotuned kernels: the second process reads the tuning results and loads only the chosen configurations
+    assert second["kernels_compiled"] == 0 and second["kernels_loaded"] > 0, second

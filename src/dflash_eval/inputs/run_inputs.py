@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dflash_eval.cache.store import Cache
+from dflash_eval.common.paths import folder_problem
 from dflash_eval.drafter import TargetSpec
 from dflash_eval.drafter.vocabulary import TargetVocabulary, read_tokenizer_facts
 from dflash_eval.errors import ConfigError, DFlashEvalError
@@ -33,6 +34,7 @@ from dflash_eval.prompts import Prompt, load_prompt_spec
 from dflash_eval.runtime.progress import Meter, Sink, default_progress_sink
 from dflash_eval.target.backends import check_backend_device
 from dflash_eval.target.head import TargetHead
+from dflash_eval.target.kernel_cache import add_sink, use_kernel_cache
 from dflash_eval.target.kernel_probe import ProbeResult, ProbeShape
 from dflash_eval.target.kernel_registry import KernelProbes
 from dflash_eval.target.loader import Target, TargetDir, load_target
@@ -63,7 +65,11 @@ class Inputs:
         self.settings = settings
         self.worker_id, self.worker_index, self.worker_count = worker or worker_info()
         self.cache = Cache(settings.cache_dir, cache_only=settings.cache_only, worker=self.worker_id)
+        # compiled GPU kernels and their tuning results live with the cache they vouch for (unless TRITON_CACHE_DIR
+        # is set); a read-only cache under --cache-only leaves Triton's default
+        self.kernel_cache = use_kernel_cache(self.cache.root, folder_problem if settings.cache_only else None)
         self.meter = Meter()
+        add_sink(self.meter.note_compile)
         self.meter.counts["torch_threads"] = torch.get_num_threads()  # set by the entry point (suite.threads)
         self.log = log or (lambda _m: None)
         self.progress: Sink | None = default_progress_sink(self.worker_count) if progress == DEFAULT_PROGRESS \

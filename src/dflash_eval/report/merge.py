@@ -48,7 +48,9 @@ eval.json (schema 1; documented in docs/reference.md)::
      "drift_gate": [{"comparison", "layer", "max_rel_err", "mean_rel_err", "worst_prompt", "budget",
                      "budget_ci": [lo, hi], "safety", "margin", "lower_bound", "passed", "outcome", "decided_on"}],
      "fingerprint": {...} (when computed), "timings": {"wall_s", "sum": {stage: s}, "per_worker": {w: {...}},
-     "spans": {w: [[stage, start, end]]}},
+     "spans": {w: [[stage, start, end]]}, "compile": {"seconds", "by_stage": {stage: s}, "kernels_compiled",
+     "kernels_loaded", "kernel_cache": {"path", "source", "why"}} (GPU kernel compilation, part of the stages'
+     seconds; dflash_eval.target.kernel_cache)},
      "cache": {worker: {"hits", "misses", "produced", "corrupted", ...}},
      "tests": {"counts": {outcome: n}, "outcomes": {nodeid: outcome}},
      "diagnoses": [line] (named causes of a failing run, dflash_eval.metrics.verdict.diagnoses; absent when none),
@@ -84,6 +86,7 @@ from dflash_eval.metrics.stats import (
     turn_table,
 )
 from dflash_eval.metrics.verdict import diagnoses, judge_categories, mean_passed
+from dflash_eval.runtime.progress import Compilation
 
 __all__ = ["SCHEMA", "merge"]
 
@@ -131,15 +134,21 @@ def _measurements(fragments: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _timings(fragments: list[dict[str, Any]], wall_s: float | None) -> dict[str, Any]:
-    """The run's wall time, every stage's seconds summed over processes, per worker, and the workers' spans."""
+    """The run's wall time, every stage's seconds summed over processes, per worker, the workers' spans, and the GPU
+    kernel compilation inside those stages (summed, with where the kernel cache was)."""
     total: dict[str, float] = defaultdict(float)
     for f in fragments:
         for k, v in f.get("timings", {}).items():
             total[k] += v
-    return {"wall_s": None if wall_s is None else round(wall_s, 3),
-            "sum": {k: round(v, 3) for k, v in sorted(total.items())},
-            "per_worker": {f.get("worker", "?"): f.get("timings", {}) for f in fragments},
-            "spans": {f.get("worker", "?"): f.get("spans", []) for f in fragments if f.get("spans")}}
+    out = {"wall_s": None if wall_s is None else round(wall_s, 3),
+           "sum": {k: round(v, 3) for k, v in sorted(total.items())},
+           "per_worker": {f.get("worker", "?"): f.get("timings", {}) for f in fragments},
+           "spans": {f.get("worker", "?"): f.get("spans", []) for f in fragments if f.get("spans")}}
+    blocks = [f["compile"] for f in fragments if f.get("compile")]
+    if blocks:
+        cache = next((b["kernel_cache"] for b in blocks if b.get("kernel_cache")), None)
+        out["compile"] = {**Compilation.merged(blocks).to_dict(), "kernel_cache": cache}
+    return out
 
 
 def not_checked(skipped: dict[str, str]) -> list[dict[str, Any]]:

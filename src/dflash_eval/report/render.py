@@ -33,8 +33,8 @@ from dflash_eval.report.table_rows import (
 )
 from dflash_eval.report.tables import TextTable, markdown_table, terminal_text
 
-__all__ = ["render_terminal", "render_markdown", "TERMINAL_ROWS_FULL", "TERMINAL_ROWS_SHOWN", "plain_dtype",
-           "plain_versions"]
+__all__ = ["render_terminal", "render_markdown", "compile_text", "TERMINAL_ROWS_FULL", "TERMINAL_ROWS_SHOWN",
+           "plain_dtype", "plain_versions"]
 
 #: The terminal prints every prompt's row up to this many prompts (conversations likewise) ...
 TERMINAL_ROWS_FULL = 15
@@ -113,11 +113,26 @@ def _drift_tables(data: dict[str, Any]) -> list[TextTable | str | None]:
             TextTable(*gate_rows(data), title="drift gate: measured drift against the drafter's drift budget",
                       left=_DRIFT_LEFT),
             budget_line(data),
-            "timings (s, summed over processes): " + _timings(tm) if tm else None]
+            "timings (s, summed over processes): " + _timings(tm) + compile_text(data, terse=True) if tm else None]
 
 
 def _timings(tm: dict[str, Any]) -> str:
     return ", ".join(f"{k} {fmt(v, 2)}" for k, v in tm.items())
+
+
+def compile_text(data: dict[str, Any], *, terse: bool = False) -> str:
+    """``; GPU kernel compilation 48.20 s of those (kernel_probe 40.10, ...; 312 kernels compiled, 4 loaded from the
+    kernel cache <path>)`` from eval.json's ``timings.compile`` ("" without it; ``terse``: also "" when no kernel was
+    compiled or loaded, as on a CPU)."""
+    c = data.get("timings", {}).get("compile")
+    if not c or (terse and not c.get("kernels_compiled") and not c.get("kernels_loaded")):
+        return ""
+    cache = c.get("kernel_cache") or {}
+    where = (f"the kernel cache {normal_path(cache['path'])} ({cache.get('source')})" if cache.get("path") else
+             f"Triton's default kernel cache ({cache.get('why', 'not under --cache-dir')})")
+    stages = ", ".join(f"{k} {fmt(v, 2)}" for k, v in (c.get("by_stage") or {}).items())
+    return (f"; GPU kernel compilation {fmt(c.get('seconds'), 2)} s of those" + (f" ({stages})" if stages else "")
+            + f": {c.get('kernels_compiled', 0)} kernels compiled, {c.get('kernels_loaded', 0)} loaded from {where}")
 
 
 def render_terminal(data: dict[str, Any], *, width: int = 120, max_rows: int | None = TERMINAL_ROWS_SHOWN) -> str:
@@ -229,5 +244,5 @@ def render_markdown(data: dict[str, Any]) -> str:
     tm = data.get("timings", {})
     if tm.get("sum"):
         parts += ["", "### Timings (s)", "", f"wall {fmt(tm.get('wall_s'), 2)}; summed over processes: "
-                  + _timings(tm["sum"])]
+                  + _timings(tm["sum"]) + compile_text(data)]
     return "\n".join(parts) + "\n"

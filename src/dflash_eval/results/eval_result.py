@@ -122,6 +122,8 @@ class EvalResult:
     measurements: dict[str, JsonBlock] = field(default_factory=dict)  # registered measurements' own blocks
     speedup: JsonBlock | None = None  # the predicted speed-up (dflash_eval.metrics.speedup.speedup_block)
     near_ties: list[Divergence] = field(default_factory=list)  # completions that left a comparison at a near tie
+    #: GPU kernel compilation (runtime.progress.Compilation's block) and where the kernel cache is (kernel_cache)
+    compile: JsonBlock | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """eval.json's fields for this process (a fragment, before merging across workers)."""
@@ -148,12 +150,15 @@ class EvalResult:
             out["speedup"] = self.speedup
         if self.near_ties:
             out["near_ties"] = [d.to_dict() for d in self.near_ties]
+        if self.compile is not None:
+            out["compile"] = self.compile
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EvalResult:
         """A process's result from its :meth:`to_dict` fragment (the baseline comparison is not read back)."""
-        kw: dict[str, Any] = {k: data.get(k) for k in ("sglang", "target", "provenance", "context", "speedup")}
+        kw: dict[str, Any] = {k: data.get(k) for k in ("sglang", "target", "provenance", "context", "speedup",
+                                                      "compile")}
         kw.update({k: t.from_dict(data[k]) for k, t in _TYPED.items() if data.get(k) is not None})
         kw.update({k: [t.from_dict(r) for r in data[k]] for k, t in _TYPED_LISTS.items() if data.get(k) is not None})
         if data.get("drift_budget") is not None:
@@ -329,7 +334,8 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
         sglang=sglang or None, target=target,
         provenance=provenance(backend=s.feature_backend, dtype=s.torch_dtype, device=s.torch_device,
                               **run_location()) if target else None, tau=tau, context=context,
-        fingerprint=FingerprintBlock.from_dict(fingerprint) if isinstance(fingerprint, dict) else fingerprint)
+        fingerprint=FingerprintBlock.from_dict(fingerprint) if isinstance(fingerprint, dict) else fingerprint,
+        compile={**inp.meter.compilation.to_dict(), "kernel_cache": inp.kernel_cache.to_dict()})
     if result.provenance is not None and ev.store.probes.results:  # the kernels the features' keys carry
         result.provenance["kernel_probe"] = _with_witness_impact(ev, ev.store.probes.to_json())
     if result.provenance is not None and ev.store.witness.checks:  # the live features compared with the cache

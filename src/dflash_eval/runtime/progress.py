@@ -14,16 +14,18 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
 
-__all__ = ["Meter", "Progress", "ProgressEvent", "Sink", "default_progress_sink", "throttled"]
+__all__ = ["Meter", "Compilation", "Progress", "ProgressEvent", "Sink", "default_progress_sink", "throttled"]
 
 
 class Meter:
     """Seconds per stage (``timings``), event counts (``counts``) and when each stage ran (``spans``: stage, start,
     end in seconds since the epoch, for stages of at least :data:`SPAN_MIN_S`), reported in eval.json; the spans
-    line up the stages of xdist workers (who waited for whom)."""
+    line up the stages of xdist workers (who waited for whom). ``compilation``: GPU kernel compilation
+    (:mod:`dflash_eval.target.kernel_cache` calls :meth:`note_compile`) by the innermost stage it ran in; its seconds
+    are part of that stage's time too."""
 
     SPAN_MIN_S = 0.01
 
@@ -31,17 +33,65 @@ class Meter:
         self.timings: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
         self.spans: list[tuple[str, float, float]] = []
+        self.compilation = Compilation()
+        self._open: list[str] = []
 
     @contextmanager
     def timed(self, name: str) -> Iterator[None]:
         t0, wall0 = time.perf_counter(), time.time()
+        self._open.append(name)
         try:
             yield
         finally:
+            self._open.pop()
             dt = time.perf_counter() - t0
             self.timings[name] += dt
             if dt >= self.SPAN_MIN_S:
                 self.spans.append((name, round(wall0, 3), round(wall0 + dt, 3)))
+
+    def note_compile(self, seconds: float, cache_hit: bool) -> None:
+        """One kernel compiled (``seconds`` of it) or loaded from the kernel cache (``cache_hit``) while the innermost
+        open stage ran."""
+        self.compilation.add(self._open[-1] if self._open else Compilation.OUTSIDE, seconds, cache_hit)
+
+
+@dataclass
+class Compilation:
+    """GPU kernel compilation of one process: seconds by the stage it ran in (``by_stage``; what ran outside every
+    timed stage under :data:`OUTSIDE`), kernels compiled and kernels loaded from the kernel cache."""
+
+    OUTSIDE: ClassVar[str] = "outside stages"
+
+    by_stage: dict[str, float] = field(default_factory=dict)
+    compiled: int = 0
+    loaded: int = 0
+
+    def add(self, stage: str, seconds: float, cache_hit: bool) -> None:
+        if cache_hit:
+            self.loaded += 1
+            return
+        self.compiled += 1
+        self.by_stage[stage] = self.by_stage.get(stage, 0.0) + seconds
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.by_stage.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 4),
+                "by_stage": {k: round(v, 4) for k, v in sorted(self.by_stage.items())},
+                "kernels_compiled": self.compiled, "kernels_loaded": self.loaded}
+
+    @classmethod
+    def merged(cls, blocks: list[dict[str, Any]]) -> Compilation:
+        """The compilation of several processes (their :meth:`to_dict` blocks), summed."""
+        out = cls()
+        for b in blocks:
+            for k, v in (b.get("by_stage") or {}).items():
+                out.by_stage[k] = out.by_stage.get(k, 0.0) + v
+            out.compiled += int(b.get("kernels_compiled") or 0)
+            out.loaded += int(b.get("kernels_loaded") or 0)
+        return out
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.dtypes import ROUNDINGS, round_through
 from dflash_eval.errors import BackendError
+from dflash_eval.target.kernel_cache import watch_compilation
 
 if TYPE_CHECKING:  # torch is imported where a device is resolved: the option registration stays torch-free
     import torch
@@ -307,6 +308,7 @@ def use_backend(name: str, device: torch.device | str = "cpu") -> Iterator[Backe
                 else:
                     fns = _fla_functions()
                     assert fns is not None  # checked above
+                    watch_compilation()  # fla's Triton kernels compile on first use: timed apart from the work
                     new_chunk = _guard_cuda(_kwarg_filter(fns[0]), "chunk_gated_delta_rule")
                     new_recur = _guard_cuda(_kwarg_filter(fns[1]), "fused_recurrent_gated_delta_rule")
                     info = BackendInfo(concrete, _describe(fns[0]), _describe(fns[1]))

@@ -1,0 +1,121 @@
+"""Compiled GPU kernels as part of the run's cache, and their compilation timed apart from the work.
+
+On a CUDA machine the target's Gated DeltaNet layers run fla's Triton kernels. Triton compiles each kernel
+specialisation on first use and keeps the binary in its cache folder; fla's kernels are autotuned (Triton times
+every candidate configuration and keeps the fastest), and with Triton >= 3.4 fla keeps the tuning results in that
+folder too (``cache_results``). A process that finds both there compiles and tunes nothing; a fresh CI runner, whose
+home folder is empty, pays for all of it (about 50 s for the suite on an H200) and, worse, tunes by timing: its
+kernel configurations, and so the bits of a bf16 forward, are those this machine's timings picked.
+
+So, unless the user set ``TRITON_CACHE_DIR``, :func:`use_kernel_cache` points Triton's cache at
+``<--cache-dir>/triton`` (:data:`SUBDIR`): a CI job that restores its cache folder restores the compiled kernels and
+the configurations the cached features were made with. Under ``--cache-only`` a cache folder that cannot be written
+leaves Triton's own default in place (compiling into a read-only folder would fail the run), and says so.
+
+:func:`watch_compilation` listens to Triton's compilations (its public ``triton.knobs.compilation.listener``, chained
+with any listener already set) once fla's kernels are first used (:func:`dflash_eval.target.backends.use_backend`),
+and hands each one's seconds (and whether it came from the cache) to every registered sink: the run's
+:class:`~dflash_eval.runtime.progress.Meter` attributes them to the stage that was running, so eval.json's timings
+show compilation apart from the work. Autotuning's timing runs of each candidate are not compilation and stay in the
+stage's own time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENV", "SUBDIR", "KernelCacheDir", "use_kernel_cache", "watch_compilation", "add_sink",
+           "compilation_event"]
+
+#: The variable through which Triton (and every process started from this one) finds its cache folder.
+ENV = "TRITON_CACHE_DIR"
+#: Triton's cache folder under ``--cache-dir``.
+SUBDIR = "triton"
+
+_lock = threading.Lock()
+_set_by_us: str | None = None  # the value this process gave ENV (another run in the process may move it)
+_sinks: list[weakref.WeakMethod[Callable[[float, bool], None]]] = []
+_watching = False
+
+
+@dataclass(frozen=True)
+class KernelCacheDir:
+    """Where Triton keeps compiled kernels (and fla's tuning results) in this run, and why there: ``source`` is
+    ``--cache-dir``, ``TRITON_CACHE_DIR`` (the user's) or ``triton default`` (``why``: the cache folder cannot be
+    written)."""
+
+    path: Path | None
+    source: str
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": None if self.path is None else str(self.path), "source": self.source,
+                **({"why": self.why} if self.why else {})}
+
+
+def use_kernel_cache(cache_root: Path, problem: Callable[[Path], str | None] | None = None) -> KernelCacheDir:
+    """Point Triton's cache folder at ``<cache_root>/triton`` unless the user set ``TRITON_CACHE_DIR`` (module
+    docstring). ``problem``: why a folder cannot be written (None: it can); given, an unwritable folder leaves
+    Triton's default in place."""
+    global _set_by_us
+    with _lock:
+        env = os.environ.get(ENV)
+        if env and env != _set_by_us:
+            return KernelCacheDir(Path(env), ENV)
+        path = Path(cache_root) / SUBDIR
+        why = problem(path) if problem is not None else None
+        if why is not None:
+            if env == _set_by_us and env is not None:  # an earlier run of this process set it: not ours to keep
+                del os.environ[ENV]
+                _set_by_us = None
+            return KernelCacheDir(None, "triton default", f"{path}: {why}")
+        os.environ[ENV] = _set_by_us = str(path)
+        return KernelCacheDir(path, "--cache-dir")
+
+
+def add_sink(sink: Callable[[float, bool], None]) -> None:
+    """Have ``sink(seconds, cache_hit)`` called for every Triton compilation of this process from now on (a bound
+    method, held weakly: a finished run's meter stops receiving)."""
+    with _lock:
+        _sinks.append(weakref.WeakMethod(sink))  # bound methods only
+
+
+def compilation_event(seconds: float, cache_hit: bool) -> None:
+    """One compilation (``cache_hit``: loaded from the cache folder instead) handed to every live sink."""
+    with _lock:
+        live = [s for ref in _sinks if (s := ref()) is not None]
+        _sinks[:] = [weakref.WeakMethod(s) for s in live]
+    for sink in live:
+        sink(seconds, cache_hit)
+
+
+def watch_compilation() -> bool:
+    """Listen to Triton's compilations (once per process; module docstring). False where Triton is not installed or
+    has no compilation listener (Triton < 3.4)."""
+    global _watching
+    with _lock:
+        if _watching:
+            return True
+        try:
+            from triton import knobs
+        except ImportError:
+            return False
+        compilation = getattr(knobs, "compilation", None)
+        if compilation is None or not hasattr(compilation, "listener"):
+            return False
+        previous = compilation.listener
+
+        def listener(*, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool) -> None:
+            if previous is not None:
+                previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit)
+            compilation_event(float(getattr(times, "total", 0)) / 1e6, bool(cache_hit))  # microseconds
+
+        compilation.listener = listener
+        _watching = True
+        return True

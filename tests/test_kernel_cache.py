@@ -1,0 +1,142 @@
+"""Compiled GPU kernels as part of the run's cache (:mod:`dflash_eval.target.kernel_cache`): Triton's cache folder
+under ``--cache-dir`` unless ``TRITON_CACHE_DIR`` is set, and the compilation timed apart from the work in eval.json.
+
+The CPU tests drive Triton's compilation listener through a stand-in of its public knob (``triton.knobs.compilation.
+listener``, called with the compiled source and a ``CompileTimes`` whose ``total`` is in microseconds), since no
+Triton kernel compiles on a CPU; ``tests/test_gpu_kernels.py`` checks real compilations on a CUDA machine.
+
+Run: ``pytest tests/test_kernel_cache.py -p no:cacheprovider -n 0``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+
+from dflash_eval.report.merge import merge
+from dflash_eval.report.render import compile_text
+from dflash_eval.runtime.progress import Compilation, Meter
+from dflash_eval.target import kernel_cache
+from dflash_eval.target.kernel_cache import ENV, add_sink, use_kernel_cache, watch_compilation
+
+
+@pytest.fixture
+def triton_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No TRITON_CACHE_DIR of the calling environment, and none set by an earlier run of this process."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(kernel_cache, "_set_by_us", None)
+    yield
+
+
+def test_unset_the_kernel_cache_lives_under_the_cache_dir(triton_env: None, tmp_path: Path) -> None:
+    import os
+
+    got = use_kernel_cache(tmp_path / "cache")
+    assert got.path == tmp_path / "cache" / "triton" and got.source == "--cache-dir"
+    assert os.environ[ENV] == str(tmp_path / "cache" / "triton")
+    moved = use_kernel_cache(tmp_path / "other")  # a later run of the process with another cache moves it
+    assert moved.path == tmp_path / "other" / "triton" and os.environ[ENV] == str(moved.path)
+
+
+def test_set_the_users_triton_cache_dir_is_kept(triton_env: None, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setenv(ENV, str(tmp_path / "mine"))
+    got = use_kernel_cache(tmp_path / "cache")
+    assert got.path == tmp_path / "mine" and got.source == "TRITON_CACHE_DIR" and got.to_dict()["source"] == ENV
+    assert os.environ[ENV] == str(tmp_path / "mine")
+
+
+def test_an_unwritable_cache_leaves_tritons_default(triton_env: None, tmp_path: Path) -> None:
+    import os
+
+    use_kernel_cache(tmp_path / "first")  # an earlier run of this process set it
+    got = use_kernel_cache(tmp_path / "ro", lambda p: "cannot be written: read-only file system")
+    assert got.path is None and got.source == "triton default" and "read-only" in got.why and str(tmp_path) in got.why
+    assert ENV not in os.environ  # not left pointing at the earlier run's folder
+
+
+def test_compilation_is_attributed_to_the_stage_it_ran_in() -> None:
+    meter = Meter()
+    add_sink(meter.note_compile)
+    kernel_cache.compilation_event(0.5, False)  # outside every stage
+    with meter.timed("kernel_probe"):
+        kernel_cache.compilation_event(2.0, False)
+        with meter.timed("generation"):
+            kernel_cache.compilation_event(1.25, False)
+            kernel_cache.compilation_event(0.01, True)  # loaded from the cache: counted, not compile time
+    block = meter.compilation.to_dict()
+    assert block == {"seconds": 3.75, "by_stage": {"generation": 1.25, "kernel_probe": 2.0, "outside stages": 0.5},
+                     "kernels_compiled": 3, "kernels_loaded": 1}
+    del meter  # a finished run's meter stops receiving (held weakly)
+    kernel_cache.compilation_event(1.0, False)
+
+
+def _fake_triton(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """A stand-in ``triton`` whose ``knobs.compilation.listener`` is Triton's public slot, holding a listener
+    someone else set."""
+    seen: list[bool] = []
+    compilation = SimpleNamespace(listener=lambda **kw: seen.append(kw["cache_hit"]))
+    mod = ModuleType("triton")
+    mod.knobs = SimpleNamespace(compilation=compilation)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "triton", mod)
+    monkeypatch.setattr(kernel_cache, "_watching", False)
+    return SimpleNamespace(compilation=compilation, seen=seen)
+
+
+def test_the_listener_chains_and_reports_microseconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _fake_triton(monkeypatch)
+    meter = Meter()
+    add_sink(meter.note_compile)
+    assert watch_compilation() and watch_compilation()  # once: the second call adds no second listener
+    with meter.timed("features"):
+        fake.compilation.listener(src=None, metadata={}, metadata_group={}, times=SimpleNamespace(total=1_500_000),
+                                  cache_hit=False)
+        fake.compilation.listener(src=None, metadata={}, metadata_group={}, times=SimpleNamespace(total=3_000),
+                                  cache_hit=True)
+    assert fake.seen == [False, True]  # the listener that was there still hears every compilation
+    assert meter.compilation.by_stage == {"features": 1.5} and meter.compilation.loaded == 1
+
+
+def test_no_triton_no_listener(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
+    monkeypatch.setattr(kernel_cache, "_watching", False)
+    assert watch_compilation() is False
+
+
+def test_merged_timings_sum_compilation_and_render_it() -> None:
+    def frag(worker: str, compiled: int, stage_s: float) -> dict:
+        return {"worker": worker, "timings": {"kernel_probe": stage_s + 1}, "prompts": {},
+                "compile": {"seconds": stage_s, "by_stage": {"kernel_probe": stage_s}, "kernels_compiled": compiled,
+                            "kernels_loaded": 2, "kernel_cache": {"path": "/c/triton", "source": "--cache-dir"}}}
+    data = merge([frag("gw0", 10, 20.0), frag("gw1", 5, 10.0)])
+    c = data["timings"]["compile"]
+    assert c["seconds"] == 30.0 and c["by_stage"] == {"kernel_probe": 30.0}
+    assert c["kernels_compiled"] == 15 and c["kernels_loaded"] == 4 and c["kernel_cache"]["path"] == "/c/triton"
+    text = compile_text(data)
+    assert "GPU kernel compilation 30.00 s of those (kernel_probe 30.00): 15 kernels compiled, 4 loaded" in text
+    assert "/c/triton (--cache-dir)" in text
+    cpu = merge([{"worker": "master", "timings": {}, "prompts": {}, "compile": Compilation().to_dict()}])
+    assert compile_text(cpu, terse=True) == ""  # nothing compiled on a CPU: the terminal says nothing
+
+
+@pytest.mark.slow
+def test_the_suites_eval_json_names_the_kernel_cache(bundled_suite: Callable[..., pytest.RunResult], tmp_path: Path,
+                                                     triton_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset, the kernel cache is ``<--cache-dir>/triton``; set (the second, warm run), the user's folder."""
+    for name, want in (("unset", (tmp_path / "cache" / "triton", "--cache-dir")),
+                       ("set", (tmp_path / "mine", "TRITON_CACHE_DIR"))):
+        if name == "set":
+            monkeypatch.setenv(ENV, str(tmp_path / "mine"))
+        res = bundled_suite("-k", "tau", "--tau-floor", "1.0", report=name, cache=tmp_path / "cache")
+        assert res.ret == 0, res.stdout.str()
+        c = json.loads((tmp_path / name / "eval.json").read_text())["timings"]["compile"]
+        assert (Path(c["kernel_cache"]["path"]), c["kernel_cache"]["source"]) == want
+        assert c["seconds"] == 0 and c["kernels_compiled"] == 0  # a CPU run compiles no GPU kernel
+        assert "GPU kernel compilation 0.00 s" in (tmp_path / name / "eval.md").read_text()
