@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).* in [0-9.]+s\S*)\s*=*\s*$")
+SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).* in [0-9.]+s(?: \([0-9:]+\))?)\s*=*\s*$")
 
 
 def run_main_job(name: str, cache: Path, out: Path, timeout: float, extra: list[str]) -> dict[str, Any]:
