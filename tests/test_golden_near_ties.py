@@ -154,3 +154,18 @@ def test_a_broken_golden_record_is_named(tmp_path: Path, content: str, says: str
         read_golden(path)
     assert str(path) in str(err.value)
     assert read_golden(tmp_path / "absent.json") is None
+
+
+def test_the_verdict_names_golden_near_ties_first_and_groups_the_teacher_forced_ones() -> None:
+    from dflash_eval.report.summary import verdict_lines
+
+    def tie(pid: str, against: str, k: int) -> dict[str, Any]:
+        return judge(pid, against, k, k + 10, 1, 2, _top([2, 1], [9.0, 9.0]), "bfloat16").to_dict()
+
+    data = {"near_ties": [tie(f"p{i}", "teacher-forced", i) for i in range(6)] + [tie("z", "golden", 7)]}
+    lines = verdict_lines(data, report_dir=None)
+    assert "1 golden completion at a near tie, 6 teacher-forced near ties of the target, not failures" in lines[0]
+    assert lines[1].startswith("near tie: prompt 'z': the completion leaves the golden completion at completion "
+                               "token 7")
+    assert lines[2].startswith("near tie: 6 completions leave their teacher-forced argmax") and "p0 token 0" in lines[2]
+    assert "and 2 more (eval.md lists them)" in lines[2] and len(lines) == 3

@@ -107,15 +107,37 @@ def not_checked_lines(data: dict[str, Any], *, limit: int | None = NOT_CHECKED_N
 
 
 def near_tie_lines(data: dict[str, Any], *, limit: int | None = NEAR_TIES_NAMED) -> list[str]:
-    """``near tie: <prompt> ...``, one line per completion that left its golden record or its teacher-forced argmax
-    at a near tie of the target (eval.json's ``near_ties``; at most ``limit``, then how many more): not failures, and
-    the tokens after each are not compared, which the verdict says."""
+    """The near ties of eval.json's ``near_ties`` (not failures; the tokens after each not compared), golden
+    completions first: ``near tie: <prompt> ...`` for each completion that left its golden record (at most ``limit``,
+    then how many more); the completions that left their own teacher-forced argmax (the decode and the prefill path
+    parting at a tie, common in bf16) one by one when few, else on one line naming the prompts."""
     ties = [Divergence.from_dict(d) for d in data.get("near_ties") or []]
-    shown = ties if limit is None else ties[:limit]
+    golden = [d for d in ties if d.against != "teacher-forced"]
+    forced = [d for d in ties if d.against == "teacher-forced"]
+    shown = golden if limit is None else golden[:limit]
     lines = [f"near tie: {d.describe()}" for d in shown]
-    if len(ties) > len(shown):
-        lines.append(f"near tie: {len(ties) - len(shown)} more (eval.md lists them)")
+    if len(golden) > len(shown):
+        lines.append(f"near tie: {len(golden) - len(shown)} more golden completions (eval.md lists them)")
+    if forced and (limit is None or len(forced) <= 2):
+        lines += [f"near tie: {d.describe()}" for d in forced]
+    elif forced:
+        where = ", ".join(f"{d.prompt_id} token {d.position} (margin {d.margin_text})" for d in forced[:limit])
+        more = f" and {len(forced) - limit} more (eval.md lists them)" if limit is not None and len(forced) > limit \
+            else ""
+        lines.append(f"near tie: {len(forced)} completions leave their teacher-forced argmax (the decode and the "
+                     f"prefill path parting where the target's two best tokens tie in {forced[0].dtype}), not "
+                     f"failures: {where}{more}")
     return lines
+
+
+def _near_tie_count(data: dict[str, Any]) -> str | None:
+    """``1 golden completion at a near tie, 19 teacher-forced near ties (below)`` (None when there is none)."""
+    ties = data.get("near_ties") or []
+    golden = sum(1 for d in ties if d.get("against") != "teacher-forced")
+    forced = len(ties) - golden
+    parts = ([f"{golden} golden completion{'s' if golden != 1 else ''} at a near tie"] if golden else []) + (
+        [f"{forced} teacher-forced near tie{'s' if forced != 1 else ''}"] if forced else [])
+    return f"{', '.join(parts)} of the target, not failures (below)" if parts else None
 
 
 def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests: int = 0,
@@ -134,9 +156,9 @@ def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests
                "drift gate " + (gate.upper() if gate else "not run")]
     if skipped:
         summary.append(f"{skipped} test{'s' if skipped != 1 else ''} not checked (below)")
-    ties = len(data.get("near_ties") or [])
+    ties = _near_tie_count(data)
     if ties:
-        summary.append(f"{ties} near tie{'s' if ties != 1 else ''} of the target, not failures (below)")
+        summary.append(ties)
     lines = [f"{head} — {'; '.join(summary)}"]
     detail = _detail_line(data) if tau is not None else None
     if detail:
