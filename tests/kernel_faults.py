@@ -17,6 +17,19 @@ same noise on every call of one shape) where it applies, or changes the computat
 - ``attention_long``: torch's ``scaled_dot_product_attention`` output, only for more than :data:`LONG_QUERIES`
   queries.
 
+Faults confined to a length regime within one probe bucket, or to a batch size, as real kernels dispatch (the
+bundled prompts of ``tests/test_warm_equals_cold.py`` are 98 and 147 tokens, 162 and 211 with their completions, the
+fingerprint text 33; one left-padded batch of both decodes with cache lengths 148 to 211):
+
+- ``short_inputs``: the chunked delta rule's output, only on calls under :data:`SHORT` tokens (shorter sequences of
+  the bucket);
+- ``single_chunk``: the same, only on calls of at most one 64-token chunk (the fingerprint text);
+- ``short_kv`` / ``long_kv``: attention's output on decode steps (fewer queries than cached keys: transformers
+  folds a decode step's query heads of one key head into its query length) over fewer than :data:`SHORT` / more than
+  :data:`LONG_KV` cached keys, noise of :data:`KV_REL`;
+- ``batched``: the recurrent delta rule's output on decode steps of a batch of more than one sequence, noise of
+  :data:`DECODE_REL` (one-at-a-time extraction never calls it so).
+
 ``install(name)`` patches and returns the undo; ``plugin_source(name)`` is a pytest plugin module that installs it
 in a suite subprocess (``-p <module>``).
 """
@@ -32,6 +45,10 @@ import torch
 MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
 LONG = 200  # tokens: longer than the old probe (80) and some bundled prompts + completions, shorter than others
 LONG_QUERIES = 64
+SHORT = 180  # tokens: between the bundled test prompts' sequences (162 and 211) and above the fingerprint text
+CHUNK = 64  # the chunked delta rule's chunk
+LONG_KV = 190  # cached keys: the last decode steps of the bundled test prompts' batch only
+KV_REL = 2.0  # attention on decode steps: 0.5 flips no greedy token on the last steps of the bundled test prompts
 REL = 1e-2
 DECODE_REL = 0.5  # decode steps: large enough to flip greedy tokens of the bundled prompts (1e-2 flips none)
 HERE = Path(__file__).resolve().parent
@@ -93,6 +110,24 @@ def _faults(mod) -> dict[str, tuple[object, str, Callable]]:
         out = sdpa(query, *args, **kw)
         return noisy(out) if query.shape[-2] > LONG_QUERIES else out
 
+    def short_inputs_chunk(query, key, value, g, beta, **kw):
+        out, state = chunk(query, key, value, g, beta, **kw)
+        return (noisy(out) if query.shape[1] < SHORT else out), state
+
+    def single_chunk(query, key, value, g, beta, **kw):
+        out, state = chunk(query, key, value, g, beta, **kw)
+        return (noisy(out) if query.shape[1] <= CHUNK else out), state
+
+    def kv_sdpa(keep: Callable[[int], bool]) -> Callable:
+        def call(query, key, *args, **kw):  # a decode step attends with fewer queries than cached keys
+            out = sdpa(query, key, *args, **kw)
+            return noisy(out, KV_REL) if query.shape[-2] < key.shape[-2] and keep(key.shape[-2]) else out
+        return call
+
+    def batched_decode_recurrent(query, key, value, g, beta, **kw):
+        out, state = recur(query, key, value, g, beta, **kw)
+        return (noisy(out, DECODE_REL) if query.shape[0] > 1 and query.shape[1] == 1 else out), state
+
     return {"chunk_noise": (mod, "torch_chunk_gated_delta_rule", chunk_noise),
             "gate": (mod, "torch_chunk_gated_delta_rule", gate_times_1_1),
             "bf16_chunk": (mod, "torch_chunk_gated_delta_rule", bf16_chunk),
@@ -102,7 +137,12 @@ def _faults(mod) -> dict[str, tuple[object, str, Callable]]:
             "gated_norm": (mod.Qwen3_5RMSNormGated, "forward", noisy_gated_norm_forward),
             "decode_only": (mod, "torch_recurrent_gated_delta_rule", decode_only_recurrent),
             "recurrent_prefill": (mod, "torch_recurrent_gated_delta_rule", prefill_only_recurrent),
-            "attention_long": (torch.nn.functional, "scaled_dot_product_attention", long_query_sdpa)}
+            "attention_long": (torch.nn.functional, "scaled_dot_product_attention", long_query_sdpa),
+            "short_inputs": (mod, "torch_chunk_gated_delta_rule", short_inputs_chunk),
+            "single_chunk": (mod, "torch_chunk_gated_delta_rule", single_chunk),
+            "short_kv": (torch.nn.functional, "scaled_dot_product_attention", kv_sdpa(lambda n: n < SHORT)),
+            "long_kv": (torch.nn.functional, "scaled_dot_product_attention", kv_sdpa(lambda n: n > LONG_KV)),
+            "batched": (mod, "torch_recurrent_gated_delta_rule", batched_decode_recurrent)}
 
 
 FAULTS = tuple(_faults(importlib.import_module(MODELING)))

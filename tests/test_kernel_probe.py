@@ -4,12 +4,15 @@
   generation shape, in fp32 and bf16;
 - the probe runs the target's own classes: every kernel function of the forward is recorded (both delta rules, both
   convolutions, the gated norm, the attention function, the norms, the projections, prefill and decode apart), at
-  the bucket of the sequence length and the run's decode steps;
+  both ends of the sequence length's bucket, and for generation the run's batch, one prompt alone and the longest
+  cache the run's decode steps reach;
 - every class of fault patched in from OUTSIDE dflash-eval (tests/kernel_faults.py: noise on the chunked delta rule,
   its decay gate x1.1, bf16 accumulation, noise only on long inputs, in ``causal_conv1d_fn``, in
   ``causal_conv1d_update``, in the gated RMSNorm, on decode steps only, on long attention queries, in the recurrent
-  rule's prefill) moves the digest of exactly the probes whose path it is on, and names its own function as the
-  first kernel whose output changed; a fault on inputs longer than a bucket leaves that bucket's probe alone;
+  rule's prefill, and faults confined to shorter inputs of a bucket, single chunks, decode steps over a short or a
+  long cache, batches of more than one sequence) moves the digest of exactly the probes whose path it is on, and
+  names its own function as the first kernel whose output changed, in the regime where it shows; a fault on inputs
+  longer than a bucket leaves that bucket's probe alone;
 - the backend decides what is probed (``torch-recurrent`` runs the recurrent function for prefill; a ``+<fault>``
   suffix is already in the cache key and is not probed); head shapes are checked from config.json, dense targets
   run their attention layer alone, a missing field is an error naming the file and the key;
@@ -24,6 +27,7 @@ Run: ``pytest tests/test_kernel_probe.py -p no:cacheprovider``
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -34,7 +38,16 @@ import torch
 from kernel_faults import FAULTS, LONG, install
 
 from dflash_eval.errors import ConfigError
-from dflash_eval.target.kernel_probe import MIN_BUCKET, TAIL, ProbeShape, ProbeShapes, bucket, fold, probe
+from dflash_eval.target.kernel_probe import (
+    DECODE_STEPS,
+    MIN_BUCKET,
+    TAIL,
+    ProbeShape,
+    ProbeShapes,
+    bucket,
+    fold,
+    probe,
+)
 from dflash_eval.target.kernel_registry import KernelProbes, kernel_change
 from dflash_eval.target.loader import TargetDir
 
@@ -42,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET = TargetDir(ROOT / "fixtures" / "target")
 MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
 EXTRACT = ProbeShape.for_sequence(300)  # the bundled prompts + completions: one bucket, 512 tokens
-GENERATE = ProbeShape.for_generation(200, 32, 16)  # 16 decode steps keep the unit tests short (the run: 128)
+GENERATE = ProbeShape.for_generation(200, 32, 16)  # the run's batch of 32, 16 new tokens (the run: 128)
 
 SCRIPT = """
 import json, sys, torch
@@ -83,30 +96,45 @@ def test_the_probe_runs_every_kernel_of_the_forward_at_the_runs_shapes(clean):
     ext, gen = clean[("torch", "extract")], clean[("torch", "generate")]
     assert bucket(1) == bucket(MIN_BUCKET) == MIN_BUCKET and bucket(MIN_BUCKET + 1) == 2 * MIN_BUCKET
     assert ext.shape.length == MIN_BUCKET + TAIL and ext.shape.length % 64  # the last chunk is a padded one
-    for phase in ("", "cached:"):  # without the model's cache (extraction) and with it (the argmax's forward)
-        assert ext.kernels[f"{phase}linear_attention.torch_chunk_gated_delta_rule"].function == \
-            f"{MODELING}.torch_chunk_gated_delta_rule"
-        for name in ("embed_tokens", "linear_attention.causal_conv1d_fn", "linear_attention.linear_attn.norm",
-                     "linear_attention.linear_attn.in_proj_qkv", "full_attention.attention",
-                     "full_attention.self_attn.q_norm", "norm", "lm_head"):
-            assert f"{phase}{name}" in ext.kernels, name
+    assert ext.shape.low == 1 and clean[("torch", "long")].shape.low == MIN_BUCKET + 1  # both ends of each bucket
+    for regime in ("short:", ""):  # the bucket's lowest length (a single chunk here) and its highest
+        for phase in ("", "cached:"):  # without the model's cache (extraction) and with it (the argmax's forward)
+            assert ext.kernels[f"{regime}{phase}linear_attention.torch_chunk_gated_delta_rule"].function == \
+                f"{MODELING}.torch_chunk_gated_delta_rule"
+            for name in ("embed_tokens", "linear_attention.causal_conv1d_fn", "linear_attention.linear_attn.norm",
+                         "linear_attention.linear_attn.in_proj_qkv", "full_attention.attention",
+                         "full_attention.self_attn.q_norm", "norm", "lm_head"):
+                assert f"{regime}{phase}{name}" in ext.kernels, name
     assert ext.kernels["linear_attention.linear_attn.norm"].kind == "gated-norm"
     assert ext.kernels["full_attention.attention"].function.startswith("sdpa: ")  # transformers' default here
-    assert not any(k.startswith("decode:") for k in ext.kernels)
-    # generation: the padded prefill, then every decode step through the decode kernels
-    assert gen.shape.rows == 2 and gen.shape.new_tokens == 16
-    decode = {k: v for k, v in gen.kernels.items() if k.startswith("decode:")}
-    assert decode["decode:linear_attention.torch_recurrent_gated_delta_rule"].calls == 15
-    assert decode["decode:linear_attention.causal_conv1d_update"].calls == 15
-    assert decode["decode:full_attention.attention"].calls == 15
-    assert gen.kernels["generated_ids"].kind == "generation"
-    assert gen.kernels["linear_attention.apply_mask_to_padding_states"].calls == 1
+    assert not any("decode" in k for k in ext.kernels)
+    # generation at the run's regimes: the run's batch (padded prefill), two prompts over the bucket, one short prompt,
+    # the longest cache; a few decode steps each through the decode kernels
+    assert gen.shape.rows == 32 and gen.shape.new_tokens == 16
+    for regime in ("batch:", "long:", "short:", "long-kv:"):
+        for name in ("linear_attention.torch_recurrent_gated_delta_rule", "linear_attention.causal_conv1d_update",
+                     "full_attention.attention"):  # each decode step apart; a one-token prompt's prefill is one too
+            steps = [k for k in gen.kernels if k.startswith(regime + "decode") and k.endswith(":" + name)]
+            assert len(steps) in (DECODE_STEPS, DECODE_STEPS + 1), (regime, name, steps)
+        assert gen.kernels[f"{regime}generated_ids"].kind == "generation"
+    assert gen.kernels["batch:linear_attention.apply_mask_to_padding_states"].calls == 1
+    assert gen.kernels["long:linear_attention.apply_mask_to_padding_states"].calls == 1
     assert len({ext.digest, gen.digest, clean[("torch", "long")].digest}) == 3
+
+
+def _plain(name: str | None) -> str | None:
+    """A kernel's name without the probe regime it ran in (``short:``, ``batch:``, ``long:``, ``long-kv:``) and with
+    its decode step's number dropped (``decode2:`` -> ``decode:``)."""
+    if name is None:
+        return None
+    for regime in ("short:", "batch:", "long:", "long-kv:"):
+        name = name.removeprefix(regime)
+    return re.sub(r"^decode\d+:", "decode:", name)
 
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_kernel_patched_from_outside_moves_the_digest_of_the_probes_on_its_path(fault, clean):
-    """Which probes move, and the first kernel named: the patched function itself."""
+    """Which probes move, and the first kernel named: the patched function itself, in the regime where it shows."""
     undo = install(fault)
     try:
         now = {k: probe(TARGET, k[0], torch.float32, "cpu", c.shape) for k, c in clean.items()}
@@ -116,23 +144,34 @@ def test_a_kernel_patched_from_outside_moves_the_digest_of_the_probes_on_its_pat
     moved = {k for k, f in first.items() if f is not None}
     chunk = "linear_attention.torch_chunk_gated_delta_rule"
     prefill = {(b, k) for b in ("torch", "torch-recurrent") for k in ("extract", "generate", "long")}
+    generate = {("torch", "generate"), ("torch-recurrent", "generate")}
+    short_chunk = {("torch", "extract"), ("torch", "generate")}  # the bucket's lowest length: one token
     expect = {"chunk_noise": ({(b, k) for b, k in prefill if b == "torch"}, chunk),
               "gate": ({(b, k) for b, k in prefill if b == "torch"}, chunk),
               "bf16_chunk": ({(b, k) for b, k in prefill if b == "torch"}, chunk),
               "long_inputs": ({(b, k) for b, k in prefill if b == "torch"}, chunk),
               "conv1d": (prefill, "linear_attention.causal_conv1d_fn"),
-              "conv1d_update": ({("torch", "generate"), ("torch-recurrent", "generate")},
-                                "decode:linear_attention.causal_conv1d_update"),
+              "conv1d_update": (generate, "decode:linear_attention.causal_conv1d_update"),
               "gated_norm": (prefill, "linear_attention.linear_attn.norm"),
-              "decode_only": ({("torch", "generate"), ("torch-recurrent", "generate")},
-                              "decode:linear_attention.torch_recurrent_gated_delta_rule"),
+              # the torch-recurrent side extracts the bucket's one-token end with the recurrent rule: a decode's shape
+              "decode_only": (generate | {("torch-recurrent", "extract")},
+                              {"decode:linear_attention.torch_recurrent_gated_delta_rule", chunk}),
               "recurrent_prefill": ({(b, k) for b, k in prefill if b == "torch-recurrent"}, chunk),
-              "attention_long": (prefill, "full_attention.attention")}[fault]
+              "attention_long": (prefill, "full_attention.attention"),
+              "short_inputs": (short_chunk, chunk),
+              "single_chunk": (short_chunk, chunk),
+              "short_kv": (generate, "decode:full_attention.attention"),
+              "long_kv": (generate, "decode:full_attention.attention"),
+              "batched": (generate, "decode:linear_attention.torch_recurrent_gated_delta_rule")}[fault]
     assert moved == expect[0], first
-    assert {first[k] for k in moved} == {expect[1]}
+    assert {_plain(first[k]) for k in moved} == (expect[1] if isinstance(expect[1], set) else {expect[1]})
+    regimes = {"short_inputs": ("short:", "batch:"), "single_chunk": ("short:", "batch:"), "short_kv": ("batch:",),
+               "long_kv": ("long:",), "batched": ("batch:",)}  # the extraction's short end; the batch's short rows
+    if fault in regimes:  # named in the regime where it shows
+        assert all(first[k].startswith(regimes[fault]) for k in moved), first
     for k in moved:
-        function = now[k].kernels[expect[1]].function
-        assert "kernel_faults" in function or fault == "attention_long", function  # sdpa: inside transformers' own
+        function = now[k].kernels[first[k]].function
+        assert "kernel_faults" in function or "attention" in first[k], function  # sdpa: inside transformers' own
     assert LONG < EXTRACT.length  # the long-inputs fault is on the path of every probe of the bundled bucket
 
 
@@ -227,12 +266,12 @@ def test_the_registry_names_the_changed_kernel(tmp_path):
         undo()
     assert msg is not None and msg.startswith(
         "the conv1d kernel's output changed since these features were cached (backend 'torch', float32, cpu, "
-        "extraction of 549 tokens: first changed in call order linear_attention.causal_conv1d_fn "
+        "extraction of 1 and 549 tokens: first changed in call order short:linear_attention.causal_conv1d_fn "
         "(kernel_faults.")
-    assert clean.kernels["linear_attention.causal_conv1d_fn"].digest[:12] in msg
+    assert clean.kernels["short:linear_attention.causal_conv1d_fn"].digest[:12] in msg
     assert second.note_change("torch", torch.float32, EXTRACT, clean.digest, earlier[clean.digest], "x") is None
     (change,) = second.to_json()["changed"]
-    assert change["first"] == "linear_attention.causal_conv1d_fn" and change["kinds"] == ["conv1d"]
+    assert change["first"] == "short:linear_attention.causal_conv1d_fn" and change["kinds"] == ["conv1d"]
     assert change["was"] == clean.digest and change["now"] == second.get("torch", torch.float32, EXTRACT).digest
     # another shape is another registry: nothing earlier there
     assert KernelProbes(TARGET, "cpu", registry_dir=reg).earlier("torch", torch.float32, GENERATE) == {}
@@ -248,7 +287,7 @@ def test_fla_kernels_are_probed_on_a_gpu():
     r = probe(TARGET, "fla", torch.bfloat16, "cuda", EXTRACT)
     assert r.kernels["linear_attention.torch_chunk_gated_delta_rule"].function.startswith("fla.ops.gated_delta_rule")
     g = probe(TARGET, "fla", torch.bfloat16, "cuda", GENERATE)
-    assert "fused_recurrent" in g.kernels["decode:linear_attention.torch_recurrent_gated_delta_rule"].function
+    assert "fused_recurrent" in g.kernels["batch:decode1:linear_attention.torch_recurrent_gated_delta_rule"].function
     assert probe(TARGET, "fla", torch.bfloat16, "cuda", EXTRACT).digest == r.digest  # bit for bit, twice
     torch_r = probe(TARGET, "torch", torch.bfloat16, "cuda", EXTRACT)
     chunk = "linear_attention.torch_chunk_gated_delta_rule"

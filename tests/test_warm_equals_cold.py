@@ -2,12 +2,16 @@
 dflash-eval (tests/kernel_faults.py) a run on a cache warmed by clean kernels reads or makes exactly the completions,
 teacher-forced argmax, features (every side the drift tests compare) and fingerprint that the same run makes on an
 empty cache, bit for bit; and the fault shows in that evidence (it differs from the clean run's), so the warm run
-cannot have passed on stale evidence.
+cannot have passed on stale evidence; and the warm run names a kernel whose output changed (the probe's, or the
+witness's mismatch).
 
 The fault classes: noise on the chunked delta rule's output, its decay gate x1.1, bf16 accumulation in it, noise only
 on inputs longer than the sequences the old probe ran (:data:`kernel_faults.LONG` tokens), in ``causal_conv1d_fn``,
 in ``causal_conv1d_update`` (decode steps), in the gated RMSNorm, on decode steps of the recurrent rule only, on
-attention with long queries, in the recurrent rule's prefill (the ``torch-recurrent`` side). In-process (the
+attention with long queries, in the recurrent rule's prefill (the ``torch-recurrent`` side); and faults confined to
+a length regime within one probe bucket or to a batch size: the chunked rule on the bucket's shorter sequences only,
+on single-chunk calls only (the fingerprint text), attention on decode steps over a short or a long KV cache only,
+the recurrent rule on decode steps of batches of more than one sequence only. In-process (the
 session API, as the suite's fixtures use it) on the bundled target and drafter, 2 prompts x 64 new tokens, one
 thread: the stages the suite's tests read, without pytest around them. The same for one class end to end through
 the suite, exit codes and test outcomes included: tests/test_kernel_probe_suite.py.

@@ -30,7 +30,7 @@ from dflash_eval.cache.keys import cache_key, ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Producer, Request
 from dflash_eval.errors import CacheError
 from dflash_eval.features.feature_map import FeatureMap
-from dflash_eval.features.witness import Witness
+from dflash_eval.features.witness import FINGERPRINT, Witness
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.drift import fingerprint as layer_fingerprint
@@ -96,7 +96,9 @@ class FeatureStore:
     # ------------------------------------------------------------------------------------------------ the witness
     def _known_sequence(self, pid: str) -> list[int] | None:
         """Prompt + reference completion of ``pid`` when this process or the cache has the completion (never
-        produces one)."""
+        produces one); the fingerprint text's ids for ``fingerprint``."""
+        if pid == FINGERPRINT:
+            return self.inputs.text_ids(FINGERPRINT_TEXT, FINGERPRINT)
         try:
             rec = self.references.peek(pid)
         except HistoryMissing:

@@ -1,11 +1,15 @@
 """The witness: every run, warm ones too, re-extracts a seeded sample of its real prompts through the live target and
 compares them with the cached features before any of them is used.
 
-The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the target's code on seeded inputs at the run's
-shapes; the witness runs the real target on real data. For each side (backend, dtype) whose features a process
-reads, the first time it reads them, it takes ``--witness-prompts`` prompts of the selection (a seeded order, the
-first ones with features of the asked layers cached), extracts those layers with the live kernels (one forward per
-prompt, stopped after the deepest of them: the deepest layer the drafter reads) and compares them with the cache:
+The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the target's code on seeded inputs at both ends of
+each length bucket; the witness runs the real target on real data, at the lengths the run really uses. For each side
+(backend, dtype) whose features a process reads, the first time it reads them, it takes the sequences whose features
+of the asked layers are cached among: the fingerprint text (:data:`dflash_eval.features.feature_store.
+FINGERPRINT_TEXT`, on the side it is extracted on), the shortest and the longest sequence (prompt + reference
+completion) of the selection in each length bucket (:func:`dflash_eval.target.kernel_probe.bucket`), and
+``--witness-prompts`` more prompts of the selection in a seeded order; it extracts those layers with the live kernels
+(one forward per sequence, stopped after the deepest of them: the deepest layer the drafter reads) and compares them
+with the cache:
 exactly where the backend is deterministic (every backend on a CPU, run with the torch thread count the cached
 features were extracted with: the torch-recurrent rule's last bits depend on it), within
 :func:`reproducibility_bound` elsewhere (measured across clean re-runs: docs/gpu-drift.md). Nothing cached, nothing
@@ -50,13 +54,15 @@ from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.metrics.drift import Side
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.hidden_states import layer_features
-from dflash_eval.target.kernel_probe import tensor_digest
+from dflash_eval.target.kernel_probe import bucket, tensor_digest
 from dflash_eval.target.kernel_registry import KernelOutputChanged
 from dflash_eval.target.provenance import device_kind, library_versions
 
 __all__ = ["Witness", "WitnessCheck", "WitnessMismatch", "reproducibility_bound", "WITNESS_SEED"]
 
 WITNESS_SEED = "dflash-eval witness"
+#: The name the fingerprint text goes by among the witness's sequences (the feature store's own item name).
+FINGERPRINT = "fingerprint"
 #: relative L2 error between two clean extractions of the same sequence on a GPU (per dtype), above which the
 #: witness calls a difference a mismatch; measured across clean re-runs (docs/gpu-drift.md, "The witness")
 GPU_BOUND = {"torch.float32": 1e-5, "torch.float16": 1e-3, "torch.bfloat16": 1e-2}
@@ -226,20 +232,17 @@ class Witness:
         if not layers:
             check.skipped = "no layers asked"
             return check
-        order = sorted(p.id for p in inp.prompts)
-        random.Random(WITNESS_SEED).shuffle(order)
         bound = reproducibility_bound(side, inp.settings.torch_device)
-        for pid in order:
-            if len(check.prompts) >= n:
+        sample = 0
+        for pid, seq, extreme in self._order():
+            if not extreme and sample >= n:
                 break
-            seq = self.sequence(pid)
-            if seq is None:
-                continue
             found = {i: t for i in layers if (t := self.lookup(pid, seq, i, side, token)) is not None}
             if not found:
                 continue  # not cached: produced with the live kernels
             cached = {i: t[0] for i, t in found.items()}
             threads = next((t[1] for t in found.values() if t[1] is not None), None)
+            sample += not extreme
             check.prompts.append(pid)
             check.layers = sorted(set(check.layers) | set(cached))
             t0 = time.perf_counter()
@@ -260,6 +263,25 @@ class Witness:
         if not check.prompts:
             check.skipped = "no prompt of the selection has these features cached (a cold run: nothing to compare)"
         return check
+
+    def _order(self) -> list[tuple[str, list[int], bool]]:
+        """(name, sequence, is an extreme) of the sequences the witness may take, in order: the fingerprint text, the
+        shortest and the longest known sequence of each length bucket, then the other prompts in the seeded order."""
+        known = {p.id: seq for p in self.inputs.prompts if (seq := self.sequence(p.id)) is not None}
+        by_bucket: dict[int, list[str]] = {}
+        for pid, seq in known.items():
+            by_bucket.setdefault(bucket(len(seq)), []).append(pid)
+        extremes: list[str] = []
+        for b in sorted(by_bucket):
+            ids = sorted(by_bucket[b], key=lambda p: (len(known[p]), p))
+            extremes += [ids[0]] + ([ids[-1]] if len(ids) > 1 else [])
+        order = sorted(known)
+        random.Random(WITNESS_SEED).shuffle(order)
+        out = [(pid, known[pid], True) for pid in extremes]
+        fingerprint = self.sequence(FINGERPRINT)
+        if fingerprint is not None:
+            out.insert(0, (FINGERPRINT, fingerprint, True))
+        return out + [(pid, known[pid], False) for pid in order if pid not in extremes]
 
     def _mint(self, side: Side, data: dict[str, Any], check: WitnessCheck) -> str:
         """The token for the live kernels' features after a mismatch: an earlier token minted for exactly these

@@ -158,9 +158,11 @@ class EvalSettings:
                        affects_tau=False)
     witness_prompts: int = opt(1, "prompts re-extracted through the live target on every run, warm ones too, and "
                                "compared with their cached features (bit for bit on a CPU, within the measured "
-                               "reproducibility bound on a GPU): a mismatch names the layer, prompt and position and "
-                               "re-extracts that side's features (an error under --cache-only); 0: off (a warm run "
-                               "then loads no target)", "int", affects_tau=False)
+                               "reproducibility bound on a GPU), besides the fingerprint text and the shortest and the "
+                               "longest sequence of each length bucket, which are always witnessed: a mismatch names "
+                               "the layer, prompt and position and re-extracts that side's features (an error under "
+                               "--cache-only); 0: no witness at all (a warm run then loads no target)", "int",
+                               affects_tau=False)
     tau_floor: float | None = opt(None, "floor of the MEAN τ over the selected prompts, chain and every DDTree "
                                   "budget (replaces the mean floor derived from the floors file; prompts without a "
                                   "per-prompt floor are then not gated one by one)", "float", commands=_RUN_GATE,

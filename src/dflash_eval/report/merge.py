@@ -60,7 +60,7 @@ eval.json (schema 1; documented in docs/reference.md)::
                  "plain_tokens_per_s", "costs": {part: s, ...}, "cached", "strategies": {"chain" | "ddtree-N":
                  {"strategy", "loop", "tau", "tau_ci", "round_s", "parts", "speedup", "speedup_ci", "tokens_per_s",
                  "tokens_per_s_ci"}}, "best", "best_budget", "loop": {"chain": {...}}, "assumptions", "floor",
-                 "passed"} (the predicted speed-up, test_predicted_speedup; docs/speedup.md),
+                 "passed"} (the predicted speed-up, test_predicted_speedup, which docs/speedup.md describes),
      "near_ties": [{"prompt_id", "against" ("golden" | "teacher-forced"), "position", "absolute", "expected", "got",
                     "expected_text", "got_text", "margin", "margin_bound", "band", "dtype", "near_tie"}] (completions
                    that left their golden record or their teacher-forced argmax at a near tie of the target: not

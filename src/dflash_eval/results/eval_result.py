@@ -38,6 +38,8 @@ from dflash_eval.results.blocks import (
     Refusal,
 )
 from dflash_eval.results.rows import CategoryRow, ConversationRow, PromptRow, Row, TurnRow, rows_from_dict, rows_to_dict
+from dflash_eval.runtime.progress import Compilation
+from dflash_eval.target.kernel_cache import KernelCacheDir
 from dflash_eval.target.provenance import provenance
 
 if TYPE_CHECKING:
@@ -122,8 +124,8 @@ class EvalResult:
     measurements: dict[str, JsonBlock] = field(default_factory=dict)  # registered measurements' own blocks
     speedup: JsonBlock | None = None  # the predicted speed-up (dflash_eval.metrics.speedup.speedup_block)
     near_ties: list[Divergence] = field(default_factory=list)  # completions that left a comparison at a near tie
-    #: GPU kernel compilation (runtime.progress.Compilation's block) and where the kernel cache is (kernel_cache)
-    compile: JsonBlock | None = None
+    compile: Compilation | None = None  # GPU kernel compilation in this process, by stage
+    kernel_cache: KernelCacheDir | None = None  # where compiled kernels were kept (target.kernel_cache)
 
     def to_dict(self) -> dict[str, Any]:
         """eval.json's fields for this process (a fragment, before merging across workers)."""
@@ -151,14 +153,18 @@ class EvalResult:
         if self.near_ties:
             out["near_ties"] = [d.to_dict() for d in self.near_ties]
         if self.compile is not None:
-            out["compile"] = self.compile
+            out["compile"] = {**self.compile.to_dict(),
+                              "kernel_cache": None if self.kernel_cache is None else self.kernel_cache.to_dict()}
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EvalResult:
         """A process's result from its :meth:`to_dict` fragment (the baseline comparison is not read back)."""
-        kw: dict[str, Any] = {k: data.get(k) for k in ("sglang", "target", "provenance", "context", "speedup",
-                                                      "compile")}
+        kw: dict[str, Any] = {k: data.get(k) for k in ("sglang", "target", "provenance", "context", "speedup")}
+        if data.get("compile") is not None:
+            kw["compile"] = Compilation.from_dict(data["compile"])
+            cache = data["compile"].get("kernel_cache")
+            kw["kernel_cache"] = None if cache is None else KernelCacheDir.from_dict(cache)
         kw.update({k: t.from_dict(data[k]) for k, t in _TYPED.items() if data.get(k) is not None})
         kw.update({k: [t.from_dict(r) for r in data[k]] for k, t in _TYPED_LISTS.items() if data.get(k) is not None})
         if data.get("drift_budget") is not None:
@@ -335,7 +341,7 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
         provenance=provenance(backend=s.feature_backend, dtype=s.torch_dtype, device=s.torch_device,
                               **run_location()) if target else None, tau=tau, context=context,
         fingerprint=FingerprintBlock.from_dict(fingerprint) if isinstance(fingerprint, dict) else fingerprint,
-        compile={**inp.meter.compilation.to_dict(), "kernel_cache": inp.kernel_cache.to_dict()})
+        compile=inp.meter.compilation, kernel_cache=inp.kernel_cache)
     if result.provenance is not None and ev.store.probes.results:  # the kernels the features' keys carry
         result.provenance["kernel_probe"] = _with_witness_impact(ev, ev.store.probes.to_json())
     if result.provenance is not None and ev.store.witness.checks:  # the live features compared with the cache

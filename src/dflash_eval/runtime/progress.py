@@ -83,6 +83,10 @@ class Compilation:
                 "kernels_compiled": self.compiled, "kernels_loaded": self.loaded}
 
     @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Compilation:
+        return cls.merged([data])
+
+    @classmethod
     def merged(cls, blocks: list[dict[str, Any]]) -> Compilation:
         """The compilation of several processes (their :meth:`to_dict` blocks), summed."""
         out = cls()

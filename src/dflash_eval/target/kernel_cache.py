@@ -58,6 +58,11 @@ class KernelCacheDir:
         return {"path": None if self.path is None else str(self.path), "source": self.source,
                 **({"why": self.why} if self.why else {})}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KernelCacheDir:
+        path = data.get("path")
+        return cls(None if path is None else Path(path), str(data.get("source", "")), str(data.get("why", "")))
+
 
 def use_kernel_cache(cache_root: Path, problem: Callable[[Path], str | None] | None = None) -> KernelCacheDir:
     """Point Triton's cache folder at ``<cache_root>/triton`` unless the user set ``TRITON_CACHE_DIR`` (module

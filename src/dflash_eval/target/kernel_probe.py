@@ -16,25 +16,40 @@ bytes of everything they output:
   for the backend, classes' ``forward`` (the gated RMSNorm, the norms, the MLP), the attention interface, torch's
   own functions: a kernel patched from outside the project (a module global, a class's method, a function of torch
   or fla) is what the probe runs.
-- **What it runs.** A :class:`ProbeShape`: the *extraction* probe runs one unpadded sequence of
-  ``bucket + TAIL`` tokens twice, without the model's cache (as features are extracted) and with it (as the forward
-  that also gives the teacher-forced argmax runs); the *generation* probe runs :func:`dflash_eval.target.generation.
-  greedy_generate_batch`, the references stage's own function, on a left-padded batch of :data:`GENERATION_ROWS`
-  prompts of up to ``bucket + TAIL`` tokens for the run's ``max_new_tokens`` decode steps: the chunked prefill with
-  padding, then every decode step through ``causal_conv1d_update``, the recurrent delta rule and attention over the
-  growing cache. Sequence lengths are bucketed (:func:`bucket`: the next power of two, at least
-  :data:`MIN_BUCKET`), and ``TAIL`` makes the probe longer than every sequence of its bucket and its last 64-token
-  chunk a padded one: a cache entry is keyed by the probe of its own bucket, so a fault that shows only on longer
-  inputs changes the key of exactly the entries it would change, and a run on another selection of prompts reuses
-  every entry of the same bucket.
+- **What it runs.** A :class:`ProbeShape`: the lengths a sequence of one bucket can have, from the bucket's lowest
+  length (:attr:`ProbeShape.low`: one token in the first bucket, one chunk or less; half the bucket plus one above
+  it) to its highest plus ``TAIL`` (:attr:`ProbeShape.length`): kernels choose code paths by length (a single chunk
+  against many, a padded last chunk, split counts chosen from the KV length), and a fault that shows only on shorter
+  or only on longer inputs of a bucket shows at one of its ends. The *extraction* probe runs one unpadded sequence of
+  each end, each twice: without the model's cache (as features are extracted) and with it (as the forward that also
+  gives the teacher-forced argmax runs). The *generation* probe runs :func:`dflash_eval.target.generation.
+  greedy_generate_batch`, the references stage's own function, four times for a few decode steps each: the run's
+  batch (``rows``: ``--generation-batch``) of left-padded prompts from the bucket's lowest length up to one chunk
+  longer (``batch:``); two left-padded prompts spread over the bucket, the longer at its top (``long:``); one prompt
+  of the bucket's lowest length, decoding at the shortest KV cache the bucket starts from (``short:``); and one
+  prompt decoding at the longest KV cache the run reaches (``long-kv:``: a prompt of the bucket's top plus
+  ``new_tokens`` - 2, so its last step attends over ``length + new_tokens`` keys). That is the chunked prefill with
+  padding, decode steps through ``causal_conv1d_update``, the recurrent delta rule and attention at the cache
+  lengths the run decodes from and to, at batch 1 and the run's batch, without running all ``new_tokens`` steps (on
+  a CPU the run's batch of full-length prompts would cost seconds of a warm run). Sequence lengths are bucketed
+  (:func:`bucket`: the next power of two, at least :data:`MIN_BUCKET`): a cache entry is keyed by the probe of its
+  own bucket, so a fault changes the key of the entries of the buckets where it shows, and a run on another
+  selection of prompts reuses every entry of the same bucket. What it cannot see: a fault confined to lengths
+  strictly inside a bucket (neither end), or to decode steps strictly between the first and the last; the witness
+  (:mod:`dflash_eval.features.witness`) re-extracts the run's shortest and longest real sequence of each bucket and
+  the fingerprint text for that.
 - **What it hashes.** Every output of every submodule (forward hooks: ``linear_attention.linear_attn.norm``,
   ``full_attention.self_attn.q_proj``, ``embed_tokens``, ``lm_head``, ...), every call of the modeling module's
   kernel functions (``linear_attention.torch_chunk_gated_delta_rule``, ``linear_attention.causal_conv1d_fn``, ...),
   the attention function's output (the input of ``o_proj``: ``full_attention.attention``) and the generated ids,
-  each a :class:`KernelDigest` in the order of its first call; decode-step calls are named apart (``decode:...``),
-  and so are the extraction probe's calls with the cache (``cached:...``). On a CPU the digests are sha256 over the
-  exact bytes; on a GPU over an exact integer fold of them made on the device (:func:`fold`), so nothing large is
-  copied to the host. The probe's digest is a sha256 over its kernels' digests.
+  each a :class:`KernelDigest` in the order of its first call; the calls of each regime are named apart
+  (``short:...`` for the bucket's lowest length, ``batch:...`` / ``long:...`` / ``long-kv:...`` for the other
+  generation runs), each
+  decode step's calls too (``decode1:...``, ``decode2:...``), and so are the extraction probe's calls with the cache
+  (``cached:...``).
+  On a CPU the digests are sha256 over the exact bytes; on a GPU over an exact integer fold of them made on the
+  device in one weighted reduction per output (:func:`fold`), so nothing large is copied to the host and no Python
+  loop runs over the data. The probe's digest is a sha256 over its kernels' digests.
 
 An unchanged kernel gives the same digest bit for bit in every process (CPU probes run with one thread, so the
 digest does not depend on ``--torch-threads`` or the xdist worker count). :class:`dflash_eval.target.kernel_registry.
@@ -78,13 +93,14 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
 __all__ = ["KernelDigest", "ProbeResult", "ProbeShape", "ProbeShapes", "KERNEL_KINDS", "probe", "modeling_module",
-           "attention_implementation", "tensor_digest", "fold", "bucket", "probe_model", "PROBE_SEED", "MIN_BUCKET",
-           "TAIL", "GENERATION_ROWS", "PROBE_VOCAB"]
+           "attention_implementation", "tensor_digest", "fold", "bucket", "bucket_floor", "probe_model", "PROBE_SEED",
+           "MIN_BUCKET", "TAIL", "DECODE_STEPS", "PROBE_VOCAB"]
 
 PROBE_SEED = 20240611
 MIN_BUCKET = 512  # the shortest probe: every sequence up to 512 tokens shares one (the bundled prompts and more)
 TAIL = 37  # probe length = bucket + TAIL: longer than every sequence of the bucket, last 64-token chunk padded
-GENERATION_ROWS = 2  # rows of the generation probe (one of them left-padded); at most --generation-batch
+DECODE_STEPS = 2  # decode steps of each generation run of the probe (after the prefill's own token)
+CHUNK = 64  # the chunked delta rule's chunk: the generation probe's batch of the run's size spans about one
 PROBE_VOCAB = 512  # the probe model's vocabulary: embedding and lm_head are the only shapes not the target's
 #: the modeling module's kernel functions the probe records (module global -> kind); those absent are skipped
 FUNCTION_KINDS = {"torch_chunk_gated_delta_rule": "linear-attention",
@@ -102,10 +118,16 @@ def bucket(n_tokens: int) -> int:
     return max(MIN_BUCKET, 1 << (n - 1).bit_length())
 
 
+def bucket_floor(tokens: int) -> int:
+    """The lowest length of the bucket ``tokens``: 1 for the first bucket, else half the bucket plus one."""
+    return 1 if tokens <= MIN_BUCKET else tokens // 2 + 1
+
+
 @dataclass(frozen=True)
 class ProbeShape:
-    """What one probe runs: ``tokens`` (a bucket: the probe runs ``tokens + TAIL`` tokens), ``rows`` left-padded
-    prompts and ``new_tokens`` decode steps (0: the extraction probe, one unpadded sequence)."""
+    """What one probe runs: the bucket ``tokens`` (the probe runs its lowest length :attr:`low` and its highest
+    :attr:`length`), ``rows`` left-padded prompts (the run's generation batch) and ``new_tokens`` (the decode steps the
+    run makes: the probe decodes at the first and at the last of their cache lengths; 0: the extraction probe)."""
 
     tokens: int
     rows: int = 1
@@ -123,11 +145,16 @@ class ProbeShape:
         ``new_tokens`` steps."""
         if new_tokens < 1:
             raise ValueError(f"a generation probe needs at least one decode step, got {new_tokens}")
-        return cls(bucket(prompt_tokens), max(1, min(int(batch), GENERATION_ROWS)), int(new_tokens))
+        return cls(bucket(prompt_tokens), max(1, int(batch)), int(new_tokens))
+
+    @property
+    def low(self) -> int:
+        """The bucket's lowest length (:func:`bucket_floor`)."""
+        return bucket_floor(self.tokens)
 
     @property
     def length(self) -> int:
-        """Tokens of the probe's longest (unpadded) row."""
+        """Tokens of the probe's longest prompt or sequence: longer than every sequence of the bucket."""
         return self.tokens + TAIL
 
     @property
@@ -137,11 +164,13 @@ class ProbeShape:
     @property
     def label(self) -> str:
         if not self.generation:
-            return f"extraction of {self.length} tokens"
-        return f"generation of {self.rows} x {self.length} tokens + {self.new_tokens} steps"
+            return f"extraction of {self.low} and {self.length} tokens"
+        return (f"generation of {self.rows} x {self.low}-{self.length} tokens, decoding at cache lengths "
+                f"{self.low}-{self.length + self.new_tokens}")
 
     def to_json(self) -> dict[str, int]:
-        return {"tokens": self.tokens, "rows": self.rows, "new_tokens": self.new_tokens, "length": self.length}
+        return {"tokens": self.tokens, "rows": self.rows, "new_tokens": self.new_tokens, "low": self.low,
+                "length": self.length}
 
 
 # ------------------------------------------------------------------------------------------------ digests
@@ -166,26 +195,46 @@ _FOLD_AB = ((40_503, 17), (65_521, 7_919), (1_000_003 % _FOLD_P, 104_729), (524_
 _FOLD_CHUNK = 1 << 23  # elements per partial sum: < 2**23 x 2**36 = 2**59, no int64 overflow
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
 _INT_MASK = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF, 8: 0xFFFFFFFF}
+_BASE: dict[tuple[str, int], Tensor] = {}  # (device, size) -> the [4, size] fold weights of positions 0..size-1
+_BASE_LOCK = threading.Lock()
+
+
+def _fold_weights(n: int, device: torch.device) -> Tensor:
+    """The fold's weights of positions 0..n-1 (n <= :data:`_FOLD_CHUNK`), [4, n] int64 on ``device``: made once per
+    (device, power-of-two size) and sliced, so a fold is a few tensor operations and no Python loop over data."""
+    size = max(1024, 1 << (max(n, 1) - 1).bit_length())
+    key = (str(device), size)
+    with _BASE_LOCK:
+        w = _BASE.get(key)
+        if w is None:
+            idx = torch.arange(size, device=device, dtype=torch.int64)
+            w = _BASE[key] = torch.stack([(idx * a + b) % _FOLD_P + 1 for a, b in _FOLD_AB])
+    return w[:, :n]
 
 
 def fold(t: Tensor) -> Tensor:
     """An exact integer fingerprint of ``t``'s bytes, computed on ``t``'s device (integer sums: the same in any
     order, so the same on every run): four int64 sums of its elements' 16-bit halves, each weighted by fixed
-    position-dependent weights in [1, 2**20), partial sums reduced modulo 2**61 - 1 (nothing overflows). Changing
-    one bit of one element changes the fold (the change of that half, below 2**16 in size, times its weight is
-    non-zero and below the modulus); several changes cancel only by coincidence."""
+    position-dependent weights in [1, 2**20), partial sums of at most 2**23 elements reduced modulo 2**61 - 1
+    (nothing overflows). Changing one bit of one element changes the fold (the change of that half, below 2**16 in
+    size, times its weight is non-zero and below the modulus); several changes cancel only by coincidence. One
+    weighted reduction per 2**23 elements, the weights made once (:func:`_fold_weights`; a later chunk's are those
+    of its first position shifted: ``(i a + b) mod p`` is linear in ``i``)."""
     x = t.detach().contiguous().reshape(-1)
     if x.dtype == torch.bool:
         x = x.to(torch.uint8)
     size = x.element_size()
-    ints = x.view(_INT_VIEW[size]).to(torch.int64) & _INT_MASK[size]
-    halves = (ints & 0xFFFF, ints >> 16)
+    words = x.view(_INT_VIEW[size])
     out = torch.zeros(4, dtype=torch.int64, device=x.device)
-    for start in range(0, ints.numel(), _FOLD_CHUNK):
-        idx = torch.arange(start, min(start + _FOLD_CHUNK, ints.numel()), device=x.device, dtype=torch.int64)
-        for k, (a, b) in enumerate(_FOLD_AB):
-            w = (idx * a + b) % _FOLD_P + 1
-            out[k] = (out[k] + (halves[k % 2][start:start + idx.numel()] * w).sum() % _MERSENNE) % _MERSENNE
+    for start in range(0, words.numel(), _FOLD_CHUNK):
+        ints = words[start:start + _FOLD_CHUNK].to(torch.int64) & _INT_MASK[size]
+        lo, hi = ints & 0xFFFF, ints >> 16
+        w = _fold_weights(ints.numel(), x.device)
+        if start:
+            shift = torch.tensor([(start * a) % _FOLD_P for a, _ in _FOLD_AB], device=x.device)[:, None]
+            w = (w - 1 + shift) % _FOLD_P + 1
+        sums = torch.stack([(lo * w[0]).sum(), (hi * w[1]).sum(), (lo * w[2]).sum(), (hi * w[3]).sum()])
+        out = (out + sums % _MERSENNE) % _MERSENNE
     return out
 
 
@@ -238,11 +287,12 @@ class _Tape:
     def __init__(self, on_device: bool) -> None:
         self.on_device = on_device
         self.kernels: dict[str, _Kernel] = {}
-        self.phase = ""  # "cached:" / "decode:" while such calls run
+        self.regime = ""  # "short:" / "batch:" / "long-kv:" while such a run of the probe runs
+        self.phase = ""  # "cached:" / "decode<step>:" while such calls run
         self.layer = ""  # the layer type whose decoder layer is running
 
     def add(self, name: str, function: str, kind: str, out: Any) -> None:
-        key = self.phase + name
+        key = self.regime + self.phase + name
         k = self.kernels.get(key)
         if k is None:
             k = self.kernels[key] = _Kernel(function, kind, self.on_device)
@@ -535,39 +585,58 @@ def _recording(model: nn.Module, mod: ModuleType, target_dir: TargetDir, tape: _
 
 def _run_extraction(model: nn.Module, shape: ProbeShape, gen: torch.Generator, dev: torch.device,
                     tape: _Tape) -> None:
-    """One unpadded sequence through the model without its cache (feature extraction) and with it (the forward
-    that also gives the teacher-forced argmax)."""
-    ids = torch.randint(1, PROBE_VOCAB, (1, shape.length), generator=gen).to(dev)
-    model(input_ids=ids, use_cache=False)
-    tape.phase = "cached:"
-    try:
-        model(input_ids=ids)
-    finally:
-        tape.phase = ""
+    """One unpadded sequence of each end of the bucket (the lowest length named ``short:``) through the model without
+    its cache (feature extraction) and with it (the forward that also gives the teacher-forced argmax)."""
+    for regime, n in (("short:", shape.low), ("", shape.length)):
+        ids = torch.randint(1, PROBE_VOCAB, (1, n), generator=gen).to(dev)
+        tape.regime = regime
+        try:
+            model(input_ids=ids, use_cache=False)
+            tape.phase = "cached:"
+            model(input_ids=ids)
+        finally:
+            tape.regime, tape.phase = "", ""
+
+
+def _spread(rows: int, low: int, high: int, gen: torch.Generator) -> list[Tensor]:
+    """``rows`` prompts of lengths spread evenly from ``high`` down to ``low`` (one row: ``high``)."""
+    lengths = [high - (high - low) * r // max(1, rows - 1) for r in range(rows)] if rows > 1 else [high]
+    return [torch.randint(1, PROBE_VOCAB, (n,), generator=gen) for n in lengths]
 
 
 def _run_generation(model: nn.Module, shape: ProbeShape, gen: torch.Generator, dev: torch.device, backend: str,
                     tape: _Tape) -> None:
-    """The references stage's greedy generation on ``shape.rows`` left-padded prompts; decode steps recorded apart."""
+    """The references stage's greedy generation at the run's regimes (module docstring), :data:`DECODE_STEPS`
+    decode steps each: the run's batch of short left-padded prompts (``batch:``), two prompts spread over the bucket
+    (``long:``: a padded prefill at its top), one prompt of the bucket's lowest length (``short:``) and one prompt
+    decoding at the longest cache the run reaches (``long-kv:``); each decode step recorded
+    apart (``decode1:``, ``decode2:``, ...), so the first kernel whose output changed is named in the step where it
+    changed, not in a later step that only read a token it moved."""
     base = getattr(model, "model", model)
+    forwards = [0]  # forwards of the current generation call: the first is its prefill (a one-token one too)
 
     def phase(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        embeds = kwargs.get("inputs_embeds")
-        t = ids.shape[-1] if isinstance(ids, Tensor) else embeds.shape[1] if isinstance(embeds, Tensor) else 2
-        tape.phase = "decode:" if t == 1 else ""
+        tape.phase = f"decode{forwards[0]}:" if forwards[0] else ""
+        forwards[0] += 1
 
-    rows = [torch.randint(1, PROBE_VOCAB, (shape.length - r * (shape.length // (2 * shape.rows)),), generator=gen)
-            for r in range(shape.rows)]
+    last = shape.length + max(0, shape.new_tokens - DECODE_STEPS)  # its last step attends over length + new_tokens
+    runs = (("batch:", _spread(shape.rows, shape.low, min(shape.length, shape.low + CHUNK), gen)),
+            ("long:", _spread(min(shape.rows, 2), shape.low, shape.length, gen)),
+            ("short:", _spread(1, shape.low, shape.low, gen)),
+            ("long-kv:", _spread(1, last, last, gen)))
     handle = base.register_forward_pre_hook(phase, with_kwargs=True)
+    target = SimpleNamespace(model=model, device=dev, eos_token_id=None)
     try:
-        target = SimpleNamespace(model=model, device=dev, eos_token_id=None)
-        out = references_generation(target, rows, shape.new_tokens, backend=backend,  # type: ignore[arg-type]  # what greedy_generate_batch reads of a Target
-                                    stop_at_eos=False)
+        for regime, rows in runs:
+            tape.regime, forwards[0] = regime, 0
+            out = references_generation(target, rows, DECODE_STEPS + 1, backend=backend,  # type: ignore[arg-type]  # what greedy_generate_batch reads of a Target
+                                        stop_at_eos=False)
+            tape.phase = ""
+            tape.add("generated_ids", _describe(references_generation), "generation",
+                     torch.tensor(out, dtype=torch.int64))
     finally:
         handle.remove()
-        tape.phase = ""
-    tape.add("generated_ids", _describe(references_generation), "generation", torch.tensor(out, dtype=torch.int64))
+        tape.regime, tape.phase = "", ""
 
 
 _THREADS_LOCK = threading.Lock()
