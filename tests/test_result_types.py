@@ -20,7 +20,17 @@ import pytest
 from dflash_eval import report
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.floors import Floors
-from dflash_eval.metrics.verdict import Threshold, Verdict, checkpoint_verdict, compose, run_verdict, trend_verdict
+from dflash_eval.metrics.verdict import (
+    Part,
+    Threshold,
+    Verdict,
+    checkpoint_verdict,
+    compose,
+    notice,
+    plateau_part,
+    regression_part,
+    run_verdict,
+)
 from dflash_eval.results.blocks import DrafterBlock, DriftBudgetBlock, FingerprintBlock
 from dflash_eval.results.eval_result import EvalResult, TauSummary
 from dflash_eval.results.rows import Row
@@ -200,12 +210,24 @@ def test_measurements_reach_the_merged_report_and_its_tables(tmp_path):
 
 
 def test_the_verdict_is_composed_from_its_parts():
-    assert compose() == Verdict(None) and compose().label == "unjudged"
-    assert compose([]).label == "pass" and compose(baseline=[]).passed is True
-    assert compose(["below"], baseline=["dropped"]) == Verdict(False, ["below", "dropped"])
-    assert compose([], regression="regressed", plateau="flat") == Verdict(False, ["regressed"], ["flat"])
-    assert trend_verdict(Verdict(None), None, "flat") == Verdict(None, [], ["flat"])
-    assert trend_verdict(Verdict(True), "regressed").label == "fail"
+    assert compose() == Verdict() and compose().label == "unjudged" and compose(None).parts == ()
+    floors, baseline = Part("floors", True), Part("baseline", False, ("dropped",))
+    assert compose(floors).label == "pass" and compose(Part("floors", None)).passed is None
+    both = compose(Part("floors", False, ("below",)), baseline)
+    assert (both.passed, both.reasons) == (False, ["below", "dropped"])
+    trend = compose(floors, regression_part("regressed"), plateau_part("flat"))
+    assert (trend.passed, trend.reasons, trend.notices) == (False, ["regressed"], ["flat"])
+    flat = compose(Part("floors", None), regression_part(None), plateau_part("flat"))
+    assert (flat.passed, flat.reasons, flat.notices) == (None, [], ["flat"])  # a notice neither passes nor fails
+    assert compose(floors, regression_part("regressed")).label == "fail"
+    # a part of any name joins the verdict: its reasons and notices are the verdict's, in order
+    near = compose(floors, notice("near_ties", "2 completions at a near tie"), Part("compile", False, ("slow",)))
+    assert (near.reasons, near.notices, near.outcome("near_ties")) == (["slow"], ["2 completions at a near tie"],
+                                                                        "unjudged")
+    assert Verdict.from_dict(near.to_dict()) == near and near.to_dict()["label"] == "fail"
+    gate = compose(Part("drift_gate", True, outcome="inconclusive"))
+    assert gate.passed is True and gate.outcome("drift_gate") == "inconclusive"
+    assert Verdict.from_dict(gate.to_dict()) == gate
     prompts = {"a": {"tau": 2.0, "floor": 1.0, "ddtree_floor": {}, "passed": True}}
     none = Floors()
     cmp = BaselineComparison("b.json", {"a": (3.0, 2.0)}, [], drop_tol=0.02, rise_tol=0.25)
@@ -216,7 +238,7 @@ def test_the_verdict_is_composed_from_its_parts():
     dropped = checkpoint_verdict(prompts, [], none, cmp, floors_required=False)
     assert dropped.passed is False and dropped.reasons[0].startswith("τ dropped against the baseline: -33.33 %")
     ok = checkpoint_verdict(prompts, [Threshold("chain", 2.0, 1.5)], Floors(mean_override=1.5), None)
-    assert ok == Verdict(True)
+    assert ok == Verdict((Part("floors", True),))
 
 
 def test_floors_that_judge_nothing_are_said_so():
@@ -247,5 +269,5 @@ def test_floors_that_judge_nothing_are_said_so():
 def test_the_run_verdict(data, kw, passed, reasons):
     v = run_verdict(data, **kw)
     assert (v.passed, v.reasons) == (passed, reasons)
-    head = report.verdict_lines(data, report_dir=None, **kw)[0]
+    head = report.verdict_lines(data, report_dir=None, verdict=v)[0]
     assert head.startswith("dflash-eval: " + ("PASS" if passed else "FAIL")) and all(r in head for r in reasons)

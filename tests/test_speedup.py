@@ -21,12 +21,13 @@ from dflash_eval.metrics.speedup import (
     RoundCosts,
     best_strategy,
     context_bucket,
-    floor_reason,
     mean_context,
     predict,
     round_parts,
     speedup_block,
 )
+from dflash_eval.metrics.verdict import SPEEDUP_FLOOR, checkpoint_verdict, compose, speedup_floor_part
+from dflash_eval.metrics.verdict import speedup_floor_reason as floor_reason
 from dflash_eval.report.strict_json import dumps_strict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,14 +124,17 @@ def test_block_names_the_best_strategy_and_judges_the_floor() -> None:
     tie = speedup_block(costs(tree_verify={4: 0.016, 8: 0.016}, tree_build={4: 0.0005, 8: 0.0005}),
                         (4.5, None), {4: (5.5, None), 8: (5.6, None)})
     assert tie["best"] == "ddtree-8" and tie["near_best"] == ["ddtree-4"]  # 5.5 / 5.6: within 5 %
-    assert block["passed"] is True and floor_reason(block) is None
+    assert block["passed"] is None  # the block predicts; the verdict judges its floor
+    assert speedup_floor_part(block) == compose().with_parts(speedup_floor_part(block)).part(SPEEDUP_FLOOR)
+    assert speedup_floor_part(block).passed is True and floor_reason(block) is None
     high = speedup_block(c, (4.5, (4.0, 5.0)), {}, floor=speeds["chain"] + 0.01)
-    assert high["passed"] is False
+    assert speedup_floor_part(high).passed is False
     reason = floor_reason(high)
     assert reason is not None and "--speedup-floor" in reason and "cpu (test)" in reason and "context 192" in reason
-    assert speedup_block(c, (4.5, (4.0, 5.0)), {})["passed"] is None  # no floor: not judged
+    assert speedup_floor_part(high).reasons == (reason,)
+    assert speedup_floor_part(speedup_block(c, (4.5, (4.0, 5.0)), {})) is None  # no floor: not judged
     nan = speedup_block(c, (math.nan, (None, None)), {}, floor=1.0)  # no τ: a floor fails, like a τ floor
-    assert nan["passed"] is False
+    assert speedup_floor_part(nan).passed is False
     assert best_strategy({}) is None
 
 
@@ -282,17 +286,23 @@ def test_block_validates_against_the_schema() -> None:
 
 # ------------------------------------------------------------------------------------------------ training loop
 def test_floor_joins_a_checkpoint_verdict() -> None:
-    from dflash_eval.metrics.speedup import with_speedup_floor
-    from dflash_eval.metrics.verdict import Verdict
+    from dflash_eval.metrics.floors import Floors
+    from dflash_eval.metrics.verdict import Threshold
+
+    def verdict(block: dict | None, *, mean_floor: float | None = None, tau: float = 2.0):
+        floors = Floors(mean_override=mean_floor)
+        return checkpoint_verdict({}, [Threshold("chain", tau, mean_floor)], floors, None, speedup=block,
+                                  floors_required=False)
 
     block = speedup_block(costs(), (4.5, (4.0, 5.0)), {}, floor=1.5)
-    assert with_speedup_floor(Verdict(None), block) == Verdict(True)  # unjudged by τ: judged by the speed-up
-    assert with_speedup_floor(Verdict(False, ["τ below"]), block) == Verdict(False, ["τ below"])
+    assert verdict(None).passed is None and verdict(block).passed is True  # unjudged by τ: judged by the speed-up
+    below = verdict(block, mean_floor=3.0)
+    assert (below.passed, below.reasons) == (False, ["mean chain τ 2.000 < 3.0"])
     high = speedup_block(costs(), (4.5, (4.0, 5.0)), {}, floor=99.0)
-    failed = with_speedup_floor(Verdict(True, [], ["a notice"]), high)
-    assert failed.passed is False and "--speedup-floor 99" in failed.reasons[0] and failed.notices == ["a notice"]
+    failed = verdict(high, mean_floor=1.0)
+    assert failed.passed is False and "--speedup-floor 99" in failed.reasons[0] and "judge nothing" in failed.notices[0]
     no_floor = speedup_block(costs(), (4.5, (4.0, 5.0)), {})
-    assert with_speedup_floor(Verdict(None), no_floor) == Verdict(None) == with_speedup_floor(Verdict(None), None)
+    assert verdict(no_floor).parts == verdict(None).parts
 
 
 def test_evaluator_records_and_tracks_the_prediction(tmp_path: Path, tiny_target_dir: Path,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Unpack
 
 from dflash_eval.errors import ConfigError, DFlashEvalError
-from dflash_eval.metrics.speedup import floor_reason
+from dflash_eval.metrics.verdict import compose, notice
 from dflash_eval.training_loop.checkpoint_dir import Found, find_checkpoints
 from dflash_eval.training_loop.history import CheckpointRecord
 from dflash_eval.training_loop.trackers import TensorBoardTracker, WandbTracker
@@ -47,6 +47,9 @@ __all__ = ["add_training_options", "training_checkpoints", "first_checkpoints", 
 
 #: How many earlier failures the ``--latest`` notice names (the rest are counted).
 EARLIER_NAMED = 5
+#: The gate's own notices, parts of a checkpoint's verdict: judged from its history record; earlier failures under
+#: ``--latest``.
+RECORDED, LATEST = "recorded", "latest"
 
 
 def add_training_options(g: argparse.ArgumentParser) -> None:
@@ -146,16 +149,10 @@ def judged_row(evaluator: Evaluator, session: EvalSession, *, step: int | None =
     try:
         result = evaluator.evaluate(path, step=step)
         assert result.drafter is not None  # evaluate fills it in
-        row = gate_row(session.tau_summary(), session.floors, drafter=str(path), fingerprint=result.drafter.fingerprint)
-        rec = evaluator.records[-1]
+        rec = evaluator.records[-1]  # the checkpoint's verdict, composed once: the gate shows it as recorded
+        row = gate_row(session.tau_summary(), rec.judgement, drafter=str(path), fingerprint=result.drafter.fingerprint)
         row.reference, row.speedup = rec.reference, rec.speedup
-        speed = floor_reason(result.speedup) if result.speedup else None  # --speedup-floor, as the record's verdict
-        if speed:
-            row.passed, row.reasons = False, [*row.reasons, speed]
-        if rec.regression:
-            row.passed, row.reasons = False, [*row.reasons, rec.regression]
         if rec.plateau:
-            row.notices.append(rec.plateau)
             evaluator.base.inputs.log(f"[dflash-eval] notice: {rec.plateau}")
     except DFlashEvalError as exc:
         row = error_row(str(path), exc)
@@ -170,14 +167,13 @@ def record_row(record: CheckpointRecord) -> GateRow:
     from dflash_eval.report.gate import GateRow  # imports torch: kept out of --help
 
     worst = min(record.prompts.items(), key=lambda kv: kv[1]) if record.prompts else None
-    return GateRow(drafter=record.drafter, passed=record.verdict != "fail", step=record.step,
+    said = notice(RECORDED, f"judged from its history record of {record.time} (already evaluated; not again)")
+    verdict = compose(said, *record.judgement.parts)
+    return GateRow(drafter=record.drafter, verdict=verdict, step=record.step,
                    fingerprint=record.fingerprint, mean_tau=record.mean_tau, mean_ddtree=dict(record.mean_ddtree),
                    mean_tau_pooled=record.mean_tau_pooled, mean_ddtree_pooled=dict(record.mean_ddtree_pooled),
                    mean_floor=record.mean_floor, worst_prompt=worst[0] if worst else None,
                    worst_tau=worst[1] if worst else None,
-                   reasons=[*record.reasons, *([record.regression] if record.regression else [])],
-                   notices=[f"judged from its history record of {record.time} (already evaluated; not again)",
-                            *([record.plateau] if record.plateau else [])],
                    reference=record.reference, speedup=record.speedup,
                    prompts={p: {"tau": t, "ddtree": {}, "floor": None, "passed": None}  # a record keeps chain τ only
                             for p, t in record.prompts.items()})
@@ -256,6 +252,6 @@ def _latest_rows(done: list[tuple[Found, GateRow]], newest: Found, before: list[
         more = f" and {len(failed) - EARLIER_NAMED} more" if len(failed) > EARLIER_NAMED else ""
         note = (f"--latest: {len(failed)} earlier checkpoint(s) of the history failed ({named}{more}; history.md "
                 "says why): reported, not gating")
-        mine[0].notices.append(note)
+        mine[0].verdict = mine[0].verdict.with_parts(notice(LATEST, note))
         say(f"[dflash-eval] notice: {note}")
     return rows

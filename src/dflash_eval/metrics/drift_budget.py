@@ -72,6 +72,7 @@ from dflash_eval.metrics.drift_ladder import (
 from dflash_eval.metrics.stats import Summary, summarize
 from dflash_eval.metrics.tau import simulate_tau
 from dflash_eval.metrics.tau_chunks import DEFAULT_CHUNK_MEMORY, bytes_per_token, lengths_of, plan_chunks
+from dflash_eval.metrics.verdict import FAIL, INCONCLUSIVE, PASS, drift_outcome
 
 if TYPE_CHECKING:
     from dflash_eval.drafter.model import DFlashDrafter
@@ -406,9 +407,6 @@ class DriftBudget:
                 "levels": [lv.to_json(self.prompt_ids, self.tol) for lv in self.levels]}
 
 
-PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
-
-
 @dataclass(frozen=True)
 class GateCheck:
     """One comparison's measured drift at one target layer against the budget and its CI."""
@@ -438,15 +436,9 @@ class GateCheck:
     @property
     def outcome(self) -> str:
         """``pass`` when drift x safety is at most the CI's lower end, ``fail`` when above its upper end, else
-        ``inconclusive`` (with ``conclusive``: pass / fail against the point estimate)."""
-        x = self.scaled
-        if x <= self.budget_low:
-            return PASS
-        if x > self.budget_high:
-            return FAIL
-        if self.conclusive:
-            return PASS if x <= self.budget else FAIL
-        return INCONCLUSIVE
+        ``inconclusive`` (with ``conclusive``: pass / fail against the point estimate): the drift gate's rule,
+        :func:`dflash_eval.metrics.verdict.drift_outcome`."""
+        return drift_outcome(self.scaled, self.budget_low, self.budget_high, self.budget, conclusive=self.conclusive)
 
     @property
     def passed(self) -> bool:
@@ -480,12 +472,13 @@ def impact(rel_err: float, budget: DriftBudget, *, bound: bool = False) -> str:
     lo, hi = budget.ci
     what = "at least " if bound else ""
     rel = f"{what}{_sci(rel_err)} x safety {budget.safety:g} = {_sci(x)}"
-    if x <= lo:
+    outcome = drift_outcome(x, lo, hi, budget.budget)  # the drift gate's rule, without --drift-budget-conclusive
+    if outcome == PASS:
         if bound:
             return (f"τ impact: within budget as far as this check can tell ({rel} <= {budget.budget_text()}'s lower "
                     f"end; a lower bound of the change)")
         return f"τ impact: within budget ({rel} <= the lower end of {budget.budget_text()})"
-    if x > hi:
+    if outcome == FAIL:
         return f"τ impact: over budget ({rel} > the upper end of {budget.budget_text()})"
     return f"τ impact: near the budget ({rel} inside {budget.budget_text()}: cannot tell)"
 

@@ -256,9 +256,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             svc.stop()
         except Exception as exc:  # noqa: BLE001 - a server that will not stop must not cost the run its reports
             print(f"dflash-eval: could not stop the SGLang server: {exc}")
-    write_run_reports(config)
+    write_run_reports(config, failed_tests=session.testsfailed, exitstatus=exitstatus)
     fail_a_refused_run(session)  # and a run a plugin rejected
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
-    write_terminal_section(terminalreporter, exitstatus, config)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    write_terminal_section(terminalreporter, config)

@@ -15,7 +15,7 @@ from dflash_eval.report.merge import SCHEMA, merge
 from dflash_eval.report.plot import write_plot
 from dflash_eval.report.render import TERMINAL_ROWS_SHOWN, render_markdown, render_terminal
 from dflash_eval.report.step_summary import append_step_summary
-from dflash_eval.report.summary import gate_outcome, tau_verdict, verdict_lines
+from dflash_eval.report.summary import verdict_lines
 from dflash_eval.report.table_rows import (
            baseline_line,
            budget_line,
@@ -30,5 +30,5 @@ from dflash_eval.report.write import finish, write_reports
 
 __all__ = ["SCHEMA", "merge", "finish", "render_terminal", "render_markdown", "write_plot", "write_budget_plot",
            "measured_drifts", "write_reports", "tau_rows", "category_rows", "drift_rows", "ladder_rows", "gate_rows",
-           "baseline_line", "budget_line", "TERMINAL_ROWS_SHOWN", "verdict_lines", "tau_verdict", "gate_outcome",
+           "baseline_line", "budget_line", "TERMINAL_ROWS_SHOWN", "verdict_lines",
            "fmt", "MISSING", "TextTable", "markdown_table", "terminal_text", "append_step_summary"]

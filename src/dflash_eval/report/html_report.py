@@ -3,8 +3,8 @@ fetched), to see where in a completion the drafter fails.
 
 From top to bottom:
 
-- the verdict: the lines of the terminal's verdict block (:func:`dflash_eval.report.summary.verdict_lines`, from
-  the suite tests' outcomes in the data; the report folder's files are links below it instead of its last line);
+- the verdict: the lines of the terminal's verdict block (:func:`dflash_eval.report.summary.verdict_lines`, of the
+  verdict the data holds; the report folder's files are links below it instead of its last line);
 - τ per category (the tables of eval.md: :mod:`dflash_eval.report.table_rows`) and, as inline SVG, τ along the
   response (the mean accept length of the rounds starting in each :data:`BUCKET`-token bucket of completion
   positions, pooled over a category's prompts and samples) and the per-position acceptance (slot k of the block
@@ -36,6 +36,7 @@ from typing import Any
 
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.common.number_text import fmt, is_number, verdict_text
+from dflash_eval.metrics.verdict import stored_verdict
 from dflash_eval.report.plot import worst_prompts
 from dflash_eval.report.summary import verdict_lines
 from dflash_eval.report.table_rows import acceptance_rows, budgets, category_ci_name, category_rows, tau_kinds_line
@@ -367,12 +368,9 @@ def _prompt_index(data: dict[str, Any], order: list[str]) -> str:
 
 
 def html_verdict_lines(data: dict[str, Any], *, recorded: bool = False) -> list[str]:
-    """The verdict block's lines for ``data`` as the terminal prints them, from the suite tests' outcomes it holds
-    (failed and errored tests; pytest's own exit status is not in the data); without the ``reports:`` line (the
-    page links the files)."""
-    counts = (data.get("tests") or {}).get("counts") or {}
-    failed = int(counts.get("failed", 0)) + int(counts.get("error", 0))
-    return verdict_lines(data, report_dir=None, failed_tests=failed, recorded=recorded)
+    """The verdict block's lines for ``data`` as the terminal prints them (the verdict the data holds); without the
+    ``reports:`` line (the page links the files)."""
+    return verdict_lines(data, report_dir=None, recorded=recorded)
 
 
 _CSS = """
@@ -487,7 +485,7 @@ def render_html(data: dict[str, Any], verdict: Sequence[str], *, files: Sequence
     e = html.escape
     prompts = data.get("prompts") or {}
     first = verdict[0] if verdict else "dflash-eval: no verdict"
-    state = "pass" if first.startswith("dflash-eval: PASS") else "fail" if "FAIL" in first.split("—")[0] else ""
+    state = {True: "pass", False: "fail", None: ""}[stored_verdict(data).passed] if verdict else ""
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            "<title>dflash-eval: " + e(first.removeprefix("dflash-eval: ").split(" — ")[0]) + "</title>",

@@ -12,7 +12,7 @@ from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
 from dflash_eval.report.plot import worst_prompts
 from dflash_eval.report.speedup_report import speedup_lines, speedup_rows
-from dflash_eval.report.summary import not_checked_lines
+from dflash_eval.report.summary import not_checked_lines, verdict_head
 from dflash_eval.report.table_rows import (
     acceptance_rows,
     baseline_line,
@@ -197,8 +197,11 @@ def _section(title: str, table: TextTable, *after: str | None) -> list[str]:
 
 
 def render_markdown(data: dict[str, Any]) -> str:
-    """eval.md: the named causes of a failure, what ran, then every table in full."""
+    """eval.md: the verdict (as eval.json holds it), the named causes of a failure, what ran, then every table in
+    full."""
     parts = ["## DFlash drafter evaluation", ""]
+    head = verdict_head(data, recorded=bool((data.get("settings") or {}).get("update_tau_floors")))
+    parts += [f"**{head[0]}**", ""] + [f"- {line}" for line in head[1:]] + ([""] if head[1:] else [])
     if data.get("diagnoses"):  # named causes first: they explain the failures below
         parts += [f"**{line}**" for line in data["diagnoses"]] + [""]
     parts += _provenance_lines(data)

@@ -1,8 +1,8 @@
 """The predicted speed-up in the reports: its table (every strategy: τ, the round's cost, speed-up and tokens/s with
 the intervals τ's CI maps to), the lines around it (device, plain decoding's speed, the round's parts, the best
-budget, the floor), the verdict block's line and ``speedup.png`` (predicted speed-up against the DDTree budget, the
-chain beside it). From eval.json's ``speedup`` block (:func:`dflash_eval.metrics.speedup.speedup_block`); the
-arithmetic and what it leaves out: docs/speedup.md.
+budget, the floor and its verdict, as the run's verdict holds it), the verdict block's line and ``speedup.png``
+(predicted speed-up against the DDTree budget, the chain beside it). From eval.json's ``speedup`` block
+(:func:`dflash_eval.metrics.speedup.speedup_block`); the arithmetic and what it leaves out: docs/speedup.md.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.number_text import fmt, is_number
-from dflash_eval.metrics.speedup import budget_of, floor_reason
+from dflash_eval.metrics.speedup import budget_of
+from dflash_eval.metrics.verdict import SPEEDUP_FLOOR, Verdict, stored_verdict
 from dflash_eval.report.plot import save_png
 
 if TYPE_CHECKING:  # matplotlib is imported when the plot is drawn
@@ -94,17 +95,19 @@ def speedup_lines(data: dict[str, Any]) -> list[str]:
                      "after another): " + ", ".join(
                          f"{strategy_label(k)} {_x(v.get('speedup'))} (τ {fmt(v.get('tau'))}, "
                          f"{fmt(v.get('tokens_per_s'), 1)} tokens/s)" for k, v in pooled.items()) + ".")
-    if block.get("floor") is not None:
-        reason = floor_reason(block)
-        lines.append(f"--speedup-floor {block['floor']:g}: " + ("PASS" if reason is None else f"FAIL: {reason}"))
+    part = stored_verdict(data).part(SPEEDUP_FLOOR)  # the floor's verdict, as the run's verdict holds it
+    if part is not None and block.get("floor") is not None:
+        lines.append(f"--speedup-floor {block['floor']:g}: " + ("PASS" if part.passed else
+                                                               "FAIL: " + "; ".join(part.reasons)))
     lines.append("Valid for this device only; a prediction for batch size 1 in this implementation (no serving "
                  "engine's kernels, CUDA graphs or scheduler): docs/speedup.md.")
     return lines
 
 
-def verdict_line(data: dict[str, Any]) -> str | None:
+def verdict_line(data: dict[str, Any], verdict: Verdict | None = None) -> str | None:
     """The verdict block's line: the chain's and the best strategy's predicted speed-up with their CIs, the device,
-    the floor (None without a ``speedup`` block)."""
+    the floor and its verdict (``verdict``: the run's, default the one ``data`` holds; None without a ``speedup``
+    block)."""
     block = data.get("speedup")
     if not block:
         return None
@@ -116,8 +119,9 @@ def verdict_line(data: dict[str, Any]) -> str | None:
     best = block.get("best")
     if best and best != "chain":
         text += f", best {strategy_label(best)} {_x(st[best].get('speedup'))}{_ci(st[best].get('speedup_ci'), 2, 'x')}"
-    if block.get("floor") is not None:
-        text += f"; floor {block['floor']:g} " + ("PASS" if floor_reason(block) is None else "FAIL")
+    part = (verdict if verdict is not None else stored_verdict(data)).part(SPEEDUP_FLOOR)
+    if part is not None and block.get("floor") is not None:
+        text += f"; floor {block['floor']:g} " + part.label.upper()
     return text
 
 

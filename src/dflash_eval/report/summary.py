@@ -1,11 +1,13 @@
-"""The run's verdict in a few lines, printed last in the terminal's dflash-eval section (after the tables): PASS or
-FAIL and why, the mean τ against its floor, the prompts with the least room above their floors, the drift gate's
-outcome, the predicted speed-up on the run's device and where the reports are.
+"""The run's verdict in a few lines, printed last in the terminal's dflash-eval section (after the tables) and at the
+top of eval.md and eval.html: PASS or FAIL and why, the mean τ against its floor, the prompts with the least room
+above their floors, the drift gate's outcome, the predicted speed-up on the run's device, the verdict's notices,
+every reason a test was skipped and where the reports are.
 
-The verdict itself is composed by :func:`dflash_eval.metrics.verdict.run_verdict`: the run passes when τ passes its
-floors (:func:`~dflash_eval.metrics.verdict.tau_verdict`: the mean and every gated prompt and category), the drift
-gate has no failing row (:func:`~dflash_eval.metrics.verdict.gate_outcome`), the drafter was not refused and no test
-failed.
+The verdict itself is the one eval.json holds (``verdict``: :func:`dflash_eval.metrics.verdict.stored_verdict`),
+composed once when the run ended by :func:`dflash_eval.metrics.verdict.run_verdict`: the run passes when τ passes its
+floors and its ``--baseline``, the drift gate has no failing row, the predicted speed-up passes ``--speedup-floor``,
+the drafter was not refused, no plugin rejected the result and no test failed. These lines show it whole (every
+reason, every notice); they never judge a part again.
 """
 
 from __future__ import annotations
@@ -15,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.common.number_text import fmt, is_number
-from dflash_eval.metrics.verdict import gate_outcome, row_outcome, run_verdict, tau_verdict
+from dflash_eval.metrics.verdict import DRIFT_GATE, FLOORS, Verdict, row_outcome, stored_verdict
 from dflash_eval.report.plot import worst_prompts
 from dflash_eval.report.speedup_report import verdict_line as speedup_line
 
-__all__ = ["WORST_NAMED", "REPORT_FILES", "tau_verdict", "gate_outcome", "row_outcome", "verdict_lines",
-           "not_checked_lines"]
+__all__ = ["WORST_NAMED", "REPORT_FILES", "verdict_head", "verdict_lines", "not_checked_lines"]
 
 #: How many prompts the verdict names (those with the least room above their floors).
 WORST_NAMED = 3
@@ -72,7 +73,7 @@ def _detail_line(data: dict[str, Any]) -> str | None:
 
 
 def _gate_line(data: dict[str, Any], outcome: str) -> str:
-    """The drift gate's line; ``outcome``: :func:`gate_outcome` of ``data`` (not None: the gate ran)."""
+    """The drift gate's line; ``outcome``: the verdict's drift gate part (the gate ran)."""
     rows = data["drift_gate"]
     b = data.get("drift_budget") or {}
     over = [r for r in rows if row_outcome(r) != "pass"]
@@ -103,19 +104,19 @@ def not_checked_lines(data: dict[str, Any], *, limit: int | None = NOT_CHECKED_N
     return lines
 
 
-def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests: int = 0,
-                  exitstatus: int = 0, recorded: bool = False) -> list[str]:
-    """The verdict block (module docstring). Its first line says it all: ``dflash-eval: PASS`` or ``dflash-eval:
-    FAIL (why)``, the mean τ against its floor and the drift gate's outcome; then the details, the named causes and
-    the reports. ``failed_tests``: failed tests and errors of the whole run; ``exitstatus``: pytest's (not 0: never
-    a pass); ``recorded``: this run wrote the τ floors it is judged against (--update-tau-floors), which it says."""
-    tau, gate, verdict = tau_verdict(data), gate_outcome(data), run_verdict(data, failed_tests=failed_tests,
-                                                                             exitstatus=exitstatus)
+def verdict_head(data: dict[str, Any], *, recorded: bool = False, verdict: Verdict | None = None) -> list[str]:
+    """The verdict itself (``verdict``; default: the one eval.json ``data`` holds): its first line says it all,
+    ``dflash-eval: PASS`` or ``dflash-eval: FAIL (why)``, the mean τ against its floor and the drift gate's outcome;
+    then the details (DDTree and pooled τ, the lowest prompts, the drift gate, the predicted speed-up) and the
+    verdict's notices. ``recorded``: this run wrote the τ floors it is judged against (--update-tau-floors), which it
+    says."""
+    verdict = verdict if verdict is not None else stored_verdict(data)
+    tau, gate = verdict.outcome(FLOORS), verdict.outcome(DRIFT_GATE)
     why = verdict.reasons
     head = "dflash-eval: " + ("PASS" if verdict.passed else "FAIL") + (f" ({'; '.join(why)})" if why else "")
     mean = _mean_text(data) + (" (floors written by this run)" if recorded else "")
     skipped = sum(g["tests"] for g in data.get("not_checked") or [])
-    summary = [mean if tau is not None else "τ not measured in this selection",
+    summary = [mean if "mean_tau" in data else "τ not measured in this selection",
                "drift gate " + (gate.upper() if gate else "not run")]
     if skipped:
         summary.append(f"{skipped} test{'s' if skipped != 1 else ''} not checked (below)")
@@ -125,9 +126,17 @@ def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, failed_tests
         lines.append(detail)
     if gate is not None:
         lines.append(_gate_line(data, gate))
-    speed = speedup_line(data)  # the predicted speed-up on this device, when the run measured it
+    speed = speedup_line(data, verdict)  # the predicted speed-up on this device, when the run measured it
     if speed:
         lines.append(speed)
+    return lines + [f"notice: {n}" for n in verdict.notices]
+
+
+def verdict_lines(data: dict[str, Any], *, report_dir: Path | None, recorded: bool = False,
+                  verdict: Verdict | None = None) -> list[str]:
+    """The verdict block (module docstring): :func:`verdict_head`, then what was not checked, the named causes and the
+    reports (``report_dir`` None: no line for them)."""
+    lines = verdict_head(data, recorded=recorded, verdict=verdict)
     lines += not_checked_lines(data)
     lines += [f"cause: {d}" for d in data.get("diagnoses", [])]
     if report_dir is not None:

@@ -23,7 +23,14 @@ from dflash_eval.metrics.sampled_tau import SampledTau, sample_row
 from dflash_eval.metrics.speedup import speedup_block
 from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
 from dflash_eval.metrics.tau import TauResult, macro_tau
-from dflash_eval.metrics.verdict import Verdict, checkpoint_verdict, judge_categories, judge_prompts, mean_thresholds
+from dflash_eval.metrics.verdict import (
+    Verdict,
+    checkpoint_verdict,
+    judge_categories,
+    judge_prompts,
+    mean_thresholds,
+    speedup_floor_part,
+)
 from dflash_eval.prompts import Prompt
 from dflash_eval.references.greedy import CompletionRecord
 from dflash_eval.references.token_pieces import decode_pieces
@@ -84,12 +91,14 @@ class TauSummary:
                    None, rows_from_dict(ConversationRow, data.get("conversations", {})),
                    rows_from_dict(TurnRow, data.get("turns", {})))
 
-    def verdict(self, floors: Floors, *, floors_required: bool = True) -> Verdict:
-        """This τ's verdict against ``floors`` and the baseline (:func:`dflash_eval.metrics.verdict.checkpoint_verdict`;
-        ``floors_required`` False: unjudged, not failed, when there are no floors and no baseline)."""
+    def verdict(self, floors: Floors, *, floors_required: bool = True, speedup: JsonBlock | None = None) -> Verdict:
+        """The checkpoint's verdict: this τ against ``floors`` and the baseline, and the predicted speed-up
+        (``speedup``: eval.json's block) against ``--speedup-floor``
+        (:func:`dflash_eval.metrics.verdict.checkpoint_verdict`; ``floors_required`` False: the floors unjudged, not
+        failed, when there are none)."""
         return checkpoint_verdict({p: r.to_dict() for p, r in self.prompts.items()},
                                   mean_thresholds(self.mean_tau, self.mean_ddtree, floors), floors, self.baseline,
-                                  floors_required=floors_required)
+                                  speedup=speedup, floors_required=floors_required)
 
 
 _TYPED: dict[str, type[Row]] = {"drafter": DrafterBlock, "fingerprint": FingerprintBlock}
@@ -279,8 +288,11 @@ def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> JsonBlock:
     pooled, pooled_dd = pooled_means({p: {"accept_lengths": r.accept_lengths,
                                           "ddtree_accept_lengths": r.ddtree_accept_lengths}
                                       for p, r in tau.prompts.items()})
-    return speedup_block(costs, chain, ddtree, floor=ev.settings.speedup_floor, cached=cached,
-                         pooled={"chain": pooled, **{f"ddtree-{b}": v for b, v in pooled_dd.items()}})
+    block = speedup_block(costs, chain, ddtree, floor=ev.settings.speedup_floor, cached=cached,
+                          pooled={"chain": pooled, **{f"ddtree-{b}": v for b, v in pooled_dd.items()}})
+    part = speedup_floor_part(block)  # the floor's verdict, kept beside the prediction
+    block["passed"] = None if part is None else part.passed
+    return block
 
 
 def _drift_rows(ev: DrafterEvaluation) -> tuple[list[DriftRow], list[DriftAcceptRow]]:

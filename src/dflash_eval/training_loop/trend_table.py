@@ -55,8 +55,9 @@ def trend_table(records: Sequence[CheckpointRecord]) -> str:
             ref = r.reference or {}
             cells += [_f(ref.get("mean_tau")),
                       f"{_f(ref.get('mean_diff'), '+.3f')} {_ci(ref.get('ci95'))}" if ref else "-"]
-        notes = [*r.reasons, *(x for x in (r.regression, r.plateau) if x)]
-        cells += [_f(r.drift_budget, ".3g"), r.verdict.upper(), _cell("; ".join(notes)) or "-"]
+        verdict = r.judgement  # the checkpoint's whole verdict: its reasons and notices, as its record holds them
+        cells += [_f(r.drift_budget, ".3g"), verdict.label.upper(),
+                  _cell("; ".join([*verdict.reasons, *verdict.notices])) or "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
