@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Unpack
 
 from dflash_eval.errors import ConfigError, DFlashEvalError
 from dflash_eval.metrics.verdict import compose, notice
+from dflash_eval.report.gate import GateRow, error_row, gate_row
 from dflash_eval.training_loop.checkpoint_dir import Found, find_checkpoints
 from dflash_eval.training_loop.history import CheckpointRecord
 from dflash_eval.training_loop.trackers import TensorBoardTracker, WandbTracker
@@ -33,7 +34,6 @@ if TYPE_CHECKING:  # they import torch: kept out of --help
     import pluggy
 
     from dflash_eval.options.settings import EvalSettings
-    from dflash_eval.report.gate import GateRow
     from dflash_eval.session.eval_session import EvalSession
     from dflash_eval.training_loop.evaluator import Evaluator, SessionOptions
 
@@ -142,8 +142,6 @@ def make_evaluator(ns: argparse.Namespace, settings: EvalSettings, *, log: Calla
 def judged_row(evaluator: Evaluator, session: EvalSession, *, step: int | None = None) -> GateRow:
     """Evaluate ``session``'s checkpoint through ``evaluator`` (its history record appended) and make its gate row;
     a regression across steps fails the row, a plateau is a notice beside it."""
-    from dflash_eval.report.gate import error_row, gate_row  # imports torch: kept out of --help
-
     path = session.settings.drafter
     t0 = time.perf_counter()
     try:
@@ -164,8 +162,6 @@ def judged_row(evaluator: Evaluator, session: EvalSession, *, step: int | None =
 def record_row(record: CheckpointRecord) -> GateRow:
     """The gate row of a checkpoint judged from its history record (not evaluated again): its means, floor and
     verdict as recorded (the floors of the run that recorded it), its regression a reason, its plateau a notice."""
-    from dflash_eval.report.gate import GateRow  # imports torch: kept out of --help
-
     worst = min(record.prompts.items(), key=lambda kv: kv[1]) if record.prompts else None
     said = notice(RECORDED, f"judged from its history record of {record.time} (already evaluated; not again)")
     verdict = compose(said, *record.judgement.parts)
@@ -188,8 +184,6 @@ def write_trend(evaluator: Evaluator) -> list[Path]:
 
 
 def _evaluate_found(evaluator: Evaluator, found: Found, say: Callable[[str], None]) -> GateRow:
-    from dflash_eval.report.gate import error_row  # imports torch: kept out of --help
-
     try:
         session = evaluator.session(found.path)
         session.check_inputs()

@@ -26,7 +26,7 @@ from dflash_eval.measurements.online_greedy import OnlineTau, divergence
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.metrics.online_loop import online_generate
 from dflash_eval.metrics.sampled_tau import pool_samples
-from dflash_eval.metrics.tau import TauResult
+from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.provenance import device_kind, library_versions
 from dflash_eval.target.sampling import sample_tokens, stream_seed

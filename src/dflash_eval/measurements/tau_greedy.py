@@ -23,7 +23,8 @@ from dflash_eval.common.sizes import parse_memory
 from dflash_eval.features.feature_map import lazy_items
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.metrics.drift import Side
-from dflash_eval.metrics.tau import TauResult, simulate_tau
+from dflash_eval.metrics.tau import simulate_tau
+from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.provenance import device_kind, library_versions
 

@@ -23,7 +23,8 @@ from dflash_eval.cache.store import CacheEntry
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.measurements.tau_greedy import PromptTau
 from dflash_eval.metrics.sampled_tau import pool_samples
-from dflash_eval.metrics.tau import TauResult, simulate_tau
+from dflash_eval.metrics.tau import simulate_tau
+from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.target.hidden_states import extract_features
 from dflash_eval.target.provenance import device_kind, library_versions
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
+from dflash_eval import report
 from dflash_eval.errors import DFlashEvalError, PluginError
 from dflash_eval.metrics.verdict import refused, reports_part, run_verdict
 from dflash_eval.pytest_plugin.junit import add_junit_properties
@@ -25,6 +26,7 @@ from dflash_eval.pytest_plugin.state import (
     get_settings,
     is_controller,
 )
+from dflash_eval.report.run_end import measured, terminal_section
 from dflash_eval.training_loop.plugins import result_ready
 
 if TYPE_CHECKING:  # imports torch: kept out of the plugin's own import
@@ -75,9 +77,6 @@ def write_run_reports(config: pytest.Config, *, failed_tests: int, exitstatus: i
     try:
         if _own_result(config) or not is_controller(config):
             return
-        from dflash_eval import report  # imports torch: kept out of --help
-        from dflash_eval.report.run_end import measured  # imports torch: kept out of --help
-
         frags = config.stash[FRAGMENTS]
         if not frags or not measured(frags):
             return
@@ -138,8 +137,6 @@ def write_terminal_section(terminalreporter: pytest.TerminalReporter, config: py
     data = config.stash.get(MERGED, None)
     if data is None:
         return
-    from dflash_eval.report.run_end import terminal_section  # imports torch: kept out of --help
-
     try:
         settings = get_settings(config)
         report_dir, recorded = settings.report_dir, bool(settings.update_tau_floors)

@@ -22,7 +22,7 @@ from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.sampled_tau import SampledTau, sample_row
 from dflash_eval.metrics.speedup import speedup_block
 from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
-from dflash_eval.metrics.tau import TauResult, macro_tau
+from dflash_eval.metrics.tau_result import TauResult, macro_tau
 from dflash_eval.metrics.verdict import (
     Verdict,
     checkpoint_verdict,
