@@ -19,6 +19,7 @@ import pytest
 
 from dflash_eval import report
 from dflash_eval.metrics.baseline import BaselineComparison
+from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.verdict import (
     Part,
@@ -33,7 +34,7 @@ from dflash_eval.metrics.verdict import (
 )
 from dflash_eval.results.blocks import DrafterBlock, DriftBudgetBlock, FingerprintBlock
 from dflash_eval.results.eval_result import EvalResult, TauSummary
-from dflash_eval.results.rows import Row
+from dflash_eval.results.rows import PromptRow, Row
 
 NAN = float("nan")
 
@@ -80,9 +81,10 @@ def test_eval_result_has_no_bare_dicts_left():
             todo |= _rows(h) - seen
     assert not found, f"row fields still untyped dicts: {found}"
     assert {c.__name__ for c in seen} >= {"PromptRow", "OnlineRow", "CategoryRow", "Stat", "Acceptance",
-                                          "ConversationRow", "TurnRow", "DrafterBlock", "Refusal", "DriftRow",
-                                          "DriftAcceptRow", "DriftBudgetBlock", "BudgetLevel", "DriftGateRow",
-                                          "FingerprintBlock", "LayerFingerprint"}
+                                          "ConversationRow", "TurnRow", "DrafterBlock", "Refusal",
+                                          "DriftAcceptRow", "DriftBudgetBlock", "BudgetLevel", "FingerprintBlock",
+                                          "LayerFingerprint"}
+    assert hints["drift"] == list[DriftStat] | None and hints["drift_gate"] == list[GateCheck] | None  # the checks
     assert _bare(dict[str, Any]) and _bare(list[dict[str, float]]) and not _bare(dict[str, list[float]])
 
 
@@ -141,7 +143,7 @@ def fragment() -> dict[str, Any]:
                                      "mean_tau": 2.0, "mean_drop": 0.0, "drop_ci95": [0.0, 0.0], "fitted_drop": 0.0,
                                      "mean_abs_dtau": 0.0, "max_abs_dtau": NAN, "within": True, "drop": {"p": 0.0}}]},
         "drift_gate": [{"comparison": "c1", "layer": 0, "max_rel_err": 1e-3, "mean_rel_err": 1e-3, "worst_prompt": "p",
-                        "budget": 0.01, "budget_ci": [0.01, float("inf")], "safety": 2.0, "margin": 5.0,
+                        "budget": 0.01, "budget_ci": [0.01, float("inf")], "safety": 2.0, "margin": 10.0,
                         "lower_bound": True, "passed": True, "outcome": "pass", "decided_on": "ci"}],
         "fingerprint": {"target": "i", "text": "t", "tokens": "k", "n_tokens": 3, "backend": "torch",
                         "kernel_fault": None, "dtype": "float32", "device_kind": "cpu",
@@ -209,6 +211,12 @@ def test_measurements_reach_the_merged_report_and_its_tables(tmp_path):
                                                                         if k != "measurements"}]))
 
 
+def judged_rows(rows: dict[str, dict[str, Any]]) -> dict[str, PromptRow]:
+    """Typed prompt rows (what a checkpoint's verdict reads) of a few fields."""
+    base = _prompt(2.0)
+    return {p: PromptRow.from_dict({**base, "rounds": 3, **r}) for p, r in rows.items()}
+
+
 def test_the_verdict_is_composed_from_its_parts():
     assert compose() == Verdict() and compose().label == "unjudged" and compose(None).parts == ()
     floors, baseline = Part("floors", True), Part("baseline", False, ("dropped",))
@@ -228,7 +236,7 @@ def test_the_verdict_is_composed_from_its_parts():
     gate = compose(Part("drift_gate", True, outcome="inconclusive"))
     assert gate.passed is True and gate.outcome("drift_gate") == "inconclusive"
     assert Verdict.from_dict(gate.to_dict()) == gate
-    prompts = {"a": {"tau": 2.0, "floor": 1.0, "ddtree_floor": {}, "passed": True}}
+    prompts = judged_rows({"a": {"tau": 2.0, "floor": 1.0, "ddtree_floor": {}, "passed": True}})
     none = Floors()
     cmp = BaselineComparison("b.json", {"a": (3.0, 2.0)}, [], drop_tol=0.02, rise_tol=0.25)
     assert checkpoint_verdict(prompts, [Threshold("chain", 2.0, None)], none, None,
@@ -244,14 +252,15 @@ def test_the_verdict_is_composed_from_its_parts():
 def test_floors_that_judge_nothing_are_said_so():
     """τ >= 1 for any drafter: a verdict whose every floor is <= 1 passes any drafter, and its notice says so; one
     floor above 1 (a prompt's, a DDTree budget's, the mean's) judges something."""
-    prompts = {"a": {"tau": 1.0, "floor": 1.0, "ddtree_floor": {"8": 1.0}, "passed": True},
-               "b": {"tau": 1.0, "floor": None, "ddtree_floor": {}, "passed": None}}
+    rows = {"a": {"tau": 1.0, "floor": 1.0, "ddtree_floor": {"8": 1.0}, "passed": True},
+            "b": {"tau": 1.0, "floor": None, "ddtree_floor": {}, "passed": None}}
+    prompts = judged_rows(rows)
     vacuous = checkpoint_verdict(prompts, [Threshold("chain", 1.0, 1.0), Threshold("DDTree-8", 1.0, 1.0)],
                                  Floors(mean_override=1.0), None)
     assert vacuous.passed is True and vacuous.reasons == []
     assert len(vacuous.notices) == 1 and "judge nothing" in vacuous.notices[0] and "--tau-floor" in vacuous.notices[0]
     for floors in ({"floor": 1.2}, {"ddtree_floor": {"8": 1.01}}):
-        judged = {**prompts, "a": {**prompts["a"], **floors}}
+        judged = judged_rows({**rows, "a": {**rows["a"], **floors}})
         assert checkpoint_verdict(judged, [Threshold("chain", 1.0, 1.0)], Floors(mean_override=1.0), None,
                                   floors_required=False).notices == []
     assert checkpoint_verdict(prompts, [Threshold("chain", 1.0, 0.5)], Floors(mean_override=0.5), None).notices

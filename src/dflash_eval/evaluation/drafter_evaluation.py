@@ -26,8 +26,9 @@ from dflash_eval.measurements.builtin import registered, spec
 from dflash_eval.measurements.online_greedy import OnlineTau
 from dflash_eval.measurements.registry import Measurement, Runner
 from dflash_eval.measurements.tau_greedy import PromptTau
-from dflash_eval.metrics.drift import Comparison, DriftStat, Side, drift_stat
-from dflash_eval.metrics.drift_budget import DriftBudget, GateCheck, gate_check
+from dflash_eval.metrics.drift import Comparison, Side, drift_stat
+from dflash_eval.metrics.drift_budget import DriftBudget, gate_check
+from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.prompts import Prompt
 from dflash_eval.references.greedy import CompletionRecord, References

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from dflash_eval.common.number_text import fmt
+from dflash_eval.metrics.drift_checks import GateCheck
 from dflash_eval.metrics.drift_fit import BudgetFit, fit_budget
 from dflash_eval.metrics.drift_ladder import (
     DEFAULT_LADDER,
@@ -79,8 +80,7 @@ if TYPE_CHECKING:
     from dflash_eval.target.head import TargetHead
 
 __all__ = ["DEFAULT_LADDER", "Perturbation", "parse_ladder", "perturb_layers", "measure_ladder", "Level",
-           "Direction", "AxisFit", "DriftBudget", "GateCheck", "gate_check", "impact", "RULE", "PASS", "FAIL",
-           "INCONCLUSIVE"]
+           "Direction", "AxisFit", "DriftBudget", "gate_check", "impact", "RULE"]
 
 Prompt = tuple[str, dict[int, Tensor], Tensor, int]  # (prompt id, {layer: features [T, H]}, token ids [T], prompt_len)
 #: A prompt with its features of the other side by layer (what a ``drift`` level amplifies the difference to).
@@ -405,56 +405,6 @@ class DriftBudget:
                 "axis_note": self.axis_note, "direction": self.direction.to_json() if self.direction else None,
                 "secondary": self.secondary.to_json() if self.secondary else None,
                 "levels": [lv.to_json(self.prompt_ids, self.tol) for lv in self.levels]}
-
-
-@dataclass(frozen=True)
-class GateCheck:
-    """One comparison's measured drift at one target layer against the budget and its CI."""
-
-    comparison: str
-    layer: int
-    max_rel_err: float
-    mean_rel_err: float
-    worst_prompt: str
-    budget: float
-    safety: float
-    budget_low: float  # the CI's lower end
-    budget_high: float  # its upper end (+inf: open)
-    lower_bound: bool = False
-    conclusive: bool = False  # --drift-budget-conclusive: decide on the estimate inside the CI
-
-    @property
-    def scaled(self) -> float:
-        """The worst prompt's drift x the safety factor: what is compared with the budget."""
-        return self.max_rel_err * self.safety
-
-    @property
-    def in_ci(self) -> bool:
-        """drift x safety lies inside the budget's CI: the measurement cannot tell which side it is on."""
-        return self.budget_low < self.scaled <= self.budget_high
-
-    @property
-    def outcome(self) -> str:
-        """``pass`` when drift x safety is at most the CI's lower end, ``fail`` when above its upper end, else
-        ``inconclusive`` (with ``conclusive``: pass / fail against the point estimate): the drift gate's rule,
-        :func:`dflash_eval.metrics.verdict.drift_outcome`."""
-        return drift_outcome(self.scaled, self.budget_low, self.budget_high, self.budget, conclusive=self.conclusive)
-
-    @property
-    def passed(self) -> bool:
-        return self.outcome == PASS
-
-    @property
-    def margin(self) -> float:
-        """budget / measured drift: how many times larger the drift could be before it reaches the budget."""
-        return self.budget / self.max_rel_err if self.max_rel_err > 0 else float("inf")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"comparison": self.comparison, "layer": self.layer, "max_rel_err": self.max_rel_err,
-                "mean_rel_err": self.mean_rel_err, "worst_prompt": self.worst_prompt, "budget": self.budget,
-                "budget_ci": [self.budget_low, self.budget_high], "safety": self.safety, "margin": self.margin,
-                "lower_bound": self.lower_bound, "passed": self.passed, "outcome": self.outcome,
-                "decided_on": "estimate" if self.in_ci and self.conclusive else "ci"}
 
 
 def gate_check(comparison: str, layer: int, rel_errs: dict[str, float], budget: DriftBudget) -> GateCheck:

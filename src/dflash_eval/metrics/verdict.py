@@ -45,7 +45,7 @@ from dflash_eval.metrics.stats import category_table, ddtree_budgets
 __all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresholds", "mean_thresholds",
            "category_thresholds", "judge_prompts", "judge_mean", "judge_categories", "judge_run", "mean_passed",
            "gate_reasons", "NO_ACCEPTANCE", "NO_ACCEPTANCE_EPS", "NO_ACCEPTANCE_TOKENS", "NO_ACCEPTANCE_MAX_EXCESS",
-           "no_acceptance", "no_acceptance_fails", "refused", "diagnoses",
+           "no_acceptance", "no_acceptance_fails", "refused", "diagnoses", "JudgedPrompt",
            "FLOORS", "BASELINE", "SPEEDUP_FLOOR", "REGRESSION", "PLATEAU", "DRIFT_GATE", "REFUSAL", "PLUGINS", "TESTS",
            "EXIT_STATUS", "REPORTS", "CHECKPOINT", "Part", "Verdict", "compose", "notice",
            "BaselineCheck", "baseline_reasons", "drop_holds", "rise_holds", "baseline_part",
@@ -256,17 +256,33 @@ def judge_run(data: dict[str, Any], floors: Floors) -> None:
         judge_categories(data["categories"], floors, ddtree_budgets(data["prompts"]))
 
 
-def gate_reasons(prompts: dict[str, dict[str, Any]], means: list[Threshold], *,
+class JudgedPrompt(Protocol):
+    """What a checkpoint's verdict reads of a judged prompt row (:class:`~dflash_eval.results.rows.PromptRow`, the
+    typed row eval.json's ``prompts`` hold): its chain τ and rounds, its floors, its verdict (None: not gated)."""
+
+    @property
+    def tau(self) -> float: ...
+    @property
+    def rounds(self) -> int: ...
+    @property
+    def floor(self) -> float | None: ...
+    @property
+    def ddtree_floor(self) -> Mapping[str, float | None]: ...
+    @property
+    def passed(self) -> bool | None: ...
+
+
+def gate_reasons(prompts: Mapping[str, JudgedPrompt], means: list[Threshold], *,
                  prompt_floors_required: bool = True) -> list[str]:
     """Why a checkpoint fails the gate (empty when it passes): missing prompt floors (only where they are required:
     not under ``--tau-floor`` alone), prompts below their floor, missing or failed mean floors. ``prompts`` are
-    judged eval.json rows (``passed`` None: not gated)."""
+    judged rows (``passed`` None: not gated)."""
     reasons: list[str] = []
-    missing = [pid for pid, v in prompts.items() if prompt_floors_required and v["passed"] is not None and (
-        v["floor"] is None or None in v["ddtree_floor"].values())]
+    missing = [pid for pid, v in prompts.items() if prompt_floors_required and v.passed is not None and (
+        v.floor is None or None in v.ddtree_floor.values())]
     if missing:
         reasons.append(f"no floor for {len(missing)} prompt(s) (e.g. {missing[0]!r}; pass --tau-floor-prompt)")
-    below = [p for p, v in prompts.items() if v["passed"] is False and p not in missing]
+    below = [p for p, v in prompts.items() if v.passed is False and p not in missing]
     if below:
         reasons.append(f"{len(below)} prompt(s) below floor")
     for t in means:
@@ -274,7 +290,8 @@ def gate_reasons(prompts: dict[str, dict[str, Any]], means: list[Threshold], *,
             reasons.append(f"no mean {t.label} floor")
         elif not t.passed:
             reasons.append(f"mean {t.label} τ {t.value:.3f} < {t.floor}")
-    if reasons and _rows_accept_nothing(prompts):  # the one cause of those reasons
+    rows = list(prompts.values())
+    if reasons and no_acceptance([r.tau for r in rows], [r.rounds for r in rows]):  # the one cause of those reasons
         reasons.insert(0, NO_ACCEPTANCE)
     return reasons
 
@@ -445,11 +462,11 @@ def baseline_part(cmp: BaselineCheck | None) -> Part | None:
 VACUOUS_FLOOR = 1.0
 
 
-def vacuous_floors(prompts: dict[str, dict[str, Any]], means: list[Threshold]) -> str | None:
+def vacuous_floors(prompts: Mapping[str, JudgedPrompt], means: list[Threshold]) -> str | None:
     """The notice when every floor a verdict judges (the means', every prompt's, chain and DDTree) is at most
     :data:`VACUOUS_FLOOR`: such floors judge nothing; None when one is above it, or there is none."""
-    values = [t.floor for t in means] + [v.get("floor") for v in prompts.values()] + [
-        f for v in prompts.values() for f in (v.get("ddtree_floor") or {}).values()]
+    values = [t.floor for t in means] + [v.floor for v in prompts.values()] + [
+        f for v in prompts.values() for f in v.ddtree_floor.values()]
     floors = [f for f in values if f is not None]
     if not floors or max(floors) > VACUOUS_FLOOR:
         return None
@@ -458,9 +475,9 @@ def vacuous_floors(prompts: dict[str, dict[str, Any]], means: list[Threshold]) -
             "every drafter and judge nothing; record floors (dflash-eval record) or pass a --tau-floor above 1")
 
 
-def floors_part(prompts: dict[str, dict[str, Any]], means: list[Threshold], floors: Floors, *,
+def floors_part(prompts: Mapping[str, JudgedPrompt], means: list[Threshold], floors: Floors, *,
                 floors_required: bool = True) -> Part:
-    """A checkpoint's τ (judged eval.json ``prompts`` rows, the mean thresholds) against its floors
+    """A checkpoint's τ (its judged prompt rows, the mean thresholds) against its floors
     (:func:`gate_reasons`). ``floors_required`` False: judged only when there are floors (a floors file,
     ``--tau-floor`` / ``--tau-floor-prompt``), else not judged rather than failed. Floors that judge nothing
     (:func:`vacuous_floors`) are its notice."""
@@ -521,7 +538,7 @@ def plateau_part(plateau: str | None) -> Part | None:
     return None if plateau is None else notice(PLATEAU, plateau)
 
 
-def checkpoint_verdict(prompts: dict[str, dict[str, Any]], means: list[Threshold], floors: Floors,
+def checkpoint_verdict(prompts: Mapping[str, JudgedPrompt], means: list[Threshold], floors: Floors,
                        baseline: BaselineCheck | None, *, speedup: Mapping[str, Any] | None = None,
                        floors_required: bool = True) -> Verdict:
     """A checkpoint's verdict (the gate's, the training history's): its τ against its floors (:func:`floors_part`),

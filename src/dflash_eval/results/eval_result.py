@@ -18,6 +18,7 @@ from dflash_eval.measurements.online_greedy import OnlineTau
 from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, pooled_means, position_rates
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.drift_budget import impact
+from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.sampled_tau import SampledTau, sample_row
 from dflash_eval.metrics.speedup import speedup_block
@@ -38,8 +39,6 @@ from dflash_eval.results.blocks import (
     DrafterBlock,
     DriftAcceptRow,
     DriftBudgetBlock,
-    DriftGateRow,
-    DriftRow,
     FingerprintBlock,
     Refusal,
 )
@@ -96,13 +95,14 @@ class TauSummary:
         (``speedup``: eval.json's block) against ``--speedup-floor``
         (:func:`dflash_eval.metrics.verdict.checkpoint_verdict`; ``floors_required`` False: the floors unjudged, not
         failed, when there are none)."""
-        return checkpoint_verdict({p: r.to_dict() for p, r in self.prompts.items()},
-                                  mean_thresholds(self.mean_tau, self.mean_ddtree, floors), floors, self.baseline,
-                                  speedup=speedup, floors_required=floors_required)
+        means = mean_thresholds(self.mean_tau, self.mean_ddtree, floors)
+        return checkpoint_verdict(self.prompts, means, floors, self.baseline, speedup=speedup,
+                                  floors_required=floors_required)
 
 
 _TYPED: dict[str, type[Row]] = {"drafter": DrafterBlock, "fingerprint": FingerprintBlock}
-_TYPED_LISTS: dict[str, type[Row]] = {"drift": DriftRow, "drift_accept": DriftAcceptRow, "drift_gate": DriftGateRow}
+_TYPED_LISTS: dict[str, type[Row] | type[DriftStat] | type[GateCheck]] = {
+    "drift": DriftStat, "drift_accept": DriftAcceptRow, "drift_gate": GateCheck}
 
 
 @dataclass
@@ -121,10 +121,10 @@ class EvalResult:
     drafter: DrafterBlock | None = None
     context: JsonBlock | None = None
     tau: TauSummary | None = None
-    drift: list[DriftRow] | None = None
+    drift: list[DriftStat] | None = None
     drift_accept: list[DriftAcceptRow] | None = None
     drift_budget: DriftBudgetBlock | None = None
-    drift_gate: list[DriftGateRow] | None = None
+    drift_gate: list[GateCheck] | None = None
     fingerprint: FingerprintBlock | None = None
     spans: list[tuple[str, float, float]] = field(default_factory=list)
     measurements: dict[str, JsonBlock] = field(default_factory=dict)  # registered measurements' own blocks
@@ -295,13 +295,13 @@ def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> JsonBlock:
     return block
 
 
-def _drift_rows(ev: DrafterEvaluation) -> tuple[list[DriftRow], list[DriftAcceptRow]]:
-    rows: list[DriftRow] = []
+def _drift_rows(ev: DrafterEvaluation) -> tuple[list[DriftStat], list[DriftAcceptRow]]:
+    rows: list[DriftStat] = []
     acc: list[DriftAcceptRow] = []
     for name, d in ev.drifts.items():
         c = d.comparison
         for per in d.stats.values():
-            rows.extend(DriftRow.from_dict(s.to_dict()) for s in per.values())
+            rows.extend(per.values())
         for pid, (a, b) in d.accept.items():
             acc.append(DriftAcceptRow(comparison=name, prompt_id=pid, tau_a=a, tau_b=b, diff=abs(a - b),
                                       tol=c.accept_tol, passed=abs(a - b) <= c.accept_tol, a=c.a.label, b=c.b.label))
@@ -352,6 +352,5 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
         result.speedup = speedup_summary(ev, tau)
     if ev.budget_computed:
         result.drift_budget = DriftBudgetBlock.from_dict(ev.drift_budget().to_json())
-        result.drift_gate = [DriftGateRow.from_dict(g.to_json()) for name in ev.drifts
-                             for g in ev.drift_gate(name).values()]
+        result.drift_gate = [g for name in ev.drifts for g in ev.drift_gate(name).values()]
     return result
