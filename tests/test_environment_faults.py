@@ -400,7 +400,6 @@ pytest_plugins = ["dflash_eval.pytest_plugin"]
 
 class One(Measurement):
     name = kind = "one_for_the_report"
-    needs = ()
     value = 1
 
     def applies(self, settings):

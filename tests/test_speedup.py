@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash_eval.measurements.round_costs import ROUND_COSTS
 from dflash_eval.metrics.ddtree import TreeNode
 from dflash_eval.metrics.speedup import (
     RoundCosts,
@@ -222,30 +223,30 @@ def test_round_costs_are_cached_per_device_and_shapes(tmp_path: Path, tiny_targe
             "prompts": str(ROOT / "fixtures" / "prompts.jsonl"), "num_prompts": 2, "max_new_tokens": 12,
             "cache_dir": str(tmp_path / "cache"), "witness_prompts": 0, "tau_floor": 1.0}
     first = EvalSession(EvalSettings.from_mapping(base), progress=None)
-    c1, cached1 = first.evaluation.measure("round_costs")
+    c1, cached1 = first.evaluation.measure(ROUND_COSTS)
     assert cached1 is False and c1.context_len == context_bucket(mean_context(
         [(len(r.prompt_ids), len(r.output_ids)) for r in first.completions().values()]))
     first.tau_summary()  # result() reports what was computed: τ, then the speed-up from it
     block = first.result().to_dict()["speedup"]
     assert set(block["strategies"]) == {"chain", "ddtree-8"} and block["passed"] is None
     second = EvalSession(EvalSettings.from_mapping({**base, "speedup_floor": 1000.0}), progress=None)
-    c2, cached2 = second.evaluation.measure("round_costs")
+    c2, cached2 = second.evaluation.measure(ROUND_COSTS)
     assert cached2 is True and c2 == c1
     judged = speedup_summary(second.evaluation, second.tau_summary())
     assert judged["passed"] is False and "--speedup-floor 1000" in (floor_reason(judged) or "")
     other = EvalSession(EvalSettings.from_mapping({**base, "ddtree_budget": "4"}), progress=None)
-    assert other.evaluation.measure("round_costs")[1] is False  # other budgets: timed anew
+    assert other.evaluation.measure(ROUND_COSTS)[1] is False  # other budgets: timed anew
     from dflash_eval.errors import CacheError
 
     torch.set_num_threads(2)  # a warm --cache-only run with another thread count (a cold -n 2 run, then -n 0)
     warm = EvalSession(EvalSettings.from_mapping({**base, "cache_only": True}), progress=None)
-    assert warm.evaluation.measure("round_costs") == (c1, True)  # the 1-thread costs serve, nothing is timed
+    assert warm.evaluation.measure(ROUND_COSTS) == (c1, True)  # the 1-thread costs serve, nothing is timed
     normal = EvalSession(EvalSettings.from_mapping(base), progress=None)
-    c3, cached3 = normal.evaluation.measure("round_costs")
+    c3, cached3 = normal.evaluation.measure(ROUND_COSTS)
     assert cached3 is False and c3.threads == 2  # outside --cache-only this thread count is timed for itself
     miss = EvalSession(EvalSettings.from_mapping({**base, "cache_only": True, "ddtree_budget": "16"}), progress=None)
     with pytest.raises(CacheError, match="round"):
-        miss.evaluation.measure("round_costs")
+        miss.evaluation.measure(ROUND_COSTS)
 
 
 # ------------------------------------------------------------------------------------------------ reports

@@ -15,6 +15,7 @@ from dflash_eval.common.workdir import run_location
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, PromptTau
 from dflash_eval.measurements.online_greedy import OnlineTau
+from dflash_eval.measurements.round_costs import ROUND_COSTS
 from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, pooled_means, position_rates
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.drift_budget import impact
@@ -280,7 +281,7 @@ def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> JsonBlock:
     """eval.json's ``speedup``: the predicted speed of every strategy from the round costs timed on the run's device
     (the ``round_costs`` measurement, timed now unless cached) and the mean τ with its CI over prompts, judged against
     ``--speedup-floor`` (:func:`dflash_eval.metrics.speedup.speedup_block`)."""
-    costs, cached = ev.measure("round_costs")
+    costs, cached = ev.measure(ROUND_COSTS)
     every = tau.categories.get("all")
     chain = (tau.mean_tau, every.chain.ci95 if every is not None else None)
     ddtree = {int(b): (v, every.ddtree[b].ci95 if every is not None and b in every.ddtree else None)
@@ -348,7 +349,7 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
             result.drafter.refused = [Refusal(check=n, message=m) for n, m in ev.refusal.checks]
     if ev.drifts:
         result.drift, result.drift_accept = _drift_rows(ev)
-    if tau is not None and ev.runner.computed("round_costs"):  # the speed-up test (or the Evaluator) timed a round
+    if tau is not None and ev.runner.computed(ROUND_COSTS):  # the speed-up test (or the Evaluator) timed a round
         result.speedup = speedup_summary(ev, tau)
     if ev.budget_computed:
         result.drift_budget = DriftBudgetBlock.from_dict(ev.drift_budget().to_json())

@@ -41,6 +41,7 @@ import pluggy
 
 from dflash_eval.errors import ConfigError, ResultRejected
 from dflash_eval.inputs.run_inputs import DRAFTER_OPTIONS, Inputs
+from dflash_eval.measurements.round_costs import ROUND_COSTS
 from dflash_eval.options.preflight import target_config_problem
 from dflash_eval.options.settings import TAU_OPTIONS, EvalSettings
 from dflash_eval.results.eval_result import EvalResult
@@ -208,7 +209,7 @@ class Evaluator:
                 session.drift_budget()
             session.measure_registered()
             if self.speedup:  # the round costs (cached per drafter shape and device); result() predicts from them
-                session.evaluation.measure("round_costs")
+                session.evaluation.measure(ROUND_COSTS)
             result = session.result()
         assert result.drafter is not None and result.tau is not None
         result.drafter.path, result.drafter.step = src.label, step
