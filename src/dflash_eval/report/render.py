@@ -11,7 +11,7 @@ from typing import Any
 from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
 from dflash_eval.report.plot import worst_prompts
-from dflash_eval.report.speedup_report import speedup_lines, speedup_rows
+from dflash_eval.report.speedup_report import cost_rows, speedup_lines, speedup_rows
 from dflash_eval.report.summary import not_checked_lines, verdict_head
 from dflash_eval.report.table_rows import (
     acceptance_rows,
@@ -127,6 +127,7 @@ def render_terminal(data: dict[str, Any], *, width: int = 120, max_rows: int | N
 
 
 _SPEEDUP_TITLE = "predicted speed-up over plain decoding on this run's device (docs/speedup.md)"
+_COSTS_TITLE = "Measured costs the prediction is made of (each the median of its timings on this run's device)"
 
 
 def _speedup_tables(data: dict[str, Any]) -> list[TextTable | str | None]:
@@ -207,7 +208,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     parts += _provenance_lines(data)
     if data.get("not_checked"):  # what a pass does not vouch for, before the tables
         parts += ["", "### Not checked", ""] + [f"- {line.removeprefix('not checked: ')}"
-                                                 for line in not_checked_lines(data, limit=None)]
+                                                 for line in not_checked_lines(data)]
     parts += _section("τ per prompt", TextTable(*tau_rows(data)), tau_kinds_line(data), baseline_line(data),
                       sampled_line(data))
     parts += _section(_category_title(data, f"macro mean over prompts, median, {category_ci_name(data)} of the mean"),
@@ -216,6 +217,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         parts += _section(f"{title[0].upper()}{title[1:]}", TextTable(*rows))
     parts += _section(f"{_SPEEDUP_TITLE[0].upper()}{_SPEEDUP_TITLE[1:]}", TextTable(*speedup_rows(data)),
                       *speedup_lines(data), "Plot: `speedup.png`." if data.get("speedup") else None)
+    parts += _section(_COSTS_TITLE, TextTable(*cost_rows(data)))
     for table in measurement_tables(data):
         parts += _section(f"Measurement: {(table.title or '').removeprefix('measurement: ')}", table, table.caption)
     parts += _section("Hidden-state drift (regression check)", TextTable(*drift_rows(data)))

@@ -18,8 +18,8 @@ from dflash_eval.report.plot import save_png
 if TYPE_CHECKING:  # matplotlib is imported when the plot is drawn
     from matplotlib.figure import Figure
 
-__all__ = ["SPEEDUP_PLOT", "speedup_rows", "speedup_lines", "verdict_line", "write_speedup_plot", "speedup_figure",
-           "strategy_label"]
+__all__ = ["SPEEDUP_PLOT", "speedup_rows", "cost_rows", "speedup_lines", "verdict_line", "write_speedup_plot",
+           "speedup_figure", "strategy_label"]
 
 #: The plot's file name in the report folder.
 SPEEDUP_PLOT = "speedup.png"
@@ -59,6 +59,48 @@ def speedup_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         rows.append([label + (" (best)" if label == best else ""), fmt(p.get("tau")) + _ci(p.get("tau_ci"), 3),
                      _ms(p.get("round_s")), _x(p.get("speedup")) + _ci(p.get("speedup_ci"), 2, "x"),
                      fmt(p.get("tokens_per_s"), 1) + _ci(p.get("tokens_per_s_ci"), 1)])
+    return header, rows
+
+
+#: The measured costs in the order a round runs them, with what each is: (cost key, its index in a pair or None, the
+#: key of its timings' spread, what it is).
+_COSTS: tuple[tuple[str, int | None, str, str], ...] = (
+    ("step", None, "step", "plain decoding: one target step (1 token) and its argmax"),
+    ("draft", None, "draft", "the drafter's block pass with its context keys and values cached, and lm_head"),
+    ("draft_full", None, "draft_full", "the drafter's block pass recomputing its context (this project's loop)"),
+    ("verify", None, "verify", "the target's forward over the chain's block (B tokens) and its argmax"),
+    ("forward_2", None, "forward_2", "a target forward over 2 tokens (the loop's commit of one accepted draft)"),
+    ("accept", None, "accept", "comparing the chain's drafts with the target's tokens"),
+    ("append", 0, "append_1", "the drafter's context keys and values of 1 committed token"),
+    ("append", 1, "append_b", "the same for B committed tokens"),
+    ("project", 0, "project_1", "projecting the target features of 1 committed token"),
+    ("project", 1, "project_b", "the same for B committed tokens"),
+    ("state_select", None, "state_select", "one copy of every linear-attention layer's state"),
+    ("snapshot", None, "snapshot", "a copy of the target cache before the verify (this project's loop)"),
+)
+
+
+def cost_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The measured costs a prediction is made of: every part of a round and the plain decoding step, each the median
+    of its timings (ms) with their spread (the interquartile range over the median), in the order a round runs them,
+    then each DDTree budget's tree parts (no rows without a ``speedup`` block)."""
+    block = data.get("speedup") or {}
+    costs = block.get("costs") or {}
+    spread = costs.get("spread") or {}
+    header = ["part", "median (ms)", "spread (IQR / median)", "what"]
+    rows = []
+    for key, index, name, what in _COSTS:
+        value = costs.get(key)
+        if isinstance(value, (list, tuple)):
+            value = value[index] if index is not None and index < len(value) else None
+        if key in costs:
+            rows.append([name, _ms(value), fmt(spread.get(name), 2), what])
+    for b in sorted(int(b) for b in costs.get("tree_verify") or {}):
+        for part, what in (("tree_build", f"DDTree-{b}: top-k, the best-first tree of {b} nodes, its mask"),
+                           ("tree_verify", f"DDTree-{b}: the target's forward over {b + 1} tokens under the tree mask"),
+                           ("tree_accept", f"DDTree-{b}: the walk down the tree")):
+            rows.append([f"{part}_{b}", _ms((costs.get(part) or {}).get(str(b))), fmt(spread.get(f"{part}_{b}"), 2),
+                         what])
     return header, rows
 
 

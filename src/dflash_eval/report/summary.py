@@ -25,8 +25,6 @@ __all__ = ["WORST_NAMED", "REPORT_FILES", "verdict_head", "verdict_lines", "not_
 
 #: How many prompts the verdict names (those with the least room above their floors).
 WORST_NAMED = 3
-#: How many reasons of skipped tests the verdict names (eval.md and eval.json hold them all).
-NOT_CHECKED_NAMED = 4
 #: The files of a run's report folder, in the order the verdict lists them.
 REPORT_FILES = ("eval.md", "eval.json", "eval.html", "samples.jsonl", "eval.png", "drift_budget.png", "speedup.png")
 
@@ -92,16 +90,13 @@ def _gate_line(data: dict[str, Any], outcome: str) -> str:
     return f"drift gate: {outcome.upper()}, {detail}"
 
 
-def not_checked_lines(data: dict[str, Any], *, limit: int | None = NOT_CHECKED_NAMED) -> list[str]:
-    """``not checked: <reason> (N tests)``, one line per reason a suite test was skipped (eval.json's
-    ``not_checked``; at most ``limit`` of them, then how many more): what a pass does not vouch for, e.g. ``fla not
-    checked: no CUDA device``, said where the user looks even when pytest's short summary (``-ra``) is off."""
-    groups = data.get("not_checked") or []
-    shown = groups if limit is None else groups[:limit]
-    lines = [f"not checked: {g['reason']} ({g['tests']} test{'s' if g['tests'] != 1 else ''})" for g in shown]
-    if len(groups) > len(shown):
-        lines.append(f"not checked: {len(groups) - len(shown)} more reasons of skipped tests (eval.md lists them)")
-    return lines
+def not_checked_lines(data: dict[str, Any]) -> list[str]:
+    """``not checked: <reason> (N tests)``, one line for every reason a suite test was skipped (eval.json's
+    ``not_checked``): what a pass does not vouch for, e.g. ``fla not checked: no CUDA device``, said where the user
+    looks even when pytest's short summary (``-ra``) is off. Every reason, however many: each is something the run
+    did not check."""
+    return [f"not checked: {g['reason']} ({g['tests']} test{'s' if g['tests'] != 1 else ''})"
+            for g in data.get("not_checked") or []]
 
 
 def verdict_head(data: dict[str, Any], *, recorded: bool = False, verdict: Verdict | None = None) -> list[str]:
