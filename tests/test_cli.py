@@ -147,6 +147,60 @@ def test_a_misspelled_option_gets_the_command_usage_and_a_suggestion(argv, comma
         err.split("usage:", 1)[0]
 
 
+@pytest.mark.parametrize("args, first", [
+    (["-n", "2"], "-n"), (["-n2"], "-n"), (["-nauto"], "-n"), (["--numprocesses=2"], "--numprocesses"),
+    (["--dist", "load"], "--dist"), (["-k", "tau"], None), (["--", "-n", "2"], None)])
+def test_xdist_options_without_xdist_name_the_extra(args, first):
+    from dflash_eval.options.commands import xdist_missing
+
+    line = xdist_missing(args, installed=False)
+    if first is None:
+        assert line is None
+    else:
+        assert line is not None and line.startswith(f"{first} runs the tests in parallel through pytest-xdist")
+        assert "xdist extra" in line and "[xdist]" in line and "\n" not in line
+        assert xdist_missing(args, installed=True) is None
+    assert tomllib_extras()["xdist"] == ["pytest-xdist>=3.5"]  # the extra the line names exists
+
+
+def tomllib_extras() -> dict[str, list[str]]:
+    import tomllib
+
+    return tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+
+
+def test_plain_pytest_says_what_an_unknown_argument_needs(pytester, monkeypatch):
+    """Under plain pytest too, not only under the dflash-eval commands: a misspelled suite option gets "did you
+    mean", and pytest-xdist's -n without pytest-xdist names the extra to install; one usage error (exit 4) before
+    anything is collected."""
+    from dflash_eval.options import commands
+
+    monkeypatch.setattr(commands, "xdist_installed", lambda: False)  # as where it is not installed
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    args = ["-p", "dflash_eval.pytest_plugin", "-p", "no:cacheprovider", "-p", "no:xdist"]  # xdist's options gone
+    res = pytester.runpytest_inprocess(*args, "--num-promtps", "4")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["ERROR: dflash-eval: --num-promtps: unknown option of the dflash-eval suite; did you "
+                              "mean --num-prompts?"])
+    res = pytester.runpytest_inprocess(*args, "-n", "2")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR and "collected" not in res.stdout.str()
+    errors = [line for line in res.stderr.lines if line.startswith("ERROR:")]
+    assert len(errors) == 1 and errors[0].startswith("ERROR: dflash-eval: -n runs the tests in parallel"), errors
+    assert pytester.runpytest_inprocess(*args).ret == 0  # nothing unknown: nothing said
+
+
+def test_run_with_n_without_xdist_names_the_extra(monkeypatch, capsys):
+    from dflash_eval.options import commands
+
+    monkeypatch.setattr(commands, "xdist_installed", lambda: False)
+    assert main(["run", "-p", "no:xdist", "-p", "no:cacheprovider", "-n", "2"]) == pytest.ExitCode.USAGE_ERROR
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "-n runs the tests in parallel through pytest-xdist" in lines[0], err
+    assert "[xdist]" in lines[0] and "unrecognized arguments" not in err
+
+
 def test_an_unknown_gate_option_answers_with_the_gate_usage(capsys):
     assert main(["gate", "--drafter", "d", "--no-such-thing-at-all"]) == 2
     err = capsys.readouterr().err
