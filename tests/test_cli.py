@@ -218,3 +218,32 @@ def test_no_pytest_option_is_taken_for_a_misspelled_suite_option():
     assert "--maxfail" in flags and "--snapshot-update" in flags and "--trace-config" in flags
     for command in ("run", "record"):
         assert misspelled(flags, command) == [], command
+
+
+def test_library_output_is_left_out_alike_in_run_and_gate(tmp_path):
+    """transformers' fallback warnings and weight-loading bar, which pytest's capture keeps out of `dflash-eval run`,
+    are left out of `dflash-eval gate` too; a Python warning is one line, not its source line quoted."""
+    from dflash_eval.runtime.third_party import QUIET_ENVIRONMENT, one_line_warnings, quiet_libraries
+
+    env = {"TRANSFORMERS_VERBOSITY": "info"}
+    quiet_libraries(env)
+    assert env == {**QUIET_ENVIRONMENT, "TRANSFORMERS_VERBOSITY": "info"}  # the user's own setting is kept
+    import io
+    import warnings
+
+    buf = io.StringIO()
+    with one_line_warnings("dflash-eval gate", buf):
+        warnings.warn("floors judge nothing", UserWarning, stacklevel=1)
+    assert buf.getvalue() == "dflash-eval gate: warning: floors judge nothing (UserWarning)\n"
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    clean = {k: v for k, v in os.environ.items() if k not in QUIET_ENVIRONMENT and not k.startswith("DFLASH_EVAL_")}
+    p = subprocess.run([sys.executable, "-m", "dflash_eval", "gate", "--drafter", str(fixtures / "drafter"),
+                        "--target-model", str(fixtures / "target"), "--prompts", str(fixtures / "prompts.jsonl"),
+                        "--num-prompts", "1", "--max-new-tokens", "8", "--tau-floor", "1.0", "--quiet",
+                        "--cache-dir", str(tmp_path / "cache"), "--report-dir", str(tmp_path / "reports")],
+                       capture_output=True, text=True, cwd=tmp_path, env=clean, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[transformers]" not in p.stderr and "causal_conv1d" not in p.stderr and "Loading weights" not in p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert lines and all(line.startswith("dflash-eval gate: warning: ") or line.startswith("  ") for line in lines), \
+        p.stderr  # only the gate's own warnings (a floors file recorded for other settings; floors at 1)

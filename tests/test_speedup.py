@@ -298,7 +298,7 @@ def test_floor_joins_a_checkpoint_verdict() -> None:
     block = speedup_block(costs(), (4.5, (4.0, 5.0)), {}, floor=1.5)
     assert verdict(None).passed is None and verdict(block).passed is True  # unjudged by τ: judged by the speed-up
     below = verdict(block, mean_floor=3.0)
-    assert (below.passed, below.reasons) == (False, ["mean chain τ 2.000 < 3.0"])
+    assert (below.passed, below.reasons) == (False, ["mean chain τ 2.000 < 3.000"])
     high = speedup_block(costs(), (4.5, (4.0, 5.0)), {}, floor=99.0)
     failed = verdict(high, mean_floor=1.0)
     assert failed.passed is False and "--speedup-floor 99" in failed.reasons[0] and "judge nothing" in failed.notices[0]

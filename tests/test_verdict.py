@@ -196,6 +196,11 @@ def test_judge_categories_with_floors():
     assert cats["all"]["floor"] == 1.0 and cats["all"]["ddtree_floor"] == {"8": 1.0} and cats["all"]["passed"] is True
 
 
+def test_a_reason_rounds_its_numbers_as_the_tables_do():
+    """A floor averaged over the selected prompts (3.504875) reads as every table prints it (3.505)."""
+    assert gate_reasons({}, [Threshold("chain", 1.82612, 3.504875)]) == ["mean chain τ 1.826 < 3.505"]
+
+
 def test_gate_reasons():
     fl = Floors(chain={"a": 1.5, "b": 1.5, "c": 1.5}, ddtree={8: {"a": 2.0, "c": 2.0}})
     ok = Floors(chain={"a": 1.5}, ddtree={8: {"a": 2.0}})
@@ -210,7 +215,7 @@ def test_gate_reasons():
         "no floor for 2 prompt(s) (e.g. 'b'; pass --tau-floor-prompt)",  # b lacks DDTree-8, d every floor
         "1 prompt(s) below floor",  # c; b and d are counted as missing, not as below
         "no mean chain floor",
-        "mean DDTree-8 τ 1.900 < 2.0",
+        "mean DDTree-8 τ 1.900 < 2.000",
     ]
 
 
@@ -220,7 +225,7 @@ def test_gate_reasons_with_tau_floor_alone():
     judge_prompts(prompts, mean_only)
     assert [r["passed"] for r in prompts.values()] == [None, None]  # not gated: neither missing nor below
     assert gate_reasons(typed(prompts), mean_thresholds(2.0, {"8": 2.0}, mean_only)) == []
-    assert gate_reasons(typed(prompts), mean_thresholds(1.5, {"8": 2.5}, mean_only)) == ["mean chain τ 1.500 < 2.0"]
+    assert gate_reasons(typed(prompts), mean_thresholds(1.5, {"8": 2.5}, mean_only)) == ["mean chain τ 1.500 < 2.000"]
     with_file = Floors(chain={"a": 1.5}, ddtree={8: {"a": 1.5}}, mean_override=2.0).select({"a": "code", "b": "code"})
     judge_prompts(prompts, with_file)  # the prompts that have floors are still judged against them
     assert prompts["a"]["passed"] is False and prompts["b"]["passed"] is None
@@ -285,7 +290,7 @@ def test_judge_run_with_tau_floor_alone_judges_only_the_mean():
     assert data["mean_passed"] is False and data["categories"]["all"]["passed"] is False
     reasons = gate_reasons(typed(data["prompts"]), mean_thresholds(data["mean_tau"], data["mean_ddtree"],
                                                             Floors(mean_override=2.6)))
-    assert reasons == ["mean chain τ 2.500 < 2.6"]
+    assert reasons == ["mean chain τ 2.500 < 2.600"]
 
 
 def _same(a: dict, b: dict) -> bool:

@@ -78,6 +78,7 @@ from dflash_eval.report.gate import NOT_CHECKED, GateRow, gate_table, write_gate
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.report.tables import print_tables
 from dflash_eval.runtime.progress import throttled
+from dflash_eval.runtime.third_party import one_line_warnings, quiet_libraries
 from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.training_loop.plugins import plugin_manager
 
@@ -362,8 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     if ns.command == "gate":
         ns.argv = argv[1:]
+        quiet_libraries()  # transformers' log warnings and loading bars left out, as pytest's capture does in `run`
         try:
-            return gate(ns)
+            with one_line_warnings("dflash-eval gate"):
+                return gate(ns)
         except ConfigError as exc:
             print(f"dflash-eval gate: bad input: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT

@@ -289,7 +289,7 @@ def gate_reasons(prompts: Mapping[str, JudgedPrompt], means: list[Threshold], *,
         if t.missing:
             reasons.append(f"no mean {t.label} floor")
         elif not t.passed:
-            reasons.append(f"mean {t.label} τ {t.value:.3f} < {t.floor}")
+            reasons.append(f"mean {t.label} τ {fmt(t.value)} < {fmt(t.floor)}")  # as every table rounds them
     rows = list(prompts.values())
     if reasons and no_acceptance([r.tau for r in rows], [r.rounds for r in rows]):  # the one cause of those reasons
         reasons.insert(0, NO_ACCEPTANCE)

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from dflash_eval.options.settings import OPTIONS, add_options
 
-__all__ = ["refused", "misspelled", "environ_for", "add_command_options", "honoured_by", "XDIST_FLAGS", "xdist_installed",
-           "xdist_missing", "unknown_pytest_args"]
+__all__ = ["refused", "misspelled", "environ_for", "add_command_options", "honoured_by", "XDIST_FLAGS",
+           "xdist_installed", "xdist_missing", "unknown_pytest_args"]
 
 _SHOWN = {"run": "`dflash-eval run` / pytest", "gate": "`dflash-eval gate`", "record": "`dflash-eval record`"}
 

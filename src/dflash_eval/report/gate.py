@@ -185,15 +185,15 @@ def _verdict_cell(r: GateRow) -> str:
 
 
 def gate_table(rows: list[GateRow], budgets: list[Any], *, terminal: bool = False) -> TextTable:
-    """The comparison table, one row per checkpoint: macro mean τ, DDTree-N τ (macro), pooled chain τ, mean floor,
-    worst prompt (τ / floor), verdict and seconds. ``terminal``: the terminal's form (the checkpoint's whole path,
-    without the mean floor and the seconds) instead of gate.md's (the checkpoint's name)."""
+    """The comparison table, one row per checkpoint (labelled by its name, as every report of the gate labels it):
+    macro mean τ, DDTree-N τ (macro), pooled chain τ, mean floor, worst prompt (τ / floor), verdict and seconds.
+    ``terminal``: the terminal's form (without the mean floor and the seconds) instead of gate.md's."""
     bs = [str(b) for b in budgets]
     header = ["checkpoint", "mean τ (macro)"] + [f"DDTree-{b} τ (macro)" for b in bs] + [
         "pooled τ", "mean floor", "worst prompt (τ / floor)", "verdict", "s"]
     cells = []
     for r in rows:
-        cells.append([r.drafter if terminal else r.name, fmt(r.mean_tau)] + [fmt(r.mean_ddtree.get(b)) for b in bs]
+        cells.append([r.name, fmt(r.mean_tau)] + [fmt(r.mean_ddtree.get(b)) for b in bs]
                      + [fmt(r.mean_tau_pooled), fmt(r.mean_floor), _worst_cell(r), _verdict_cell(r),
                         fmt(r.seconds)])
     base = [r.baseline for r in rows if r.baseline]
