@@ -231,6 +231,17 @@ def test_imports_inside_functions_say_why() -> None:
     assert not bare, "imports inside functions without a one-line reason:\n  " + "\n  ".join(bare)
 
 
+def test_the_package_docstring_names_every_package_and_no_other() -> None:
+    """``dflash_eval.__doc__`` lists the packages by concern: exactly those there are."""
+    import re
+
+    doc = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))) or ""
+    listed = doc.split("Packages, by concern", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"``(\w+)``", listed))
+    real = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert named == real, f"named but not there: {sorted(named - real)}; there but not named: {sorted(real - named)}"
+
+
 def test_no_two_modules_share_a_file_name() -> None:
     by_name: dict[str, list[str]] = defaultdict(list)
     for m, p in _modules().items():
