@@ -1,7 +1,8 @@
 """The output of the libraries the suite runs on, handled alike in every dflash-eval command: transformers' log
 warnings (the ``causal_conv1d`` fallback notes of a linear-attention target on a CPU) and progress bars (loading a
 model's weights) are left out, as pytest's capture leaves them out of ``dflash-eval run``; a Python warning is one
-line, ``<command>: warning: <message> (<category>)``, instead of a source line quoted under it.
+line, ``<command>: warning: <message> (<category>)``, instead of a source line quoted under it (Python's own
+choice of which warnings to show, and where, is kept).
 
 :func:`quiet_libraries` sets the environment the libraries read when they are imported (an explicit setting of the
 user's is kept) and, where transformers is imported already, its logging; :func:`one_line_warnings` is a context
@@ -15,7 +16,6 @@ import sys
 import warnings
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
-from typing import TextIO
 
 __all__ = ["QUIET_ENVIRONMENT", "quiet_libraries", "one_line_warnings"]
 
@@ -39,16 +39,18 @@ def quiet_libraries(environ: MutableMapping[str, str] | None = None) -> None:
 
 
 @contextmanager
-def one_line_warnings(command: str, stream: TextIO | None = None) -> Iterator[None]:
-    """Within: a Python warning is one line on ``stream`` (default stderr), ``<command>: warning: <message>
-    (<category>)``, each once."""
-    out = sys.stderr if stream is None else stream
-    with warnings.catch_warnings():
-        warnings.simplefilter("default")  # each once per place, as Python's default
+def one_line_warnings(command: str) -> Iterator[None]:
+    """Within: a Python warning shown is one line, ``<command>: warning: <message> (<category>)``, instead of its
+    source line quoted under it. Only how a warning reads changes: which are shown, and where, stays Python's (a
+    caller recording them, as ``pytest.warns`` does, still records them)."""
+    before = warnings.formatwarning
 
-        def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                 file: TextIO | None = None, line: str | None = None) -> None:
-            print(f"{command}: warning: {message} ({category.__name__})", file=out, flush=True)
+    def one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 line: str | None = None) -> str:
+        return f"{command}: warning: {message} ({category.__name__})\n"
 
-        warnings.showwarning = show
+    warnings.formatwarning = one_line
+    try:
         yield
+    finally:
+        warnings.formatwarning = before
