@@ -22,7 +22,8 @@ import torch
 
 from dflash_eval.drafter import TargetSpec, build_drafter, read_checkpoint
 from dflash_eval.metrics.online_loop import online_generate
-from dflash_eval.metrics.tau import chain_tau, draft_table, macro_tau, simulate_tau
+from dflash_eval.metrics.tau import chain_tau, draft_table, simulate_tau
+from dflash_eval.metrics.tau_result import macro_tau
 from dflash_eval.target.generation import greedy_generate_batch
 from dflash_eval.target.head import TargetHead
 from dflash_eval.target.hidden_states import extract_features

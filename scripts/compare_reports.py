@@ -1,10 +1,12 @@
-"""Compare two reports/eval.json files field by field, ignoring what legitimately differs between runs (creation
-time, timings, cache read/write and lock-wait seconds).
+"""Compare two reports field by field (eval.json, gate.json, or a history.jsonl line by line), ignoring what
+legitimately differs between runs (creation time, timings, cache read/write and lock-wait seconds).
 
 Used to check that a refactor preserves behaviour: run the full default suite before and after on a cold cache
 and compare the two reports. Exit 0 when they are equal, 1 with one line per differing field otherwise.
 
 Run: ``python scripts/compare_reports.py before/eval.json after/eval.json [--ignore settings.cache_dir ...]``
+(a ``.jsonl`` file is read as a list of its lines' objects: ``[0].time`` names the first line's ``time``, and
+``*.time`` every line's; ``*`` matches a list index as well, e.g. ``checkpoints.*.seconds``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ IGNORED = ("created", "timings", "cache.*.read_s", "cache.*.write_s", "cache.*.l
 
 
 def _ignored(path: str, patterns: list[str]) -> bool:
-    parts = path.split(".")
+    """Whether ``path`` matches a pattern (``*``: one level, a list index too: ``checkpoints.*.seconds``)."""
+    parts = path.replace("[", ".[").lstrip(".").split(".")
     for pat in patterns:
         pp = pat.split(".")
         if len(parts) >= len(pp) and all(a == "*" or a == b for a, b in zip(pp, parts)):
@@ -52,6 +55,14 @@ def diff(a: Any, b: Any, path: str = "", ignore: list[str] | None = None) -> lis
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
+def load(path: Path) -> Any:
+    """A JSON file's value, or a JSON-lines file (``.jsonl``) as the list of its lines' values."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("before", type=Path)
@@ -59,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ignore", action="append", default=[], metavar="FIELD",
                     help="a dotted field to ignore (``*`` matches one level), e.g. settings.cache_dir")
     ns = ap.parse_args(argv)
-    lines = diff(json.loads(ns.before.read_text()), json.loads(ns.after.read_text()), ignore=ns.ignore)
+    lines = diff(load(ns.before), load(ns.after), ignore=ns.ignore)
     for line in lines:
         print(line)
     print(f"{len(lines)} differing field(s) (ignored: {', '.join(IGNORED + tuple(ns.ignore))})")

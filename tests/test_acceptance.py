@@ -12,7 +12,7 @@ import pytest
 from dflash_eval import report
 from dflash_eval.metrics.acceptance_rates import acceptance_table, histogram, pool, position_rates
 from dflash_eval.metrics.stats import category_table
-from dflash_eval.metrics.tau import TauResult
+from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.report.table_rows import acceptance_rows, conversation_rows
 
 

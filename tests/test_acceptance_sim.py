@@ -13,9 +13,9 @@ from dflash_eval.metrics.tau import (
     chain_tau,
     ddtree_tau,
     draft_table,
-    macro_tau,
     simulate_tau,
 )
+from dflash_eval.metrics.tau_result import macro_tau
 
 B = 4  # block size: slots 1..3 are drafted
 

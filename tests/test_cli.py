@@ -77,13 +77,13 @@ def test_gate_two_checkpoints_then_failing_floor_then_bad_path(common, tmp_path,
     rows = json.loads(out_json.read_text())["checkpoints"]
     for r in rows:
         assert r["passed"] is False and r["mean_floor"] == 100.0
-        assert r["reasons"][0] == f"mean chain τ {r['mean_tau']:.3f} < 100.0"
-        assert all(x.startswith("mean ") and x.endswith("< 100.0") for x in r["reasons"])  # chain and DDTree-8
+        assert r["reasons"][0] == f"mean chain τ {r['mean_tau']:.3f} < 100.000"  # rounded as the tables round
+        assert all(x.startswith("mean ") and x.endswith("< 100.000") for x in r["reasons"])  # chain and DDTree-8
         assert not any("below floor" in x or "no floor" in x for x in r["reasons"])
-    assert rc == 1 and out.count("FAIL") == 2 and "mean chain τ" in out and "< 100.0" in out
+    assert rc == 1 and out.count("FAIL") == 2 and "mean chain τ" in out and "100.000" in out  # the cell may fold
     assert "0/2 checkpoint(s) passed" in out
     report = json.loads((tmp_path / "reports" / "gate.json").read_text())
-    assert report["passed"] is False and all("< 100.0" in r["reasons"][0] for r in report["checkpoints"])
+    assert report["passed"] is False and all("< 100.000" in r["reasons"][0] for r in report["checkpoints"])
     assert "FAIL: mean chain τ" in (tmp_path / "reports" / "gate.md").read_text()
 
     # A path that does not exist: exit 2 before evaluating anything, naming the path.
@@ -147,6 +147,60 @@ def test_a_misspelled_option_gets_the_command_usage_and_a_suggestion(argv, comma
         err.split("usage:", 1)[0]
 
 
+@pytest.mark.parametrize("args, first", [
+    (["-n", "2"], "-n"), (["-n2"], "-n"), (["-nauto"], "-n"), (["--numprocesses=2"], "--numprocesses"),
+    (["--dist", "load"], "--dist"), (["-k", "tau"], None), (["--", "-n", "2"], None)])
+def test_xdist_options_without_xdist_name_the_extra(args, first):
+    from dflash_eval.options.commands import xdist_missing
+
+    line = xdist_missing(args, installed=False)
+    if first is None:
+        assert line is None
+    else:
+        assert line is not None and line.startswith(f"{first} runs the tests in parallel through pytest-xdist")
+        assert "xdist extra" in line and "[xdist]" in line and "\n" not in line
+        assert xdist_missing(args, installed=True) is None
+    assert tomllib_extras()["xdist"] == ["pytest-xdist>=3.5"]  # the extra the line names exists
+
+
+def tomllib_extras() -> dict[str, list[str]]:
+    import tomllib
+
+    return tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+
+
+def test_plain_pytest_says_what_an_unknown_argument_needs(pytester, monkeypatch):
+    """Under plain pytest too, not only under the dflash-eval commands: a misspelled suite option gets "did you
+    mean", and pytest-xdist's -n without pytest-xdist names the extra to install; one usage error (exit 4) before
+    anything is collected."""
+    from dflash_eval.options import commands
+
+    monkeypatch.setattr(commands, "xdist_installed", lambda: False)  # as where it is not installed
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    args = ["-p", "dflash_eval.pytest_plugin", "-p", "no:cacheprovider", "-p", "no:xdist"]  # xdist's options gone
+    res = pytester.runpytest_inprocess(*args, "--num-promtps", "4")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["ERROR: dflash-eval: --num-promtps: unknown option of the dflash-eval suite; did you "
+                              "mean --num-prompts?"])
+    res = pytester.runpytest_inprocess(*args, "-n", "2")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR and "collected" not in res.stdout.str()
+    errors = [line for line in res.stderr.lines if line.startswith("ERROR:")]
+    assert len(errors) == 1 and errors[0].startswith("ERROR: dflash-eval: -n runs the tests in parallel"), errors
+    assert pytester.runpytest_inprocess(*args).ret == 0  # nothing unknown: nothing said
+
+
+def test_run_with_n_without_xdist_names_the_extra(monkeypatch, capsys):
+    from dflash_eval.options import commands
+
+    monkeypatch.setattr(commands, "xdist_installed", lambda: False)
+    assert main(["run", "-p", "no:xdist", "-p", "no:cacheprovider", "-n", "2"]) == pytest.ExitCode.USAGE_ERROR
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "-n runs the tests in parallel through pytest-xdist" in lines[0], err
+    assert "[xdist]" in lines[0] and "unrecognized arguments" not in err
+
+
 def test_an_unknown_gate_option_answers_with_the_gate_usage(capsys):
     assert main(["gate", "--drafter", "d", "--no-such-thing-at-all"]) == 2
     err = capsys.readouterr().err
@@ -164,3 +218,36 @@ def test_no_pytest_option_is_taken_for_a_misspelled_suite_option():
     assert "--maxfail" in flags and "--snapshot-update" in flags and "--trace-config" in flags
     for command in ("run", "record"):
         assert misspelled(flags, command) == [], command
+
+
+def test_library_output_is_left_out_alike_in_run_and_gate(tmp_path):
+    """transformers' fallback warnings and weight-loading bar, which pytest's capture keeps out of `dflash-eval run`,
+    are left out of `dflash-eval gate` too; a Python warning is one line, not its source line quoted."""
+    from dflash_eval.runtime.third_party import QUIET_ENVIRONMENT, one_line_warnings, quiet_libraries
+
+    env = {"TRANSFORMERS_VERBOSITY": "info"}
+    quiet_libraries(env)
+    assert env == {**QUIET_ENVIRONMENT, "TRANSFORMERS_VERBOSITY": "info"}  # the user's own setting is kept
+    import io
+    import warnings
+
+    buf = io.StringIO()
+    with one_line_warnings("dflash-eval gate"), warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda m, c, f, n, file=None, line=None: buf.write(warnings.formatwarning(m, c, f, n))
+        warnings.warn("floors judge nothing", UserWarning, stacklevel=1)
+    assert buf.getvalue() == "dflash-eval gate: warning: floors judge nothing (UserWarning)\n"
+    with pytest.warns(UserWarning, match="recorded as ever"), one_line_warnings("dflash-eval gate"):
+        warnings.warn("recorded as ever", UserWarning, stacklevel=1)
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    clean = {k: v for k, v in os.environ.items() if k not in QUIET_ENVIRONMENT and not k.startswith("DFLASH_EVAL_")}
+    p = subprocess.run([sys.executable, "-m", "dflash_eval", "gate", "--drafter", str(fixtures / "drafter"),
+                        "--target-model", str(fixtures / "target"), "--prompts", str(fixtures / "prompts.jsonl"),
+                        "--num-prompts", "1", "--max-new-tokens", "8", "--tau-floor", "1.0", "--quiet",
+                        "--cache-dir", str(tmp_path / "cache"), "--report-dir", str(tmp_path / "reports")],
+                       capture_output=True, text=True, cwd=tmp_path, env=clean, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[transformers]" not in p.stderr and "causal_conv1d" not in p.stderr and "Loading weights" not in p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert lines and all(line.startswith("dflash-eval gate: warning: ") or line.startswith("  ") for line in lines), \
+        p.stderr  # only the gate's own warnings (a floors file recorded for other settings; floors at 1)

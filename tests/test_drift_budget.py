@@ -29,9 +29,11 @@ from dflash_eval.metrics.drift_budget import (
     parse_ladder,
     perturb_layers,
 )
+from dflash_eval.metrics.drift_checks import GateCheck
 from dflash_eval.metrics.drift_fit import crossing, fit_budget, isotonic
 from dflash_eval.metrics.tau import chain_tau, draft_table
 from dflash_eval.options.settings import EvalSettings
+from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.session.eval_session import EvalSession
 
 ERRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0]
@@ -177,7 +179,8 @@ def test_three_way_gate_and_its_messages():
     outcome = {x: gate_check("bf16-vs-fp32", 1, {"a": x, "b": x / 2}, b).outcome for x in (below, inside, above)}
     assert outcome == {below: "pass", inside: "inconclusive", above: "fail"}
     g = gate_check("bf16-vs-fp32", 1, {"a": inside}, b)
-    assert g.in_ci and not g.passed and g.to_json()["outcome"] == "inconclusive"
+    assert g.in_ci and not g.passed and g.to_dict()["outcome"] == "inconclusive"
+    assert GateCheck.from_dict(g.to_dict()) == g  # one class computes the row and reads it back
     why = gate_reason(g, b, "bf16 vs fp32, target layer 1")
     assert why.startswith("drift gate inconclusive") and f"{g.scaled:.2e}" in why and f"{lo:.2e}" in why
     assert "--drift-budget-min-prompts" in why and "--drift-budget-conclusive" in why
@@ -186,7 +189,8 @@ def test_three_way_gate_and_its_messages():
     est = decided.budget / 5
     assert gate_check("c", 1, {"a": est * 0.99}, decided).outcome == "pass"
     over = gate_check("c", 1, {"a": est * 1.01}, decided)
-    assert over.outcome == "fail" and over.to_json()["decided_on"] == "estimate"
+    assert over.outcome == "fail" and over.to_dict()["decided_on"] == "estimate"
+    assert GateCheck.from_dict(json.loads(dumps_strict(over.to_dict()))).outcome == "fail"  # as eval.json holds it
     assert "decided on the estimate" in gate_reason(over, decided, "c")
     assert impact(below, b).startswith("τ impact: within budget")
     assert impact(above, b).startswith("τ impact: over budget")

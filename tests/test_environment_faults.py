@@ -35,6 +35,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -399,7 +400,6 @@ pytest_plugins = ["dflash_eval.pytest_plugin"]
 
 class One(Measurement):
     name = kind = "one_for_the_report"
-    needs = ()
     value = 1
 
     def applies(self, settings):
@@ -521,7 +521,8 @@ def test_a_random_drafter_is_one_diagnosis() -> None:
     assert diagnoses(data) == [f"{NO_ACCEPTANCE} (2 prompts: 2 accepted draft tokens in 254 rounds)"]
     from dflash_eval.metrics.floors import Floors
 
-    assert gate_reasons(rows, mean_thresholds(128 / 127, {}, Floors(mean_override=2.0)))[0] == NO_ACCEPTANCE
+    typed = {p: SimpleNamespace(**r) for p, r in rows.items()}  # a checkpoint's judged rows, as the gate reads them
+    assert gate_reasons(typed, mean_thresholds(128 / 127, {}, Floors(mean_override=2.0)))[0] == NO_ACCEPTANCE
 
 
 def test_a_pickled_checkpoint_is_refused_saying_what_to_do(tmp_path: Path) -> None:

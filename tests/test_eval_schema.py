@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dflash_eval import report
+from dflash_eval.metrics.verdict import run_verdict
 from dflash_eval.pytest_plugin.junit import junit_properties
 from dflash_eval.report.plot import worst_prompts
 from dflash_eval.report.strict_json import dumps_strict, strict
@@ -61,6 +62,7 @@ def fragment(prompts: dict[str, float], *, passed: dict[str, bool | None] | None
 
 def test_eval_json_is_strict_and_valid_with_nan_measurements(tmp_path, validator):
     data = report.merge([fragment({"a": NAN, "b": 2.0, "c": 1.0})], outcomes={"x.py::t": "passed"}, wall_s=1.0)
+    data["verdict"] = run_verdict(data, failed_tests=1).to_dict()  # as the run's end stores it
     paths = report.write_reports(data, tmp_path)
     text = paths["json"].read_text()
     assert "NaN" not in text and "Infinity" not in text
@@ -70,10 +72,12 @@ def test_eval_json_is_strict_and_valid_with_nan_measurements(tmp_path, validator
 
 
 def test_schema_rejects_what_it_should(jsonschema, validator):
-    good = json.loads(dumps_strict(report.merge([fragment({"b": 2.0})], wall_s=1.0)))
+    merged = report.merge([fragment({"b": 2.0})], wall_s=1.0)
+    good = json.loads(dumps_strict({**merged, "verdict": run_verdict(merged).to_dict()}))
     validator.validate(good)
     for path, value in [(("prompts", "b", "tau"), "2.0"), (("prompts", "b", "passed"), "yes"),
-                        (("tests", "outcomes"), {"t": "exploded"}), (("schema",), 2), (("drift",), {})]:
+                        (("tests", "outcomes"), {"t": "exploded"}), (("schema",), 2), (("drift",), {}),
+                        (("verdict", "label"), "maybe"), (("verdict", "parts"), [{"name": "floors"}])]:
         bad = json.loads(json.dumps(good))
         node = bad
         for key in path[:-1]:

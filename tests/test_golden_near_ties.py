@@ -98,8 +98,8 @@ def test_near_tie_passes_named_and_a_confident_change_fails(bundled_suite: Calla
         (tie_pid, k_tie, tie_edit["output_ids"][k_tie], tie_golden["output_ids"][k_tie])], data.get("near_ties")
     assert 0 <= golden_ties[0]["margin"] < 0.25 and golden_ties[0]["band"] == 0.25
     assert "### Near ties" in (tmp_path / "judged" / "eval.md").read_text()
-    assert f"near tie: prompt {tie_pid!r}: the completion leaves the golden completion at completion token {k_tie}" \
-        in out and f"(completion tokens after {k_tie} not compared)" in out, out
+    assert f"notice: near tie: prompt {tie_pid!r}: the completion leaves the golden completion at completion token " \
+           f"{k_tie}" in out and f"(completion tokens after {k_tie} not compared)" in out, out
     props = {p.get("name"): p.get("value") for p in ET.parse(junit).getroot().iter("property")}
     assert int(props["dflash_eval.near_ties"]) == len(data["near_ties"]) >= 1, props
     assert json.loads(tie_file.read_text()) == tie_edit
@@ -157,15 +157,22 @@ def test_a_broken_golden_record_is_named(tmp_path: Path, content: str, says: str
 
 
 def test_the_verdict_names_golden_near_ties_first_and_groups_the_teacher_forced_ones() -> None:
+    """Near ties are a part of the run's verdict that only notices: named in every writer's verdict, never a
+    failure."""
+    from dflash_eval.metrics.verdict import NEAR_TIES, run_verdict
     from dflash_eval.report.summary import verdict_lines
 
     def tie(pid: str, against: str, k: int) -> dict[str, Any]:
         return judge(pid, against, k, k + 10, 1, 2, _top([2, 1], [9.0, 9.0]), "bfloat16").to_dict()
 
     data = {"near_ties": [tie(f"p{i}", "teacher-forced", i) for i in range(6)] + [tie("z", "golden", 7)]}
+    verdict = run_verdict(data)
+    part = verdict.part(NEAR_TIES)
+    assert part is not None and part.passed is None and not verdict.reasons
     lines = verdict_lines(data, report_dir=None)
     assert "1 golden completion at a near tie, 6 teacher-forced near ties of the target, not failures" in lines[0]
-    assert lines[1].startswith("near tie: prompt 'z': the completion leaves the golden completion at completion "
-                               "token 7")
-    assert lines[2].startswith("near tie: 6 completions leave their teacher-forced argmax") and "p0 token 0" in lines[2]
-    assert "and 2 more (eval.md lists them)" in lines[2] and len(lines) == 3
+    notices = [line for line in lines if line.startswith("notice: near tie: ")]
+    assert notices[0].startswith("notice: near tie: prompt 'z': the completion leaves the golden completion at "
+                                 "completion token 7")
+    assert notices[1].startswith("notice: near tie: 6 completions leave their teacher-forced argmax")
+    assert "p0 token 0" in notices[1] and "and 2 more (eval.md lists them)" in notices[1] and len(notices) == 2

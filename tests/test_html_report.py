@@ -1,8 +1,9 @@
 """reports/eval.html: the rounds marked in the completion text (accepted drafts, the first rejected draft, the bonus
 token of a whole block, the last token), τ along the response, worst prompts first, and the page as a browser draws
 it: the suite run in-process on the bundled target and drafter, its eval.html opened in headless Chromium (Debian's
-``chromium``; skipped, naming what was not checked, where none is installed), its screenshot and its DOM after the
-scripts ran checked against the run's eval.json.
+``chromium`` or ``chromium-headless-shell``; skipped, naming what was not checked, where none is installed), its
+screenshot and its DOM after the scripts ran checked against the run's eval.json: the whole verdict (the drift and
+speed-up sections, every reason a test was skipped) and a link to every file the run wrote.
 
 Run: ``pytest tests/test_html_report.py -p no:cacheprovider``
 """
@@ -75,6 +76,73 @@ def test_text_is_escaped_and_worst_prompts_come_first() -> None:
     assert '<span class="rejected" data-p="2" data-r="2" data-a="1">' in page  # round 2 ends at position 2
     assert title("rejected", "chain", Segment("rejected", 2, 3, 2, 1)) == (
         "chain round 2: accept length 1; the draft at position 2 was rejected (the target's token shown)")
+
+
+def _whole_run(files: tuple[str, ...]) -> tuple[dict[str, Any], str]:
+    """eval.json data of a run with τ, drift, the drift budget and its gate, the predicted speed-up, six reasons of
+    skipped tests and its verdict; and its page, linking ``files``."""
+    from test_run_summary import budget
+    from test_speedup import costs
+
+    from dflash_eval.metrics.speedup import speedup_block
+    from dflash_eval.metrics.verdict import run_verdict
+
+    pieces = ["def ", "f", "(", "):"]
+    data: dict[str, Any] = {"context": {"block_size": 8}, "settings": {}, "mean_tau": 2.0, "mean_floor": 1.0,
+                            "mean_passed": True, "prompts": {"a": _row(list(range(4)), pieces, [2, 1], [2, 1])}}
+    data["drift"] = [{"comparison": c, "prompt_id": "a", "layer": layer, "rel_err": 1e-3 * (layer + 1), "cos": 0.9999,
+                      "max_abs": 0.01, "rel_tol": 5e-2, "cos_tol": 0.998, "passed": True}
+                     for c in ("bf16-vs-fp32", "torch-vs-torch-recurrent") for layer in (1, 3)]
+    data["drift_accept"] = [{"comparison": c, "prompt_id": "a", "tau_a": 2.0, "tau_b": 2.0, "diff": 0.0, "tol": 0.5,
+                             "passed": True, "a": "x", "b": "y"} for c in ("bf16-vs-fp32", "torch-vs-torch-recurrent")]
+    data.update(budget("pass"))
+    data["drift_gate"][0]["budget_ci"] = [0.08, 0.12]
+    data["speedup"] = speedup_block(costs(), (2.0, (1.8, 2.2)), {8: (2.5, (2.2, 2.8))}, floor=1.0)
+    data["not_checked"] = [{"reason": f"reason number {k}", "tests": k, "first": f"t{k}"} for k in range(1, 7)]
+    data["verdict"] = run_verdict(data).to_dict()
+    return data, render_html(data, html_verdict_lines(data), files=files)
+
+
+def test_the_page_shows_the_whole_verdict_and_links_every_file() -> None:
+    """eval.html's drift section (per comparison and layer: the drift against its tolerance, the gate's drift x
+    safety against the budget and its CI, the budget, the plot), its speed-up section (per strategy: τ, the
+    speed-up and tokens/s with their CIs; the measured costs; the plot), every reason a test was skipped, and a link
+    to every file the run wrote."""
+    from dflash_eval.report.html_report import LINKED
+
+    assert set(LINKED) == {"eval.md", "eval.json", "eval.png", "drift_budget.png", "speedup.png", "samples.jsonl"}
+    data, page = _whole_run(LINKED)
+    dom = _Dom(page)
+    links = {a["href"] for a, _ in dom.find("a") if "href" in a and not a["href"].startswith("#")}
+    assert links == set(LINKED)
+    drift = [(a, t) for a, t in dom.find("table", section="drift")]
+    assert [a.get("class") for a, _ in drift] == ["drift", "gate", None]  # drift vs tolerance, the gate, the ladder
+    rows = dom.find("tr", section="drift")
+    cells = [t for _, t in dom.find("td", section="drift")]
+    assert "bf16-vs-fp32" in cells and "torch-vs-torch-recurrent" in cells and "5.0e-02" in cells  # its tolerance
+    assert len(rows) == 1 + 4 + 1 + len(data["drift_gate"]) + 1 + len(data["drift_budget"]["levels"])
+    assert "0.08–0.12" in cells  # the budget's CI, beside the drift x safety it is compared with
+    (badge,) = dom.find("span", "badge", section="drift")
+    assert badge[1] == "drift gate PASS"
+    (line,) = [t for _, t in dom.find("p", "budget", section="drift")]
+    assert line.startswith("drift budget of drafter") and "(90 % CI 8.00e-02–1.20e-01)" in line
+    (plot,) = dom.find("img", "plot", section="drift")
+    assert plot[0]["src"] == "drift_budget.png"
+    speed = dom.find("table", section="speedup")
+    assert [a.get("class") for a, _ in speed] == ["speedup", "costs"]
+    cells = [t for _, t in dom.find("td", section="speedup")]
+    strategies = cells[0:15:5]  # the first column of the strategies' table (5 columns), then the costs' table
+    assert strategies == ["chain", "DDTree-8 (best)", "chain, this project's online loop"], strategies
+    assert cells[3].startswith(f"{data['speedup']['strategies']['chain']['speedup']:.2f}x [")  # with its CI
+    assert {"step", "verify", "draft", "append_1", "append_b", "tree_verify_8"} <= set(cells[15:])  # the costs
+    (plot,) = dom.find("img", "plot", section="speedup")
+    assert plot[0]["src"] == "speedup.png"
+    verdict = " ".join(t for _, t in dom.find("div", "line"))
+    assert all(f"not checked: reason number {k} ({k} test" in verdict for k in range(1, 7))
+    assert "more reasons" not in page and "--speedup-floor 1: PASS" in page
+    # a plot the run did not write is neither linked nor shown
+    _, without = _whole_run(("eval.md", "eval.json"))
+    assert "drift_budget.png" not in without and "speedup.png" not in without
 
 
 # ------------------------------------------------------------------------------------------------- in a browser
@@ -150,8 +218,8 @@ def chromium() -> str:
 
 @pytest.mark.slow
 def test_eval_html_of_a_bundled_run_in_a_browser(chromium, bundled_suite, tmp_path) -> None:
-    res = bundled_suite("-k", "tau", "--max-new-tokens", "48", "--tau-floor", "1.5", report="reports",
-                        cache=tmp_path / "cache")
+    res = bundled_suite("-k", "tau or speedup or drift", "--max-new-tokens", "48", "--tau-floor", "1.5",
+                        "--drift-budget-min-prompts", "2", report="reports", cache=tmp_path / "cache")
     assert res.ret == 0, res.stdout.str()
     reports = tmp_path / "reports"
     data = json.loads((reports / "eval.json").read_text())
@@ -188,14 +256,33 @@ def test_eval_html_of_a_bundled_run_in_a_browser(chromium, bundled_suite, tmp_pa
     (count,) = dom.find("span", id="marks-count")
     assert count[1] == f"{len(dom.find('span', 'rejected', method='chain'))} rejected drafts marked (chain)"
 
+    # the whole verdict: the drift section per comparison and layer, the speed-up section, the plots drawn, every
+    # file linked
+    links = {a["href"] for a, _ in dom.find("a") if "href" in a and not a["href"].startswith("#")}
+    assert links == {n for n in ("eval.md", "eval.json", "eval.png", "drift_budget.png", "speedup.png",
+                                 "samples.jsonl") if (reports / n).is_file()} and "speedup.png" in links
+    layers = {(r["comparison"], r["layer"]) for r in data["drift"]}
+    assert len(dom.find("tr", section="drift")) >= 1 + len(layers) + 1 + len(data["drift_gate"])
+    assert len(data["drift_gate"]) == len({(g["comparison"], g["layer"]) for g in data["drift_gate"]}) > 0
+    cells = [t for _, t in dom.find("td", section="speedup")]
+    labels = [c.removesuffix(" (best)") for c in cells[0:5 * len(data["speedup"]["strategies"]):5]]
+    assert labels == ["chain", *(f"DDTree-{b}" for b in data["mean_ddtree"])]  # every strategy's row
+    for section, name in (("drift", "drift_budget.png"), ("speedup", "speedup.png")):
+        (plot,) = dom.find("img", "plot", section=section)
+        assert plot[0]["src"] == name and int(plot[0]["data-width"]) > 100, plot  # the browser drew the plot
+    lines = [t for _, t in dom.find("div", "line")]
+    assert [x for x in lines if x.startswith("not checked: ")] == [
+        f"not checked: {g['reason']} ({g['tests']} test{'s' if g['tests'] != 1 else ''})"
+        for g in data["not_checked"]]
+
     switched = _Dom(browser.dump_dom(page, query="method=ddtree-8"))
     (body,) = [a for t, a, *_ in switched.elements if t == "body"]
     assert body.get("data-method") == "ddtree-8"
     (count,) = switched.find("span", id="marks-count")
     assert count[1] == f"{len(switched.find('span', 'rejected', method='ddtree-8'))} rejected drafts marked (DDTree-8)"
 
-    png = browser.screenshot(page, tmp_path / "eval.png", width=1280, height=2400)
-    _check_screenshot(png, (1280, 2400))
+    png = browser.screenshot(page, tmp_path / "eval.png", width=1280, height=4800)  # down to the first prompts
+    _check_screenshot(png, (1280, 4800))
 
 
 def _check_screenshot(png: Path, size: tuple[int, int]) -> None:

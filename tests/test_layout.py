@@ -1,8 +1,9 @@
 """The package's layers, read from the source with ``ast``: every unit of ``src/dflash_eval`` (a subpackage, or one of
 the root modules) has its place in :data:`LAYERS`, no import points from a lower layer to a higher one, no two
 modules import each other through any chain (imports under ``if TYPE_CHECKING:`` and inside functions count), every
-import inside a function says why it is there, and no two modules share a file name. Sizes are no rule here: run
-``python tests/test_layout.py`` for the size of every module, class and function, as information.
+import inside a function says why it is there, and no two modules share a file name. One exception, narrow and
+tested: the hook specifications may name their parameters' types for type checkers (:data:`TYPED_SPECS`). Sizes are
+no rule here: run ``python tests/test_layout.py`` for the size of every module, class and function, as information.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Import:
     line: int
     in_function: bool
     reason: bool       # a comment on the import's line or the line above
+    type_only: bool = False  # under ``if TYPE_CHECKING:``
 
 
 def _module_name(path: Path) -> str:
@@ -104,23 +106,37 @@ def imports_of(module: str, path: Path, known: set[str]) -> list[Import]:
         above = lines[lineno - 2].strip() if lineno >= 2 else ""
         return "#" in here or above.startswith("#")
 
-    def visit(node: ast.AST, in_function: bool) -> None:
+    def visit(node: ast.AST, in_function: bool, type_only: bool) -> None:
         for child in ast.iter_child_nodes(node):
             nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 for target in _resolve(module, path.name == "__init__.py", child, known):
                     if target != module:
-                        out.append(Import(module, target, child.lineno, in_function, reason(child.lineno)))
-            visit(child, nested)
+                        out.append(Import(module, target, child.lineno, in_function, reason(child.lineno),
+                                          type_only))
+            visit(child, nested, type_only or _type_checking(child))
 
-    visit(ast.parse(source, filename=str(path)), False)
+    visit(ast.parse(source, filename=str(path)), False, False)
     return out
+
+
+def _type_checking(node: ast.AST) -> bool:
+    """An ``if TYPE_CHECKING:`` block."""
+    return isinstance(node, ast.If) and (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING" or
+                                         isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+
+
+#: The one module whose type-only imports may name any layer: the hook specifications type their parameters as
+#: pytest's own hookspec does (the classes of the run, imported for type checkers only); at run time it imports
+#: nothing of the package (:func:`test_the_hookspec_imports_nothing_of_the_package_at_run_time`).
+TYPED_SPECS = "dflash_eval.hookspec"
 
 
 def all_imports() -> list[Import]:
     mods = _modules()
     known = set(mods)
-    return [imp for m, p in mods.items() for imp in imports_of(m, p, known)]
+    return [imp for m, p in mods.items() for imp in imports_of(m, p, known)
+            if not (imp.source == TYPED_SPECS and imp.type_only)]
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -202,11 +218,28 @@ def test_no_import_cycle_between_packages() -> None:
     assert not found, "import cycles between packages:\n  " + "\n  ".join(" <-> ".join(c) for c in found)
 
 
+def test_the_hookspec_imports_nothing_of_the_package_at_run_time() -> None:
+    mods = _modules()
+    found = imports_of(TYPED_SPECS, mods[TYPED_SPECS], set(mods))
+    assert found and all(i.type_only for i in found), [i for i in found if not i.type_only]
+
+
 def test_imports_inside_functions_say_why() -> None:
     """An import inside a function is there to keep ``dflash-eval --help`` and ``pytest --help`` free of torch (or
     for a like reason); it says so in a comment on its line or the line above."""
     bare = sorted(f"{i.source}:{i.line} imports {i.target}" for i in all_imports() if i.in_function and not i.reason)
     assert not bare, "imports inside functions without a one-line reason:\n  " + "\n  ".join(bare)
+
+
+def test_the_package_docstring_names_every_package_and_no_other() -> None:
+    """``dflash_eval.__doc__`` lists the packages by concern: exactly those there are."""
+    import re
+
+    doc = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))) or ""
+    listed = doc.split("Packages, by concern", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"``(\w+)``", listed))
+    real = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert named == real, f"named but not there: {sorted(named - real)}; there but not named: {sorted(real - named)}"
 
 
 def test_no_two_modules_share_a_file_name() -> None:
@@ -235,9 +268,9 @@ def test_imports_of_sees_type_checking_and_function_imports(tmp_path: Path) -> N
                    "def g():\n    # torch: only when asked\n    import dflash_eval.common\n")
     known = {"dflash_eval.errors", "dflash_eval.cache", "dflash_eval.cache.keys", "dflash_eval.common"}
     got = imports_of("dflash_eval.metrics.m", src, known)
-    assert [(i.target, i.in_function, i.reason) for i in got] == [
-        ("dflash_eval.errors", False, False), ("dflash_eval.cache.keys", True, False),
-        ("dflash_eval.common", True, True)]
+    assert [(i.target, i.in_function, i.reason, i.type_only) for i in got] == [
+        ("dflash_eval.errors", False, False, True), ("dflash_eval.cache.keys", True, False, False),
+        ("dflash_eval.common", True, True, False)]
 
 
 # ------------------------------------------------------------------------------------- sizes, as information

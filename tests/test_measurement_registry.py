@@ -31,20 +31,19 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
 
 
-class MeanCompletionLength(Measurement):
+class MeanCompletionLength(Measurement[None, float]):
     """A toy measurement: the mean length of the reference completions over the run's prompts, cached as one
     entry keyed by the completions' contents."""
 
     name: ClassVar[str] = "toy_completion_length"
     kind: ClassVar[str] = "toy_completion_length"
-    needs: ClassVar[tuple[str, ...]] = ("references",)
     produced: ClassVar[int] = 0
     minimum: float = 0.0
 
     def applies(self, settings: Any) -> bool:
         return True
 
-    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan[None]:
         comps = subject.completions()
         ids = [p.id for p in subject.inputs.prompts]
         req = Request(self.kind, {"completions": [ids_digest(comps[p].output_ids) for p in ids]},
@@ -56,7 +55,7 @@ class MeanCompletionLength(Measurement):
 
         return Plan([Batch([req], produce)], {"lengths": req})
 
-    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan[None],
                params: Mapping[str, Any]) -> float:
         return float(entries["lengths"].tensors["lengths"].float().mean())
 
@@ -97,9 +96,12 @@ def test_a_registered_measurement_reaches_the_result_once_produced(toy: MeanComp
 def test_builtin_measurements_are_specs_of_the_registry() -> None:
     names = set(builtin.registered())
     assert {"tau", "tau_sampled", "drift_budget", "online", "online_sampled"} <= names
-    for name in ("tau", "tau_sampled", "drift_budget", "online", "online_sampled"):
+    for name, ref in (("tau", builtin.TAU), ("tau_sampled", builtin.TAU_SAMPLED), ("drift_budget",
+                      builtin.DRIFT_BUDGET), ("online", builtin.ONLINE), ("online_sampled", builtin.ONLINE_SAMPLED),
+                      ("round_costs", builtin.ROUND_COSTS)):
         m = builtin.spec(name)
-        assert isinstance(m, Measurement) and m.fills and m.kind and not m.applies(None)  # type: ignore[arg-type]  # built-ins never auto-run
+        assert m is ref  # the name finds the instance the suite asks for by reference
+        assert isinstance(m, Measurement) and m.kind and not m.applies(None)  # type: ignore[arg-type]  # built-ins never auto-run
 
 
 def test_names_are_unique(toy: MeanCompletionLength) -> None:

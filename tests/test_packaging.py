@@ -1,8 +1,8 @@
 """Packaging of the plugin and the suite: what the wheel ships (packages, the ``pytest11`` entry point, the suite's
 modules as ``dflash_eval.tests_eval``), that loading the plugin and building both entry points' help imports no
-torch, that the repository's conftest and the entry point register the plugin once, and that ``--pyargs`` runs of
-the suite are recognised (the usage error before collection). The wheel itself is built and installed by
-``tests/test_wheel_install.py``.
+torch, nor does importing any report module, that the repository's conftest and the entry point register the plugin
+once, and that ``--pyargs`` runs of the suite are recognised (the usage error before collection). The wheel itself is
+built and installed by ``tests/test_wheel_install.py``.
 
 Run: ``pytest tests/test_packaging.py -p no:cacheprovider``
 """
@@ -95,6 +95,26 @@ def test_option_registration_and_help_import_no_torch(body, tmp_path):
                        cwd=tmp_path, env=_clean_env(), timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == "HEAVY []", p.stdout[-2000:]
+
+
+REPORT = ROOT / "src" / "dflash_eval" / "report"
+TORCH_FREE = """
+import importlib, sys
+importlib.import_module({module!r})
+print("TORCH", sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("module", ["dflash_eval.report"] + [f"dflash_eval.report.{p.stem}" for p in
+                                                             sorted(REPORT.glob("*.py")) if p.stem != "__init__"])
+def test_every_report_writer_imports_no_torch(module, tmp_path):
+    """The reports are plain data made text: importing any report module (eval.md's, eval.html's, the gate's, the
+    plots') loads neither torch nor transformers; the small data they read (a τ result, the verdict) lives in
+    torch-free modules."""
+    p = subprocess.run([sys.executable, "-c", TORCH_FREE.format(module=module)], capture_output=True, text=True,
+                       cwd=tmp_path, env=_clean_env(), timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "TORCH []", p.stdout[-2000:]
 
 
 def test_pyargs_run_of_the_suite_is_recognised(pytester):

@@ -48,7 +48,8 @@ def work(tmp_path: Path) -> Path:
 RUN_CASES = [  # (extra arguments, what the one message says)
     (["--dtype", "fp33"], "--dtype: unknown dtype 'fp33'; choose one of auto, bf16, fp16, fp32"),
     (["--target-model", "models/missing"], "--target-model {work}/models/missing: not found"),
-    (["--prompts", "bad.jsonl"], "{work}/bad.jsonl:2: not valid JSON"),
+    # the file named once, json's position words not doubled
+    (["--prompts", "bad.jsonl"], "--prompts: {work}/bad.jsonl:2: not valid JSON (Expecting value at column 20)"),
     (["--prompts", "humaneval:0"], "prompt set 'humaneval:0': the count must be >= 1"),
     (["--floors-file", "floors.json"], "--floors-file {work}/floors.json: malformed τ floors file"),
     (["--chat-template", "maybe"], "--chat-template: unknown value 'maybe'; choose one of auto, on, off"),
@@ -62,7 +63,8 @@ def test_dflash_eval_run_answers_before_torch(work, extra, message):
     p = _run(PROBE, args, work)
     assert p.returncode == 4, p.stdout + p.stderr
     assert message.format(work=work) in p.stderr, p.stderr
-    assert p.stderr.count("ERROR:") == 1 and "collected" not in p.stdout
+    assert p.stderr.count("ERROR:") == 1 and "collected" not in p.stdout and " at at " not in p.stderr
+    assert p.stderr.count(f"{work}/bad.jsonl") <= 1
     assert p.stdout.strip().splitlines()[-1] == "HEAVY []", p.stdout
 
 

@@ -27,7 +27,8 @@ def test_loads_ids_categories_and_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("bad, needle", [
-    ('{"id": "a", text: 1}', ":2: not valid JSON"),
+    ('{"id": "a", text: 1}', ":2: not valid JSON (Expecting property name enclosed in double quotes at column 13)"),
+    ('{"id": "c", "text": "open', ":2: not valid JSON (Unterminated string starting at column 21)"),
     ('[1, 2]', ":2: expected a JSON object"),
     ('{"id": "b"}', ":2: missing string field 'text'"),
     ('{"id": "b", "text": "   "}', ":2: empty prompt text"),

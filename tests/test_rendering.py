@@ -15,7 +15,7 @@ from dflash_eval import report
 from dflash_eval.common.number_text import MISSING, fmt, percent_list, span
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.floors import Floors
-from dflash_eval.metrics.verdict import judge_prompts
+from dflash_eval.metrics.verdict import Part, compose, judge_prompts
 from dflash_eval.report.gate import GateRow, error_row, gate_row, gate_table, render_gate_markdown
 from dflash_eval.report.step_summary import STEP_SUMMARY_ENV, append_step_summary
 from dflash_eval.report.table_rows import MEAN_ROW
@@ -71,11 +71,13 @@ def test_a_value_reads_the_same_on_every_surface(tau, tmp_path):
     assert _cells(term, "a") == _cells(md, "a") and _cells(term, "a")[1:3] == [want, want]
     assert _cells(term, MEAN_ROW) == _cells(md, MEAN_ROW) and _cells(md, MEAN_ROW)[1] == want
     assert f"mean chain τ (macro) {want} " in report.verdict_lines(data, report_dir=None)[0]
-    row = GateRow(drafter=str(tmp_path / "ckpt"), passed=False, mean_tau=tau, mean_ddtree={"8": tau},
-                  mean_floor=1.5, worst_prompt="a", worst_tau=tau, worst_floor=1.5, reasons=["x"], seconds=0.5)
+    row = GateRow(drafter=str(tmp_path / "ckpt"), verdict=compose(Part("floors", False, ("x",))), mean_tau=tau,
+                  mean_ddtree={"8": tau}, mean_floor=1.5, worst_prompt="a", worst_tau=tau, worst_floor=1.5,
+                  seconds=0.5)
     gate_md = render_gate_markdown([row], {"target_model": "/t", "prompts": "p"}, [8])
     gate_term = terminal_text([gate_table([row], [8], terminal=True)], width=200)
-    assert _cells(gate_md, "ckpt")[1:3] == [want, want] == _cells(gate_term, str(tmp_path / "ckpt"))[1:3]
+    assert _cells(gate_md, "ckpt")[1:3] == [want, want] == _cells(gate_term, "ckpt")[1:3]  # by name in both
+    assert str(tmp_path) not in gate_term
     assert f"a ({want} / 1.500)" in _cells(gate_md, "ckpt") and f"a ({want} / 1.500)" in gate_term
     assert "nan" not in (term + md + gate_md + gate_term).lower()
 
@@ -142,17 +144,20 @@ def _summary(taus: dict[str, float], floors: Floors, baseline: BaselineCompariso
 
 def test_gate_rows_come_from_the_typed_summary(tmp_path):
     floors = Floors(chain={"a": 2.0, "b": 1.0}, ddtree={8: {"a": 2.0, "b": 1.0}}, selection={"a": "c", "b": "c"})
-    row = gate_row(_summary({"a": 2.5, "b": 1.5}, floors), floors, drafter=str(tmp_path / "ck"), fingerprint="f1")
+    high = _summary({"a": 2.5, "b": 1.5}, floors)
+    row = gate_row(high, high.verdict(floors), drafter=str(tmp_path / "ck"), fingerprint="f1")
     assert row.passed and row.reasons == [] and (row.worst_prompt, row.worst_tau, row.worst_floor) == ("b", 1.5, 1.0)
     assert list(row.to_json()) == ["drafter", "fingerprint", "mean_tau", "mean_ddtree", "mean_tau_pooled",
                                    "mean_ddtree_pooled", "mean_floor", "worst_prompt", "worst_tau", "worst_floor",
                                    "passed", "reasons", "baseline", "prompts", "seconds", "step", "gating",
-                                   "notices", "reference", "speedup"]
+                                   "notices", "reference", "speedup", "verdict"]
     assert row.to_json()["prompts"]["a"] == {"tau": 2.5, "ddtree": {"8": 3.0}, "floor": 2.0, "passed": True}
-    low = gate_row(_summary({"a": 1.9, "b": 1.5}, floors), floors, drafter="x", fingerprint="f")
+    low_tau = _summary({"a": 1.9, "b": 1.5}, floors)
+    low = gate_row(low_tau, low_tau.verdict(floors), drafter="x", fingerprint="f")
     assert not low.passed and low.reasons == ["1 prompt(s) below floor"]
     cmp = BaselineComparison("base.json", {"a": (3.0, 1.9), "b": (3.0, 1.5)}, [], drop_tol=0.02, rise_tol=0.25)
-    dropped = gate_row(_summary({"a": 1.9, "b": 1.5}, floors, cmp), floors, drafter="x", fingerprint="f")
+    dropped_tau = _summary({"a": 1.9, "b": 1.5}, floors, cmp)
+    dropped = gate_row(dropped_tau, dropped_tau.verdict(floors), drafter="x", fingerprint="f")
     assert dropped.reasons[-1] == "τ dropped against the baseline: -43.33 % (allowed -2 %)"  # 1.7 against 3.0
     assert dropped.to_json()["baseline"] == cmp.to_json()
     err = error_row(str(tmp_path / "gone"), FileNotFoundError("no such checkpoint"))

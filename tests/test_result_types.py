@@ -19,11 +19,22 @@ import pytest
 
 from dflash_eval import report
 from dflash_eval.metrics.baseline import BaselineComparison
+from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.metrics.floors import Floors
-from dflash_eval.metrics.verdict import Threshold, Verdict, checkpoint_verdict, compose, run_verdict, trend_verdict
+from dflash_eval.metrics.verdict import (
+    Part,
+    Threshold,
+    Verdict,
+    checkpoint_verdict,
+    compose,
+    notice,
+    plateau_part,
+    regression_part,
+    run_verdict,
+)
 from dflash_eval.results.blocks import DrafterBlock, DriftBudgetBlock, FingerprintBlock
 from dflash_eval.results.eval_result import EvalResult, TauSummary
-from dflash_eval.results.rows import Row
+from dflash_eval.results.rows import PromptRow, Row
 
 NAN = float("nan")
 
@@ -70,9 +81,10 @@ def test_eval_result_has_no_bare_dicts_left():
             todo |= _rows(h) - seen
     assert not found, f"row fields still untyped dicts: {found}"
     assert {c.__name__ for c in seen} >= {"PromptRow", "OnlineRow", "CategoryRow", "Stat", "Acceptance",
-                                          "ConversationRow", "TurnRow", "DrafterBlock", "Refusal", "DriftRow",
-                                          "DriftAcceptRow", "DriftBudgetBlock", "BudgetLevel", "DriftGateRow",
-                                          "FingerprintBlock", "LayerFingerprint"}
+                                          "ConversationRow", "TurnRow", "DrafterBlock", "Refusal",
+                                          "DriftAcceptRow", "DriftBudgetBlock", "BudgetLevel", "FingerprintBlock",
+                                          "LayerFingerprint"}
+    assert hints["drift"] == list[DriftStat] | None and hints["drift_gate"] == list[GateCheck] | None  # the checks
     assert _bare(dict[str, Any]) and _bare(list[dict[str, float]]) and not _bare(dict[str, list[float]])
 
 
@@ -131,7 +143,7 @@ def fragment() -> dict[str, Any]:
                                      "mean_tau": 2.0, "mean_drop": 0.0, "drop_ci95": [0.0, 0.0], "fitted_drop": 0.0,
                                      "mean_abs_dtau": 0.0, "max_abs_dtau": NAN, "within": True, "drop": {"p": 0.0}}]},
         "drift_gate": [{"comparison": "c1", "layer": 0, "max_rel_err": 1e-3, "mean_rel_err": 1e-3, "worst_prompt": "p",
-                        "budget": 0.01, "budget_ci": [0.01, float("inf")], "safety": 2.0, "margin": 5.0,
+                        "budget": 0.01, "budget_ci": [0.01, float("inf")], "safety": 2.0, "margin": 10.0,
                         "lower_bound": True, "passed": True, "outcome": "pass", "decided_on": "ci"}],
         "fingerprint": {"target": "i", "text": "t", "tokens": "k", "n_tokens": 3, "backend": "torch",
                         "kernel_fault": None, "dtype": "float32", "device_kind": "cpu",
@@ -199,14 +211,32 @@ def test_measurements_reach_the_merged_report_and_its_tables(tmp_path):
                                                                         if k != "measurements"}]))
 
 
+def judged_rows(rows: dict[str, dict[str, Any]]) -> dict[str, PromptRow]:
+    """Typed prompt rows (what a checkpoint's verdict reads) of a few fields."""
+    base = _prompt(2.0)
+    return {p: PromptRow.from_dict({**base, "rounds": 3, **r}) for p, r in rows.items()}
+
+
 def test_the_verdict_is_composed_from_its_parts():
-    assert compose() == Verdict(None) and compose().label == "unjudged"
-    assert compose([]).label == "pass" and compose(baseline=[]).passed is True
-    assert compose(["below"], baseline=["dropped"]) == Verdict(False, ["below", "dropped"])
-    assert compose([], regression="regressed", plateau="flat") == Verdict(False, ["regressed"], ["flat"])
-    assert trend_verdict(Verdict(None), None, "flat") == Verdict(None, [], ["flat"])
-    assert trend_verdict(Verdict(True), "regressed").label == "fail"
-    prompts = {"a": {"tau": 2.0, "floor": 1.0, "ddtree_floor": {}, "passed": True}}
+    assert compose() == Verdict() and compose().label == "unjudged" and compose(None).parts == ()
+    floors, baseline = Part("floors", True), Part("baseline", False, ("dropped",))
+    assert compose(floors).label == "pass" and compose(Part("floors", None)).passed is None
+    both = compose(Part("floors", False, ("below",)), baseline)
+    assert (both.passed, both.reasons) == (False, ["below", "dropped"])
+    trend = compose(floors, regression_part("regressed"), plateau_part("flat"))
+    assert (trend.passed, trend.reasons, trend.notices) == (False, ["regressed"], ["flat"])
+    flat = compose(Part("floors", None), regression_part(None), plateau_part("flat"))
+    assert (flat.passed, flat.reasons, flat.notices) == (None, [], ["flat"])  # a notice neither passes nor fails
+    assert compose(floors, regression_part("regressed")).label == "fail"
+    # a part of any name joins the verdict: its reasons and notices are the verdict's, in order
+    near = compose(floors, notice("near_ties", "2 completions at a near tie"), Part("compile", False, ("slow",)))
+    assert (near.reasons, near.notices, near.outcome("near_ties")) == (["slow"], ["2 completions at a near tie"],
+                                                                        "unjudged")
+    assert Verdict.from_dict(near.to_dict()) == near and near.to_dict()["label"] == "fail"
+    gate = compose(Part("drift_gate", True, outcome="inconclusive"))
+    assert gate.passed is True and gate.outcome("drift_gate") == "inconclusive"
+    assert Verdict.from_dict(gate.to_dict()) == gate
+    prompts = judged_rows({"a": {"tau": 2.0, "floor": 1.0, "ddtree_floor": {}, "passed": True}})
     none = Floors()
     cmp = BaselineComparison("b.json", {"a": (3.0, 2.0)}, [], drop_tol=0.02, rise_tol=0.25)
     assert checkpoint_verdict(prompts, [Threshold("chain", 2.0, None)], none, None,
@@ -216,20 +246,21 @@ def test_the_verdict_is_composed_from_its_parts():
     dropped = checkpoint_verdict(prompts, [], none, cmp, floors_required=False)
     assert dropped.passed is False and dropped.reasons[0].startswith("τ dropped against the baseline: -33.33 %")
     ok = checkpoint_verdict(prompts, [Threshold("chain", 2.0, 1.5)], Floors(mean_override=1.5), None)
-    assert ok == Verdict(True)
+    assert ok == Verdict((Part("floors", True),))
 
 
 def test_floors_that_judge_nothing_are_said_so():
     """τ >= 1 for any drafter: a verdict whose every floor is <= 1 passes any drafter, and its notice says so; one
     floor above 1 (a prompt's, a DDTree budget's, the mean's) judges something."""
-    prompts = {"a": {"tau": 1.0, "floor": 1.0, "ddtree_floor": {"8": 1.0}, "passed": True},
-               "b": {"tau": 1.0, "floor": None, "ddtree_floor": {}, "passed": None}}
+    rows = {"a": {"tau": 1.0, "floor": 1.0, "ddtree_floor": {"8": 1.0}, "passed": True},
+            "b": {"tau": 1.0, "floor": None, "ddtree_floor": {}, "passed": None}}
+    prompts = judged_rows(rows)
     vacuous = checkpoint_verdict(prompts, [Threshold("chain", 1.0, 1.0), Threshold("DDTree-8", 1.0, 1.0)],
                                  Floors(mean_override=1.0), None)
     assert vacuous.passed is True and vacuous.reasons == []
     assert len(vacuous.notices) == 1 and "judge nothing" in vacuous.notices[0] and "--tau-floor" in vacuous.notices[0]
     for floors in ({"floor": 1.2}, {"ddtree_floor": {"8": 1.01}}):
-        judged = {**prompts, "a": {**prompts["a"], **floors}}
+        judged = judged_rows({**rows, "a": {**rows["a"], **floors}})
         assert checkpoint_verdict(judged, [Threshold("chain", 1.0, 1.0)], Floors(mean_override=1.0), None,
                                   floors_required=False).notices == []
     assert checkpoint_verdict(prompts, [Threshold("chain", 1.0, 0.5)], Floors(mean_override=0.5), None).notices
@@ -247,5 +278,5 @@ def test_floors_that_judge_nothing_are_said_so():
 def test_the_run_verdict(data, kw, passed, reasons):
     v = run_verdict(data, **kw)
     assert (v.passed, v.reasons) == (passed, reasons)
-    head = report.verdict_lines(data, report_dir=None, **kw)[0]
+    head = report.verdict_lines(data, report_dir=None, verdict=v)[0]
     assert head.startswith("dflash-eval: " + ("PASS" if passed else "FAIL")) and all(r in head for r in reasons)

@@ -13,6 +13,7 @@ import re
 import pytest
 
 from dflash_eval import report
+from dflash_eval.metrics.verdict import run_verdict
 from dflash_eval.report.budget_plot import FONT_PT, budget_figure
 from dflash_eval.report.render import TERMINAL_ROWS_FULL, TERMINAL_ROWS_SHOWN
 
@@ -86,8 +87,9 @@ def test_verdict_block_of_a_passing_run(tmp_path):
 def test_verdict_block_names_why_a_run_fails(case, head, tmp_path):
     data = report.merge([{**fragment(5, low="p3" if case == "prompt" else None),
                           **budget("fail" if case == "gate" else "pass")}])
-    lines = report.verdict_lines(data, report_dir=tmp_path, failed_tests=2 if case == "tests" else 0,
-                                 exitstatus=2 if case == "exit" else 0)
+    data["verdict"] = run_verdict(data, failed_tests=2 if case == "tests" else 0,
+                                  exitstatus=2 if case == "exit" else 0).to_dict()  # as the run's end stores it
+    lines = report.verdict_lines(data, report_dir=tmp_path)
     assert lines[0].startswith(head), lines
     if case == "prompt":  # the failing prompt is named first, marked
         assert "1 below its floor" in lines[0] and "lowest prompts (chain τ / floor): p3 1.000 / 2.000 FAIL" in lines[1]

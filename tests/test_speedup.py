@@ -16,17 +16,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash_eval.measurements.round_costs import ROUND_COSTS
 from dflash_eval.metrics.ddtree import TreeNode
 from dflash_eval.metrics.speedup import (
     RoundCosts,
     best_strategy,
     context_bucket,
-    floor_reason,
     mean_context,
     predict,
     round_parts,
     speedup_block,
 )
+from dflash_eval.metrics.verdict import SPEEDUP_FLOOR, checkpoint_verdict, compose, speedup_floor_part
+from dflash_eval.metrics.verdict import speedup_floor_reason as floor_reason
 from dflash_eval.report.strict_json import dumps_strict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,14 +125,17 @@ def test_block_names_the_best_strategy_and_judges_the_floor() -> None:
     tie = speedup_block(costs(tree_verify={4: 0.016, 8: 0.016}, tree_build={4: 0.0005, 8: 0.0005}),
                         (4.5, None), {4: (5.5, None), 8: (5.6, None)})
     assert tie["best"] == "ddtree-8" and tie["near_best"] == ["ddtree-4"]  # 5.5 / 5.6: within 5 %
-    assert block["passed"] is True and floor_reason(block) is None
+    assert block["passed"] is None  # the block predicts; the verdict judges its floor
+    assert speedup_floor_part(block) == compose().with_parts(speedup_floor_part(block)).part(SPEEDUP_FLOOR)
+    assert speedup_floor_part(block).passed is True and floor_reason(block) is None
     high = speedup_block(c, (4.5, (4.0, 5.0)), {}, floor=speeds["chain"] + 0.01)
-    assert high["passed"] is False
+    assert speedup_floor_part(high).passed is False
     reason = floor_reason(high)
     assert reason is not None and "--speedup-floor" in reason and "cpu (test)" in reason and "context 192" in reason
-    assert speedup_block(c, (4.5, (4.0, 5.0)), {})["passed"] is None  # no floor: not judged
+    assert speedup_floor_part(high).reasons == (reason,)
+    assert speedup_floor_part(speedup_block(c, (4.5, (4.0, 5.0)), {})) is None  # no floor: not judged
     nan = speedup_block(c, (math.nan, (None, None)), {}, floor=1.0)  # no τ: a floor fails, like a τ floor
-    assert nan["passed"] is False
+    assert speedup_floor_part(nan).passed is False
     assert best_strategy({}) is None
 
 
@@ -218,30 +223,30 @@ def test_round_costs_are_cached_per_device_and_shapes(tmp_path: Path, tiny_targe
             "prompts": str(ROOT / "fixtures" / "prompts.jsonl"), "num_prompts": 2, "max_new_tokens": 12,
             "cache_dir": str(tmp_path / "cache"), "witness_prompts": 0, "tau_floor": 1.0}
     first = EvalSession(EvalSettings.from_mapping(base), progress=None)
-    c1, cached1 = first.evaluation.measure("round_costs")
+    c1, cached1 = first.evaluation.measure(ROUND_COSTS)
     assert cached1 is False and c1.context_len == context_bucket(mean_context(
         [(len(r.prompt_ids), len(r.output_ids)) for r in first.completions().values()]))
     first.tau_summary()  # result() reports what was computed: τ, then the speed-up from it
     block = first.result().to_dict()["speedup"]
     assert set(block["strategies"]) == {"chain", "ddtree-8"} and block["passed"] is None
     second = EvalSession(EvalSettings.from_mapping({**base, "speedup_floor": 1000.0}), progress=None)
-    c2, cached2 = second.evaluation.measure("round_costs")
+    c2, cached2 = second.evaluation.measure(ROUND_COSTS)
     assert cached2 is True and c2 == c1
     judged = speedup_summary(second.evaluation, second.tau_summary())
     assert judged["passed"] is False and "--speedup-floor 1000" in (floor_reason(judged) or "")
     other = EvalSession(EvalSettings.from_mapping({**base, "ddtree_budget": "4"}), progress=None)
-    assert other.evaluation.measure("round_costs")[1] is False  # other budgets: timed anew
+    assert other.evaluation.measure(ROUND_COSTS)[1] is False  # other budgets: timed anew
     from dflash_eval.errors import CacheError
 
     torch.set_num_threads(2)  # a warm --cache-only run with another thread count (a cold -n 2 run, then -n 0)
     warm = EvalSession(EvalSettings.from_mapping({**base, "cache_only": True}), progress=None)
-    assert warm.evaluation.measure("round_costs") == (c1, True)  # the 1-thread costs serve, nothing is timed
+    assert warm.evaluation.measure(ROUND_COSTS) == (c1, True)  # the 1-thread costs serve, nothing is timed
     normal = EvalSession(EvalSettings.from_mapping(base), progress=None)
-    c3, cached3 = normal.evaluation.measure("round_costs")
+    c3, cached3 = normal.evaluation.measure(ROUND_COSTS)
     assert cached3 is False and c3.threads == 2  # outside --cache-only this thread count is timed for itself
     miss = EvalSession(EvalSettings.from_mapping({**base, "cache_only": True, "ddtree_budget": "16"}), progress=None)
     with pytest.raises(CacheError, match="round"):
-        miss.evaluation.measure("round_costs")
+        miss.evaluation.measure(ROUND_COSTS)
 
 
 # ------------------------------------------------------------------------------------------------ reports
@@ -282,17 +287,23 @@ def test_block_validates_against_the_schema() -> None:
 
 # ------------------------------------------------------------------------------------------------ training loop
 def test_floor_joins_a_checkpoint_verdict() -> None:
-    from dflash_eval.metrics.speedup import with_speedup_floor
-    from dflash_eval.metrics.verdict import Verdict
+    from dflash_eval.metrics.floors import Floors
+    from dflash_eval.metrics.verdict import Threshold
+
+    def verdict(block: dict | None, *, mean_floor: float | None = None, tau: float = 2.0):
+        floors = Floors(mean_override=mean_floor)
+        return checkpoint_verdict({}, [Threshold("chain", tau, mean_floor)], floors, None, speedup=block,
+                                  floors_required=False)
 
     block = speedup_block(costs(), (4.5, (4.0, 5.0)), {}, floor=1.5)
-    assert with_speedup_floor(Verdict(None), block) == Verdict(True)  # unjudged by τ: judged by the speed-up
-    assert with_speedup_floor(Verdict(False, ["τ below"]), block) == Verdict(False, ["τ below"])
+    assert verdict(None).passed is None and verdict(block).passed is True  # unjudged by τ: judged by the speed-up
+    below = verdict(block, mean_floor=3.0)
+    assert (below.passed, below.reasons) == (False, ["mean chain τ 2.000 < 3.000"])
     high = speedup_block(costs(), (4.5, (4.0, 5.0)), {}, floor=99.0)
-    failed = with_speedup_floor(Verdict(True, [], ["a notice"]), high)
-    assert failed.passed is False and "--speedup-floor 99" in failed.reasons[0] and failed.notices == ["a notice"]
+    failed = verdict(high, mean_floor=1.0)
+    assert failed.passed is False and "--speedup-floor 99" in failed.reasons[0] and "judge nothing" in failed.notices[0]
     no_floor = speedup_block(costs(), (4.5, (4.0, 5.0)), {})
-    assert with_speedup_floor(Verdict(None), no_floor) == Verdict(None) == with_speedup_floor(Verdict(None), None)
+    assert verdict(no_floor).parts == verdict(None).parts
 
 
 def test_evaluator_records_and_tracks_the_prediction(tmp_path: Path, tiny_target_dir: Path,

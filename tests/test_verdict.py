@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,6 +28,12 @@ from dflash_eval.metrics.verdict import (
 )
 
 NAN = float("nan")
+
+
+def typed(rows: dict[str, dict]) -> dict[str, SimpleNamespace]:
+    """Judged eval.json rows as the typed rows a checkpoint's verdict reads (attributes, ``rounds`` None when the row
+    has none)."""
+    return {p: SimpleNamespace(**{"rounds": None, **r}) for p, r in rows.items()}
 
 
 def row(tau: float, ddtree: dict[str, float], category: str = "code") -> dict:
@@ -189,21 +196,26 @@ def test_judge_categories_with_floors():
     assert cats["all"]["floor"] == 1.0 and cats["all"]["ddtree_floor"] == {"8": 1.0} and cats["all"]["passed"] is True
 
 
+def test_a_reason_rounds_its_numbers_as_the_tables_do():
+    """A floor averaged over the selected prompts (3.504875) reads as every table prints it (3.505)."""
+    assert gate_reasons({}, [Threshold("chain", 1.82612, 3.504875)]) == ["mean chain τ 1.826 < 3.505"]
+
+
 def test_gate_reasons():
     fl = Floors(chain={"a": 1.5, "b": 1.5, "c": 1.5}, ddtree={8: {"a": 2.0, "c": 2.0}})
     ok = Floors(chain={"a": 1.5}, ddtree={8: {"a": 2.0}})
     prompts = {"a": row(2.0, {"8": 2.5})}
     judge_prompts(prompts, ok)
-    assert gate_reasons(prompts, mean_thresholds(2.0, {"8": 2.5}, Floors(mean_override=1.0))) == []
+    assert gate_reasons(typed(prompts), mean_thresholds(2.0, {"8": 2.5}, Floors(mean_override=1.0))) == []
     prompts = {"a": row(2.0, {"8": 2.5}), "b": row(2.0, {"8": 2.5}), "c": row(1.0, {"8": 2.5}),
                "d": row(1.0, {"8": 1.0})}
     judge_prompts(prompts, fl)
     means = [Threshold("chain", 2.0, None), Threshold("DDTree-8", 1.9, 2.0), Threshold("DDTree-4", 3.0, 2.0)]
-    assert gate_reasons(prompts, means) == [
+    assert gate_reasons(typed(prompts), means) == [
         "no floor for 2 prompt(s) (e.g. 'b'; pass --tau-floor-prompt)",  # b lacks DDTree-8, d every floor
         "1 prompt(s) below floor",  # c; b and d are counted as missing, not as below
         "no mean chain floor",
-        "mean DDTree-8 τ 1.900 < 2.0",
+        "mean DDTree-8 τ 1.900 < 2.000",
     ]
 
 
@@ -212,12 +224,12 @@ def test_gate_reasons_with_tau_floor_alone():
     prompts = {"a": row(1.0, {"8": 1.0}), "b": row(3.0, {"8": 3.0})}
     judge_prompts(prompts, mean_only)
     assert [r["passed"] for r in prompts.values()] == [None, None]  # not gated: neither missing nor below
-    assert gate_reasons(prompts, mean_thresholds(2.0, {"8": 2.0}, mean_only)) == []
-    assert gate_reasons(prompts, mean_thresholds(1.5, {"8": 2.5}, mean_only)) == ["mean chain τ 1.500 < 2.0"]
+    assert gate_reasons(typed(prompts), mean_thresholds(2.0, {"8": 2.0}, mean_only)) == []
+    assert gate_reasons(typed(prompts), mean_thresholds(1.5, {"8": 2.5}, mean_only)) == ["mean chain τ 1.500 < 2.000"]
     with_file = Floors(chain={"a": 1.5}, ddtree={8: {"a": 1.5}}, mean_override=2.0).select({"a": "code", "b": "code"})
     judge_prompts(prompts, with_file)  # the prompts that have floors are still judged against them
     assert prompts["a"]["passed"] is False and prompts["b"]["passed"] is None
-    assert gate_reasons(prompts, mean_thresholds(2.0, {"8": 2.0}, with_file)) == ["1 prompt(s) below floor"]
+    assert gate_reasons(typed(prompts), mean_thresholds(2.0, {"8": 2.0}, with_file)) == ["1 prompt(s) below floor"]
 
 
 def test_gate_reasons_ignore_ungated_missing_budget_floors():
@@ -226,10 +238,10 @@ def test_gate_reasons_ignore_ungated_missing_budget_floors():
     judge_prompts(prompts, fl)
     assert prompts["a"]["passed"] is True  # judged on its chain floor; DDTree-8 is not gated
     means = mean_thresholds(2.0, {"8": 2.5}, fl)
-    assert gate_reasons(prompts, means, prompt_floors_required=fl.prompt_floors_required) == []
+    assert gate_reasons(typed(prompts), means, prompt_floors_required=fl.prompt_floors_required) == []
     prompts["a"]["tau"] = 1.0
     judge_prompts(prompts, fl)
-    assert gate_reasons(prompts, means, prompt_floors_required=False) == ["1 prompt(s) below floor"]
+    assert gate_reasons(typed(prompts), means, prompt_floors_required=False) == ["1 prompt(s) below floor"]
 
 
 def _run_data() -> dict:
@@ -276,9 +288,9 @@ def test_judge_run_with_tau_floor_alone_judges_only_the_mean():
     assert cats["all"]["floor"] == 2.0 and cats["all"]["passed"] is True
     judge_run(data, Floors(mean_override=2.6))
     assert data["mean_passed"] is False and data["categories"]["all"]["passed"] is False
-    reasons = gate_reasons(data["prompts"], mean_thresholds(data["mean_tau"], data["mean_ddtree"],
+    reasons = gate_reasons(typed(data["prompts"]), mean_thresholds(data["mean_tau"], data["mean_ddtree"],
                                                             Floors(mean_override=2.6)))
-    assert reasons == ["mean chain τ 2.500 < 2.6"]
+    assert reasons == ["mean chain τ 2.500 < 2.600"]
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -331,11 +343,12 @@ def test_no_acceptance_is_the_first_gate_reason_and_a_diagnosis():
     from dflash_eval.metrics.verdict import NO_ACCEPTANCE, diagnoses
 
     rows = {p: {"tau": 1.0, "floor": 3.0, "ddtree_floor": {}, "passed": False} for p in ("a", "b")}
-    reasons = gate_reasons(rows, [Threshold("chain", 1.0, 3.0)])
+    reasons = gate_reasons(typed(rows), [Threshold("chain", 1.0, 3.0)])
     assert reasons[0] == NO_ACCEPTANCE and "2 prompt(s) below floor" in reasons
     assert diagnoses({"prompts": rows}) == [f"{NO_ACCEPTANCE} (2 prompts)"]
     rows["b"]["tau"] = 1.5
-    assert NO_ACCEPTANCE not in gate_reasons(rows, [Threshold("chain", 1.25, 3.0)]) and not diagnoses({"prompts": rows})
+    assert NO_ACCEPTANCE not in gate_reasons(typed(rows), [Threshold("chain", 1.25, 3.0)])
+    assert not diagnoses({"prompts": rows})
 
 
 def test_no_acceptance_under_floors_that_accept_it_is_no_diagnosis():
@@ -345,7 +358,7 @@ def test_no_acceptance_under_floors_that_accept_it_is_no_diagnosis():
     rows = {p: {"tau": 1.0, "floor": None, "ddtree_floor": {}, "passed": None} for p in ("a", "b")}
     data = {"prompts": rows, "mean_tau": 1.0, "mean_floor": 1.0, "mean_ddtree": {}, "mean_ddtree_floor": {}}
     assert not no_acceptance_fails(data) and not diagnoses(data)
-    assert gate_reasons(rows, [Threshold("chain", 1.0, 1.0)], prompt_floors_required=False) == []
+    assert gate_reasons(typed(rows), [Threshold("chain", 1.0, 1.0)], prompt_floors_required=False) == []
     data["mean_floor"] = 2.0
     assert no_acceptance_fails(data)
 

@@ -37,7 +37,8 @@ import pytest
 
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.metrics.drift import fingerprint_change
-from dflash_eval.metrics.drift_budget import FAIL, INCONCLUSIVE, gate_reason, impact
+from dflash_eval.metrics.drift_budget import gate_reason, impact
+from dflash_eval.metrics.verdict import FAIL, INCONCLUSIVE
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
 from dflash_eval.target.backends import split_backend
 from dflash_eval.target.loader import TargetDir

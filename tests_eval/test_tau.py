@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from dflash_eval.common.number_text import fmt
 from dflash_eval.metrics.verdict import (
     NO_ACCEPTANCE,
     Threshold,
@@ -46,7 +47,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _describe(r, floor) -> str:
     hist = ", ".join(f"{i + 1}:{c}" for i, c in enumerate(r.histogram) if c)
-    return (f"measured τ {r.tau:.3f} ({r.method}), floor {floor}, rounds {r.rounds}, "
+    return (f"measured τ {fmt(r.tau)} ({r.method}), floor {fmt(floor)}, rounds {r.rounds}, "
             f"acceptance histogram {{{hist}}}, accept lengths {r.accept_lengths[:40]}"
             f"{' ...' if r.rounds > 40 else ''}")
 
@@ -135,7 +136,7 @@ def test_mean_tau(tau_results, eval_session, testcase_property) -> None:
             problems.append(floors.missing_message(f"the mean {t.label} τ", floors.missing()) +
                             f" (measured {t.value:.3f})")
         elif not t.passed:
-            problems.append(f"mean {t.label} τ {t.value:.3f} < floor {t.floor} over {len(tau_results)} prompts")
+            problems.append(f"mean {t.label} τ {fmt(t.value)} < floor {fmt(t.floor)} over {len(tau_results)} prompts")
     testcase_property("verdict", "FAIL" if problems else "PASS")
     assert not problems, "\n".join(problems) + _warned(eval_session)
 

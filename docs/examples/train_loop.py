@@ -1,13 +1,14 @@
 """Train a DFlash drafter with a plain PyTorch loop and evaluate it every N steps with the installed dflash-eval.
 
-Needs only what ``pip install dflash-eval`` installs (plus torch) and a target model folder: no repository checkout,
-no model hub. The drafter is built from scratch for the target (its config derived from the target's, as
-SpecForge's DFlash trainer derives one), trained on the target's own greedy continuations of a few seed texts
-(the DFlash recipe, written out below), and every ``--every`` steps the live module is evaluated in-process by
-:class:`dflash_eval.Evaluator`: τ (mean accepted tokens per verification round) on ``--prompts`` against the
-target's greedy completions, each evaluation one record of ``<report-dir>/history.jsonl``, judged against the run's
-earlier checkpoints (a regression beyond noise fails, a plateau is a notice). At the end ``history.md`` (the trend
-table) and ``history.png`` (τ over steps) are written beside it. ``--tensorboard DIR`` also logs τ, its CI, the
+Needs only the installed dflash-eval package (plus torch) and a target model folder: no repository checkout, no model
+hub. The package is on no index: install its wheel, built from a checkout (README, "On your own model"), and copy this
+file next to your training code (the wheel does not ship the examples). The drafter is built from scratch for the target
+(its config derived from the target's, as SpecForge's DFlash trainer derives one), trained on the target's own greedy
+continuations of a few seed texts (the DFlash recipe, written out below), and every ``--every`` steps the live module is
+evaluated in-process by :class:`dflash_eval.Evaluator`: τ (mean accepted tokens per verification round) on ``--prompts``
+against the target's greedy completions, each evaluation one record of ``<report-dir>/history.jsonl``, judged against
+the run's earlier checkpoints (a regression beyond noise fails, a plateau is a notice). At the end ``history.md`` (the
+trend table) and ``history.png`` (τ over steps) are written beside it. ``--tensorboard DIR`` also logs τ, its CI, the
 floor and the verdict as TensorBoard scalars.
 
     python train_loop.py --target-model /models/Qwen3-8B --prompts humaneval:20,mt-bench --steps 2000 --every 200

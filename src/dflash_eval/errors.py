@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["DFlashEvalError", "ConfigError", "CheckpointError", "ArchitectureMismatch", "DrafterRefused",
-           "BackendError", "CacheError", "EvalError", "PluginError", "ResultRejected", "StorageError"]
+import json
+
+__all__ = ["json_problem", "DFlashEvalError", "ConfigError", "CheckpointError", "ArchitectureMismatch",
+           "DrafterRefused", "BackendError", "CacheError", "EvalError", "PluginError", "ResultRejected", "StorageError"]
 
 
 class DFlashEvalError(Exception):
@@ -68,3 +70,9 @@ class ResultRejected(DFlashEvalError):
     def __init__(self, plugin: str, reason: str) -> None:
         super().__init__(f"plugin {plugin!r} rejected the result: {reason}")
         self.plugin, self.reason = plugin, reason
+
+
+def json_problem(exc: json.JSONDecodeError) -> str:
+    """What is wrong with a JSON text, in words, without the position json puts in its message twice: ``Unterminated
+    string starting at column 21`` (not ``... starting at at column 21``; the line is the caller's to name)."""
+    return f"{exc.msg.removesuffix(' at')} at column {exc.colno}"

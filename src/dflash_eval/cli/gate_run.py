@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Unpack
 
 from dflash_eval.errors import ConfigError, DFlashEvalError
-from dflash_eval.metrics.speedup import floor_reason
+from dflash_eval.metrics.verdict import compose, notice
+from dflash_eval.report.gate import GateRow, error_row, gate_row
 from dflash_eval.training_loop.checkpoint_dir import Found, find_checkpoints
 from dflash_eval.training_loop.history import CheckpointRecord
 from dflash_eval.training_loop.trackers import TensorBoardTracker, WandbTracker
@@ -33,7 +34,6 @@ if TYPE_CHECKING:  # they import torch: kept out of --help
     import pluggy
 
     from dflash_eval.options.settings import EvalSettings
-    from dflash_eval.report.gate import GateRow
     from dflash_eval.session.eval_session import EvalSession
     from dflash_eval.training_loop.evaluator import Evaluator, SessionOptions
 
@@ -47,6 +47,9 @@ __all__ = ["add_training_options", "training_checkpoints", "first_checkpoints", 
 
 #: How many earlier failures the ``--latest`` notice names (the rest are counted).
 EARLIER_NAMED = 5
+#: The gate's own notices, parts of a checkpoint's verdict: judged from its history record; earlier failures under
+#: ``--latest``.
+RECORDED, LATEST = "recorded", "latest"
 
 
 def add_training_options(g: argparse.ArgumentParser) -> None:
@@ -139,23 +142,15 @@ def make_evaluator(ns: argparse.Namespace, settings: EvalSettings, *, log: Calla
 def judged_row(evaluator: Evaluator, session: EvalSession, *, step: int | None = None) -> GateRow:
     """Evaluate ``session``'s checkpoint through ``evaluator`` (its history record appended) and make its gate row;
     a regression across steps fails the row, a plateau is a notice beside it."""
-    from dflash_eval.report.gate import error_row, gate_row  # imports torch: kept out of --help
-
     path = session.settings.drafter
     t0 = time.perf_counter()
     try:
         result = evaluator.evaluate(path, step=step)
         assert result.drafter is not None  # evaluate fills it in
-        row = gate_row(session.tau_summary(), session.floors, drafter=str(path), fingerprint=result.drafter.fingerprint)
-        rec = evaluator.records[-1]
+        rec = evaluator.records[-1]  # the checkpoint's verdict, composed once: the gate shows it as recorded
+        row = gate_row(session.tau_summary(), rec.judgement, drafter=str(path), fingerprint=result.drafter.fingerprint)
         row.reference, row.speedup = rec.reference, rec.speedup
-        speed = floor_reason(result.speedup) if result.speedup else None  # --speedup-floor, as the record's verdict
-        if speed:
-            row.passed, row.reasons = False, [*row.reasons, speed]
-        if rec.regression:
-            row.passed, row.reasons = False, [*row.reasons, rec.regression]
         if rec.plateau:
-            row.notices.append(rec.plateau)
             evaluator.base.inputs.log(f"[dflash-eval] notice: {rec.plateau}")
     except DFlashEvalError as exc:
         row = error_row(str(path), exc)
@@ -167,17 +162,14 @@ def judged_row(evaluator: Evaluator, session: EvalSession, *, step: int | None =
 def record_row(record: CheckpointRecord) -> GateRow:
     """The gate row of a checkpoint judged from its history record (not evaluated again): its means, floor and
     verdict as recorded (the floors of the run that recorded it), its regression a reason, its plateau a notice."""
-    from dflash_eval.report.gate import GateRow  # imports torch: kept out of --help
-
     worst = min(record.prompts.items(), key=lambda kv: kv[1]) if record.prompts else None
-    return GateRow(drafter=record.drafter, passed=record.verdict != "fail", step=record.step,
+    said = notice(RECORDED, f"judged from its history record of {record.time} (already evaluated; not again)")
+    verdict = compose(said, *record.judgement.parts)
+    return GateRow(drafter=record.drafter, verdict=verdict, step=record.step,
                    fingerprint=record.fingerprint, mean_tau=record.mean_tau, mean_ddtree=dict(record.mean_ddtree),
                    mean_tau_pooled=record.mean_tau_pooled, mean_ddtree_pooled=dict(record.mean_ddtree_pooled),
                    mean_floor=record.mean_floor, worst_prompt=worst[0] if worst else None,
                    worst_tau=worst[1] if worst else None,
-                   reasons=[*record.reasons, *([record.regression] if record.regression else [])],
-                   notices=[f"judged from its history record of {record.time} (already evaluated; not again)",
-                            *([record.plateau] if record.plateau else [])],
                    reference=record.reference, speedup=record.speedup,
                    prompts={p: {"tau": t, "ddtree": {}, "floor": None, "passed": None}  # a record keeps chain τ only
                             for p, t in record.prompts.items()})
@@ -192,8 +184,6 @@ def write_trend(evaluator: Evaluator) -> list[Path]:
 
 
 def _evaluate_found(evaluator: Evaluator, found: Found, say: Callable[[str], None]) -> GateRow:
-    from dflash_eval.report.gate import error_row  # imports torch: kept out of --help
-
     try:
         session = evaluator.session(found.path)
         session.check_inputs()
@@ -256,6 +246,6 @@ def _latest_rows(done: list[tuple[Found, GateRow]], newest: Found, before: list[
         more = f" and {len(failed) - EARLIER_NAMED} more" if len(failed) > EARLIER_NAMED else ""
         note = (f"--latest: {len(failed)} earlier checkpoint(s) of the history failed ({named}{more}; history.md "
                 "says why): reported, not gating")
-        mine[0].notices.append(note)
+        mine[0].verdict = mine[0].verdict.with_parts(notice(LATEST, note))
         say(f"[dflash-eval] notice: {note}")
     return rows

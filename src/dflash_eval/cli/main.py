@@ -74,7 +74,11 @@ from dflash_eval.options.commands import add_command_options, environ_for, missp
 from dflash_eval.options.invocation import option_pieces, shell_join
 from dflash_eval.options.preflight import preflight
 from dflash_eval.options.settings import resolve
+from dflash_eval.report.gate import NOT_CHECKED, GateRow, gate_table, write_gate_report
+from dflash_eval.report.strict_json import dumps_strict
+from dflash_eval.report.tables import print_tables
 from dflash_eval.runtime.progress import throttled
+from dflash_eval.runtime.third_party import one_line_warnings, quiet_libraries
 from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.training_loop.plugins import plugin_manager
 
@@ -82,7 +86,6 @@ if TYPE_CHECKING:
     import pluggy
 
     from dflash_eval.options.settings import EvalSettings
-    from dflash_eval.report.gate import GateRow
     from dflash_eval.session.eval_session import EvalSession
     from dflash_eval.training_loop.checkpoint_dir import Found
     from dflash_eval.training_loop.evaluator import Evaluator
@@ -204,10 +207,6 @@ def _training_run(ns: argparse.Namespace, err: TextIO) -> list[Found] | None:
 
 def _report(ns: argparse.Namespace, rows: list[GateRow], settings: EvalSettings, t_all: float) -> int:
     """The comparison table on stdout, the --json file, gate.json and gate.md; the exit status."""
-    from dflash_eval.report.gate import NOT_CHECKED, gate_table, write_gate_report  # imports torch: kept out of --help
-    from dflash_eval.report.strict_json import dumps_strict  # imports torch: kept out of --help
-    from dflash_eval.report.tables import print_tables  # imports torch: kept out of --help
-
     failed = [r for r in rows if not r.passed]
     gating = [r for r in failed if r.gating]  # gate --latest: an earlier checkpoint's failure is reported only
     print_tables([gate_table(rows, list(settings.ddtree_budget), terminal=True)], sys.stdout)
@@ -364,8 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     if ns.command == "gate":
         ns.argv = argv[1:]
+        quiet_libraries()  # transformers' log warnings and loading bars left out, as pytest's capture does in `run`
         try:
-            return gate(ns)
+            with one_line_warnings("dflash-eval gate"):
+                return gate(ns)
         except ConfigError as exc:
             print(f"dflash-eval gate: bad input: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT

@@ -12,6 +12,7 @@ import pytest
 from dflash_eval.options.invocation import started_as_command
 from dflash_eval.options.settings import OPTIONS
 from dflash_eval.pytest_plugin.suite_args import SUITE_PACKAGE, suite_dir
+from dflash_eval.runtime.third_party import quiet_libraries
 
 __all__ = ["run_suite", "joined_option_values"]
 
@@ -32,6 +33,7 @@ def run_suite(args: list[str], *, command: str = "run", plugins: list[Any] | Non
         keep = any(a.startswith("--rootdir") for a in args)
         where = [str(repo_suite)] + ([] if keep else [f"--rootdir={Path.cwd()}"])
     extra = [] if any(a.startswith("--snapshot-") for a in args) else ["--snapshot-warn-unused"]
+    quiet_libraries()  # as `dflash-eval gate`: transformers' log warnings and loading bars left out
     # This process imported dflash_eval already, so pytest cannot rewrite the plugin's asserts (it has none to).
     quiet = ["-W", "ignore:Module already imported so cannot be rewritten; dflash_eval"
                    ":pytest.PytestAssertRewriteWarning"]

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast, overload
 
 from dflash_eval.drafter import Checkpoint, build_drafter, fit_refusal, load_config_file, read_checkpoint, run_checks
 from dflash_eval.drafter.checks import Check
@@ -22,18 +22,21 @@ from dflash_eval.errors import DrafterRefused
 from dflash_eval.features.feature_store import Features, FeatureStore
 from dflash_eval.inputs.prompt_view import PromptView
 from dflash_eval.inputs.run_inputs import Inputs
-from dflash_eval.measurements.builtin import registered, spec
+from dflash_eval.measurements.builtin import DRIFT_BUDGET, ONLINE, ONLINE_SAMPLED, TAU, TAU_SAMPLED, registered, spec
 from dflash_eval.measurements.online_greedy import OnlineTau
-from dflash_eval.measurements.registry import Measurement, Runner
+from dflash_eval.measurements.registry import Measurement, Runner, SpecRef
 from dflash_eval.measurements.tau_greedy import PromptTau
-from dflash_eval.metrics.drift import Comparison, DriftStat, Side, drift_stat
-from dflash_eval.metrics.drift_budget import DriftBudget, GateCheck, gate_check
+from dflash_eval.metrics.drift import Comparison, Side, drift_stat
+from dflash_eval.metrics.drift_budget import DriftBudget, gate_check
+from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.prompts import Prompt
 from dflash_eval.references.greedy import CompletionRecord, References
 from dflash_eval.references.sampled import SampledReferences
 
 __all__ = ["DrafterEvaluation", "PromptTau", "Drift"]
+
+V = TypeVar("V")  # a measurement's value
 
 
 @dataclass
@@ -188,32 +191,39 @@ class DrafterEvaluation:
         return self.store.features(comps, side, tuple(layers if layers is not None else self.layer_ids))
 
     # ------------------------------------------------------------------------------------------------ measurements
-    def measure(self, name: str, **params: Any) -> Any:
-        """The value of measurement ``name`` with ``params`` (:class:`~dflash_eval.measurements.registry.Runner`)."""
-        return self.runner.measure(name, **params)
+    @overload
+    def measure(self, spec: Measurement[Any, V], **params: Any) -> V: ...
+
+    @overload
+    def measure(self, spec: str, **params: Any) -> Any: ...
+
+    def measure(self, spec: SpecRef, **params: Any) -> Any:
+        """The value of measurement ``spec`` (a built-in one by reference, or the name of a registered one) with
+        ``params`` (:class:`~dflash_eval.measurements.registry.Runner`)."""
+        return self.runner.measure(spec, **params)
 
     @property
     def sampled(self) -> bool:
         """τ at ``--temperature`` > 0: on sampled references (:mod:`dflash_eval.references.sampled`)."""
         return self.sampled_references.wanted
 
-    def _tau_request(self) -> tuple[str, dict[str, Any]]:
+    def _tau_request(self) -> tuple[Measurement[Any, dict[str, PromptTau]], dict[str, Any]]:
         budgets = tuple(self.settings.ddtree_budget)
         if self.sampled:
-            return "tau_sampled", {"budgets": budgets}
-        return "tau", {"side": self.inputs.eval_side, "budgets": budgets}
+            return TAU_SAMPLED, {"budgets": budgets}
+        return TAU, {"side": self.inputs.eval_side, "budgets": budgets}
 
     @property
     def tau_computed(self) -> bool:
-        name, params = self._tau_request()
-        return self.runner.computed(name, **params)
+        spec, params = self._tau_request()
+        return self.runner.computed(spec, **params)
 
     @property
     def tau_results(self) -> dict[str, PromptTau]:
         """τ of every prompt on the evaluation backend's features (chain and every DDTree budget): on the greedy
         references, or at ``--temperature`` > 0 the mean over each prompt's sampled references."""
-        name, params = self._tau_request()
-        return self.measure(name, **params)
+        spec, params = self._tau_request()
+        return self.measure(spec, **params)
 
     @property
     def greedy_tau_results(self) -> dict[str, PromptTau]:
@@ -221,11 +231,11 @@ class DrafterEvaluation:
         return self.tau_for(self.inputs.eval_side, tuple(self.settings.ddtree_budget))
 
     def tau_for(self, side: Side, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
-        return self.measure("tau", side=side, budgets=budgets)
+        return self.measure(TAU, side=side, budgets=budgets)
 
     def online_tau(self) -> dict[str, OnlineTau]:
         """Every prompt's online τ (``--online-tau``): on the greedy references, or per sampled reference."""
-        return self.measure("online_sampled" if self.sampled else "online")
+        return self.measure(ONLINE_SAMPLED) if self.sampled else self.measure(ONLINE)
 
     def measure_registered(self) -> list[str]:
         """Run every registered measurement that applies to this run's settings (those registered from outside;
@@ -260,12 +270,12 @@ class DrafterEvaluation:
     # ------------------------------------------------------------------------------------------------ drift budget
     @property
     def budget_computed(self) -> bool:
-        return self.runner.computed("drift_budget")
+        return self.runner.computed(DRIFT_BUDGET)
 
     def drift_budget(self) -> DriftBudget:
         """The drafter's drift budget (:mod:`dflash_eval.measurements.budget_ladder`), measured on at least
         ``--drift-budget-min-prompts`` prompts where ``--prompts`` holds them."""
-        return self.measure("drift_budget")
+        return self.measure(DRIFT_BUDGET)
 
     def drift_gate(self, name: str) -> dict[int, GateCheck]:
         """The gate of comparison ``name`` per target layer: its worst prompt's drift x safety <= the budget."""

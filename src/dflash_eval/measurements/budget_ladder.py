@@ -21,6 +21,7 @@ prompts the budget is measured on the first that many prompts of ``--prompts`` (
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -33,14 +34,14 @@ from dflash_eval.cache.store import CacheEntry
 from dflash_eval.common.sizes import parse_memory
 from dflash_eval.errors import ConfigError
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
-from dflash_eval.measurements.tau_greedy import PromptTau, tau_fields
+from dflash_eval.measurements.tau_greedy import TAU, PromptTau, tau_fields
 from dflash_eval.metrics.drift import Side, layer_drift
 from dflash_eval.metrics.drift_budget import Direction, DriftBudget, Perturbation, measure_ladder, parse_ladder
 from dflash_eval.metrics.drift_ladder import DRIFT
 from dflash_eval.metrics.tau_chunks import LazyItems
 from dflash_eval.runtime.progress import Progress
 
-__all__ = ["DriftBudgetLadder", "budget_subject", "drift_direction"]
+__all__ = ["DriftBudgetLadder", "DRIFT_BUDGET", "LadderPlan", "budget_subject", "drift_direction"]
 
 
 def drift_direction(ev: Subject) -> tuple[Direction | None, Side | None, str]:
@@ -81,17 +82,32 @@ def budget_subject(ev: Subject) -> Subject:
     return ev.on_prompts(more)
 
 
-class DriftBudgetLadder(Measurement):
+@dataclass(frozen=True)
+class LadderPlan:
+    """What the drift budget's plan keeps for decoding: where it is measured (``subject``: :func:`budget_subject`),
+    the ladder asked for and its ``usable`` levels, the base τ of the measured prompts (``ids``), how many prompts
+    the selection holds (``selected``), the measured drift direction (None: none) and why there is none
+    (``note``)."""
+
+    subject: Subject
+    ladder: tuple[Perturbation, ...]
+    usable: list[Perturbation]
+    base_tau: list[float]
+    ids: list[str]
+    selected: int
+    direction: Direction | None
+    note: str
+
+
+class DriftBudgetLadder(Measurement[LadderPlan, DriftBudget]):
     """The drift budget of the subject's drafter (see module docstring); no parameters. Its value is measured on
     :func:`budget_subject`'s prompts; with more prompts than the selection its base is their chains alone (no
     DDTree)."""
 
     name: ClassVar[str] = "drift_budget"
     kind: ClassVar[str] = "drift_budget"
-    needs: ClassVar[tuple[str, ...]] = ("references", "features", "drafter")
-    fills: ClassVar[tuple[str, ...]] = ("drift_budget", "drift_gate")
 
-    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan[LadderPlan]:
         selected = len(subject.inputs.prompts)
         ev = budget_subject(subject)
         s, side, prompts = ev.settings, ev.inputs.reference_side, ev.inputs.prompts
@@ -105,7 +121,7 @@ class DriftBudgetLadder(Measurement):
                               f"0.1,0.5,1")
         extended = len(prompts) > selected
         base: dict[str, PromptTau] = ev.tau_results if side == ev.inputs.eval_side and not extended else \
-            ev.measure("tau", side=side, budgets=())
+            ev.measure(TAU, side=side, budgets=())
         base_tau = [base[p.id].chain.tau for p in prompts]
         ids = [p.id for p in prompts]
         common = {**tau_fields(ev, side, ()), "code": CODE_VERSION, "prompt_ids": ids}
@@ -142,11 +158,14 @@ class DriftBudgetLadder(Measurement):
                          lock="drift_budget-" + cache_key("budget_group",
                                                           {"keys": [reqs[lv.label].key for lv in grp]}))
                    for grp in groups if grp]
-        return Plan(batches, reqs, spread=True, state=(ev, ladder, usable, base_tau, ids, selected, direction, note))
+        state = LadderPlan(ev, ladder, usable, base_tau, ids, selected, direction, note)
+        return Plan(batches, reqs, spread=True, state=state)
 
-    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan[LadderPlan],
                params: Mapping[str, Any]) -> DriftBudget:
-        ev, ladder, usable, base_tau, ids, selected, direction, note = plan.state
+        st = plan.state
+        ev, ladder, usable, base_tau, ids, direction, note = (st.subject, st.ladder, st.usable, st.base_tau, st.ids,
+                                                              st.direction, st.note)
         s = ev.settings
         got = [entries[lv.label] for lv in usable]
         return DriftBudget.build(
@@ -156,9 +175,13 @@ class DriftBudgetLadder(Measurement):
             safety=s.drift_budget_safety, seed=s.drift_budget_seed, spec=s.drift_budget_ladder,
             skipped=[f"{p.label}: this torch has no such dtype" for p in ladder if not p.available]
             + [f"{p.label}: {note}" for p in ladder if p.kind == DRIFT and direction is None],
-            min_prompts=s.drift_budget_min_prompts, selected=selected, conclusive=s.drift_budget_conclusive,
+            min_prompts=s.drift_budget_min_prompts, selected=st.selected, conclusive=s.drift_budget_conclusive,
             direction=direction, axis_note=f"no drift direction: {note}" if note else "")
 
+
+
+#: The built-in measurement, reached by reference: ``ev.measure(DRIFT_BUDGET)``.
+DRIFT_BUDGET = DriftBudgetLadder()
 
 def _measure(ev: Subject, side: Side, levels: list[Perturbation], base_tau: list[float],
              other: Side | None) -> list[dict[str, torch.Tensor]]:

@@ -26,11 +26,11 @@ from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.cache.store import CacheEntry
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.metrics.online_loop import online_generate
-from dflash_eval.metrics.tau import TauResult
+from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.runtime.progress import Progress
-from dflash_eval.target.provenance import device_kind, library_versions
+from dflash_eval.target.provenance import platform_fields
 
-__all__ = ["OnlineGreedy", "OnlineTau", "divergence"]
+__all__ = ["OnlineGreedy", "ONLINE", "OnlineTau", "divergence"]
 
 
 @dataclass
@@ -55,16 +55,14 @@ def divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-class OnlineGreedy(Measurement):
+class OnlineGreedy(Measurement[None, dict[str, OnlineTau]]):
     """Every prompt's online τ on the greedy references (cache, else one online generation per prompt); no
     parameters."""
 
     name: ClassVar[str] = "online"
     kind: ClassVar[str] = "online_tau"
-    needs: ClassVar[tuple[str, ...]] = ("references", "drafter")
-    fills: ClassVar[tuple[str, ...]] = ("prompts.*.online",)
 
-    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan[None]:
         ev = subject
         inp, s = ev.inputs, ev.settings
         comps = ev.completions()
@@ -73,8 +71,8 @@ class OnlineGreedy(Measurement):
             "target": inp.target_identity, "drafter": ev.checkpoint.fingerprint,
             "drafter_config": ev.checkpoint.config.to_dict(), "code": CODE_VERSION,
             "prompts": [ids_digest(comps[p.id].prompt_ids) for p in prompts], "max_new_tokens": s.max_new_tokens,
-            "max_blocks": s.max_blocks, "stop_at_eos": True, "backend": s.eval_backend, "dtype": str(s.torch_dtype),
-            "device_kind": device_kind(s.torch_device), "versions": library_versions()}
+            "max_blocks": s.max_blocks, "stop_at_eos": True, "backend": s.eval_backend,
+            **platform_fields(s.torch_dtype, s.torch_device)}
 
         def produce(todo: list[Request]) -> list[Produced]:
             prog = Progress("online speculative decoding", len(prompts), inp.progress)
@@ -93,7 +91,7 @@ class OnlineGreedy(Measurement):
         req = Request(self.kind, fields, what="online speculative decoding of every prompt")
         return Plan([Batch([req], produce)], {"online": req})
 
-    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan[None],
                params: Mapping[str, Any]) -> dict[str, OnlineTau]:
         entry, s, comps = entries["online"], subject.settings, subject.completions()
         bs = subject.checkpoint.config.block_size
@@ -105,3 +103,7 @@ class OnlineGreedy(Measurement):
             div = divergence(toks, ref[:len(toks)] if s.max_blocks is not None else ref)
             out[p.id] = OnlineTau(TauResult(entry.tensors[f"lens/{n}"].tolist(), bs, "online-chain"), len(toks), div)
         return out
+
+
+#: The built-in measurement, reached by reference: ``ev.measure(ONLINE)``.
+ONLINE = OnlineGreedy()

@@ -24,14 +24,15 @@ from dflash_eval.cache.requests import Batch, Produced, Producer, Request
 from dflash_eval.cache.store import CacheEntry
 from dflash_eval.measurements.online_greedy import OnlineTau, divergence
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
+from dflash_eval.measurements.tau_sampled import SampledCompletions
 from dflash_eval.metrics.online_loop import online_generate
 from dflash_eval.metrics.sampled_tau import pool_samples
-from dflash_eval.metrics.tau import TauResult
+from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.runtime.progress import Progress
-from dflash_eval.target.provenance import device_kind, library_versions
+from dflash_eval.target.provenance import platform_fields
 from dflash_eval.target.sampling import sample_tokens, stream_seed
 
-__all__ = ["OnlineSampled"]
+__all__ = ["OnlineSampled", "ONLINE_SAMPLED"]
 
 
 def _fields(ev: Subject, seeds: dict[str, list[int]]) -> dict[str, Any]:
@@ -40,8 +41,8 @@ def _fields(ev: Subject, seeds: dict[str, list[int]]) -> dict[str, Any]:
             "drafter_config": ev.checkpoint.config.to_dict(), "code": CODE_VERSION,
             "prompts": [ids_digest(ev.references.prompt_ids(p.id)) for p in inp.prompts],
             "max_new_tokens": s.max_new_tokens, "max_blocks": s.max_blocks, "stop_at_eos": True,
-            "backend": s.eval_backend, "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
-            "versions": library_versions(), "sampling": s.sampling.to_dict(), "stream_seeds": seeds}
+            "backend": s.eval_backend, **platform_fields(s.torch_dtype, s.torch_device),
+            "sampling": s.sampling.to_dict(), "stream_seeds": seeds}
 
 
 def _producer(ev: Subject, seeds: dict[str, list[int]]) -> Producer:
@@ -68,16 +69,14 @@ def _producer(ev: Subject, seeds: dict[str, list[int]]) -> Producer:
     return produce
 
 
-class OnlineSampled(Measurement):
+class OnlineSampled(Measurement[SampledCompletions, dict[str, OnlineTau]]):
     """Every prompt's online τ at ``--temperature`` > 0: the mean over its sampled references (cache, else one
     online generation per sample); no parameters."""
 
     name: ClassVar[str] = "online_sampled"
     kind: ClassVar[str] = "online_tau"
-    needs: ClassVar[tuple[str, ...]] = ("sampled_references", "drafter")
-    fills: ClassVar[tuple[str, ...]] = ("prompts.*.online",)
 
-    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan[SampledCompletions]:
         s = subject.settings
         comps = subject.sampled_references.completions()
         seeds = {p.id: [stream_seed(s.sampling_seed, p.id, k) for k in range(len(comps[p.id]))]
@@ -85,7 +84,7 @@ class OnlineSampled(Measurement):
         req = Request(self.kind, _fields(subject, seeds), what="online speculative decoding of every sampled reference")
         return Plan([Batch([req], _producer(subject, seeds))], {"online": req}, state=comps)
 
-    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan[SampledCompletions],
                params: Mapping[str, Any]) -> dict[str, OnlineTau]:
         s, comps = subject.settings, plan.state
         bs, t = subject.checkpoint.config.block_size, entries["online"].tensors
@@ -100,3 +99,7 @@ class OnlineSampled(Measurement):
                 first = div if first is None else first
             out[p.id] = OnlineTau(pool_samples(samples, bs, "online-chain"), tokens, first)
         return out
+
+
+#: The built-in measurement, reached by reference: ``ev.measure(ONLINE_SAMPLED)``.
+ONLINE_SAMPLED = OnlineSampled()

@@ -1,19 +1,20 @@
 """The measurement registry: one declared spec per measurement of a drafter, and the one runner that serves them.
 
-A measurement (:class:`Measurement`) declares what it needs (``needs``: the stages it reads), its cache kind
-(``kind``) and key fields, how the entries of one computation are produced (:meth:`Measurement.plan`: the
-:class:`~dflash_eval.cache.requests.Batch` es and how they are spread), how the entries are decoded into its value
-(:meth:`Measurement.decode`), and what it fills (``fills``: eval.json's fields; a measurement registered from outside
-fills its own block, ``measurements.<name>``, through :meth:`Measurement.report`). The :class:`Runner` of one drafter
-evaluation serves every spec the same way: plan, :meth:`~dflash_eval.cache.store.Cache.ensure`, decode, and the
-value kept per parameters for the evaluation's lifetime. In the spirit of lm-evaluation-harness's metric registry,
-the built-in measurements (:mod:`dflash_eval.measurements.builtin`) are specs like any other, and a new one is one
-spec module::
+A measurement (:class:`Measurement`) declares its cache kind (``kind``) and key fields, how the entries of one
+computation are produced (:meth:`Measurement.plan`: the :class:`~dflash_eval.cache.requests.Batch` es and how they
+are spread, and what the plan keeps for decoding, its typed ``state``), how the entries are decoded into its value
+(:meth:`Measurement.decode`), and, for one registered from outside, what it adds to eval.json
+(``measurements.<name>``, :meth:`Measurement.report`). ``Measurement[S, V]``: ``S`` the plan's state, ``V`` the
+value. The :class:`Runner` of one drafter evaluation serves every spec the same way: plan,
+:meth:`~dflash_eval.cache.store.Cache.ensure`, decode, and the value kept per parameters for the evaluation's
+lifetime. In the spirit of lm-evaluation-harness's metric registry, the built-in measurements
+(:mod:`dflash_eval.measurements.builtin`) are specs like any other, reached by reference (``ev.measure(ROUND_COSTS)``
+returns the costs' type), and a new one is one spec module::
 
     from dflash_eval.measurements.registry import Measurement, Plan, register
 
-    class MeanPromptLength(Measurement):
-        name, kind, needs, fills = "mean_prompt_length", "mean_prompt_length", ("references",), ()
+    class MeanPromptLength(Measurement[None, float]):
+        name, kind = "mean_prompt_length", "mean_prompt_length"
         def applies(self, settings): return True            # every evaluation takes it
         def plan(self, subject, params): ...                # one Request, its Batch producing the value
         def decode(self, subject, entries, plan, params): ...
@@ -33,7 +34,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, overload
 
 from dflash_eval.errors import ConfigError
 
@@ -50,8 +51,11 @@ if TYPE_CHECKING:  # typing only: the stages a measurement reads (all below this
     from dflash_eval.references.greedy import CompletionRecord, References
     from dflash_eval.references.sampled import SampledReferences
 
-__all__ = ["Measurement", "MeasurementReport", "Plan", "Runner", "Subject", "register", "registered_here",
+__all__ = ["Measurement", "MeasurementReport", "Plan", "Runner", "Subject", "SpecRef", "register", "registered_here",
            "unregister"]
+
+S = TypeVar("S")  # what a measurement's plan keeps for its decoding
+V = TypeVar("V")  # a measurement's value
 
 
 class Subject(Protocol):
@@ -85,7 +89,11 @@ class Subject(Protocol):
 
     def features(self, side: Side, layers: tuple[int, ...] | None = None) -> Features: ...
 
-    def measure(self, name: str, **params: Any) -> Any: ...
+    @overload
+    def measure(self, spec: Measurement[Any, V], **params: Any) -> V: ...
+
+    @overload
+    def measure(self, spec: str, **params: Any) -> Any: ...
 
     def on_prompts(self, prompts: Sequence[Prompt]) -> Subject: ...
 
@@ -103,28 +111,28 @@ class MeasurementReport:
 
 
 @dataclass
-class Plan:
+class Plan(Generic[S]):
     """How one measurement's entries are served: the batches (each one computation under its lock), the requests
     by name (what :meth:`Measurement.decode` reads), ``prepare`` (given the misses before anything is produced),
     ``spread`` (batches shared out over the xdist workers), ``progress`` (a reporter factory given the number of
-    missing items) and ``state`` (whatever the plan computed that decoding needs again)."""
+    missing items) and ``state`` (what the plan computed that decoding needs again: the measurement's own type, None
+    for a plan that keeps nothing)."""
 
     batches: list[Batch]
     requests: dict[str, Request]
     prepare: Callable[[list[Request]], None] | None = None
     spread: bool = False
     progress: Callable[[int], StepReporter] | None = None
-    state: Any = None
+    state: S = None  # type: ignore[assignment]  # None: a Plan[None], one that keeps nothing for decoding
 
 
-class Measurement(ABC):
-    """One measurement of a drafter (see module docstring). Parameters (``params``) distinguish values of one
-    measurement in one evaluation, e.g. τ on one feature side with some DDTree budgets."""
+class Measurement(ABC, Generic[S, V]):
+    """One measurement of a drafter (see module docstring): ``S`` what its plan keeps for decoding, ``V`` its value.
+    Parameters (``params``) distinguish values of one measurement in one evaluation, e.g. τ on one feature side with
+    some DDTree budgets."""
 
     name: ClassVar[str]
     kind: ClassVar[str]  # the cache kind of its entries
-    needs: ClassVar[tuple[str, ...]] = ("drafter",)  # the stages it reads: inputs, references, features, drafter
-    fills: ClassVar[tuple[str, ...]] = ()  # eval.json's fields it fills (registered ones: measurements.<name>)
 
     def applies(self, settings: EvalSettings) -> bool:
         """Whether every evaluation of a run with ``settings`` takes this measurement (built-in ones: False, they
@@ -132,28 +140,30 @@ class Measurement(ABC):
         return False
 
     @abstractmethod
-    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan[S]:
         """The requests (key fields), batches and producers of the value for ``params``."""
 
     @abstractmethod
-    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
-               params: Mapping[str, Any]) -> Any:
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan[S],
+               params: Mapping[str, Any]) -> V:
         """The value from the served entries (``entries``: by the plan's request names)."""
 
-    def report(self, value: Any) -> MeasurementReport | None:
+    def report(self, value: V) -> MeasurementReport | None:
         """What the value adds to eval.json and the report tables (built-in measurements fill typed fields of
         the result instead: None)."""
         return None
 
-    def check(self, value: Any) -> str | None:
+    def check(self, value: V) -> str | None:
         """Why the value fails its test (``test_registered_measurement``), or None when it passes."""
         return None
 
 
-_REGISTRY: dict[str, Measurement] = {}
+_REGISTRY: dict[str, Measurement[Any, Any]] = {}
+#: A measurement, or the name of one registered (:func:`dflash_eval.measurements.builtin.spec` finds it).
+SpecRef = Measurement[Any, Any] | str
 
 
-def register(measurement: Measurement, *, replace: bool = False) -> Measurement:
+def register(measurement: Measurement[S, V], *, replace: bool = False) -> Measurement[S, V]:
     """Add ``measurement`` to the registry (ConfigError when its name is taken, unless ``replace``)."""
     if not isinstance(measurement, Measurement):
         raise ConfigError(f"register(): {measurement!r} is not a dflash_eval Measurement instance")
@@ -170,7 +180,7 @@ def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def registered_here() -> dict[str, Measurement]:
+def registered_here() -> dict[str, Measurement[Any, Any]]:
     """The measurements registered in code (:func:`register`), by name; the full catalog, with the built-in ones
     and the entry points', is :func:`dflash_eval.measurements.builtin.registered`."""
     return dict(_REGISTRY)
@@ -182,17 +192,31 @@ def _params_key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 class Runner:
     """Serves the measurements of one subject (one drafter evaluation): each value computed once per parameters,
-    through one path (plan, cache, decode)."""
+    through one path (plan, cache, decode). A measurement is given by reference (a built-in one, typed) or by the
+    name it was registered under."""
 
-    def __init__(self, subject: Subject, lookup: Callable[[str], Measurement]) -> None:
+    def __init__(self, subject: Subject, lookup: Callable[[str], Measurement[Any, Any]]) -> None:
         self.subject = subject
         self.lookup = lookup
         self._values: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
 
-    def measure(self, name: str, **params: Any) -> Any:
-        key = (name, _params_key(params))
+    def _spec(self, spec: SpecRef) -> Measurement[Any, Any]:
+        return self.lookup(spec) if isinstance(spec, str) else spec
+
+    @staticmethod
+    def _name(spec: SpecRef) -> str:
+        return spec if isinstance(spec, str) else spec.name
+
+    @overload
+    def measure(self, spec: Measurement[Any, V], **params: Any) -> V: ...
+
+    @overload
+    def measure(self, spec: str, **params: Any) -> Any: ...
+
+    def measure(self, spec: SpecRef, **params: Any) -> Any:
+        key = (self._name(spec), _params_key(params))
         if key not in self._values:
-            m = self.lookup(name)
+            m = self._spec(spec)
             plan = m.plan(self.subject, params)
             inp = self.subject.inputs
             index, count = (inp.worker_index, inp.worker_count) if plan.spread else (0, 1)  # (0, 1): not spread
@@ -202,17 +226,17 @@ class Runner:
             self._values[key] = m.decode(self.subject, entries, plan, params)
         return self._values[key]
 
-    def computed(self, name: str, **params: Any) -> bool:
-        """Whether :meth:`measure` computed ``name`` with exactly ``params``."""
-        return (name, _params_key(params)) in self._values
+    def computed(self, spec: SpecRef, **params: Any) -> bool:
+        """Whether :meth:`measure` computed ``spec`` with exactly ``params``."""
+        return (self._name(spec), _params_key(params)) in self._values
 
-    def computed_any(self, name: str) -> bool:
-        """Whether :meth:`measure` computed ``name`` with any parameters."""
-        return any(n == name for n, _ in self._values)
+    def computed_any(self, spec: SpecRef) -> bool:
+        """Whether :meth:`measure` computed ``spec`` with any parameters."""
+        return any(n == self._name(spec) for n, _ in self._values)
 
-    def values(self, name: str) -> Iterator[Any]:
-        """The values of ``name`` computed so far (one per parameters)."""
-        return (v for (n, _), v in self._values.items() if n == name)
+    def values(self, spec: Measurement[Any, V] | str) -> Iterator[V]:
+        """The values of ``spec`` computed so far (one per parameters)."""
+        return (v for (n, _), v in self._values.items() if n == self._name(spec))
 
     def reports(self) -> dict[str, dict[str, Any]]:
         """eval.json's ``measurements``: the reports of the registered measurements computed so far (parameterless

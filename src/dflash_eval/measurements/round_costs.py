@@ -68,10 +68,10 @@ from dflash_eval.target.backends import use_backend
 from dflash_eval.target.head import TargetHead
 from dflash_eval.target.hidden_states import LayerCapture
 from dflash_eval.target.loader import Target
-from dflash_eval.target.provenance import device_kind, device_name, library_versions
+from dflash_eval.target.provenance import device_kind, device_name, platform_fields
 
-__all__ = ["RoundCostsMeasurement", "REPEATS", "WARMUP", "COSTS_VERSION", "measure_round_costs", "tree_inputs",
-           "cpu_model", "context_tokens"]
+__all__ = ["RoundCostsMeasurement", "ROUND_COSTS", "REPEATS", "WARMUP", "COSTS_VERSION", "measure_round_costs",
+           "tree_inputs", "cpu_model", "context_tokens"]
 
 #: Timed runs of each part (the median is its cost) ...
 REPEATS = 7
@@ -293,15 +293,13 @@ def rounds_count(repeats: int = REPEATS, warmup: int = WARMUP) -> int:
     return warmup + repeats
 
 
-class RoundCostsMeasurement(Measurement):
+class RoundCostsMeasurement(Measurement[None, tuple[RoundCosts, bool]]):
     """The costs of a round and of a plain step on the run's device (module docstring); no parameters."""
 
     name: ClassVar[str] = "round_costs"
     kind: ClassVar[str] = "round_costs"
-    needs: ClassVar[tuple[str, ...]] = ("inputs", "references", "drafter")
-    fills: ClassVar[tuple[str, ...]] = ("speedup",)
 
-    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan[None]:
         subject.check_drafter()  # a drafter that does not fit the target has no round to time
         inp, s = subject.inputs, subject.settings
         config = subject.checkpoint.config
@@ -313,8 +311,8 @@ class RoundCostsMeasurement(Measurement):
         dev = s.torch_device
         fields: dict[str, Any] = {
             "target": inp.target_identity, "drafter_config": config.to_dict(), "block_size": config.block_size,
-            "budgets": list(budgets), "context_len": ctx, "device_kind": device_kind(dev), "dtype": str(s.torch_dtype),
-            "backend": s.eval_backend, "versions": library_versions(), "code": CODE_VERSION, "costs": COSTS_VERSION,
+            "budgets": list(budgets), "context_len": ctx, **platform_fields(s.torch_dtype, dev),
+            "backend": s.eval_backend, "code": CODE_VERSION, "costs": COSTS_VERSION,
             "repeats": REPEATS, "warmup": WARMUP}
         alternatives: tuple[Request, ...] = ()
         if dev.type == "cpu":  # a CPU's speed is its model's and its threads'
@@ -338,8 +336,12 @@ class RoundCostsMeasurement(Measurement):
                       alternatives=alternatives)
         return Plan([Batch([req], produce)], {"costs": req})
 
-    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan[None],
                params: Mapping[str, Any]) -> tuple[RoundCosts, bool]:
         """The costs and whether they were read from the cache (True) or timed in this process (False)."""
         entry = entries["costs"]
         return RoundCosts.from_dict(entry.meta["costs"]), not entry.produced
+
+
+#: The built-in measurement, reached by reference: ``ev.measure(ROUND_COSTS)``.
+ROUND_COSTS = RoundCostsMeasurement()

@@ -23,14 +23,15 @@ from dflash_eval.common.sizes import parse_memory
 from dflash_eval.features.feature_map import lazy_items
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.metrics.drift import Side
-from dflash_eval.metrics.tau import TauResult, simulate_tau
+from dflash_eval.metrics.tau import simulate_tau
+from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.runtime.progress import Progress
-from dflash_eval.target.provenance import device_kind, library_versions
+from dflash_eval.target.provenance import platform_fields
 
 if TYPE_CHECKING:
     from dflash_eval.features.feature_store import Features
 
-__all__ = ["GreedyTau", "PromptTau", "tau_fields"]
+__all__ = ["GreedyTau", "TAU", "PromptTau", "tau_fields"]
 
 
 @dataclass
@@ -52,23 +53,20 @@ def tau_fields(ev: Subject, side: Side, budgets: tuple[int, ...]) -> dict[str, A
     return {
         "drafter": ev.checkpoint.fingerprint, "drafter_config": ev.checkpoint.config.to_dict(),
         "code": CODE_VERSION, "budgets": list(budgets), "max_blocks": s.max_blocks,
-        "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
-        "versions": library_versions(),
+        **platform_fields(s.torch_dtype, s.torch_device),
         "items": [{"prompt_len": len(comps[p.id].prompt_ids),
                    "features": [ev.store.key(comps[p.id].sequence, i, side) for i in ev.layer_ids]}
                   for p in ev.inputs.prompts],
     }
 
 
-class GreedyTau(Measurement):
+class GreedyTau(Measurement[None, dict[str, PromptTau]]):
     """τ of every prompt on the greedy references and one side's features (see module docstring)."""
 
     name: ClassVar[str] = "tau"
     kind: ClassVar[str] = "tau"
-    needs: ClassVar[tuple[str, ...]] = ("references", "features", "drafter")
-    fills: ClassVar[tuple[str, ...]] = ("prompts", "mean_tau", "mean_ddtree", "categories")
 
-    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan[None]:
         """Before one worker takes the τ lock and drafts, every xdist worker extracts its share of the features
         (``prepare``): otherwise that one worker would extract them alone."""
         side, budgets = params["side"], tuple(params["budgets"])
@@ -91,7 +89,7 @@ class GreedyTau(Measurement):
                       derived=True)
         return Plan([Batch([req], produce)], {"tau": req}, prepare=prepare)
 
-    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan[None],
                params: Mapping[str, Any]) -> dict[str, PromptTau]:
         entry, budgets = entries["tau"], tuple(params["budgets"])
         comps = subject.completions()
@@ -101,6 +99,10 @@ class GreedyTau(Measurement):
             {b: TauResult(entry.tensors[f"ddtree{b}/{n}"].tolist(), bs, f"ddtree-{b}") for b in budgets},
             len(comps[p.id].prompt_ids), len(comps[p.id].output_ids)) for n, p in enumerate(subject.inputs.prompts)}
 
+
+
+#: The built-in measurement, reached by reference: ``ev.measure(TAU, side=..., budgets=...)``.
+TAU = GreedyTau()
 
 def simulate(ev: Subject, feats: Features, budgets: tuple[int, ...]) -> dict[str, PromptTau]:
     """One lock-step simulation of every prompt's chain and DDTree loops on ``feats``."""

@@ -23,26 +23,29 @@ from dflash_eval.cache.store import CacheEntry
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.measurements.tau_greedy import PromptTau
 from dflash_eval.metrics.sampled_tau import pool_samples
-from dflash_eval.metrics.tau import TauResult, simulate_tau
+from dflash_eval.metrics.tau import simulate_tau
+from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.target.hidden_states import extract_features
-from dflash_eval.target.provenance import device_kind, library_versions
+from dflash_eval.target.provenance import platform_fields
 
-__all__ = ["SampledTauMeasurement"]
+__all__ = ["SampledTauMeasurement", "TAU_SAMPLED", "SampledCompletions"]
+
+#: Every prompt's sampled completions (token ids), in sample order: what the entry is keyed by and decoded with.
+SampledCompletions = dict[str, list[list[int]]]
 
 
-def _tau_fields(ev: Subject, comps: dict[str, list[list[int]]], budgets: tuple[int, ...]) -> dict[str, Any]:
+def _tau_fields(ev: Subject, comps: SampledCompletions, budgets: tuple[int, ...]) -> dict[str, Any]:
     """The τ entry's key: the drafter, the settings and every sampled reference by its content (whichever source
     served it)."""
     s = ev.settings
     return {"drafter": ev.checkpoint.fingerprint, "drafter_config": ev.checkpoint.config.to_dict(),
             "code": CODE_VERSION, "budgets": list(budgets), "max_blocks": s.max_blocks,
-            "backend": ev.inputs.eval_side.backend, "dtype": str(s.torch_dtype),
-            "device_kind": device_kind(s.torch_device), "versions": library_versions(),
+            "backend": ev.inputs.eval_side.backend, **platform_fields(s.torch_dtype, s.torch_device),
             "completions": [ids_digest(ev.references.prompt_ids(pid) + comps[pid][k])
                             for pid, k in ev.sampled_references.pairs()]}
 
 
-def _simulate(ev: Subject, comps: dict[str, list[list[int]]], budgets: tuple[int, ...]) -> Produced:
+def _simulate(ev: Subject, comps: SampledCompletions, budgets: tuple[int, ...]) -> Produced:
     """Every sample's chain and DDTree accept lengths, one prompt's samples per drafter batch."""
     inp, drafter = ev.inputs, ev.drafter
     dt = next(drafter.parameters()).dtype
@@ -66,15 +69,13 @@ def _simulate(ev: Subject, comps: dict[str, list[list[int]]], budgets: tuple[int
     return Produced(tensors, {"prompt_ids": [p.id for p in inp.prompts]})
 
 
-class SampledTauMeasurement(Measurement):
+class SampledTauMeasurement(Measurement[SampledCompletions, dict[str, PromptTau]]):
     """τ of every prompt at ``--temperature``: the mean over its samples (chain and each DDTree budget)."""
 
     name: ClassVar[str] = "tau_sampled"
     kind: ClassVar[str] = "tau_sampled"
-    needs: ClassVar[tuple[str, ...]] = ("sampled_references", "drafter")
-    fills: ClassVar[tuple[str, ...]] = ("prompts", "mean_tau", "mean_ddtree", "categories")
 
-    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan:
+    def plan(self, subject: Subject, params: Mapping[str, Any]) -> Plan[SampledCompletions]:
         budgets = tuple(params["budgets"])
         subject.check_drafter()
         comps = subject.sampled_references.completions()
@@ -82,10 +83,10 @@ class SampledTauMeasurement(Measurement):
                       what="τ of every prompt on its sampled references", derived=True)
         return Plan([Batch([req], lambda todo: [_simulate(subject, comps, budgets)])], {"tau": req}, state=comps)
 
-    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan,
+    def decode(self, subject: Subject, entries: Mapping[str, CacheEntry], plan: Plan[SampledCompletions],
                params: Mapping[str, Any]) -> dict[str, PromptTau]:
         budgets = tuple(params["budgets"])
-        comps: dict[str, list[list[int]]] = plan.state  # the sampled completions :meth:`plan` keyed its entry by
+        comps = plan.state  # the sampled completions :meth:`plan` keyed its entry by
         bs, t = subject.checkpoint.config.block_size, entries["tau"].tensors
         out: dict[str, PromptTau] = {}
         for n, p in enumerate(subject.inputs.prompts):
@@ -97,3 +98,7 @@ class SampledTauMeasurement(Measurement):
             out[p.id] = PromptTau(p.id, p.category, chain, dd, len(subject.references.prompt_ids(p.id)),
                                   round(sum(len(c) for c in comps[p.id]) / max(1, len(comps[p.id]))))
         return out
+
+
+#: The built-in measurement, reached by reference: ``ev.measure(TAU_SAMPLED, budgets=...)``.
+TAU_SAMPLED = SampledTauMeasurement()

@@ -3,7 +3,8 @@
 The comparison is paired over the prompts both runs have: the mean of the per-prompt differences (this run minus
 the baseline), its paired 95 % confidence interval (skew-corrected t,
 :func:`dflash_eval.metrics.stats.paired_difference`) and the change relative to the baseline's mean over the same
-prompts. Two rules, each its own test:
+prompts. Two rules, each its own test (decided by :mod:`dflash_eval.metrics.verdict`, the baseline part of the
+verdict):
 
 - drop: the run fails when mean chain τ fell by more than ``--baseline-drop-tol`` (relative);
 - ceiling: the run fails when mean chain τ rose by more than ``--baseline-rise-tol`` (relative): τ that jumps up is
@@ -24,6 +25,7 @@ from typing import Any
 
 from dflash_eval.errors import ConfigError
 from dflash_eval.metrics.stats import Summary, paired_difference
+from dflash_eval.metrics.verdict import drop_holds, rise_holds
 
 __all__ = ["Baseline", "BaselineComparison", "load_baseline", "compare"]
 
@@ -100,11 +102,13 @@ class BaselineComparison:
 
     @property
     def drop_passed(self) -> bool:
-        return self.n > 0 and not math.isnan(self.rel_change) and self.rel_change >= -self.drop_tol
+        """τ did not drop beyond ``drop_tol`` (:func:`dflash_eval.metrics.verdict.drop_holds`)."""
+        return drop_holds(self.n, self.rel_change, self.drop_tol)
 
     @property
     def rise_passed(self) -> bool:
-        return self.n > 0 and not math.isnan(self.rel_change) and self.rel_change <= self.rise_tol
+        """τ did not rise beyond ``rise_tol`` (:func:`dflash_eval.metrics.verdict.rise_holds`)."""
+        return rise_holds(self.n, self.rel_change, self.rise_tol)
 
     def describe(self) -> str:
         d = self.diff

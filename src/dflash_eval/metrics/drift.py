@@ -15,7 +15,7 @@ bf16 vs fp32, plus a skipped fla comparison whose reason says what was not check
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,8 +25,8 @@ from dflash_eval.errors import DFlashEvalError
 from dflash_eval.target.backends import check_backend_device, fla_installed, split_backend
 
 __all__ = ["LayerDrift", "layer_drift", "fingerprint", "sketch", "sketch_rel_err", "SKETCH_DIM",
-           "FingerprintChange", "fingerprint_change", "FINGERPRINT_TOL", "Side", "Comparison", "DriftStat",
-           "drift_stat", "drift_comparisons"]
+           "FingerprintChange", "fingerprint_change", "FINGERPRINT_TOL", "Side", "Comparison", "drift_stat",
+           "drift_comparisons"]
 
 
 @dataclass(frozen=True)
@@ -153,27 +153,6 @@ class Comparison:
     cos_tol: float
     accept_tol: float
     skip_reason: str | None = None
-
-
-@dataclass
-class DriftStat:
-    comparison: str
-    prompt_id: str
-    layer: int
-    rel_err: float
-    cos: float
-    max_abs: float
-    rel_tol: float
-    cos_tol: float
-
-    @property
-    def passed(self) -> bool:
-        return self.rel_err <= self.rel_tol and self.cos >= self.cos_tol
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["passed"] = self.passed
-        return d
 
 
 def drift_stat(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:

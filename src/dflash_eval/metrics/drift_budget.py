@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from dflash_eval.common.number_text import fmt
+from dflash_eval.metrics.drift_checks import GateCheck
 from dflash_eval.metrics.drift_fit import BudgetFit, fit_budget
 from dflash_eval.metrics.drift_ladder import (
     DEFAULT_LADDER,
@@ -72,14 +73,14 @@ from dflash_eval.metrics.drift_ladder import (
 from dflash_eval.metrics.stats import Summary, summarize
 from dflash_eval.metrics.tau import simulate_tau
 from dflash_eval.metrics.tau_chunks import DEFAULT_CHUNK_MEMORY, bytes_per_token, lengths_of, plan_chunks
+from dflash_eval.metrics.verdict import FAIL, INCONCLUSIVE, PASS, drift_outcome
 
 if TYPE_CHECKING:
     from dflash_eval.drafter.model import DFlashDrafter
     from dflash_eval.target.head import TargetHead
 
 __all__ = ["DEFAULT_LADDER", "Perturbation", "parse_ladder", "perturb_layers", "measure_ladder", "Level",
-           "Direction", "AxisFit", "DriftBudget", "GateCheck", "gate_check", "impact", "RULE", "PASS", "FAIL",
-           "INCONCLUSIVE"]
+           "Direction", "AxisFit", "DriftBudget", "gate_check", "impact", "RULE"]
 
 Prompt = tuple[str, dict[int, Tensor], Tensor, int]  # (prompt id, {layer: features [T, H]}, token ids [T], prompt_len)
 #: A prompt with its features of the other side by layer (what a ``drift`` level amplifies the difference to).
@@ -406,65 +407,6 @@ class DriftBudget:
                 "levels": [lv.to_json(self.prompt_ids, self.tol) for lv in self.levels]}
 
 
-PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
-
-
-@dataclass(frozen=True)
-class GateCheck:
-    """One comparison's measured drift at one target layer against the budget and its CI."""
-
-    comparison: str
-    layer: int
-    max_rel_err: float
-    mean_rel_err: float
-    worst_prompt: str
-    budget: float
-    safety: float
-    budget_low: float  # the CI's lower end
-    budget_high: float  # its upper end (+inf: open)
-    lower_bound: bool = False
-    conclusive: bool = False  # --drift-budget-conclusive: decide on the estimate inside the CI
-
-    @property
-    def scaled(self) -> float:
-        """The worst prompt's drift x the safety factor: what is compared with the budget."""
-        return self.max_rel_err * self.safety
-
-    @property
-    def in_ci(self) -> bool:
-        """drift x safety lies inside the budget's CI: the measurement cannot tell which side it is on."""
-        return self.budget_low < self.scaled <= self.budget_high
-
-    @property
-    def outcome(self) -> str:
-        """``pass`` when drift x safety is at most the CI's lower end, ``fail`` when above its upper end, else
-        ``inconclusive`` (with ``conclusive``: pass / fail against the point estimate)."""
-        x = self.scaled
-        if x <= self.budget_low:
-            return PASS
-        if x > self.budget_high:
-            return FAIL
-        if self.conclusive:
-            return PASS if x <= self.budget else FAIL
-        return INCONCLUSIVE
-
-    @property
-    def passed(self) -> bool:
-        return self.outcome == PASS
-
-    @property
-    def margin(self) -> float:
-        """budget / measured drift: how many times larger the drift could be before it reaches the budget."""
-        return self.budget / self.max_rel_err if self.max_rel_err > 0 else float("inf")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"comparison": self.comparison, "layer": self.layer, "max_rel_err": self.max_rel_err,
-                "mean_rel_err": self.mean_rel_err, "worst_prompt": self.worst_prompt, "budget": self.budget,
-                "budget_ci": [self.budget_low, self.budget_high], "safety": self.safety, "margin": self.margin,
-                "lower_bound": self.lower_bound, "passed": self.passed, "outcome": self.outcome,
-                "decided_on": "estimate" if self.in_ci and self.conclusive else "ci"}
-
-
 def gate_check(comparison: str, layer: int, rel_errs: dict[str, float], budget: DriftBudget) -> GateCheck:
     """The gate for one comparison and layer: the worst prompt's relative error x safety against the budget's CI."""
     worst = max(rel_errs, key=lambda p: rel_errs[p])
@@ -480,12 +422,13 @@ def impact(rel_err: float, budget: DriftBudget, *, bound: bool = False) -> str:
     lo, hi = budget.ci
     what = "at least " if bound else ""
     rel = f"{what}{_sci(rel_err)} x safety {budget.safety:g} = {_sci(x)}"
-    if x <= lo:
+    outcome = drift_outcome(x, lo, hi, budget.budget)  # the drift gate's rule, without --drift-budget-conclusive
+    if outcome == PASS:
         if bound:
             return (f"τ impact: within budget as far as this check can tell ({rel} <= {budget.budget_text()}'s lower "
                     f"end; a lower bound of the change)")
         return f"τ impact: within budget ({rel} <= the lower end of {budget.budget_text()})"
-    if x > hi:
+    if outcome == FAIL:
         return f"τ impact: over budget ({rel} > the upper end of {budget.budget_text()})"
     return f"τ impact: near the budget ({rel} inside {budget.budget_text()}: cannot tell)"
 

@@ -36,8 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["NEAR_TIE_BAND", "DEFAULT_BAND", "TOP_K", "AGAINST", "near_tie_band", "TopTokens", "Divergence",
-           "first_divergence", "judge"]
+__all__ = ["NEAR_TIE_BAND", "DEFAULT_BAND", "TOP_K", "AGAINST", "NAMED", "near_tie_band", "TopTokens", "Divergence",
+           "first_divergence", "judge", "near_tie_notices", "near_tie_count"]
 
 #: Largest margin (logits) at which two greedy decodings of the target may part by rounding alone, by the dtype the
 #: target runs in (module docstring).
@@ -46,6 +46,8 @@ NEAR_TIE_BAND: dict[str, float] = {"float32": 1e-3, "float64": 1e-3, "bfloat16":
 DEFAULT_BAND = 1e-3
 #: How many of the target's best tokens (and their logits) a teacher-forced entry keeps per position.
 TOP_K = 8
+#: How many near ties of each kind a verdict names one by one (eval.md and eval.json hold them all).
+NAMED = 4
 #: What a completion was compared with: its golden record (the snapshot under ``golden/``), the target's own
 #: teacher-forced argmax over it, or (for a server's completion) the local target's.
 AGAINST = ("golden", "teacher-forced", "server")
@@ -163,3 +165,35 @@ def _text(decode: Callable[[int], str] | None, token: int) -> str:
         return repr(decode(token))
     except Exception:  # noqa: BLE001 - a tokenizer that cannot decode a lone id: the id says enough
         return ""
+
+
+def near_tie_notices(rows: list[dict[str, Any]], limit: int | None = NAMED) -> list[str]:
+    """What a verdict says of eval.json's ``near_ties`` ``rows`` (not failures; the tokens after each not compared),
+    golden completions first: ``near tie: <prompt> ...`` for each completion that left its golden record (at most
+    ``limit``, then how many more); the completions that left their own teacher-forced argmax (the decode and the
+    prefill path parting at a tie, common in bf16) one by one when few, else on one line naming the prompts."""
+    ties = [Divergence.from_dict(d) for d in rows]
+    golden = [d for d in ties if d.against != "teacher-forced"]
+    forced = [d for d in ties if d.against == "teacher-forced"]
+    shown = golden if limit is None else golden[:limit]
+    lines = [f"near tie: {d.describe()}" for d in shown]
+    if len(golden) > len(shown):
+        lines.append(f"near tie: {len(golden) - len(shown)} more golden completions (eval.md lists them)")
+    if forced and (limit is None or len(forced) <= 2):
+        lines += [f"near tie: {d.describe()}" for d in forced]
+    elif forced:
+        where = ", ".join(f"{d.prompt_id} token {d.position} (margin {d.margin_text})" for d in forced[:limit])
+        more = f" and {len(forced) - limit} more (eval.md lists them)" if limit is not None and len(forced) > limit \
+            else ""
+        lines.append(f"near tie: {len(forced)} completions leave their teacher-forced argmax (the decode and the "
+                     f"prefill path parting where the target's two best tokens tie in {forced[0].dtype}), not "
+                     f"failures: {where}{more}")
+    return lines
+
+
+def near_tie_count(rows: list[dict[str, Any]]) -> str:
+    """``1 golden completion at a near tie, 19 teacher-forced near ties`` ("" when there is none)."""
+    golden = sum(1 for d in rows if d.get("against") != "teacher-forced")
+    forced = len(rows) - golden
+    return ", ".join(([f"{golden} golden completion{'s' if golden != 1 else ''} at a near tie"] if golden else [])
+                     + ([f"{forced} teacher-forced near tie{'s' if forced != 1 else ''}"] if forced else []))

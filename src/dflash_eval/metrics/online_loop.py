@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from dflash_eval.drafter.model import DFlashDrafter, block_ids, draft_logits
-from dflash_eval.metrics.tau import TauResult
+from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.head import TargetHead
 from dflash_eval.target.hidden_states import LayerCapture

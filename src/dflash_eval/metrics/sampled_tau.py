@@ -29,7 +29,7 @@ from typing import Any
 
 from dflash_eval.metrics.sampled_ci import sampled_mean, sampled_summary
 from dflash_eval.metrics.stats import Summary, summarize
-from dflash_eval.metrics.tau import TauResult
+from dflash_eval.metrics.tau_result import TauResult
 
 __all__ = [
     "SampledTau",

@@ -53,11 +53,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from dflash_eval.metrics.verdict import Verdict, passes
-
 __all__ = ["LOOPS", "RoundCosts", "Prediction", "round_parts", "predict", "mean_context", "context_bucket",
-           "strategy_name", "budget_of", "speedup_block", "best_strategy", "floor_reason", "ASSUMPTIONS",
-           "speedup_digest", "with_speedup_floor", "NEAR_BEST"]
+           "strategy_name", "budget_of", "speedup_block", "best_strategy", "ASSUMPTIONS", "speedup_digest",
+           "NEAR_BEST"]
 
 Loop = Literal["server", "loop"]
 #: A CI of mean τ: [low, high] (a bound None or NaN: unknown), or None.
@@ -279,32 +277,13 @@ def best_strategy(predictions: Mapping[str, Prediction]) -> str | None:
     return max(known, key=lambda k: known[k]) if known else None
 
 
-def floor_reason(block: Mapping[str, Any]) -> str | None:
-    """Why the predicted chain speed-up fails ``--speedup-floor`` (eval.json's ``speedup`` block: ``floor`` and
-    ``strategies.chain.speedup``); None when it passes or no floor was given. The floor is judged like a τ floor
-    (:func:`dflash_eval.metrics.verdict.passes`: a missing or NaN speed-up fails)."""
-    floor = block.get("floor")
-    if floor is None:
-        return None
-    chain = (block.get("strategies") or {}).get("chain") or {}
-    value = chain.get("speedup")
-    if passes(value, floor):
-        return None
-    lo, hi = (chain.get("speedup_ci") or [None, None])[:2]
-    return (f"predicted chain speed-up {_x(value)} (95 % CI [{_x(lo)}, {_x(hi)}] from τ's) < --speedup-floor "
-            f"{floor:g} on {block.get('device', '?')} ({block.get('dtype', '?')}, context {block.get('context_len')})")
-
-
-def _x(v: object) -> str:
-    return "-" if not isinstance(v, (int, float)) or math.isnan(float(v)) else f"{float(v):.2f}x"
-
-
 def speedup_block(costs: RoundCosts, chain: tuple[float, TauCI], ddtree: Mapping[int, tuple[float, TauCI]], *,
                   floor: float | None = None, cached: bool = False,
                   pooled: Mapping[str, float] | None = None) -> dict[str, Any]:
     """eval.json's ``speedup``: the costs, every strategy's prediction (``strategies``: chain and each DDTree budget
     of ``ddtree`` that the costs hold, the ``server`` model), the chain under this project's online loop
-    (``loop``), the best strategy and the best DDTree budget, the floor and its verdict. ``chain`` and ``ddtree``
+    (``loop``), the best strategy and the best DDTree budget, the floor (``passed``, the floor's verdict, is filled in
+    by :func:`dflash_eval.metrics.verdict.speedup_floor_part`; None until then). ``chain`` and ``ddtree``
     give mean τ (the macro mean over prompts: the speed-up of a typical request) and its CI; ``pooled`` (by
     strategy): the pooled τ (accepted tokens / rounds over every round), whose speed-up is that of the prompt set's
     total throughput, every token weighted alike (``pooled``: τ, speed-up and tokens/s, without a CI)."""
@@ -325,8 +304,7 @@ def speedup_block(costs: RoundCosts, chain: tuple[float, TauCI], ddtree: Mapping
         "loop": {"chain": predict(costs, "chain", *chain, loop="loop").to_dict()},
         "pooled": {k: {"tau": t, "speedup": (p := predict(costs, k, t)).speedup, "tokens_per_s": p.tokens_per_s}
                    for k, t in (pooled or {}).items() if k in preds},
-        "assumptions": list(ASSUMPTIONS), "floor": floor}
-    block["passed"] = None if floor is None else floor_reason(block) is None
+        "assumptions": list(ASSUMPTIONS), "floor": floor, "passed": None}
     return block
 
 
@@ -344,15 +322,3 @@ def speedup_digest(block: Mapping[str, Any] | None) -> dict[str, Any] | None:
             "ddtree": {str(budget_of(k)): v.get("speedup") for k, v in st.items() if k != "chain"},
             "best": block.get("best"), "best_budget": block.get("best_budget"), "floor": block.get("floor"),
             "passed": block.get("passed")}
-
-
-def with_speedup_floor(verdict: Verdict, block: Mapping[str, Any] | None) -> Verdict:
-    """``verdict`` with the predicted chain speed-up judged against ``--speedup-floor`` (eval.json's ``speedup``
-    block; nothing changes without a block or a floor): its reason (:func:`floor_reason`) fails it; a verdict
-    unjudged so far passes when the speed-up does."""
-    if not block or block.get("floor") is None:
-        return verdict
-    reason = floor_reason(block)
-    if reason is not None:
-        return Verdict(False, [*verdict.reasons, reason], list(verdict.notices))
-    return verdict if verdict.passed is not None else Verdict(True, list(verdict.reasons), list(verdict.notices))

@@ -11,7 +11,8 @@ Conventions (pinned by tests/test_tau.py):
   so the round's acceptance length is ``acc + 1`` (range 1..B) and the next round starts at ``s + acc + 1``.
 - Truncation: a round never commits past the end of the completion (``acc <= T - 2 - s``); rounds run while a
   new token remains (``s < T - 1``). So ``1 + sum(accept_lengths) == N`` when ``max_blocks`` does not stop early.
-- τ = mean of the acceptance lengths of one response; a set of responses is macro-averaged (mean of τ).
+- τ = mean of the acceptance lengths of one response; a set of responses is macro-averaged (mean of τ). The
+  result of one response, :class:`~dflash_eval.metrics.tau_result.TauResult`, is plain data in a torch-free module.
 
 DDTree-N: from the same per-slot distributions, a best-first tree of N non-root nodes; a round accepts the
 longest root path whose tokens match the reference.
@@ -48,43 +49,15 @@ from torch import Tensor
 from dflash_eval.drafter.model import ContextKV, DFlashDrafter, block_ids, draft_logits
 from dflash_eval.metrics.ddtree import build_ddtree
 from dflash_eval.metrics.tau_chunks import LazyItems, bytes_per_token, lengths_of, plan_chunks
+from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.target.head import TargetHead
 
-__all__ = ["TauResult", "DraftTable", "SimulatedTau", "draft_table", "simulate_tau", "chain_path", "ddtree_path",
-           "chain_tau", "ddtree_tau", "build_ddtree", "macro_tau"]
+__all__ = ["DraftTable", "SimulatedTau", "draft_table", "simulate_tau", "chain_path", "ddtree_path", "chain_tau",
+           "ddtree_tau", "build_ddtree"]
 
 Items = Sequence[tuple[Tensor, Tensor, int]]  # (features [T, L*H], token ids [T], prompt_len) per response
 Drafts = tuple[Tensor, Tensor]  # one block's top-k draft ids and log-probs, [B-1, K] each
 Path = Generator[int, Drafts, "TauResult"]  # yields the start it needs, receives its drafts, returns its τ
-
-
-@dataclass
-class TauResult:
-    """Per-round acceptance lengths of one response and their summary."""
-
-    accept_lengths: list[int]
-    block_size: int
-    method: str = "chain"
-
-    @property
-    def rounds(self) -> int:
-        return len(self.accept_lengths)
-
-    @property
-    def tau(self) -> float:
-        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else float("nan")
-
-    @property
-    def histogram(self) -> list[int]:
-        """Counts of acceptance lengths 1..B (index 0 is length 1). DDTree paths are capped at B too."""
-        counts = [0] * self.block_size
-        for a in self.accept_lengths:
-            counts[min(a, self.block_size) - 1] += 1
-        return counts
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "tau": self.tau, "rounds": self.rounds,
-                "accept_lengths": list(self.accept_lengths), "histogram": self.histogram}
 
 
 @dataclass
@@ -373,8 +346,3 @@ def ddtree_tau(table: DraftTable, budget: int, *, max_blocks: int | None = None)
     return _follow(ddtree_path(table.tokens.tolist(), table.prompt_len, table.block_size, budget,
                                max_blocks=max_blocks), table.drafts)
 
-
-def macro_tau(results: Sequence[TauResult]) -> float:
-    """Mean over responses of each response's τ (z-lab's benchmark convention)."""
-    vals = [r.tau for r in results if r.rounds]
-    return sum(vals) / len(vals) if vals else float("nan")

@@ -1,5 +1,5 @@
-"""The verdict: τ against its floors. The only place a floor is judged; the τ tests, the reports and the gate CLI
-all ask this module.
+"""The verdict: τ against its floors and every other gate part, composed into one object. The only place a floor or
+another part is judged; the τ tests, the reports, the gate CLI and the training history all ask this module.
 
 The rule: a τ passes its floor when the floor exists, the τ is a number (a prompt with no speculative round has
 τ NaN) and τ >= floor. A prompt passes when its chain τ and its τ for every DDTree budget pass; the mean and each
@@ -10,12 +10,20 @@ category likewise (their τ is the mean over their prompts; their floors follow 
 The functions that fill verdicts work on eval.json's rows (plain dicts), so the same code judges a fresh run, a
 merge of xdist workers and a report re-judged against rewritten floors.
 
-The composition (the one place a verdict is assembled from its parts): :class:`Verdict` (pass / fail / unjudged
-with the reasons of a failure and the notices), :func:`compose` (the parts' reasons: floors, baseline, regression),
-:func:`checkpoint_verdict` (a checkpoint's τ against its floors and ``--baseline``: the gate's table and the
-training history), :func:`trend_verdict` (a checkpoint across steps: a regression fails it, a plateau is a notice)
-and :func:`run_verdict` (a test run: τ, the drift gate, a refused drafter, failed tests: the terminal's and eval.md's
-verdict block).
+The composition (the one place a verdict is assembled, and the one place each of its parts is decided): a
+:class:`Verdict` is a list of :class:`Part` (a name, pass / fail / not judged, the reasons of a failure, the notices
+that do not fail, an outcome in a word where pass or fail does not say it all), and :func:`compose` makes one of
+them. Each part is decided here: the floors (:func:`floors_part`, floors that judge nothing a notice), ``--baseline``
+(:func:`baseline_part`: :func:`drop_holds`, :func:`rise_holds`), ``--speedup-floor`` (:func:`speedup_floor_part`),
+the drift gate (:func:`drift_outcome` per comparison and layer, :func:`gate_outcome` over them), the verdicts across
+training steps (:func:`regressed` and :func:`regression_part`, :func:`gained` and the plateau notice
+:func:`plateau_part`), a drafter refused by an architecture check, a result rejected by a plugin, failed tests. Two
+verdicts are composed from them: a checkpoint's (:func:`checkpoint_verdict`, then the steps' parts: the gate's
+table, gate.json, the training history and its trackers) and a test run's (:func:`run_verdict`, from eval.json's
+data: :data:`RUN_PARTS`; stored in eval.json's ``verdict`` and read back by :func:`stored_verdict`: the terminal,
+eval.md, eval.html, the junit properties). Every writer shows a verdict's reasons and notices whole, so a new part
+(one more function in :data:`RUN_PARTS`, one more :class:`Part` in a checkpoint's verdict) reaches every report
+without touching a writer.
 
 Named causes (:func:`diagnoses`), each reported once instead of as many ordinary failures as it causes: a drafter
 refused by an architecture check (:func:`refused`: never a pass, and a run without a failed test still fails), and
@@ -26,24 +34,27 @@ nothing the target accepts; at most one accepted draft token per completion: :fu
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
-from dflash_eval.common.number_text import fmt
+from dflash_eval.common.number_text import fmt, is_number
 from dflash_eval.metrics.floors import Floors
+from dflash_eval.metrics.near_tie import near_tie_notices
 from dflash_eval.metrics.stats import category_table, ddtree_budgets
-
-if TYPE_CHECKING:
-    from dflash_eval.metrics.baseline import BaselineComparison
 
 __all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresholds", "mean_thresholds",
            "category_thresholds", "judge_prompts", "judge_mean", "judge_categories", "judge_run", "mean_passed",
            "gate_reasons", "NO_ACCEPTANCE", "NO_ACCEPTANCE_EPS", "NO_ACCEPTANCE_TOKENS", "NO_ACCEPTANCE_MAX_EXCESS",
-           "no_acceptance", "no_acceptance_fails", "refused",
-           "diagnoses", "Verdict", "compose", "baseline_reasons", "VACUOUS_FLOOR", "vacuous_floors",
-           "checkpoint_verdict", "trend_verdict",
-           "tau_verdict", "row_outcome", "gate_outcome", "run_verdict"]
+           "no_acceptance", "no_acceptance_fails", "refused", "diagnoses", "JudgedPrompt",
+           "FLOORS", "BASELINE", "SPEEDUP_FLOOR", "REGRESSION", "PLATEAU", "DRIFT_GATE", "REFUSAL", "PLUGINS", "TESTS",
+           "NEAR_TIES",
+           "EXIT_STATUS", "REPORTS", "CHECKPOINT", "Part", "Verdict", "compose", "notice",
+           "BaselineCheck", "baseline_reasons", "drop_holds", "rise_holds", "baseline_part",
+           "VACUOUS_FLOOR", "vacuous_floors", "floors_part", "speedup_floor_reason", "speedup_floor_part",
+           "regressed", "gained", "regression_part", "plateau_part", "checkpoint_verdict", "record_verdict",
+           "tau_verdict", "PASS", "FAIL", "INCONCLUSIVE", "drift_outcome", "row_outcome", "gate_outcome",
+           "RunPart", "RUN_PARTS", "run_verdict", "reports_part", "stored_verdict"]
 
 #: Chain τ at most this far above 1 counts as 1.00 (what the reports print): at most one accepted draft token in
 #: 200 rounds.
@@ -247,65 +258,208 @@ def judge_run(data: dict[str, Any], floors: Floors) -> None:
         judge_categories(data["categories"], floors, ddtree_budgets(data["prompts"]))
 
 
-def gate_reasons(prompts: dict[str, dict[str, Any]], means: list[Threshold], *,
+class JudgedPrompt(Protocol):
+    """What a checkpoint's verdict reads of a judged prompt row (:class:`~dflash_eval.results.rows.PromptRow`, the
+    typed row eval.json's ``prompts`` hold): its chain τ and rounds, its floors, its verdict (None: not gated)."""
+
+    @property
+    def tau(self) -> float: ...
+    @property
+    def rounds(self) -> int: ...
+    @property
+    def floor(self) -> float | None: ...
+    @property
+    def ddtree_floor(self) -> Mapping[str, float | None]: ...
+    @property
+    def passed(self) -> bool | None: ...
+
+
+def gate_reasons(prompts: Mapping[str, JudgedPrompt], means: list[Threshold], *,
                  prompt_floors_required: bool = True) -> list[str]:
     """Why a checkpoint fails the gate (empty when it passes): missing prompt floors (only where they are required:
     not under ``--tau-floor`` alone), prompts below their floor, missing or failed mean floors. ``prompts`` are
-    judged eval.json rows (``passed`` None: not gated)."""
+    judged rows (``passed`` None: not gated)."""
     reasons: list[str] = []
-    missing = [pid for pid, v in prompts.items() if prompt_floors_required and v["passed"] is not None and (
-        v["floor"] is None or None in v["ddtree_floor"].values())]
+    missing = [pid for pid, v in prompts.items() if prompt_floors_required and v.passed is not None and (
+        v.floor is None or None in v.ddtree_floor.values())]
     if missing:
         reasons.append(f"no floor for {len(missing)} prompt(s) (e.g. {missing[0]!r}; pass --tau-floor-prompt)")
-    below = [p for p, v in prompts.items() if v["passed"] is False and p not in missing]
+    below = [p for p, v in prompts.items() if v.passed is False and p not in missing]
     if below:
         reasons.append(f"{len(below)} prompt(s) below floor")
     for t in means:
         if t.missing:
             reasons.append(f"no mean {t.label} floor")
         elif not t.passed:
-            reasons.append(f"mean {t.label} τ {t.value:.3f} < {t.floor}")
-    if reasons and _rows_accept_nothing(prompts):  # the one cause of those reasons
+            reasons.append(f"mean {t.label} τ {fmt(t.value)} < {fmt(t.floor)}")  # as every table rounds them
+    rows = list(prompts.values())
+    if reasons and no_acceptance([r.tau for r in rows], [r.rounds for r in rows]):  # the one cause of those reasons
         reasons.insert(0, NO_ACCEPTANCE)
     return reasons
 
 
 # ------------------------------------------------------------------------------------------------ composition
+#: The parts a verdict is composed of, by name (another part is one more name: :class:`Part` takes any).
+FLOORS, BASELINE, SPEEDUP_FLOOR, REGRESSION, PLATEAU = "floors", "baseline", "speedup_floor", "regression", "plateau"
+DRIFT_GATE, REFUSAL, PLUGINS, TESTS, EXIT_STATUS, REPORTS = ("drift_gate", "refusal", "plugins", "tests", "exit_status",
+                                                             "reports")
+#: The run's completions that left their golden record or their teacher-forced argmax at a near tie of the target
+#: (:mod:`dflash_eval.metrics.near_tie`): a part that only notices.
+NEAR_TIES = "near_ties"
+#: The one part of a history record written before records kept their verdict's parts: its own verdict (the floors,
+#: the baseline and the speed-up floor together).
+CHECKPOINT = "checkpoint"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a verdict: what was judged (``name``: :data:`FLOORS`, :data:`DRIFT_GATE`, ... or any other),
+    whether it passed (None: not judged, or a part that only notices), why it fails (``reasons``), what it says
+    without failing (``notices``), and, where pass or fail does not say it all, its ``outcome`` in a word (the drift
+    gate's ``inconclusive``)."""
+
+    name: str
+    passed: bool | None
+    reasons: tuple[str, ...] = ()
+    notices: tuple[str, ...] = ()
+    outcome: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The outcome's word: ``outcome`` when given, else ``pass``, ``fail`` or ``unjudged``."""
+        return self.outcome or _label(self.passed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "outcome": self.label, "reasons": list(self.reasons),
+                "notices": list(self.notices)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Part:
+        passed = d.get("passed")
+        outcome = d.get("outcome")
+        return cls(str(d["name"]), passed, tuple(d.get("reasons") or ()), tuple(d.get("notices") or ()),
+                   None if outcome == _label(passed) else outcome)
+
+
+def _label(passed: bool | None) -> str:
+    return "unjudged" if passed is None else "pass" if passed else "fail"
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """A verdict: ``passed`` (None: nothing was judged), the reasons of a failure and notices that do not fail."""
+    """A verdict: its parts, in the order they were judged. It fails when a part fails, passes when a part was
+    judged and none fails, and is unjudged (``passed`` None) when no part was judged. Its reasons and notices are its
+    parts', in order: a writer shows them whole, whatever the parts are."""
 
-    passed: bool | None
-    reasons: list[str] = field(default_factory=list)
-    notices: list[str] = field(default_factory=list)
+    parts: tuple[Part, ...] = ()
+
+    @property
+    def passed(self) -> bool | None:
+        judged = [p.passed for p in self.parts if p.passed is not None]
+        return None if not judged else all(judged)
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why it fails: every failing part's reasons."""
+        return [r for p in self.parts if p.passed is False for r in p.reasons]
+
+    @property
+    def notices(self) -> list[str]:
+        """What it says without failing: every part's notices."""
+        return [n for p in self.parts for n in p.notices]
 
     @property
     def label(self) -> str:
         """``pass``, ``fail`` or ``unjudged``."""
-        return "unjudged" if self.passed is None else "pass" if self.passed else "fail"
+        return _label(self.passed)
+
+    def part(self, name: str) -> Part | None:
+        """The part called ``name`` (None: not part of this verdict)."""
+        return next((p for p in self.parts if p.name == name), None)
+
+    def outcome(self, name: str) -> str | None:
+        """The label of the part called ``name`` (None: not part of this verdict)."""
+        part = self.part(name)
+        return None if part is None else part.label
+
+    def with_parts(self, *parts: Part | None) -> Verdict:
+        """This verdict with more parts (:func:`compose`)."""
+        return compose(*self.parts, *parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As eval.json and the history hold it: the outcome, its reasons and notices, and the parts."""
+        return {"passed": self.passed, "label": self.label, "reasons": self.reasons, "notices": self.notices,
+                "parts": [p.to_dict() for p in self.parts]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
+        return cls(tuple(Part.from_dict(p) for p in d.get("parts") or ()))
 
 
-def compose(floors: list[str] | None = None, *, baseline: list[str] | None = None, regression: str | None = None,
-            plateau: str | None = None) -> Verdict:
-    """The verdict from its parts' reasons (a part None: not judged): fail when any part has a reason, pass when a
-    part was judged without one, unjudged when none was judged. A regression fails; a plateau is a notice."""
-    parts = [p for p in (floors, baseline) if p is not None]
-    reasons = [r for p in parts for r in p] + ([regression] if regression else [])
-    judged = bool(parts) or bool(regression)
-    return Verdict(not reasons if judged else None, reasons, [plateau] if plateau else [])
+def compose(*parts: Part | None) -> Verdict:
+    """The one verdict of its parts (None: a part that does not apply, left out), in their order."""
+    return Verdict(tuple(p for p in parts if p is not None))
 
 
-def baseline_reasons(cmp: BaselineComparison | None) -> list[str]:
+def notice(name: str, *notices: str) -> Part:
+    """A part that only says something: it neither fails nor passes a verdict."""
+    return Part(name, None, notices=tuple(notices))
+
+
+def _reasons_part(name: str, reasons: list[str] | None, notices: tuple[str, ...] = ()) -> Part:
+    """A part judged by its reasons (None: not judged): it fails when there is one."""
+    return Part(name, None if reasons is None else not reasons, tuple(reasons or ()), notices)
+
+
+class BaselineCheck(Protocol):
+    """What the baseline part reads of a comparison with ``--baseline``
+    (:class:`~dflash_eval.metrics.baseline.BaselineComparison`)."""
+
+    @property
+    def rel_change(self) -> float: ...
+    @property
+    def drop_tol(self) -> float: ...
+    @property
+    def rise_tol(self) -> float: ...
+    @property
+    def drop_passed(self) -> bool: ...
+    @property
+    def rise_passed(self) -> bool: ...
+
+
+def baseline_reasons(cmp: BaselineCheck | None) -> list[str]:
     """Why the τ against ``--baseline`` fails: a drop beyond the drop tolerance, a rise beyond the rise tolerance
     (empty without a baseline or when both hold)."""
+    if cmp is None:
+        return []
+    return _baseline_reasons(cmp.rel_change, cmp.drop_tol, cmp.rise_tol, cmp.drop_passed, cmp.rise_passed)
+
+
+def _baseline_reasons(rel_change: float, drop_tol: float, rise_tol: float, drop_ok: bool, rise_ok: bool) -> list[str]:
     out = []
-    if cmp is not None and not cmp.drop_passed:
-        out.append(f"τ dropped against the baseline: {fmt(100 * cmp.rel_change, 2, '+f')} % "
-                   f"(allowed -{fmt(100 * cmp.drop_tol, 6, 'g')} %)")
-    if cmp is not None and not cmp.rise_passed:
-        out.append(f"τ rose {fmt(100 * cmp.rel_change, 2, '+f')} % against the baseline (allowed "
-                   f"+{fmt(100 * cmp.rise_tol, 6, 'g')} %): check the drafter for a future-token leak")
+    if not drop_ok:
+        out.append(f"τ dropped against the baseline: {fmt(100 * rel_change, 2, '+f')} % "
+                   f"(allowed -{fmt(100 * drop_tol, 6, 'g')} %)")
+    if not rise_ok:
+        out.append(f"τ rose {fmt(100 * rel_change, 2, '+f')} % against the baseline (allowed "
+                   f"+{fmt(100 * rise_tol, 6, 'g')} %): check the drafter for a future-token leak")
     return out
+
+
+def drop_holds(n: int, rel_change: float, tol: float) -> bool:
+    """τ did not drop against the baseline by more than ``tol`` (a relative change; no paired prompt, or NaN: it
+    does not hold)."""
+    return n > 0 and not math.isnan(rel_change) and rel_change >= -tol
+
+
+def rise_holds(n: int, rel_change: float, tol: float) -> bool:
+    """τ did not rise against the baseline by more than ``tol`` (as :func:`drop_holds`)."""
+    return n > 0 and not math.isnan(rel_change) and rel_change <= tol
+
+
+def baseline_part(cmp: BaselineCheck | None) -> Part | None:
+    """The τ against ``--baseline`` (:func:`baseline_reasons`; None without a baseline)."""
+    return None if cmp is None else _reasons_part(BASELINE, baseline_reasons(cmp))
 
 
 #: τ is never below 1 (every verification round accepts at least the target's own token, greedy or sampled): a floor
@@ -313,11 +467,11 @@ def baseline_reasons(cmp: BaselineComparison | None) -> list[str]:
 VACUOUS_FLOOR = 1.0
 
 
-def vacuous_floors(prompts: dict[str, dict[str, Any]], means: list[Threshold]) -> str | None:
+def vacuous_floors(prompts: Mapping[str, JudgedPrompt], means: list[Threshold]) -> str | None:
     """The notice when every floor a verdict judges (the means', every prompt's, chain and DDTree) is at most
     :data:`VACUOUS_FLOOR`: such floors judge nothing; None when one is above it, or there is none."""
-    values = [t.floor for t in means] + [v.get("floor") for v in prompts.values()] + [
-        f for v in prompts.values() for f in (v.get("ddtree_floor") or {}).values()]
+    values = [t.floor for t in means] + [v.floor for v in prompts.values()] + [
+        f for v in prompts.values() for f in v.ddtree_floor.values()]
     floors = [f for f in values if f is not None]
     if not floors or max(floors) > VACUOUS_FLOOR:
         return None
@@ -326,26 +480,85 @@ def vacuous_floors(prompts: dict[str, dict[str, Any]], means: list[Threshold]) -
             "every drafter and judge nothing; record floors (dflash-eval record) or pass a --tau-floor above 1")
 
 
-def checkpoint_verdict(prompts: dict[str, dict[str, Any]], means: list[Threshold], floors: Floors,
-                       baseline: BaselineComparison | None, *, floors_required: bool = True) -> Verdict:
-    """A checkpoint's τ (judged eval.json ``prompts`` rows, the mean thresholds) against its floors
-    (:func:`gate_reasons`) and its baseline comparison (:func:`baseline_reasons`). ``floors_required`` False: the
-    floors are judged only when there are any (a floors file, ``--tau-floor`` / ``--tau-floor-prompt``), so a run
-    with neither floors nor baseline is unjudged rather than failed. Floors that judge nothing
-    (:func:`vacuous_floors`) are a notice of the verdict."""
-    judged = floors_required or bool(floors.raw) or bool(floors.explicit)
-    fl = gate_reasons(prompts, means, prompt_floors_required=floors.prompt_floors_required) if judged else None
-    verdict = compose(fl, baseline=None if baseline is None else baseline_reasons(baseline))
-    vacuous = vacuous_floors(prompts, means) if judged else None
-    return replace(verdict, notices=[*verdict.notices, vacuous]) if vacuous else verdict
+def floors_part(prompts: Mapping[str, JudgedPrompt], means: list[Threshold], floors: Floors, *,
+                floors_required: bool = True) -> Part:
+    """A checkpoint's τ (its judged prompt rows, the mean thresholds) against its floors
+    (:func:`gate_reasons`). ``floors_required`` False: judged only when there are floors (a floors file,
+    ``--tau-floor`` / ``--tau-floor-prompt``), else not judged rather than failed. Floors that judge nothing
+    (:func:`vacuous_floors`) are its notice."""
+    if not (floors_required or bool(floors.raw) or bool(floors.explicit)):
+        return Part(FLOORS, None)
+    vacuous = vacuous_floors(prompts, means)
+    return _reasons_part(FLOORS, gate_reasons(prompts, means, prompt_floors_required=floors.prompt_floors_required),
+                         (vacuous,) if vacuous else ())
 
 
-def trend_verdict(verdict: Verdict, regression: str | None, plateau: str | None = None) -> Verdict:
-    """A checkpoint's verdict across the steps of a training run: its own, failed by a regression, a plateau
-    noted."""
-    trend = compose(regression=regression, plateau=plateau)
-    passed = False if trend.passed is False else verdict.passed
-    return Verdict(passed, verdict.reasons + trend.reasons, verdict.notices + trend.notices)
+def _x(v: object) -> str:
+    return f"{fmt(v, 2)}x" if is_number(v) else fmt(v)
+
+
+def speedup_floor_reason(block: Mapping[str, Any]) -> str | None:
+    """Why the predicted chain speed-up fails ``--speedup-floor`` (eval.json's ``speedup`` block: ``floor`` and
+    ``strategies.chain.speedup``); None when it passes or no floor was given. The floor is judged like a τ floor
+    (:func:`passes`: a missing or NaN speed-up fails)."""
+    floor = block.get("floor")
+    if floor is None:
+        return None
+    chain = (block.get("strategies") or {}).get("chain") or {}
+    value = chain.get("speedup")
+    if passes(value, floor):
+        return None
+    lo, hi = (chain.get("speedup_ci") or [None, None])[:2]
+    return (f"predicted chain speed-up {_x(value)} (95 % CI [{_x(lo)}, {_x(hi)}] from τ's) < --speedup-floor "
+            f"{floor:g} on {block.get('device', '?')} ({block.get('dtype', '?')}, context {block.get('context_len')})")
+
+
+def speedup_floor_part(block: Mapping[str, Any] | None) -> Part | None:
+    """The predicted chain speed-up against ``--speedup-floor`` (eval.json's ``speedup`` block; None without a
+    block or a floor): :func:`speedup_floor_reason` fails it."""
+    if not block or block.get("floor") is None:
+        return None
+    reason = speedup_floor_reason(block)
+    return _reasons_part(SPEEDUP_FLOOR, [reason] if reason else [])
+
+
+def regressed(upper: float | None) -> bool:
+    """The regression rule across training steps: the one-sided upper limit of Δ against the run's recent level is
+    below 0 (None: not judged)."""
+    return upper is not None and upper < 0
+
+
+def gained(gain: float, limit: float) -> bool:
+    """A checkpoint gained beyond the noise between checkpoints (no plateau): its gain is above the limit."""
+    return gain > limit
+
+
+def regression_part(regression: str | None) -> Part | None:
+    """A regression across training steps (its message; None: none) fails the verdict."""
+    return None if regression is None else Part(REGRESSION, False, (regression,))
+
+
+def plateau_part(plateau: str | None) -> Part | None:
+    """A plateau across training steps (its message; None: none) is a notice."""
+    return None if plateau is None else notice(PLATEAU, plateau)
+
+
+def checkpoint_verdict(prompts: Mapping[str, JudgedPrompt], means: list[Threshold], floors: Floors,
+                       baseline: BaselineCheck | None, *, speedup: Mapping[str, Any] | None = None,
+                       floors_required: bool = True) -> Verdict:
+    """A checkpoint's verdict (the gate's, the training history's): its τ against its floors (:func:`floors_part`),
+    against ``--baseline`` (:func:`baseline_part`) and its predicted speed-up against ``--speedup-floor``
+    (:func:`speedup_floor_part`, from eval.json's ``speedup`` block). The verdicts across training steps join it
+    later (:meth:`Verdict.with_parts`: :func:`regression_part`, :func:`plateau_part`)."""
+    return compose(floors_part(prompts, means, floors, floors_required=floors_required), baseline_part(baseline),
+                   speedup_floor_part(speedup))
+
+
+def record_verdict(passed: bool | None, reasons: list[str], regression: str | None, plateau: str | None) -> Verdict:
+    """The verdict of a history record written before records kept their verdict's parts: its own verdict
+    (``passed``, ``reasons``) and the verdicts across steps."""
+    return compose(Part(CHECKPOINT, passed, tuple(reasons) if passed is False else ()),
+                   regression_part(regression), plateau_part(plateau))
 
 
 def tau_verdict(data: dict[str, Any]) -> bool | None:
@@ -357,6 +570,22 @@ def tau_verdict(data: dict[str, Any]) -> bool | None:
     cats = data.get("categories") or {}
     return bool(data.get("mean_passed")) and not any(r.get("passed") is False for r in prompts.values()) \
         and not any(r.get("passed") is False for r in cats.values())
+
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+
+
+def drift_outcome(scaled: float, low: float, high: float, estimate: float, *, conclusive: bool = False) -> str:
+    """The drift gate's rule for one comparison and layer: the drift x the safety factor (``scaled``) passes at or
+    below the budget CI's lower end ``low``, fails above its upper end ``high``, and is ``inconclusive`` in between
+    (``conclusive``: pass / fail against the point ``estimate`` instead)."""
+    if scaled <= low:
+        return PASS
+    if scaled > high:
+        return FAIL
+    if conclusive:
+        return PASS if scaled <= estimate else FAIL
+    return INCONCLUSIVE
 
 
 def row_outcome(row: dict[str, Any]) -> str:
@@ -371,26 +600,86 @@ def gate_outcome(data: dict[str, Any]) -> str | None:
     if not rows:
         return None
     outcomes = [row_outcome(r) for r in rows]
-    return "fail" if "fail" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
+    return FAIL if FAIL in outcomes else INCONCLUSIVE if INCONCLUSIVE in outcomes else PASS
+
+
+#: A part of a test run's verdict, from eval.json's data (None: the part does not apply to this run). A new part is
+#: one more function in :data:`RUN_PARTS`: every writer shows its reasons and notices.
+RunPart = Callable[[dict[str, Any]], Part | None]
+
+
+def _refusal(data: dict[str, Any]) -> Part | None:
+    checks = refused(data)
+    return None if not checks else Part(REFUSAL, False, (
+        "the drafter was refused by " + ", ".join(c["check"] for c in checks),))
+
+
+def _plugins(data: dict[str, Any]) -> Part | None:
+    rejected = data.get("rejected") or []
+    return None if not rejected else Part(PLUGINS, False, tuple(f"rejected by plugin {r['plugin']!r}"
+                                                                for r in rejected))
+
+
+def _baseline(data: dict[str, Any]) -> Part | None:
+    b = data.get("baseline")
+    if not isinstance(b, dict) or "drop_passed" not in b:
+        return None
+    rel = b.get("rel_change")
+    return _reasons_part(BASELINE, _baseline_reasons(math.nan if rel is None else rel, b.get("drop_tol", math.nan),
+                                                     b.get("rise_tol", math.nan), bool(b["drop_passed"]),
+                                                     bool(b.get("rise_passed"))))
+
+
+def _tau(data: dict[str, Any]) -> Part | None:
+    tau = tau_verdict(data)
+    return None if tau is None else Part(FLOORS, tau, () if tau else ("τ below its floors",))
+
+
+def _drift_gate(data: dict[str, Any]) -> Part | None:
+    gate = gate_outcome(data)
+    return None if gate is None else Part(DRIFT_GATE, gate != FAIL, ("drift over budget",) if gate == FAIL else (),
+                                          outcome=gate)
+
+
+def _speedup(data: dict[str, Any]) -> Part | None:
+    return speedup_floor_part(data.get("speedup"))
+
+
+def _near_ties(data: dict[str, Any]) -> Part | None:
+    lines = near_tie_notices(data.get("near_ties") or [])
+    return notice(NEAR_TIES, *lines) if lines else None
+
+
+#: The parts of a test run's verdict read from its eval.json data, in the order its reasons are given.
+RUN_PARTS: list[RunPart] = [_refusal, _plugins, _tau, _baseline, _drift_gate, _speedup, _near_ties]
 
 
 def run_verdict(data: dict[str, Any], *, failed_tests: int = 0, exitstatus: int = 0) -> Verdict:
-    """A test run's verdict from its eval.json data: it passes when τ passes its floors (:func:`tau_verdict`), the
-    drift gate has no failing row (:func:`gate_outcome`), the drafter was not refused (:func:`refused`), no plugin
-    rejected the result (``rejected``: ``pytest_dflash_eval_result_ready``), no test failed (``failed_tests``) and
-    pytest's ``exitstatus`` is 0; the reasons say why not."""
-    tau, gate, refusal = tau_verdict(data), gate_outcome(data), refused(data)
-    why = []
-    if refusal:
-        why.append("the drafter was refused by " + ", ".join(c["check"] for c in refusal))
-    why += [f"rejected by plugin {r['plugin']!r}" for r in data.get("rejected") or []]
-    if tau is False:
-        why.append("τ below its floors")
-    if gate == "fail":
-        why.append("drift over budget")
-    if failed_tests:
-        why.append(f"{failed_tests} test{'s' if failed_tests > 1 else ''} failed")
-    passed = not why and exitstatus == 0
-    if not why and exitstatus != 0:
-        why.append(f"pytest exit status {exitstatus}")
-    return Verdict(passed, why)
+    """A test run's verdict from its eval.json data: it passes when τ passes its floors (:func:`tau_verdict`) and its
+    ``--baseline``, the drift gate has no failing row (:func:`gate_outcome`), the predicted speed-up passes
+    ``--speedup-floor``, the
+    drafter was not refused (:func:`refused`), no plugin rejected the result (``rejected``:
+    ``pytest_dflash_eval_result_ready``) (:data:`RUN_PARTS`), no test failed (``failed_tests``) and pytest's
+    ``exitstatus`` is 0; the reasons say why not."""
+    parts = [part(data) for part in RUN_PARTS]
+    tests = Part(TESTS, not failed_tests, (f"{failed_tests} test{'s' if failed_tests > 1 else ''} failed",)
+                 if failed_tests else ())
+    verdict = compose(*parts, tests)
+    if exitstatus != 0 and verdict.passed is not False:
+        verdict = verdict.with_parts(Part(EXIT_STATUS, False, (f"pytest exit status {exitstatus}",)))
+    return verdict
+
+
+def reports_part() -> Part:
+    """The run's reports could not be written (the message naming the file and the cause is printed once, beside
+    the verdict): the run fails."""
+    return Part(REPORTS, False, ("the reports could not be written (above)",))
+
+
+def stored_verdict(data: dict[str, Any]) -> Verdict:
+    """The verdict eval.json ``data`` holds (``verdict``, composed by :func:`run_verdict` when the run ended); data of
+    an earlier version, without one, is judged now from the suite tests' outcomes it holds."""
+    if isinstance(data.get("verdict"), dict):
+        return Verdict.from_dict(data["verdict"])
+    counts = (data.get("tests") or {}).get("counts") or {}
+    return run_verdict(data, failed_tests=int(counts.get("failed", 0)) + int(counts.get("error", 0)))

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 from collections.abc import Iterable, Mapping, Sequence
 
 from dflash_eval.options.settings import OPTIONS, add_options
 
-__all__ = ["refused", "misspelled", "environ_for", "add_command_options", "honoured_by"]
+__all__ = ["refused", "misspelled", "environ_for", "add_command_options", "honoured_by", "XDIST_FLAGS",
+           "xdist_installed", "xdist_missing", "unknown_pytest_args"]
 
 _SHOWN = {"run": "`dflash-eval run` / pytest", "gate": "`dflash-eval gate`", "record": "`dflash-eval record`"}
 
@@ -49,11 +51,12 @@ def refused(args: Sequence[str], command: str, *, why: Mapping[str, str] | None 
 
 
 def misspelled(args: Sequence[str], command: str, *, known: Iterable[str] = (),
-               others: Iterable[str] = ()) -> list[str]:
+               others: Iterable[str] = (), where: str | None = None) -> list[str]:
     """One line for each ``--flag`` in ``args`` (nothing after ``--``) that is no suite option and not in ``known``
     (the command's own flags) but close to one that ``command`` takes: ``--target-modle: unknown option of
-    `dflash-eval run`; did you mean --target-model?``. ``others``: flags of another parser that passes through
-    (pytest's, for ``run`` and ``record``): never called a typo."""
+    `dflash-eval run`; did you mean --target-model?`` (``where``: what the line calls it an option of instead).
+    ``others``: flags of another parser that passes through (pytest's, for ``run`` and ``record``): never called a
+    typo."""
     suite = {o.flag for o in OPTIONS}
     own = sorted({o.flag for o in OPTIONS if o.applies_to(command)} | set(known))
     passing = set(others) | set(known) | suite
@@ -68,7 +71,7 @@ def misspelled(args: Sequence[str], command: str, *, known: Iterable[str] = (),
         # --drafter-config 0.80: the cut-off keeps options of pytest and its plugins from reading as typos
         close = difflib.get_close_matches(flag, own, n=3, cutoff=0.86)
         if close:
-            line = (f"{flag}: unknown option of `dflash-eval {command}`; did you mean "
+            line = (f"{flag}: unknown option of {where or f'`dflash-eval {command}`'}; did you mean "
                     f"{' or '.join(close)}?")
             if line not in out:
                 out.append(line)
@@ -86,3 +89,43 @@ def add_command_options(parser: argparse.ArgumentParser, command: str, *, skip: 
     g = parser.add_argument_group(f"suite options `dflash-eval {command}` honours (as in `dflash-eval run`; env "
                                   "DFLASH_EVAL_<NAME> when not given)")
     add_options(g.add_argument, skip=skip, strict_choices=True, command=command)
+
+
+#: pytest-xdist's options: what ``-n 2`` and its kin need installed.
+XDIST_FLAGS = ("-n", "--numprocesses", "--maxprocesses", "--dist", "--tx", "--max-worker-restart")
+
+
+def _xdist_flag(arg: str) -> str | None:
+    """The pytest-xdist option ``arg`` is (``-n``, ``-n2``, ``-nauto``, ``--dist=load``, ...), else None."""
+    flag = arg.split("=", 1)[0]
+    if flag in XDIST_FLAGS:
+        return flag
+    return "-n" if arg.startswith("-n") and not arg.startswith("--") and len(arg) > 2 else None
+
+
+def xdist_installed() -> bool:
+    """Whether pytest-xdist can be imported (nothing is imported to tell)."""
+    return importlib.util.find_spec("xdist") is not None
+
+
+def xdist_missing(args: Sequence[str], *, installed: bool | None = None) -> str | None:
+    """The one line for pytest-xdist's options in ``args`` (``-n 2``) when pytest-xdist is not installed
+    (``installed``: whether it is; None: :func:`xdist_installed`), naming the extra that installs it; None when
+    there is none, or it is installed."""
+    if installed is None:
+        installed = xdist_installed()
+    given = list(args)[:list(args).index("--")] if "--" in args else list(args)  # nothing after --
+    flags = [f for a in given if (f := _xdist_flag(a))]
+    if not flags or installed:
+        return None
+    return (f"{flags[0]} runs the tests in parallel through pytest-xdist, which is not installed here: install "
+            "dflash-eval's xdist extra (pip install '<the dflash-eval wheel or checkout>[xdist]') or pytest-xdist "
+            "itself (pip install pytest-xdist)")
+
+
+def unknown_pytest_args(unknown: Sequence[str], *, xdist_installed: bool | None = None) -> list[str]:
+    """What to say of the arguments pytest does not know (``unknown``: after every plugin and conftest registered
+    its options): pytest-xdist's options when it is not installed (:func:`xdist_missing`), and a suite option
+    misspelled (``--num-promtps``: did you mean ``--num-prompts``?). Empty: leave them to pytest's own message."""
+    out = [line] if (line := xdist_missing(unknown, installed=xdist_installed)) else []
+    return out + misspelled(unknown, "run", where="the dflash-eval suite")

@@ -119,8 +119,9 @@ def input_problems(settings: EvalSettings, *, target_check: Callable[[EvalSettin
         problems.append(f"--floors-file {exc}")
     try:
         (load_prompts or (lambda: _load_prompts(s)))()
-    except ConfigError as exc:
-        problems.append(f"--prompts {s.prompts}: {exc}")
+    except ConfigError as exc:  # a message that names its file already is not prefixed with it a second time
+        named = any(str(exc).startswith(part.strip()) for part in str(s.prompts).split(",") if part.strip())
+        problems.append(f"--prompts: {exc}" if named else f"--prompts {s.prompts}: {exc}")
     return problems
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dflash_eval.errors import ConfigError
+from dflash_eval.errors import ConfigError, json_problem
 
 __all__ = ["read_rows", "DATA_SUFFIXES"]
 
@@ -92,7 +92,7 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
         try:
             obj = json.loads(s)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{n}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+            raise ConfigError(f"{path}:{n}: not valid JSON ({json_problem(exc)})") from exc
         if not isinstance(obj, dict):
             raise ConfigError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
         rows.append(obj)

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.errors import ConfigError
+from dflash_eval.errors import ConfigError, json_problem
 from dflash_eval.prompts.prompt import Prompt, make_prompt
 
 __all__ = ["load_prompts", "parse_prompt_line"]
@@ -49,7 +49,7 @@ def parse_prompt_line(raw: str, *, source: str, line: int) -> dict[str, Any] | N
     try:
         obj = json.loads(s)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{source}:{line}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        raise ConfigError(f"{source}:{line}: not valid JSON ({json_problem(exc)})") from exc
     return _check_object(obj, f"{source}:{line}")
 
 
@@ -59,7 +59,7 @@ def _objects(path: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
         try:
             arr = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+            raise ConfigError(f"{path}:{exc.lineno}: not valid JSON ({json_problem(exc)})") from exc
         return [(n, _check_object(o, f"{path}: element {n}")) for n, o in enumerate(arr, start=1)]
     out = []
     for n, raw in enumerate(text.splitlines(), start=1):

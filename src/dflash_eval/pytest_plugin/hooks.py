@@ -20,6 +20,7 @@ import pytest
 from dflash_eval import hookspec
 from dflash_eval.common.torch_check import require_torch
 from dflash_eval.errors import DFlashEvalError, DrafterRefused
+from dflash_eval.options.commands import unknown_pytest_args
 from dflash_eval.options.preflight import preflight
 from dflash_eval.options.settings import add_options
 from dflash_eval.pytest_plugin.fixtures import refused_reason, uses_suite_fixtures
@@ -48,9 +49,10 @@ from dflash_eval.pytest_plugin.suite_args import runs_suite
 if TYPE_CHECKING:
     from dflash_eval.pytest_plugin.run_report import WorkerNode
 
-__all__ = ["pytest_addhooks", "pytest_addoption", "pytest_configure", "pytest_configure_node", "pytest_testnodedown",
-           "pytest_runtest_makereport", "pytest_runtest_call", "pytest_sessionstart",
-           "pytest_collection_modifyitems", "pytest_sessionfinish", "pytest_terminal_summary", "MARKERS"]
+__all__ = ["pytest_addhooks", "pytest_addoption", "pytest_load_initial_conftests", "pytest_configure",
+           "pytest_configure_node", "pytest_testnodedown", "pytest_runtest_makereport", "pytest_runtest_call",
+           "pytest_sessionstart", "pytest_runtestloop", "pytest_collection_modifyitems", "pytest_sessionfinish",
+           "pytest_terminal_summary", "MARKERS"]
 
 SUITE_REPORT_ATTR = "dflash_eval_suite"  # set on the reports of tests that use the suite's fixtures
 CHECKED = pytest.StashKey[bool]()
@@ -74,6 +76,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                             "dflash_eval.tests_eval` or `dflash-eval run`); each option also reads env "
                             "DFLASH_EVAL_<NAME> and ini dflash_<name>; precedence CLI > env > ini > default")
     add_options(group.addoption, add_ini=parser.addini)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser,
+                                  args: list[str]) -> Generator[None, None, None]:
+    """Once every plugin and the initial conftests registered their options: arguments no one knows that are
+    pytest-xdist's without it installed (``-n 2``), or a misspelled suite option (``--num-promtps``), are one usage
+    error saying what to do (the extra to install; did you mean ...), instead of pytest's "unrecognized
+    arguments" (:func:`dflash_eval.options.commands.unknown_pytest_args`)."""
+    result = yield
+    _, unknown = parser.parse_known_and_unknown_args(args)
+    problems = unknown_pytest_args(unknown)
+    if problems:
+        raise pytest.UsageError("dflash-eval: " + "\ndflash-eval: ".join(problems))
+    return result
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -256,9 +273,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             svc.stop()
         except Exception as exc:  # noqa: BLE001 - a server that will not stop must not cost the run its reports
             print(f"dflash-eval: could not stop the SGLang server: {exc}")
-    write_run_reports(config)
+    write_run_reports(config, failed_tests=session.testsfailed, exitstatus=exitstatus)
     fail_a_refused_run(session)  # and a run a plugin rejected
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
-    write_terminal_section(terminalreporter, exitstatus, config)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    write_terminal_section(terminalreporter, config)

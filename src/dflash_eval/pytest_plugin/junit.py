@@ -7,10 +7,10 @@ sees the numbers without opening eval.json:
 - the run: ``dflash_eval.mean_tau``, ``dflash_eval.mean_floor``, ``dflash_eval.mean_ddtree<N>``,
   ``dflash_eval.prompts`` (how many were evaluated), ``dflash_eval.failed_prompts``, ``dflash_eval.verdict``
   (``PASS`` / ``FAIL``: the mean and every gated prompt and category against their floors) and, when the drift
-  gate ran, ``dflash_eval.drift_gate`` (``PASS`` / ``FAIL`` / ``INCONCLUSIVE``); ``dflash_eval.near_ties`` (how many
-  completions left their golden record or their teacher-forced argmax at a near tie of the target: not failures)
-  and one ``dflash_eval.near_tie.<n>`` per near tie (prompt, what it was compared with, position, both tokens, the
-  margin and the band);
+  gate ran, ``dflash_eval.drift_gate`` (``PASS`` / ``FAIL`` / ``INCONCLUSIVE``): both parts of the run's verdict, as
+  eval.json holds it; ``dflash_eval.near_ties`` (how many completions left their golden record or their
+  teacher-forced argmax at a near tie of the target: not failures) and one ``dflash_eval.near_tie.<n>`` per near
+  tie (prompt, what it was compared with, position, both tokens, the margin and the band);
 - each prompt (the τ tests ``test_tau[<prompt>]`` and ``test_ddtree_tau[<prompt>-ddtree<N>]``):
   ``dflash_eval.prompt.<prompt>.tau``, ``.floor``, ``.rounds``, ``.ddtree<N>.tau``, ``.ddtree<N>.floor`` and
   ``.verdict``.
@@ -26,6 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+from dflash_eval.metrics.verdict import DRIFT_GATE, FLOORS, stored_verdict
 
 __all__ = ["junit_properties", "add_junit_properties", "testcase_property", "testcase_properties_allowed"]
 
@@ -43,8 +45,7 @@ def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
                                             f"{_round(tie.get('margin'))} < band {tie['band']:g} ({tie['dtype']})")
     if "mean_tau" not in data:
         return near
-    from dflash_eval.report.summary import gate_outcome, tau_verdict  # imports torch: kept out of --help
-
+    verdict = stored_verdict(data)
     prompts = data.get("prompts", {})
     failed = [p for p, r in prompts.items() if r.get("passed") is False]
     out: dict[str, Any] = {"dflash_eval.mean_tau": _round(data.get("mean_tau")),
@@ -53,8 +54,8 @@ def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
         out[f"dflash_eval.mean_ddtree{b}"] = _round(v)
     out["dflash_eval.prompts"] = len(prompts)
     out["dflash_eval.failed_prompts"] = len(failed)
-    out["dflash_eval.verdict"] = "PASS" if tau_verdict(data) else "FAIL"
-    gate = gate_outcome(data)
+    out["dflash_eval.verdict"] = "PASS" if verdict.outcome(FLOORS) == "pass" else "FAIL"
+    gate = verdict.outcome(DRIFT_GATE)
     if gate is not None:
         out["dflash_eval.drift_gate"] = gate.upper()
     out.update(near)

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
+from dflash_eval import report
 from dflash_eval.errors import DFlashEvalError, PluginError
-from dflash_eval.metrics.verdict import refused
+from dflash_eval.metrics.verdict import refused, reports_part, run_verdict
 from dflash_eval.pytest_plugin.junit import add_junit_properties
 from dflash_eval.pytest_plugin.state import (
     FRAGMENTS,
@@ -25,6 +26,7 @@ from dflash_eval.pytest_plugin.state import (
     get_settings,
     is_controller,
 )
+from dflash_eval.report.run_end import measured, terminal_section
 from dflash_eval.training_loop.plugins import result_ready
 
 if TYPE_CHECKING:  # imports torch: kept out of the plugin's own import
@@ -66,17 +68,15 @@ def _own_result(config: pytest.Config) -> bool:
     return False
 
 
-def write_run_reports(config: pytest.Config) -> None:
-    """The controller merges every process's result and writes the reports (and the golden updates); the merged
-    data and the lines for the terminal go to the stash, the mean τ and the verdict to the junit XML. A failure is
-    one line for the terminal naming the file and the cause, never an internal error of the test run, and it fails
-    the run (:func:`fail_a_refused_run`): a CI step must not pass without its reports."""
+def write_run_reports(config: pytest.Config, *, failed_tests: int, exitstatus: int) -> None:
+    """The controller merges every process's result, composes the run's verdict (``failed_tests``: the run's failed
+    tests and errors; ``exitstatus``: pytest's) and writes the reports (and the golden updates); the merged data with
+    its verdict and the lines for the terminal go to the stash, the mean τ and the verdict to the junit XML. A failure
+    is one line for the terminal naming the file and the cause, never an internal error of the test run, and it fails
+    the run (:func:`fail_a_refused_run`) and its verdict: a CI step must not pass without its reports."""
     try:
         if _own_result(config) or not is_controller(config):
             return
-        from dflash_eval import report  # imports torch: kept out of --help
-        from dflash_eval.report.run_end import measured  # imports torch: kept out of --help
-
         frags = config.stash[FRAGMENTS]
         if not frags or not measured(frags):
             return
@@ -89,8 +89,8 @@ def write_run_reports(config: pytest.Config) -> None:
         if not _result_ready(config, settings, data):
             return
         config.stash[MERGED] = data  # the tables and the verdict are printed even when a file cannot be written
-        config.stash[MESSAGES] = report.finish(data, settings) + [f"dflash-eval: {m}" for m in
-                                                                   config.stash.get(REJECTED, [])]
+        config.stash[MESSAGES] = report.finish(data, settings, failed_tests=failed_tests, exitstatus=exitstatus) + [
+            f"dflash-eval: {m}" for m in config.stash.get(REJECTED, [])]
 
         add_junit_properties(config, data)
     except Exception as exc:  # noqa: BLE001 - reporting must never turn a test run into an internal error
@@ -98,7 +98,10 @@ def write_run_reports(config: pytest.Config) -> None:
         config.stash[REPORT_FAILED] = why
         config.stash[MESSAGES] = [f"dflash-eval: {why}; the run fails"]
         if is_controller(config):
-            config.stash.setdefault(MERGED, {})
+            merged = config.stash.setdefault(MERGED, {})
+            if merged:  # the verdict the terminal prints: the run's, failed by its reports
+                merged["verdict"] = run_verdict(merged, failed_tests=failed_tests, exitstatus=exitstatus).with_parts(
+                    reports_part()).to_dict()
 
 
 def _result_ready(config: pytest.Config, settings: EvalSettings, data: dict[str, Any]) -> bool:
@@ -128,22 +131,20 @@ def fail_a_refused_run(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def write_terminal_section(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
-    """The dflash-eval section: the tables, the messages of the end of the run, the verdict last."""
+def write_terminal_section(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The dflash-eval section: the tables, the messages of the end of the run, the verdict (the one the run's
+    eval.json holds) last."""
     data = config.stash.get(MERGED, None)
     if data is None:
         return
-    from dflash_eval.report.run_end import terminal_section  # imports torch: kept out of --help
-
     try:
         settings = get_settings(config)
         report_dir, recorded = settings.report_dir, bool(settings.update_tau_floors)
     except DFlashEvalError:
         report_dir, recorded = None, False
     width = getattr(getattr(terminalreporter, "_tw", None), "fullwidth", 120)
-    failed = sum(len(terminalreporter.stats.get(k, [])) for k in ("failed", "error"))
     section = terminal_section(data, config.stash.get(MESSAGES, []), width=width, verbose=config.option.verbose > 0,
-                               failed_tests=failed, exitstatus=exitstatus, report_dir=report_dir, recorded=recorded)
+                               report_dir=report_dir, recorded=recorded)
     terminalreporter.section("dflash-eval")
     if section.tables:
         terminalreporter.write(section.tables)

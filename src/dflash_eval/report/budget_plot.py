@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.number_text import fmt
+from dflash_eval.metrics.verdict import DRIFT_GATE, stored_verdict
 from dflash_eval.report.plot import save_png
-from dflash_eval.report.summary import gate_outcome
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
     from matplotlib.axes import Axes
@@ -52,7 +52,7 @@ def _g(x: object) -> str:
 def budget_title(data: dict[str, Any]) -> tuple[str, str]:
     """The plot's title (the gate's verdict and its numbers) and subtitle (what the budget is)."""
     b = data["drift_budget"]
-    outcome = gate_outcome(data)
+    outcome = stored_verdict(data).outcome(DRIFT_GATE)
     bound = ">= " if b.get("lower_bound") else ""
     lo, hi = _ci(b)
     ci = f"{fmt(100 * b.get('ci_level', 0.9), 0)} % CI {_g(lo)}–{_g(hi)}"
@@ -190,7 +190,8 @@ def _axes_ranges(ax_d: Axes, ax_t: Axes, b: dict[str, Any], levels: list[dict[st
 def _titles_and_legend(fig: Figure, ax_d: Axes, data: dict[str, Any]) -> None:
     """The verdict title (in the verdict's colour), the subtitle and one legend under both panels."""
     title, sub = budget_title(data)
-    fig.suptitle(title, fontsize=FONT_PT + 4, fontweight="bold", color=_VERDICT_COLOURS[gate_outcome(data)])
+    outcome = stored_verdict(data).outcome(DRIFT_GATE)  # the drift gate's part of the run's verdict
+    fig.suptitle(title, fontsize=FONT_PT + 4, fontweight="bold", color=_VERDICT_COLOURS[outcome])
     fig.text(0.5, 0.945, sub, ha="center", va="top", fontsize=FONT_PT + 1)
     handles, labels = ax_d.get_legend_handles_labels()
     rank = ("measured drift direction", "injected", "rounding", "monotone", "tolerance", "drift budget", "budget's",

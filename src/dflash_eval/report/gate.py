@@ -11,8 +11,13 @@ gate.json (strict JSON, NaN written as null)::
                       "mean_ddtree_pooled": {N: τ} (pooled over every round), "mean_floor", "worst_prompt",
                       "worst_tau", "worst_floor", "passed", "reasons": [...], "baseline", "seconds",
                       "prompts": {id: {"tau", "ddtree", "floor", "passed"}}, "step", "gating",
-                      "notices": [...], "reference", "speedup"} | {"drafter", "passed": false, "error", "seconds",
-                      "step", "gating"}]}
+                      "notices": [...], "reference", "speedup", "verdict": {"passed", "label", "reasons", "notices",
+                      "parts": [{"name", "passed", "outcome", "reasons", "notices"}]}} | {"drafter", "passed": false,
+                      "error", "seconds", "step", "gating"}]}
+
+A checkpoint's ``passed``, ``reasons`` and ``notices`` are its ``verdict``'s (the one its history record holds,
+:mod:`dflash_eval.metrics.verdict`: its floors, ``--baseline``, ``--speedup-floor``, a regression across steps, a
+plateau notice, the gate's own notices).
 
 ``passed`` at the top: every gating checkpoint passed (:func:`gate_passed`); a checkpoint with ``gating`` false
 (an earlier checkpoint under ``gate --latest``) is reported, its failure does not fail the gate. ``reference``
@@ -36,18 +41,17 @@ from typing import TYPE_CHECKING, Any
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.common.number_text import MISSING, fmt, is_number
 from dflash_eval.metrics.acceptance_rates import TAU_KINDS_NOTE, pooled_means
-from dflash_eval.metrics.verdict import baseline_reasons
+from dflash_eval.metrics.verdict import Verdict
 from dflash_eval.report.step_summary import append_step_summary
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.report.table_rows import ci_name
 from dflash_eval.report.tables import TextTable, markdown_table
 
 if TYPE_CHECKING:
-    from dflash_eval.metrics.floors import Floors
     from dflash_eval.options.settings import EvalSettings
     from dflash_eval.results.eval_result import TauSummary
 
-__all__ = ["GATE_SCHEMA", "NOT_CHECKED", "WORST_SHOWN", "GateRow", "gate_row", "error_row", "baseline_reasons",
+__all__ = ["GATE_SCHEMA", "NOT_CHECKED", "WORST_SHOWN", "GateRow", "gate_row", "error_row",
            "gate_passed", "gate_data", "gate_table", "worst_prompts_table", "render_gate_markdown",
            "write_gate_report"]
 
@@ -58,14 +62,14 @@ WORST_SHOWN = 20
 
 @dataclass
 class GateRow:
-    """One checkpoint of a gate run: its mean τ per budget against the mean floor, its lowest prompt, its verdict and
-    why it failed; or (``error`` set) the error that stopped its evaluation. ``seconds``: its evaluation's time.
-    ``gating`` False: reported, but its verdict does not decide the gate's (an earlier checkpoint under
-    ``--latest``); ``notices``: what the verdict says without failing (floors that judge nothing, a plateau, ...);
-    ``reference``: the paired difference against ``--reference-drafter``."""
+    """One checkpoint of a gate run: its mean τ per budget against the mean floor, its lowest prompt and its verdict
+    (the checkpoint's whole verdict, as its history record holds it: :attr:`passed`, :attr:`reasons`,
+    :attr:`notices` are the verdict's); or (``error`` set) the error that stopped its evaluation. ``seconds``: its
+    evaluation's time. ``gating`` False: reported, but its verdict does not decide the gate's (an earlier checkpoint
+    under ``--latest``); ``reference``: the paired difference against ``--reference-drafter``."""
 
     drafter: str
-    passed: bool
+    verdict: Verdict = field(default_factory=Verdict)
     step: int | None = None
     gating: bool = True
     fingerprint: str | None = None
@@ -77,18 +81,31 @@ class GateRow:
     worst_prompt: str | None = None
     worst_tau: float | None = None
     worst_floor: float | None = None
-    reasons: list[str] = field(default_factory=list)
     baseline: dict[str, Any] | None = None
     reference: dict[str, Any] | None = None
     speedup: dict[str, Any] | None = None  # the predicted speed-up (dflash_eval.metrics.speedup.speedup_digest)
-    notices: list[str] = field(default_factory=list)
     prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: str | None = None
     seconds: float | None = None
 
     @property
+    def passed(self) -> bool:
+        """The checkpoint passes: evaluated, and no part of its verdict failed."""
+        return self.error is None and self.verdict.passed is not False
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why it fails: its verdict's reasons."""
+        return self.verdict.reasons
+
+    @property
+    def notices(self) -> list[str]:
+        """What its verdict says without failing (floors that judge nothing, a plateau, ...)."""
+        return self.verdict.notices
+
+    @property
     def name(self) -> str:
-        """The checkpoint's folder or file name (gate.md's short name)."""
+        """The checkpoint's folder or file name (how every table of the gate labels it)."""
         return Path(self.drafter).name or self.drafter
 
     def to_json(self) -> dict[str, Any]:
@@ -103,24 +120,23 @@ class GateRow:
                 "worst_tau": self.worst_tau, "worst_floor": self.worst_floor, "passed": self.passed,
                 "reasons": self.reasons, "baseline": self.baseline, "prompts": self.prompts,
                 "seconds": self.seconds, "step": self.step, "gating": self.gating, "notices": self.notices,
-                "reference": self.reference, "speedup": self.speedup}
+                "reference": self.reference, "speedup": self.speedup, "verdict": self.verdict.to_dict()}
 
 
-def gate_row(summary: TauSummary, floors: Floors, *, drafter: str, fingerprint: str) -> GateRow:
-    """A checkpoint's row from its judged τ: the means against ``floors``, the prompt with the lowest chain τ, the
-    verdict and the reasons of a failure (:meth:`TauSummary.verdict`: the floors and the baseline)."""
+def gate_row(summary: TauSummary, verdict: Verdict, *, drafter: str, fingerprint: str) -> GateRow:
+    """A checkpoint's row from its judged τ and its ``verdict`` (the one its history record holds): the means
+    against the floors, the prompt with the lowest chain τ."""
     verdicts = summary.prompts
-    verdict = summary.verdict(floors)
     worst = min(verdicts.items(), key=lambda kv: kv[1].tau) if verdicts else None
     pooled, pooled_dd = pooled_means({p: {"accept_lengths": r.accept_lengths,
                                           "ddtree_accept_lengths": r.ddtree_accept_lengths}
                                       for p, r in verdicts.items()})
     return GateRow(
-        drafter=drafter, passed=bool(verdict.passed), fingerprint=fingerprint, mean_tau=summary.mean_tau,
+        drafter=drafter, verdict=verdict, fingerprint=fingerprint, mean_tau=summary.mean_tau,
         mean_ddtree=summary.mean_ddtree, mean_tau_pooled=pooled, mean_ddtree_pooled=pooled_dd,
         mean_floor=summary.mean_floor,
         worst_prompt=worst[0] if worst else None, worst_tau=worst[1].tau if worst else None,
-        worst_floor=worst[1].floor if worst else None, reasons=list(verdict.reasons), notices=list(verdict.notices),
+        worst_floor=worst[1].floor if worst else None,
         baseline=summary.baseline.to_json() if summary.baseline is not None else None,
         prompts={pid: {"tau": v.tau, "ddtree": v.ddtree, "floor": v.floor, "passed": v.passed}
                  for pid, v in verdicts.items()})
@@ -128,7 +144,7 @@ def gate_row(summary: TauSummary, floors: Floors, *, drafter: str, fingerprint: 
 
 def error_row(drafter: str, exc: BaseException) -> GateRow:
     """The row of a checkpoint whose evaluation stopped with ``exc`` (it fails the gate)."""
-    return GateRow(drafter=drafter, passed=False, error=f"{type(exc).__name__}: {exc}")
+    return GateRow(drafter=drafter, error=f"{type(exc).__name__}: {exc}")
 
 
 def _baseline_cell(b: dict[str, Any] | None) -> str:
@@ -169,15 +185,15 @@ def _verdict_cell(r: GateRow) -> str:
 
 
 def gate_table(rows: list[GateRow], budgets: list[Any], *, terminal: bool = False) -> TextTable:
-    """The comparison table, one row per checkpoint: macro mean τ, DDTree-N τ (macro), pooled chain τ, mean floor,
-    worst prompt (τ / floor), verdict and seconds. ``terminal``: the terminal's form (the checkpoint's whole path,
-    without the mean floor and the seconds) instead of gate.md's (the checkpoint's name)."""
+    """The comparison table, one row per checkpoint (labelled by its name, as every report of the gate labels it):
+    macro mean τ, DDTree-N τ (macro), pooled chain τ, mean floor, worst prompt (τ / floor), verdict and seconds.
+    ``terminal``: the terminal's form (without the mean floor and the seconds) instead of gate.md's."""
     bs = [str(b) for b in budgets]
     header = ["checkpoint", "mean τ (macro)"] + [f"DDTree-{b} τ (macro)" for b in bs] + [
         "pooled τ", "mean floor", "worst prompt (τ / floor)", "verdict", "s"]
     cells = []
     for r in rows:
-        cells.append([r.drafter if terminal else r.name, fmt(r.mean_tau)] + [fmt(r.mean_ddtree.get(b)) for b in bs]
+        cells.append([r.name, fmt(r.mean_tau)] + [fmt(r.mean_ddtree.get(b)) for b in bs]
                      + [fmt(r.mean_tau_pooled), fmt(r.mean_floor), _worst_cell(r), _verdict_cell(r),
                         fmt(r.seconds)])
     base = [r.baseline for r in rows if r.baseline]

@@ -3,12 +3,17 @@ fetched), to see where in a completion the drafter fails.
 
 From top to bottom:
 
-- the verdict: the lines of the terminal's verdict block (:func:`dflash_eval.report.summary.verdict_lines`, from
-  the suite tests' outcomes in the data; the report folder's files are links below it instead of its last line);
+- the verdict: the lines of the terminal's verdict block (:func:`dflash_eval.report.summary.verdict_lines`, of the
+  verdict the data holds; the report folder's files are links below it instead of its last line);
+- the report folder's files, each a link (every file the run wrote);
 - τ per category (the tables of eval.md: :mod:`dflash_eval.report.table_rows`) and, as inline SVG, τ along the
   response (the mean accept length of the rounds starting in each :data:`BUCKET`-token bucket of completion
   positions, pooled over a category's prompts and samples) and the per-position acceptance (slot k of the block
   accepted, per category);
+- the predicted speed-up (when predicted): per strategy τ, the round's cost, the speed-up and tokens/s with their
+  CIs, the floor's verdict, the measured costs and ``speedup.png`` (:mod:`dflash_eval.report.speedup_report`);
+- the hidden-state drift (when measured): per comparison and layer the drift against its tolerance and the drift
+  gate's drift x safety against the drift budget and its CI, the budget, its ladder and ``drift_budget.png``;
 - the prompts, worst first (:func:`dflash_eval.report.plot.worst_prompts`: failing, then least room above the floor),
   each with its τ along the response and per-position acceptance, and its completion text with every verification
   round marked (:func:`segments`): the drafts a round accepted, the token where its first draft was rejected (the
@@ -36,9 +41,21 @@ from typing import Any
 
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.common.number_text import fmt, is_number, verdict_text
+from dflash_eval.metrics.verdict import DRIFT_GATE, stored_verdict
 from dflash_eval.report.plot import worst_prompts
-from dflash_eval.report.summary import verdict_lines
-from dflash_eval.report.table_rows import acceptance_rows, budgets, category_ci_name, category_rows, tau_kinds_line
+from dflash_eval.report.speedup_report import SPEEDUP_PLOT, cost_rows, speedup_lines, speedup_rows
+from dflash_eval.report.summary import REPORT_FILES, verdict_lines
+from dflash_eval.report.table_rows import (
+    acceptance_rows,
+    budget_line,
+    budgets,
+    category_ci_name,
+    category_rows,
+    drift_rows,
+    gate_rows,
+    ladder_rows,
+    tau_kinds_line,
+)
 
 __all__ = ["HTML_NAME", "BUCKET", "PROMPTS_SHOWN", "SAMPLES_SHOWN", "TITLES", "Segment", "segments", "title",
            "marked_text", "tau_by_position", "html_verdict_lines", "render_html", "write_html"]
@@ -366,13 +383,68 @@ def _prompt_index(data: dict[str, Any], order: list[str]) -> str:
     return _table(header, rows, raw=1, cls="index")
 
 
+def _plot(name: str, files: Sequence[str], alt: str) -> str:
+    """The report folder's plot ``name`` shown where it is (a link to the file), when this run wrote it."""
+    if name not in files:
+        return ""
+    e = html.escape
+    return f'<p><a href="{e(name)}"><img class="plot" src="{e(name)}" alt="{e(alt)}"></a></p>'
+
+
+def _drift_section(data: dict[str, Any], files: Sequence[str]) -> str:
+    """The hidden-state drift: per comparison and layer, the drift against its tolerance and, where the budget was
+    measured, the drift gate's drift x safety against the budget and its CI; the budget itself, its ladder and its
+    plot (nothing when the run measured no drift)."""
+    dh, drows = drift_rows(data)
+    gh, grows = gate_rows(data)
+    budget = budget_line(data)
+    if not drows and not grows and not budget:
+        return ""
+    e = html.escape
+    gate = stored_verdict(data).outcome(DRIFT_GATE)
+    out = ['<section id="drift"><h2>Hidden-state drift and the drift budget'
+           + (f' <span class="badge {e(gate)}">drift gate {e(gate.upper())}</span>' if gate else "") + "</h2>"]
+    if drows:
+        out += ['<h3>Drift per comparison and layer (worst prompt) against its tolerance</h3>',
+                '<p class="sub">relative L2 error and cosine of the features of the two sides of each comparison; '
+                "max |Δτ|: the largest difference of a prompt's τ between them</p>", _table(dh, drows, cls="drift")]
+    if budget:
+        out.append(f'<p class="sub budget">{e(budget)}</p>')
+    if grows:
+        out += ["<h3>Drift gate: the drift x the safety factor against the drafter's drift budget and its CI</h3>",
+                _table(gh, grows, cls="gate")]
+    lh, lrows = ladder_rows(data)
+    if lrows:
+        out.append("<details><summary>the drift budget's ladder: τ against the injected feature error</summary>"
+                   f"{_table(lh, lrows)}</details>")
+    out.append(_plot(BUDGET_PLOT, files, "τ and the mean τ drop against the injected feature error, the measured "
+                                         "drift marked"))
+    return "".join(out) + "</section>"
+
+
+def _speedup_section(data: dict[str, Any], files: Sequence[str]) -> str:
+    """The predicted speed-up: per strategy τ, the round's cost, the speed-up and tokens/s with the intervals τ's CI
+    maps to; the lines around it (device, plain decoding, the best strategy, the floor's verdict); the measured
+    costs the prediction is made of; the plot (nothing when the run predicted none)."""
+    header, rows = speedup_rows(data)
+    if not rows:
+        return ""
+    e = html.escape
+    out = ['<section id="speedup"><h2>Predicted speed-up over plain decoding on this run\'s device</h2>',
+           _table(header, rows, cls="speedup")]
+    out += [f'<p class="sub">{e(line)}</p>' for line in speedup_lines(data)]
+    ch, crows = cost_rows(data)
+    if crows:
+        out += ["<h3>Measured costs the prediction is made of (each the median of its timings)</h3>",
+                _table(ch, crows, cls="costs")]
+    out.append(_plot(SPEEDUP_PLOT, files, "predicted speed-up against the DDTree budget, the chain beside it"))
+    return "".join(out) + "</section>"
+
+
 def html_verdict_lines(data: dict[str, Any], *, recorded: bool = False) -> list[str]:
-    """The verdict block's lines for ``data`` as the terminal prints them, from the suite tests' outcomes it holds
-    (failed and errored tests; pytest's own exit status is not in the data); without the ``reports:`` line (the
-    page links the files)."""
-    counts = (data.get("tests") or {}).get("counts") or {}
-    failed = int(counts.get("failed", 0)) + int(counts.get("error", 0))
-    return verdict_lines(data, report_dir=None, failed_tests=failed, recorded=recorded)
+    """The verdict block's lines for ``data`` as the terminal prints them (the verdict the data holds); without the
+    ``reports:`` line (the page links the files)."""
+    return verdict_lines(data, report_dir=None, recorded=recorded)
 
 
 _CSS = """
@@ -414,6 +486,8 @@ background:#fcfcfc;border:1px solid #eee;padding:8px;max-height:520px;overflow:a
 .legendbar span{display:inline-block;padding:0 6px;margin-right:6px;font:12px ui-monospace,monospace}
 .switch{position:sticky;top:0;background:#fff;padding:6px 0;z-index:2;border-bottom:1px solid #eee}
 .switch label{margin-right:12px}
+img.plot{max-width:100%;border:1px solid #e3e3e3}.badge.inconclusive{background:#d95f02;color:#fff}
+table.costs td:last-child,table.gate td:nth-child(4){text-align:left}
 """
 
 _JS = """
@@ -435,6 +509,10 @@ _JS = """
     i.addEventListener('change',function(){show(i.value);});});
   var q=/[?&]method=([\\w-]+)/.exec(location.search)||/method=([\\w-]+)/.exec(location.hash);
   show(q ? q[1] : 'chain');
+  window.addEventListener('load', function(){  // each plot's drawn width (0: the file could not be shown)
+    [].forEach.call(document.querySelectorAll('img.plot'), function(i){
+      i.setAttribute('data-width', i.naturalWidth); });
+  });
   body.setAttribute('data-ready','1');
 })();
 """
@@ -477,8 +555,10 @@ def _head_lines(data: dict[str, Any]) -> list[str]:
     return [" · ".join(lines), " · ".join(facts)]
 
 
-#: The report folder's files the page links (those that are there).
-LINKED = ("eval.md", "eval.json", "eval.png", "drift_budget.png", "samples.jsonl")
+#: The report folder's files the page links (those that are there): every file a run writes but the page itself.
+LINKED = tuple(n for n in REPORT_FILES if n != HTML_NAME)
+#: The drift budget's plot (:mod:`dflash_eval.report.budget_plot`).
+BUDGET_PLOT = "drift_budget.png"
 
 
 def render_html(data: dict[str, Any], verdict: Sequence[str], *, files: Sequence[str] = LINKED) -> str:
@@ -487,7 +567,7 @@ def render_html(data: dict[str, Any], verdict: Sequence[str], *, files: Sequence
     e = html.escape
     prompts = data.get("prompts") or {}
     first = verdict[0] if verdict else "dflash-eval: no verdict"
-    state = "pass" if first.startswith("dflash-eval: PASS") else "fail" if "FAIL" in first.split("—")[0] else ""
+    state = {True: "pass", False: "fail", None: ""}[stored_verdict(data).passed] if verdict else ""
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            "<title>dflash-eval: " + e(first.removeprefix("dflash-eval: ").split(" — ")[0]) + "</title>",
@@ -512,6 +592,8 @@ def render_html(data: dict[str, Any], verdict: Sequence[str], *, files: Sequence
         if rows:
             out.append("<details><summary>acceptance per position and accept lengths, every prompt and category"
                        f" (the table of eval.md)</summary>{_table(header, rows)}</details>")
+    out.append(_speedup_section(data, files))
+    out.append(_drift_section(data, files))
     if prompts:
         order = worst_prompts(prompts, len(prompts))
         out.append(f"<h2>Prompts, worst first ({len(prompts)})</h2>")

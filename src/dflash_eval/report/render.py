@@ -11,8 +11,8 @@ from typing import Any
 from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
 from dflash_eval.report.plot import worst_prompts
-from dflash_eval.report.speedup_report import speedup_lines, speedup_rows
-from dflash_eval.report.summary import not_checked_lines
+from dflash_eval.report.speedup_report import cost_rows, speedup_lines, speedup_rows
+from dflash_eval.report.summary import not_checked_lines, verdict_head
 from dflash_eval.report.table_rows import (
     NEAR_TIE_NOTE,
     acceptance_rows,
@@ -144,6 +144,7 @@ def render_terminal(data: dict[str, Any], *, width: int = 120, max_rows: int | N
 
 
 _SPEEDUP_TITLE = "predicted speed-up over plain decoding on this run's device (docs/speedup.md)"
+_COSTS_TITLE = "Measured costs the prediction is made of (each the median of its timings on this run's device)"
 
 
 def _speedup_tables(data: dict[str, Any]) -> list[TextTable | str | None]:
@@ -214,14 +215,17 @@ def _section(title: str, table: TextTable, *after: str | None) -> list[str]:
 
 
 def render_markdown(data: dict[str, Any]) -> str:
-    """eval.md: the named causes of a failure, what ran, then every table in full."""
+    """eval.md: the verdict (as eval.json holds it), the named causes of a failure, what ran, then every table in
+    full."""
     parts = ["## DFlash drafter evaluation", ""]
+    head = verdict_head(data, recorded=bool((data.get("settings") or {}).get("update_tau_floors")))
+    parts += [f"**{head[0]}**", ""] + [f"- {line}" for line in head[1:]] + ([""] if head[1:] else [])
     if data.get("diagnoses"):  # named causes first: they explain the failures below
         parts += [f"**{line}**" for line in data["diagnoses"]] + [""]
     parts += _provenance_lines(data)
     if data.get("not_checked"):  # what a pass does not vouch for, before the tables
         parts += ["", "### Not checked", ""] + [f"- {line.removeprefix('not checked: ')}"
-                                                 for line in not_checked_lines(data, limit=None)]
+                                                 for line in not_checked_lines(data)]
     parts += _section("Near ties", TextTable(*near_tie_rows(data)), f"Each row is {NEAR_TIE_NOTE}.")
     parts += _section("τ per prompt", TextTable(*tau_rows(data)), tau_kinds_line(data), baseline_line(data),
                       sampled_line(data))
@@ -231,6 +235,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         parts += _section(f"{title[0].upper()}{title[1:]}", TextTable(*rows))
     parts += _section(f"{_SPEEDUP_TITLE[0].upper()}{_SPEEDUP_TITLE[1:]}", TextTable(*speedup_rows(data)),
                       *speedup_lines(data), "Plot: `speedup.png`." if data.get("speedup") else None)
+    parts += _section(_COSTS_TITLE, TextTable(*cost_rows(data)))
     for table in measurement_tables(data):
         parts += _section(f"Measurement: {(table.title or '').removeprefix('measurement: ')}", table, table.caption)
     parts += _section("Hidden-state drift (regression check)", TextTable(*drift_rows(data)))

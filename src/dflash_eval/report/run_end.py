@@ -33,13 +33,11 @@ class TerminalSection:
     verdict: list[str]
 
 
-def terminal_section(data: dict[str, Any], messages: list[str], *, width: int, verbose: bool, failed_tests: int,
-                     exitstatus: int, report_dir: Path | None, recorded: bool) -> TerminalSection:
-    """The section for merged ``data`` (empty: only the messages). ``verbose``: every row of the long tables;
-    ``failed_tests``, ``exitstatus``, ``report_dir``, ``recorded``: as :func:`dflash_eval.report.summary.verdict_lines`
-    takes them."""
+def terminal_section(data: dict[str, Any], messages: list[str], *, width: int, verbose: bool,
+                     report_dir: Path | None, recorded: bool) -> TerminalSection:
+    """The section for merged ``data`` (empty: only the messages) and the verdict it holds. ``verbose``: every row of
+    the long tables; ``report_dir``, ``recorded``: as :func:`dflash_eval.report.summary.verdict_lines` takes them."""
     if not data:
         return TerminalSection("", list(messages), [])
     tables = render_terminal(data, width=width, max_rows=None if verbose else TERMINAL_ROWS_SHOWN)
-    return TerminalSection(tables, list(messages), verdict_lines(data, report_dir=report_dir, failed_tests=failed_tests,
-                                                                 exitstatus=exitstatus, recorded=recorded))
+    return TerminalSection(tables, list(messages), verdict_lines(data, report_dir=report_dir, recorded=recorded))

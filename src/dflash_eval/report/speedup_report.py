@@ -1,8 +1,8 @@
 """The predicted speed-up in the reports: its table (every strategy: τ, the round's cost, speed-up and tokens/s with
 the intervals τ's CI maps to), the lines around it (device, plain decoding's speed, the round's parts, the best
-budget, the floor), the verdict block's line and ``speedup.png`` (predicted speed-up against the DDTree budget, the
-chain beside it). From eval.json's ``speedup`` block (:func:`dflash_eval.metrics.speedup.speedup_block`); the
-arithmetic and what it leaves out: docs/speedup.md.
+budget, the floor and its verdict, as the run's verdict holds it), the verdict block's line and ``speedup.png``
+(predicted speed-up against the DDTree budget, the chain beside it). From eval.json's ``speedup`` block
+(:func:`dflash_eval.metrics.speedup.speedup_block`); the arithmetic and what it leaves out: docs/speedup.md.
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.number_text import fmt, is_number
-from dflash_eval.metrics.speedup import budget_of, floor_reason
+from dflash_eval.metrics.speedup import budget_of
+from dflash_eval.metrics.verdict import SPEEDUP_FLOOR, Verdict, stored_verdict
 from dflash_eval.report.plot import save_png
 
 if TYPE_CHECKING:  # matplotlib is imported when the plot is drawn
     from matplotlib.figure import Figure
 
-__all__ = ["SPEEDUP_PLOT", "speedup_rows", "speedup_lines", "verdict_line", "write_speedup_plot", "speedup_figure",
-           "strategy_label"]
+__all__ = ["SPEEDUP_PLOT", "speedup_rows", "cost_rows", "speedup_lines", "verdict_line", "write_speedup_plot",
+           "speedup_figure", "strategy_label"]
 
 #: The plot's file name in the report folder.
 SPEEDUP_PLOT = "speedup.png"
@@ -61,6 +62,48 @@ def speedup_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+#: The measured costs in the order a round runs them, with what each is: (cost key, its index in a pair or None, the
+#: key of its timings' spread, what it is).
+_COSTS: tuple[tuple[str, int | None, str, str], ...] = (
+    ("step", None, "step", "plain decoding: one target step (1 token) and its argmax"),
+    ("draft", None, "draft", "the drafter's block pass with its context keys and values cached, and lm_head"),
+    ("draft_full", None, "draft_full", "the drafter's block pass recomputing its context (this project's loop)"),
+    ("verify", None, "verify", "the target's forward over the chain's block (B tokens) and its argmax"),
+    ("forward_2", None, "forward_2", "a target forward over 2 tokens (the loop's commit of one accepted draft)"),
+    ("accept", None, "accept", "comparing the chain's drafts with the target's tokens"),
+    ("append", 0, "append_1", "the drafter's context keys and values of 1 committed token"),
+    ("append", 1, "append_b", "the same for B committed tokens"),
+    ("project", 0, "project_1", "projecting the target features of 1 committed token"),
+    ("project", 1, "project_b", "the same for B committed tokens"),
+    ("state_select", None, "state_select", "one copy of every linear-attention layer's state"),
+    ("snapshot", None, "snapshot", "a copy of the target cache before the verify (this project's loop)"),
+)
+
+
+def cost_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The measured costs a prediction is made of: every part of a round and the plain decoding step, each the median
+    of its timings (ms) with their spread (the interquartile range over the median), in the order a round runs them,
+    then each DDTree budget's tree parts (no rows without a ``speedup`` block)."""
+    block = data.get("speedup") or {}
+    costs = block.get("costs") or {}
+    spread = costs.get("spread") or {}
+    header = ["part", "median (ms)", "spread (IQR / median)", "what"]
+    rows = []
+    for key, index, name, what in _COSTS:
+        value = costs.get(key)
+        if isinstance(value, (list, tuple)):
+            value = value[index] if index is not None and index < len(value) else None
+        if key in costs:
+            rows.append([name, _ms(value), fmt(spread.get(name), 2), what])
+    for b in sorted(int(b) for b in costs.get("tree_verify") or {}):
+        for part, what in (("tree_build", f"DDTree-{b}: top-k, the best-first tree of {b} nodes, its mask"),
+                           ("tree_verify", f"DDTree-{b}: the target's forward over {b + 1} tokens under the tree mask"),
+                           ("tree_accept", f"DDTree-{b}: the walk down the tree")):
+            rows.append([f"{part}_{b}", _ms((costs.get(part) or {}).get(str(b))), fmt(spread.get(f"{part}_{b}"), 2),
+                         what])
+    return header, rows
+
+
 def _source(block: dict[str, Any]) -> str:
     return "read from the cache (timed by an earlier run)" if block.get("cached") else "timed in this run"
 
@@ -94,17 +137,19 @@ def speedup_lines(data: dict[str, Any]) -> list[str]:
                      "after another): " + ", ".join(
                          f"{strategy_label(k)} {_x(v.get('speedup'))} (τ {fmt(v.get('tau'))}, "
                          f"{fmt(v.get('tokens_per_s'), 1)} tokens/s)" for k, v in pooled.items()) + ".")
-    if block.get("floor") is not None:
-        reason = floor_reason(block)
-        lines.append(f"--speedup-floor {block['floor']:g}: " + ("PASS" if reason is None else f"FAIL: {reason}"))
+    part = stored_verdict(data).part(SPEEDUP_FLOOR)  # the floor's verdict, as the run's verdict holds it
+    if part is not None and block.get("floor") is not None:
+        lines.append(f"--speedup-floor {block['floor']:g}: " + ("PASS" if part.passed else
+                                                               "FAIL: " + "; ".join(part.reasons)))
     lines.append("Valid for this device only; a prediction for batch size 1 in this implementation (no serving "
                  "engine's kernels, CUDA graphs or scheduler): docs/speedup.md.")
     return lines
 
 
-def verdict_line(data: dict[str, Any]) -> str | None:
+def verdict_line(data: dict[str, Any], verdict: Verdict | None = None) -> str | None:
     """The verdict block's line: the chain's and the best strategy's predicted speed-up with their CIs, the device,
-    the floor (None without a ``speedup`` block)."""
+    the floor and its verdict (``verdict``: the run's, default the one ``data`` holds; None without a ``speedup``
+    block)."""
     block = data.get("speedup")
     if not block:
         return None
@@ -116,8 +161,9 @@ def verdict_line(data: dict[str, Any]) -> str | None:
     best = block.get("best")
     if best and best != "chain":
         text += f", best {strategy_label(best)} {_x(st[best].get('speedup'))}{_ci(st[best].get('speedup_ci'), 2, 'x')}"
-    if block.get("floor") is not None:
-        text += f"; floor {block['floor']:g} " + ("PASS" if floor_reason(block) is None else "FAIL")
+    part = (verdict if verdict is not None else stored_verdict(data)).part(SPEEDUP_FLOOR)
+    if part is not None and block.get("floor") is not None:
+        text += f"; floor {block['floor']:g} " + part.label.upper()
     return text
 
 

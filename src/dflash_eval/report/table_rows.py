@@ -25,7 +25,7 @@ from dflash_eval.metrics.acceptance_rates import (
 )
 from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.stats import ddtree_budgets
-from dflash_eval.report.summary import row_outcome
+from dflash_eval.metrics.verdict import BASELINE, row_outcome, stored_verdict
 from dflash_eval.report.tables import TextTable
 
 __all__ = ["tau_rows", "category_rows", "baseline_line", "budgets", "acceptance_rows", "conversation_rows",
@@ -154,7 +154,8 @@ def baseline_line(data: dict[str, Any]) -> str | None:
     if not b:
         return None
     lo, hi = b["ci95"]
-    ok = verdict_text(bool(b["drop_passed"] and b["rise_passed"]))
+    part = stored_verdict(data).part(BASELINE)  # the baseline's part of the run's verdict
+    ok = verdict_text(None if part is None else part.passed)
     return (f"baseline {b['path']}: mean chain τ (macro) {fmt(b['mean_baseline'])} -> {fmt(b['mean_run'])} over "
             f"{b['n']} paired prompts, Δ {fmt(b['mean_diff'], 3, '+f')} ({ci_name(b)} {fmt(lo, 3, '+f')}.."
             f"{fmt(hi, 3, '+f')}), "

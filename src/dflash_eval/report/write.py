@@ -16,7 +16,7 @@ from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.common.paths import storage_error
 from dflash_eval.golden import writer as golden
 from dflash_eval.metrics.floors import load_floors
-from dflash_eval.metrics.verdict import judge_run
+from dflash_eval.metrics.verdict import judge_run, run_verdict
 from dflash_eval.report.budget_plot import write_budget_plot
 from dflash_eval.report.html_report import HTML_NAME, write_html
 from dflash_eval.report.plot import write_plot
@@ -74,14 +74,17 @@ def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool) -> tu
     return paths, md
 
 
-def finish(data: dict[str, Any], settings: EvalSettings) -> list[str]:
-    """Apply the update options (through :mod:`dflash_eval.golden.writer`), write the reports; returns lines for the
-    terminal (what was written besides the reports)."""
+def finish(data: dict[str, Any], settings: EvalSettings, *, failed_tests: int = 0, exitstatus: int = 0) -> list[str]:
+    """Apply the update options (through :mod:`dflash_eval.golden.writer`), compose the run's verdict once (eval.json's
+    ``verdict``: :func:`dflash_eval.metrics.verdict.run_verdict`, with the run's ``failed_tests`` and pytest's
+    ``exitstatus``; every report and the terminal read it), write the reports; returns lines for the terminal (what
+    was written besides the reports)."""
     msgs = []
     if settings.update_tau_floors and data.get("prompts"):
         path = golden.update_floors(data, settings)
         judge_run(data, load_floors(path, mean_override=settings.tau_floor, prompt_override=settings.tau_floor_prompt))
         msgs.append(f"τ floors written to {settings.floors_file} (measured - {settings.tau_margin})")
+    data["verdict"] = run_verdict(data, failed_tests=failed_tests, exitstatus=exitstatus).to_dict()
     if settings.update_fingerprints and data.get("fingerprint"):
         fp = golden.update_fingerprint(data["fingerprint"], settings.golden_dir)
         msgs.append(f"feature fingerprint written to {fp}")

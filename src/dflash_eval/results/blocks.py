@@ -1,5 +1,7 @@
 """The typed blocks of a result besides τ (:mod:`dflash_eval.results.rows` says how a row turns into eval.json's
-object and back): the drafter, the drift rows, the drift budget and its gate, the feature fingerprint."""
+object and back): the drafter, the drift τ rows, the drift budget, the feature fingerprint. The drift rows and the
+drift gate's rows are the checks themselves (:mod:`dflash_eval.metrics.drift_checks`), written and read back by
+their own class."""
 
 from __future__ import annotations
 
@@ -8,9 +10,8 @@ from typing import Any
 
 from dflash_eval.results.rows import Row, _opt
 
-__all__ = ["Refusal", "DrafterBlock", "DriftRow", "DriftAcceptRow", "BudgetLevel", "FitPoint", "BudgetFitBlock",
-           "BudgetDirection", "SecondaryAxis", "DriftBudgetBlock", "DriftGateRow", "LayerFingerprint",
-           "FingerprintBlock"]
+__all__ = ["Refusal", "DrafterBlock", "DriftAcceptRow", "BudgetLevel", "FitPoint", "BudgetFitBlock", "BudgetDirection",
+           "SecondaryAxis", "DriftBudgetBlock", "LayerFingerprint", "FingerprintBlock"]
 
 
 @dataclass
@@ -32,21 +33,6 @@ class DrafterBlock(Row):
     refused: list[Refusal] | None = _opt()
     reference: dict[str, Any] | None = _opt()
     step: int | None = _opt()
-
-
-@dataclass
-class DriftRow(Row):
-    """One comparison's feature drift on one prompt and layer against its tolerances."""
-
-    comparison: str
-    prompt_id: str
-    layer: int
-    rel_err: float
-    cos: float
-    max_abs: float
-    rel_tol: float
-    cos_tol: float
-    passed: bool
 
 
 @dataclass
@@ -168,26 +154,6 @@ class DriftBudgetBlock(Row):
     axis_note: str | None = _opt()  # why the main axis is the isotropic one
     direction: BudgetDirection | None = _opt()
     secondary: SecondaryAxis | None = _opt()
-
-
-@dataclass
-class DriftGateRow(Row):
-    """One comparison's measured drift at one target layer against the budget and its CI
-    (:class:`dflash_eval.metrics.drift_budget.GateCheck`); ``outcome``: pass / fail / inconclusive."""
-
-    comparison: str
-    layer: int
-    max_rel_err: float
-    mean_rel_err: float
-    worst_prompt: str
-    budget: float
-    budget_ci: list[float]
-    safety: float
-    margin: float | None
-    lower_bound: bool
-    passed: bool
-    outcome: str
-    decided_on: str
 
 
 @dataclass

@@ -15,16 +15,25 @@ from dflash_eval.common.workdir import run_location
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, PromptTau
 from dflash_eval.measurements.online_greedy import OnlineTau
+from dflash_eval.measurements.round_costs import ROUND_COSTS
 from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, pooled_means, position_rates
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.drift_budget import impact
+from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.sampled_tau import SampledTau, sample_row
 from dflash_eval.metrics.speedup import speedup_block
 from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
-from dflash_eval.metrics.tau import TauResult, macro_tau
-from dflash_eval.metrics.verdict import Verdict, checkpoint_verdict, judge_categories, judge_prompts, mean_thresholds
+from dflash_eval.metrics.tau_result import TauResult, macro_tau
+from dflash_eval.metrics.verdict import (
+    Verdict,
+    checkpoint_verdict,
+    judge_categories,
+    judge_prompts,
+    mean_thresholds,
+    speedup_floor_part,
+)
 from dflash_eval.prompts import Prompt
 from dflash_eval.references.greedy import CompletionRecord
 from dflash_eval.references.token_pieces import decode_pieces
@@ -32,8 +41,6 @@ from dflash_eval.results.blocks import (
     DrafterBlock,
     DriftAcceptRow,
     DriftBudgetBlock,
-    DriftGateRow,
-    DriftRow,
     FingerprintBlock,
     Refusal,
 )
@@ -87,16 +94,19 @@ class TauSummary:
                    None, rows_from_dict(ConversationRow, data.get("conversations", {})),
                    rows_from_dict(TurnRow, data.get("turns", {})))
 
-    def verdict(self, floors: Floors, *, floors_required: bool = True) -> Verdict:
-        """This τ's verdict against ``floors`` and the baseline (:func:`dflash_eval.metrics.verdict.checkpoint_verdict`;
-        ``floors_required`` False: unjudged, not failed, when there are no floors and no baseline)."""
-        return checkpoint_verdict({p: r.to_dict() for p, r in self.prompts.items()},
-                                  mean_thresholds(self.mean_tau, self.mean_ddtree, floors), floors, self.baseline,
+    def verdict(self, floors: Floors, *, floors_required: bool = True, speedup: JsonBlock | None = None) -> Verdict:
+        """The checkpoint's verdict: this τ against ``floors`` and the baseline, and the predicted speed-up
+        (``speedup``: eval.json's block) against ``--speedup-floor``
+        (:func:`dflash_eval.metrics.verdict.checkpoint_verdict`; ``floors_required`` False: the floors unjudged, not
+        failed, when there are none)."""
+        means = mean_thresholds(self.mean_tau, self.mean_ddtree, floors)
+        return checkpoint_verdict(self.prompts, means, floors, self.baseline, speedup=speedup,
                                   floors_required=floors_required)
 
 
 _TYPED: dict[str, type[Row]] = {"drafter": DrafterBlock, "fingerprint": FingerprintBlock}
-_TYPED_LISTS: dict[str, type[Row]] = {"drift": DriftRow, "drift_accept": DriftAcceptRow, "drift_gate": DriftGateRow}
+_TYPED_LISTS: dict[str, type[Row] | type[DriftStat] | type[GateCheck]] = {
+    "drift": DriftStat, "drift_accept": DriftAcceptRow, "drift_gate": GateCheck}
 
 
 @dataclass
@@ -115,10 +125,10 @@ class EvalResult:
     drafter: DrafterBlock | None = None
     context: JsonBlock | None = None
     tau: TauSummary | None = None
-    drift: list[DriftRow] | None = None
+    drift: list[DriftStat] | None = None
     drift_accept: list[DriftAcceptRow] | None = None
     drift_budget: DriftBudgetBlock | None = None
-    drift_gate: list[DriftGateRow] | None = None
+    drift_gate: list[GateCheck] | None = None
     fingerprint: FingerprintBlock | None = None
     spans: list[tuple[str, float, float]] = field(default_factory=list)
     measurements: dict[str, JsonBlock] = field(default_factory=dict)  # registered measurements' own blocks
@@ -287,7 +297,7 @@ def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> JsonBlock:
     """eval.json's ``speedup``: the predicted speed of every strategy from the round costs timed on the run's device
     (the ``round_costs`` measurement, timed now unless cached) and the mean τ with its CI over prompts, judged against
     ``--speedup-floor`` (:func:`dflash_eval.metrics.speedup.speedup_block`)."""
-    costs, cached = ev.measure("round_costs")
+    costs, cached = ev.measure(ROUND_COSTS)
     every = tau.categories.get("all")
     chain = (tau.mean_tau, every.chain.ci95 if every is not None else None)
     ddtree = {int(b): (v, every.ddtree[b].ci95 if every is not None and b in every.ddtree else None)
@@ -295,17 +305,20 @@ def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> JsonBlock:
     pooled, pooled_dd = pooled_means({p: {"accept_lengths": r.accept_lengths,
                                           "ddtree_accept_lengths": r.ddtree_accept_lengths}
                                       for p, r in tau.prompts.items()})
-    return speedup_block(costs, chain, ddtree, floor=ev.settings.speedup_floor, cached=cached,
-                         pooled={"chain": pooled, **{f"ddtree-{b}": v for b, v in pooled_dd.items()}})
+    block = speedup_block(costs, chain, ddtree, floor=ev.settings.speedup_floor, cached=cached,
+                          pooled={"chain": pooled, **{f"ddtree-{b}": v for b, v in pooled_dd.items()}})
+    part = speedup_floor_part(block)  # the floor's verdict, kept beside the prediction
+    block["passed"] = None if part is None else part.passed
+    return block
 
 
-def _drift_rows(ev: DrafterEvaluation) -> tuple[list[DriftRow], list[DriftAcceptRow]]:
-    rows: list[DriftRow] = []
+def _drift_rows(ev: DrafterEvaluation) -> tuple[list[DriftStat], list[DriftAcceptRow]]:
+    rows: list[DriftStat] = []
     acc: list[DriftAcceptRow] = []
     for name, d in ev.drifts.items():
         c = d.comparison
         for per in d.stats.values():
-            rows.extend(DriftRow.from_dict(s.to_dict()) for s in per.values())
+            rows.extend(per.values())
         for pid, (a, b) in d.accept.items():
             acc.append(DriftAcceptRow(comparison=name, prompt_id=pid, tau_a=a, tau_b=b, diff=abs(a - b),
                                       tol=c.accept_tol, passed=abs(a - b) <= c.accept_tol, a=c.a.label, b=c.b.label))
@@ -354,10 +367,9 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
             result.drafter.refused = [Refusal(check=n, message=m) for n, m in ev.refusal.checks]
     if ev.drifts:
         result.drift, result.drift_accept = _drift_rows(ev)
-    if tau is not None and ev.runner.computed("round_costs"):  # the speed-up test (or the Evaluator) timed a round
+    if tau is not None and ev.runner.computed(ROUND_COSTS):  # the speed-up test (or the Evaluator) timed a round
         result.speedup = speedup_summary(ev, tau)
     if ev.budget_computed:
         result.drift_budget = DriftBudgetBlock.from_dict(ev.drift_budget().to_json())
-        result.drift_gate = [DriftGateRow.from_dict(g.to_json()) for name in ev.drifts
-                             for g in ev.drift_gate(name).values()]
+        result.drift_gate = [g for name in ev.drifts for g in ev.drift_gate(name).values()]
     return result

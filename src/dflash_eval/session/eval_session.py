@@ -34,7 +34,8 @@ from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, Drift, 
 from dflash_eval.features.feature_store import FeatureStore
 from dflash_eval.inputs.run_inputs import DEFAULT_PROGRESS, Inputs
 from dflash_eval.metrics.baseline import Baseline, BaselineComparison, compare, load_baseline
-from dflash_eval.metrics.drift_budget import DriftBudget, GateCheck
+from dflash_eval.metrics.drift_budget import DriftBudget
+from dflash_eval.metrics.drift_checks import GateCheck
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.sampled_tau import sample_taus
 from dflash_eval.metrics.tau_context import describe, mismatches, sampling_context

@@ -21,7 +21,7 @@ from dflash_eval.features.feature_store import FeatureStore
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.metrics.baseline import Baseline, compare
 from dflash_eval.metrics.sampled_tau import sample_taus
-from dflash_eval.metrics.tau import macro_tau
+from dflash_eval.metrics.tau_result import macro_tau
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.references.greedy import References
 

@@ -1,4 +1,5 @@
-"""Provenance of an extraction: backend actually used, dtype, device name and library versions."""
+"""Provenance of an extraction: backend actually used, dtype, device name and library versions; the same facts as
+the fields of a cache key (:func:`platform_fields`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["library_versions", "kernel_versions", "device_name", "device_kind", "provenance"]
+__all__ = ["library_versions", "kernel_versions", "device_name", "device_kind", "platform_fields", "provenance"]
 
 
 @functools.cache
@@ -48,6 +49,13 @@ def device_kind(device: torch.device | str) -> str:
     """A coarse device class for cache keys: 'cpu' or the CUDA device name."""
     dev = torch.device(device)
     return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+
+
+def platform_fields(dtype: torch.dtype, device: torch.device | str) -> dict[str, Any]:
+    """The key fields every cache entry computed on this machine carries, whatever else it is keyed by: the dtype it
+    was computed in, the device class (:func:`device_kind`) and the library versions its numerics depend on
+    (:func:`library_versions`). One function, so no entry can miss one of them."""
+    return {"dtype": str(dtype), "device_kind": device_kind(device), "versions": library_versions()}
 
 
 def provenance(*, backend: str, dtype: torch.dtype, device: torch.device | str, **extra: Any) -> dict[str, Any]:

@@ -3,8 +3,9 @@ DOM after its scripts ran. Used by ``tests/test_html_report.py`` and to make the
 
     .venv/bin/python -m dflash_eval.testing.browser reports/eval.html docs/images/eval_html.png --size 1280x2400
 
-The browser is Debian's ``chromium`` package (``apt-get install -y chromium``; ``.ci/run`` installs it), or the
-binary named by ``$DFLASH_EVAL_CHROMIUM``; each call runs it once with a fresh profile folder, without GPU, and
+The browser is Debian's ``chromium`` package (``apt-get install -y chromium``; ``.ci/run`` installs it) or its
+``chromium-headless-shell`` (the same engine without a window, a smaller install), or the binary named by
+``$DFLASH_EVAL_CHROMIUM``; each call runs it once with a fresh profile folder, without GPU, and
 without the sandbox when run as root (the page is a local file this package wrote). Every call has a timeout, after
 which the browser's process group is killed.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 __all__ = ["BrowserError", "find_chromium", "screenshot", "dump_dom", "page_url", "main"]
 
 #: Binaries tried in order when ``$DFLASH_EVAL_CHROMIUM`` is not set.
-NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+NAMES = ("chromium", "chromium-browser", "chromium-headless-shell", "google-chrome", "google-chrome-stable")
 TIMEOUT_S = 120.0
 
 

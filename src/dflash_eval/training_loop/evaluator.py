@@ -41,6 +41,7 @@ import pluggy
 
 from dflash_eval.errors import ConfigError, ResultRejected
 from dflash_eval.inputs.run_inputs import DRAFTER_OPTIONS, Inputs
+from dflash_eval.measurements.round_costs import ROUND_COSTS
 from dflash_eval.options.preflight import target_config_problem
 from dflash_eval.options.settings import TAU_OPTIONS, EvalSettings
 from dflash_eval.results.eval_result import EvalResult
@@ -55,7 +56,7 @@ from dflash_eval.training_loop.drafter_input import (
     drafter_input,
     evaluation_mode,
 )
-from dflash_eval.training_loop.history import CheckpointRecord, History, session_verdict
+from dflash_eval.training_loop.history import CheckpointRecord, History
 from dflash_eval.training_loop.plugins import plugin_manager, register_tracker, result_ready
 from dflash_eval.training_loop.trend_plot import write_trend_plot
 from dflash_eval.training_loop.trend_table import write_trend_table
@@ -208,7 +209,7 @@ class Evaluator:
                 session.drift_budget()
             session.measure_registered()
             if self.speedup:  # the round costs (cached per drafter shape and device); result() predicts from them
-                session.evaluation.measure("round_costs")
+                session.evaluation.measure(ROUND_COSTS)
             result = session.result()
         assert result.drafter is not None and result.tau is not None
         result.drafter.path, result.drafter.step = src.label, step
@@ -216,13 +217,14 @@ class Evaluator:
         rejected = result_ready(self.hooks, self.settings, self.data)
         if rejected:
             raise ResultRejected(*rejected[0])
-        verdict = session_verdict(session, result.speedup)
+        # the checkpoint's verdict, composed once: its floors (unjudged, not failed, when there are none), --baseline
+        # and --speedup-floor; the record adds the verdicts across steps
+        verdict = result.tau.verdict(session.floors, floors_required=False, speedup=result.speedup)
         for notice in verdict.notices:  # e.g. floors that judge nothing: said once per evaluator
             if notice not in self._warned:
                 self._warned.add(notice)
                 warnings.warn(notice, UserWarning, stacklevel=2)
-        reasons = None if verdict.passed is None else list(verdict.reasons)
-        record = CheckpointRecord.of(result, step=step, digest=self.digest, reasons=reasons)
+        record = CheckpointRecord.of(result, step=step, digest=self.digest, verdict=verdict)
         record = self.history.append(record, window=self.plateau_window) if self.history else \
             record.judged([r for r in self.records if r.settings_digest == self.digest], self.plateau_window)
         self.records.append(record)

@@ -8,8 +8,10 @@ per category, every prompt's chain τ (what the verdicts
 across steps pair, :mod:`dflash_eval.training_loop.trend`), the drift budget when measured, the reference drafter's
 τ and the paired difference against it, the predicted speed-up on the evaluation's device (``speedup``: the chain's
 with its CI, tokens/s, each DDTree budget's, the best budget; :func:`dflash_eval.metrics.speedup.speedup_digest`),
-the verdict against the floors (and ``--speedup-floor``) with its reasons, the trend verdicts
-(``regression``: a failure; ``plateau``: a notice) and the settings digest (records of one digest are comparable).
+the checkpoint's verdict against its floors, ``--baseline`` and ``--speedup-floor`` with its reasons, the trend
+verdicts (``regression``: a failure; ``plateau``: a notice), the whole verdict's parts (``parts``: what the trend
+table, the trackers and the gate read; :mod:`dflash_eval.metrics.verdict`) and the settings digest (records of one
+digest are comparable).
 
 Appending is atomic and safe under concurrent writers: under a file lock (``history.jsonl.lock``, filelock) the
 file is read, the new record judged against the earlier ones and the whole file written to a temporary file that
@@ -31,16 +33,24 @@ from filelock import FileLock, Timeout
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.errors import ConfigError, EvalError
 from dflash_eval.metrics.acceptance_rates import pooled_means
-from dflash_eval.metrics.speedup import speedup_digest, with_speedup_floor
-from dflash_eval.metrics.verdict import Verdict, trend_verdict
+from dflash_eval.metrics.speedup import speedup_digest
+from dflash_eval.metrics.verdict import (
+    PLATEAU,
+    REGRESSION,
+    Part,
+    Verdict,
+    compose,
+    plateau_part,
+    record_verdict,
+    regression_part,
+)
 from dflash_eval.training_loop import trend
 
 if TYPE_CHECKING:  # both import torch: kept out of the history's own import
     from dflash_eval.results.eval_result import EvalResult
     from dflash_eval.results.rows import CategoryRow, Stat
-    from dflash_eval.session.eval_session import EvalSession
 
-__all__ = ["CheckpointRecord", "History", "session_verdict", "checkpoint_reasons"]
+__all__ = ["CheckpointRecord", "History"]
 
 
 def _stat(s: Stat) -> dict[str, Any]:
@@ -63,23 +73,11 @@ def _reference(block: dict[str, Any] | None) -> dict[str, Any] | None:
             "ci_method": paired.get("ci_method"), "n": paired["n"]}
 
 
-def session_verdict(session: EvalSession, speedup: dict[str, Any] | None = None) -> Verdict:
-    """The session's checkpoint against its floors and ``--baseline``, as the gate judges it
-    (:meth:`~dflash_eval.results.eval_result.TauSummary.verdict`); unjudged when there are no floors at all (no
-    floors file for the prompts, no ``--tau-floor`` / ``--tau-floor-prompt``) and no baseline. ``speedup``: the
-    checkpoint's predicted speed-up (eval.json's block), judged against ``--speedup-floor`` when it has one."""
-    return with_speedup_floor(session.tau_summary().verdict(session.floors, floors_required=False), speedup)
-
-
-def checkpoint_reasons(session: EvalSession) -> list[str] | None:
-    """Why the session's checkpoint fails (:func:`session_verdict`; empty: it passes, None: unjudged)."""
-    verdict = session_verdict(session)
-    return None if verdict.passed is None else list(verdict.reasons)
-
-
 @dataclass
 class CheckpointRecord:
-    """One evaluated checkpoint (see module docstring); ``passed``: against the floors (None: no floors)."""
+    """One evaluated checkpoint (see module docstring); ``passed`` and ``reasons``: the checkpoint's own verdict
+    (its floors, ``--baseline``, ``--speedup-floor``; None: nothing judged); :attr:`judgement`: the whole verdict,
+    the verdicts across steps included."""
 
     step: int | None
     time: str
@@ -103,16 +101,27 @@ class CheckpointRecord:
     mean_ddtree_pooled: dict[str, float] = field(default_factory=dict)
     ci_method: str | None = None  # of mean_tau_ci95 and the categories' CIs; None: percentile bootstrap (older)
     speedup: dict[str, Any] | None = None  # the predicted speed-up (metrics.speedup.speedup_digest); None: not measured
+    parts: tuple[Part, ...] | None = None  # the whole verdict's parts; None: a record written before they were kept
+
+    @property
+    def judgement(self) -> Verdict:
+        """The checkpoint's whole verdict: its parts (a record written before they were kept: its own verdict and the
+        verdicts across steps, :func:`~dflash_eval.metrics.verdict.record_verdict`)."""
+        if self.parts is not None:
+            return compose(*self.parts)
+        return record_verdict(self.passed, self.reasons, self.regression, self.plateau)
 
     @property
     def verdict(self) -> str:
-        """``fail`` (below a floor, or a regression across steps), ``pass`` (every floor met) or ``unjudged`` (no
-        floors, no regression)."""
-        return trend_verdict(Verdict(self.passed, list(self.reasons)), self.regression, self.plateau).label
+        """``fail`` (a part failed: a floor, the baseline, the speed-up floor, a regression across steps), ``pass`` or
+        ``unjudged`` (no floors, no regression): the label of :attr:`judgement`."""
+        return self.judgement.label
 
     @classmethod
-    def of(cls, result: EvalResult, *, step: int | None, digest: str, reasons: list[str] | None) -> CheckpointRecord:
-        """The record of an :class:`~dflash_eval.results.eval_result.EvalResult` (its τ computed), not judged yet."""
+    def of(cls, result: EvalResult, *, step: int | None, digest: str, verdict: Verdict) -> CheckpointRecord:
+        """The record of an :class:`~dflash_eval.results.eval_result.EvalResult` (its τ computed) with the
+        checkpoint's ``verdict`` (:meth:`~dflash_eval.results.eval_result.TauSummary.verdict`), not judged across
+        steps yet."""
         tau, drafter = result.tau, result.drafter
         assert tau is not None and drafter is not None, "a record is made of an evaluated drafter's result"
         cats = _categories(tau.categories)
@@ -128,7 +137,7 @@ class CheckpointRecord:
                    mean_ddtree_ci95={b: d["ci95"] for b, d in cats.get("all", {}).get("ddtree", {}).items()},
                    mean_floor=tau.mean_floor, categories=cats, prompts={p: r.tau for p, r in tau.prompts.items()},
                    drift_budget=budget, reference=_reference(drafter.reference),
-                   passed=None if reasons is None else not reasons, reasons=list(reasons or []),
+                   passed=verdict.passed, reasons=verdict.reasons, parts=verdict.parts,
                    mean_tau_pooled=pooled, mean_ddtree_pooled=pooled_dd,
                    ci_method=all_row.chain.ci_method if all_row is not None else None,
                    speedup=speedup_digest(result.speedup))
@@ -137,15 +146,23 @@ class CheckpointRecord:
         """This record with its trend verdicts against ``records`` (earlier records of the same settings digest)."""
         earlier = trend.earlier_than(self, records)
         judged = replace(self, regression=trend.regression(self, earlier))
-        return replace(judged, plateau=trend.plateau(judged, earlier, window))  # a regression is no gain
+        judged = replace(judged, plateau=trend.plateau(judged, earlier, window))  # a regression is no gain
+        own = [p for p in self.judgement.parts if p.name not in (REGRESSION, PLATEAU)]
+        verdict = compose(*own, regression_part(judged.regression), plateau_part(judged.plateau))
+        return replace(judged, parts=verdict.parts)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "verdict": self.verdict}
+        out = {**asdict(self), "verdict": self.verdict}
+        out["parts"] = None if self.parts is None else [p.to_dict() for p in self.parts]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CheckpointRecord:
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        kw = {k: v for k, v in data.items() if k in names}
+        if kw.get("parts") is not None:
+            kw["parts"] = tuple(Part.from_dict(p) for p in kw["parts"])
+        return cls(**kw)
 
 
 class History:

@@ -33,7 +33,7 @@ __all__ = ["ENTRY_POINT_GROUP", "RESERVED_KEYS", "plugin_manager", "register_tra
 ENTRY_POINT_GROUP = "dflash_eval"
 HOOK_PREFIX = "pytest_dflash_eval_"
 #: eval.json keys the suite adds after the hook (a plugin may not add them either).
-RESERVED_KEYS = frozenset({"rejected"})
+RESERVED_KEYS = frozenset({"rejected", "verdict"})
 
 
 class _Manager(pluggy.PluginManager):

@@ -28,6 +28,7 @@ import pytest
 
 from dflash_eval.common.number_text import fmt
 from dflash_eval.errors import ConfigError
+from dflash_eval.metrics.verdict import CHECKPOINT, FLOORS, PLATEAU, REGRESSION
 from dflash_eval.training_loop.history import CheckpointRecord
 
 if TYPE_CHECKING:  # imports torch: kept out of the trackers' own import
@@ -120,23 +121,25 @@ def tracker_scalars(record: CheckpointRecord, result: EvalResult | None = None) 
                     "speedup/best_budget": sp.get("best_budget"), "speedup/tokens_per_s": sp.get("tokens_per_s"),
                     "speedup/plain_tokens_per_s": sp.get("plain_tokens_per_s")})
         out.update({f"speedup/ddtree-{b}": v for b, v in (sp.get("ddtree") or {}).items()})
-    verdict = record.verdict
-    if verdict != "unjudged":
-        out["verdict/pass"] = 1.0 if verdict == "pass" else 0.0
-    if record.passed is not None:
-        out["verdict/floor_missed"] = 0.0 if record.passed else 1.0
-    out["verdict/regression"] = 1.0 if record.regression else 0.0
-    out["verdict/plateau"] = 1.0 if record.plateau else 0.0
+    verdict = record.judgement  # the checkpoint's whole verdict, as its record holds it
+    if verdict.passed is not None:
+        out["verdict/pass"] = 1.0 if verdict.passed else 0.0
+    floors = verdict.part(FLOORS) or verdict.part(CHECKPOINT)  # CHECKPOINT: a record from before parts were kept
+    if floors is not None and floors.passed is not None:
+        out["verdict/floor_missed"] = 0.0 if floors.passed else 1.0
+    out["verdict/regression"] = 1.0 if verdict.part(REGRESSION) else 0.0
+    out["verdict/plateau"] = 1.0 if verdict.part(PLATEAU) else 0.0
     return {k: x for k, v in out.items() if (x := _number(v)) is not None}
 
 
 def verdict_text(record: CheckpointRecord) -> str:
-    """The verdict as a line of text: the label, mean τ with its CI against the floor, then the reasons and
+    """The verdict as a line of text: the label, mean τ with its CI against the floor, then the verdict's reasons and
     notices."""
+    verdict = record.judgement
     lo, hi = (list(record.mean_tau_ci95) + [None, None])[:2]
-    head = (f"{record.verdict.upper()}: mean chain τ {fmt(record.mean_tau)} (95 % CI [{fmt(lo)}, {fmt(hi)}]), "
+    head = (f"{verdict.label.upper()}: mean chain τ {fmt(record.mean_tau)} (95 % CI [{fmt(lo)}, {fmt(hi)}]), "
             f"floor {fmt(record.mean_floor)}")
-    notes = [*record.reasons, *(x for x in (record.regression, record.plateau) if x)]
+    notes = [*verdict.reasons, *verdict.notices]
     return head + ("; " + "; ".join(notes) if notes else "")
 
 

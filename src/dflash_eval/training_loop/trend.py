@@ -44,6 +44,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from dflash_eval.common.number_text import fmt
+from dflash_eval.metrics.verdict import gained, regressed
 
 if TYPE_CHECKING:  # numpy is imported where a limit is simulated, not with the history
     import numpy as np
@@ -301,8 +302,8 @@ class RegressionTest:
 
     @property
     def regression(self) -> bool:
-        upper = self.upper
-        return upper is not None and upper < 0
+        """The rule (:func:`dflash_eval.metrics.verdict.regressed`): the upper limit is below 0."""
+        return regressed(self.upper)
 
 
 def regression_test(record: _Record, earlier: Sequence[_Record], *,
@@ -355,7 +356,7 @@ def plateau(record: _Record, earlier: Sequence[_Record], window: int, *,
     c = gain_limit(len(recent), len(before), alpha)
     r, b, d = max(gains, key=lambda g: g[2].mean - c * noise.scale(g[2]))
     limit = c * noise.scale(d)
-    if d.mean > limit:
+    if gained(d.mean, limit):
         return None
     best = "the one before them" if len(before) == 1 else f"the best of the {len(before)} before them"
     return (f"plateau: no gain beyond noise over the last {window} checkpoints ({_span(seq[-window:])}) over "

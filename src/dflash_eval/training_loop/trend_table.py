@@ -5,28 +5,21 @@ difference against it, the drift budget, the verdict and its notices), written a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from dflash_eval.common.atomic import atomic_write_text
+from dflash_eval.common.number_text import MISSING, fmt
 from dflash_eval.metrics.acceptance_rates import TAU_KINDS_NOTE
+from dflash_eval.report.tables import TextTable, markdown_table
 from dflash_eval.training_loop.history import CheckpointRecord
 from dflash_eval.training_loop.trend import step_order
 
-__all__ = ["trend_table", "write_trend_table"]
-
-
-def _f(x: float | None, spec: str = ".3f") -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+__all__ = ["trend_table", "trend_rows", "write_trend_table"]
 
 
 def _ci(ci: Sequence[float] | None) -> str:
-    return f"[{_f(ci[0], '.2f')}, {_f(ci[1], '.2f')}]" if ci else "-"
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return f"[{fmt(ci[0], 2)}, {fmt(ci[1], 2)}]" if ci else MISSING
 
 
 def _method(methods: set[str | None], older: str) -> str:
@@ -35,8 +28,9 @@ def _method(methods: set[str | None], older: str) -> str:
     return named.pop() if len(named) == 1 else "methods differ between records"
 
 
-def trend_table(records: Sequence[CheckpointRecord]) -> str:
-    """The table (markdown) of ``records`` in step order; the last column holds the reasons and notices."""
+def trend_rows(records: Sequence[CheckpointRecord]) -> TextTable:
+    """The table of ``records`` in step order (the report's one table type and number formatter); the last column
+    holds each checkpoint's verdict's reasons and notices."""
     rows = step_order(records)
     budgets = sorted({b for r in rows for b in r.mean_ddtree}, key=int)
     has_ref = any(r.reference for r in rows)
@@ -46,19 +40,25 @@ def trend_table(records: Sequence[CheckpointRecord]) -> str:
     paired = _method({(r.reference or {}).get("ci_method") for r in rows if r.reference}, "percentile bootstrap")
     head += ["reference τ", f"Δ vs reference (95 % CI, {paired})"] if has_ref else []
     head += ["drift budget", "verdict", "notes"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cells = []
     for r in rows:
-        cells = [_f(r.step, "d") if r.step is not None else "-", f"`{Path(r.drafter).name or r.drafter}`",
-                 _f(r.mean_tau), _ci(r.mean_tau_ci95), *[_f(r.mean_ddtree.get(b)) for b in budgets],
-                 _f(r.mean_tau_pooled)]
+        row = [fmt(r.step, 0) if r.step is not None else MISSING, f"`{Path(r.drafter).name or r.drafter}`",
+               fmt(r.mean_tau), _ci(r.mean_tau_ci95), *[fmt(r.mean_ddtree.get(b)) for b in budgets],
+               fmt(r.mean_tau_pooled)]
         if has_ref:
             ref = r.reference or {}
-            cells += [_f(ref.get("mean_tau")),
-                      f"{_f(ref.get('mean_diff'), '+.3f')} {_ci(ref.get('ci95'))}" if ref else "-"]
-        notes = [*r.reasons, *(x for x in (r.regression, r.plateau) if x)]
-        cells += [_f(r.drift_budget, ".3g"), r.verdict.upper(), _cell("; ".join(notes)) or "-"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+            row += [fmt(ref.get("mean_tau")),
+                    f"{fmt(ref.get('mean_diff'), 3, '+f')} {_ci(ref.get('ci95'))}" if ref else MISSING]
+        verdict = r.judgement  # the checkpoint's whole verdict: its reasons and notices, as its record holds them
+        notes = "; ".join([*verdict.reasons, *verdict.notices]).replace("\n", " ")
+        row += [fmt(r.drift_budget, 3, "g"), verdict.label.upper(), notes or MISSING]
+        cells.append(row)
+    return TextTable(head, cells)
+
+
+def trend_table(records: Sequence[CheckpointRecord]) -> str:
+    """The table (markdown) of ``records`` in step order (:func:`trend_rows`)."""
+    return markdown_table(trend_rows(records)) + "\n"
 
 
 def write_trend_table(records: Sequence[CheckpointRecord], path: Path) -> Path:

@@ -1,0 +1,120 @@
+"""The drift checks as data, one class per concept, each computed and written to eval.json by itself:
+:class:`DriftStat` (one comparison's feature drift on one prompt and layer against its tolerances: eval.json's
+``drift`` rows) and :class:`GateCheck` (one comparison's worst drift at one layer against the drafter's drift budget
+and its CI: eval.json's ``drift_gate`` rows, decided by the drift gate's rule,
+:func:`dflash_eval.metrics.verdict.drift_outcome`). No torch: the measurements produce them
+(:mod:`dflash_eval.metrics.drift`, :mod:`dflash_eval.metrics.drift_budget`), the results and reports read them back
+with :meth:`DriftStat.from_dict` and :meth:`GateCheck.from_dict`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from dflash_eval.metrics.verdict import PASS, drift_outcome
+
+__all__ = ["DriftStat", "GateCheck"]
+
+
+def _num(v: object, missing: float = math.nan) -> float:
+    """A number as eval.json holds it (strict JSON writes NaN and infinities as null)."""
+    return missing if v is None else float(v)  # type: ignore[arg-type]  # a JSON number
+
+
+@dataclass
+class DriftStat:
+    """One comparison's feature drift on one prompt and layer (relative L2 error, cosine, largest absolute
+    difference) against the comparison's tolerances; ``passed``: both hold."""
+
+    comparison: str
+    prompt_id: str
+    layer: int
+    rel_err: float
+    cos: float
+    max_abs: float
+    rel_tol: float
+    cos_tol: float
+
+    @property
+    def passed(self) -> bool:
+        return self.rel_err <= self.rel_tol and self.cos >= self.cos_tol
+
+    def to_dict(self) -> dict[str, Any]:
+        """eval.json's ``drift`` row: the fields, then ``passed``."""
+        return {**asdict(self), "passed": self.passed}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DriftStat:
+        """A row of :meth:`to_dict` (``passed`` follows from the numbers)."""
+        kw = {f.name: d[f.name] for f in fields(cls)}
+        for k in ("rel_err", "cos", "max_abs", "rel_tol", "cos_tol"):
+            kw[k] = _num(kw[k])
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class GateCheck:
+    """One comparison's measured drift at one target layer (its worst prompt's relative error, the mean over
+    prompts) against the drift budget and its CI, times the safety factor."""
+
+    comparison: str
+    layer: int
+    max_rel_err: float
+    mean_rel_err: float
+    worst_prompt: str
+    budget: float
+    safety: float
+    budget_low: float  # the CI's lower end
+    budget_high: float  # its upper end (+inf: open)
+    lower_bound: bool = False
+    conclusive: bool = False  # --drift-budget-conclusive: decide on the estimate inside the CI
+
+    @property
+    def scaled(self) -> float:
+        """The worst prompt's drift x the safety factor: what is compared with the budget."""
+        return self.max_rel_err * self.safety
+
+    @property
+    def in_ci(self) -> bool:
+        """drift x safety lies inside the budget's CI: the measurement cannot tell which side it is on."""
+        return self.budget_low < self.scaled <= self.budget_high
+
+    @property
+    def outcome(self) -> str:
+        """``pass`` when drift x safety is at most the CI's lower end, ``fail`` when above its upper end, else
+        ``inconclusive`` (with ``conclusive``: pass / fail against the point estimate): the drift gate's rule,
+        :func:`dflash_eval.metrics.verdict.drift_outcome`."""
+        return drift_outcome(self.scaled, self.budget_low, self.budget_high, self.budget, conclusive=self.conclusive)
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == PASS
+
+    @property
+    def margin(self) -> float:
+        """budget / measured drift: how many times larger the drift could be before it reaches the budget."""
+        return self.budget / self.max_rel_err if self.max_rel_err > 0 else float("inf")
+
+    @property
+    def decided_on(self) -> str:
+        """``estimate`` (inside the CI, decided on the point estimate: ``--drift-budget-conclusive``) or ``ci``."""
+        return "estimate" if self.in_ci and self.conclusive else "ci"
+
+    def to_dict(self) -> dict[str, Any]:
+        """eval.json's ``drift_gate`` row."""
+        return {"comparison": self.comparison, "layer": self.layer, "max_rel_err": self.max_rel_err,
+                "mean_rel_err": self.mean_rel_err, "worst_prompt": self.worst_prompt, "budget": self.budget,
+                "budget_ci": [self.budget_low, self.budget_high], "safety": self.safety, "margin": self.margin,
+                "lower_bound": self.lower_bound, "passed": self.passed, "outcome": self.outcome,
+                "decided_on": self.decided_on}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GateCheck:
+        """A row of :meth:`to_dict`, also as strict JSON wrote it (an open CI's upper end null). Whether it was
+        decided on the estimate (``decided_on``) is all of ``conclusive`` that changes its outcome."""
+        lo, hi = (list(d.get("budget_ci") or []) + [None, None])[:2]
+        return cls(d["comparison"], int(d["layer"]), _num(d["max_rel_err"]), _num(d.get("mean_rel_err")),
+                   d["worst_prompt"], _num(d["budget"]), _num(d["safety"]), _num(lo), _num(hi, math.inf),
+                   bool(d.get("lower_bound")), d.get("decided_on") == "estimate")

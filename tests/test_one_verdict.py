@@ -1,0 +1,218 @@
+"""One verdict, built once and shown whole: :mod:`dflash_eval.metrics.verdict` is the only module that decides a part
+of a verdict (the floors, the baseline, the drift gate, the speed-up floor, a regression or plateau across steps, a
+refused drafter, a plugin's rejection, failed tests) or composes one, and every writer shows the verdict it is
+given, never one of its own.
+
+Two checks: the source (no module but ``metrics/verdict.py`` makes a :class:`~dflash_eval.metrics.verdict.Part` or
+a :class:`~dflash_eval.metrics.verdict.Verdict`, and the writers import nothing from it that judges), and the
+behaviour (a verdict that contradicts the numbers it was composed from, planted where eval.json and a history record
+keep it, is what the terminal, eval.md, eval.html, the junit properties, gate.json, gate.md, history.md and the
+trackers show: had one of them judged a part again, it would show the numbers' verdict instead).
+
+Run: ``pytest tests/test_one_verdict.py -p no:cacheprovider``
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+from test_run_summary import budget
+
+from dflash_eval import report
+from dflash_eval.cli.gate_run import record_row
+from dflash_eval.metrics.verdict import (
+    BASELINE,
+    DRIFT_GATE,
+    FLOORS,
+    REGRESSION,
+    SPEEDUP_FLOOR,
+    Part,
+    Verdict,
+    compose,
+    notice,
+)
+from dflash_eval.pytest_plugin.junit import junit_properties
+from dflash_eval.report.gate import gate_data, gate_row, render_gate_markdown
+from dflash_eval.report.html_report import html_verdict_lines, render_html
+from dflash_eval.report.speedup_report import speedup_lines, verdict_line
+from dflash_eval.training_loop.history import CheckpointRecord
+from dflash_eval.training_loop.trackers import tracker_scalars, verdict_text
+from dflash_eval.training_loop.trend_table import trend_table
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dflash_eval"
+VERDICT = PACKAGE / "metrics" / "verdict.py"
+
+#: The modules that show a verdict: they may read it (its types, the part names, the verdict eval.json holds, a
+#: drift gate row's stored outcome), never judge a part of it.
+WRITERS = ("report/summary.py", "report/render.py", "report/html_report.py", "report/speedup_report.py",
+           "report/table_rows.py", "report/gate.py", "report/plot.py", "report/budget_plot.py",
+           "report/run_end.py", "pytest_plugin/junit.py", "training_loop/trackers.py",
+           "training_loop/trend_table.py", "training_loop/trend_plot.py", "cli/main.py")
+#: What a writer may import from metrics/verdict.py (``refused``: the refusals eval.json lists).
+READERS = frozenset({"Verdict", "Part", "stored_verdict", "row_outcome", "refused", "FLOORS", "BASELINE",
+                     "SPEEDUP_FLOOR", "REGRESSION", "PLATEAU", "DRIFT_GATE", "REFUSAL", "PLUGINS", "TESTS",
+                     "EXIT_STATUS", "REPORTS", "CHECKPOINT", "PASS", "FAIL", "INCONCLUSIVE"})
+
+
+def _modules() -> list[Path]:
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts]
+
+
+def test_only_the_verdict_module_makes_a_part_or_a_verdict():
+    made = []
+    for path in _modules():
+        if path == VERDICT:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else \
+                    node.func.attr if isinstance(node.func, ast.Attribute) else None
+                if name in ("Part", "Verdict"):
+                    made.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {name}(...)")
+    assert not made, "a part or a verdict made outside metrics/verdict.py (add a function there):\n" + "\n".join(made)
+
+
+def test_writers_read_the_verdict_and_never_judge():
+    found = []
+    for rel in WRITERS:
+        path = PACKAGE / rel
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "dflash_eval.metrics.verdict":
+                found += [f"{rel}:{node.lineno}: {a.name}" for a in node.names if a.name not in READERS]
+            if isinstance(node, ast.Constant) and node.value in ("drop_passed", "rise_passed"):  # the baseline part
+                found.append(f"{rel}:{node.lineno}: reads {node.value!r}")
+    assert not found, "a writer judges a part of the verdict itself:\n" + "\n".join(found)
+    assert (PACKAGE / "report" / "speedup_report.py").read_text().count("floor_reason") == 0
+
+
+# ------------------------------------------------------------------------------------------------ a run
+def _run(tau: float) -> dict:
+    """Merged eval.json data of a 3-prompt run at ``tau`` (floors 2.0), a drift gate row that passes, a baseline that
+    holds and a speed-up block with a floor of 1.0."""
+    prompts = {f"p{i}": {"category": "code", "tau": tau, "rounds": 3, "accept_lengths": [1, 2, 3],
+                         "histogram": [1, 1, 1], "position_rates": [0.5], "ddtree": {"8": tau},
+                         "ddtree_accept_lengths": {"8": [1, 2, 3]}, "floor": 2.0, "ddtree_floor": {"8": 2.0},
+                         "prompt_tokens": 4, "completion_tokens": 7, "passed": tau >= 2.0} for i in range(3)}
+    frag = {"worker": "master", "settings": {"max_new_tokens": 8}, "prompts": prompts, "mean_tau": tau,
+            "mean_floor": 2.0, "mean_ddtree": {"8": tau}, "mean_ddtree_floor": {"8": 2.0},
+            "baseline": {"path": "b.json", "n": 3, "missing": [], "mean_baseline": tau, "mean_run": tau,
+                         "mean_diff": 0.0, "ci95": [0.0, 0.0], "ci_method": "t", "rel_change": 0.0, "drop_tol": 0.02,
+                         "rise_tol": 0.25, "drop_passed": True, "rise_passed": True, "prompts": {}},
+            **budget("pass"),
+            "speedup": {"device": "cpu", "dtype": "float32", "context_len": 64, "floor": 1.0, "passed": True,
+                        "plain_tokens_per_s": 100.0, "best": "chain", "best_budget": None, "near_best": [],
+                        "costs": {"repeats": 3, "step": 0.01}, "pooled": {},
+                        "strategies": {"chain": {"tau": tau, "tau_ci": [tau, tau], "round_s": 0.01, "parts": {},
+                                                 "speedup": 2.0, "speedup_ci": [1.8, 2.2], "tokens_per_s": 200.0,
+                                                 "tokens_per_s_ci": [180.0, 220.0]}}}}
+    return report.merge([frag], outcomes={"t.py::test_tau[p0]": "passed"})
+
+
+PLANTED_FAIL = compose(Part(FLOORS, False, ("planted: τ below its floors",)),
+                       Part(BASELINE, False, ("planted: τ dropped",)),
+                       Part(DRIFT_GATE, False, ("planted: drift over budget",), outcome="fail"),
+                       Part(SPEEDUP_FLOOR, False, ("planted: too slow",)),
+                       notice("near_ties", "planted: 2 completions at a near tie"))
+PLANTED_PASS = compose(Part(FLOORS, True), Part(BASELINE, True), Part(DRIFT_GATE, True, outcome="pass"),
+                       Part(SPEEDUP_FLOOR, True))
+
+
+def _shown(data: dict) -> dict[str, str]:
+    """Every surface of a run's verdict, as text."""
+    term = "\n".join(report.verdict_lines(data, report_dir=None))
+    return {"terminal": term, "eval.md": report.render_markdown(data),
+            "eval.html": render_html(data, html_verdict_lines(data)),
+            "junit": json.dumps(junit_properties(data), ensure_ascii=False),
+            "speed-up": "\n".join(speedup_lines(data) + [verdict_line(data) or ""]),
+            "baseline": report.baseline_line(data) or ""}
+
+
+def test_a_run_shows_the_verdict_eval_json_holds_not_its_own():
+    data = _run(3.0)  # every number passes
+    data["verdict"] = PLANTED_FAIL.to_dict()
+    shown = _shown(data)
+    head = shown["terminal"].splitlines()[0]
+    assert head.startswith("dflash-eval: FAIL (planted: τ below its floors; planted: τ dropped; planted: drift over "
+                           "budget; planted: too slow)"), head
+    assert "drift gate FAIL" in head and "drift gate: FAIL" in shown["terminal"]
+    for surface in ("terminal", "eval.md", "eval.html"):  # a part's notice reaches every writer untouched
+        assert "planted: 2 completions at a near tie" in shown[surface], surface
+        assert "planted: too slow" in shown[surface], surface
+    assert '<div class="verdict fail"' in shown["eval.html"]
+    props = junit_properties(data)
+    assert props["dflash_eval.verdict"] == "FAIL" and props["dflash_eval.drift_gate"] == "FAIL"
+    assert "--speedup-floor 1: FAIL: planted: too slow" in shown["speed-up"] and "floor 1 FAIL" in shown["speed-up"]
+    assert shown["baseline"].endswith(": FAIL")
+
+    data = _run(1.0)  # every number fails
+    data["verdict"] = PLANTED_PASS.to_dict()
+    shown = _shown(data)
+    assert shown["terminal"].startswith("dflash-eval: PASS — ") and "drift gate PASS" in shown["terminal"]
+    assert '<div class="verdict pass"' in shown["eval.html"] and "**dflash-eval: PASS — " in shown["eval.md"]
+    assert junit_properties(data)["dflash_eval.verdict"] == "PASS"
+    assert "--speedup-floor 1: PASS" in shown["speed-up"] and shown["baseline"].endswith(": PASS")
+
+
+def test_data_without_a_stored_verdict_is_judged_from_its_own_numbers():
+    """An eval.json of an earlier version (no ``verdict``): the reports judge what it holds, once, the same way."""
+    assert report.verdict_lines(_run(3.0), report_dir=None)[0].startswith("dflash-eval: PASS")
+    failing = report.verdict_lines(_run(1.0), report_dir=None)[0]
+    assert failing.startswith("dflash-eval: FAIL (τ below its floors") and "drift gate PASS" in failing
+
+
+# ------------------------------------------------------------------------------------------------ a checkpoint
+def _record(verdict: Verdict) -> CheckpointRecord:
+    """A record whose fields say it passed, its verdict ``verdict``."""
+    return CheckpointRecord(step=3, time="2026-01-01T00:00:00+00:00", drafter="run/step_3", fingerprint="f",
+                            settings_digest="d", mean_tau=4.0, mean_tau_ci95=[3.8, 4.2], mean_ddtree={"8": 4.5},
+                            mean_ddtree_ci95={"8": [4.3, 4.7]}, mean_floor=2.0, categories={},
+                            prompts={"a": 4.0, "b": 4.0}, passed=True, reasons=[], parts=verdict.parts)
+
+
+def test_a_checkpoint_shows_the_verdict_its_record_holds():
+    planted = compose(Part(FLOORS, True), Part(SPEEDUP_FLOOR, False, ("planted: too slow",)),
+                      Part(REGRESSION, False, ("planted: below the run's level",)), notice("plateau", "planted: flat"))
+    rec = CheckpointRecord.from_json(json.loads(json.dumps(_record(planted).to_json())))  # as history.jsonl keeps it
+    assert rec.judgement == planted and rec.verdict == "fail"
+    table = trend_table([rec])
+    assert "| FAIL | planted: too slow; planted: below the run's level; planted: flat |" in table
+    scalars = tracker_scalars(rec)
+    assert (scalars["verdict/pass"], scalars["verdict/floor_missed"], scalars["verdict/regression"],
+            scalars["verdict/plateau"]) == (0.0, 0.0, 1.0, 1.0)
+    assert verdict_text(rec).startswith("FAIL: ") and "planted: too slow" in verdict_text(rec)
+    row = record_row(rec)  # gate --latest: a checkpoint judged from its record
+    assert not row.passed and row.reasons == ["planted: too slow", "planted: below the run's level"]
+    assert row.notices[1:] == ["planted: flat"] and row.notices[0].startswith("judged from its history record")
+    md = render_gate_markdown([row], {"target_model": "/t", "prompts": "p"}, [8])
+    assert "FAIL: planted: too slow; planted: below the run's level" in md and "planted: flat" in md
+
+
+def test_a_gate_row_shows_the_verdict_it_is_given(tmp_path):
+    from dflash_eval.options.settings import EvalSettings
+    from dflash_eval.results.eval_result import TauSummary
+
+    summary = TauSummary.from_dict(_run(1.0))  # every prompt below its floor
+    row = gate_row(summary, PLANTED_PASS, drafter=str(tmp_path / "step_1"), fingerprint="f")
+    assert row.passed and row.reasons == []
+    failed = gate_row(TauSummary.from_dict(_run(3.0)), PLANTED_FAIL, drafter=str(tmp_path / "step_2"), fingerprint="f")
+    settings = EvalSettings.from_mapping({"report_dir": str(tmp_path)}, base=tmp_path)
+    data = gate_data([row, failed], settings)
+    assert [c["passed"] for c in data["checkpoints"]] == [True, False] and data["passed"] is False
+    assert data["checkpoints"][1]["reasons"] == PLANTED_FAIL.reasons
+    assert data["checkpoints"][1]["notices"] == ["planted: 2 completions at a near tie"]
+    assert data["checkpoints"][1]["verdict"] == PLANTED_FAIL.to_dict()
+
+
+@pytest.mark.parametrize("name", ["near_ties", "compile"])
+def test_a_new_part_reaches_every_writer_without_touching_it(name):
+    """A part a later version adds (a notice, or a reason that fails) is shown by writers that do not know it."""
+    data = _run(3.0)
+    data["verdict"] = compose(Part(FLOORS, True), Part(name, name == "near_ties", (f"{name} failed",)
+                                                       if name != "near_ties" else (), (f"{name} said",))).to_dict()
+    shown = _shown(data)
+    for surface in ("terminal", "eval.md", "eval.html"):
+        assert f"{name} said" in shown[surface]
+        assert (f"{name} failed" in shown[surface]) == (name != "near_ties")
