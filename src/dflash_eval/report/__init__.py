@@ -14,12 +14,15 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+# Bound now, not lazily: the function shares its module's name, and a submodule imported anywhere becomes the
+# package's attribute of that name, which __getattr__ would never see again (merge is torch-free and light).
+from dflash_eval.report.merge import SCHEMA, merge
+
 #: The package's names and the modules that hold them: imported on first use, so importing one report module (the
 #: gate's table, the terminal's section) does not import every other (the golden writer, the plots).
 _LAZY = {
     "MISSING": "dflash_eval.common.number_text", "fmt": "dflash_eval.common.number_text",
     "measured_drifts": "dflash_eval.report.budget_plot", "write_budget_plot": "dflash_eval.report.budget_plot",
-    "SCHEMA": "dflash_eval.report.merge", "merge": "dflash_eval.report.merge",
     "write_plot": "dflash_eval.report.plot",
     "TERMINAL_ROWS_SHOWN": "dflash_eval.report.render", "render_markdown": "dflash_eval.report.render",
     "render_terminal": "dflash_eval.report.render",
@@ -45,8 +48,6 @@ if TYPE_CHECKING:
     from dflash_eval.common.number_text import fmt as fmt
     from dflash_eval.report.budget_plot import measured_drifts as measured_drifts
     from dflash_eval.report.budget_plot import write_budget_plot as write_budget_plot
-    from dflash_eval.report.merge import SCHEMA as SCHEMA
-    from dflash_eval.report.merge import merge as merge
     from dflash_eval.report.plot import write_plot as write_plot
     from dflash_eval.report.render import TERMINAL_ROWS_SHOWN as TERMINAL_ROWS_SHOWN
     from dflash_eval.report.render import render_markdown as render_markdown
