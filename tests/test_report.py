@@ -56,6 +56,23 @@ def test_render_and_write(tmp_path, monkeypatch):
     assert summary.read_text() == md + "\n"
 
 
+def test_a_plot_is_drawn_once_for_the_same_numbers(tmp_path, monkeypatch):
+    """A warm run (the same numbers, other timings) keeps the plot it finds drawn from them; other numbers redraw it."""
+    from dflash_eval.report import plot
+
+    data = report.merge([fragment("master", {"a": 2.0, "b": 1.0})])
+    path = tmp_path / "eval.png"
+    assert report.write_plot(data, path) == path
+    first = path.read_bytes()
+    drawn: list[str] = []
+    monkeypatch.setattr(plot, "save_png", lambda fig, p, stamp=None: drawn.append(stamp) or p)
+    again = {**data, "timings": {"wall_s": 99.0}, "created": "later"}
+    assert report.write_plot(again, path) == path and not drawn and path.read_bytes() == first
+    changed = report.merge([fragment("master", {"a": 2.5, "b": 1.0})])
+    assert report.write_plot(changed, path) == path and len(drawn) == 1 and drawn[0] != plot.plot_stamp(
+        data, plot.eval_figure)
+
+
 def test_safe_id_never_contains_tau():
     assert "tau" not in safe_id("restaurant-Tau-3").lower()
     assert safe_id("humaneval-3") == "humaneval-3"

@@ -21,7 +21,6 @@ from dflash_eval.metrics.verdict import (
     Threshold,
     category_thresholds,
     mean_thresholds,
-    no_acceptance_fails,
     prompt_threshold,
 )
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
@@ -67,7 +66,7 @@ def _warned(eval_session) -> str:
 
 def _no_acceptance(eval_session) -> bool:
     """τ 1.00 on every prompt, and the floors fail because of it (floors that accept τ 1 are not diagnosed)."""
-    return no_acceptance_fails(eval_session.tau_summary().to_dict())
+    return eval_session.accepts_nothing()
 
 
 def _skip_when_no_acceptance(eval_session, request) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.number_text import fmt
 from dflash_eval.metrics.verdict import DRIFT_GATE, stored_verdict
-from dflash_eval.report.plot import save_png
+from dflash_eval.report.plot import draw_once
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
     from matplotlib.axes import Axes
@@ -93,9 +93,9 @@ def _levels(b: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def write_budget_plot(data: dict[str, Any], path: Path) -> Path | None:
-    """Write the plot (None when eval.json holds no drift budget)."""
-    fig = budget_figure(data)
-    return None if fig is None else save_png(fig, path)
+    """Write the plot (None when eval.json holds no drift budget), drawn once
+    (:func:`~dflash_eval.report.plot.draw_once`)."""
+    return draw_once(path, data, budget_figure)
 
 
 def _series(ax: Axes, key: str, levels: list[dict[str, Any]], *, main: bool, marker: str, color: str,

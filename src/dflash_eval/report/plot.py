@@ -8,11 +8,20 @@
   chain, online loop, SGLang server; per category for the chain), over all prompts.
 
 The title gives the counts: prompts, failing prompts, mean τ against its floor.
+
+Every report plot is drawn once (:func:`draw_once`): its PNG carries a stamp of what it was drawn from (the plot,
+matplotlib's version and eval.json's data but for its timings, cache counters, provenance and creation time), and a
+run whose report folder holds the plot with the same stamp (a warm run: the same numbers) keeps it instead of drawing
+it again, without importing matplotlib.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -25,7 +34,14 @@ if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["write_plot", "save_png", "worst_prompts", "WORST_SHOWN"]
+__all__ = ["write_plot", "eval_figure", "save_png", "draw_once", "plot_stamp", "worst_prompts", "WORST_SHOWN",
+           "STAMP_KEY"]
+
+#: The PNG text key of a plot's stamp (:func:`plot_stamp`).
+STAMP_KEY = "dflash-eval drawn from"
+#: eval.json's fields that differ between runs of the same numbers (their seconds, counters, the kernel probe's and
+#: the witness's timings): no plot reads them.
+_VOLATILE = ("created", "timings", "cache", "counts", "provenance")
 
 WORST_SHOWN = 25
 _COLORS = {True: "#4c72b0", False: "#c44e52", None: "#9a9a9a"}  # passed / failed / not gated
@@ -117,8 +133,8 @@ def _distribution_panel(ax: Axes, data: dict[str, Any], budgets: list[str]) -> N
     ax.legend(fontsize=7, loc="best")
 
 
-def write_plot(data: dict[str, Any], path: Path) -> Path | None:
-    """Write eval.png for merged eval.json ``data`` (None when it has no prompts)."""
+def eval_figure(data: dict[str, Any]) -> Figure | None:
+    """eval.png's figure for merged eval.json ``data`` (None when it has no prompts)."""
     prompts = data.get("prompts", {})
     if not prompts:
         return None
@@ -140,15 +156,58 @@ def write_plot(data: dict[str, Any], path: Path) -> Path | None:
                  f"{fmt(mean)} (floor {fmt(floor)}){verdict}",
                  fontsize=11)
     fig.tight_layout()
-    return save_png(fig, path)
+    return fig
 
 
-def save_png(fig: Figure, path: Path) -> Path:
-    """Write ``fig`` to ``path`` as a 100-dpi PNG, atomically (its folder made), and close it: every report plot."""
+def write_plot(data: dict[str, Any], path: Path) -> Path | None:
+    """Write eval.png for merged eval.json ``data`` (None when it has no prompts), drawn once
+    (:func:`draw_once`)."""
+    return draw_once(path, data, eval_figure)
+
+
+def plot_stamp(data: dict[str, Any], build: Callable[[dict[str, Any]], Figure | None]) -> str:
+    """What a plot is drawn from: the figure's builder, matplotlib's version and ``data`` without its volatile
+    fields (:data:`_VOLATILE`), as a sha256."""
+    try:
+        version = metadata.version("matplotlib")
+    except metadata.PackageNotFoundError:
+        version = "?"
+    body = json.dumps({k: v for k, v in data.items() if k not in _VOLATILE}, sort_keys=True, default=str)
+    return hashlib.sha256(f"{build.__module__}.{build.__qualname__}\n{version}\n{body}".encode()).hexdigest()
+
+
+def _stamp_of(path: Path) -> str | None:
+    """The stamp a PNG was written with (None: no file, not a PNG, no stamp)."""
+    if not path.is_file():
+        return None
+    try:
+        from PIL import Image
+
+        with Image.open(path) as image:
+            text = getattr(image, "text", {}) or {}
+            return str(text[STAMP_KEY]) if STAMP_KEY in text else None
+    except Exception:  # noqa: BLE001 - an unreadable PNG is one to draw again
+        return None
+
+
+def draw_once(path: Path, data: dict[str, Any], build: Callable[[dict[str, Any]], Figure | None]) -> Path | None:
+    """The plot ``build(data)`` at ``path``: kept as it is when ``path`` holds the plot drawn from the same data
+    (:func:`plot_stamp`), else drawn and written with that stamp (None: nothing to plot)."""
+    stamp = plot_stamp(data, build)
+    if _stamp_of(path) == stamp:
+        return path
+    fig = build(data)
+    return None if fig is None else save_png(fig, path, stamp)
+
+
+def save_png(fig: Figure, path: Path, stamp: str | None = None) -> Path:
+    """Write ``fig`` to ``path`` as a 100-dpi PNG, atomically (its folder made), with ``stamp`` in its text
+    (:data:`STAMP_KEY`), and close it: every report plot."""
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_with(path, lambda p: fig.savefig(p, format="png", dpi=100))
+    meta = {STAMP_KEY: stamp} if stamp else None
+    atomic_write_with(path, lambda p: fig.savefig(p, format="png", dpi=100, metadata=meta))
     plt.close(fig)
     return path
 

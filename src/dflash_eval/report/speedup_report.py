@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from dflash_eval.common.number_text import fmt, is_number
 from dflash_eval.metrics.speedup import budget_of
 from dflash_eval.metrics.verdict import SPEEDUP_FLOOR, Verdict, stored_verdict
-from dflash_eval.report.plot import save_png
+from dflash_eval.report.plot import draw_once
 
 if TYPE_CHECKING:  # matplotlib is imported when the plot is drawn
     from matplotlib.figure import Figure
@@ -214,6 +214,6 @@ def speedup_figure(data: dict[str, Any]) -> Figure | None:
 
 
 def write_speedup_plot(data: dict[str, Any], path: Path) -> Path | None:
-    """Write ``speedup.png`` (None when eval.json holds no prediction)."""
-    fig = speedup_figure(data)
-    return None if fig is None else save_png(fig, path)
+    """Write ``speedup.png`` (None when eval.json holds no prediction), drawn once
+    (:func:`~dflash_eval.report.plot.draw_once`)."""
+    return draw_once(path, data, speedup_figure)

@@ -39,6 +39,7 @@ from dflash_eval.metrics.drift_checks import GateCheck
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.sampled_tau import sample_taus
 from dflash_eval.metrics.tau_context import describe, mismatches, sampling_context
+from dflash_eval.metrics.verdict import no_acceptance_fails
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.references.greedy import CompletionRecord, References
 from dflash_eval.references.sampled import SampledReferences
@@ -83,6 +84,7 @@ class EvalSession:
                                             checkpoint=checkpoint, live=live,
                                             sampled_references=self.sampled_references)
         self._tau_summary: TauSummary | None = None
+        self._accepts_nothing: bool | None = None
         self._floors: Floors | None = None
         self._baseline: Baseline | None = None
 
@@ -207,6 +209,14 @@ class EvalSession:
             online = self.evaluation.online_tau() if self.settings.online_tau else None
             self._tau_summary = tau_summary(self.evaluation, self.floors, self.baseline_comparison(), online)
         return self._tau_summary
+
+    def accepts_nothing(self) -> bool:
+        """τ 1.00 on every prompt, and the floors fail because of it
+        (:func:`~dflash_eval.metrics.verdict.no_acceptance_fails` of :meth:`tau_summary`): judged once, for every τ
+        test that asks."""
+        if self._accepts_nothing is None:
+            self._accepts_nothing = no_acceptance_fails(self.tau_summary().to_dict())
+        return self._accepts_nothing
 
     def reference_tau(self) -> ReferenceTau | None:
         """``--reference-drafter``'s τ on these prompts, measured once for every session sharing this one's stages
