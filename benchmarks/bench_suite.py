@@ -49,7 +49,7 @@ def run(args: list[str], cache: Path, report: Path, extra: list[str],
            "--report-dir", str(report), *args, *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), *filter(None, [env.get("PYTHONPATH")])])
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as a user's runs: modules compiled once, bytecode reused
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - t0
