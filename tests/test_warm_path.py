@@ -190,13 +190,13 @@ def test_interrupted_cold_run_keeps_finished_prompts_and_resumes(tiny_target_dir
     assert len(_generations(gen)) == 1 and len(_generations(gen)[0][0][1]) == 2
     kinds = [r["kind"] for r in s2.inputs.cache.productions()]
     assert kinds.count("completion") == 3 and kinds.count("features") == 3  # one prompt's 3 layers
-    with monkeypatch.context() as m:
+    with monkeypatch.context() as m:  # the same batches: a completion is vouched for at the batch it was made in
         gen = _Spy(m, generation_mod, "greedy_generate_batch")
         forwards = _Spy(m, features_mod, "LayerCapture")
-        s3 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path)
+        s3 = _session(tiny_target_dir, tiny_drafter_dir, tmp_path, generation_batch=2)
         res = _taus(s3)
     assert _generations(gen) == [] and len(forwards.calls) == len(TEXTS) - 1 and set(res) == {"p0", "p1", "p2"}
-    fresh = _session(tiny_target_dir, tiny_drafter_dir, tmp_path / "fresh")
+    fresh = _session(tiny_target_dir, tiny_drafter_dir, tmp_path / "fresh", generation_batch=2)
     assert _taus(fresh) == res  # resuming gives what an uninterrupted run gives
 
 

@@ -92,8 +92,9 @@ def test_the_witness_catches_what_the_probe_cannot_see(tmp_path, short_prefill_f
         faulty = _features(warm)
     assert {k: r.digest for k, r in warm.inputs.kernel_probes.results.items() if k in clean_probes} == clean_probes
     check = warm.store.witness.checks[RECURRENT.label]
-    (m,) = check.mismatches
-    assert (m.layer, m.position, m.bound) == (1, 0, 0.0) and m.rel_err > 0 and check.token
+    assert check.mismatches and {m.prompt for m in check.mismatches} <= set(check.prompts)
+    assert all((m.layer, m.position, m.bound) == (1, 0, 0.0) and m.rel_err > 0 for m in check.mismatches)
+    assert check.token
     assert warm.inputs.cache.stats.produced > 0 and not _equal(faulty, clean)
     (change,) = [c for c in warm.inputs.kernel_probes.changes if c["kinds"] == ["witness"]]
     assert change["now"] == check.token and change["was"] == "" and "re-extracted with the live kernels" in \
@@ -170,7 +171,7 @@ def test_the_witness_extracts_with_the_thread_count_of_the_cache(tmp_path, monke
         monkeypatch.setattr(witness_mod, "layer_features", spy)
         warm = _session(tmp_path / "cache")
         _features(warm)
-        assert seen == [1] and torch.get_num_threads() == 2
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2  # every witnessed prompt, one thread
         assert not warm.store.witness.checks[RECURRENT.label].mismatches
     finally:
         torch.set_num_threads(saved)
