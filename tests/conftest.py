@@ -61,7 +61,10 @@ def bundled_suite(pytester: pytest.Pytester, suite_checkout: Callable[..., Path]
                   tmp_path: Path) -> Callable[..., pytest.RunResult]:
     """``bundled_suite(*args, report=NAME, cache=DIR)``: the suite, in-process in a fresh checkout, on the first 2
     bundled prompts with the bundled target and drafter, the cache in ``DIR`` and the reports in ``tmp_path / NAME``,
-    with ``args`` after those; pytester's RunResult."""
+    with ``args`` after those; pytester's RunResult. The drift budget is measured on those 2 prompts
+    (``--drift-budget-min-prompts 2``; a test passes its own after to measure it on more): extending it to the default
+    32 would make every such run a full cold run of the bundled set (tests/test_drift_budget_prompts.py checks the
+    extension)."""
     suite_checkout()
     fixtures = ROOT / "fixtures"
 
@@ -69,7 +72,7 @@ def bundled_suite(pytester: pytest.Pytester, suite_checkout: Callable[..., Path]
         return pytester.runpytest_inprocess(
             "tests_eval", "-q", "--target-model", str(fixtures / "target"), "--drafter", str(fixtures / "drafter"),
             "--prompts", str(fixtures / "prompts.jsonl"), "--num-prompts", "2", "--cache-dir", str(cache),
-            "--report-dir", str(tmp_path / report), *args)
+            "--drift-budget-min-prompts", "2", "--report-dir", str(tmp_path / report), *args)
 
     return go
 
