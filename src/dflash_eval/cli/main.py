@@ -248,7 +248,7 @@ def gate(ns: argparse.Namespace) -> int:
         for d in drafters:
             settings.append(_settings(ns, d))
             if not sessions:  # the stages of every checkpoint are the first one's: one link, one thread count
-                set_torch_threads(settings[0], 1)
+                set_torch_threads(settings[0].torch_threads, 1)
                 hooks = plugin_manager()  # the dflash_eval entry points' plugins; make_evaluator adds the trackers
                 server = ServerLink(partial(_sglang_client, settings[0], hooks))  # connects when a fetch needs it
                 evaluator = make_evaluator(ns, settings[0], log=say, hooks=hooks, progress=progress, server=server)

@@ -65,7 +65,7 @@ def get_session(config: pytest.Config) -> EvalSession:
         from dflash_eval.session.eval_session import EvalSession  # imports torch: kept out of --help
 
         name, index, count = worker_info()
-        set_torch_threads(settings, count)  # once per process, before any stage computes
+        set_torch_threads(settings.torch_threads, count)  # once per process, before any stage computes
         # the sglang fixture attaches its service's client to the link when completions are not cached
         session = EvalSession(settings, worker=(name, index, count), progress=progress_sink(config),
                               server=ServerLink())
