@@ -25,7 +25,7 @@ PACKAGE = SRC / "dflash_eval"
 LAYERS: tuple[str, ...] = (
     "errors",         # the error types every message goes through
     "hookspec",       # the plugin hook specifications (pytest and pluggy only)
-    "common",         # atomic writes, paths, dtypes, sizes, the host and git state
+    "common",         # atomic writes, paths, dtypes, sizes, the host and git state; progress, timings, threads
     "cache",          # the content-addressed cache and its one production protocol
     "prompts",        # prompt files, built-in sets, chat formatting
     "sglang",         # the SGLang client, launcher and service
@@ -33,7 +33,6 @@ LAYERS: tuple[str, ...] = (
     "drafter",        # the DFlash drafter: config, model, checks, checkpoints
     "metrics",        # τ, DDTree, the online loop, drift, the drift budget, statistics, floors, the verdict
     "options",        # every option declared once, resolved, checked; how a run was invoked
-    "runtime",        # progress, timings and counters of one process; torch threads
     "inputs",         # what a run needs besides the drafter
     "serving",        # the suite's side of a server: the link to it, the checks of what it answers
     "references",     # greedy and sampled reference completions, the teacher-forced argmax

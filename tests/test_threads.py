@@ -1,6 +1,6 @@
 """torch's CPU threads are shared among xdist workers on every device: two workers each with one thread per core
 would oversubscribe the CPU, on a GPU run too (its drift budget perturbs features on the CPU). The count is set once
-per process by the entry point (:func:`dflash_eval.runtime.threads.set_torch_threads`), never by a stage constructor.
+per process by the entry point (:func:`dflash_eval.common.threads.set_torch_threads`), never by a stage constructor.
 
 Run: ``pytest tests/test_threads.py -p no:cacheprovider``
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dflash_eval.common import threads as threads_mod
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.runtime import threads as threads_mod
 from dflash_eval.session.eval_session import EvalSession
 
 

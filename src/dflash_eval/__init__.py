@@ -24,17 +24,16 @@ The trend table and plot of any records: :func:`trend_table`, :func:`write_trend
 the scalars a tracker logs: :func:`tracker_scalars` (names: :data:`TRACKER_SCALARS`). The drafter being trained:
 :class:`DFlashDrafter` built from a :class:`DrafterConfig`, saved with :func:`save_drafter`.
 
-Packages, by concern, from the lowest layer up (tests/test_layout.py holds the order): ``common`` (atomic writes,
-paths, number formatting), ``cache`` (the on-disk cache), ``prompts`` (sets, files, formatting), ``sglang`` (the
-completion server), ``target`` (the target model, its kernels and features), ``drafter`` (config, model, checkpoints,
-checks), ``metrics`` (τ, drift, drift budget, floors, the verdict), ``options`` (declared once, parsed, preflight
-checks), ``runtime`` (progress, timings, threads), ``inputs`` (what a run needs besides the drafter), ``serving`` (the
-suite's side of a server), ``references`` (reference completions), ``features`` (the target's hidden states),
-``measurements`` (the registry of measurements and the built-in ones), ``evaluation`` (one drafter evaluated),
-``results`` (what a run measured, typed), ``session`` (one run composed), ``golden`` (the golden records), ``report``
-(eval.json, eval.md, eval.html, plots, gate.json), ``training_loop`` (the Evaluator, the history, trackers),
-``pytest_plugin`` and ``cli`` (the two front ends). ``testing`` builds random tiny models for tests and is not part
-of the wheel.
+Packages, by concern, from the lowest layer up (tests/test_layout.py holds the order): ``common`` (atomic writes, paths,
+number formatting; the process's progress, timings and threads), ``cache`` (the on-disk cache), ``prompts`` (sets,
+files, formatting), ``sglang`` (the completion server), ``target`` (the target model, its kernels and features),
+``drafter`` (config, model, checkpoints, checks), ``metrics`` (τ, drift, drift budget, floors, the verdict), ``options``
+(declared once, parsed, preflight checks), ``inputs`` (what a run needs besides the drafter), ``serving`` (the suite's
+side of a server), ``references`` (reference completions), ``features`` (the target's hidden states), ``measurements``
+(the registry of measurements and the built-in ones), ``evaluation`` (one drafter evaluated), ``results`` (what a run
+measured, typed), ``session`` (one run composed), ``golden`` (the golden records), ``report`` (eval.json, eval.md,
+eval.html, plots, gate.json), ``training_loop`` (the Evaluator, the history, trackers), ``pytest_plugin`` and ``cli``
+(the two front ends). ``testing`` builds random tiny models for tests and is not part of the wheel.
 
 Importing this module imports neither torch nor transformers: the names below load on first use.
 """

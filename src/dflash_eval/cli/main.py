@@ -67,6 +67,8 @@ from dflash_eval.cli.suite_run import joined_option_values, run_suite
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
+from dflash_eval.common.progress import throttled
+from dflash_eval.common.third_party import one_line_warnings, quiet_libraries
 from dflash_eval.common.torch_check import require_torch
 from dflash_eval.errors import ConfigError, DFlashEvalError, StorageError
 from dflash_eval.golden.needed import gate_floors_message, missing_floors
@@ -77,8 +79,6 @@ from dflash_eval.options.settings import resolve
 from dflash_eval.report.gate import NOT_CHECKED, GateRow, gate_table, write_gate_report
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.report.tables import print_tables
-from dflash_eval.runtime.progress import throttled
-from dflash_eval.runtime.third_party import one_line_warnings, quiet_libraries
 from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.training_loop.plugins import plugin_manager
 
@@ -240,7 +240,7 @@ def gate(ns: argparse.Namespace) -> int:
         if not ns.quiet:
             print(m, file=err, flush=True)
 
-    from dflash_eval.runtime.threads import set_torch_threads  # imports torch: kept out of --help
+    from dflash_eval.common.threads import set_torch_threads  # imports torch: kept out of --help
 
     progress = None if ns.quiet else throttled(say, 2.0)
     sessions: list[EvalSession] = []

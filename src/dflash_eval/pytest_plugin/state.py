@@ -61,7 +61,7 @@ def get_session(config: pytest.Config) -> EvalSession:
     progress lines go to the plugin's reporter)."""
     if SESSION not in config.stash:
         settings = get_settings(config)  # bad options raise here, before the session (and torch) is imported
-        from dflash_eval.runtime.threads import set_torch_threads  # imports torch: kept out of --help
+        from dflash_eval.common.threads import set_torch_threads  # imports torch: kept out of --help
         from dflash_eval.session.eval_session import EvalSession  # imports torch: kept out of --help
 
         name, index, count = worker_info()

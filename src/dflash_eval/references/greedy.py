@@ -27,13 +27,13 @@ from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import cache_key
 from dflash_eval.cache.requests import Batch, Produced, Request, StepReporter
 from dflash_eval.cache.store import CacheEntry
+from dflash_eval.common.progress import Progress
 from dflash_eval.errors import CacheError, EvalError
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.references.completion import CompletionRecord
 from dflash_eval.references.completion_sources import CompletionSources, out_of_vocab
 from dflash_eval.references.conversations import HistoryMissing, turn_groups, turn_prompt_ids
 from dflash_eval.references.teacher_forced import TeacherForced, argmax_fields, argmax_produced, argmax_request
-from dflash_eval.runtime.progress import Progress
 from dflash_eval.serving.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_tensors
 from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.target.generation import generation_groups

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dflash_eval.common.progress import Compilation
 from dflash_eval.common.workdir import run_location
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, PromptTau
@@ -45,7 +46,6 @@ from dflash_eval.results.blocks import (
     Refusal,
 )
 from dflash_eval.results.rows import CategoryRow, ConversationRow, PromptRow, Row, TurnRow, rows_from_dict, rows_to_dict
-from dflash_eval.runtime.progress import Compilation
 from dflash_eval.target.kernel_cache import KernelCacheDir
 from dflash_eval.target.provenance import provenance
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.common.progress import Sink
 from dflash_eval.drafter.checkpoint import Checkpoint
 from dflash_eval.drafter.model import DFlashDrafter
 from dflash_eval.errors import ConfigError
@@ -44,7 +45,6 @@ from dflash_eval.options.settings import EvalSettings
 from dflash_eval.references.greedy import CompletionRecord, References
 from dflash_eval.references.sampled import SampledReferences
 from dflash_eval.results.eval_result import EvalResult, TauSummary, build_result, tau_summary
-from dflash_eval.runtime.progress import Sink
 from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.session.reference_drafter import ReferenceDrafter, ReferenceTau
 
