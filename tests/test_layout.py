@@ -34,8 +34,7 @@ LAYERS: tuple[str, ...] = (
     "metrics",        # τ, DDTree, the online loop, drift, the drift budget, statistics, floors, the verdict
     "options",        # every option declared once, resolved, checked; how a run was invoked
     "inputs",         # what a run needs besides the drafter
-    "serving",        # the suite's side of a server: the link to it, the checks of what it answers
-    "references",     # greedy and sampled reference completions, the teacher-forced argmax
+    "references",     # greedy and sampled reference completions, the teacher-forced argmax; a server's, checked
     "features",       # the target's hidden-state features
     "measurements",   # the measurement registry, its runner and the built-in specs
     "evaluation",     # one drafter evaluated: checkpoint, checks, measurements, drift

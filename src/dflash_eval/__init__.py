@@ -28,9 +28,9 @@ Packages, by concern, from the lowest layer up (tests/test_layout.py holds the o
 number formatting; the process's progress, timings and threads), ``cache`` (the on-disk cache), ``prompts`` (sets,
 files, formatting), ``sglang`` (the completion server), ``target`` (the target model, its kernels and features),
 ``drafter`` (config, model, checkpoints, checks), ``metrics`` (τ, drift, drift budget, floors, the verdict), ``options``
-(declared once, parsed, preflight checks), ``inputs`` (what a run needs besides the drafter), ``serving`` (the suite's
-side of a server), ``references`` (reference completions), ``features`` (the target's hidden states), ``measurements``
-(the registry of measurements and the built-in ones), ``evaluation`` (one drafter evaluated), ``results`` (what a run
+(declared once, parsed, preflight checks), ``inputs`` (what a run needs besides the drafter), ``references`` (reference
+completions: local, from a server and checked, cached), ``features`` (the target's hidden states), ``measurements`` (the
+registry of measurements and the built-in ones), ``evaluation`` (one drafter evaluated), ``results`` (what a run
 measured, typed), ``session`` (one run composed), ``golden`` (the golden records), ``report`` (eval.json, eval.md,
 eval.html, plots, gate.json), ``training_loop`` (the Evaluator, the history, trackers), ``pytest_plugin`` and ``cli``
 (the two front ends). ``testing`` builds random tiny models for tests and is not part of the wheel.

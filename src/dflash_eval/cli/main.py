@@ -76,10 +76,10 @@ from dflash_eval.options.commands import add_command_options, environ_for, missp
 from dflash_eval.options.invocation import option_pieces, shell_join
 from dflash_eval.options.preflight import preflight
 from dflash_eval.options.settings import resolve
+from dflash_eval.references.server_link import ServerLink
 from dflash_eval.report.gate import NOT_CHECKED, GateRow, gate_table, write_gate_report
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.report.tables import print_tables
-from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.training_loop.plugins import plugin_manager
 
 if TYPE_CHECKING:

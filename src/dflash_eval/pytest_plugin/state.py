@@ -14,7 +14,7 @@ import pytest
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.options.settings import EvalSettings, resolve, worker_info
 from dflash_eval.pytest_plugin.progress_reporter import progress_sink
-from dflash_eval.serving.server_link import ServerLink
+from dflash_eval.references.server_link import ServerLink
 
 if TYPE_CHECKING:  # the session (and torch) is imported when a test needs it, not when the plugin loads
     from dflash_eval.session.eval_session import EvalSession

@@ -44,8 +44,8 @@ from dflash_eval.metrics.verdict import no_acceptance_fails
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.references.greedy import CompletionRecord, References
 from dflash_eval.references.sampled import SampledReferences
+from dflash_eval.references.server_link import ServerLink
 from dflash_eval.results.eval_result import EvalResult, TauSummary, build_result, tau_summary
-from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.session.reference_drafter import ReferenceDrafter, ReferenceTau
 
 __all__ = ["EvalSession", "EvalSettings", "CompletionRecord", "PromptTau", "Drift", "EvalResult", "TauSummary"]
@@ -61,7 +61,7 @@ class EvalSession:
         """``checkpoint`` / ``live``: a drafter given in memory (:class:`~dflash_eval.evaluation.drafter_evaluation.
         DrafterEvaluation`); :class:`dflash_eval.Evaluator` makes them. ``progress``: where long productions
         report (:class:`~dflash_eval.inputs.run_inputs.Inputs`); ``server``: how the completions stage reaches a ready
-        SGLang server (:class:`~dflash_eval.serving.server_link.ServerLink`; ``--completions sglang`` on a cold
+        SGLang server (:class:`~dflash_eval.references.server_link.ServerLink`; ``--completions sglang`` on a cold
         cache). A ``shared`` session's stages come with its progress sink and server link, and its reference drafter
         (``--reference-drafter``, measured once for all the sessions that share it)."""
         self.inputs: Inputs

@@ -45,8 +45,8 @@ from dflash_eval.inputs.run_inputs import DRAFTER_OPTIONS, Inputs
 from dflash_eval.measurements.round_costs import ROUND_COSTS
 from dflash_eval.options.preflight import target_config_problem
 from dflash_eval.options.settings import TAU_OPTIONS, EvalSettings
+from dflash_eval.references.server_link import ServerLink
 from dflash_eval.results.eval_result import EvalResult
-from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.session.eval_session import EvalSession
 from dflash_eval.session.reference_drafter import ReferenceTau
 from dflash_eval.training_loop.drafter_input import (
