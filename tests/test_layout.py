@@ -36,8 +36,7 @@ LAYERS: tuple[str, ...] = (
     "inputs",         # what a run needs besides the drafter
     "references",     # greedy and sampled reference completions, the teacher-forced argmax; a server's, checked
     "features",       # the target's hidden-state features
-    "measurements",   # the measurement registry, its runner and the built-in specs
-    "evaluation",     # one drafter evaluated: checkpoint, checks, measurements, drift
+    "measurements",   # the registry, its runner, the built-in specs; one drafter evaluated: checks, drift
     "results",        # what a run measured as one typed object
     "session",        # one run composed: stages, floors and baseline checked, the reference drafter, the result
     "golden",         # the golden records: which a run needs, the one writer

@@ -30,10 +30,10 @@ files, formatting), ``sglang`` (the completion server), ``target`` (the target m
 ``drafter`` (config, model, checkpoints, checks), ``metrics`` (τ, drift, drift budget, floors, the verdict), ``options``
 (declared once, parsed, preflight checks), ``inputs`` (what a run needs besides the drafter), ``references`` (reference
 completions: local, from a server and checked, cached), ``features`` (the target's hidden states), ``measurements`` (the
-registry of measurements and the built-in ones), ``evaluation`` (one drafter evaluated), ``results`` (what a run
-measured, typed), ``session`` (one run composed), ``golden`` (the golden records), ``report`` (eval.json, eval.md,
-eval.html, plots, gate.json), ``training_loop`` (the Evaluator, the history, trackers), ``pytest_plugin`` and ``cli``
-(the two front ends). ``testing`` builds random tiny models for tests and is not part of the wheel.
+registry of measurements and the built-in ones; one drafter evaluated through them), ``results`` (what a run measured,
+typed), ``session`` (one run composed), ``golden`` (the golden records), ``report`` (eval.json, eval.md, eval.html,
+plots, gate.json), ``training_loop`` (the Evaluator, the history, trackers), ``pytest_plugin`` and ``cli`` (the two
+front ends). ``testing`` builds random tiny models for tests and is not part of the wheel.
 
 Importing this module imports neither torch nor transformers: the names below load on first use.
 """
@@ -61,7 +61,7 @@ _LAZY = {
     "EvalSession": "dflash_eval.session.eval_session",
     "EvalResult": "dflash_eval.results.eval_result",
     "TauSummary": "dflash_eval.results.eval_result",
-    "PromptTau": "dflash_eval.evaluation.drafter_evaluation",
+    "PromptTau": "dflash_eval.measurements.drafter_evaluation",
     "Evaluator": "dflash_eval.training_loop.evaluator",
     "History": "dflash_eval.training_loop.history",
     "CheckpointRecord": "dflash_eval.training_loop.history",
@@ -85,7 +85,7 @@ if TYPE_CHECKING:
     from dflash_eval.drafter.checkpoint import save_drafter as save_drafter
     from dflash_eval.drafter.config import DrafterConfig as DrafterConfig
     from dflash_eval.drafter.model import DFlashDrafter as DFlashDrafter
-    from dflash_eval.evaluation.drafter_evaluation import PromptTau as PromptTau
+    from dflash_eval.measurements.drafter_evaluation import PromptTau as PromptTau
     from dflash_eval.options.settings import EvalSettings as EvalSettings
     from dflash_eval.results.eval_result import EvalResult as EvalResult
     from dflash_eval.results.eval_result import TauSummary as TauSummary

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from dflash_eval.common.progress import Compilation
 from dflash_eval.common.workdir import run_location
 from dflash_eval.errors import DFlashEvalError
-from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, PromptTau
+from dflash_eval.measurements.drafter_evaluation import DrafterEvaluation, PromptTau
 from dflash_eval.measurements.online_greedy import OnlineTau
 from dflash_eval.measurements.round_costs import ROUND_COSTS
 from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, pooled_means, position_rates
