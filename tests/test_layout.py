@@ -37,8 +37,7 @@ LAYERS: tuple[str, ...] = (
     "references",     # greedy and sampled reference completions, the teacher-forced argmax; a server's, checked
     "features",       # the target's hidden-state features
     "measurements",   # the registry, its runner, the built-in specs; one drafter evaluated: checks, drift
-    "results",        # what a run measured as one typed object
-    "session",        # one run composed: stages, floors and baseline checked, the reference drafter, the result
+    "session",        # one run composed: stages, floors and baseline checked, the reference drafter, the typed result
     "golden",         # the golden records: which a run needs, the one writer
     "report",         # eval.json, eval.md, plots, gate.json: one rendering layer
     "training_loop",  # evaluating checkpoints while they train: Evaluator, history, trends, trackers

@@ -30,8 +30,8 @@ files, formatting), ``sglang`` (the completion server), ``target`` (the target m
 ``drafter`` (config, model, checkpoints, checks), ``metrics`` (τ, drift, drift budget, floors, the verdict), ``options``
 (declared once, parsed, preflight checks), ``inputs`` (what a run needs besides the drafter), ``references`` (reference
 completions: local, from a server and checked, cached), ``features`` (the target's hidden states), ``measurements`` (the
-registry of measurements and the built-in ones; one drafter evaluated through them), ``results`` (what a run measured,
-typed), ``session`` (one run composed), ``golden`` (the golden records), ``report`` (eval.json, eval.md, eval.html,
+registry of measurements and the built-in ones; one drafter evaluated through them), ``session`` (one run composed, and
+what it measured as one typed result), ``golden`` (the golden records), ``report`` (eval.json, eval.md, eval.html,
 plots, gate.json), ``training_loop`` (the Evaluator, the history, trackers), ``pytest_plugin`` and ``cli`` (the two
 front ends). ``testing`` builds random tiny models for tests and is not part of the wheel.
 
@@ -59,8 +59,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "EvalSettings": "dflash_eval.options.settings",
     "EvalSession": "dflash_eval.session.eval_session",
-    "EvalResult": "dflash_eval.results.eval_result",
-    "TauSummary": "dflash_eval.results.eval_result",
+    "EvalResult": "dflash_eval.session.eval_result",
+    "TauSummary": "dflash_eval.session.eval_result",
     "PromptTau": "dflash_eval.measurements.drafter_evaluation",
     "Evaluator": "dflash_eval.training_loop.evaluator",
     "History": "dflash_eval.training_loop.history",
@@ -87,8 +87,8 @@ if TYPE_CHECKING:
     from dflash_eval.drafter.model import DFlashDrafter as DFlashDrafter
     from dflash_eval.measurements.drafter_evaluation import PromptTau as PromptTau
     from dflash_eval.options.settings import EvalSettings as EvalSettings
-    from dflash_eval.results.eval_result import EvalResult as EvalResult
-    from dflash_eval.results.eval_result import TauSummary as TauSummary
+    from dflash_eval.session.eval_result import EvalResult as EvalResult
+    from dflash_eval.session.eval_result import TauSummary as TauSummary
     from dflash_eval.session.eval_session import EvalSession as EvalSession
     from dflash_eval.training_loop.evaluator import Evaluator as Evaluator
     from dflash_eval.training_loop.history import CheckpointRecord as CheckpointRecord

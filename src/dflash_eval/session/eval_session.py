@@ -4,7 +4,7 @@ options -> :class:`~dflash_eval.inputs.run_inputs.Inputs` (drafter-independent) 
 :class:`~dflash_eval.references.greedy.References` (completions) ->
 :class:`~dflash_eval.features.feature_store.FeatureStore` (features) ->
 :class:`~dflash_eval.measurements.drafter_evaluation.DrafterEvaluation` (its measurements, drift) ->
-:class:`~dflash_eval.results.eval_result.EvalResult`.
+:class:`~dflash_eval.session.eval_result.EvalResult`.
 
 The pytest plugin makes one session per process (per xdist worker); the training-loop
 :class:`~dflash_eval.training_loop.evaluator.Evaluator` (and so ``dflash-eval gate``) makes one per checkpoint, each
@@ -45,7 +45,7 @@ from dflash_eval.options.settings import EvalSettings
 from dflash_eval.references.greedy import CompletionRecord, References
 from dflash_eval.references.sampled import SampledReferences
 from dflash_eval.references.server_link import ServerLink
-from dflash_eval.results.eval_result import EvalResult, TauSummary, build_result, tau_summary
+from dflash_eval.session.eval_result import EvalResult, TauSummary, build_result, tau_summary
 from dflash_eval.session.reference_drafter import ReferenceDrafter, ReferenceTau
 
 __all__ = ["EvalSession", "EvalSettings", "CompletionRecord", "PromptTau", "Drift", "EvalResult", "TauSummary"]
