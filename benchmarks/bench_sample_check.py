@@ -1,4 +1,4 @@
-"""False-refusal and detection rates of the check of a server's sampled references (serving/server_sample_check.py).
+"""False-refusal and detection rates of the check of a server's sampled references (references/server_sample_check.py).
 
 Servers are simulated with the bundled target: each draws its completions (seeded multinomial draws, a fresh
 stream for every batch: :class:`Draw`) at ITS sampling settings, and the check judges them, fetch by fetch,
@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 from scipy.stats import beta
 
-from dflash_eval.serving.server_check import teacher_forced_logits
-from dflash_eval.serving.server_sample_check import (
+from dflash_eval.references.server_check import teacher_forced_logits
+from dflash_eval.references.server_sample_check import (
     FETCH_Z_FLAT,
     FETCH_Z_SHARP,
     SAMPLE_Z_FLAT,

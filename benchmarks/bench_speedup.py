@@ -44,7 +44,7 @@ from dflash_eval.measurements.round_costs import context_tokens, measure_round_c
 from dflash_eval.metrics.online_loop import cache_keyword, online_generate
 from dflash_eval.metrics.speedup import RoundCosts, predict, round_parts
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.results.eval_result import speedup_summary
+from dflash_eval.session.eval_result import speedup_summary
 from dflash_eval.session.eval_session import EvalSession
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.hidden_states import LayerCapture

@@ -8,7 +8,7 @@ run's start) and appended with one ``write`` (lines of concurrent processes do n
 :func:`summarize` turns the file into phases per process. Used by ``benchmarks/bench_multigpu.py``.
 
 ``STAGE_PROFILE=<stage>[,<stage>...]`` with ``STAGE_PROFILE_DIR=<dir>`` also runs cProfile around every metered
-stage of those names (``dflash_eval.runtime.progress.Meter.timed``, e.g. ``drift_budget``) in every process and writes
+stage of those names (``dflash_eval.common.progress.Meter.timed``, e.g. ``drift_budget``) in every process and writes
 ``<dir>/<stage>_<process>.txt`` at its end: the functions by own and by cumulative time. Time a process spends
 waiting for its GPU shows up as own time of the call that synchronises (``item``, ``tolist``, ``to``, ``cpu``).
 
@@ -72,7 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _profile_stages(stages: set[str]) -> None:
     """Wrap ``Meter.timed`` so the named stages run under one cProfile profile per stage (not nested)."""
-    from dflash_eval.runtime.progress import Meter
+    from dflash_eval.common.progress import Meter
 
     timed = Meter.timed
 

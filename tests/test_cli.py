@@ -223,7 +223,7 @@ def test_no_pytest_option_is_taken_for_a_misspelled_suite_option():
 def test_library_output_is_left_out_alike_in_run_and_gate(tmp_path):
     """transformers' fallback warnings and weight-loading bar, which pytest's capture keeps out of `dflash-eval run`,
     are left out of `dflash-eval gate` too; a Python warning is one line, not its source line quoted."""
-    from dflash_eval.runtime.third_party import QUIET_ENVIRONMENT, one_line_warnings, quiet_libraries
+    from dflash_eval.common.third_party import QUIET_ENVIRONMENT, one_line_warnings, quiet_libraries
 
     env = {"TRANSFORMERS_VERBOSITY": "info"}
     quiet_libraries(env)

@@ -111,7 +111,7 @@ def test_batched_check_equals_each_rows_own_forward(tiny_target):
     """The server check's right-padded batch gives every row the argmax of its own unpadded forward (a causal model
     never looks at the padding after a row's last token)."""
     from dflash_eval.references.greedy import teacher_forced_tensors
-    from dflash_eval.serving.server_check import teacher_forced_logits
+    from dflash_eval.references.server_check import teacher_forced_logits
 
     rows = [([5, 9, 17, 3], [40, 41, 42]), ([7], [8, 9, 10, 11, 12, 13]), ([1, 2, 3, 4, 5, 6, 7, 8, 9], [100])]
     got = list(map(teacher_forced_tensors, teacher_forced_logits(tiny_target.model, rows, tiny_target.device)))
@@ -186,7 +186,7 @@ def test_cached_features_of_another_dtype_are_recomputed(session):
 def test_server_disagreements_are_judged_by_the_near_tie_rule():
     """A server token within the near-tie band of the local target's best is a near tie and does not count against
     the server; one outside it does (more than max(1, 10 %) of the tokens: refused)."""
-    from dflash_eval.serving.server_check import disagreement
+    from dflash_eval.references.server_check import disagreement
 
     n, vocab = 20, 50
     logits = torch.zeros(n, vocab)

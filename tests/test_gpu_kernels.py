@@ -61,7 +61,7 @@ def test_device_map_spreads_target_and_features_agree(tiny_target_dir) -> None: 
 _COMPILE_SCRIPT = """
 import json, sys, torch
 from pathlib import Path
-from dflash_eval.runtime.progress import Meter
+from dflash_eval.common.progress import Meter
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.hidden_states import layer_features
 from dflash_eval.target.kernel_cache import add_sink, use_kernel_cache

@@ -25,7 +25,7 @@ PACKAGE = SRC / "dflash_eval"
 LAYERS: tuple[str, ...] = (
     "errors",         # the error types every message goes through
     "hookspec",       # the plugin hook specifications (pytest and pluggy only)
-    "common",         # atomic writes, paths, dtypes, sizes, the host and git state
+    "common",         # atomic writes, paths, dtypes, sizes, the host and git state; progress, timings, threads
     "cache",          # the content-addressed cache and its one production protocol
     "prompts",        # prompt files, built-in sets, chat formatting
     "sglang",         # the SGLang client, launcher and service
@@ -33,15 +33,11 @@ LAYERS: tuple[str, ...] = (
     "drafter",        # the DFlash drafter: config, model, checks, checkpoints
     "metrics",        # τ, DDTree, the online loop, drift, the drift budget, statistics, floors, the verdict
     "options",        # every option declared once, resolved, checked; how a run was invoked
-    "runtime",        # progress, timings and counters of one process; torch threads
     "inputs",         # what a run needs besides the drafter
-    "serving",        # the suite's side of a server: the link to it, the checks of what it answers
-    "references",     # greedy and sampled reference completions, the teacher-forced argmax
+    "references",     # greedy and sampled reference completions, the teacher-forced argmax; a server's, checked
     "features",       # the target's hidden-state features
-    "measurements",   # the measurement registry, its runner and the built-in specs
-    "evaluation",     # one drafter evaluated: checkpoint, checks, measurements, drift
-    "results",        # what a run measured as one typed object
-    "session",        # one run composed: stages, floors and baseline checked, the reference drafter, the result
+    "measurements",   # the registry, its runner, the built-in specs; one drafter evaluated: checks, drift
+    "session",        # one run composed: stages, floors and baseline checked, the reference drafter, the typed result
     "golden",         # the golden records: which a run needs, the one writer
     "report",         # eval.json, eval.md, plots, gate.json: one rendering layer
     "training_loop",  # evaluating checkpoints while they train: Evaluator, history, trends, trackers

@@ -192,7 +192,7 @@ def test_a_checkpoint_shows_the_verdict_its_record_holds():
 
 def test_a_gate_row_shows_the_verdict_it_is_given(tmp_path):
     from dflash_eval.options.settings import EvalSettings
-    from dflash_eval.results.eval_result import TauSummary
+    from dflash_eval.session.eval_result import TauSummary
 
     summary = TauSummary.from_dict(_run(1.0))  # every prompt below its floor
     row = gate_row(summary, PLANTED_PASS, drafter=str(tmp_path / "step_1"), fingerprint="f")

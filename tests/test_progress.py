@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from dflash_eval.common.progress import Meter, Progress, ProgressEvent, throttled
 from dflash_eval.pytest_plugin.progress_reporter import ProgressReporter, WorkerFileSink, aggregate, interval
-from dflash_eval.runtime.progress import Meter, Progress, ProgressEvent, throttled
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = "dflash_eval.pytest_plugin"
@@ -52,7 +52,7 @@ def test_a_stage_counted_in_tokens_reports_where_it_stands_and_extrapolates_toke
 
 def test_throttled_keeps_first_last_and_one_per_interval(monkeypatch):
     clock = [0.0]
-    monkeypatch.setattr("dflash_eval.runtime.progress.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("dflash_eval.common.progress.time.monotonic", lambda: clock[0])
     lines: list[str] = []
     sink = throttled(lines.append, 10.0)
     for done, t in [(0, 0), (1, 1), (2, 5), (3, 11), (4, 12), (5, 12.5)]:
@@ -111,7 +111,7 @@ def test_worker_files_are_polled_by_the_controller(tmp_path):
 
 
 PROGRESS_TEST = '''
-from dflash_eval.runtime.progress import Progress
+from dflash_eval.common.progress import Progress
 
 def test_long_stage(eval_session):
     p = Progress("synthetic stage", 3, eval_session.inputs.progress)

@@ -129,8 +129,8 @@ def test_step_summary_appends_and_names_a_bad_path(tmp_path):
 
 
 def _summary(taus: dict[str, float], floors: Floors, baseline: BaselineComparison | None = None):
-    from dflash_eval.results.eval_result import TauSummary
-    from dflash_eval.results.rows import PromptRow, rows_from_dict
+    from dflash_eval.session.eval_result import TauSummary
+    from dflash_eval.session.rows import PromptRow, rows_from_dict
 
     rows = {p: {"category": "c", "tau": t, "rounds": 1, "accept_lengths": [1], "histogram": [1],
                 "position_rates": [], "ddtree": {"8": t + 0.5}, "ddtree_accept_lengths": {"8": [1]}, "floor": None,

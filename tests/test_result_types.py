@@ -1,4 +1,4 @@
-"""The typed result: :class:`~dflash_eval.results.eval_result.EvalResult` is dataclasses all the way down (no field
+"""The typed result: :class:`~dflash_eval.session.eval_result.EvalResult` is dataclasses all the way down (no field
 is a bare dict or a list of dicts, except the blocks whose layout another part of the suite owns), its ``to_dict``
 is eval.json's fragment with its keys in eval.json's order and reads back through ``from_dict``; the registered
 measurements travel into the merged eval.json and its tables; the verdict is composed in one place.
@@ -32,9 +32,9 @@ from dflash_eval.metrics.verdict import (
     regression_part,
     run_verdict,
 )
-from dflash_eval.results.blocks import DrafterBlock, DriftBudgetBlock, FingerprintBlock
-from dflash_eval.results.eval_result import EvalResult, TauSummary
-from dflash_eval.results.rows import PromptRow, Row
+from dflash_eval.session.blocks import DrafterBlock, DriftBudgetBlock, FingerprintBlock
+from dflash_eval.session.eval_result import EvalResult, TauSummary
+from dflash_eval.session.rows import PromptRow, Row
 
 NAN = float("nan")
 

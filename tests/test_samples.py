@@ -22,7 +22,7 @@ from dflash_eval.options.settings import EvalSettings
 from dflash_eval.references.token_pieces import decode_pieces, pieces_of
 from dflash_eval.report.samples import SAMPLES_NAME, sample_records, write_samples
 from dflash_eval.report.strict_json import dumps_strict
-from dflash_eval.results.eval_result import EvalResult
+from dflash_eval.session.eval_result import EvalResult
 from dflash_eval.session.eval_session import EvalSession
 from dflash_eval.target.sampling import stream_seed
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dflash_eval.errors import EvalError
-from dflash_eval.serving.server_link import ServerLink
+from dflash_eval.references.server_link import ServerLink
 
 
 def test_connect_runs_on_first_need_only_and_once() -> None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_sglang_suite import ROOT, free_port, run_suite, show, standin_cmd
 
-from dflash_eval.serving.server_sample_check import (
+from dflash_eval.references.server_sample_check import (
     FETCH_Z_FLAT,
     FETCH_Z_SHARP,
     SAMPLE_Z_FLAT,

@@ -217,7 +217,7 @@ def test_round_costs_are_cached_per_device_and_shapes(tmp_path: Path, tiny_targe
     """The first session times the round (and its result reports it); a second one of the same target, drafter
     shape, device and dtype reads the costs back; a floor above the prediction is a failing verdict."""
     from dflash_eval import EvalSession, EvalSettings
-    from dflash_eval.results.eval_result import speedup_summary
+    from dflash_eval.session.eval_result import speedup_summary
 
     base = {"target_model": str(tiny_target_dir), "drafter": str(tiny_drafter_dir),
             "prompts": str(ROOT / "fixtures" / "prompts.jsonl"), "num_prompts": 2, "max_new_tokens": 12,

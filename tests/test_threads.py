@@ -1,19 +1,17 @@
 """torch's CPU threads are shared among xdist workers on every device: two workers each with one thread per core
 would oversubscribe the CPU, on a GPU run too (its drift budget perturbs features on the CPU). The count is set once
-per process by the entry point (:func:`dflash_eval.runtime.threads.set_torch_threads`), never by a stage constructor.
+per process by the entry point (:func:`dflash_eval.common.threads.set_torch_threads`), never by a stage constructor.
 
 Run: ``pytest tests/test_threads.py -p no:cacheprovider``
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
+from dflash_eval.common import threads as threads_mod
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.runtime import threads as threads_mod
 from dflash_eval.session.eval_session import EvalSession
 
 
@@ -24,18 +22,16 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_default_threads_are_divided_among_the_workers(device: str, monkeypatch, restore_threads) -> None:
+def test_default_threads_are_divided_among_the_workers(monkeypatch, restore_threads) -> None:
+    """Whatever the device: the count takes only ``--torch-threads`` and the worker count."""
     monkeypatch.setattr(threads_mod, "_DEFAULT_THREADS", 8)  # as on a machine with 8 physical cores
     for workers, want in [(1, 8), (2, 4), (3, 2), (16, 1)]:
-        settings = SimpleNamespace(torch_device=torch.device(device), torch_threads=None)
-        assert threads_mod.set_torch_threads(settings, workers) == want and torch.get_num_threads() == want
+        assert threads_mod.set_torch_threads(None, workers) == want and torch.get_num_threads() == want
 
 
 def test_an_explicit_thread_count_wins(monkeypatch, restore_threads) -> None:
     monkeypatch.setattr(threads_mod, "_DEFAULT_THREADS", 8)
-    settings = SimpleNamespace(torch_device=torch.device("cuda"), torch_threads=3)
-    assert threads_mod.set_torch_threads(settings, 2) == 3 and torch.get_num_threads() == 3
+    assert threads_mod.set_torch_threads(3, 2) == 3 and torch.get_num_threads() == 3
 
 
 def test_a_session_leaves_the_thread_count_alone_and_reports_it(tiny_target_dir, tiny_drafter_dir, tmp_path,

@@ -30,7 +30,7 @@ from dflash_eval.errors import CacheError
 from dflash_eval.features.witness import GPU_BOUND, reproducibility_bound
 from dflash_eval.metrics.drift import Side
 from dflash_eval.options.settings import EvalSettings
-from dflash_eval.results.eval_result import _with_witness_impact
+from dflash_eval.session.eval_result import _with_witness_impact
 from dflash_eval.session.eval_session import EvalSession
 from dflash_eval.target.kernel_probe import MIN_BUCKET
 from dflash_eval.target.kernel_registry import KernelOutputChanged
@@ -125,7 +125,7 @@ def test_the_witness_catches_what_the_probe_cannot_see(tmp_path, short_prefill_f
 def test_the_tau_impact_of_a_mismatch_is_reported(monkeypatch):
     """The layer's relative error goes to :func:`dflash_eval.metrics.drift_budget.impact` with the drafter's budget;
     its verdict is added to the entry and its message."""
-    import dflash_eval.results.eval_result as eval_result
+    import dflash_eval.session.eval_result as eval_result
 
     budget = SimpleNamespace(name="the drafter's budget")
     seen = []

@@ -15,7 +15,7 @@ import pytest
 
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.metrics.verdict import speedup_floor_reason
-from dflash_eval.results.eval_result import speedup_summary
+from dflash_eval.session.eval_result import speedup_summary
 
 NO_FLOOR = ("no --speedup-floor: the predicted speed-up on this device is reported (eval.md, eval.json's speedup), "
             "not gated")

@@ -24,17 +24,16 @@ The trend table and plot of any records: :func:`trend_table`, :func:`write_trend
 the scalars a tracker logs: :func:`tracker_scalars` (names: :data:`TRACKER_SCALARS`). The drafter being trained:
 :class:`DFlashDrafter` built from a :class:`DrafterConfig`, saved with :func:`save_drafter`.
 
-Packages, by concern, from the lowest layer up (tests/test_layout.py holds the order): ``common`` (atomic writes,
-paths, number formatting), ``cache`` (the on-disk cache), ``prompts`` (sets, files, formatting), ``sglang`` (the
-completion server), ``target`` (the target model, its kernels and features), ``drafter`` (config, model, checkpoints,
-checks), ``metrics`` (τ, drift, drift budget, floors, the verdict), ``options`` (declared once, parsed, preflight
-checks), ``runtime`` (progress, timings, threads), ``inputs`` (what a run needs besides the drafter), ``serving`` (the
-suite's side of a server), ``references`` (reference completions), ``features`` (the target's hidden states),
-``measurements`` (the registry of measurements and the built-in ones), ``evaluation`` (one drafter evaluated),
-``results`` (what a run measured, typed), ``session`` (one run composed), ``golden`` (the golden records), ``report``
-(eval.json, eval.md, eval.html, plots, gate.json), ``training_loop`` (the Evaluator, the history, trackers),
-``pytest_plugin`` and ``cli`` (the two front ends). ``testing`` builds random tiny models for tests and is not part
-of the wheel.
+Packages, by concern, from the lowest layer up (tests/test_layout.py holds the order): ``common`` (atomic writes, paths,
+number formatting; the process's progress, timings and threads), ``cache`` (the on-disk cache), ``prompts`` (sets,
+files, formatting), ``sglang`` (the completion server), ``target`` (the target model, its kernels and features),
+``drafter`` (config, model, checkpoints, checks), ``metrics`` (τ, drift, drift budget, floors, the verdict), ``options``
+(declared once, parsed, preflight checks), ``inputs`` (what a run needs besides the drafter), ``references`` (reference
+completions: local, from a server and checked, cached), ``features`` (the target's hidden states), ``measurements`` (the
+registry of measurements and the built-in ones; one drafter evaluated through them), ``session`` (one run composed, and
+what it measured as one typed result), ``golden`` (the golden records), ``report`` (eval.json, eval.md, eval.html,
+plots, gate.json), ``training_loop`` (the Evaluator, the history, trackers), ``pytest_plugin`` and ``cli`` (the two
+front ends). ``testing`` builds random tiny models for tests and is not part of the wheel.
 
 Importing this module imports neither torch nor transformers: the names below load on first use.
 """
@@ -60,9 +59,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "EvalSettings": "dflash_eval.options.settings",
     "EvalSession": "dflash_eval.session.eval_session",
-    "EvalResult": "dflash_eval.results.eval_result",
-    "TauSummary": "dflash_eval.results.eval_result",
-    "PromptTau": "dflash_eval.evaluation.drafter_evaluation",
+    "EvalResult": "dflash_eval.session.eval_result",
+    "TauSummary": "dflash_eval.session.eval_result",
+    "PromptTau": "dflash_eval.measurements.drafter_evaluation",
     "Evaluator": "dflash_eval.training_loop.evaluator",
     "History": "dflash_eval.training_loop.history",
     "CheckpointRecord": "dflash_eval.training_loop.history",
@@ -86,10 +85,10 @@ if TYPE_CHECKING:
     from dflash_eval.drafter.checkpoint import save_drafter as save_drafter
     from dflash_eval.drafter.config import DrafterConfig as DrafterConfig
     from dflash_eval.drafter.model import DFlashDrafter as DFlashDrafter
-    from dflash_eval.evaluation.drafter_evaluation import PromptTau as PromptTau
+    from dflash_eval.measurements.drafter_evaluation import PromptTau as PromptTau
     from dflash_eval.options.settings import EvalSettings as EvalSettings
-    from dflash_eval.results.eval_result import EvalResult as EvalResult
-    from dflash_eval.results.eval_result import TauSummary as TauSummary
+    from dflash_eval.session.eval_result import EvalResult as EvalResult
+    from dflash_eval.session.eval_result import TauSummary as TauSummary
     from dflash_eval.session.eval_session import EvalSession as EvalSession
     from dflash_eval.training_loop.evaluator import Evaluator as Evaluator
     from dflash_eval.training_loop.history import CheckpointRecord as CheckpointRecord

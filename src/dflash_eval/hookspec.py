@@ -19,7 +19,7 @@ import pytest
 
 if TYPE_CHECKING:  # the parameters' types, for type checkers only (tests/test_layout.py allows these alone)
     from dflash_eval.options.settings import EvalSettings
-    from dflash_eval.results.eval_result import EvalResult
+    from dflash_eval.session.eval_result import EvalResult
     from dflash_eval.sglang.client import ReferenceClient
     from dflash_eval.training_loop.history import CheckpointRecord, History
 
@@ -52,7 +52,7 @@ def pytest_dflash_eval_history_record(record: CheckpointRecord, history: History
     :param record: the judged :class:`~dflash_eval.training_loop.history.CheckpointRecord`.
     :param history: the :class:`~dflash_eval.training_loop.history.History` it was appended to, or None when the
         Evaluator keeps its records in memory only (``Evaluator.records``).
-    :param result: the :class:`~dflash_eval.results.eval_result.EvalResult` the record was made from.
+    :param result: the :class:`~dflash_eval.session.eval_result.EvalResult` the record was made from.
 
     The project's TensorBoard and W&B trackers (:mod:`dflash_eval.training_loop.trackers`) implement it.
     """

@@ -123,7 +123,7 @@ class Batch:
 
 
 class StepReporter(Protocol):
-    """What ``progress`` makes: one step per produced item (e.g. :class:`dflash_eval.runtime.progress.Progress`)."""
+    """What ``progress`` makes: one step per produced item (e.g. :class:`dflash_eval.common.progress.Progress`)."""
 
     def step(self, tokens: int = 0, n: int = 1) -> None: ...
 

@@ -67,6 +67,8 @@ from dflash_eval.cli.suite_run import joined_option_values, run_suite
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
+from dflash_eval.common.progress import throttled
+from dflash_eval.common.third_party import one_line_warnings, quiet_libraries
 from dflash_eval.common.torch_check import require_torch
 from dflash_eval.errors import ConfigError, DFlashEvalError, StorageError
 from dflash_eval.golden.needed import gate_floors_message, missing_floors
@@ -74,12 +76,10 @@ from dflash_eval.options.commands import add_command_options, environ_for, missp
 from dflash_eval.options.invocation import option_pieces, shell_join
 from dflash_eval.options.preflight import preflight
 from dflash_eval.options.settings import resolve
+from dflash_eval.references.server_link import ServerLink
 from dflash_eval.report.gate import NOT_CHECKED, GateRow, gate_table, write_gate_report
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.report.tables import print_tables
-from dflash_eval.runtime.progress import throttled
-from dflash_eval.runtime.third_party import one_line_warnings, quiet_libraries
-from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.training_loop.plugins import plugin_manager
 
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ def gate(ns: argparse.Namespace) -> int:
         if not ns.quiet:
             print(m, file=err, flush=True)
 
-    from dflash_eval.runtime.threads import set_torch_threads  # imports torch: kept out of --help
+    from dflash_eval.common.threads import set_torch_threads  # imports torch: kept out of --help
 
     progress = None if ns.quiet else throttled(say, 2.0)
     sessions: list[EvalSession] = []
@@ -248,7 +248,7 @@ def gate(ns: argparse.Namespace) -> int:
         for d in drafters:
             settings.append(_settings(ns, d))
             if not sessions:  # the stages of every checkpoint are the first one's: one link, one thread count
-                set_torch_threads(settings[0], 1)
+                set_torch_threads(settings[0].torch_threads, 1)
                 hooks = plugin_manager()  # the dflash_eval entry points' plugins; make_evaluator adds the trackers
                 server = ServerLink(partial(_sglang_client, settings[0], hooks))  # connects when a fetch needs it
                 evaluator = make_evaluator(ns, settings[0], log=say, hooks=hooks, progress=progress, server=server)

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from dflash_eval.common.third_party import quiet_libraries
 from dflash_eval.options.invocation import started_as_command
 from dflash_eval.options.settings import OPTIONS
 from dflash_eval.pytest_plugin.suite_args import SUITE_PACKAGE, suite_dir
-from dflash_eval.runtime.third_party import quiet_libraries
 
 __all__ = ["run_suite", "joined_option_values"]
 

@@ -1,2 +1,3 @@
 """Small helpers every package uses: atomic writes, normalised paths, dtype names, the torch check, where a run
-happened."""
+happened; and the process's runtime: progress events, timings and counters, torch's CPU threads set once by the entry
+point, the third-party libraries' output handled alike in every command."""

@@ -28,6 +28,7 @@ import torch
 from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import cache_key, ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Producer, Request
+from dflash_eval.common.progress import Progress
 from dflash_eval.errors import CacheError
 from dflash_eval.features.feature_map import FeatureMap
 from dflash_eval.features.witness import FINGERPRINT, Witness
@@ -36,7 +37,6 @@ from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.drift import fingerprint as layer_fingerprint
 from dflash_eval.references.conversations import HistoryMissing
 from dflash_eval.references.greedy import CompletionRecord, References
-from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.backends import check_backend_device, use_backend
 from dflash_eval.target.hidden_states import LayerCapture, layer_features
 from dflash_eval.target.kernel_probe import ProbeResult, ProbeShape

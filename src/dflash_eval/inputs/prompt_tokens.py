@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from dflash_eval.cache.store import Cache
-    from dflash_eval.runtime.progress import Meter
+    from dflash_eval.common.progress import Meter
 
 __all__ = ["prompt_format", "text_ids", "tokenize_prompts", "TokenizingInputs"]
 

@@ -2,7 +2,7 @@
 
 A drift budget measured on a handful of prompts is mostly noise (one prompt's |Δτ| sets its CI), so the budget is
 measured on at least ``--drift-budget-min-prompts`` prompts of the same ``--prompts`` source
-(:meth:`dflash_eval.evaluation.drafter_evaluation.DrafterEvaluation.drift_budget`). :class:`PromptView` gives the
+(:meth:`dflash_eval.measurements.drafter_evaluation.DrafterEvaluation.drift_budget`). :class:`PromptView` gives the
 references and feature stages that list instead of the selection, and everything else of the run's :class:`Inputs`
 unchanged and shared: the loaded target, the cache, the meter, the tokenizer. Its entries are the same cache entries the
 selection's prompts would have (keyed by tokens, not by selection), so the selected prompts are not produced twice.

@@ -22,6 +22,7 @@ import torch
 
 from dflash_eval.cache.store import Cache
 from dflash_eval.common.paths import folder_problem
+from dflash_eval.common.progress import Meter, Sink, default_progress_sink
 from dflash_eval.drafter import TargetSpec
 from dflash_eval.drafter.vocabulary import TargetVocabulary, read_tokenizer_facts
 from dflash_eval.errors import ConfigError, DFlashEvalError
@@ -31,7 +32,6 @@ from dflash_eval.metrics.floors import Floors, load_floors
 from dflash_eval.options.preflight import input_problems, target_config_problem
 from dflash_eval.options.settings import EvalSettings, worker_info
 from dflash_eval.prompts import Prompt, load_prompt_spec
-from dflash_eval.runtime.progress import Meter, Sink, default_progress_sink
 from dflash_eval.target.backends import check_backend_device
 from dflash_eval.target.head import TargetHead
 from dflash_eval.target.kernel_cache import add_sink, use_kernel_cache
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["Inputs", "DEFAULT_PROGRESS", "DRAFTER_OPTIONS"]
 
 DRAFTER_OPTIONS = frozenset({"drafter", "drafter_config", "reference_drafter"})
-#: ``Inputs(progress=...)``'s default: :func:`~dflash_eval.runtime.progress.default_progress_sink`.
+#: ``Inputs(progress=...)``'s default: :func:`~dflash_eval.common.progress.default_progress_sink`.
 DEFAULT_PROGRESS = "default"
 
 
@@ -58,7 +58,7 @@ def _file_stamp(path: Path) -> list[Any]:
 
 class Inputs:
     """Drafter-independent inputs of one process (see module docstring). ``progress``: where long productions
-    report (None: silent; by default :func:`~dflash_eval.runtime.progress.default_progress_sink`)."""
+    report (None: silent; by default :func:`~dflash_eval.common.progress.default_progress_sink`)."""
 
     def __init__(self, settings: EvalSettings, *, worker: tuple[str, int, int] | None = None,
                  log: Callable[[str], None] | None = None, progress: Sink | None | str = DEFAULT_PROGRESS) -> None:

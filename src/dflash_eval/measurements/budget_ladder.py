@@ -31,6 +31,7 @@ from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import cache_key
 from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.cache.store import CacheEntry
+from dflash_eval.common.progress import Progress
 from dflash_eval.common.sizes import parse_memory
 from dflash_eval.errors import ConfigError
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
@@ -39,7 +40,6 @@ from dflash_eval.metrics.drift import Side, layer_drift
 from dflash_eval.metrics.drift_budget import Direction, DriftBudget, Perturbation, measure_ladder, parse_ladder
 from dflash_eval.metrics.drift_ladder import DRIFT
 from dflash_eval.metrics.tau_chunks import LazyItems
-from dflash_eval.runtime.progress import Progress
 
 __all__ = ["DriftBudgetLadder", "DRIFT_BUDGET", "LadderPlan", "budget_subject", "drift_direction"]
 

@@ -22,13 +22,13 @@ from dflash_eval.cache.code_version import CODE_VERSION
 from dflash_eval.cache.keys import ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Producer, Request
 from dflash_eval.cache.store import CacheEntry
+from dflash_eval.common.progress import Progress
 from dflash_eval.measurements.online_greedy import OnlineTau, divergence
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.measurements.tau_sampled import SampledCompletions
 from dflash_eval.metrics.online_loop import online_generate
 from dflash_eval.metrics.sampled_tau import pool_samples
 from dflash_eval.metrics.tau_result import TauResult
-from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.provenance import platform_fields
 from dflash_eval.target.sampling import sample_tokens, stream_seed
 

@@ -59,7 +59,7 @@ V = TypeVar("V")  # a measurement's value
 
 
 class Subject(Protocol):
-    """What a measurement reads of the drafter under evaluation (:class:`~dflash_eval.evaluation.
+    """What a measurement reads of the drafter under evaluation (:class:`~dflash_eval.measurements.
     drafter_evaluation.DrafterEvaluation` is one)."""
 
     settings: EvalSettings

@@ -57,13 +57,13 @@ from torch import Tensor
 from dflash_eval.cache.code_version import CODE_VERSION
 from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.cache.store import CacheEntry
+from dflash_eval.common.progress import Progress
 from dflash_eval.drafter.config import DrafterConfig
 from dflash_eval.drafter.model import DFlashDrafter, block_ids, draft_logits
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.metrics.ddtree import TreeNode, build_ddtree
 from dflash_eval.metrics.online_loop import cache_keyword
 from dflash_eval.metrics.speedup import RoundCosts, context_bucket, mean_context
-from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.head import TargetHead
 from dflash_eval.target.hidden_states import LayerCapture

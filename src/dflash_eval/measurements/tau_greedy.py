@@ -19,13 +19,13 @@ import torch
 from dflash_eval.cache.code_version import CODE_VERSION
 from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.cache.store import CacheEntry
+from dflash_eval.common.progress import Progress
 from dflash_eval.common.sizes import parse_memory
 from dflash_eval.features.feature_map import lazy_items
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.tau import simulate_tau
 from dflash_eval.metrics.tau_result import TauResult
-from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.provenance import platform_fields
 
 if TYPE_CHECKING:

@@ -259,7 +259,7 @@ def judge_run(data: dict[str, Any], floors: Floors) -> None:
 
 
 class JudgedPrompt(Protocol):
-    """What a checkpoint's verdict reads of a judged prompt row (:class:`~dflash_eval.results.rows.PromptRow`, the
+    """What a checkpoint's verdict reads of a judged prompt row (:class:`~dflash_eval.session.rows.PromptRow`, the
     typed row eval.json's ``prompts`` hold): its chain τ and rounds, its floors, its verdict (None: not gated)."""
 
     @property

@@ -1,7 +1,7 @@
 """Progress of the suite's long stages (reference completions, target features, τ drafting) through pytest's
 terminal reporter.
 
-- One process: the session's stages report :class:`~dflash_eval.runtime.progress.ProgressEvent` s to
+- One process: the session's stages report :class:`~dflash_eval.common.progress.ProgressEvent` s to
   :class:`ProgressReporter`, which writes a line (past pytest's output capture) for the first event of a stage, its
   last, and in between one per interval: 2 s in a terminal, 30 s otherwise (CI logs).
 - pytest-xdist: each worker writes its latest events to ``<dir>/<worker>.json`` (the folder is handed to the
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from dflash_eval.runtime.progress import ProgressEvent, Sink
+from dflash_eval.common.progress import ProgressEvent, Sink
 
 __all__ = ["ProgressReporter", "progress_sink", "WORKERINPUT_KEY", "REPORTER", "enabled", "interval"]
 

@@ -14,7 +14,7 @@ import pytest
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.options.settings import EvalSettings, resolve, worker_info
 from dflash_eval.pytest_plugin.progress_reporter import progress_sink
-from dflash_eval.serving.server_link import ServerLink
+from dflash_eval.references.server_link import ServerLink
 
 if TYPE_CHECKING:  # the session (and torch) is imported when a test needs it, not when the plugin loads
     from dflash_eval.session.eval_session import EvalSession
@@ -61,11 +61,11 @@ def get_session(config: pytest.Config) -> EvalSession:
     progress lines go to the plugin's reporter)."""
     if SESSION not in config.stash:
         settings = get_settings(config)  # bad options raise here, before the session (and torch) is imported
-        from dflash_eval.runtime.threads import set_torch_threads  # imports torch: kept out of --help
+        from dflash_eval.common.threads import set_torch_threads  # imports torch: kept out of --help
         from dflash_eval.session.eval_session import EvalSession  # imports torch: kept out of --help
 
         name, index, count = worker_info()
-        set_torch_threads(settings, count)  # once per process, before any stage computes
+        set_torch_threads(settings.torch_threads, count)  # once per process, before any stage computes
         # the sglang fixture attaches its service's client to the link when completions are not cached
         session = EvalSession(settings, worker=(name, index, count), progress=progress_sink(config),
                               server=ServerLink())

@@ -5,7 +5,7 @@ Both are producers of :class:`~dflash_eval.cache.requests.Batch` es of ``complet
 stage states the requests, the cache serves them): each gets the batch's missing requests and returns one entry
 per request. Nothing is cached unless every answer of a batch is valid: an empty completion or a token id outside
 the target's vocabulary is an error naming the prompt, never an entry, and every completion of an SGLang fetch must
-be reproduced by the local target's teacher-forced argmax (:mod:`dflash_eval.serving.server_check`). A completion's
+be reproduced by the local target's teacher-forced argmax (:mod:`dflash_eval.references.server_check`). A completion's
 text is always the local tokenizer's decoding of its ids, kept with each token's piece of it (``pieces``:
 :mod:`dflash_eval.references.token_pieces`); the server's own text is kept as ``server_text``.
 """
@@ -20,9 +20,9 @@ import torch
 from dflash_eval.cache.requests import Produced, Request
 from dflash_eval.errors import EvalError
 from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.references.server_check import check_server_completions
+from dflash_eval.references.server_link import ServerLink
 from dflash_eval.references.token_pieces import decode_pieces
-from dflash_eval.serving.server_check import check_server_completions
-from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.target.generation import greedy_generate_batch
 
 __all__ = ["CompletionSources", "out_of_vocab"]
@@ -78,7 +78,7 @@ class CompletionSources:
 
     def fetch_sglang(self, todo: list[Request]) -> list[Produced]:
         """Fetch greedy completions of ``todo`` from the ready server; refused unless every answer is valid and
-        agrees with the local target (:func:`~dflash_eval.serving.server_check.check_server_completions`)."""
+        agrees with the local target (:func:`~dflash_eval.references.server_check.check_server_completions`)."""
         inp = self.inputs
         pids = [r.item for r in todo]
         client = self.server.client()

@@ -7,7 +7,7 @@ batch of greedy ``/generate`` requests to a server whose readiness and identity 
 (it hands this stage a ready client), ``cache`` never computes. Nothing is cached unless every answer of a batch is
 valid: an empty completion or a token id outside the target's vocabulary is an error naming the prompt, never an
 entry, and every completion of an SGLang fetch must be reproduced by the local target's teacher-forced argmax
-(:mod:`dflash_eval.serving.server_check`: a server that names the right model but serves other weights, for all
+(:mod:`dflash_eval.references.server_check`: a server that names the right model but serves other weights, for all
 prompts or only some, is caught before anything of the fetch is cached). A
 completion's text is always the local tokenizer's decoding of its ids (a server started with
 ``--skip-tokenizer-init`` returns none); the server's own text is kept in the entry's meta as ``server_text``.
@@ -27,15 +27,15 @@ from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import cache_key
 from dflash_eval.cache.requests import Batch, Produced, Request, StepReporter
 from dflash_eval.cache.store import CacheEntry
+from dflash_eval.common.progress import Progress
 from dflash_eval.errors import CacheError, EvalError
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.references.completion import CompletionRecord
 from dflash_eval.references.completion_sources import CompletionSources, out_of_vocab
 from dflash_eval.references.conversations import HistoryMissing, turn_groups, turn_prompt_ids
+from dflash_eval.references.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_tensors
+from dflash_eval.references.server_link import ServerLink
 from dflash_eval.references.teacher_forced import TeacherForced, argmax_fields, argmax_produced, argmax_request
-from dflash_eval.runtime.progress import Progress
-from dflash_eval.serving.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_tensors
-from dflash_eval.serving.server_link import ServerLink
 from dflash_eval.target.generation import generation_groups
 from dflash_eval.target.kernel_probe import ProbeShape, bucket
 from dflash_eval.target.kernel_registry import KernelOutputChanged
@@ -51,7 +51,7 @@ class References:
     """Reference completions of :attr:`Inputs.prompts` (see module docstring); the owner of the ``completion`` and
     ``argmax`` cache kinds.
 
-    ``server``: how a ready SGLang client is reached (:class:`~dflash_eval.serving.server_link.ServerLink`), needed
+    ``server``: how a ready SGLang client is reached (:class:`~dflash_eval.references.server_link.ServerLink`), needed
     only for ``--completions sglang`` on a cold cache.
     """
 

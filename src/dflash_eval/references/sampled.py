@@ -21,13 +21,13 @@ import torch
 
 from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.requests import Batch, Produced, Producer, Request
+from dflash_eval.common.progress import Progress
 from dflash_eval.errors import EvalError
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.references.completion import CompletionRecord
 from dflash_eval.references.greedy import References
 from dflash_eval.references.sampled_server import fetch_sampled
 from dflash_eval.references.token_pieces import decode_pieces
-from dflash_eval.runtime.progress import Progress
 from dflash_eval.target.generation import generation_groups, greedy_generate_batch
 from dflash_eval.target.kernel_probe import bucket
 from dflash_eval.target.provenance import device_kind, library_versions

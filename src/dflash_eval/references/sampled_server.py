@@ -7,7 +7,7 @@ asked again. The server's draws are its own random numbers (SGLang's sampler, no
 differ from local ones of the same seed; what makes them valid references is that they are draws of the same
 processed target distribution, neither too flat nor too sharp, which the local target checks for every completion
 and pooled over the whole fetch before anything of the fetch is cached
-(:mod:`dflash_eval.serving.server_sample_check`).
+(:mod:`dflash_eval.references.server_sample_check`).
 
 SGLang honours ``sampling_seed`` only when started with ``--enable-deterministic-inference`` (its ``/server_info``
 then says ``enable_deterministic_inference: true``). Without it every fetch draws afresh: a cached sample is reused,
@@ -29,8 +29,8 @@ from dflash_eval.errors import EvalError
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.references.completion_sources import out_of_vocab
 from dflash_eval.references.greedy import References
+from dflash_eval.references.server_sample_check import check_sampled_completions
 from dflash_eval.references.token_pieces import decode_pieces
-from dflash_eval.serving.server_sample_check import check_sampled_completions
 from dflash_eval.sglang.client import ReferenceClient
 
 __all__ = ["UnseededServerWarning", "fetch_sampled", "server_seeds_requests"]

@@ -27,7 +27,7 @@ from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.metrics.near_tie import TOP_K, Divergence, judge
 from dflash_eval.references.completion import CompletionRecord
-from dflash_eval.serving.server_check import teacher_forced_tensors, top_tokens
+from dflash_eval.references.server_check import teacher_forced_tensors, top_tokens
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.kernel_probe import ProbeShape
 from dflash_eval.target.provenance import device_kind, library_versions

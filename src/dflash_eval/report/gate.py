@@ -1,5 +1,5 @@
 """The gate's report: one :class:`GateRow` per checkpoint, made from its judged τ (:func:`gate_row`, from the typed
-:class:`~dflash_eval.results.eval_result.TauSummary`), written as ``<report-dir>/gate.json`` and
+:class:`~dflash_eval.session.eval_result.TauSummary`), written as ``<report-dir>/gate.json`` and
 ``<report-dir>/gate.md`` (also appended to ``$GITHUB_STEP_SUMMARY`` when set) and printed as the gate's terminal table,
 all through the one rendering layer (:mod:`dflash_eval.common.number_text`, :mod:`.tables`).
 
@@ -49,7 +49,7 @@ from dflash_eval.report.tables import TextTable, markdown_table
 
 if TYPE_CHECKING:
     from dflash_eval.options.settings import EvalSettings
-    from dflash_eval.results.eval_result import TauSummary
+    from dflash_eval.session.eval_result import TauSummary
 
 __all__ = ["GATE_SCHEMA", "NOT_CHECKED", "WORST_SHOWN", "GateRow", "gate_row", "error_row",
            "gate_passed", "gate_data", "gate_table", "worst_prompts_table", "render_gate_markdown",

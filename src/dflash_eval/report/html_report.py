@@ -24,7 +24,7 @@ From top to bottom:
 
 Sections of the first :data:`PROMPTS_SHOWN` prompts are written in full; the rest are rows of the prompt index (their
 text is in samples.jsonl). The rounds come from each prompt row's ``completions``
-(:class:`dflash_eval.results.rows.CompletionRow`); data without them (an eval.json of an earlier version) gives the
+(:class:`dflash_eval.session.rows.CompletionRow`); data without them (an eval.json of an earlier version) gives the
 page without the texts.
 """
 

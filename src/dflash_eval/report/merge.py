@@ -77,6 +77,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
+from dflash_eval.common.progress import Compilation
 from dflash_eval.metrics.acceptance_rates import TAU_DEFINITIONS, pooled_means
 from dflash_eval.metrics.sampled_ci import sampled_summary
 from dflash_eval.metrics.stats import (
@@ -86,7 +87,6 @@ from dflash_eval.metrics.stats import (
     turn_table,
 )
 from dflash_eval.metrics.verdict import diagnoses, judge_categories, mean_passed
-from dflash_eval.runtime.progress import Compilation
 
 __all__ = ["SCHEMA", "merge"]
 

@@ -8,7 +8,7 @@ drafter's rounds on it: the chain loop's accept length of every verification rou
 τ and accept lengths, with the block size and temperature that say what the numbers mean. Round ``r`` starts at
 completion position ``c_r`` (``c_1 = 0``, the prefill's token; ``c_{r+1} = c_r + a_r``), accepts the drafts of
 positions ``c_r + 1 .. c_r + a_r - 1`` and ends with the target's token at ``c_r + a_r``: the first rejected
-draft's position unless ``a_r`` is the block size (:class:`dflash_eval.results.rows.CompletionRow`).
+draft's position unless ``a_r`` is the block size (:class:`dflash_eval.session.rows.CompletionRow`).
 
 The lines come from eval.json's data (each prompt row's ``completions``), in the prompts' order; strict JSON (a τ
 without rounds is ``null``), written atomically with the other reports.

@@ -3,8 +3,8 @@
 options -> :class:`~dflash_eval.inputs.run_inputs.Inputs` (drafter-independent) ->
 :class:`~dflash_eval.references.greedy.References` (completions) ->
 :class:`~dflash_eval.features.feature_store.FeatureStore` (features) ->
-:class:`~dflash_eval.evaluation.drafter_evaluation.DrafterEvaluation` (its measurements, drift) ->
-:class:`~dflash_eval.results.eval_result.EvalResult`.
+:class:`~dflash_eval.measurements.drafter_evaluation.DrafterEvaluation` (its measurements, drift) ->
+:class:`~dflash_eval.session.eval_result.EvalResult`.
 
 The pytest plugin makes one session per process (per xdist worker); the training-loop
 :class:`~dflash_eval.training_loop.evaluator.Evaluator` (and so ``dflash-eval gate``) makes one per checkpoint, each
@@ -27,12 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.common.progress import Sink
 from dflash_eval.drafter.checkpoint import Checkpoint
 from dflash_eval.drafter.model import DFlashDrafter
 from dflash_eval.errors import ConfigError
-from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, Drift, PromptTau
 from dflash_eval.features.feature_store import FeatureStore
 from dflash_eval.inputs.run_inputs import DEFAULT_PROGRESS, Inputs
+from dflash_eval.measurements.drafter_evaluation import DrafterEvaluation, Drift, PromptTau
 from dflash_eval.metrics.baseline import Baseline, BaselineComparison, compare, load_baseline
 from dflash_eval.metrics.drift_budget import DriftBudget
 from dflash_eval.metrics.drift_checks import GateCheck
@@ -43,9 +44,8 @@ from dflash_eval.metrics.verdict import no_acceptance_fails
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.references.greedy import CompletionRecord, References
 from dflash_eval.references.sampled import SampledReferences
-from dflash_eval.results.eval_result import EvalResult, TauSummary, build_result, tau_summary
-from dflash_eval.runtime.progress import Sink
-from dflash_eval.serving.server_link import ServerLink
+from dflash_eval.references.server_link import ServerLink
+from dflash_eval.session.eval_result import EvalResult, TauSummary, build_result, tau_summary
 from dflash_eval.session.reference_drafter import ReferenceDrafter, ReferenceTau
 
 __all__ = ["EvalSession", "EvalSettings", "CompletionRecord", "PromptTau", "Drift", "EvalResult", "TauSummary"]
@@ -58,10 +58,10 @@ class EvalSession:
                  log: Callable[[str], None] | None = None, shared: EvalSession | None = None,
                  checkpoint: Checkpoint | None = None, live: DFlashDrafter | None = None,
                  progress: Sink | None | str = DEFAULT_PROGRESS, server: ServerLink | None = None) -> None:
-        """``checkpoint`` / ``live``: a drafter given in memory (:class:`~dflash_eval.evaluation.drafter_evaluation.
+        """``checkpoint`` / ``live``: a drafter given in memory (:class:`~dflash_eval.measurements.drafter_evaluation.
         DrafterEvaluation`); :class:`dflash_eval.Evaluator` makes them. ``progress``: where long productions
         report (:class:`~dflash_eval.inputs.run_inputs.Inputs`); ``server``: how the completions stage reaches a ready
-        SGLang server (:class:`~dflash_eval.serving.server_link.ServerLink`; ``--completions sglang`` on a cold
+        SGLang server (:class:`~dflash_eval.references.server_link.ServerLink`; ``--completions sglang`` on a cold
         cache). A ``shared`` session's stages come with its progress sink and server link, and its reference drafter
         (``--reference-drafter``, measured once for all the sessions that share it)."""
         self.inputs: Inputs

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation
 from dflash_eval.features.feature_store import FeatureStore
 from dflash_eval.inputs.run_inputs import Inputs
+from dflash_eval.measurements.drafter_evaluation import DrafterEvaluation
 from dflash_eval.metrics.baseline import Baseline, compare
 from dflash_eval.metrics.sampled_tau import sample_taus
 from dflash_eval.metrics.tau_result import macro_tau

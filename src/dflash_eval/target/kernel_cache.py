@@ -15,7 +15,7 @@ leaves Triton's own default in place (compiling into a read-only folder would fa
 :func:`watch_compilation` listens to Triton's compilations (its public ``triton.knobs.compilation.listener``, chained
 with any listener already set) once fla's kernels are first used (:func:`dflash_eval.target.backends.use_backend`),
 and hands each one's seconds (and whether it came from the cache) to every registered sink: the run's
-:class:`~dflash_eval.runtime.progress.Meter` attributes them to the stage that was running, so eval.json's timings
+:class:`~dflash_eval.common.progress.Meter` attributes them to the stage that was running, so eval.json's timings
 show compilation apart from the work. Autotuning's timing runs of each candidate are not compilation and stay in the
 stage's own time.
 """

@@ -2,7 +2,7 @@
 
 - :mod:`~dflash_eval.training_loop.evaluator`: :class:`Evaluator`, built once from the target, prompts and settings;
   ``evaluate(drafter, step=...)`` takes a checkpoint path, a state dict and its config, or the live drafter module
-  and returns the suite's typed :class:`~dflash_eval.results.eval_result.EvalResult`. The drafter-independent stages
+  and returns the suite's typed :class:`~dflash_eval.session.eval_result.EvalResult`. The drafter-independent stages
   (prompts, completions, features) are produced once and reused from memory by every later call.
 - :mod:`~dflash_eval.training_loop.drafter_input`: what ``evaluate`` accepts, turned into a checkpoint or a live
   drafter (and the module's train/eval mode restored after the call).

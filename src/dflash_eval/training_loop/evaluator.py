@@ -3,7 +3,7 @@
 Everything that does not depend on the drafter (prompts and their token ids, the target's head, the reference
 completions, the target features) is produced once by the first call, from the cache when it is warm, and kept in
 memory: each later call costs drafter work only (no target forward, no cache read of features). ``evaluate``
-returns the suite's typed result (:class:`~dflash_eval.results.eval_result.EvalResult`, the fields behind eval.json);
+returns the suite's typed result (:class:`~dflash_eval.session.eval_result.EvalResult`, the fields behind eval.json);
 the verdict of the checkpoint, against the floors and across steps, is the :class:`~dflash_eval.training_loop.
 history.CheckpointRecord` in :attr:`Evaluator.records` (and, given a history file, appended to it). With a history
 file, :meth:`Evaluator.close` (or the ``with`` block's end) writes the trend table ``history.md`` and the plot
@@ -39,14 +39,14 @@ from typing import Any, TypedDict, Unpack
 
 import pluggy
 
+from dflash_eval.common.progress import Sink
 from dflash_eval.errors import ConfigError, ResultRejected
 from dflash_eval.inputs.run_inputs import DRAFTER_OPTIONS, Inputs
 from dflash_eval.measurements.round_costs import ROUND_COSTS
 from dflash_eval.options.preflight import target_config_problem
 from dflash_eval.options.settings import TAU_OPTIONS, EvalSettings
-from dflash_eval.results.eval_result import EvalResult
-from dflash_eval.runtime.progress import Sink
-from dflash_eval.serving.server_link import ServerLink
+from dflash_eval.references.server_link import ServerLink
+from dflash_eval.session.eval_result import EvalResult
 from dflash_eval.session.eval_session import EvalSession
 from dflash_eval.session.reference_drafter import ReferenceTau
 from dflash_eval.training_loop.drafter_input import (

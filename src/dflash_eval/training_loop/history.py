@@ -47,8 +47,8 @@ from dflash_eval.metrics.verdict import (
 from dflash_eval.training_loop import trend
 
 if TYPE_CHECKING:  # both import torch: kept out of the history's own import
-    from dflash_eval.results.eval_result import EvalResult
-    from dflash_eval.results.rows import CategoryRow, Stat
+    from dflash_eval.session.eval_result import EvalResult
+    from dflash_eval.session.rows import CategoryRow, Stat
 
 __all__ = ["CheckpointRecord", "History"]
 
@@ -119,8 +119,8 @@ class CheckpointRecord:
 
     @classmethod
     def of(cls, result: EvalResult, *, step: int | None, digest: str, verdict: Verdict) -> CheckpointRecord:
-        """The record of an :class:`~dflash_eval.results.eval_result.EvalResult` (its τ computed) with the
-        checkpoint's ``verdict`` (:meth:`~dflash_eval.results.eval_result.TauSummary.verdict`), not judged across
+        """The record of an :class:`~dflash_eval.session.eval_result.EvalResult` (its τ computed) with the
+        checkpoint's ``verdict`` (:meth:`~dflash_eval.session.eval_result.TauSummary.verdict`), not judged across
         steps yet."""
         tau, drafter = result.tau, result.drafter
         assert tau is not None and drafter is not None, "a record is made of an evaluated drafter's result"

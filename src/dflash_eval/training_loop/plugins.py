@@ -25,7 +25,7 @@ from dflash_eval.errors import PluginError
 
 if TYPE_CHECKING:  # both import torch: kept out of the plugins' own import
     from dflash_eval.options.settings import EvalSettings
-    from dflash_eval.results.eval_result import EvalResult
+    from dflash_eval.session.eval_result import EvalResult
     from dflash_eval.training_loop.history import CheckpointRecord
 
 __all__ = ["ENTRY_POINT_GROUP", "RESERVED_KEYS", "plugin_manager", "register_tracker", "result_ready"]

@@ -32,7 +32,7 @@ from dflash_eval.metrics.verdict import CHECKPOINT, FLOORS, PLATEAU, REGRESSION
 from dflash_eval.training_loop.history import CheckpointRecord
 
 if TYPE_CHECKING:  # imports torch: kept out of the trackers' own import
-    from dflash_eval.results.eval_result import EvalResult
+    from dflash_eval.session.eval_result import EvalResult
 
 __all__ = ["TRACKER_SCALARS", "tracker_scalars", "verdict_text", "TensorBoardTracker", "WandbTracker", "require"]
 

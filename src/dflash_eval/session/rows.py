@@ -1,4 +1,4 @@
-"""The typed rows of a result: each eval.json object an :class:`~dflash_eval.results.eval_result.EvalResult` carries
+"""The typed rows of a result: each eval.json object an :class:`~dflash_eval.session.eval_result.EvalResult` carries
 as a dataclass whose fields are the object's keys, in eval.json's order.
 
 :meth:`Row.to_dict` writes the object as eval.json holds it (fields in declaration order; a field declared with
@@ -11,7 +11,7 @@ server's and a sampled run's fields are optional members; :class:`CompletionRow`
 measured on, its ids, text and rounds), :class:`CategoryRow`, :class:`ConversationRow`,
 :class:`TurnRow` and their parts :class:`Acceptance` (pooled rounds) and :class:`Stat` (mean, median, 95 % CI and its
 method).
-The drift rows are in :mod:`dflash_eval.results.blocks`.
+The drift rows are in :mod:`dflash_eval.session.blocks`.
 """
 
 from __future__ import annotations

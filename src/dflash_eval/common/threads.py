@@ -9,12 +9,7 @@ statistics) would otherwise run with one thread per core in every worker, twice 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-
-if TYPE_CHECKING:
-    from dflash_eval.options.settings import EvalSettings
 
 __all__ = ["set_torch_threads"]
 
@@ -29,9 +24,9 @@ def _default_threads() -> int:
     return _DEFAULT_THREADS
 
 
-def set_torch_threads(settings: EvalSettings, worker_count: int) -> int:
-    """Set torch's intra-op threads for this process (``settings.torch_threads``, else the default divided among
-    ``worker_count`` workers, at least 1); returns the count."""
-    n = settings.torch_threads or max(1, _default_threads() // max(1, worker_count))
+def set_torch_threads(torch_threads: int | None, worker_count: int) -> int:
+    """Set torch's intra-op threads for this process (``torch_threads``, the ``--torch-threads`` value, else the
+    default divided among ``worker_count`` workers, at least 1); returns the count."""
+    n = torch_threads or max(1, _default_threads() // max(1, worker_count))
     torch.set_num_threads(n)
     return n

@@ -6,7 +6,7 @@ draws of the target's processed distribution ``q`` (temperature, top-k, top-p, m
 too high a temperature, an ignored truncation) nor too probable (greedy answers to a sampled request, too low a
 temperature, a truncation that was not asked: what a proxy that drops ``sampling_params`` keys serves). Every
 completion of a fetch is teacher-forced through the local target (right-padded batches, as the greedy check does,
-:mod:`dflash_eval.serving.server_check`), so ``q`` is the local target's: a server in another precision draws from
+:mod:`dflash_eval.references.server_check`), so ``q`` is the local target's: a server in another precision draws from
 a slightly other distribution, which the thresholds below leave room for (``docs/temperature.md``).
 
 - **Support**: tokens outside the support of ``q`` (removed by top-k / top-p / min-p) cannot be drawn; more than
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dflash_eval.errors import EvalError
-from dflash_eval.serving.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_rows
+from dflash_eval.references.server_check import SERVER_MAX_DISAGREEMENT, teacher_forced_rows
 from dflash_eval.target.sampling import process_logprobs
 
 if TYPE_CHECKING:

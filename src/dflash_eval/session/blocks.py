@@ -1,4 +1,4 @@
-"""The typed blocks of a result besides τ (:mod:`dflash_eval.results.rows` says how a row turns into eval.json's
+"""The typed blocks of a result besides τ (:mod:`dflash_eval.session.rows` says how a row turns into eval.json's
 object and back): the drafter, the drift τ rows, the drift budget, the feature fingerprint. The drift rows and the
 drift gate's rows are the checks themselves (:mod:`dflash_eval.metrics.drift_checks`), written and read back by
 their own class."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_eval.results.rows import Row, _opt
+from dflash_eval.session.rows import Row, _opt
 
 __all__ = ["Refusal", "DrafterBlock", "DriftAcceptRow", "BudgetLevel", "FitPoint", "BudgetFitBlock", "BudgetDirection",
            "SecondaryAxis", "DriftBudgetBlock", "LayerFingerprint", "FingerprintBlock"]

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dflash_eval.common.progress import Compilation
 from dflash_eval.common.workdir import run_location
 from dflash_eval.errors import DFlashEvalError
-from dflash_eval.evaluation.drafter_evaluation import DrafterEvaluation, PromptTau
+from dflash_eval.measurements.drafter_evaluation import DrafterEvaluation, PromptTau
 from dflash_eval.measurements.online_greedy import OnlineTau
 from dflash_eval.measurements.round_costs import ROUND_COSTS
 from dflash_eval.metrics.acceptance_rates import acceptance_block, histogram, pooled_means, position_rates
@@ -37,15 +38,14 @@ from dflash_eval.metrics.verdict import (
 from dflash_eval.prompts import Prompt
 from dflash_eval.references.greedy import CompletionRecord
 from dflash_eval.references.token_pieces import decode_pieces
-from dflash_eval.results.blocks import (
+from dflash_eval.session.blocks import (
     DrafterBlock,
     DriftAcceptRow,
     DriftBudgetBlock,
     FingerprintBlock,
     Refusal,
 )
-from dflash_eval.results.rows import CategoryRow, ConversationRow, PromptRow, Row, TurnRow, rows_from_dict, rows_to_dict
-from dflash_eval.runtime.progress import Compilation
+from dflash_eval.session.rows import CategoryRow, ConversationRow, PromptRow, Row, TurnRow, rows_from_dict, rows_to_dict
 from dflash_eval.target.kernel_cache import KernelCacheDir
 from dflash_eval.target.provenance import provenance
 
@@ -203,7 +203,7 @@ def _online_row(o: OnlineTau) -> dict[str, Any]:
 def completion_rows(r: PromptTau, refs: list[CompletionRecord],
                     tokenizer: Callable[[], PreTrainedTokenizerBase]) -> list[dict[str, Any]]:
     """The ``completions`` of a prompt row: each reference of ``refs`` (the greedy one, or the sampled ones in sample
-    order) with the rounds τ was measured on it (:class:`~dflash_eval.results.rows.CompletionRow`); ``tokenizer``
+    order) with the rounds τ was measured on it (:class:`~dflash_eval.session.rows.CompletionRow`); ``tokenizer``
     decodes the pieces of an entry written before they were recorded."""
     def per_sample(t: TauResult) -> list[TauResult]:
         return list(t.samples) if isinstance(t, SampledTau) else [t]
