@@ -41,7 +41,7 @@ from dflash_eval.target.backends import check_backend_device, use_backend
 from dflash_eval.target.hidden_states import LayerCapture, layer_features
 from dflash_eval.target.kernel_probe import ProbeResult, ProbeShape
 from dflash_eval.target.kernel_registry import KernelOutputChanged, KernelProbes
-from dflash_eval.target.provenance import device_kind, kernel_versions, library_versions, provenance
+from dflash_eval.target.provenance import device_kind, kernel_versions, platform_fields, provenance
 
 __all__ = ["FeatureStore", "FINGERPRINT_TEXT"]
 
@@ -86,8 +86,7 @@ class FeatureStore:
         s = self.inputs.settings
         token = witness if witness is not None else self.witness.token(side, (int(layer),) if layer >= 0 else ())
         out = {"target": self.inputs.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
-               "layer": int(layer), "backend": side.backend, "dtype": str(side.dtype),
-               "device_kind": device_kind(s.torch_device), "versions": library_versions(),
+               "layer": int(layer), "backend": side.backend, **platform_fields(side.dtype, s.torch_device),
                "kernels": kernels or self.kernel_digest(side, len(seq))}
         if token:
             out["witness"] = token

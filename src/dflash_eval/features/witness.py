@@ -56,7 +56,7 @@ from dflash_eval.target.backends import use_backend
 from dflash_eval.target.hidden_states import layer_features
 from dflash_eval.target.kernel_probe import bucket, tensor_digest
 from dflash_eval.target.kernel_registry import KernelOutputChanged
-from dflash_eval.target.provenance import device_kind, library_versions
+from dflash_eval.target.provenance import platform_fields
 
 __all__ = ["Witness", "WitnessCheck", "WitnessMismatch", "reproducibility_bound", "WITNESS_SEED"]
 
@@ -168,8 +168,8 @@ class Witness:
     # ------------------------------------------------------------------------------------ registry
     def _context(self, side: Side) -> str:
         inp, s = self.inputs, self.inputs.settings
-        return cache_key("witness", {"target": inp.target_identity, "backend": side.backend, "dtype": str(side.dtype),
-                                     "device_kind": device_kind(s.torch_device), "versions": library_versions()})
+        return cache_key("witness", {"target": inp.target_identity, "backend": side.backend,
+                                     **platform_fields(side.dtype, s.torch_device)})
 
     def _path(self, side: Side) -> Path:
         return self.inputs.cache.base / "witness" / f"{self._context(side)[:32]}.json"

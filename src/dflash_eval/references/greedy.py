@@ -39,7 +39,7 @@ from dflash_eval.references.teacher_forced import TeacherForced, argmax_fields, 
 from dflash_eval.target.generation import generation_groups
 from dflash_eval.target.kernel_probe import ProbeShape, bucket
 from dflash_eval.target.kernel_registry import KernelOutputChanged
-from dflash_eval.target.provenance import device_kind, library_versions
+from dflash_eval.target.provenance import platform_fields
 
 __all__ = ["CompletionRecord", "References", "SERVER_MAX_DISAGREEMENT", "argmax_fields", "out_of_vocab",
            "teacher_forced_tensors"]
@@ -88,8 +88,8 @@ class References:
         f: dict[str, Any] = {"target": inp.target_identity, "prompt_ids": self.prompt_ids(pid),
                              "max_new_tokens": s.max_new_tokens, "source": source}
         if source == "local":
-            f.update(backend=s.eval_backend, dtype=str(s.torch_dtype), device_kind=device_kind(s.torch_device),
-                     versions=library_versions(), stop_at_eos=True, kernels=self.generation_probe(pid))
+            f.update(backend=s.eval_backend, **platform_fields(s.torch_dtype, s.torch_device), stop_at_eos=True,
+                     kernels=self.generation_probe(pid))
             if s.generation_batch > 1:  # left-padded batches: equal to one-at-a-time up to float near-ties
                 f["generation"] = "left-padded-batch"
         return f

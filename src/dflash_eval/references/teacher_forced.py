@@ -30,7 +30,7 @@ from dflash_eval.references.completion import CompletionRecord
 from dflash_eval.references.server_check import teacher_forced_tensors, top_tokens
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.kernel_probe import ProbeShape
-from dflash_eval.target.provenance import device_kind, library_versions
+from dflash_eval.target.provenance import platform_fields
 
 __all__ = ["TeacherForced", "argmax_fields", "argmax_produced", "argmax_request"]
 
@@ -42,8 +42,8 @@ def argmax_fields(inp: Inputs, seq: list[int]) -> dict[str, Any]:
     s = inp.settings
     probe = inp.kernel_probe(s.eval_backend, s.torch_dtype, ProbeShape.for_sequence(len(seq)))
     return {"target": inp.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
-            "backend": s.eval_backend, "dtype": str(s.torch_dtype), "device_kind": device_kind(s.torch_device),
-            "versions": library_versions(), "kernels": probe.digest, "top": TOP_K}
+            "backend": s.eval_backend, **platform_fields(s.torch_dtype, s.torch_device), "kernels": probe.digest,
+            "top": TOP_K}
 
 
 def argmax_request(inp: Inputs, pid: str, seq: list[int]) -> Request:
