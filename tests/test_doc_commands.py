@@ -107,9 +107,13 @@ def test_the_documents_installed_commands_run_as_written(repository: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_EVAL_")}
     env.update(DFLASH_EVAL_MAX_NEW_TOKENS="16", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     commands = sorted(dict.fromkeys(c for doc in DOCS for c in _commands(doc) if c not in NOT_HERE), key=_rank)
-    failed = []
+    failed, ran = [], set()
     for cmd in commands:
-        p = subprocess.run(_argv(cmd), cwd=repository, env=env, capture_output=True, text=True, timeout=900)
+        argv = _argv(cmd)
+        if tuple(argv) in ran:  # two documents' placeholders standing for the same command: it ran already
+            continue
+        ran.add(tuple(argv))
+        p = subprocess.run(argv, cwd=repository, env=env, capture_output=True, text=True, timeout=900)
         if p.returncode != 0:
             failed.append(f"{cmd}\n  -> exit {p.returncode}\n{(p.stdout + p.stderr)[-3000:]}")
     assert not failed, "documented commands that do not run as written:\n" + "\n".join(failed)
