@@ -73,6 +73,38 @@ def test_a_plot_is_drawn_once_for_the_same_numbers(tmp_path, monkeypatch):
         data, plot.eval_figure)
 
 
+def test_a_new_report_folder_copies_the_plot_from_the_cache_folders_store(tmp_path, monkeypatch):
+    """A warm run writing to a new report folder (a CI job that restores the cache, not the reports) copies each plot
+    drawn from the same numbers out of the cache folder's store; other numbers are drawn and stored too; a store that
+    cannot be written only means drawing; the store keeps its newest plots."""
+    from dflash_eval.report import plot
+
+    store = tmp_path / "cache" / "plots"
+    data = {**report.merge([fragment("master", {"a": 2.0, "b": 1.0})]), "settings": {"report_dir": "one"}}
+    first = report.write_reports(data, tmp_path / "one", plot_store=store)
+    stamp = plot.plot_stamp(data, plot.eval_figure)
+    assert (store / f"{stamp}.png").read_bytes() == first["png"].read_bytes()
+
+    drawn: list[str] = []
+    real_save = plot.save_png
+    monkeypatch.setattr(plot, "save_png", lambda fig, p, stamp=None: drawn.append(stamp) or real_save(fig, p, stamp))
+    again = report.write_reports({**data, "created": "later", "settings": {"report_dir": "two"}}, tmp_path / "two",
+                                 plot_store=store)
+    assert not drawn and again["png"].read_bytes() == first["png"].read_bytes()
+    (store / f"{stamp}.png").write_bytes(b"not a png")  # a damaged stored plot is drawn again, not copied
+    assert report.write_plot(data, tmp_path / "three" / "eval.png", store) is not None and drawn == [stamp]
+    assert plot._stamp_of(store / f"{stamp}.png") == stamp
+
+    changed = report.merge([fragment("master", {"a": 2.5, "b": 1.0})])
+    (tmp_path / "blocked").write_text("a file where the store's folder would be")
+    assert report.write_plot(changed, tmp_path / "five" / "eval.png", tmp_path / "blocked" / "plots") is not None
+
+    monkeypatch.setattr(plot, "PLOT_STORE_KEEP", 2)
+    for a in (3.0, 3.5, 4.0):
+        report.write_plot(report.merge([fragment("master", {"a": a, "b": 1.0})]), tmp_path / f"p{a}.png", store)
+    assert len(list(store.glob("*.png"))) == 2
+
+
 def test_safe_id_never_contains_tau():
     assert "tau" not in safe_id("restaurant-Tau-3").lower()
     assert safe_id("humaneval-3") == "humaneval-3"

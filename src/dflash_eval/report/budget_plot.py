@@ -92,10 +92,10 @@ def _levels(b: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(levels, key=lambda lv: lv["injected_rel_err"])
 
 
-def write_budget_plot(data: dict[str, Any], path: Path) -> Path | None:
+def write_budget_plot(data: dict[str, Any], path: Path, store: Path | None = None) -> Path | None:
     """Write the plot (None when eval.json holds no drift budget), drawn once
-    (:func:`~dflash_eval.report.plot.draw_once`)."""
-    return draw_once(path, data, budget_figure)
+    (:func:`~dflash_eval.report.plot.draw_once`, ``store``: the cache folder's plots)."""
+    return draw_once(path, data, budget_figure, store)
 
 
 def _series(ax: Axes, key: str, levels: list[dict[str, Any]], *, main: bool, marker: str, color: str,

@@ -12,7 +12,9 @@ The title gives the counts: prompts, failing prompts, mean τ against its floor.
 Every report plot is drawn once (:func:`draw_once`): its PNG carries a stamp of what it was drawn from (the plot,
 matplotlib's version and eval.json's data but for its timings, cache counters, provenance and creation time), and a
 run whose report folder holds the plot with the same stamp (a warm run: the same numbers) keeps it instead of drawing
-it again, without importing matplotlib.
+it again, without importing matplotlib. A run whose report folder is new (a CI job that restores the cache folder
+but not the reports) finds the PNG in the cache folder's plot store instead (``<cache-dir>/plots/<stamp>.png``, the
+newest :data:`PLOT_STORE_KEEP` kept) and copies it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import shutil
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -159,20 +163,23 @@ def eval_figure(data: dict[str, Any]) -> Figure | None:
     return fig
 
 
-def write_plot(data: dict[str, Any], path: Path) -> Path | None:
+def write_plot(data: dict[str, Any], path: Path, store: Path | None = None) -> Path | None:
     """Write eval.png for merged eval.json ``data`` (None when it has no prompts), drawn once
-    (:func:`draw_once`)."""
-    return draw_once(path, data, eval_figure)
+    (:func:`draw_once`, ``store``: the cache folder's plots)."""
+    return draw_once(path, data, eval_figure, store)
 
 
 def plot_stamp(data: dict[str, Any], build: Callable[[dict[str, Any]], Figure | None]) -> str:
     """What a plot is drawn from: the figure's builder, matplotlib's version and ``data`` without its volatile
-    fields (:data:`_VOLATILE`), as a sha256."""
+    fields (:data:`_VOLATILE`) and the report folder it is written to, as a sha256."""
     try:
         version = metadata.version("matplotlib")
     except metadata.PackageNotFoundError:
         version = "?"
-    body = json.dumps({k: v for k, v in data.items() if k not in _VOLATILE}, sort_keys=True, default=str)
+    drawn = {k: v for k, v in data.items() if k not in _VOLATILE}
+    if isinstance(drawn.get("settings"), dict):  # the same numbers written to another folder: the same plot
+        drawn["settings"] = {k: v for k, v in drawn["settings"].items() if k != "report_dir"}
+    body = json.dumps(drawn, sort_keys=True, default=str)
     return hashlib.sha256(f"{build.__module__}.{build.__qualname__}\n{version}\n{body}".encode()).hexdigest()
 
 
@@ -190,14 +197,52 @@ def _stamp_of(path: Path) -> str | None:
         return None
 
 
-def draw_once(path: Path, data: dict[str, Any], build: Callable[[dict[str, Any]], Figure | None]) -> Path | None:
+#: Plots the store in the cache folder keeps (the newest by use): a few runs' worth of each report plot.
+PLOT_STORE_KEEP = 48
+
+
+def draw_once(path: Path, data: dict[str, Any], build: Callable[[dict[str, Any]], Figure | None],
+              store: Path | None = None) -> Path | None:
     """The plot ``build(data)`` at ``path``: kept as it is when ``path`` holds the plot drawn from the same data
-    (:func:`plot_stamp`), else drawn and written with that stamp (None: nothing to plot)."""
+    (:func:`plot_stamp`), else copied from ``store`` (a folder of plots by stamp, in the cache folder) when it holds
+    that plot, else drawn and written with that stamp, and kept in ``store`` too (None: nothing to plot)."""
     stamp = plot_stamp(data, build)
     if _stamp_of(path) == stamp:
         return path
+    kept = None if store is None else store / f"{stamp}.png"
+    if kept is not None and _stamp_of(kept) == stamp:
+        atomic_write_with(path, lambda p: shutil.copyfile(kept, p))
+        _touch(kept)
+        return path
     fig = build(data)
-    return None if fig is None else save_png(fig, path, stamp)
+    if fig is None:
+        return None
+    save_png(fig, path, stamp)
+    if kept is not None:
+        _keep(path, kept)
+    return path
+
+
+def _touch(path: Path) -> None:
+    """Mark a stored plot as used (its modification time orders the store's pruning); best effort."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _keep(drawn: Path, kept: Path) -> None:
+    """Copy a drawn plot into the store and prune the store to its newest :data:`PLOT_STORE_KEEP` plots. Best
+    effort: the report is written either way, and a cache folder that cannot be written (``--cache-only`` on a
+    read-only folder) only means the next new report folder draws the plot again."""
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_with(kept, lambda p: shutil.copyfile(drawn, p))
+        plots = sorted(kept.parent.glob("*.png"), key=lambda f: f.stat().st_mtime, reverse=True)
+        for old in plots[PLOT_STORE_KEEP:]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def save_png(fig: Figure, path: Path, stamp: str | None = None) -> Path:

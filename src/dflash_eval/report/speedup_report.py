@@ -213,7 +213,7 @@ def speedup_figure(data: dict[str, Any]) -> Figure | None:
     return fig
 
 
-def write_speedup_plot(data: dict[str, Any], path: Path) -> Path | None:
+def write_speedup_plot(data: dict[str, Any], path: Path, store: Path | None = None) -> Path | None:
     """Write ``speedup.png`` (None when eval.json holds no prediction), drawn once
-    (:func:`~dflash_eval.report.plot.draw_once`)."""
-    return draw_once(path, data, speedup_figure)
+    (:func:`~dflash_eval.report.plot.draw_once`, ``store``: the cache folder's plots)."""
+    return draw_once(path, data, speedup_figure, store)

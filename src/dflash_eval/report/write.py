@@ -31,18 +31,23 @@ if TYPE_CHECKING:  # imports torch: kept out of the report's own import
 
 __all__ = ["REPORT_NAMES", "write_reports", "finish"]
 
+#: The cache folder's store of drawn plots (``<cache-dir>/plots``): a new report folder copies them from there.
+PLOT_STORE = "plots"
+
 #: The files of one run's report set, in the order they are written.
 REPORT_NAMES = ("eval.json", "eval.md", "eval.png", "drift_budget.png", SPEEDUP_PLOT, SAMPLES_NAME, HTML_NAME)
 
 
-def write_reports(data: dict[str, Any], report_dir: Path, *, recorded: bool = False) -> dict[str, Path]:
+def write_reports(data: dict[str, Any], report_dir: Path, *, recorded: bool = False,
+                  plot_store: Path | None = None) -> dict[str, Path]:
     """eval.json, eval.md, the plots, samples.jsonl and eval.html under ``report_dir`` (each atomically), then eval.md
     appended to the CI step summary; ``{kind: path}`` of what was written (``recorded``: this run wrote the τ floors
-    it is judged against, which eval.html's verdict says). StorageError naming the file that could not be written
-    (the reports of an earlier run removed: see the module docstring)."""
+    it is judged against, which eval.html's verdict says; ``plot_store``: the cache folder's plots, drawn once:
+    :func:`dflash_eval.report.plot.draw_once`). StorageError naming the file that could not be written (the reports
+    of an earlier run removed: see the module docstring)."""
     report_dir = Path(report_dir)
     try:
-        paths, md = _write_reports(data, report_dir, recorded)
+        paths, md = _write_reports(data, report_dir, recorded, plot_store)
     except OSError as exc:
         for name in REPORT_NAMES:  # best effort: the failure raised below is the message
             try:
@@ -54,7 +59,8 @@ def write_reports(data: dict[str, Any], report_dir: Path, *, recorded: bool = Fa
     return paths
 
 
-def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool) -> tuple[dict[str, Path], str]:
+def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool,
+                   plot_store: Path | None) -> tuple[dict[str, Path], str]:
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": report_dir / "eval.json", "md": report_dir / "eval.md"}
     atomic_write_text(paths["json"], dumps_strict(data) + "\n")  # NaN -> null (schema: eval.schema.json)
@@ -62,7 +68,7 @@ def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool) -> tu
     atomic_write_text(paths["md"], md)
     for key, name, plot in (("png", "eval.png", write_plot), ("budget_png", "drift_budget.png", write_budget_plot),
                             ("speedup_png", SPEEDUP_PLOT, write_speedup_plot)):
-        written = plot(data, report_dir / name)
+        written = plot(data, report_dir / name, plot_store)
         if written is not None:
             paths[key] = written
         else:  # nothing to plot this run: a plot left by an earlier run would be read as this one's
@@ -88,7 +94,8 @@ def finish(data: dict[str, Any], settings: EvalSettings, *, failed_tests: int = 
     if settings.update_fingerprints and data.get("fingerprint"):
         fp = golden.update_fingerprint(data["fingerprint"], settings.golden_dir)
         msgs.append(f"feature fingerprint written to {fp}")
-    write_reports(data, settings.report_dir, recorded=bool(settings.update_tau_floors))  # the verdict names them
+    write_reports(data, settings.report_dir, recorded=bool(settings.update_tau_floors),  # the verdict names them
+                  plot_store=settings.cache_dir / PLOT_STORE)
     for change in ((data.get("provenance") or {}).get("kernel_probe") or {}).get("changed", []):
         msgs.append(f"kernel probe: {change['message']}; re-extracted with the live kernels")
     return msgs
