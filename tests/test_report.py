@@ -89,8 +89,11 @@ def test_a_new_report_folder_copies_the_plot_from_the_cache_folders_store(tmp_pa
     real_save = plot.save_png
     monkeypatch.setattr(plot, "save_png", lambda fig, p, stamp=None: drawn.append(stamp) or real_save(fig, p, stamp))
     again = report.write_reports({**data, "created": "later", "settings": {"report_dir": "two"}}, tmp_path / "two",
-                                 plot_store=store)
+                                 plot_store=store)  # a warm run's eval.json: the same numbers, another folder
     assert not drawn and again["png"].read_bytes() == first["png"].read_bytes()
+    timed, read = ({**data, "speedup": {"best": "chain", "cached": c}} for c in (False, True))  # cold, warm costs
+    assert plot.plot_stamp(timed, plot.eval_figure) == plot.plot_stamp(read, plot.eval_figure) != plot.plot_stamp(
+        {**read, "speedup": {"best": "ddtree-8", "cached": True}}, plot.eval_figure)
     (store / f"{stamp}.png").write_bytes(b"not a png")  # a damaged stored plot is drawn again, not copied
     assert report.write_plot(data, tmp_path / "three" / "eval.png", store) is not None and drawn == [stamp]
     assert plot._stamp_of(store / f"{stamp}.png") == stamp

@@ -171,7 +171,8 @@ def write_plot(data: dict[str, Any], path: Path, store: Path | None = None) -> P
 
 def plot_stamp(data: dict[str, Any], build: Callable[[dict[str, Any]], Figure | None]) -> str:
     """What a plot is drawn from: the figure's builder, matplotlib's version and ``data`` without its volatile
-    fields (:data:`_VOLATILE`) and the report folder it is written to, as a sha256."""
+    fields (:data:`_VOLATILE`), the report folder it is written to and whether the speed-up's costs were read from
+    the cache (a warm run's numbers are a cold run's), as a sha256."""
     try:
         version = metadata.version("matplotlib")
     except metadata.PackageNotFoundError:
@@ -179,6 +180,8 @@ def plot_stamp(data: dict[str, Any], build: Callable[[dict[str, Any]], Figure | 
     drawn = {k: v for k, v in data.items() if k not in _VOLATILE}
     if isinstance(drawn.get("settings"), dict):  # the same numbers written to another folder: the same plot
         drawn["settings"] = {k: v for k, v in drawn["settings"].items() if k != "report_dir"}
+    if isinstance(drawn.get("speedup"), dict):
+        drawn["speedup"] = {k: v for k, v in drawn["speedup"].items() if k != "cached"}
     body = json.dumps(drawn, sort_keys=True, default=str)
     return hashlib.sha256(f"{build.__module__}.{build.__qualname__}\n{version}\n{body}".encode()).hexdigest()
 
@@ -211,7 +214,7 @@ def draw_once(path: Path, data: dict[str, Any], build: Callable[[dict[str, Any]]
         return path
     kept = None if store is None else store / f"{stamp}.png"
     if kept is not None and _stamp_of(kept) == stamp:
-        atomic_write_with(path, lambda p: shutil.copyfile(kept, p))
+        atomic_write_with(path, lambda p: _copy(kept, p))
         _touch(kept)
         return path
     fig = build(data)
@@ -221,6 +224,10 @@ def draw_once(path: Path, data: dict[str, Any], build: Callable[[dict[str, Any]]
     if kept is not None:
         _keep(path, kept)
     return path
+
+
+def _copy(source: Path, dest: Path) -> None:
+    shutil.copyfile(source, dest)
 
 
 def _touch(path: Path) -> None:
@@ -237,7 +244,7 @@ def _keep(drawn: Path, kept: Path) -> None:
     read-only folder) only means the next new report folder draws the plot again."""
     try:
         kept.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_with(kept, lambda p: shutil.copyfile(drawn, p))
+        atomic_write_with(kept, lambda p: _copy(drawn, p))
         plots = sorted(kept.parent.glob("*.png"), key=lambda f: f.stat().st_mtime, reverse=True)
         for old in plots[PLOT_STORE_KEEP:]:
             old.unlink(missing_ok=True)
