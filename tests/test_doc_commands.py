@@ -106,13 +106,12 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_documents_installed_commands_run_as_written(repository: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_EVAL_")}
     env.update(DFLASH_EVAL_MAX_NEW_TOKENS="16", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    commands = sorted(dict.fromkeys(c for doc in DOCS for c in _commands(doc) if c not in NOT_HERE), key=_rank)
-    failed, ran = [], set()
+    commands = sorted((c for doc in DOCS for c in _commands(doc) if c not in NOT_HERE), key=_rank)
+    runs: dict[tuple[str, ...], str] = {}  # a command written twice, or under two placeholders for it, runs once
     for cmd in commands:
-        argv = _argv(cmd)
-        if tuple(argv) in ran:  # two documents' placeholders standing for the same command: it ran already
-            continue
-        ran.add(tuple(argv))
+        runs.setdefault(tuple(_argv(cmd)), cmd)
+    failed = []
+    for argv, cmd in runs.items():
         p = subprocess.run(argv, cwd=repository, env=env, capture_output=True, text=True, timeout=900)
         if p.returncode != 0:
             failed.append(f"{cmd}\n  -> exit {p.returncode}\n{(p.stdout + p.stderr)[-3000:]}")

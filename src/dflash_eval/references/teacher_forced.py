@@ -25,7 +25,7 @@ from dflash_eval.cache.entry_checks import Expected
 from dflash_eval.cache.keys import ids_digest
 from dflash_eval.cache.requests import Batch, Produced, Request
 from dflash_eval.inputs.run_inputs import Inputs
-from dflash_eval.metrics.near_tie import TOP_K, Divergence, judge
+from dflash_eval.metrics.near_tie import TOP_K, Divergence, first_divergence, judge
 from dflash_eval.references.completion import CompletionRecord
 from dflash_eval.references.server_check import teacher_forced_tensors, top_tokens
 from dflash_eval.target.backends import use_backend
@@ -115,7 +115,7 @@ class TeacherForced:
         rec = self.completions()[pid]
         p = len(rec.prompt_ids)
         argmax = self.top(pid)["top_ids"][p - 1:p - 1 + len(rec.output_ids), 0].tolist()
-        k = next((i for i, (want, got) in enumerate(zip(argmax, rec.output_ids)) if want != got), None)
+        k = first_divergence(argmax, rec.output_ids)  # same length: None or a differing token
         if k is None:
             self.judged[(pid, "teacher-forced")] = None
             return None
