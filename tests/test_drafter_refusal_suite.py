@@ -10,7 +10,10 @@ three of its prompts):
 - a drafter that proposes nothing the target accepts (random weights: τ about 1 on every prompt) fails
   ``test_mean_tau`` with that diagnosis, and the other τ tests are skipped pointing at it;
 - a mask_token_id that is a valid id but not the target's mask token is a warning naming both ids, quoted in the τ
-  failures it causes.
+  failures it causes;
+- a layout SGLang serves (``model.`` on some keys, fused q/k/v and gate/up, an embedding and an lm_head it skips)
+  passes every architecture check, the skipped keys named once; two keys loading one parameter are the one failure
+  ``test_architecture_check[state_dict_keys]``.
 
 Run: ``pytest tests/test_drafter_refusal_suite.py -p no:cacheprovider``
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -64,7 +68,23 @@ def drafters(tmp_path_factory: pytest.TempPathFactory, target_modules_imported: 
         cfg["dflash_config"]["attention_value_scale"] = 0.707
 
     return {"root": d, "fc": _copy(d / "fc_shape", cfg_edit=four_layers), "mask": _copy(d / "mask2", cfg_edit=mask),
-            "random": _copy(d / "random", sd_edit=_randomised), "scale": _copy(d / "scale", cfg_edit=value_scale)}
+            "random": _copy(d / "random", sd_edit=_randomised), "scale": _copy(d / "scale", cfg_edit=value_scale),
+            "layout": _copy(d / "layout", sd_edit=_sglang_layout),
+            "duplicate": _copy(d / "duplicate", sd_edit=lambda sd: {**sd, "model.norm.weight": sd["norm.weight"] + 1})}
+
+
+def _sglang_layout(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The bundled weights as a converter for SGLang may write them: q/k/v and gate/up fused, ``model.`` on layer 1's
+    keys, the target's embedding and lm_head carried along."""
+    out = {k: v for k, v in sd.items() if not any(f".{p}." in k for p in ("k_proj", "v_proj", "up_proj"))}
+    for k in [k for k in sd if ".q_proj." in k or ".gate_proj." in k]:
+        part, fused, rest = (("q_proj", "qkv_proj", ("k_proj", "v_proj")) if ".q_proj." in k
+                             else ("gate_proj", "gate_up_proj", ("up_proj",)))
+        out[k.replace(part, fused)] = torch.cat([sd[k], *(sd[k.replace(part, r)] for r in rest)])
+        del out[k]
+    out = {(f"model.{k}" if k.startswith("layers.1.") else k): v for k, v in out.items()}
+    rows = torch.zeros(4096, sd["norm.weight"].shape[0], dtype=sd["norm.weight"].dtype)
+    return {**out, "model.embed_tokens.weight": rows, "lm_head.weight": rows.clone()}
 
 
 @pytest.fixture
@@ -152,3 +172,23 @@ def test_mask_token_not_the_targets_is_named(suite, drafters) -> None:  # type: 
     assert "UserWarning: mask_token_match: 'dflash_config.mask_token_id' 2 ('!')" in out
     assert "mask token '<|mask|>' is id 1" in out
     assert reps["test_mean_tau"][0] == "failed" and "architecture check mask_token_match warned" in out
+
+
+def test_layout_sglang_serves_passes_the_architecture_checks(suite, drafters) -> None:  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings(record=True) as caught:  # read before the run captures warnings (on stderr alone)
+        warnings.simplefilter("always")
+        res, _ = suite(drafters["layout"], "-k", "architecture_check", report="layout")
+    reps = _reports(res)
+    assert res.ret == 0 and len(reps) == 11 and all(o == "passed" for o, _ in reps.values()), res.stdout.str()
+    skipped = [str(w.message) for w in caught if "load no drafter weight" in str(w.message)]
+    assert len(skipped) == 1 and "2 tensor(s) of the checkpoint load no drafter weight and are skipped" in skipped[0]
+    assert "'lm_head.weight' [4096, 256]" in skipped[0] and "'model.embed_tokens.weight' [4096, 256]" in skipped[0]
+
+
+def test_two_keys_loading_one_parameter_are_one_failure(suite, drafters) -> None:  # type: ignore[no-untyped-def]
+    res, _ = suite(drafters["duplicate"], "-k", "architecture_check", report="duplicate")
+    reps = _reports(res)
+    out = res.stdout.str()
+    assert [n for n, (o, _) in reps.items() if o == "failed"] == ["test_architecture_check[state_dict_keys]"], out
+    assert "keys 'model.norm.weight' and 'norm.weight' both load norm.weight" in out \
+        or "keys 'norm.weight' and 'model.norm.weight' both load norm.weight" in out, out

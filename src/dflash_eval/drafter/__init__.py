@@ -3,6 +3,7 @@
 Modules, each importing only those before it (no cycle): :mod:`~dflash_eval.drafter.vocabulary` (the target
 tokenizer's mask token), :mod:`~dflash_eval.drafter.config` (DrafterConfig, config.json),
 :mod:`~dflash_eval.drafter.model` (DFlashDrafter, expected_shapes, block_ids, draft_logits),
+:mod:`~dflash_eval.drafter.weight_names` (which checkpoint key loads which parameter, by SGLang's loader's rules),
 :mod:`~dflash_eval.drafter.checks` (checks against the target), :mod:`~dflash_eval.drafter.checkpoint`
 (reading, building and saving checkpoints).
 

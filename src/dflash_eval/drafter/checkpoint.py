@@ -1,13 +1,17 @@
 """Reading DFlash drafter checkpoints: the released HF layout and training ``.pt`` files.
 
 1. A directory with ``config.json`` and ``model.safetensors`` (or sharded, with ``model.safetensors.index.json``)
-   holding unprefixed keys ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``, ``layers.N....``.
+   holding keys ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``, ``layers.N....``.
 2. A training checkpoint ``.pt``: the state dict at the top level or under ``"model"`` / ``"state_dict"``, keys
    optionally prefixed ``module.``; read with ``torch.load(weights_only=True)`` (never unpickling code). Its
    config comes from ``config_path``, else an embedded ``"config"`` dict.
 
-Reading never fails on shape mismatches: :mod:`dflash_eval.drafter.checks` reports those one check at a time,
-and :func:`build_drafter` refuses to build from a checkpoint that fails them.
+Either way, and for a state dict held in memory, the keys are read by SGLang's DFlash loader's rules
+(:mod:`dflash_eval.drafter.weight_names`): ``model.`` removed key by key, fused q/k/v and gate/up tensors split,
+keys that load no parameter (an embedding, an lm_head, a RoPE cache, ...) skipped with one warning naming them.
+
+Reading never fails on shape mismatches or keys that cannot be loaded: :mod:`dflash_eval.drafter.checks` reports
+those one check at a time, and :func:`build_drafter` refuses to build from a checkpoint that fails them.
 
 Example::
 
@@ -21,6 +25,8 @@ import hashlib
 import json
 import pickle
 import re
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,22 +42,33 @@ from dflash_eval.drafter.checks import Check, NonFinite, TargetSpec, run_checks
 from dflash_eval.drafter.config import DrafterConfig, load_config_file
 from dflash_eval.drafter.model import DFlashDrafter
 from dflash_eval.drafter.vocabulary import TargetVocabulary
+from dflash_eval.drafter.weight_names import WeightNames, map_weights
 from dflash_eval.errors import CheckpointError, ConfigError, DrafterRefused
 
 __all__ = ["Checkpoint", "nonfinite_tensors", "read_checkpoint", "checkpoint_from_state_dict", "fit_refusal",
            "build_drafter", "save_drafter"]
 
-_PREFIXES = ("module.", "model.", "draft_model.")
-
 
 @dataclass
 class Checkpoint:
-    """A drafter checkpoint as read from disk, before any validation."""
+    """A drafter checkpoint as read, before any validation.
+
+    Attributes:
+        state_dict: the drafter's parameters under their own names, as SGLang's loader would fill them
+            (:func:`~dflash_eval.drafter.weight_names.map_weights`); the tensors that load no parameter are not in
+            it (``names.skipped``).
+        fingerprint: sha256 of exactly those parameters (names, shapes, dtypes, bytes): of the weights the drafter
+            computes with, not of the file. A layout variant of the same weights (an extra embedding or lm_head, a
+            ``model.`` prefix, fused projections) has the fingerprint of the plain layout and shares its cached
+            results: what it skips changes no value computed here, nor what SGLang serves.
+        names: how the keys were read (what was renamed, split, skipped, or cannot be loaded).
+    """
 
     source: Path
     config: DrafterConfig
     state_dict: dict[str, Tensor]
     fingerprint: str
+    names: WeightNames = field(default_factory=WeightNames)
     _nonfinite: dict[str, NonFinite] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -65,13 +82,6 @@ class Checkpoint:
         if self._nonfinite is None:
             self._nonfinite = nonfinite_tensors(self.state_dict)
         return self._nonfinite
-
-
-def _strip_prefix(sd: dict[str, Tensor]) -> dict[str, Tensor]:
-    for prefix in _PREFIXES:
-        if sd and all(k.startswith(prefix) for k in sd):
-            return {k[len(prefix):]: v for k, v in sd.items()}
-    return sd
 
 
 def _read_safetensors_dir(path: Path) -> dict[str, Tensor]:
@@ -148,6 +158,7 @@ def nonfinite_tensors(sd: dict[str, Tensor]) -> dict[str, NonFinite]:
 
 
 def _fingerprint(sd: dict[str, Tensor]) -> str:
+    """sha256 over the parameters in name order: each name, shape, dtype and raw bytes."""
     h = hashlib.sha256()
     for k in sorted(sd):
         t = sd[k].detach().contiguous().cpu()
@@ -188,7 +199,6 @@ def read_checkpoint(
         cfg_file = Path(config_path) if config_path else path.parent / "config.json"
     else:
         raise CheckpointError(f"drafter checkpoint not found: {path} (pass --drafter DIR or FILE.pt)")
-    sd = _strip_prefix(sd)
     kwargs: dict[str, Any] = {"num_target_layers": num_target_layers, "vocabulary": vocabulary}
     if config_path is not None or (embedded is None and cfg_file.is_file()):
         cfg = load_config_file(cfg_file, **kwargs)
@@ -198,20 +208,28 @@ def read_checkpoint(
         raise ConfigError(
             f"{path}: no drafter config: none embedded under 'config' and no {cfg_file}; pass --drafter-config FILE"
         )
-    return Checkpoint(source=path, config=cfg, state_dict=sd, fingerprint=_fingerprint(sd))
+    return _checkpoint(path, cfg, sd)
 
 
 def checkpoint_from_state_dict(state_dict: dict[str, Tensor], config: DrafterConfig, *,
                                source: str | Path) -> Checkpoint:
     """A checkpoint held in memory (a training loop's state dict, keys optionally prefixed ``module.``): the same
-    :class:`Checkpoint` :func:`read_checkpoint` gives for these weights saved, fingerprint included. The tensors are
-    not copied. ``source``: what reports name it by."""
+    :class:`Checkpoint` :func:`read_checkpoint` gives for these weights saved, fingerprint and warnings included. The
+    tensors are not copied. ``source``: what reports name it by."""
     bad = sorted(k for k, v in state_dict.items() if not isinstance(v, Tensor))
     if bad or not state_dict:
         raise CheckpointError(f"{source}: a drafter state dict maps parameter names to tensors; "
                               + (f"not tensors: {bad[:5]}" if bad else "it is empty"))
-    sd = _strip_prefix({k: v.detach() for k, v in state_dict.items()})
-    return Checkpoint(source=Path(source), config=config, state_dict=sd, fingerprint=_fingerprint(sd))
+    return _checkpoint(Path(source), config, {k: v.detach() for k, v in state_dict.items()})
+
+
+def _checkpoint(source: Path, config: DrafterConfig, tensors: Mapping[str, Tensor]) -> Checkpoint:
+    """The checkpoint of ``tensors`` read by SGLang's rules, with the one warning naming what they skip."""
+    sd, names = map_weights(tensors, config)
+    message = names.skipped_warning(source)
+    if message is not None:
+        warnings.warn(message, UserWarning, stacklevel=3)
+    return Checkpoint(source=source, config=config, state_dict=sd, fingerprint=_fingerprint(sd), names=names)
 
 
 def fit_refusal(ckpt: Checkpoint, spec: TargetSpec | None,

@@ -11,7 +11,9 @@ drafter hidden size that differs from the target's, a target layer id past the l
 last layer, whose HF hidden_states entry is post-norm), a mask token outside the target vocabulary, a drafter
 vocabulary (config or any vocabulary-sized tensor) other than the target's, weights that hold NaN or infinite
 values (a training run that diverged, a broken conversion: ``finite_weights``, named per tensor, before any τ is
-measured; such a drafter would only show τ 1.00 with no cause).
+measured; such a drafter would only show τ 1.00 with no cause), and checkpoint keys that SGLang's loader would load
+silently into a drafter other than the trained one (``state_dict_keys``: a weight no key loads, two keys loading one
+parameter; the keys are read by its rules, :mod:`dflash_eval.drafter.weight_names`).
 
 Two warnings name causes that cost τ (or a deployment) without any error: a mask token that is not the target's
 (``mask_token_match``: the tokenizer's mask token, SGLang's lookup of ``dflash_config.mask_token``, the embedding
@@ -33,6 +35,7 @@ from dflash_eval.drafter.vocabulary import SGLANG_DEFAULT_MASK_TOKEN, TargetVoca
 if TYPE_CHECKING:
     import torch
 
+    from dflash_eval.drafter.weight_names import WeightNames
     from dflash_eval.target.loader import Target
 
 __all__ = ["Check", "CheckedCheckpoint", "NonFinite", "TargetSpec", "CHECKS", "VOCAB_KEY_SUFFIXES", "run_checks",
@@ -42,10 +45,12 @@ Status = Literal["pass", "warn", "fail", "skip"]
 
 
 class CheckedCheckpoint(Protocol):
-    """What the checks read of a checkpoint (:class:`dflash_eval.drafter.checkpoint.Checkpoint` has it)."""
+    """What the checks read of a checkpoint (:class:`dflash_eval.drafter.checkpoint.Checkpoint` has it): ``shapes``
+    of the drafter's parameters as loaded, ``names`` how the checkpoint's keys were read into them."""
 
     source: Path
     config: DrafterConfig
+    names: WeightNames
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]: ...
@@ -98,15 +103,17 @@ def _fc_shape(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     got = ckpt.shapes.get("fc.weight")
     if got is None:
         return Check("fc_shape", "fail", "key 'fc.weight' is missing from the checkpoint")
+    key = ckpt.names.key_of("fc.weight")
     if got == want:
-        return Check("fc_shape", "pass", f"fc.weight {list(got)} == [H, {cfg.num_features} * H]")
+        return Check("fc_shape", "pass", f"{key} {list(got)} == [H, {cfg.num_features} * H]")
     hint = ""
     if got == want[::-1]:
         hint = " (transposed: stored as [in, out]; nn.Linear weights are [out, in])"
     elif len(got) == 2 and got[0] == h and got[1] % h == 0:
         hint = (f" (fc sized for {got[1] // h} target layers but target_layer_ids has {cfg.num_features}: "
                 f"{list(cfg.target_layer_ids)})")
-    return Check("fc_shape", "fail", f"key 'fc.weight': expected {list(want)}, got {list(got)}{hint}")
+    return Check("fc_shape", "fail", f"key '{key}': expected {list(want)}, got {list(got)}{hint}; SGLang refuses to "
+                 "load it too (python/sglang/srt/models/dflash.py: fc.weight shape mismatch)")
 
 
 def _hidden_size(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
@@ -205,7 +212,8 @@ def _vocab(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
     problems = []
     if cfg_vocab != want:
         problems.append(f"config 'vocab_size' {cfg_vocab} != target vocabulary size {want}")
-    for k, shape in sorted(ckpt.shapes.items()):
+    shapes = {**ckpt.shapes, **{s.key: s.shape for s in ckpt.names.skipped}}  # a skipped embedding still tells
+    for k, shape in sorted(shapes.items()):
         if k.endswith(VOCAB_KEY_SUFFIXES) and shape and shape[0] != want:
             problems.append(f"key {k!r} {list(shape)}: {shape[0]} vocabulary rows, target has {want}")
         elif not k.endswith(VOCAB_KEY_SUFFIXES) and cfg_vocab != want and cfg_vocab in shape:
@@ -233,22 +241,37 @@ def _hidden_act(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
 
 
 def _keys(ckpt: CheckedCheckpoint, spec: TargetSpec | None) -> Check:
+    """Every parameter loaded once with its shape, the keys read by SGLang's loader's rules
+    (:mod:`dflash_eval.drafter.weight_names`); the message says what was renamed, split or skipped. Refused: what
+    SGLang refuses (a shape its loader does not take) and what it would load silently but serve wrongly (a parameter
+    no key loads, two keys loading one parameter)."""
+    names = ckpt.names
     want = expected_shapes(ckpt.config)
     got = ckpt.shapes
-    missing = sorted(set(want) - set(got))
+    missing = sorted(set(want) - set(got) - names.unsplit)
     unexpected = sorted(set(got) - set(want))
     wrong = sorted(k for k in set(want) & set(got) if want[k] != got[k] and k != "fc.weight")
-    if not (missing or unexpected or wrong):
-        return Check("state_dict_keys", "pass", f"all {len(want)} keys present with the expected shapes")
+    notes = names.notes()
+    read = f" (keys read as SGLang's loader reads them: {'; '.join(notes)})" if notes else ""
+    if not (missing or unexpected or wrong or names.conflicts or names.problems):
+        return Check("state_dict_keys", "pass", f"all {len(want)} keys present with the expected shapes{read}")
     parts = []
     if missing:
-        parts.append(f"missing keys {missing}")
+        parts.append(f"missing keys {missing}: SGLang would load this checkpoint without them (a parameter no key "
+                     "loads keeps the value it was created with: its loader does not check) and serve a drafter "
+                     "that is not the trained one")
+    for param, keys in sorted(names.conflicts.items()):
+        parts.append(f"keys {' and '.join(repr(k) for k in keys)} both load {param}: SGLang would load each in turn "
+                     "and keep the one it reads last; keep only the one the drafter was trained with")
+    for key, why in sorted(names.problems.items()):
+        parts.append(f"key {key!r}: {why}")
     if unexpected:
         parts.append(f"unexpected keys {unexpected}")
     if wrong:
         parts.append("shape mismatches "
-                     + ", ".join(f"{k}: expected {list(want[k])}, got {list(got[k])}" for k in wrong))
-    return Check("state_dict_keys", "fail", f"{ckpt.source}: " + "; ".join(parts))
+                     + ", ".join(f"{names.key_of(k)}: expected {list(want[k])}, got {list(got[k])}" for k in wrong)
+                     + " (SGLang's weight loaders refuse them too)")
+    return Check("state_dict_keys", "fail", f"{ckpt.source}: " + "; ".join(parts) + read)
 
 
 #: At most this many tensors are named one by one in the ``finite_weights`` message.

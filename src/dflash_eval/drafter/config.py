@@ -265,8 +265,9 @@ def _mask_token_id(value: Any, mask_token: str | None, vocabulary: TargetVocabul
             raise ConfigError(f"{source}: 'dflash_config.mask_token_id' must be an integer >= 0, got {value!r}")
         return value
     if vocabulary is None:
-        raise ConfigError(f"{source}: no 'dflash_config.mask_token_id' (and no target tokenizer given to resolve "
-                          "the mask token from, as SGLang does)")
+        raise ConfigError(f"{source}: no 'dflash_config.mask_token_id', and no target tokenizer given to resolve "
+                          "the mask token from as SGLang does: set dflash_config.mask_token_id to the id the drafter "
+                          "was trained with (or give the target, whose tokenizer SGLang resolves it from)")
     mask_id, how = resolve_mask_token_id(vocabulary, mask_token, source=source)
     warnings.warn(f"{source}: no 'dflash_config.mask_token_id': using id {mask_id}, {how}, as SGLang's DFlash worker "
                   "(python/sglang/srt/speculative/dflash_worker.py) does; write the id into dflash_config if the "
