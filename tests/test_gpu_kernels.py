@@ -99,3 +99,41 @@ def test_fla_kernels_compile_into_the_cache_dir_and_a_second_process_loads_them(
     assert list((tmp_path / "cache" / "triton").rglob("*.json")), "no compiled kernel in the cache folder"
     # autotuned kernels: the second process reads the tuning results and loads only the chosen configurations
     assert second["kernels_compiled"] == 0 and second["kernels_loaded"] > 0, second
+
+
+@pytest.mark.parametrize("dtype,atol", [("fp32", 2e-3), ("bf16", 0.15)])
+def test_fla_tree_verify_equals_each_root_path_run_alone(tiny_target_dir, dtype: str, atol: float) -> None:  # type: ignore[no-untyped-def]
+    """fla's fused recurrent kernel over every node's padded root path gives each node the logits of its path run
+    on its own (a plain forward on a copy of the cache), and keeping a path leaves the states that path makes."""
+    import copy
+    import random
+
+    from dflash_eval.target.tree_verify import VerifyTree, tree_cache
+
+    target = load_target(tiny_target_dir, device="cuda", dtype=dtype)
+    model, rng = target.model, random.Random(3)
+    parents = [-1] + [rng.randrange(i) for i in range(1, 17)]
+    tree = VerifyTree(tuple(rng.randrange(3, 290) for _ in parents), tuple(parents), 9)
+    with use_backend("fla", "cuda"), torch.no_grad():
+        cache = tree_cache(model.config)
+        model(torch.arange(3, 120, device="cuda")[None], cache=cache, use_cache=True)
+        with cache.verifying(tree) as ver:
+            ids, pos, mask = tree.inputs(ver.start, target.dtype, target.device)
+            logits = model(ids, cache=cache, use_cache=True, position_ids=pos,
+                           attention_mask={"full_attention": mask, "linear_attention": None}).logits[0].float()
+        for node in range(tree.size):
+            path = tree.path(node)
+            alone = copy.deepcopy(cache)
+            for layer in alone.layers:  # the context's KV only, as before the verify
+                if isinstance(getattr(layer, "keys", None), torch.Tensor) and layer.keys.numel():
+                    layer.keys, layer.values = layer.keys[..., :ver.start, :], layer.values[..., :ver.start, :]
+            ref = model(torch.tensor([[tree.tokens[j] for j in path]], device="cuda"), cache=alone,
+                        use_cache=True).logits[0, -1].float()
+            assert (logits[node] - ref).abs().max().item() < atol * max(1.0, ref.abs().max().item()), node
+            kept = copy.deepcopy(cache)
+            kept.keep(ver, path)
+            for a, b in zip(kept.layers, alone.layers):
+                for name in ("conv_states", "recurrent_states"):
+                    for x, y in zip(getattr(a, name, {}).values(), getattr(b, name, {}).values()):
+                        if x is not None:
+                            assert (x.float() - y.float()).abs().max().item() < atol * max(1.0, y.abs().max().item())

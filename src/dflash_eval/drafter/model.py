@@ -35,7 +35,7 @@ from dflash_eval.drafter.config import DrafterConfig
 if TYPE_CHECKING:
     from dflash_eval.target.head import TargetHead
 
-__all__ = ["DFlashDrafter", "ContextKV", "RMSNorm", "rope_cos_sin", "rope_frequencies", "activation",
+__all__ = ["DFlashDrafter", "ContextKV", "ContextCache", "RMSNorm", "rope_cos_sin", "rope_frequencies", "activation",
            "expected_shapes", "block_ids", "draft_logits"]
 
 
@@ -216,13 +216,15 @@ class DFlashDrafter(nn.Module):
         """``hidden_norm(fc(concat(target features)))``: [..., T, L*H] -> [..., T, H]."""
         return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
 
-    def context_kv(self, context: Tensor) -> ContextKV:
-        """Every layer's keys and values of a projected context [N, T, H] (:meth:`project_context`), computed once
-        for drafting many blocks against it (:class:`ContextKV`); ``forward`` computes them itself from a tensor."""
+    def context_kv(self, context: Tensor, start: int = 0) -> ContextKV:
+        """Every layer's keys and values of a projected context [N, T, H] (:meth:`project_context`) at positions
+        ``start .. start + T - 1``, computed once for drafting many blocks against it (:class:`ContextKV`);
+        ``forward`` computes them itself from a tensor. A later part of a context (``start`` > 0) gives the keys
+        and values to append to the earlier part's (:class:`ContextCache`)."""
         t = context.shape[1]
         dtype = self.fc.weight.dtype
         ctx = context.to(dtype)
-        rope_ctx = self._rope_tables(torch.arange(t, device=ctx.device), dtype)
+        rope_ctx = self._rope_tables(torch.arange(start, start + t, device=ctx.device), dtype)
         layers = cast("list[DFlashDecoderLayer]", list(self.layers))  # nn.ModuleList yields plain nn.Module
         return ContextKV([layer.self_attn.context_kv(ctx, rope_ctx) for layer in layers])
 
@@ -287,6 +289,52 @@ class ContextKV:
         if n and torch.equal(index.cpu(), torch.arange(first, first + n)):
             return ContextKV([(k.narrow(0, first, n), v.narrow(0, first, n)) for k, v in self.layers])
         return ContextKV([(k.index_select(0, index), v.index_select(0, index)) for k, v in self.layers])
+
+
+class ContextCache:
+    """One sequence's drafter context keys and values, grown by appending the positions a round commits: what a
+    serving engine keeps per request (SGLang's DFlash worker materialises the committed context's keys and values
+    into the drafter's own KV cache), so that a round drafts against them without recomputing any.
+
+    Buffers of ``capacity`` positions per layer, in :class:`ContextKV`'s layouts; :attr:`kv` is a view of the
+    ``length`` positions filled so far.
+
+    Example::
+
+        ctx = ContextCache(drafter, capacity=len(prompt) + max_new_tokens + B)
+        ctx.append(prompt_features)                      # [P, L*H] of positions 0..P-1
+        logits = draft_logits(drafter, head, ctx.kv, blocks, starts)
+        ctx.append(committed_features)                   # the next positions
+    """
+
+    def __init__(self, drafter: DFlashDrafter, capacity: int) -> None:
+        cfg, w = drafter.config, drafter.fc.weight
+        self.drafter = drafter
+        self.capacity = capacity
+        self.length = 0
+        self._keys = [w.new_empty(1, cfg.num_key_value_heads, cfg.head_dim, capacity) for _ in drafter.layers]
+        self._values = [w.new_empty(1, cfg.num_key_value_heads, capacity, cfg.head_dim) for _ in drafter.layers]
+
+    def append(self, features: Tensor) -> None:
+        """Project the target features [n, L*H] of the next ``n`` positions and append their keys and values."""
+        n = int(features.shape[0])
+        if self.length + n > self.capacity:
+            raise ValueError(f"drafter context of {self.capacity} positions cannot take {n} more after "
+                             f"{self.length}")
+        new = self.drafter.context_kv(self.drafter.project_context(features)[None], start=self.length)
+        for (k, v), kb, vb in zip(new.layers, self._keys, self._values):
+            kb[..., self.length:self.length + n] = k
+            vb[:, :, self.length:self.length + n] = v
+        self.length += n
+
+    def truncate(self, length: int) -> None:
+        """Forget the positions from ``length`` on (their keys and values are overwritten by the next append)."""
+        self.length = min(self.length, length)
+
+    @property
+    def kv(self) -> ContextKV:
+        """The keys and values of the positions appended so far (views, no copy)."""
+        return ContextKV([(k[..., :self.length], v[:, :, :self.length]) for k, v in zip(self._keys, self._values)])
 
 
 def expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:

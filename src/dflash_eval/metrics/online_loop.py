@@ -36,7 +36,7 @@ from dflash_eval.target.hidden_states import LayerCapture
 if TYPE_CHECKING:
     from dflash_eval.target.loader import Target
 
-__all__ = ["OnlineResult", "online_generate", "cache_keyword"]
+__all__ = ["OnlineResult", "online_generate", "cache_keyword", "Pick", "argmax_pick", "no_eos"]
 
 
 def cache_keyword(model: nn.Module) -> str:
@@ -49,7 +49,8 @@ def cache_keyword(model: nn.Module) -> str:
 Pick = Callable[[Tensor, Tensor], Tensor]  # (logits [n, V], absolute positions [n]) -> the target's tokens [n]
 
 
-def _argmax(logits: Tensor, positions: Tensor) -> Tensor:
+def argmax_pick(logits: Tensor, positions: Tensor) -> Tensor:
+    """The greedy target: the argmax at every position."""
     return logits.argmax(-1)
 
 
@@ -60,7 +61,7 @@ class OnlineResult:
     target_forwards: int
 
 
-def _no_eos(logits: Tensor, eos: int | list[int] | None) -> Tensor:
+def no_eos(logits: Tensor, eos: int | list[int] | None) -> Tensor:
     """The first token's logits as the reference generation sees them: it generates at least one token
     (``min_new_tokens=1``), so EOS is never the first token there, at any temperature."""
     if eos is None:
@@ -117,7 +118,7 @@ def online_generate(
     (:func:`dflash_eval.target.sampling.sample_tokens` with a stream seed): the drafts stay argmax, a draft is
     accepted while it equals the target's token there, and the first token that differs is the bonus (z-lab's
     loop)."""
-    pick = pick or _argmax
+    pick = pick or argmax_pick
     model = target.model
     dev = target.device
     b = drafter.config.block_size
@@ -134,7 +135,7 @@ def online_generate(
         forwards += 1
         # Projected context (fc + hidden_norm act per position): grown by the committed positions each round.
         ctx = _context(drafter, cap)  # positions 0..P-1
-        bonus = int(pick(_no_eos(out.logits[0, -1:], target.eos_token_id), torch.tensor([prompt.shape[0]]))[0])
+        bonus = int(pick(no_eos(out.logits[0, -1:], target.eos_token_id), torch.tensor([prompt.shape[0]]))[0])
         generated = [bonus]
         lens: list[int] = []
         done = (eos is not None and bonus == eos) or max_new_tokens <= 1

@@ -40,7 +40,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
@@ -65,6 +65,8 @@ __all__ = [
     "fla_installed",
     "resolve_backend",
     "use_backend",
+    "module_functions",
+    "loaded_hybrid_modules",
     "check_backend_device",
 ]
 
@@ -268,6 +270,24 @@ def _faulty(fn: Callable[..., Any], fault: KernelFault, gen: torch.Generator) ->
     call.__name__ = f"{getattr(fn, '__name__', 'delta_rule')}[{fault.label}]"
     call.__module__ = getattr(fn, "__module__", "?")
     return call
+
+
+@contextmanager
+def module_functions(replace: Callable[[ModuleType], Mapping[str, Callable[..., Any]]]) -> Iterator[None]:
+    """Replace module-level functions of every loaded hybrid modeling module for the duration of the block:
+    ``replace(mod)`` gives the new functions by name (it may capture the ones in force, e.g. the backend's, and
+    call them). Held under the backends' lock, as :func:`use_backend` is; restored on exit."""
+    with _lock:
+        saved: list[tuple[ModuleType, str, Any]] = []
+        try:
+            for mod in loaded_hybrid_modules():
+                for name, fn in replace(mod).items():
+                    saved.append((mod, name, getattr(mod, name)))
+                    setattr(mod, name, fn)
+            yield
+        finally:
+            for mod, name, fn in reversed(saved):
+                setattr(mod, name, fn)
 
 
 def _describe(fn: Callable[..., Any]) -> str:
