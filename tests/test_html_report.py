@@ -131,15 +131,16 @@ def test_the_page_shows_the_whole_verdict_and_links_every_file() -> None:
     speed = dom.find("table", section="speedup")
     assert [a.get("class") for a, _ in speed] == ["speedup", "costs"]
     cells = [t for _, t in dom.find("td", section="speedup")]
-    strategies = cells[0:15:5]  # the first column of the strategies' table (5 columns), then the costs' table
-    assert strategies == ["chain", "DDTree-8 (best)", "chain, this project's online loop"], strategies
-    assert cells[3].startswith(f"{data['speedup']['strategies']['chain']['speedup']:.2f}x [")  # with its CI
-    assert {"step", "verify", "draft", "append_1", "append_b", "tree_verify_8"} <= set(cells[15:])  # the costs
+    strategies = cells[0:18:6]  # the first column of the strategies' table (6 columns), then the costs' table
+    assert strategies == ["chain", "DDTree-8 (best)", "chain"], strategies
+    assert cells[1:18:6] == ["server-style loop", "server-style loop", "recompute loop"]  # each row's loop
+    assert cells[4].startswith(f"{data['speedup']['strategies']['chain']['speedup']:.2f}x [")  # with its CI
+    assert {"step", "verify", "draft", "commit_1", "commit_b", "tree_verify_8"} <= set(cells[18:])  # the costs
     (plot,) = dom.find("img", "plot", section="speedup")
     assert plot[0]["src"] == "speedup.png"
     verdict = " ".join(t for _, t in dom.find("div", "line"))
     assert all(f"not checked: reason number {k} ({k} test" in verdict for k in range(1, 7))
-    assert "more reasons" not in page and "--speedup-floor 1: PASS" in page
+    assert "more reasons" not in page and "--speedup-floor 1 (the server-style loop" in page and "chain): PASS" in page
     # a plot the run did not write is neither linked nor shown
     _, without = _whole_run(("eval.md", "eval.json"))
     assert "drift_budget.png" not in without and "speedup.png" not in without

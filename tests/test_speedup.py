@@ -1,14 +1,13 @@
 """The predicted speed-up (:mod:`dflash_eval.metrics.speedup`) and the round costs it is computed from
 (:mod:`dflash_eval.measurements.round_costs`): the formula against a computation by hand, τ's CI carried through it,
-the floor's verdict, the tree verify's mask and positions against plain causal forwards of every root path, the
-timing of a tiny target, and the cached measurement served to a second session of the same device and shapes.
+the floor's verdict, the timing of a tiny target (the server-style loop's stages: tests/test_server_loop.py
+checks the loop itself), and the cached measurement served to a second session of the same device and shapes.
 
 Run: ``pytest tests/test_speedup.py -n 0 -p no:randomly``
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 import torch
 
 from dflash_eval.measurements.round_costs import ROUND_COSTS
-from dflash_eval.metrics.ddtree import TreeNode
 from dflash_eval.metrics.speedup import (
     RoundCosts,
     best_strategy,
@@ -47,10 +45,10 @@ def one_thread():  # type: ignore[no-untyped-def]
 def costs(**over: object) -> RoundCosts:
     """Costs in ms-sized seconds, chosen so that each part's share is visible in the sums."""
     kw: dict = dict(device="cpu (test)", device_kind="cpu", dtype="float32", backend="torch", threads=1,
-                    context_len=192, block_size=8, repeats=7, warmup=1, step=0.010, verify=0.015, draft=0.004,
-                    accept=0.0001, append=(0.0002, 0.0009), state_select=0.00005, tree_verify={4: 0.012, 8: 0.016},
+                    context_len=192, block_size=8, repeats=7, warmup=1, step=0.010, draft=0.004, build=0.00005,
+                    verify=0.015, accept=0.0001, commit=(0.0002, 0.0009), tree_verify={4: 0.012, 8: 0.017},
                     tree_build={4: 0.0003, 8: 0.0005}, tree_accept={4: 0.0001, 8: 0.0002}, draft_full=0.006,
-                    snapshot=0.001, project=(0.0001, 0.0003), forward_2=0.013)
+                    snapshot=0.001, project=(0.0001, 0.0003), forward_2=0.013, forward_b=0.015)
     kw.update(over)
     return RoundCosts(**kw)
 
@@ -58,18 +56,18 @@ def costs(**over: object) -> RoundCosts:
 def test_speedup_is_tau_times_step_over_the_round() -> None:
     c = costs()
     tau = 4.5
-    append = 0.0002 + (0.0009 - 0.0002) * (tau - 1) / 7  # linear between 1 and B = 8 committed tokens
-    chain_round = 0.004 + 0.015 + 0.0001 + append + 0.00005
+    commit = 0.0002 + (0.0009 - 0.0002) * (tau - 1) / 7  # linear between 1 and B = 8 committed tokens
+    chain_round = 0.004 + 0.00005 + 0.015 + 0.0001 + commit
     p = predict(c, "chain", tau, (4.0, 5.0))
     assert p.round_s == pytest.approx(chain_round)
     assert p.speedup == pytest.approx(tau * 0.010 / chain_round)
     assert p.tokens_per_s == pytest.approx(tau / chain_round)
-    tree_round = 0.004 + 0.0005 + 0.016 + 0.0002 + append + 0.00005
+    tree_round = 0.004 + 0.0005 + 0.017 + 0.0002 + commit
     assert predict(c, "ddtree-8", tau).speedup == pytest.approx(tau * 0.010 / tree_round)
     assert sum(round_parts(c, 8, tau).values()) == pytest.approx(tree_round)
-    # this project's online loop: recomputed context, a cache snapshot and the τ committed tokens run again
-    commit = 0.013 + (0.015 - 0.013) * (tau - 2) / 6  # through 1 (step), 2 (forward_2) and 8 (verify) tokens
-    loop_round = 0.006 + (0.0001 + 0.0002 * (tau - 1) / 7) + 0.001 + 0.015 + 0.0001 + commit
+    # the recompute loop: recomputed context, a cache snapshot, a plain verify and the τ committed tokens run again
+    rerun = 0.013 + (0.015 - 0.013) * (tau - 2) / 6  # through 1 (step), 2 (forward_2) and 8 (forward_b) tokens
+    loop_round = 0.006 + (0.0001 + 0.0002 * (tau - 1) / 7) + 0.001 + 0.015 + 0.0001 + rerun
     assert predict(c, "chain", tau, loop="loop").round_s == pytest.approx(loop_round)
     with pytest.raises(ValueError, match="chain only"):
         round_parts(c, 8, tau, "loop")
@@ -94,8 +92,8 @@ def test_tau_ci_maps_through_the_formula() -> None:
 
 def test_commit_sized_costs_are_clamped_to_one_and_b_tokens() -> None:
     c = costs()
-    assert round_parts(c, None, 0.5)["append"] == pytest.approx(0.0002)
-    assert round_parts(c, None, 12.0)["append"] == pytest.approx(0.0009)
+    assert round_parts(c, None, 0.5)["commit"] == pytest.approx(0.0002)
+    assert round_parts(c, None, 12.0)["commit"] == pytest.approx(0.0009)
     commit = {t: round_parts(c, None, t, "loop")["commit"] for t in (0.5, 1.0, 1.5, 2.0, 8.0, 12.0)}
     assert commit[0.5] == commit[1.0] == pytest.approx(0.010) and commit[1.5] == pytest.approx(0.0115)
     assert commit[2.0] == pytest.approx(0.013) and commit[8.0] == commit[12.0] == pytest.approx(0.015)
@@ -122,7 +120,7 @@ def test_block_names_the_best_strategy_and_judges_the_floor() -> None:
     assert block["best"] == max(speeds, key=lambda k: speeds[k]) == "ddtree-8" and block["best_budget"] == 8
     assert block["plain_tokens_per_s"] == pytest.approx(100.0)
     assert block["near_best"] == []  # DDTree-8 beats the chain and DDTree-4 by more than 5 %
-    tie = speedup_block(costs(tree_verify={4: 0.016, 8: 0.016}, tree_build={4: 0.0005, 8: 0.0005}),
+    tie = speedup_block(costs(tree_verify={4: 0.017, 8: 0.017}, tree_build={4: 0.0005, 8: 0.0005}),
                         (4.5, None), {4: (5.5, None), 8: (5.6, None)})
     assert tie["best"] == "ddtree-8" and tie["near_best"] == ["ddtree-4"]  # 5.5 / 5.6: within 5 %
     assert block["passed"] is None  # the block predicts; the verdict judges its floor
@@ -142,58 +140,11 @@ def test_block_names_the_best_strategy_and_judges_the_floor() -> None:
 def test_costs_round_trip_through_strict_json() -> None:
     c = costs(spread={"step": math.nan, "verify": 0.1})
     back = RoundCosts.from_dict(json.loads(dumps_strict(c.to_dict())))
-    assert back.tree_verify == c.tree_verify and back.append == c.append and back.step == c.step
+    assert back.tree_verify == c.tree_verify and back.commit == c.commit and back.step == c.step
     assert math.isnan(back.spread["step"]) and back.budgets == (4, 8)
 
 
 # ------------------------------------------------------------------------------------------------ on a model
-@pytest.fixture(scope="module")
-def attention_target(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """A random target whose every layer is full attention: a tree's mask decides every token it sees."""
-    from dflash_eval.target.loader import load_target
-    from dflash_eval.testing.tiny import build_random_target
-
-    path = build_random_target(tmp_path_factory.mktemp("attn_target"), seed=3, full_attention_interval=1)
-    return load_target(path, device="cpu", dtype="fp32")
-
-
-def _tree() -> list[TreeNode]:
-    # root ─ a(1) ─ c(2) ─ e(3)
-    #      └ b(1) ─ d(2)
-    return [TreeNode(1, 0, -1, 11, -0.1), TreeNode(1, 1, -1, 12, -0.2), TreeNode(2, 0, 0, 13, -0.3),
-            TreeNode(2, 0, 1, 14, -0.4), TreeNode(3, 0, 2, 15, -0.5)]
-
-
-@torch.no_grad()
-def test_tree_verify_equals_a_forward_of_every_root_path(attention_target) -> None:  # type: ignore[no-untyped-def]
-    """Each node's logits under the tree's mask and positions are those of a causal forward over the context and
-    its root path: the mask hides siblings and cousins, the positions follow depth."""
-    from transformers import DynamicCache
-
-    from dflash_eval.measurements.round_costs import _walk, tree_inputs
-
-    model, L = attention_target.model, 10
-    ctx = torch.arange(20, 20 + L)[None]
-    cache = DynamicCache(config=model.config)
-    model(ctx, cache=cache, use_cache=True)
-    nodes = _tree()
-    ids, pos, mask, children = tree_inputs(nodes, 7, L, L, torch.float32, torch.device("cpu"))
-    assert pos.tolist() == [[L, L + 1, L + 1, L + 2, L + 2, L + 3]]
-    assert children == {0: {11: 1, 12: 2}, 1: {13: 3}, 2: {14: 4}, 3: {15: 5}}
-    out = model(ids, cache=copy.deepcopy(cache), use_cache=True,
-                attention_mask={"full_attention": mask, "linear_attention": None}, position_ids=pos).logits[0]
-    paths = {0: [7], 1: [7, 11], 2: [7, 12], 3: [7, 11, 13], 4: [7, 12, 14], 5: [7, 11, 13, 15]}
-    for i, path in paths.items():
-        ref = model(torch.cat([ctx, torch.tensor([path])], 1)).logits[0, -1]
-        assert torch.allclose(out[i], ref, atol=1e-4), f"tree index {i} (path {path})"
-    # the positive control: a causal mask over the node order lets node b see node a, and its logits differ
-    causal = model(ids, cache=copy.deepcopy(cache), use_cache=True).logits[0]
-    assert not torch.allclose(causal[2], model(torch.cat([ctx, torch.tensor([paths[2]])], 1)).logits[0, -1],
-                              atol=1e-4)
-    assert _walk(children, [11, 13, 0, 15, 0, 0]) == 3  # root → a → c → e
-    assert _walk(children, [12, 0, 99, 0, 0, 0]) == 1  # root → b, then no child 99
-
-
 def test_round_costs_on_a_tiny_target(tiny_target, tiny_head, tiny_drafter_config) -> None:  # type: ignore[no-untyped-def]
     from dflash_eval.measurements.round_costs import measure_round_costs
 
@@ -202,11 +153,11 @@ def test_round_costs_on_a_tiny_target(tiny_target, tiny_head, tiny_drafter_confi
                             backend="torch", tokens=list(range(3, 70)), repeats=3, warmup=1, report=seen.append)
     assert seen == [1, 2, 3, 4]  # one warm-up round, then three timed rounds of every part
     assert c.budgets == (2, 5) and c.context_len == 64 and c.block_size == tiny_drafter_config.block_size
-    for name in ("step", "verify", "forward_2", "draft", "accept", "draft_full", "snapshot"):
+    for name in ("step", "draft", "build", "verify", "accept", "forward_2", "forward_b", "draft_full", "snapshot"):
         assert 0 < getattr(c, name) < 10, name
-    assert all(0 < x < 10 for x in (*c.append, *c.project, *c.tree_verify.values(), *c.tree_build.values(),
+    assert all(0 < x < 10 for x in (*c.commit, *c.project, *c.tree_verify.values(), *c.tree_build.values(),
                                     *c.tree_accept.values()))
-    assert c.state_select >= 0 and c.repeats == 3 and c.seconds > 0 and set(c.spread) >= {"step", "verify"}
+    assert c.repeats == 3 and c.seconds > 0 and set(c.spread) >= {"step", "verify", "commit_1", "tree_verify_5"}
     assert c.device_kind == "cpu" and c.dtype == "float32"
     p = predict(c, "chain", 3.0, (2.5, 3.5))
     assert p.speedup > 0 and p.speedup_ci[0] < p.speedup < p.speedup_ci[1]
@@ -258,15 +209,17 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
                           pooled={"chain": 4.25})
     data = json.loads(dumps_strict({"speedup": block}))  # as eval.json holds it
     header, rows = speedup_rows(data)
-    assert [r[0] for r in rows] == ["chain", "DDTree-4", "DDTree-8 (best)", "chain, this project's online loop"]
+    assert [r[:2] for r in rows] == [["chain", "server-style loop"], ["DDTree-4", "server-style loop"],
+                                     ["DDTree-8 (best)", "server-style loop"], ["chain", "recompute loop"]]
     chain = block["strategies"]["chain"]
-    assert rows[0][3] == f"{chain['speedup']:.2f}x [{chain['speedup_ci'][0]:.2f}x, {chain['speedup_ci'][1]:.2f}x]"
+    assert rows[0][4] == f"{chain['speedup']:.2f}x [{chain['speedup_ci'][0]:.2f}x, {chain['speedup_ci'][1]:.2f}x]"
     line = verdict_line(data)
     assert line is not None and "cpu (test)" in line and "floor 9 FAIL" in line and "best DDTree-8" in line
     md = render_markdown(data)
-    assert "### Predicted speed-up" in md and "--speedup-floor 9: FAIL" in md and "speedup.png" in md
+    assert "### Predicted speed-up" in md and "--speedup-floor 9 (the server-style loop's chain): FAIL" in md
+    assert "speedup.png" in md and "the recompute loop" in md
     assert f"chain {block['pooled']['chain']['speedup']:.2f}x (τ 4.250" in md  # the pooled τ's speed-up
-    assert "DDTree-8 (best)" in render_terminal(data)
+    assert "DDTree-8 (best)" in render_terminal(data) and "recompute loop" in render_terminal(data)
     assert write_speedup_plot(data, tmp_path / SPEEDUP_PLOT) == tmp_path / SPEEDUP_PLOT
     assert (tmp_path / SPEEDUP_PLOT).read_bytes()[:4] == b"\x89PNG"
     assert write_speedup_plot({}, tmp_path / "none.png") is None and speedup_rows({})[1] == []
@@ -376,7 +329,8 @@ def test_suite_gates_on_the_floor(pytester: pytest.Pytester, suite_checkout, tmp
     res, data = run(name="none")
     res.assert_outcomes(skipped=1)
     assert data["speedup"]["floor"] is None and data["speedup"]["strategies"]["chain"]["speedup"] > 0
-    assert "predicted speed-up on cpu" in res.stdout.str() and (tmp_path / "none" / "speedup.png").is_file()
+    assert "predicted speed-up (server-style loop) on cpu" in res.stdout.str()
+    assert (tmp_path / "none" / "speedup.png").is_file()
     chain = data["speedup"]["strategies"]["chain"]["speedup"]
     high = float(f"{chain * 10:.3f}")
     res, data = run("--speedup-floor", str(high), name="high")

@@ -11,24 +11,19 @@ forward, copied outside the timing), so that on a shared machine every part's ti
 time; a part's cost is the median, its ``spread`` the interquartile range over the median:
 
 - ``step``: one plain greedy decoding step: a target forward over 1 token, its argmax, read on the host;
-- ``verify``: the target forward over the B tokens of a chain block (the drafter's target layers captured, as a
-  speculative loop needs them); ``tree_verify[N]``: over the N + 1 tokens of a DDTree-N tree (a tree the project's
-  DDTree builds from a drafted block), with the tree's attention mask on the attention layers and depth-based
-  positions; the linear-attention layers run the N + 1 tokens as a k-token forward (the cost a tree verify has when
-  each node's recurrent state is advanced from its parent's: docs/speedup.md);
-- ``draft``: the drafter's block pass against cached context keys and values, the target's lm_head, the argmax;
-  ``draft_full``: the same recomputing the context's keys and values (as this project's online loop drafts);
-- ``forward_2``: the target forward over 2 tokens (this project's online loop commits 1 to B tokens by a forward:
-  costed through 1, 2 and B tokens);
-- ``tree_build[N]``: the block's log-probs and top-N per slot, the best-first DDTree
-  (:func:`dflash_eval.metrics.ddtree.build_ddtree`), its attention mask and positions on the device;
-- ``accept`` and ``tree_accept[N]``: the target's argmax over the verified tokens read on the host, compared with
-  the block or walked down the tree;
-- ``append``: the drafter's context keys and values of 1 and of B newly committed positions; ``project``: the
-  projection (fc + hidden_norm) of their features alone (the online loop's);
-- ``state_select``: one copy of every linear-attention layer's conv and recurrent state (a server copies the
-  accepted position's state into the request's); ``snapshot``: a copy of the whole target cache (the online loop's
-  snapshot before each verify).
+- the server-style loop's stages, each the method of :class:`dflash_eval.metrics.server_loop.ServerLoop` the loop runs,
+  on a request prefilled to the context length: ``draft`` (the drafter's block pass against its kept context keys
+  and values, lm_head); ``build`` (the chain's argmax) and ``tree_build[N]`` (DDTree-N's top-N and best-first
+  tree); ``verify`` (the forward's inputs and the target forward over the chain's B tokens, every token's
+  linear-attention state kept) and ``tree_verify[N]`` (the same over the N + 1 tokens of a DDTree-N tree the loop
+  built from a drafted block, under its mask; a tree verify costs what its size costs, whatever its shape:
+  :mod:`dflash_eval.target.tree_verify`); ``accept`` and ``tree_accept[N]`` (the target's tokens read on the host,
+  the walk down the block or tree); ``commit`` of 1 and of B tokens (the accepted states, the KV cut, the drafter's
+  context append);
+- the recompute loop's own parts: ``draft_full`` (the drafter's block pass recomputing its context's keys and
+  values), ``forward_b`` and ``forward_2`` (plain target forwards over the block's B and 2 tokens: its verify, and
+  its commit of 1 to B tokens costed through 1, 2 and B tokens), ``project`` (the projection of 1 and of B committed
+  positions' features), ``snapshot`` (a copy of the whole target cache before each verify).
 
 One cache entry holds the costs, keyed by the target, the drafter config, the block size and budgets, the context
 length, the device kind (on a CPU also its model and torch's thread count), the dtype, the backend, the library
@@ -61,17 +56,17 @@ from dflash_eval.common.progress import Progress
 from dflash_eval.drafter.config import DrafterConfig
 from dflash_eval.drafter.model import DFlashDrafter, block_ids, draft_logits
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
-from dflash_eval.metrics.ddtree import TreeNode, build_ddtree
 from dflash_eval.metrics.online_loop import cache_keyword
+from dflash_eval.metrics.server_loop import Decoding, ServerLoop, Verification
 from dflash_eval.metrics.speedup import RoundCosts, context_bucket, mean_context
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.head import TargetHead
-from dflash_eval.target.hidden_states import LayerCapture
 from dflash_eval.target.loader import Target
 from dflash_eval.target.provenance import device_kind, device_name, platform_fields
+from dflash_eval.target.tree_verify import VerifyTree
 
 __all__ = ["RoundCostsMeasurement", "ROUND_COSTS", "REPEATS", "WARMUP", "COSTS_VERSION", "measure_round_costs",
-           "tree_inputs", "cpu_model", "context_tokens"]
+           "cpu_model", "context_tokens"]
 
 #: Timed runs of each part (the median is its cost) ...
 REPEATS = 7
@@ -79,7 +74,7 @@ REPEATS = 7
 WARMUP = 1
 #: The version of what :func:`measure_round_costs` times, in the entry's key: raised when a part is added or timed
 #: differently (the costs are keyed by it, not by the τ code's ``CODE_VERSION``).
-COSTS_VERSION = 3
+COSTS_VERSION = 4
 
 
 def cpu_model() -> str:
@@ -123,55 +118,11 @@ def _median_spread(xs: list[float]) -> tuple[float, float]:
     return med, (q[2] - q[0]) / med
 
 
-def _state_tensors(cache: Any) -> list[Tensor]:
-    """Every linear-attention layer's conv and recurrent state tensors of a transformers cache (none for a target
-    without such layers)."""
-    out: list[Tensor] = []
-    for layer in getattr(cache, "layers", []):
-        for attr in ("conv_states", "recurrent_states"):
-            value = getattr(layer, attr, None)
-            values = value.values() if isinstance(value, dict) else [value]
-            out.extend(v for v in values if isinstance(v, Tensor))
-    return out
-
-
-#: The children of each index of a verified tree, by token (the root is index 0).
-Children = dict[int, dict[int, int]]
-
-
-def tree_inputs(nodes: list[TreeNode], root: int, start: int, context_len: int, dtype: torch.dtype,
-                dev: torch.device) -> tuple[Tensor, Tensor, Tensor, Children]:
-    """The verify inputs of a DDTree: token ids [1, k] (the root, then the nodes in order), positions [1, k] (the
-    root at ``start``, a node at ``start + depth``), the additive attention mask [1, 1, k, context_len + k] of the
-    attention layers (every node sees the context and its own ancestors, the root included, and itself), and the
-    children of each tree index by token (the root is index 0, node i is index i + 1)."""
-    k = len(nodes) + 1
-    parent = [-1] + [nd.parent + 1 for nd in nodes]  # node parents are node indices (-1: the root)
-    visible = torch.zeros(k, k, dtype=torch.bool)
-    children: Children = {}
-    for i in range(k):
-        j = i
-        while j >= 0:
-            visible[i, j] = True
-            j = parent[j] if j > 0 else -1
-        if i > 0:
-            children.setdefault(parent[i], {}).setdefault(nodes[i - 1].token, i)
-    mask = torch.zeros(1, 1, k, context_len + k, dtype=dtype)
-    mask[0, 0, :, context_len:] = torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)
-    ids = torch.tensor([[root] + [nd.token for nd in nodes]], dtype=torch.long)
-    pos = torch.tensor([[start] + [start + nd.depth for nd in nodes]], dtype=torch.long)
-    return ids.to(dev), pos.to(dev), mask.to(dev), children
-
-
-def _walk(children: Mapping[int, Mapping[int, int]], post: list[int]) -> int:
-    """Accepted drafts along the tree: from the root, descend to the child whose token is the target's token after
-    the current node."""
-    cur, acc = 0, 0
-    while True:
-        nxt = children.get(cur, {}).get(post[cur])
-        if nxt is None:
-            return acc
-        cur, acc = nxt, acc + 1
+def _fresh(d: Decoding, cache: Any, length: int) -> Decoding:
+    """A copy of the decoding ``d`` at its start with a copy of ``cache`` (the drafter's context shared, cut back to
+    ``length`` positions): the setup of a timed stage that changes the request, made outside the timing."""
+    d.context.truncate(length)
+    return Decoding(copy.deepcopy(cache), d.context, d.start, d.bonus, [d.bonus])
 
 
 def context_tokens(sequences: list[list[int]], n: int) -> list[int]:
@@ -180,26 +131,25 @@ def context_tokens(sequences: list[list[int]], n: int) -> list[int]:
     return (pool * (n // len(pool) + 1))[:n]
 
 
-def _tree_parts(model: Any, kw: str, head: TargetHead, logits: Tensor, n: int, bonus: int, context_len: int,
-                dtype: torch.dtype, dev: torch.device, fresh: Callable[[], Any]
-                ) -> list[tuple[str, Callable[[Any], object], Callable[[], Any] | None]]:
-    """The timed parts of a DDTree-``n`` round: building the tree from the block's ``logits`` ([B-1, V]), the
-    target's forward over it under its mask, the walk down it along the target's argmax."""
-    top = max(1, min(n, head.vocab_size))
+#: A timed part: its name, what it runs (given its setup's value) and its setup (None: none).
+Part = tuple[str, Callable[[Any], object], Callable[[], Any] | None]
 
-    def build(_: object) -> tuple[Tensor, Tensor, Tensor, Children]:
-        lp, tk = logits.float().log_softmax(-1).topk(top, dim=-1)
-        return tree_inputs(build_ddtree(tk.cpu(), lp.cpu(), n), bonus, context_len, context_len, dtype, dev)
 
-    t_ids, t_pos, t_mask, children = build(None)
-    masks = {"full_attention": t_mask, "linear_attention": None}
+def _tree_parts(loop: ServerLoop, d0: Decoding, logits: Tensor, n: int, tree: VerifyTree, ver: Verification,
+                fresh: Callable[[], Decoding]) -> list[Part]:
+    """DDTree-``n``'s stages: building its tree from the drafted ``logits``, verifying ``tree`` (on a fresh request
+    each time), walking down it along the target's tokens of ``ver`` (its verify)."""
 
-    def verify(c: Any) -> Tensor:
-        return model(t_ids, **{kw: c}, use_cache=True, attention_mask=masks, position_ids=t_pos).logits[0]
+    def build(_: object) -> VerifyTree:
+        return loop.build(d0, logits, n)
 
-    tver = verify(fresh())
-    return [(f"tree_build_{n}", build, None), (f"tree_verify_{n}", verify, fresh),
-            (f"tree_accept_{n}", lambda _: _walk(children, tver.argmax(-1).tolist()), None)]
+    def verify(d: Decoding) -> Verification:
+        return loop.verify(d, tree)
+
+    def accept(_: object) -> tuple[list[int], int]:
+        return loop.accept(d0, tree, ver)
+
+    return [(f"tree_build_{n}", build, None), (f"tree_verify_{n}", verify, fresh), (f"tree_accept_{n}", accept, None)]
 
 
 @torch.no_grad()
@@ -207,85 +157,89 @@ def measure_round_costs(target: Target, config: DrafterConfig, head: TargetHead,
                         budgets: tuple[int, ...], backend: str, tokens: list[int], repeats: int = REPEATS,
                         warmup: int = WARMUP, report: Callable[[int], None] | None = None) -> RoundCosts:
     """Time every part of a round and a plain step (module docstring) at ``context_len`` on ``target``'s device
-    and dtype, with a drafter of ``config`` (fresh random weights); ``tokens``: at least ``context_len`` + 1 token
-    ids to prefill with; ``report(k)``: called after the k-th round of every part."""
+    and dtype, with a drafter of ``config`` (fresh random weights); ``tokens``: at least ``context_len`` token ids
+    to prefill with; ``report(k)``: called after the k-th round of every part."""
     t_start = time.perf_counter()
-    model, dev, dtype = target.model, target.device, target.dtype
+    model, dev = target.model, target.device
     b, L = config.block_size, context_len
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         torch.manual_seed(0)
-        drafter = DFlashDrafter(config).to(device=dev, dtype=dtype).eval()
+        drafter = DFlashDrafter(config).to(device=dev, dtype=target.dtype).eval()
     kw = cache_keyword(model)
-    ids = torch.tensor(tokens[: L + 1], dtype=torch.long, device=dev)
-    from transformers import DynamicCache  # imported with the target's modeling code, when a model is timed
+    loop = ServerLoop(target, drafter, head, backend=backend, max_new_tokens=2 * b)
+    ids = torch.tensor(tokens[:L], dtype=torch.long, device=dev)
+    with loop.running():
+        d0 = loop.prefill(ids)  # the request at the context length: its caches, the drafter's context, a bonus token
+        context = drafter.project_context(loop.features())[None]  # [1, L, H]: what the recompute loop drafts from
+        logits = loop.draft(d0)
+        trees = {n: loop.build(d0, logits, n) for n in (None, *budgets)}
+        verified = {}
+        for n, tree in trees.items():  # each tree's verify once: what its accept reads and the chain's commits keep
+            dv = _fresh(d0, d0.cache, L)
+            verified[n] = (loop.verify(dv, tree), dv.cache)
+    chain, (ver, chain_cache) = trees[None], verified[None]
+    cache0, feats, block = d0.cache, ver.features, list(chain.tokens)
+    fresh = lambda: _fresh(d0, cache0, L)  # noqa: E731 - the setup of every timed verify
+    verified_chain = lambda: _fresh(d0, chain_cache, L)  # noqa: E731 - the setup of every timed commit
+    fresh_cache = lambda: copy.deepcopy(cache0)  # noqa: E731 - the setup of every timed plain target forward
+    first = torch.tensor([[d0.bonus]], device=dev)
+    starts = torch.tensor([[L]], device=dev)
+    blocks = block_ids(first[0], b, config.mask_token_id)[None]  # [1, 1, B]
 
-    layers = tuple(config.target_layer_ids)
-    with use_backend(backend, dev):
-        cache0 = DynamicCache(config=model.config)  # type: ignore[arg-type]  # transformers' config, through nn.Module
-        with LayerCapture(model, layers) as cap:
-            model(ids[None, :L], **{kw: cache0}, use_cache=True)
-            feats = cap.features()[0].to(dev)  # [L, layers*H]
-        ctx = drafter.project_context(feats)[None]  # [1, L, H] the projected context
-        ckv = drafter.context_kv(ctx)
-        feats = feats[-b:]  # [B, layers*H] as the features of committed positions (their values do not matter)
-        fresh = lambda: copy.deepcopy(cache0)  # noqa: E731 - the setup of every timed target forward
-        bonus = int(ids[L])
-        block = block_ids(torch.tensor([bonus], device=dev), b, config.mask_token_id)[None]  # [1, 1, B]
-        start = torch.tensor([[L]], device=dev)
-        logits = draft_logits(drafter, head, ckv, block, start)[0, 0]  # [B-1, V]
-        chain_block = block[0, 0].clone()
-        chain_block[1:] = logits.argmax(-1)
-        ver = model(chain_block[None], **{kw: fresh()}, use_cache=True).logits[0]  # [B, V]
-        states = _state_tensors(cache0)
-        copies = [torch.empty_like(t) for t in states]
+    def step(cache: Any) -> None:  # a plain decoding step
+        int(model(first, **{kw: cache}, use_cache=True).logits[0, -1].argmax())
 
-        def step(cache: Any) -> None:  # a plain decoding step
-            int(model(ids[None, L:L + 1], **{kw: cache}, use_cache=True).logits[0, -1].argmax())
+    def forward(n: int) -> Callable[[Any], object]:  # a plain forward over the block's first n tokens
+        t = torch.tensor([block[:n]], device=dev)
+        return lambda c: model(t, **{kw: c}, use_cache=True)
 
-        def accept(_: object) -> None:
-            post = ver.argmax(-1)
-            int((chain_block[1:] == post[:-1]).int().cumprod(0).sum())
+    def commit(n: int) -> Callable[[Any], object]:  # the chain's commit of its first n tokens
+        return lambda d: loop.commit(d, chain, ver, list(range(n)), block[min(n, b - 1)])
 
-        parts: list[tuple[str, Callable[[Any], object], Callable[[], Any] | None]] = [
-            ("verify", lambda c: model(chain_block[None], **{kw: c}, use_cache=True), fresh),
-            ("forward_2", lambda c: model(chain_block[None, :2], **{kw: c}, use_cache=True), fresh),
-            ("draft", lambda _: draft_logits(drafter, head, ckv, block, start)[0, 0].argmax(-1), None),
-            ("draft_full", lambda _: draft_logits(drafter, head, ctx, block, start)[0, 0].argmax(-1), None),
-            ("accept", accept, None),
-            ("append_1", lambda _: drafter.context_kv(drafter.project_context(feats[-1:])[None]), None),
-            ("append_b", lambda _: drafter.context_kv(drafter.project_context(feats)[None]), None),
-            ("project_1", lambda _: drafter.project_context(feats[-1:]), None),
-            ("project_b", lambda _: drafter.project_context(feats), None),
-            ("state_select", lambda _: [d.copy_(t) for d, t in zip(copies, states)], None),
-            ("snapshot", lambda _: copy.deepcopy(cache0), None)]
-        for n in budgets:
-            parts += _tree_parts(model, kw, head, logits, n, bonus, L, dtype, dev, fresh)
-        # Round-robin: every part once a round, so that each part's timings spread over the same stretch of time
-        # (on a shared machine a part timed in a quiet moment and another in a busy one would not compare).
-        times: dict[str, list[float]] = {name: [] for name in ["step"] + [p[0] for p in parts]}
-        for i in range(warmup + repeats):
-            keep = i >= warmup
-            xs = _timed(step, dev, setup=fresh, repeats=1, warmup=0)  # no features captured: plain decoding
-            if keep:
-                times["step"] += xs
-            with LayerCapture(model, layers):  # a speculative loop captures the drafter's target layers
-                for name, fn, setup in parts:
-                    xs = _timed(fn, dev, setup=setup, repeats=1, warmup=0)
-                    if keep:
-                        times[name] += xs
-            if report is not None:
-                report(i + 1)
+    server: list[Part] = [
+        ("draft", lambda _: loop.draft(d0), None),
+        ("build", lambda _: loop.build(d0, logits, None), None),
+        ("verify", lambda d: loop.verify(d, chain), fresh),
+        ("accept", lambda _: loop.accept(d0, chain, ver), None),
+        ("commit_1", commit(1), verified_chain),
+        ("commit_b", commit(b), verified_chain)]
+    for n in budgets:
+        server += _tree_parts(loop, d0, logits, n, trees[n], verified[n][0], fresh)
+    recompute: list[Part] = [
+        ("draft_full", lambda _: draft_logits(drafter, head, context, blocks, starts)[0, 0].argmax(-1), None),
+        ("forward_2", forward(2), fresh_cache),
+        ("forward_b", forward(b), fresh_cache),
+        ("project_1", lambda _: drafter.project_context(feats[-1:]), None),
+        ("project_b", lambda _: drafter.project_context(feats), None),
+        ("snapshot", lambda _: copy.deepcopy(cache0), None)]
+    # Round-robin: every part once a round, so that each part's timings spread over the same stretch of time (on a
+    # shared machine a part timed in a quiet moment and another in a busy one would not compare).
+    times: dict[str, list[float]] = {name: [] for name in ["step"] + [p[0] for p in server + recompute]}
+    for i in range(warmup + repeats):
+        keep = i >= warmup
+        with use_backend(backend, dev):  # plain decoding: no features captured
+            xs = _timed(step, dev, setup=fresh_cache, repeats=1, warmup=0)
+        if keep:
+            times["step"] += xs
+        with loop.running():  # the speculative loops capture the drafter's target layers
+            for name, fn, setup in server + recompute:
+                xs = _timed(fn, dev, setup=setup, repeats=1, warmup=0)
+                if keep:
+                    times[name] += xs
+        if report is not None:
+            report(i + 1)
+    d0.context.truncate(L)
     med = {k: _median_spread(v) for k, v in times.items()}
     c = {k: m for k, (m, _) in med.items()}
     return RoundCosts(
-        device=device_name(dev), device_kind=device_kind(dev), dtype=str(dtype).removeprefix("torch."),
+        device=device_name(dev), device_kind=device_kind(dev), dtype=str(target.dtype).removeprefix("torch."),
         backend=backend, threads=torch.get_num_threads(), context_len=L, block_size=b, repeats=repeats,
-        warmup=warmup, step=c["step"], verify=c["verify"], draft=c["draft"], accept=c["accept"],
-        append=(c["append_1"], c["append_b"]), state_select=c["state_select"],
-        tree_verify={n: c[f"tree_verify_{n}"] for n in budgets}, tree_build={n: c[f"tree_build_{n}"] for n in budgets},
+        warmup=warmup, step=c["step"], draft=c["draft"], build=c["build"], verify=c["verify"], accept=c["accept"],
+        commit=(c["commit_1"], c["commit_b"]), tree_build={n: c[f"tree_build_{n}"] for n in budgets},
+        tree_verify={n: c[f"tree_verify_{n}"] for n in budgets},
         tree_accept={n: c[f"tree_accept_{n}"] for n in budgets}, draft_full=c["draft_full"], snapshot=c["snapshot"],
-        project=(c["project_1"], c["project_b"]), forward_2=c["forward_2"], spread={k: s for k, (_, s) in med.items()},
-        seconds=time.perf_counter() - t_start)
+        project=(c["project_1"], c["project_b"]), forward_2=c["forward_2"], forward_b=c["forward_b"],
+        spread={k: s for k, (_, s) in med.items()}, seconds=time.perf_counter() - t_start)
 
 
 def rounds_count(repeats: int = REPEATS, warmup: int = WARMUP) -> int:

@@ -8,28 +8,30 @@ device and dtype (:class:`RoundCosts`, measured by :mod:`dflash_eval.measurement
     speed-up(τ)  = τ x step / round(τ)          tokens/s(τ) = τ / round(τ) = speed-up(τ) / step
 
 ``step`` is one plain greedy decoding step of the target (a forward over one token with its cache, the argmax);
-``round(τ)`` is the sum of the round's parts (:func:`round_parts`), for two ways of running the loop:
+``round(τ)`` is the sum of the round's parts (:func:`round_parts`), for two loops this project runs and measures:
 
-- ``server`` (the prediction the reports show): how a serving engine runs it. The drafter's context keys and values
-  are cached and grow by the committed positions; the target verifies the block (chain: B tokens) or the tree
-  (DDTree-N: N + 1 tokens under the tree's attention mask) in one forward; the linear-attention (Gated DeltaNet)
-  layers keep the state after every verified token and the accepted one is copied into the request's state, so
-  nothing is re-run. Parts: ``draft`` (block pass, lm_head), ``tree_build`` (DDTree: top-k, the best-first tree, its
-  mask), ``verify`` (the target forward and its argmax), ``accept`` (comparison, or the walk down the tree),
-  ``append`` (the drafter's context keys and values of the τ committed positions), ``state_select`` (one copy of
-  every linear-attention layer's state).
-- ``loop`` (this project's online loop, :mod:`dflash_eval.metrics.online_loop`, chain only): the drafter recomputes
-  its context's keys and values every round (``draft_full``), the target cache is copied before the verify
-  (``snapshot``) and the τ committed tokens are run again from the copy (``commit``); ``project`` is the projection
-  of their features. What ``benchmarks/bench_speedup.py`` times against plain decoding, to check the arithmetic.
+- ``server`` (the prediction the reports lead with, and the one ``--speedup-floor`` gates): the server-style loop,
+  :mod:`dflash_eval.metrics.server_loop`, which runs the loop as a serving engine does. The drafter keeps its
+  context's keys and values and appends the committed positions'; the target verifies the block (chain: B tokens) or
+  the tree (DDTree-N: N + 1 tokens under the tree's attention mask) in one forward, its linear-attention (Gated
+  DeltaNet) layers keeping every node's state; the accepted node's state becomes the request's and the KV cache is
+  cut back to the accepted path, so nothing is run again. Its parts are its stages, timed as they run
+  (:mod:`dflash_eval.measurements.round_costs`): ``draft`` (the block pass, lm_head), ``build`` (the chain's argmax,
+  or DDTree's top-N and best-first tree), ``verify`` (its inputs and the forward), ``accept`` (the target's tokens read
+  on the host, the walk down the tree), ``commit`` (the accepted states, the KV cut, the drafter's context append of
+  the τ committed positions). ``benchmarks/bench_speedup.py`` measures this loop end to end against plain decoding.
+- ``loop`` (the recompute loop, :mod:`dflash_eval.metrics.online_loop`, chain only): the drafter recomputes its
+  context's keys and values every round (``draft_full``), the target cache is copied before the verify
+  (``snapshot``), the block is verified by a plain forward (``forward_b``) and the τ committed tokens are run again
+  from the copy (``commit``); ``project`` is the projection of their features.
 
-Costs that depend on how many tokens a round commits (``append``, ``project``) are measured at 1 and at B tokens and
-interpolated linearly at τ; the loop's ``commit`` forward at 1, 2 and B tokens, piecewise linearly (a target forward
-over 2 tokens can cost much more than over 1: on a CPU, transformers' fallback of the linear-attention layers runs
-one token by the recurrent rule and more by the chunked one, padded to a chunk). Every cost is a median of repeated
-timings at one context length, the token-weighted mean position of the run's completions (:func:`mean_context`): the
-costs that grow with the context (attention over the KV cache) are linear in it, so their mean over a generation is
-their value at the mean position.
+Costs that depend on how many tokens a round commits (``commit``, ``project``) are measured at 1 and at B tokens and
+interpolated linearly at τ; the recompute loop's commit forward at 1, 2 and B tokens, piecewise linearly (a target
+forward over 2 tokens can cost much more than over 1: on a CPU, transformers' fallback of the linear-attention layers
+runs one token by the recurrent rule and more by the chunked one, padded to a chunk). Every cost is a median of
+repeated timings at one context length, the token-weighted mean position of the run's completions
+(:func:`mean_context`): the costs that grow with the context (attention over the KV cache) are linear in it, so
+their mean over a generation is their value at the mean position.
 
 The confidence interval carries τ's over: ``round(τ)`` grows with τ more slowly than τ itself (only the commit-sized
 parts do), so the speed-up is increasing in τ and the interval of mean τ over prompts (the t 95 % CI of the
@@ -53,7 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["LOOPS", "RoundCosts", "Prediction", "round_parts", "predict", "mean_context", "context_bucket",
+__all__ = ["LOOPS", "MODELS", "RoundCosts", "Prediction", "round_parts", "predict", "mean_context", "context_bucket",
            "strategy_name", "budget_of", "speedup_block", "best_strategy", "ASSUMPTIONS", "speedup_digest",
            "NEAR_BEST"]
 
@@ -63,15 +65,28 @@ TauCI = Sequence[float | None] | None
 #: The two ways of running the speculative loop a round's cost is predicted for (module docstring).
 LOOPS: tuple[Loop, ...] = ("server", "loop")
 
+#: What each model's numbers are, in eval.json's ``speedup.models`` and the reports' labels: the loop a model is the
+#: cost of, and how it was checked (docs/speedup.md has the measurements).
+MODELS: dict[Loop, dict[str, str]] = {
+    "server": {"name": "server-style loop", "module": "dflash_eval.metrics.server_loop",
+               "what": "the drafter keeps its context's keys and values; one target forward verifies the chain's "
+                       "block or DDTree's tree, keeping every node's linear-attention state; nothing is run again",
+               "checked": "its stages are what is timed; benchmarks/bench_speedup.py measures the loop end to end "
+                          "against plain decoding, per strategy (docs/speedup.md)"},
+    "loop": {"name": "recompute loop", "module": "dflash_eval.metrics.online_loop",
+             "what": "the drafter recomputes its context every round; the target's cache is copied before the verify "
+                     "and the committed tokens are run again",
+             "checked": "benchmarks/bench_speedup.py measures it end to end against plain decoding (chain only)"},
+}
+
 #: What the prediction assumes, in eval.json's ``speedup.assumptions`` (docs/speedup.md explains each).
 ASSUMPTIONS = (
     "batch size 1: one request decoding alone, no other request sharing the forwards",
     "costs measured with this implementation (transformers' modeling code, eager PyTorch, no CUDA graphs); a serving "
     "engine's own kernels, graphs and scheduler change every part",
-    "DDTree verifies N + 1 tokens in one forward with the tree's attention mask on the attention layers; the "
-    "linear-attention (Gated DeltaNet) layers are timed as a k-token forward: a tree verify advances each node's "
-    "recurrent state from its parent's (SGLang: retrieve_parent_token) at the cost of k recurrent steps, and only "
-    "the accepted path's state is kept (a copy per layer: state_select)",
+    "the server-style loop: one forward verifies the chain's B tokens or DDTree-N's N + 1 (the tree's mask on the "
+    "attention layers); the linear-attention layers keep every node's state, each node's root path run through the "
+    "backend's recurrent kernel as a sequence of its own; the accepted node's state becomes the request's",
     "costs at one context length, the token-weighted mean position of the run's completions",
     "greedy verification; τ from the offline simulation on the run's references",
 )
@@ -101,7 +116,12 @@ def budget_of(strategy: str) -> int | None:
 class RoundCosts:
     """Seconds of each part of a round and of a plain decoding step on one device, dtype and context length; each
     the median of ``repeats`` timings after ``warmup`` untimed ones (module docstring). ``spread``: per part, the
-    interquartile range of its timings over their median."""
+    interquartile range of its timings over their median.
+
+    The server-style loop's stages (:class:`~dflash_eval.metrics.server_loop.ServerLoop`): ``draft``; the chain's
+    ``build``, ``verify``, ``accept``; DDTree-N's ``tree_build[N]``, ``tree_verify[N]``, ``tree_accept[N]``;
+    ``commit`` of 1 and of B tokens. The recompute loop's own parts: ``draft_full``, ``project`` (1 and B tokens),
+    ``snapshot``, the plain target forwards over 2 and B tokens (``forward_2``, ``forward_b``)."""
 
     device: str
     device_kind: str
@@ -113,18 +133,19 @@ class RoundCosts:
     repeats: int
     warmup: int
     step: float
-    verify: float
     draft: float
+    build: float
+    verify: float
     accept: float
-    append: tuple[float, float]
-    state_select: float
-    tree_verify: dict[int, float] = field(default_factory=dict)
+    commit: tuple[float, float]
     tree_build: dict[int, float] = field(default_factory=dict)
+    tree_verify: dict[int, float] = field(default_factory=dict)
     tree_accept: dict[int, float] = field(default_factory=dict)
     draft_full: float = math.nan
     snapshot: float = math.nan
     project: tuple[float, float] = (math.nan, math.nan)
-    forward_2: float = math.nan  # a target forward over 2 tokens (the loop's commit of one accepted draft)
+    forward_2: float = math.nan  # a plain target forward over 2 tokens (the recompute loop's commit of one draft)
+    forward_b: float = math.nan  # over B tokens (the recompute loop's verify)
     spread: dict[str, float] = field(default_factory=dict)
     seconds: float = math.nan  # the measurement's own wall time
 
@@ -141,7 +162,7 @@ class RoundCosts:
         d = asdict(self)
         for k in ("tree_verify", "tree_build", "tree_accept"):
             d[k] = {str(b): v for b, v in d[k].items()}
-        d["append"], d["project"] = list(self.append), list(self.project)
+        d["commit"], d["project"] = list(self.commit), list(self.project)
         return d
 
     @classmethod
@@ -150,10 +171,10 @@ class RoundCosts:
         kw: dict[str, Any] = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         for k in ("tree_verify", "tree_build", "tree_accept"):
             kw[k] = {int(b): _num(v) for b, v in (kw.get(k) or {}).items()}
-        for k in ("append", "project"):
+        for k in ("commit", "project"):
             if k in kw:
                 kw[k] = tuple(_num(x) for x in kw[k])
-        for k in ("step", "verify", "draft", "accept", "state_select", "draft_full", "snapshot", "forward_2",
+        for k in ("step", "draft", "build", "verify", "accept", "draft_full", "snapshot", "forward_2", "forward_b",
                   "seconds"):
             if k in kw:
                 kw[k] = _num(kw[k])
@@ -166,35 +187,33 @@ def _num(v: object) -> float:
     return math.nan if v is None else float(v)  # type: ignore[arg-type]  # a JSON number
 
 
-def _commit(costs: RoundCosts, tau: float) -> float:
-    """The loop's commit forward over τ tokens on average: piecewise linear through its costs at 1 (``step``), 2
-    (``forward_2``) and B (``verify``) tokens (without ``forward_2``: linear from 1 to B)."""
+def _recommit(costs: RoundCosts, tau: float) -> float:
+    """The recompute loop's commit forward over τ tokens on average: piecewise linear through its costs at 1
+    (``step``), 2 (``forward_2``) and B (``forward_b``) tokens (without ``forward_2``: linear from 1 to B)."""
     b = costs.block_size
     if b <= 2 or math.isnan(costs.forward_2):
-        return _lerp((costs.step, costs.verify), tau, b)
+        return _lerp((costs.step, costs.forward_b), tau, b)
     if tau <= 2:
         return _lerp((costs.step, costs.forward_2), tau, 2)
-    return costs.forward_2 + (costs.verify - costs.forward_2) * (min(tau, float(b)) - 2.0) / (b - 2)
+    return costs.forward_2 + (costs.forward_b - costs.forward_2) * (min(tau, float(b)) - 2.0) / (b - 2)
 
 
 def round_parts(costs: RoundCosts, budget: int | None, tau: float, loop: Loop = "server") -> dict[str, float]:
     """Seconds of each part of one round of ``budget``'s strategy (None: the chain) committing ``tau`` tokens on
     average (module docstring); their sum is the round's cost. KeyError for a budget the costs were not measured
-    for; ValueError for a DDTree in the ``loop`` model (this project's online loop runs the chain only)."""
+    for; ValueError for a DDTree in the ``loop`` model (the recompute loop runs the chain only)."""
     b = costs.block_size
     if loop == "loop":
         if budget is not None:
-            raise ValueError("this project's online loop runs the chain only: no loop cost of a DDTree round")
+            raise ValueError("the recompute loop runs the chain only: no loop cost of a DDTree round")
         return {"draft": costs.draft_full, "project": _lerp(costs.project, tau, b), "snapshot": costs.snapshot,
-                "verify": costs.verify, "accept": costs.accept,
-                "commit": _commit(costs, tau)}
-    parts = {"draft": costs.draft}
+                "verify": costs.forward_b, "accept": costs.accept, "commit": _recommit(costs, tau)}
     if budget is None:
-        parts.update(verify=costs.verify, accept=costs.accept)
+        parts = {"draft": costs.draft, "build": costs.build, "verify": costs.verify, "accept": costs.accept}
     else:
-        parts.update(tree_build=costs.tree_build[budget], verify=costs.tree_verify[budget],
-                     accept=costs.tree_accept[budget])
-    parts.update(append=_lerp(costs.append, tau, b), state_select=costs.state_select)
+        parts = {"draft": costs.draft, "build": costs.tree_build[budget], "verify": costs.tree_verify[budget],
+                 "accept": costs.tree_accept[budget]}
+    parts["commit"] = _lerp(costs.commit, tau, b)
     return parts
 
 
@@ -281,9 +300,10 @@ def speedup_block(costs: RoundCosts, chain: tuple[float, TauCI], ddtree: Mapping
                   floor: float | None = None, cached: bool = False,
                   pooled: Mapping[str, float] | None = None) -> dict[str, Any]:
     """eval.json's ``speedup``: the costs, every strategy's prediction (``strategies``: chain and each DDTree budget
-    of ``ddtree`` that the costs hold, the ``server`` model), the chain under this project's online loop
-    (``loop``), the best strategy and the best DDTree budget, the floor (``passed``, the floor's verdict, is filled in
-    by :func:`dflash_eval.metrics.verdict.speedup_floor_part`; None until then). ``chain`` and ``ddtree``
+    of ``ddtree`` that the costs hold, the ``server`` model: the server-style loop), the chain under the recompute
+    loop (``loop``), what each model is (``models``), the best strategy and the best DDTree budget, the floor
+    (``passed``, the floor's verdict, is filled in by :func:`dflash_eval.metrics.verdict.speedup_floor_part`; None
+    until then). ``chain`` and ``ddtree``
     give mean τ (the macro mean over prompts: the speed-up of a typical request) and its CI; ``pooled`` (by
     strategy): the pooled τ (accepted tokens / rounds over every round), whose speed-up is that of the prompt set's
     total throughput, every token weighted alike (``pooled``: τ, speed-up and tokens/s, without a CI)."""
@@ -304,7 +324,8 @@ def speedup_block(costs: RoundCosts, chain: tuple[float, TauCI], ddtree: Mapping
         "loop": {"chain": predict(costs, "chain", *chain, loop="loop").to_dict()},
         "pooled": {k: {"tau": t, "speedup": (p := predict(costs, k, t)).speedup, "tokens_per_s": p.tokens_per_s}
                    for k, t in (pooled or {}).items() if k in preds},
-        "assumptions": list(ASSUMPTIONS), "floor": floor, "passed": None}
+        "models": {k: dict(v) for k, v in MODELS.items()}, "assumptions": list(ASSUMPTIONS), "floor": floor,
+        "passed": None}
     return block
 
 

@@ -498,9 +498,9 @@ def _x(v: object) -> str:
 
 
 def speedup_floor_reason(block: Mapping[str, Any]) -> str | None:
-    """Why the predicted chain speed-up fails ``--speedup-floor`` (eval.json's ``speedup`` block: ``floor`` and
-    ``strategies.chain.speedup``); None when it passes or no floor was given. The floor is judged like a τ floor
-    (:func:`passes`: a missing or NaN speed-up fails)."""
+    """Why the server-style loop's predicted chain speed-up fails ``--speedup-floor`` (eval.json's ``speedup`` block:
+    ``floor`` and ``strategies.chain.speedup``); None when it passes or no floor was given. The floor is judged like a
+    τ floor (:func:`passes`: a missing or NaN speed-up fails)."""
     floor = block.get("floor")
     if floor is None:
         return None
@@ -509,7 +509,8 @@ def speedup_floor_reason(block: Mapping[str, Any]) -> str | None:
     if passes(value, floor):
         return None
     lo, hi = (chain.get("speedup_ci") or [None, None])[:2]
-    return (f"predicted chain speed-up {_x(value)} (95 % CI [{_x(lo)}, {_x(hi)}] from τ's) < --speedup-floor "
+    loop = ((block.get("models") or {}).get("server") or {}).get("name", "server-style loop")
+    return (f"predicted chain speed-up {_x(value)} ({loop}; 95 % CI [{_x(lo)}, {_x(hi)}] from τ's) < --speedup-floor "
             f"{floor:g} on {block.get('device', '?')} ({block.get('dtype', '?')}, context {block.get('context_len')})")
 
 

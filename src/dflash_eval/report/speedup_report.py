@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.number_text import fmt, is_number
-from dflash_eval.metrics.speedup import budget_of
+from dflash_eval.metrics.speedup import MODELS, budget_of
 from dflash_eval.metrics.verdict import SPEEDUP_FLOOR, Verdict, stored_verdict
 from dflash_eval.report.plot import draw_once
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # matplotlib is imported when the plot is drawn
     from matplotlib.figure import Figure
 
 __all__ = ["SPEEDUP_PLOT", "speedup_rows", "cost_rows", "speedup_lines", "verdict_line", "write_speedup_plot",
-           "speedup_figure", "strategy_label"]
+           "speedup_figure", "strategy_label", "model_name"]
 
 #: The plot's file name in the report folder.
 SPEEDUP_PLOT = "speedup.png"
@@ -46,17 +46,24 @@ def _ms(s: object) -> str:
     return fmt(1e3 * s, 2) if is_number(s) else fmt(s)
 
 
+def model_name(block: dict[str, Any], model: str) -> str:
+    """The name of a model's loop (``server``: the server-style loop; ``loop``: the recompute loop), as the block
+    says (:data:`dflash_eval.metrics.speedup.MODELS`)."""
+    return str(((block.get("models") or {}).get(model) or {}).get("name") or MODELS[model]["name"])  # type: ignore[index]  # a Loop
+
+
 def speedup_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The table: one row per strategy, then the chain as this project's online loop runs it (no rows without a
-    ``speedup`` block)."""
+    """The table: one row per strategy of the server-style loop, then the chain as the recompute loop runs it, each
+    row naming its loop (no rows without a ``speedup`` block)."""
     block = data.get("speedup") or {}
-    header = ["strategy", "mean τ [95 % CI]", "round (ms)", "speed-up [95 % CI]", "tokens/s [95 % CI]"]
+    header = ["strategy", "loop", "mean τ [95 % CI]", "round (ms)", "speed-up [95 % CI]", "tokens/s [95 % CI]"]
     rows = []
-    preds = [(strategy_label(k), p) for k, p in (block.get("strategies") or {}).items()]
-    preds += [("chain, this project's online loop", p) for p in ((block.get("loop") or {}).get("chain"),) if p]
-    best = strategy_label(block["best"]) if block.get("best") else None
-    for label, p in preds:
-        rows.append([label + (" (best)" if label == best else ""), fmt(p.get("tau")) + _ci(p.get("tau_ci"), 3),
+    server, loop = model_name(block, "server"), model_name(block, "loop")
+    preds = [(k, server, p) for k, p in (block.get("strategies") or {}).items()]
+    preds += [("", loop, p) for p in ((block.get("loop") or {}).get("chain"),) if p]
+    for key, name, p in preds:
+        label = strategy_label(key or "chain") + (" (best)" if key == block.get("best") else "")
+        rows.append([label, name, fmt(p.get("tau")) + _ci(p.get("tau_ci"), 3),
                      _ms(p.get("round_s")), _x(p.get("speedup")) + _ci(p.get("speedup_ci"), 2, "x"),
                      fmt(p.get("tokens_per_s"), 1) + _ci(p.get("tokens_per_s_ci"), 1)])
     return header, rows
@@ -66,17 +73,19 @@ def speedup_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 #: key of its timings' spread, what it is).
 _COSTS: tuple[tuple[str, int | None, str, str], ...] = (
     ("step", None, "step", "plain decoding: one target step (1 token) and its argmax"),
-    ("draft", None, "draft", "the drafter's block pass with its context keys and values cached, and lm_head"),
-    ("draft_full", None, "draft_full", "the drafter's block pass recomputing its context (this project's loop)"),
-    ("verify", None, "verify", "the target's forward over the chain's block (B tokens) and its argmax"),
-    ("forward_2", None, "forward_2", "a target forward over 2 tokens (the loop's commit of one accepted draft)"),
-    ("accept", None, "accept", "comparing the chain's drafts with the target's tokens"),
-    ("append", 0, "append_1", "the drafter's context keys and values of 1 committed token"),
-    ("append", 1, "append_b", "the same for B committed tokens"),
-    ("project", 0, "project_1", "projecting the target features of 1 committed token"),
+    ("draft", None, "draft", "server-style loop: the drafter's block pass against its kept context, and lm_head"),
+    ("build", None, "build", "server-style loop: the chain's argmax (the tokens to verify)"),
+    ("verify", None, "verify", "server-style loop: the target's forward over the chain's B tokens (and its inputs), "
+                               "every token's linear-attention state kept"),
+    ("accept", None, "accept", "server-style loop: the target's tokens read on the host, the drafts compared"),
+    ("commit", 0, "commit_1", "server-style loop: 1 committed token's states, KV cut, drafter context append"),
+    ("commit", 1, "commit_b", "the same for B committed tokens"),
+    ("draft_full", None, "draft_full", "recompute loop: the drafter's block pass recomputing its context"),
+    ("forward_b", None, "forward_b", "recompute loop: a plain target forward over B tokens (its verify)"),
+    ("forward_2", None, "forward_2", "recompute loop: a plain target forward over 2 tokens (a commit of 1 draft)"),
+    ("project", 0, "project_1", "recompute loop: projecting the target features of 1 committed token"),
     ("project", 1, "project_b", "the same for B committed tokens"),
-    ("state_select", None, "state_select", "one copy of every linear-attention layer's state"),
-    ("snapshot", None, "snapshot", "a copy of the target cache before the verify (this project's loop)"),
+    ("snapshot", None, "snapshot", "recompute loop: a copy of the target cache before the verify"),
 )
 
 
@@ -96,9 +105,10 @@ def cost_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         if key in costs:
             rows.append([name, _ms(value), fmt(spread.get(name), 2), what])
     for b in sorted(int(b) for b in costs.get("tree_verify") or {}):
-        for part, what in (("tree_build", f"DDTree-{b}: top-k, the best-first tree of {b} nodes, its mask"),
-                           ("tree_verify", f"DDTree-{b}: the target's forward over {b + 1} tokens under the tree mask"),
-                           ("tree_accept", f"DDTree-{b}: the walk down the tree")):
+        for part, what in (("tree_build", f"DDTree-{b}: top-{b} and the best-first tree (the tokens to verify)"),
+                           ("tree_verify", f"DDTree-{b}: the target's forward over {b + 1} tokens under the tree "
+                                           "mask, every node's linear-attention state kept"),
+                           ("tree_accept", f"DDTree-{b}: the target's tokens read, the walk down the tree")):
             rows.append([f"{part}_{b}", _ms((costs.get(part) or {}).get(str(b))), fmt(spread.get(f"{part}_{b}"), 2),
                          what])
     return header, rows
@@ -117,11 +127,14 @@ def speedup_lines(data: dict[str, Any]) -> list[str]:
     costs = block.get("costs") or {}
     chain = (block.get("strategies") or {}).get("chain") or {}
     parts = ", ".join(f"{k} {_ms(v)}" for k, v in (chain.get("parts") or {}).items())
-    lines = [f"Predicted on {block.get('device')} ({block.get('dtype')}, backend {block.get('backend')}), context "
+    server = (block.get("models") or {}).get("server") or MODELS["server"]
+    lines = [f"Predicted for the {server.get('name')} ({server.get('module')}: {server.get('what')}; "
+             f"{server.get('checked')}) and, in the last row, for the {model_name(block, 'loop')}.",
+             f"On {block.get('device')} ({block.get('dtype')}, backend {block.get('backend')}), context "
              f"{block.get('context_len')} tokens, costs "
              f"{_source(block)}: medians of {costs.get('repeats')} timings. Plain greedy decoding "
              f"{fmt(block.get('plain_tokens_per_s'), 1)} tokens/s (a step {_ms(costs.get('step'))} ms); a chain "
-             f"round (ms): {parts}."]
+             f"round of the {server.get('name')} (ms): {parts}."]
     best, bb = block.get("best"), block.get("best_budget")
     if best:
         top = ((block.get("strategies") or {}).get(best) or {}).get("speedup")
@@ -139,8 +152,8 @@ def speedup_lines(data: dict[str, Any]) -> list[str]:
                          f"{fmt(v.get('tokens_per_s'), 1)} tokens/s)" for k, v in pooled.items()) + ".")
     part = stored_verdict(data).part(SPEEDUP_FLOOR)  # the floor's verdict, as the run's verdict holds it
     if part is not None and block.get("floor") is not None:
-        lines.append(f"--speedup-floor {block['floor']:g}: " + ("PASS" if part.passed else
-                                                               "FAIL: " + "; ".join(part.reasons)))
+        lines.append(f"--speedup-floor {block['floor']:g} (the {server.get('name')}'s chain): "
+                     + ("PASS" if part.passed else "FAIL: " + "; ".join(part.reasons)))
     lines.append("Valid for this device only; a prediction for batch size 1 in this implementation (no serving "
                  "engine's kernels, CUDA graphs or scheduler): docs/speedup.md.")
     return lines
@@ -155,7 +168,8 @@ def verdict_line(data: dict[str, Any], verdict: Verdict | None = None) -> str | 
         return None
     st = block.get("strategies") or {}
     chain = st.get("chain") or {}
-    text = (f"predicted speed-up on {block.get('device')} ({block.get('dtype')}): chain {_x(chain.get('speedup'))}"
+    text = (f"predicted speed-up ({model_name(block, 'server')}) on {block.get('device')} ({block.get('dtype')}): "
+            f"chain {_x(chain.get('speedup'))}"
             f"{_ci(chain.get('speedup_ci'), 2, 'x')} ({fmt(chain.get('tokens_per_s'), 1)} tokens/s, plain "
             f"{fmt(block.get('plain_tokens_per_s'), 1)})")
     best = block.get("best")
@@ -205,7 +219,8 @@ def speedup_figure(data: dict[str, Any]) -> Figure | None:
     ax.axhline(1.0, color="#777777", linestyle="--", linewidth=1, label="plain decoding (1x)")
     ax.set_xlabel("DDTree node budget N")
     ax.set_ylabel("predicted speed-up over plain decoding")
-    ax.set_title(f"Predicted speed-up on {block.get('device')} ({block.get('dtype')}), context "
+    ax.set_title(f"Predicted speed-up, {model_name(block, 'server')}, on {block.get('device')} ({block.get('dtype')}), "
+                 f"context "
                  f"{block.get('context_len')}", fontsize=10)
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
