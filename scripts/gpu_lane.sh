@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU lane (stages, one or more per call: main, record, fresh, drift, suite, fp32, goldens, faults, scaling, startup, warm,
-# wide, gen, speed, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
+# wide, gen, speed, serverloop, serverwide, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
 # Writes everything under $OUT (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention,
 # fla-core 0.6.0, transformers 5.24.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -220,6 +220,29 @@ timeout 300 python3 benchmarks/bench_drafting.py --cache-dir /tmp/speedcache --o
 step "speed: offline (lock-step) vs online τ"
 timeout 120 python3 benchmarks/bench_core.py --dtype bf16 --backend fla --num-prompts 8 --json "$OUT/core_speed.json" \
   >> "$OUT/lane.log" 2>&1 || echo "core rc=$?" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = serverloop ] || [ "$STAGE" = serverwide ]; then
+# The server-style loop on the GPU (bf16, fla): the tree verify against each root path run alone (fp32 and bf16),
+# then benchmarks/bench_speedup.py on the bundled target and prompts (chain, DDTree-8/16/32, the recompute loop):
+# predicted against measured speed-up, the loop's tokens against plain greedy decoding (partings judged as near
+# ties or divergences). serverwide: the same at Qwen3.6-27B widths (random weights, WIDE_LAYERS layers).
+if [ "$STAGE" = serverloop ]; then
+  step "serverloop: fla tree verify against every root path (tests/test_gpu_kernels.py)"
+  timeout 200 python3 -m pytest tests/test_gpu_kernels.py -p no:cacheprovider -q -k tree_verify >> "$OUT/lane.log" 2>&1 \
+    || echo "tree verify tests rc=$?" >> "$OUT/lane.log"
+  step "serverloop: bench_speedup, bundled target and prompts, bf16, fla"
+  timeout "${SPEED_TIMEOUT:-420}" python3 benchmarks/bench_speedup.py --device cuda --repeat "${SPEED_REPEAT:-2}" \
+    --cache-dir /tmp/speedup_cache --json "$OUT/bench_speedup_bundled.json" > "$OUT/bench_speedup_bundled.log" 2>&1 \
+    || echo "bench_speedup bundled rc=$?" >> "$OUT/lane.log"
+  grep -v -E "^(Loading|\[transformers\])" "$OUT/bench_speedup_bundled.log" | tail -n 40 >> "$OUT/lane.log"
+else
+  step "serverwide: bench_speedup at Qwen3.6-27B widths, ${WIDE_LAYERS:=4} layers, random weights, bf16, fla"
+  timeout "${SPEED_TIMEOUT:-500}" python3 benchmarks/bench_speedup.py --device cuda --repeat "${SPEED_REPEAT:-2}" \
+    --build-wide /tmp/wide --wide-layers "$WIDE_LAYERS" --num-prompts 8 --max-new-tokens 64 \
+    --cache-dir /tmp/speedup_wide_cache --json "$OUT/bench_speedup_wide.json" > "$OUT/bench_speedup_wide.log" 2>&1 \
+    || echo "bench_speedup wide rc=$?" >> "$OUT/lane.log"
+  grep -v -E "^(Loading|\[transformers\])" "$OUT/bench_speedup_wide.log" | tail -n 40 >> "$OUT/lane.log"
+fi
 fi
 if [ "$STAGE" = profile ]; then
 step "profile: extraction vs the FLOP floor and batched generation, by kernel family (random 27B-width target, bf16)"
