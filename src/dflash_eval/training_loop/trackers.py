@@ -59,7 +59,8 @@ TRACKER_SCALARS: dict[str, str] = {
     "tau/reference_diff_ci95_low": "lower bound of its 95 % CI (paired t over prompts)",
     "tau/reference_diff_ci95_high": "upper bound of that CI",
     "drift_budget": "the drift budget, when measured",
-    "speedup/chain": "predicted chain speed-up over plain decoding on the evaluation's device (docs/speedup.md)",
+    "speedup/chain": "predicted chain speed-up of the server-style loop over plain decoding on the evaluation's device "
+                     "(docs/speedup.md)",
     "speedup/chain_ci95_low": "lower bound of its 95 % CI (τ's CI through the formula)",
     "speedup/chain_ci95_high": "upper bound of that CI",
     "speedup/ddtree-<N>": "predicted DDTree-N speed-up",
