@@ -203,7 +203,7 @@ def gate_table(rows: list[GateRow], budgets: list[Any], *, terminal: bool = Fals
             row.insert(header.index("mean floor") - 1, _baseline_cell(r.baseline))
     if any(r.speedup for r in rows):  # the predicted speed-up on the gate's device (docs/speedup.md)
         at = header.index("mean floor")
-        header.insert(at, "predicted speed-up (chain [95 % CI]; best)")
+        header.insert(at, "predicted speed-up, server-style loop (chain [95 % CI]; best)")
         for r, row in zip(rows, cells):
             row.insert(at, _speedup_cell(r.speedup))
     ref = [r.reference for r in rows if r.reference]
