@@ -48,8 +48,8 @@ import torch
 from dflash_eval.measurements.round_costs import context_tokens, measure_round_costs
 from dflash_eval.metrics.near_tie import TOP_K, Divergence, TopTokens, first_divergence, judge
 from dflash_eval.metrics.online_loop import cache_keyword, online_generate
-from dflash_eval.metrics.server_loop import ServerLoop, strategy_label
-from dflash_eval.metrics.speedup import RoundCosts, predict, round_parts
+from dflash_eval.metrics.server_loop import ServerLoop
+from dflash_eval.metrics.speedup import RoundCosts, budget_of, predict, round_parts, strategy_name
 from dflash_eval.metrics.tau import simulate_tau
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.session.eval_result import speedup_summary
@@ -245,8 +245,8 @@ def main() -> None:
         pre["plain"].append(_seconds(lambda: plain_prefill(target, ids, backend), dev)[1])
         with loop.running():
             for b in strategies:
-                results[strategy_label(b)], t = _seconds(lambda b=b: loop.generate(ids, budget=b), dev)
-                times[strategy_label(b)].append(t)
+                results[strategy_name(b)], t = _seconds(lambda b=b: loop.generate(ids, budget=b), dev)
+                times[strategy_name(b)].append(t)
             pre["server"].append(_seconds(lambda: loop.prefill(ids), dev)[1])
         results["recompute"], t = _seconds(
             lambda: online_generate(target, drafter, head, ids, max_new_tokens=s.max_new_tokens, backend=backend,
@@ -256,7 +256,7 @@ def main() -> None:
             target, drafter, head, ids, max_new_tokens=1, backend=backend), dev)[1])
         return plain
 
-    rows: dict[str, list[dict[str, Any]]] = {strategy_label(b): [] for b in strategies}
+    rows: dict[str, list[dict[str, Any]]] = {strategy_name(b): [] for b in strategies}
     rows["recompute"] = []
     timed: list[RoundCosts] = []
     for n, p in enumerate(inp.prompts):
@@ -275,7 +275,8 @@ def main() -> None:
               + ", ".join(f"{k} {1e3 * v:.3f} ms/round" for k, v in per_round.items()), flush=True)
         for key, res in results.items():
             prefill = statistics.median(pre[_prefill_of(key)])
-            off = offline[n].chain if key in ("chain", "recompute") else offline[n].ddtree[int(key.split("-")[1])]
+            budget = None if key == "recompute" else budget_of(key)
+            off = offline[n].chain if budget is None else offline[n].ddtree[budget]
             part = parting(target, p.id, ids, plain, res.tokens, backend)
             rows[key].append({
                 "parting": None if part is None else part.to_dict(),
@@ -330,7 +331,7 @@ def main() -> None:
                         "prompts": len(ok), "predicted_beside": pred.to_dict(), "predicted_suite": suite.to_dict(),
                         "ratio_beside": pred.speedup / measured, "ratio_suite": suite.speedup / measured,
                         "round_measured_s": round_meas, "plain_step_measured_s": plain_per_tok}
-        parts = round_parts(beside, None if strategy == "chain" else int(strategy.split("-")[1]), tau_loop, model)
+        parts = round_parts(beside, budget_of(strategy), tau_loop, model)
         print("      predicted parts (ms): " + ", ".join(f"{k} {1e3 * v:.3f}" for k, v in parts.items()))
     print("  the suite's report (macro τ, the headline): " + ", ".join(
         f"{k} {v['speedup']:.3f}x" for k, v in block["strategies"].items()))

@@ -186,6 +186,10 @@ def measure_round_costs(target: Target, config: DrafterConfig, head: TargetHead,
     starts = torch.tensor([[L]], device=dev)
     blocks = block_ids(first[0], b, config.mask_token_id)[None]  # [1, 1, B]
 
+    def at_start() -> Decoding:  # the setup of the timed draft: the request, its drafter context cut back to L
+        d0.context.truncate(L)
+        return d0
+
     def step(cache: Any) -> None:  # a plain decoding step
         int(model(first, **{kw: cache}, use_cache=True).logits[0, -1].argmax())
 
@@ -197,7 +201,7 @@ def measure_round_costs(target: Target, config: DrafterConfig, head: TargetHead,
         return lambda d: loop.commit(d, chain, ver, list(range(n)), block[min(n, b - 1)])
 
     server: list[Part] = [
-        ("draft", lambda _: loop.draft(d0), None),
+        ("draft", loop.draft, at_start),
         ("build", lambda _: loop.build(d0, logits, None), None),
         ("verify", lambda d: loop.verify(d, chain), fresh),
         ("accept", lambda _: loop.accept(d0, chain, ver), None),

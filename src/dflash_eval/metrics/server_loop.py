@@ -49,6 +49,7 @@ from torch import Tensor
 from dflash_eval.drafter.model import ContextCache, DFlashDrafter, block_ids, draft_logits
 from dflash_eval.metrics.ddtree import build_ddtree
 from dflash_eval.metrics.online_loop import Pick, argmax_pick, cache_keyword, no_eos
+from dflash_eval.metrics.speedup import strategy_name
 from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.head import TargetHead
@@ -58,12 +59,7 @@ from dflash_eval.target.tree_verify import Verified, VerifyTree, tree_cache
 if TYPE_CHECKING:
     from dflash_eval.target.loader import Target
 
-__all__ = ["ServerLoop", "Decoding", "Verification", "ServerResult", "server_generate", "strategy_label"]
-
-
-def strategy_label(budget: int | None) -> str:
-    """The loop's strategy: ``chain`` (budget None) or ``ddtree-<N>``."""
-    return "chain" if budget is None else f"ddtree-{budget}"
+__all__ = ["ServerLoop", "Decoding", "Verification", "ServerResult", "server_generate"]
 
 
 @dataclass
@@ -224,7 +220,7 @@ class ServerLoop:
         d = self.prefill(prompt_ids)
         while not d.done and (max_blocks is None or len(d.lens) < max_blocks):
             self.round(d, budget)
-        return ServerResult(d.generated, TauResult(d.lens, self.block_size, f"server-{strategy_label(budget)}"),
+        return ServerResult(d.generated, TauResult(d.lens, self.block_size, f"server-{strategy_name(budget)}"),
                             d.target_forwards, d.target_tokens)
 
 
