@@ -205,11 +205,12 @@ class Inputs:
         return self._target
 
     def model_for(self, dtype: torch.dtype) -> nn.Module:
-        """The target model in ``dtype`` (a cast copy, made once, for the bf16-vs-fp32 comparison)."""
+        """The target model in ``dtype``: the loaded target in its own dtype, else a cast copy, made once (the
+        bf16-vs-fp32 comparison)."""
+        base = self.target.model  # loaded first: the target's own dtype is then the target itself, never a copy
         if dtype not in self._models:
             import copy
 
-            base = self.target.model
             with self.meter.timed("target_load"):
                 self._models[dtype] = copy.deepcopy(base).to(dtype=dtype).eval()
         return self._models[dtype]
