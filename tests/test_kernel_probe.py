@@ -12,7 +12,9 @@
   rule's prefill, and faults confined to shorter inputs of a bucket, single chunks, decode steps over a short or a
   long cache, batches of more than one sequence) moves the digest of exactly the probes whose path it is on, and
   names its own function as the first kernel whose output changed, in the regime where it shows; a fault on inputs
-  longer than a bucket leaves that bucket's probe alone;
+  longer than a bucket leaves that bucket's probe alone; a fault confined to what the probe's model never runs (the
+  deeper layers, large activations, bf16 in the deeper layers, late positions in the deeper attention layers, the
+  layers past the drafter's, decode steps in the deeper layers) moves no digest: the witness is what sees those;
 - the backend decides what is probed (``torch-recurrent`` runs the recurrent function for prefill; a ``+<fault>``
   suffix is already in the cache key and is not probed); head shapes are checked from config.json, dense targets
   run their attention layer alone, a missing field is an error naming the file and the key;
@@ -35,7 +37,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_faults import FAULTS, LONG, install
+from kernel_faults import BLIND, FAULTS, LONG, UNSEEN, install
 
 from dflash_eval.errors import ConfigError
 from dflash_eval.target.kernel_probe import (
@@ -173,6 +175,24 @@ def test_a_kernel_patched_from_outside_moves_the_digest_of_the_probes_on_its_pat
         function = now[k].kernels[first[k]].function
         assert "kernel_faults" in function or "attention" in first[k], function  # sdpa: inside transformers' own
     assert LONG < EXTRACT.length  # the long-inputs fault is on the path of every probe of the bundled bucket
+
+
+@pytest.mark.parametrize("fault", BLIND + UNSEEN)
+def test_a_fault_confined_to_what_the_probes_model_never_runs_moves_no_digest(fault, clean):
+    """What the witness is for: a fault confined to the deeper layers, to large activations, to bf16 in the deeper
+    layers, to late positions in the deeper attention layers, past the drafter's layers, or to decode steps in the
+    deeper layers (tests/kernel_faults.py) leaves every probe's digest as it was, in fp32 and in bf16: the probe's
+    model has one layer of each type, seeded weights and small activations."""
+    bf16 = {(b, k): probe(TARGET, b, torch.bfloat16, "cpu", clean[(b, k)].shape)
+            for b in ("torch", "torch-recurrent") for k in ("extract", "generate")}
+    undo = install(fault)
+    try:
+        moved = [k for k, c in clean.items() if probe(TARGET, k[0], torch.float32, "cpu", c.shape).digest != c.digest]
+        moved += [(*k, "bf16") for k, c in bf16.items()
+                  if probe(TARGET, k[0], torch.bfloat16, "cpu", c.shape).digest != c.digest]
+    finally:
+        undo()
+    assert moved == [], f"{fault}: the probe sees it after all ({moved}): it belongs with kernel_faults.FAULTS"
 
 
 def test_a_fault_on_inputs_longer_than_a_bucket_leaves_that_buckets_probe_alone(clean, monkeypatch):

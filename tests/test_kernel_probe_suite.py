@@ -12,6 +12,11 @@ on the bundled target and drafter, each run a pytest of its own in a subprocess)
 4. a golden fingerprint recorded by a clean run holds the probe's digests per kind of kernel, and the patched run's
    fingerprint failures name the kinds whose output changed since the recording.
 
+5. a fault the probe cannot see (the chunked delta rule wrong only in the deeper Gated DeltaNet layers): the witness
+   sees it, and the warm run fails exactly the tests the cold run fails (the teacher-forced checks as well as the
+   drift and fingerprint tests: nothing the changed kernels made was used as cached), naming the cause once in its
+   verdict.
+
 Every other class of fault, warm against cold, in-process: tests/test_warm_equals_cold.py.
 
 Run: ``pytest tests/test_kernel_probe_suite.py -p no:cacheprovider``
@@ -24,6 +29,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from kernel_faults import plugin_source
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET, DRAFTER = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter"
@@ -149,3 +155,24 @@ def test_a_kernel_patched_under_a_warm_cache_is_caught_as_on_a_cold_cache(suite,
     assert fresh.ret == 1 and fresh_data["provenance"]["kernel_probe"]["changed"] == []
     assert failed(fresh_data) == failed(data)
     assert probes(fresh_data)[EXTRACT]["digest"] == probes(data)[EXTRACT]["digest"]
+
+
+def test_a_fault_the_probe_cannot_see_fails_the_warm_run_as_the_cold_one(suite, pytester, tmp_path):
+    (pytester.path / "deep_kernel.py").write_text(plugin_source("deep_chunk"))
+    clean, _ = suite("clean", "cache", select="")
+    assert clean.ret == 0, clean.stdout.str()
+    shutil.copytree(tmp_path / "cache", tmp_path / "warm_cache")
+    warm, warm_data = suite("warm", "warm_cache", "-p", "deep_kernel", select="")
+    cold, cold_data = suite("cold", "cold_cache", "-p", "deep_kernel", select="")
+    assert warm.ret == cold.ret == 1, warm.stdout.str()
+    assert failed(warm_data) == failed(cold_data), (failed(warm_data) ^ failed(cold_data))
+    # what the cold run fails reaches past the features: the teacher-forced check of a completion
+    assert any(t.startswith("test_teacher_forced_agreement") for t in failed(cold_data)), failed(cold_data)
+    changed = warm_data["provenance"]["kernel_probe"]["changed"]
+    assert {c["first"] for c in changed} == {"witness"}, changed  # the probe saw nothing
+    assert [c["label"] for c in changed] == ["torch/float32", "torch/bfloat16"], changed  # one per dtype it reaches
+    out = warm.stdout.str()  # the cause, once in the verdict, then by name
+    assert out.count("notice: the target's kernels changed since the cache was made: torch/float32 (witness), "
+                     "torch/bfloat16 (witness), named below") == 1, out
+    assert "kernel probe: witness: the live target's features of prompt 'fingerprint' (torch/float32)" in out, out
+    assert cold_data["provenance"]["kernel_probe"]["changed"] == []

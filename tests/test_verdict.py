@@ -13,6 +13,7 @@ import pytest
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.stats import category_table
 from dflash_eval.metrics.verdict import (
+    KERNELS,
     Threshold,
     category_thresholds,
     gate_reasons,
@@ -25,6 +26,7 @@ from dflash_eval.metrics.verdict import (
     overall,
     passes,
     prompt_thresholds,
+    run_verdict,
 )
 
 NAN = float("nan")
@@ -372,3 +374,18 @@ def test_refused_drafter_is_never_a_pass_whichever_fragment_knows_it():
                   {"worker": "gw1", "drafter": {"path": "d", "fingerprint": "f", "refused": refused}}])
     assert data["drafter"]["refused"] == refused and data["mean_passed"] is False
     assert "does not fit the target: refused by architecture check fc_shape" in data["diagnoses"][0]
+
+
+def test_a_kernel_change_is_noticed_once_as_the_cause_of_the_failures():
+    """eval.json's ``provenance.kernel_probe.changed`` (the probe's and the witness's evidence) is one notice of the
+    part ``kernels``, naming each changed label and kind once, whatever the number of failures it causes."""
+    changed = [{"label": "torch/float32", "kinds": ["witness"], "first": "witness"},
+               {"label": "torch/bfloat16", "kinds": ["witness"], "first": "witness"},
+               {"label": "torch/float32", "kinds": ["witness"], "first": "witness"}]  # two workers said it
+    v = run_verdict({"provenance": {"kernel_probe": {"changed": changed}}}, failed_tests=13)
+    (part,) = [p for p in v.parts if p.name == KERNELS]
+    assert part.passed is None and part.reasons == () and len(part.notices) == 1
+    assert part.notices[0].startswith("the target's kernels changed since the cache was made: torch/float32 "
+                                      "(witness), torch/bfloat16 (witness), named below; nothing they made was used")
+    assert v.passed is False and v.reasons == ["13 tests failed"]  # the failures stay the live kernels' own
+    assert KERNELS not in {p.name for p in run_verdict({"provenance": {"kernel_probe": {"changed": []}}}).parts}

@@ -2,11 +2,12 @@
 live target and compares them with the cached features.
 
 - a fault the kernel probe cannot see (noise in the recurrent delta rule's prefill on sequences shorter than the
-  probe's, patched from outside dflash-eval) leaves every probe digest as it was, and the witness says which side,
-  prompt, target layer and first position differ, re-extracts that side's features with the live kernels (a new
-  witness token in their keys), which then equal a cold run's under the same fault, bit for bit;
+  probe's, patched from outside dflash-eval) leaves every probe digest as it was, and the witness, before anything of
+  float32 is used, says which side, prompt, target layer and first position differ; everything the float32 kernels
+  made is made again with the live kernels (a new witness token in their keys: the other side's features too, equal
+  to the clean ones), and the features then equal a cold run's under the same fault, bit for bit;
 - the next warm run with the same kernels reuses them (nothing produced); a run whose kernels went back to the clean
-  ones goes back to the first features (nothing produced either);
+  ones goes back to the first entries (witnessed under the earlier token: nothing produced either);
 - under ``--cache-only`` the mismatch is an error naming what differs and what to do;
 - the τ impact of a mismatch is added to its message where the run's result is built;
 - ``--witness-prompts 0`` checks nothing; a CPU compares bit for bit (with the torch thread count the cached
@@ -97,11 +98,13 @@ def test_the_witness_catches_what_the_probe_cannot_see(tmp_path, short_prefill_f
     assert check.token
     assert warm.inputs.cache.stats.produced > 0 and not _equal(faulty, clean)
     (change,) = [c for c in warm.inputs.kernel_probes.changes if c["kinds"] == ["witness"]]
-    assert change["now"] == check.token and change["was"] == "" and "re-extracted with the live kernels" in \
+    assert change["now"] == check.token and change["was"] == "" and "made again with the live kernels" in \
         change["message"]
-    # the torch side's features are witnessed too, and match: its kernels are not on the fault's path
-    _features(warm, warm.inputs.eval_side)
+    # the torch side's features were witnessed too, before anything of float32 was used, and match: its kernels are
+    # not on the fault's path; the verdict is the dtype's, so they are made again under the new token, equal
     assert not warm.store.witness.checks[warm.inputs.eval_side.label].mismatches
+    assert warm.inputs.kernel_verdict.decided()["torch.float32"] == check.token
+    assert _equal(_features(warm, warm.inputs.eval_side), _features(first, first.inputs.eval_side))
 
     cold = _session(tmp_path / "cold")
     assert _equal(_features(cold), faulty)  # the warm run reads what a cold run makes
@@ -111,7 +114,8 @@ def test_the_witness_catches_what_the_probe_cannot_see(tmp_path, short_prefill_f
     assert not again.store.witness.checks[RECURRENT.label].mismatches
 
     with pytest.raises(CacheError, match=r"witness: .* target layer 1, first at position 0 .*--cache-only forbids "
-                                         r"re-extracting the features of torch-recurrent/float32"):
+                                         r"making again what the float32 kernels made "
+                                         r"\(the features of torch-recurrent/float32"):
         _features(_session(tmp_path / "cache_only", cache_only=True))
 
     monkeypatch.undo()  # the clean kernels again: back to the first features, nothing extracted

@@ -12,9 +12,12 @@ The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the side's forwar
 key is made, at the probe shape of each sequence's length bucket, so features extracted by kernels that computed
 something else (patched, rebuilt, another Triton or driver under the same versions) are never served: they are
 re-extracted, with a :class:`KernelOutputChanged` warning naming the first kernel whose output changed (or, under
-``--cache-only``, an error saying what to do). Before that, the witness (:mod:`dflash_eval.features.witness`)
-re-extracts a seeded sample of the run's prompts with the live target and compares them with the cache: what the
-probe's seeded inputs did not show, real data does.
+``--cache-only``, an error saying what to do). Before the first key of a dtype is made, the witness
+(:mod:`dflash_eval.features.witness`, registered here as the judge of the run's verdict on its kernels:
+:mod:`dflash_eval.inputs.kernel_verdict`) re-runs a seeded sample of the run's sequences through the live target and
+compares them with the cache: what the probe's one layer of each type on seeded inputs did not show, the real target
+on real data does, and its token, in every key of the dtype (the platform fields), keeps whatever the changed kernels
+made from being used as cached.
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.drift import fingerprint as layer_fingerprint
 from dflash_eval.references.conversations import HistoryMissing
 from dflash_eval.references.greedy import CompletionRecord, References
+from dflash_eval.references.teacher_forced import teacher_forced_forward
 from dflash_eval.target.backends import check_backend_device, use_backend
-from dflash_eval.target.hidden_states import LayerCapture, layer_features
+from dflash_eval.target.hidden_states import layer_features
 from dflash_eval.target.kernel_probe import ProbeResult, ProbeShape
 from dflash_eval.target.kernel_registry import KernelOutputChanged, KernelProbes
-from dflash_eval.target.provenance import device_kind, kernel_versions, platform_fields, provenance
+from dflash_eval.target.provenance import device_kind, kernel_versions, provenance
 
 __all__ = ["FeatureStore", "FINGERPRINT_TEXT"]
 
@@ -63,7 +67,11 @@ class FeatureStore:
         self._present: set[tuple[str, str, str, int]] = set()  # (prompt, backend, dtype, layer) ensured this session
         self._fingerprint: dict[str, Any] | None = None
         self.probes = probes or inputs.kernel_probes
-        self.witness = witness or Witness(inputs, self._known_sequence, self._cached_feature)
+        if witness is None:
+            witness = Witness(inputs, self._known_sequence, self._cached_feature)
+            if inputs.kernel_verdict.judge is None:  # the run's verdict on its kernels (inputs/kernel_verdict.py)
+                inputs.kernel_verdict.judge = witness.verdict
+        self.witness = witness
 
     def probe(self, side: Side, n_tokens: int) -> ProbeResult:
         """The probe of the side's kernels at the extraction shape of a sequence of ``n_tokens``
@@ -79,18 +87,13 @@ class FeatureStore:
         """The digest of the side's kernels' output in this process at the extraction shape of ``n_tokens``."""
         return self.probe(side, n_tokens).digest
 
-    def fields(self, seq: list[int], layer: int, side: Side, *, kernels: str | None = None,
-               witness: str | None = None) -> dict[str, Any]:
-        """The key fields of one feature entry; ``kernels``: another kernel probe digest than the live one (to look
-        for entries extracted with other kernels); ``witness``: another witness token than the side's."""
-        s = self.inputs.settings
-        token = witness if witness is not None else self.witness.token(side, (int(layer),) if layer >= 0 else ())
-        out = {"target": self.inputs.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
-               "layer": int(layer), "backend": side.backend, **platform_fields(side.dtype, s.torch_device),
-               "kernels": kernels or self.kernel_digest(side, len(seq))}
-        if token:
-            out["witness"] = token
-        return out
+    def fields(self, seq: list[int], layer: int, side: Side, *, kernels: str | None = None) -> dict[str, Any]:
+        """The key fields of one feature entry (the run's witness token of the side's dtype among the platform
+        fields); ``kernels``: another kernel probe digest than the live one (to look for entries extracted with other
+        kernels)."""
+        return {"target": self.inputs.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
+                "layer": int(layer), "backend": side.backend, **self.inputs.platform_fields(side.dtype),
+                "kernels": kernels or self.kernel_digest(side, len(seq))}
 
     # ------------------------------------------------------------------------------------------------ the witness
     def _known_sequence(self, pid: str) -> list[int] | None:
@@ -104,11 +107,11 @@ class FeatureStore:
             return None
         return None if rec is None else rec.sequence
 
-    def _cached_feature(self, pid: str, seq: list[int], layer: int, side: Side,
-                        token: str) -> tuple[torch.Tensor, int | None] | None:
-        """The cached feature of one layer of ``seq`` keyed with witness ``token`` and the torch thread count it was
-        extracted with (None when not recorded); None when not cached."""
-        fields = self.fields(seq, layer, side, witness=token)
+    def _cached_feature(self, pid: str, seq: list[int], layer: int,
+                        side: Side) -> tuple[torch.Tensor, int | None] | None:
+        """The cached feature of one layer of ``seq`` (under the witness token in effect) and the torch thread count
+        it was extracted with (None when not recorded); None when not cached."""
+        fields = self.fields(seq, layer, side)
         key = cache_key("features", fields)
         if not self.inputs.cache.exists("features", key):
             return None
@@ -208,7 +211,7 @@ class FeatureStore:
         tag = (side.backend, str(side.dtype))
         for n in sorted({len(seq) for seq in seqs.values()}):
             self.probe(side, n)  # the probes first: the witness's keys need them, and they are timed apart
-        self.witness.token(side, layers)  # before any key of the side is made: its token goes into every key
+        inp.kernel_verdict.token(side.dtype)  # the witness's verdict, before any key of the side (timed apart too)
         with inp.meter.timed("features"):
             batches = [self._batch(pid, seq, need, side, self._group_lock(seq, side)) for pid, seq in seqs.items()
                        if (need := tuple(i for i in layers if (pid, *tag, i) not in self._present))]
@@ -256,10 +259,7 @@ class FeatureStore:
             with_argmax = any(r.kind == "argmax" for r in todo)
             with inp.meter.timed("target_forward"), use_backend(side.backend, inp.settings.torch_device) as info:
                 if with_argmax:
-                    model = inp.target.model
-                    with torch.no_grad(), LayerCapture(model, missing) as cap:
-                        logits = model(input_ids=torch.tensor([seq], device=inp.target.device)).logits[0].float()
-                        feats = {i: t[0] for i, t in cap.per_layer().items()}
+                    feats, logits = teacher_forced_forward(inp.target.model, seq, inp.target.device, missing)
                 else:
                     feats = layer_features(inp.model_for(side.dtype), torch.tensor(seq, dtype=torch.long),
                                            list(missing))
@@ -301,7 +301,7 @@ class FeatureStore:
             layers = tuple(range(inp.target_dir.num_layers))
             side = inp.eval_side  # the evaluation backend (with a kernel fault, if any) and dtype
             self.probe(side, len(ids))
-            self.witness.token(side, layers)
+            inp.kernel_verdict.token(side.dtype)
             batch = self._batch("fingerprint", ids, layers, side,
                                 "fingerprint-" + cache_key("fingerprint", self.fields(ids, -1, side)))
             entries = inp.cache.ensure([batch], prepare=lambda misses: self.check_kernels(

@@ -1,34 +1,38 @@
-"""The witness: every run, warm ones too, re-extracts a seeded sample of its real prompts through the live target and
-compares them with the cached features before any of them is used.
+"""The witness: every run, warm ones too, re-runs the live target on a seeded sample of its real sequences and
+compares what it gives with what the cache holds, before any entry the target's kernels made is used; its verdict
+is the run's verdict on the kernels (:mod:`dflash_eval.inputs.kernel_verdict`).
 
-The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the target's code on seeded inputs at both ends of
-each length bucket; the witness runs the real target on real data, at the lengths the run really uses. For each side
-(backend, dtype) whose features a process reads, the first time it reads them, it takes the sequences whose features
-of the asked layers are cached among: the fingerprint text (:data:`dflash_eval.features.feature_store.
+The kernel probe (:mod:`dflash_eval.target.kernel_probe`) runs the target's code on one layer of each type, seeded
+weights and inputs, at both ends of each length bucket; the witness runs the real target (every layer, its weights,
+real data) at the lengths the run really uses. Once per process and dtype, before the first cache key of that dtype
+is made, it witnesses every side (backend) of that dtype the run reads (:attr:`Inputs.sides`): of each it takes the
+sequences with something cached among the fingerprint text (:data:`dflash_eval.features.feature_store.
 FINGERPRINT_TEXT`, on the side it is extracted on), the shortest and the longest sequence (prompt + reference
 completion) of the selection in each length bucket (:func:`dflash_eval.target.kernel_probe.bucket`), and
-``--witness-prompts`` more prompts of the selection in a seeded order; it extracts those layers with the live kernels
-(one forward per sequence, stopped after the deepest of them: the deepest layer the drafter reads) and compares them
-with the cache:
-exactly where the backend is deterministic (every backend on a CPU, run with the torch thread count the cached
-features were extracted with: the torch-recurrent rule's last bits depend on it), within
-:func:`reproducibility_bound` elsewhere (measured across clean re-runs: docs/gpu-drift.md). Nothing cached, nothing
-to compare: a cold run produces its features with the live kernels anyway.
+``--witness-prompts`` more prompts of the selection in a seeded order; it extracts their cached layers with the live
+kernels (one forward per sequence, stopped after the deepest cached layer), on the evaluation backend and dtype
+through the forward to the logits, which it also compares with the cached teacher-forced argmax entry (every layer
+and the head, at the real lengths); it compares exactly where the backend is deterministic (every backend on a CPU,
+run with the torch thread count the cached entries were made with: the torch-recurrent rule's last bits depend on
+it), within :func:`reproducibility_bound` elsewhere (measured across clean re-runs: docs/gpu-drift.md). Nothing
+cached, nothing to compare: a cold run produces everything with the live kernels anyway.
 
-A mismatch names the side, the prompt, the layer and the first position where the features differ (with the layer's
-relative error); the features of that side are then not used: a new *witness token* (a digest of the live witnessed
-features) goes into every feature key of the side, so they are all extracted again with the live kernels, and so is
-everything keyed by them (τ, the drift budget, the fingerprint). Under ``--cache-only`` the mismatch is an error
-instead. The token of each side is remembered in ``<cache>/v1/witness/<context>.json`` (context = target, backend,
-dtype, device kind, library versions) with the digests it was minted for, so the next run with the same kernels
-uses the re-extracted features without extracting them again, and a run whose kernels went back to what an earlier
-token was minted for goes back to that token's features. Under xdist the workers witness under one file lock and
-mint the same token from the same live features.
+A mismatch names the side, the prompt, the layer (or the logits) and the first position where the live target
+differs (with the relative error); then nothing the kernels of that dtype made is used as cached: another *witness
+token* goes into the key of every entry computed in that dtype (:func:`dflash_eval.target.provenance.
+platform_fields`): the completions, the teacher-forced argmax, the features of every side, the fingerprint and
+everything computed from them (τ, the drift budget, the online loop), so each is made again with the live kernels, as
+a cold run makes it. The new token is an earlier one whose entries the live kernels reproduce (witnessed the same
+way: kernels that went back to what they were), else a digest of the live features (the same in every xdist worker,
+which witness under one file lock). Under ``--cache-only`` the mismatch is an error instead. The token of each dtype
+is remembered in the cache (:class:`~dflash_eval.inputs.kernel_verdict.KernelVerdict`), so the next run with the
+same kernels uses what was made again without making it again.
 
 Example::
 
-    w = Witness(inputs, sequence=lambda pid: seq_or_none, lookup=lambda pid, seq, layer, side, token: tensor_or_none)
-    token = w.token(Side("torch", torch.float32), (1, 3, 5))
+    w = Witness(inputs, sequence=lambda pid: seq_or_none, lookup=lambda pid, seq, layer, side: cached_or_none)
+    inputs.kernel_verdict.judge = w.verdict
+    token = inputs.kernel_verdict.token(torch.float32)  # witnessed on the first call
 """
 
 from __future__ import annotations
@@ -39,35 +43,34 @@ import random
 import time
 import warnings
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from dflash_eval.cache.keys import cache_key
-from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.errors import CacheError
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.metrics.drift import Side
+from dflash_eval.references.server_check import teacher_forced_tensors
+from dflash_eval.references.teacher_forced import argmax_request, teacher_forced_forward
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.hidden_states import layer_features
 from dflash_eval.target.kernel_probe import bucket, tensor_digest
 from dflash_eval.target.kernel_registry import KernelOutputChanged
-from dflash_eval.target.provenance import platform_fields
 
 __all__ = ["Witness", "WitnessCheck", "WitnessMismatch", "reproducibility_bound", "WITNESS_SEED"]
 
 WITNESS_SEED = "dflash-eval witness"
 #: The name the fingerprint text goes by among the witness's sequences (the feature store's own item name).
 FINGERPRINT = "fingerprint"
+#: stages a witness may run into that the run pays anyway, timed apart (not counted as the witness's seconds)
+APART = ("kernel_probe", "tokenize", "target_hash")
 #: relative L2 error between two clean extractions of the same sequence on a GPU (per dtype), above which the
 #: witness calls a difference a mismatch; measured across clean re-runs (docs/gpu-drift.md, "The witness")
 GPU_BOUND = {"torch.float32": 1e-5, "torch.float16": 1e-3, "torch.bfloat16": 1e-2}
 
-Lookup = Callable[[str, list[int], int, Side, str], tuple[Tensor, int | None] | None]
+Lookup = Callable[[str, list[int], int, Side], tuple[Tensor, int | None] | None]
 
 
 def reproducibility_bound(side: Side, device: torch.device | str) -> float:
@@ -80,7 +83,8 @@ def reproducibility_bound(side: Side, device: torch.device | str) -> float:
 
 @dataclass
 class WitnessMismatch:
-    """Where live features first differ from the cached ones."""
+    """Where the live target first differs from the cache: a layer's features, or (``what`` ``logits``, ``layer``
+    the layer count) the teacher-forced argmax entry's best logits."""
 
     side: str
     prompt: str
@@ -90,9 +94,14 @@ class WitnessMismatch:
     rel_err: float
     max_abs: float
     bound: float
+    what: str = "features"
 
     def describe(self) -> str:
         how = "bit for bit" if self.bound == 0 else f"beyond the reproducibility bound {self.bound:.0e}"
+        if self.what == "logits":
+            return (f"witness: the live target's teacher-forced logits of prompt {self.prompt!r} ({self.side}) differ "
+                    f"from the cached ones {how}: first at position {self.position} of {self.tokens} (best logits "
+                    f"rel_err {self.rel_err:.3e}, max |diff| {self.max_abs:.3e})")
         return (f"witness: the live target's features of prompt {self.prompt!r} ({self.side}) differ from the cached "
                 f"ones {how}: target layer {self.layer}, first at position {self.position} of {self.tokens} "
                 f"(layer rel_err {self.rel_err:.3e}, max |diff| {self.max_abs:.3e})")
@@ -139,109 +148,164 @@ def _first_difference(live: Tensor, cached: Tensor, bound: float) -> tuple[int, 
     return pos, rel, float(diff.abs().max())
 
 
-def _extract(model: torch.nn.Module, seq: list[int], layers: list[int], side: Side, device: torch.device | str,
-             threads: int | None) -> dict[int, Tensor]:
-    """The live features of ``seq``; on a CPU with ``threads`` torch threads, those the cached ones were extracted
-    with (a CPU's reductions may split by the thread count: the torch-recurrent rule's last bits do)."""
+def _extract(model: torch.nn.Module, seq: list[int], layers: tuple[int, ...], side: Side, device: torch.device | str,
+             threads: int | None, logits: bool = False) -> tuple[dict[int, Tensor], Tensor | None]:
+    """The live features of ``seq`` (and with ``logits`` the [T, V] logits, through the forward every teacher-forced
+    argmax entry is made by); on a CPU with ``threads`` torch threads, those the cached ones were made with (a CPU's
+    reductions may split by the thread count: the torch-recurrent rule's last bits do)."""
     saved = torch.get_num_threads()
     if threads and torch.device(device).type == "cpu":
         torch.set_num_threads(threads)
     try:
         with use_backend(side.backend, device), torch.no_grad():
-            return layer_features(model, torch.tensor(seq, dtype=torch.long), layers)
+            if logits:
+                return teacher_forced_forward(model, seq, device, layers)
+            return layer_features(model, torch.tensor(seq, dtype=torch.long), list(layers)), None
     finally:
         torch.set_num_threads(saved)
 
 
+def _argmax_difference(live: dict[str, Tensor], cached: dict[str, Tensor],
+                       bound: float) -> tuple[int, float, float] | None:
+    """(first position, relative L2 error of the best logits, max |diff|) where the live teacher-forced entry differs
+    from the cached one (bit for bit, best ids and logits, with ``bound`` 0; else its best logits beyond it), None
+    when equal."""
+    a, b = live["top_logits"].detach().cpu(), cached["top_logits"].detach().cpu()
+    ids_a, ids_b = live["top_ids"].detach().cpu(), cached["top_ids"].detach().cpu()
+    if a.shape != b.shape or ids_a.shape != ids_b.shape:
+        return 0, float("inf"), float("inf")
+    diff = a.double() - b.double()
+    rel = float(diff.norm() / b.double().norm().clamp_min(1e-30))
+    if bound == 0.0:
+        rows = (a != b).any(dim=-1) | (ids_a != ids_b).any(dim=-1)
+    else:
+        if rel <= bound:
+            return None
+        rows = diff.norm(dim=-1) > bound * b.double().norm(dim=-1).clamp_min(1e-30)
+    if not bool(rows.any()):
+        return None
+    return int(rows.nonzero()[0, 0]), rel, float(diff.abs().max())
+
+
 class Witness:
-    """The witness of one process (module docstring). ``sequence``: a prompt's prompt + reference completion ids
-    when they are known without producing anything (None otherwise); ``lookup``: the cached feature of (prompt,
-    sequence, layer, side, witness token), None when not cached."""
+    """The witness of one process (module docstring), the judge of the run's verdict on its kernels
+    (:meth:`verdict`). ``sequence``: a prompt's prompt + reference completion ids when they are known without
+    producing anything (None otherwise), under the witness token in effect; ``lookup``: the cached feature of (prompt,
+    sequence, layer, side) under the token in effect and the torch thread count it was extracted with, None when not
+    cached."""
 
     def __init__(self, inputs: Inputs, sequence: Callable[[str], list[int] | None], lookup: Lookup) -> None:
         self.inputs, self.sequence, self.lookup = inputs, sequence, lookup
         self.checks: dict[str, WitnessCheck] = {}
-        self._tokens: dict[str, str] = {}
-        self._state: dict[str, str] = {}  # prompt -> digest of its witnessed cached features (the last check)
-        self._live: dict[str, str] = {}  # prompt -> digest of its witnessed live features (the last check)
+        self._live: dict[str, str] = {}  # side/prompt -> digest of its live witnessed features (the last check)
 
-    # ------------------------------------------------------------------------------------ registry
-    def _context(self, side: Side) -> str:
-        inp, s = self.inputs, self.inputs.settings
-        return cache_key("witness", {"target": inp.target_identity, "backend": side.backend,
-                                     **platform_fields(side.dtype, s.torch_device)})
-
-    def _path(self, side: Side) -> Path:
-        return self.inputs.cache.base / "witness" / f"{self._context(side)[:32]}.json"
-
-    def _read(self, side: Side) -> dict[str, Any]:
-        try:
-            data = json.loads(self._path(side).read_text())
-        except (OSError, ValueError):
-            data = {}
-        if not isinstance(data, dict) or not isinstance(data.get("states"), dict):
-            data = {"current": "", "states": {}}
-        return data
-
-    def _write(self, side: Side, data: dict[str, Any]) -> None:
-        path = self._path(side)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
-        except OSError as exc:
-            raise CacheError(f"cannot record the witness token in {path} ({exc}): is the cache directory "
-                             f"{self.inputs.cache.root} writable?") from exc
-
-    # ------------------------------------------------------------------------------------ the witness
-    def known(self, side: Side) -> str | None:
-        """The side's token when this process witnessed it already."""
-        return self._tokens.get(side.label)
-
-    def token(self, side: Side, layers: tuple[int, ...]) -> str:
-        """The witness token of ``side`` (empty: the features as first cached), witnessing it on the first call of
-        this process (``layers``: the layers to compare, those of the first read)."""
-        if side.label in self._tokens:
-            return self._tokens[side.label]
+    # ------------------------------------------------------------------------------------ the verdict
+    def verdict(self, dtype: torch.dtype) -> str:
+        """The token of ``dtype``'s kernels in this process (:mod:`dflash_eval.inputs.kernel_verdict`): every side
+        of that dtype the run reads (:attr:`Inputs.sides`) witnessed under the current token; on a mismatch an
+        earlier token whose entries the live kernels reproduce, else a new one, said by name once
+        (:class:`KernelOutputChanged`), or under ``--cache-only`` a CacheError."""
         inp = self.inputs
-        n = inp.settings.witness_prompts
-        if n <= 0:
-            self._tokens[side.label] = self._read(side).get("current", "") or ""
-            return self._tokens[side.label]
-        t0 = time.perf_counter()
-        lock = nullcontext() if inp.cache.cache_only else inp.cache.locked("witness-" + self._context(side)[:24])
-        with inp.meter.timed("witness"), lock:  # --cache-only writes nothing: no lock (the cache may be read-only)
-            data = self._read(side)
-            token = str(data.get("current") or "")
-            check = self._check(side, tuple(sorted(set(layers))), token, n)
-            if check.mismatches:
-                token = self._mint(side, data, check)
-            elif check.prompts and not inp.cache.cache_only:
-                data["states"].setdefault(token, {}).update(self._state)
-                data["current"] = token
-                self._write(side, data)
-        check.total_seconds, check.token = time.perf_counter() - t0, token
-        self.checks[side.label] = check
-        self._tokens[side.label] = token
+        s, kv = inp.settings, inp.kernel_verdict
+        sides = [side for side in inp.sides if side.dtype == dtype]
+        if s.witness_prompts <= 0 or not sides:
+            return kv.current(dtype)
+        if dtype != s.torch_dtype:
+            kv.token(s.torch_dtype)  # the witnessed sequences hold the completions, made in the evaluation dtype
+        t0, apart0 = time.perf_counter(), self._apart()
+        with inp.meter.timed("witness"), kv.lock(dtype):
+            was = kv.current(dtype)
+            checks = self._witness(dtype, sides, was)
+            first = next((m for c in checks for m in c.mismatches), None)
+            token, earlier = was, None
+            if first is not None:
+                if inp.cache.cache_only:
+                    name = str(dtype).removeprefix("torch.")
+                    raise CacheError(f"{first.describe()}; --cache-only forbids making again what the {name} kernels "
+                                     f"made (the features of {first.side}, the completions, the teacher-forced "
+                                     "argmax, ...): run once without --cache-only to make them with the live kernels, "
+                                     "or restore the kernels they were made with")
+                live = dict(self._live)
+                earlier = self._earlier(dtype, sides, was)
+                token = earlier if earlier is not None else \
+                    hashlib.sha256(json.dumps(sorted(live.items())).encode()).hexdigest()[:16]
+            if (first is not None or any(c.prompts for c in checks)) and not inp.cache.cache_only:
+                kv.record(dtype, token)
+        # the lock, the registry, the sequences' lookup; what the run pays anyway is timed apart (:data:`APART`), and
+        # left out of the witness's own stage time too (it ran inside it: the first keys of the run are the witness's)
+        apart = self._apart() - apart0
+        inp.meter.timings["witness"] -= apart
+        checks[0].total_seconds += time.perf_counter() - t0 - sum(c.total_seconds for c in checks) - apart
+        for c in checks:
+            c.token = token
+            self.checks[c.side] = c
+        if first is not None:
+            self._report(dtype, was, token, first, earlier is not None)
         return token
 
-    def _check(self, side: Side, layers: tuple[int, ...], token: str, n: int) -> WitnessCheck:
-        """Extract the sample's features with the live kernels and compare them with the cached ones."""
+    def _witness(self, dtype: torch.dtype, sides: list[Side], token: str) -> list[WitnessCheck]:
+        """Every side of ``sides`` witnessed under ``token``: their sequences, features and argmax entries those
+        cached under it."""
+        layers = tuple(range(self.inputs.target_dir.num_layers))  # whatever is cached: the forward stops after it
+        self._live = {}
+        with self.inputs.kernel_verdict.trying(dtype, token):
+            order = self._order()
+            return [self._check(side, layers, token, self.inputs.settings.witness_prompts, order) for side in sides]
+
+    def _earlier(self, dtype: torch.dtype, sides: list[Side], was: str) -> str | None:
+        """The most recent earlier token whose cached entries the live kernels reproduce (something compared, nothing
+        differs): kernels that went back to what they were."""
+        for token in self.inputs.kernel_verdict.earlier(dtype):
+            if token == was:
+                continue
+            checks = self._witness(dtype, sides, token)
+            if any(c.prompts for c in checks) and not any(c.mismatches for c in checks):
+                return token
+        return None
+
+    def _report(self, dtype: torch.dtype, was: str, token: str, first: WitnessMismatch, reused: bool) -> None:
+        """Say once, by name, what the witness saw and what the run does about it (a :class:`KernelOutputChanged`
+        warning, the run's log, eval.json's ``provenance.kernel_probe.changed``)."""
         inp = self.inputs
-        self._state, self._live = {}, {}
+        what = str(dtype).removeprefix("torch.")
+        done = ("the live kernels reproduce the entries cached under an earlier token: those are used" if reused else
+                "they are made again with the live kernels")
+        msg = (f"{first.describe()}: the kernels compute something the kernel probe did not see; nothing the "
+               f"{what} kernels made is used as cached (completions, teacher-forced argmax, features and what is "
+               f"computed from them: τ, the drift budget): {done} (witness token {was or 'none'} -> "
+               f"{token or 'none'})")
+        warnings.warn(KernelOutputChanged(msg), stacklevel=5)
+        inp.log(msg)
+        side = next(x for x in inp.sides if x.label == first.side)
+        inp.kernel_probes.changes.append({  # said at the end of the run and in eval.md with the probes' changes
+            "label": first.side, "backend": side.backend, "dtype": what, "was": was, "now": token,
+            "kernels": ["witness"], "first": "witness", "kinds": ["witness"], "what": "entries", "message": msg,
+            "witness": asdict(first)})
+
+    # ------------------------------------------------------------------------------------ one side
+    def _check(self, side: Side, layers: tuple[int, ...], token: str, n: int,
+               order: list[tuple[str, list[int], bool]]) -> WitnessCheck:
+        """Extract the sample's features (of the sequences in ``order``: :meth:`_order`) with the live kernels and
+        compare them with the cached ones; on the evaluation backend and dtype through the forward to the logits,
+        compared with the cached teacher-forced argmax entry too (every layer and the head, at the run's real
+        lengths)."""
+        inp, s = self.inputs, self.inputs.settings
         check = WitnessCheck(side.label, [], [], 0.0, token)
-        if not layers:
-            check.skipped = "no layers asked"
-            return check
-        bound = reproducibility_bound(side, inp.settings.torch_device)
+        t_side, apart0 = time.perf_counter(), self._apart()
+        bound = reproducibility_bound(side, s.torch_device)
+        with_argmax = side.backend == s.eval_backend and side.dtype == s.torch_dtype
         sample = 0
-        for pid, seq, extreme in self._order():
+        for pid, seq, extreme in order:
             if not extreme and sample >= n:
                 break
-            found = {i: t for i in layers if (t := self.lookup(pid, seq, i, side, token)) is not None}
-            if not found:
+            found = {i: t for i in layers if (t := self.lookup(pid, seq, i, side)) is not None}
+            argmax = self._cached_argmax(pid, seq) if with_argmax and pid != FINGERPRINT else None
+            if not found and argmax is None:
                 continue  # not cached: produced with the live kernels
             cached = {i: t[0] for i, t in found.items()}
             threads = next((t[1] for t in found.values() if t[1] is not None), None)
+            if threads is None and argmax is not None:
+                threads = argmax[1]
             sample += not extreme
             check.prompts.append(pid)
             check.layers = sorted(set(check.layers) | set(cached))
@@ -249,20 +313,42 @@ class Witness:
             model = inp.model_for(side.dtype)
             t1 = time.perf_counter()
             check.load_seconds += t1 - t0
-            live = _extract(model, seq, list(cached), side, inp.settings.torch_device, threads)
+            live, logits = _extract(model, seq, tuple(cached), side, s.torch_device, threads, argmax is not None)
             inp.meter.counts["witness_prompts"] += 1
-            self._state[pid] = tensor_digest({str(i): t for i, t in cached.items()})
-            self._live[pid] = tensor_digest({str(i): live[i] for i in cached})
+            self._live[f"{side.label}/{pid}"] = tensor_digest({**{str(i): live[i] for i in cached},
+                                                               **({"logits": logits} if logits is not None else {})})
             for i in cached:
                 diff = _first_difference(live[i], cached[i], bound)
                 if diff is not None:
                     check.mismatches.append(WitnessMismatch(side.label, pid, i, diff[0], len(seq), diff[1], diff[2],
                                                             bound))
                     break
+            if argmax is not None and logits is not None and not any(m.prompt == pid for m in check.mismatches):
+                diff = _argmax_difference(teacher_forced_tensors(logits), argmax[0], bound)
+                if diff is not None:
+                    check.mismatches.append(WitnessMismatch(side.label, pid, inp.target_dir.num_layers, diff[0],
+                                                            len(seq), diff[1], diff[2], bound, what="logits"))
             check.seconds += time.perf_counter() - t1
         if not check.prompts:
             check.skipped = "no prompt of the selection has these features cached (a cold run: nothing to compare)"
+        check.total_seconds = time.perf_counter() - t_side - (self._apart() - apart0)
         return check
+
+    def _apart(self) -> float:
+        """The seconds this process spent so far in the stages :data:`APART`."""
+        return sum(self.inputs.meter.timings.get(k, 0.0) for k in APART)
+
+    def _cached_argmax(self, pid: str, seq: list[int]) -> tuple[dict[str, Tensor], int | None] | None:
+        """The cached teacher-forced argmax entry of ``seq`` under the token in effect and the torch thread count
+        it was made with (None when not recorded); None when not cached."""
+        req = argmax_request(self.inputs, pid, seq)
+        if not self.inputs.cache.exists(req.kind, req.key):
+            return None
+        e = self.inputs.cache.lookup(req, count=False)
+        if e is None:
+            return None
+        threads = e.meta.get("torch_threads")
+        return dict(e.tensors), threads if isinstance(threads, int) else None
 
     def _order(self) -> list[tuple[str, list[int], bool]]:
         """(name, sequence, is an extreme) of the sequences the witness may take, in order: the fingerprint text, the
@@ -282,36 +368,6 @@ class Witness:
         if fingerprint is not None:
             out.insert(0, (FINGERPRINT, fingerprint, True))
         return out + [(pid, known[pid], False) for pid in order if pid not in extremes]
-
-    def _mint(self, side: Side, data: dict[str, Any], check: WitnessCheck) -> str:
-        """The token for the live kernels' features after a mismatch: an earlier token minted for exactly these
-        live features, else a new one (a digest of them, the same in every worker); CacheError under --cache-only."""
-        inp = self.inputs
-        first = check.mismatches[0].describe()
-        if inp.cache.cache_only:
-            raise CacheError(f"{first}; --cache-only forbids re-extracting the features of {side.label}: run once "
-                             "without --cache-only to extract them with the live kernels, or restore the kernels "
-                             "they were extracted with")
-        was = str(data.get("current") or "")
-        data["states"].setdefault(was, {}).update(self._state)  # what the features under the old token hold
-        token = next((t for t, st in data["states"].items()
-                      if st and all(st.get(p) == d for p, d in self._live.items())), None)
-        if token is None:
-            token = hashlib.sha256(json.dumps(sorted(self._live.items())).encode()).hexdigest()[:16]
-            data["states"][token] = dict(self._live)
-        data["current"] = token
-        self._write(side, data)
-        msg = (f"{first}: the kernels compute something the kernel probe did not see; the cached features of "
-               f"{side.label} are not used: they are re-extracted with the live kernels (witness token "
-               f"{was or 'none'} -> {token or 'none'})")
-        warnings.warn(KernelOutputChanged(msg), stacklevel=4)
-        inp.log(msg)
-        m = check.mismatches[0]
-        inp.kernel_probes.changes.append({  # said at the end of the run and in eval.md with the probes' changes
-            "label": side.label, "backend": side.backend, "dtype": str(side.dtype).removeprefix("torch."),
-            "was": was, "now": token, "kernels": ["witness"], "first": "witness", "kinds": ["witness"],
-            "what": "features", "message": msg, "witness": asdict(m)})
-        return token
 
     def to_json(self) -> dict[str, Any]:
         """eval.json's ``provenance.witness``."""

@@ -26,6 +26,7 @@ from dflash_eval.common.progress import Meter, Sink, default_progress_sink
 from dflash_eval.drafter import TargetSpec
 from dflash_eval.drafter.vocabulary import TargetVocabulary, read_tokenizer_facts
 from dflash_eval.errors import ConfigError, DFlashEvalError
+from dflash_eval.inputs.kernel_verdict import KernelVerdict
 from dflash_eval.inputs.prompt_tokens import prompt_format, text_ids, tokenize_prompts
 from dflash_eval.metrics.drift import Comparison, Side, drift_comparisons
 from dflash_eval.metrics.floors import Floors, load_floors
@@ -38,6 +39,7 @@ from dflash_eval.target.kernel_cache import add_sink, use_kernel_cache
 from dflash_eval.target.kernel_probe import ProbeResult, ProbeShape
 from dflash_eval.target.kernel_registry import KernelProbes
 from dflash_eval.target.loader import Target, TargetDir, load_target
+from dflash_eval.target.provenance import platform_fields
 
 if TYPE_CHECKING:
     from torch import nn
@@ -85,6 +87,18 @@ class Inputs:
         cache keys carry a probe digest (completions, the teacher-forced argmax, features, the fingerprint)."""
         return KernelProbes(self.target_dir, self.settings.torch_device, registry_dir=self.cache.base / "kernel_probes",
                             record=not self.cache.cache_only)
+
+    @cached_property
+    def kernel_verdict(self) -> KernelVerdict:
+        """The run's verdict on the target's kernels per dtype (:mod:`dflash_eval.inputs.kernel_verdict`): the token
+        in :meth:`platform_fields`; its judge, the witness, is registered by the feature stage."""
+        return KernelVerdict(self.cache, self.settings.torch_device, lambda: self.target_identity)
+
+    def platform_fields(self, dtype: torch.dtype) -> dict[str, Any]:
+        """The key fields every cache entry this run computes in ``dtype`` carries
+        (:func:`dflash_eval.target.provenance.platform_fields`), with the run's verdict on the kernels of ``dtype``
+        (decided on the first call per dtype: :meth:`KernelVerdict.token`)."""
+        return platform_fields(dtype, self.settings.torch_device, self.kernel_verdict.token(dtype))
 
     def kernel_probe(self, backend: str, dtype: torch.dtype, shape: ProbeShape) -> ProbeResult:
         """The probe of ``backend`` in ``dtype`` at ``shape`` (:mod:`dflash_eval.target.kernel_probe`), run on the first
@@ -175,6 +189,15 @@ class Inputs:
         """The evaluation's features: the evaluation backend (with ``--kernel-fault``) in the evaluation dtype."""
         return Side(self.settings.feature_backend, self.settings.torch_dtype)
 
+    @cached_property
+    def sides(self) -> list[Side]:
+        """Every side whose features the run may read, the evaluation's first: the reference side (the drift
+        budget's) and both sides of each comparison that is not skipped. The witness re-checks all of a dtype's
+        before any entry of that dtype is used."""
+        found = [self.eval_side, self.reference_side] + [x for c in self.comparisons if c.skip_reason is None
+                                                          for x in (c.a, c.b)]
+        return list(dict.fromkeys(found))
+
     @property
     def reference_side(self) -> Side:
         """The features the drafter was trained on, in the evaluation dtype; the drift budget perturbs these.
@@ -205,11 +228,12 @@ class Inputs:
         return self._target
 
     def model_for(self, dtype: torch.dtype) -> nn.Module:
-        """The target model in ``dtype`` (a cast copy, made once, for the bf16-vs-fp32 comparison)."""
+        """The target model in ``dtype``: the loaded target in its own dtype, else a cast copy, made once (the
+        bf16-vs-fp32 comparison)."""
+        base = self.target.model  # loaded first: the target's own dtype is then the target itself, never a copy
         if dtype not in self._models:
             import copy
 
-            base = self.target.model
             with self.meter.timed("target_load"):
                 self._models[dtype] = copy.deepcopy(base).to(dtype=dtype).eval()
         return self._models[dtype]

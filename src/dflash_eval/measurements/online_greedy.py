@@ -28,7 +28,6 @@ from dflash_eval.common.progress import Progress
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.metrics.online_loop import online_generate
 from dflash_eval.metrics.tau_result import TauResult
-from dflash_eval.target.provenance import platform_fields
 
 __all__ = ["OnlineGreedy", "ONLINE", "OnlineTau", "divergence"]
 
@@ -72,7 +71,7 @@ class OnlineGreedy(Measurement[None, dict[str, OnlineTau]]):
             "drafter_config": ev.checkpoint.config.to_dict(), "code": CODE_VERSION,
             "prompts": [ids_digest(comps[p.id].prompt_ids) for p in prompts], "max_new_tokens": s.max_new_tokens,
             "max_blocks": s.max_blocks, "stop_at_eos": True, "backend": s.eval_backend,
-            **platform_fields(s.torch_dtype, s.torch_device)}
+            **inp.platform_fields(s.torch_dtype)}
 
         def produce(todo: list[Request]) -> list[Produced]:
             prog = Progress("online speculative decoding", len(prompts), inp.progress)

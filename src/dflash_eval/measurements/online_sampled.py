@@ -29,7 +29,6 @@ from dflash_eval.measurements.tau_sampled import SampledCompletions
 from dflash_eval.metrics.online_loop import online_generate
 from dflash_eval.metrics.sampled_tau import pool_samples
 from dflash_eval.metrics.tau_result import TauResult
-from dflash_eval.target.provenance import platform_fields
 from dflash_eval.target.sampling import sample_tokens, stream_seed
 
 __all__ = ["OnlineSampled", "ONLINE_SAMPLED"]
@@ -41,7 +40,7 @@ def _fields(ev: Subject, seeds: dict[str, list[int]]) -> dict[str, Any]:
             "drafter_config": ev.checkpoint.config.to_dict(), "code": CODE_VERSION,
             "prompts": [ids_digest(ev.references.prompt_ids(p.id)) for p in inp.prompts],
             "max_new_tokens": s.max_new_tokens, "max_blocks": s.max_blocks, "stop_at_eos": True,
-            "backend": s.eval_backend, **platform_fields(s.torch_dtype, s.torch_device),
+            "backend": s.eval_backend, **inp.platform_fields(s.torch_dtype),
             "sampling": s.sampling.to_dict(), "stream_seeds": seeds}
 
 

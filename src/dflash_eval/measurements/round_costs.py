@@ -62,7 +62,7 @@ from dflash_eval.metrics.speedup import RoundCosts, context_bucket, mean_context
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.head import TargetHead
 from dflash_eval.target.loader import Target
-from dflash_eval.target.provenance import device_kind, device_name, platform_fields
+from dflash_eval.target.provenance import device_kind, device_name
 from dflash_eval.target.tree_verify import VerifyTree
 
 __all__ = ["RoundCostsMeasurement", "ROUND_COSTS", "REPEATS", "WARMUP", "COSTS_VERSION", "measure_round_costs",
@@ -269,7 +269,7 @@ class RoundCostsMeasurement(Measurement[None, tuple[RoundCosts, bool]]):
         dev = s.torch_device
         fields: dict[str, Any] = {
             "target": inp.target_identity, "drafter_config": config.to_dict(), "block_size": config.block_size,
-            "budgets": list(budgets), "context_len": ctx, **platform_fields(s.torch_dtype, dev),
+            "budgets": list(budgets), "context_len": ctx, **inp.platform_fields(s.torch_dtype),
             "backend": s.eval_backend, "code": CODE_VERSION, "costs": COSTS_VERSION,
             "repeats": REPEATS, "warmup": WARMUP}
         alternatives: tuple[Request, ...] = ()

@@ -26,7 +26,6 @@ from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.tau import simulate_tau
 from dflash_eval.metrics.tau_result import TauResult
-from dflash_eval.target.provenance import platform_fields
 
 if TYPE_CHECKING:
     from dflash_eval.features.feature_store import Features
@@ -53,7 +52,7 @@ def tau_fields(ev: Subject, side: Side, budgets: tuple[int, ...]) -> dict[str, A
     return {
         "drafter": ev.checkpoint.fingerprint, "drafter_config": ev.checkpoint.config.to_dict(),
         "code": CODE_VERSION, "budgets": list(budgets), "max_blocks": s.max_blocks,
-        **platform_fields(s.torch_dtype, s.torch_device),
+        **ev.inputs.platform_fields(s.torch_dtype),
         "items": [{"prompt_len": len(comps[p.id].prompt_ids),
                    "features": [ev.store.key(comps[p.id].sequence, i, side) for i in ev.layer_ids]}
                   for p in ev.inputs.prompts],

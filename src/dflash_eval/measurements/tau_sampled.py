@@ -26,7 +26,6 @@ from dflash_eval.metrics.sampled_tau import pool_samples
 from dflash_eval.metrics.tau import simulate_tau
 from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.target.hidden_states import extract_features
-from dflash_eval.target.provenance import platform_fields
 
 __all__ = ["SampledTauMeasurement", "TAU_SAMPLED", "SampledCompletions"]
 
@@ -40,7 +39,7 @@ def _tau_fields(ev: Subject, comps: SampledCompletions, budgets: tuple[int, ...]
     s = ev.settings
     return {"drafter": ev.checkpoint.fingerprint, "drafter_config": ev.checkpoint.config.to_dict(),
             "code": CODE_VERSION, "budgets": list(budgets), "max_blocks": s.max_blocks,
-            "backend": ev.inputs.eval_side.backend, **platform_fields(s.torch_dtype, s.torch_device),
+            "backend": ev.inputs.eval_side.backend, **ev.inputs.platform_fields(s.torch_dtype),
             "completions": [ids_digest(ev.references.prompt_ids(pid) + comps[pid][k])
                             for pid, k in ev.sampled_references.pairs()]}
 

@@ -48,7 +48,7 @@ __all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresho
            "gate_reasons", "NO_ACCEPTANCE", "NO_ACCEPTANCE_EPS", "NO_ACCEPTANCE_TOKENS", "NO_ACCEPTANCE_MAX_EXCESS",
            "no_acceptance", "no_acceptance_fails", "refused", "diagnoses", "JudgedPrompt",
            "FLOORS", "BASELINE", "SPEEDUP_FLOOR", "REGRESSION", "PLATEAU", "DRIFT_GATE", "REFUSAL", "PLUGINS", "TESTS",
-           "NEAR_TIES",
+           "NEAR_TIES", "KERNELS",
            "EXIT_STATUS", "REPORTS", "CHECKPOINT", "Part", "Verdict", "compose", "notice",
            "BaselineCheck", "baseline_reasons", "drop_holds", "rise_holds", "baseline_part",
            "VACUOUS_FLOOR", "vacuous_floors", "floors_part", "speedup_floor_reason", "speedup_floor_part",
@@ -306,6 +306,10 @@ DRIFT_GATE, REFUSAL, PLUGINS, TESTS, EXIT_STATUS, REPORTS = ("drift_gate", "refu
 #: The run's completions that left their golden record or their teacher-forced argmax at a near tie of the target
 #: (:mod:`dflash_eval.metrics.near_tie`): a part that only notices.
 NEAR_TIES = "near_ties"
+#: The target's kernels give other output than the cache's entries were made with (eval.json's
+#: ``provenance.kernel_probe.changed``: the kernel probe's or the witness's evidence): a part that only notices, the one
+#: cause of whatever the live kernels fail.
+KERNELS = "kernels"
 #: The one part of a history record written before records kept their verdict's parts: its own verdict (the floors,
 #: the baseline and the speed-up floor together).
 CHECKPOINT = "checkpoint"
@@ -646,13 +650,24 @@ def _speedup(data: dict[str, Any]) -> Part | None:
     return speedup_floor_part(data.get("speedup"))
 
 
+def _kernels(data: dict[str, Any]) -> Part | None:
+    changed = ((data.get("provenance") or {}).get("kernel_probe") or {}).get("changed") or []
+    if not changed:
+        return None
+    seen = ", ".join(dict.fromkeys(f"{c.get('label', '?')} ({', '.join(c.get('kinds') or ['?'])})" for c in changed))
+    return notice(KERNELS, f"the target's kernels changed since the cache was made: {seen}, named below; nothing "
+                           "they made was used as cached (completions, teacher-forced argmax, features, τ, ...): all "
+                           "of it was made again with the live kernels, as on an empty cache, and this run's results "
+                           "and failures are theirs")
+
+
 def _near_ties(data: dict[str, Any]) -> Part | None:
     lines = near_tie_notices(data.get("near_ties") or [])
     return notice(NEAR_TIES, *lines) if lines else None
 
 
 #: The parts of a test run's verdict read from its eval.json data, in the order its reasons are given.
-RUN_PARTS: list[RunPart] = [_refusal, _plugins, _tau, _baseline, _drift_gate, _speedup, _near_ties]
+RUN_PARTS: list[RunPart] = [_kernels, _refusal, _plugins, _tau, _baseline, _drift_gate, _speedup, _near_ties]
 
 
 def run_verdict(data: dict[str, Any], *, failed_tests: int = 0, exitstatus: int = 0) -> Verdict:

@@ -157,12 +157,13 @@ class EvalSettings:
                        "memoised under their inodes, sizes and times (e.g. after rewriting weights in place)", "bool",
                        affects_tau=False)
     witness_prompts: int = opt(1, "prompts re-extracted through the live target on every run, warm ones too, and "
-                               "compared with their cached features (bit for bit on a CPU, within the measured "
-                               "reproducibility bound on a GPU), besides the fingerprint text and the shortest and the "
-                               "longest sequence of each length bucket, which are always witnessed: a mismatch names "
-                               "the layer, prompt and position and re-extracts that side's features (an error under "
-                               "--cache-only); 0: no witness at all (a warm run then loads no target)", "int",
-                               affects_tau=False)
+                               "compared with their cached features and teacher-forced logits (bit for bit on a CPU, "
+                               "within the measured reproducibility bound on a GPU), besides the fingerprint text and "
+                               "the shortest and the longest sequence of each length bucket, which are always "
+                               "witnessed: a mismatch names the layer, prompt and position, and nothing the kernels "
+                               "of that dtype made is used as cached: completions, argmax, features and what is "
+                               "computed from them are made again (an error under --cache-only); 0: no witness at all "
+                               "(a warm run then loads no target)", "int", affects_tau=False)
     tau_floor: float | None = opt(None, "floor of the MEAN τ over the selected prompts, chain and every DDTree "
                                   "budget (replaces the mean floor derived from the floors file; prompts without a "
                                   "per-prompt floor are then not gated one by one)", "float", commands=_RUN_GATE,

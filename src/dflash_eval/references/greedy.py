@@ -39,7 +39,6 @@ from dflash_eval.references.teacher_forced import TeacherForced, argmax_fields, 
 from dflash_eval.target.generation import generation_groups
 from dflash_eval.target.kernel_probe import ProbeShape, bucket
 from dflash_eval.target.kernel_registry import KernelOutputChanged
-from dflash_eval.target.provenance import platform_fields
 
 __all__ = ["CompletionRecord", "References", "SERVER_MAX_DISAGREEMENT", "argmax_fields", "out_of_vocab",
            "teacher_forced_tensors"]
@@ -61,7 +60,7 @@ class References:
         self.sources = CompletionSources(inputs, self.server, self.prompt_ids)
         self.argmax = TeacherForced(inputs, self.completions)
         self._records: dict[str, CompletionRecord] = {}
-        self._turn_ids: dict[str, list[int]] = {}
+        self._turn_ids: dict[tuple[str, str], list[int]] = {}  # (prompt, witness token) -> ids
 
     # ------------------------------------------------------------------------------------------------ keys
     def prompt_ids(self, pid: str) -> list[int]:
@@ -70,7 +69,9 @@ class References:
         p = self.inputs.prompt_by_id[pid]
         if not p.follows:
             return self.inputs.prompt_ids[pid]
-        if pid not in self._turn_ids:
+        # the earlier turns' replies are those cached under the token in effect (the witness tries several)
+        key = (pid, self.inputs.kernel_verdict.token(self.inputs.settings.torch_dtype))
+        if key not in self._turn_ids:
             earlier: list[CompletionRecord] = []
             q: str | None = p.previous_id
             while q is not None:
@@ -80,15 +81,15 @@ class References:
                                          f"completion of {q!r} first")
                 earlier.insert(0, rec)
                 q = self.inputs.prompt_by_id[q].previous_id
-            self._turn_ids[pid] = turn_prompt_ids(self.inputs, p, [r.text for r in earlier], earlier[-1].sequence)
-        return self._turn_ids[pid]
+            self._turn_ids[key] = turn_prompt_ids(self.inputs, p, [r.text for r in earlier], earlier[-1].sequence)
+        return self._turn_ids[key]
 
     def fields(self, pid: str, source: str) -> dict[str, Any]:
         s, inp = self.inputs.settings, self.inputs
         f: dict[str, Any] = {"target": inp.target_identity, "prompt_ids": self.prompt_ids(pid),
                              "max_new_tokens": s.max_new_tokens, "source": source}
         if source == "local":
-            f.update(backend=s.eval_backend, **platform_fields(s.torch_dtype, s.torch_device), stop_at_eos=True,
+            f.update(backend=s.eval_backend, **inp.platform_fields(s.torch_dtype), stop_at_eos=True,
                      kernels=self.generation_probe(pid))
             if s.generation_batch > 1:  # left-padded batches: equal to one-at-a-time up to float near-ties
                 f["generation"] = "left-padded-batch"
@@ -160,6 +161,7 @@ class References:
         pids = [p.id for p in self.inputs.prompts]
         missing = [p for p in pids if p not in self._records]
         if missing:
+            self.inputs.kernel_verdict.token(self.inputs.settings.torch_dtype)  # the witness's verdict, timed apart
             with self.inputs.meter.timed("completions"):
                 for group in turn_groups([self.inputs.prompt_by_id[p] for p in missing]):
                     self._ensure(group)  # a later turn's prompt needs the earlier turns' completions

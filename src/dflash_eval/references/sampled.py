@@ -30,7 +30,6 @@ from dflash_eval.references.sampled_server import fetch_sampled
 from dflash_eval.references.token_pieces import decode_pieces
 from dflash_eval.target.generation import generation_groups, greedy_generate_batch
 from dflash_eval.target.kernel_probe import bucket
-from dflash_eval.target.provenance import platform_fields
 from dflash_eval.target.sampling import stream_seed
 
 __all__ = ["Pair", "SampledReferences"]
@@ -61,7 +60,7 @@ class SampledReferences:
                                   "sampling": s.sampling.to_dict(), "stream_seed": stream_seed(s.sampling_seed, pid,
                                                                                                sample)}
         if source == "local":
-            fields.update(backend=s.eval_backend, **platform_fields(s.torch_dtype, s.torch_device), stop_at_eos=True,
+            fields.update(backend=s.eval_backend, **inp.platform_fields(s.torch_dtype), stop_at_eos=True,
                           kernels=self.references.generation_probe(pid))  # the greedy references' probe: same path
         return fields
 

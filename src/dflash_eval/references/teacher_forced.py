@@ -29,10 +29,10 @@ from dflash_eval.metrics.near_tie import TOP_K, Divergence, first_divergence, ju
 from dflash_eval.references.completion import CompletionRecord
 from dflash_eval.references.server_check import teacher_forced_tensors, top_tokens
 from dflash_eval.target.backends import use_backend
+from dflash_eval.target.hidden_states import LayerCapture
 from dflash_eval.target.kernel_probe import ProbeShape
-from dflash_eval.target.provenance import platform_fields
 
-__all__ = ["TeacherForced", "argmax_fields", "argmax_produced", "argmax_request"]
+__all__ = ["TeacherForced", "argmax_fields", "argmax_produced", "argmax_request", "teacher_forced_forward"]
 
 
 def argmax_fields(inp: Inputs, seq: list[int]) -> dict[str, Any]:
@@ -42,8 +42,7 @@ def argmax_fields(inp: Inputs, seq: list[int]) -> dict[str, Any]:
     s = inp.settings
     probe = inp.kernel_probe(s.eval_backend, s.torch_dtype, ProbeShape.for_sequence(len(seq)))
     return {"target": inp.target_identity, "tokens": ids_digest(seq), "n_tokens": len(seq),
-            "backend": s.eval_backend, **platform_fields(s.torch_dtype, s.torch_device), "kernels": probe.digest,
-            "top": TOP_K}
+            "backend": s.eval_backend, **inp.platform_fields(s.torch_dtype), "kernels": probe.digest, "top": TOP_K}
 
 
 def argmax_request(inp: Inputs, pid: str, seq: list[int]) -> Request:
@@ -56,8 +55,23 @@ def argmax_request(inp: Inputs, pid: str, seq: list[int]) -> Request:
 
 
 def argmax_produced(pid: str, logits: torch.Tensor) -> Produced:
-    """The argmax entry of prompt ``pid`` from the target's [T, V] float32 logits over its sequence."""
-    return Produced(teacher_forced_tensors(logits), {"prompt_id": pid})
+    """The argmax entry of prompt ``pid`` from the target's [T, V] float32 logits over its sequence (with the torch
+    thread count it was computed with: a CPU's reductions may split by it, and the witness redoes the forward)."""
+    return Produced(teacher_forced_tensors(logits), {"prompt_id": pid, "torch_threads": torch.get_num_threads()})
+
+
+def teacher_forced_forward(model: torch.nn.Module, seq: list[int], device: torch.device | str,
+                           layers: tuple[int, ...] = ()) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """The one forward every argmax entry is made by (and the witness makes again): the target's causal forward over
+    ``seq`` to its [T, V] float32 logits, with ``layers``' features ``{i: [T, H]}`` captured on the way (the same
+    features as a forward stopped after the deepest of them, bit for bit)."""
+    ids = torch.tensor([seq], device=device)
+    with torch.no_grad():
+        if not layers:
+            return {}, model(input_ids=ids).logits[0].float()
+        with LayerCapture(model, layers) as cap:
+            logits = model(input_ids=ids).logits[0].float()
+            return {i: t[0] for i, t in cap.per_layer().items()}, logits
 
 
 class TeacherForced:
@@ -131,8 +145,8 @@ class TeacherForced:
         inp, s = self.inputs, self.inputs.settings
 
         def produce(todo: list[Request]) -> list[Produced]:
-            with inp.meter.timed("target_forward"), use_backend(s.eval_backend, s.torch_device), torch.no_grad():
-                logits = inp.target.model(input_ids=torch.tensor([seq], device=inp.target.device)).logits[0].float()
+            with inp.meter.timed("target_forward"), use_backend(s.eval_backend, s.torch_device):
+                _, logits = teacher_forced_forward(inp.target.model, seq, inp.target.device)
             inp.meter.counts["target_forwards"] += 1
             return [argmax_produced(pid, logits)]
         return produce

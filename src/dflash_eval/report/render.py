@@ -200,7 +200,8 @@ def _provenance_lines(data: dict[str, Any]) -> list[str]:
     if kp.get("probes"):
         parts.append(f"- kernel probe ({fmt(kp.get('seconds', 0.0) * 1e3, 0)} ms): " + ", ".join(
             f"{q.get('backend')}/{q.get('dtype')} `{str(q.get('digest'))[:12]}`" for q in kp["probes"]))
-    parts += [f"- **{c.get('message')}**; re-extracted with the live kernels" for c in kp.get("changed", [])]
+    parts += [f"- **{c.get('message')}**" + ("" if c.get("first") == "witness" else  # the witness says what it did
+                                              "; made again with the live kernels") for c in kp.get("changed", [])]
     tc = data.get("tests", {}).get("counts", {})
     if tc:
         parts.append("- tests: " + ", ".join(f"{k} {v}" for k, v in sorted(tc.items())))

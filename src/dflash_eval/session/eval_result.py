@@ -330,7 +330,7 @@ def _with_witness_impact(ev: DrafterEvaluation, kernel_probe: dict[str, Any]) ->
     the drafter's drift budget, measured now if it was not) added to its entry and message."""
     changed = [dict(c) for c in kernel_probe.get("changed", [])]
     for c in changed:
-        if isinstance(c.get("witness"), dict):
+        if isinstance(c.get("witness"), dict) and c["witness"].get("what", "features") == "features":
             try:
                 c["tau_impact"] = impact(float(c["witness"]["rel_err"]), ev.drift_budget())
             except DFlashEvalError as exc:

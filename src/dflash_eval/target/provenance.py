@@ -51,11 +51,16 @@ def device_kind(device: torch.device | str) -> str:
     return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
 
 
-def platform_fields(dtype: torch.dtype, device: torch.device | str) -> dict[str, Any]:
+def platform_fields(dtype: torch.dtype, device: torch.device | str, witness: str = "") -> dict[str, Any]:
     """The key fields every cache entry computed on this machine carries, whatever else it is keyed by: the dtype it
-    was computed in, the device class (:func:`device_kind`) and the library versions its numerics depend on
-    (:func:`library_versions`). One function, so no entry can miss one of them."""
-    return {"dtype": str(dtype), "device_kind": device_kind(device), "versions": library_versions()}
+    was computed in, the device class (:func:`device_kind`), the library versions its numerics depend on
+    (:func:`library_versions`) and, where not empty, the run's ``witness`` token of the dtype's kernels (the verdict
+    of the run's evidence on them: :mod:`dflash_eval.inputs.kernel_verdict`; a run gives it through
+    :meth:`dflash_eval.inputs.run_inputs.Inputs.platform_fields`). One function, so no entry can miss one of them."""
+    out: dict[str, Any] = {"dtype": str(dtype), "device_kind": device_kind(device), "versions": library_versions()}
+    if witness:
+        out["witness"] = witness
+    return out
 
 
 def provenance(*, backend: str, dtype: torch.dtype, device: torch.device | str, **extra: Any) -> dict[str, Any]:
