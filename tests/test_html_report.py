@@ -26,6 +26,7 @@ from dflash_eval.report.html_report import (
     tau_by_position,
     title,
 )
+from dflash_eval.report.speedup_report import speedup_rows
 from dflash_eval.testing import browser
 
 NO_BROWSER = ("no Chromium (apt-get install -y chromium, or $DFLASH_EVAL_CHROMIUM): eval.html not opened in a "
@@ -265,9 +266,13 @@ def test_eval_html_of_a_bundled_run_in_a_browser(chromium, bundled_suite, tmp_pa
     layers = {(r["comparison"], r["layer"]) for r in data["drift"]}
     assert len(dom.find("tr", section="drift")) >= 1 + len(layers) + 1 + len(data["drift_gate"])
     assert len(data["drift_gate"]) == len({(g["comparison"], g["layer"]) for g in data["drift_gate"]}) > 0
+    header, want_rows = speedup_rows(data)  # the strategies' table comes first, the costs' table after it
     cells = [t for _, t in dom.find("td", section="speedup")]
-    labels = [c.removesuffix(" (best)") for c in cells[0:5 * len(data["speedup"]["strategies"]):5]]
-    assert labels == ["chain", *(f"DDTree-{b}" for b in data["mean_ddtree"])]  # every strategy's row
+    rows = [cells[i:i + len(header)] for i in range(0, len(header) * len(want_rows), len(header))]
+    assert rows == [list(r) for r in want_rows]
+    server = [r[0].removesuffix(" (best)") for r in rows if r[1] == "server-style loop"]
+    assert server == ["chain", *(f"DDTree-{b}" for b in data["mean_ddtree"])]  # every strategy's row, named
+    assert [r[0] for r in rows if r[1] == "recompute loop"] == ["chain"]  # the measured loop's row stays
     for section, name in (("drift", "drift_budget.png"), ("speedup", "speedup.png")):
         (plot,) = dom.find("img", "plot", section=section)
         assert plot[0]["src"] == name and int(plot[0]["data-width"]) > 100, plot  # the browser drew the plot
