@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU lane (stages, one or more per call: main, record, fresh, drift, suite, fp32, goldens, faults, scaling, startup, warm,
-# wide, gen, speed, serverloop, serverwide, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
+# warmfloor, wide, gen, speed, serverloop, serverwide, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
 # Writes everything under $OUT (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention,
 # fla-core 0.6.0, transformers 5.24.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -179,6 +179,15 @@ print(f'warm -k tau {sys.argv[2]:6s} -n {sys.argv[3]} pass {sys.argv[4]}: rc {sy
     done
   done
 done
+fi
+if [ "$STAGE" = warmfloor ]; then
+# The main job warm in the auto settings (bf16, fla; Triton's cache comes back with the cache folder), side by side
+# with BEFORE_TREE's (earlier code: `git archive OLD src tests_eval golden pyproject.toml conftest.py | tar -x -C DIR`
+# and `ln -s ../../fixtures DIR/fixtures`, DIR under .gl/ and carried), alternated, and the import floor (torch and
+# the target's modeling code, which imports fla's kernels) measured between the rounds: benchmarks/bench_suite.py.
+step "warmfloor: bench_suite.py --before ${BEFORE_TREE:=.gl/before} --warm-repeat ${WARM_REPEAT:=3}, auto settings"
+timeout "${WARMFLOOR_TIMEOUT:-500}" python3 benchmarks/bench_suite.py --skip-xdist --before "$BEFORE_TREE" \
+  --warm-repeat "$WARM_REPEAT" >> "$OUT/lane.log" 2>&1 || echo "warmfloor rc=$?" >> "$OUT/lane.log"
 fi
 if [ "$STAGE" = wide ]; then
 step "scaling: -n 0 vs -n 2 and --device-map on a random 27B-width target"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -303,10 +304,11 @@ class EvalSettings:
             raise ConfigError(f"--{name.replace('_', '-')}: {exc}") from exc
 
     # ------------------------------------------------------------------------------------------- resolved
-    @property
+    @cached_property
     def torch_device(self) -> torch.device:
         """``auto``: CPU without CUDA; with N GPUs under pytest-xdist, worker gwK takes ``cuda:K % N`` (one GPU per
-        worker, all sharing the cache); otherwise the current CUDA device."""
+        worker, all sharing the cache); otherwise the current CUDA device. Resolved once per settings object: every
+        cache key asks for it, and on a CUDA machine each ``torch.cuda.is_available()`` asks the driver."""
         import torch  # not at the top: `pytest --help` and `dflash-eval --help` import this module, not torch
 
         if self.device == "auto":
