@@ -51,7 +51,7 @@ Run it through the suite (it is cached per drafter, feature entries, level, seed
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -73,7 +73,7 @@ from dflash_eval.metrics.drift_ladder import (
 from dflash_eval.metrics.stats import Summary, summarize
 from dflash_eval.metrics.tau import simulate_tau
 from dflash_eval.metrics.tau_chunks import DEFAULT_CHUNK_MEMORY, bytes_per_token, lengths_of, plan_chunks
-from dflash_eval.metrics.verdict import FAIL, INCONCLUSIVE, PASS, drift_outcome
+from dflash_eval.metrics.verdict import FAIL, INCONCLUSIVE, PASS, drift_outcome, fit_within, within_estimate
 
 if TYPE_CHECKING:
     from dflash_eval.drafter.model import DFlashDrafter
@@ -213,15 +213,7 @@ class Level:
     def within(self, tol: float) -> bool:
         """The fit at this level stays below ``tol`` (a level that was not fitted, e.g. a rounding that changed
         nothing, is within)."""
-        return self.fitted is None or self.fitted < tol
-
-    def to_json(self, prompt_ids: Sequence[str], tol: float) -> dict[str, Any]:
-        s = self.summary
-        return {"kind": self.perturbation.kind, "axis": self.axis, "label": self.perturbation.label,
-                "nominal": self.perturbation.dtype if self.perturbation.kind == "round" else self.perturbation.size,
-                "injected_rel_err": self.injected, "mean_tau": self.mean_tau, "mean_drop": s.mean,
-                "drop_ci95": [s.ci_low, s.ci_high], "fitted_drop": self.fitted, "mean_abs_dtau": self.mean_abs_dtau,
-                "max_abs_dtau": self.max_abs_dtau, "within": self.within(tol), "drop": dict(zip(prompt_ids, self.drop))}
+        return fit_within(self.fitted, tol)
 
 
 RULE = ("along the run's measured drift direction amplified (reference + α (other side - reference); isotropic "
@@ -243,11 +235,17 @@ class Direction:
     reference: str
     other: str
     drift: float
-    candidates: tuple[tuple[str, float], ...] = ()
+    candidates: dict[str, float] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """eval.json's ``drift_budget.direction``."""
         return {"comparison": self.comparison, "reference": self.reference, "other": self.other,
                 "drift": self.drift, "candidates": dict(self.candidates)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Direction:
+        """A direction of :meth:`to_dict`."""
+        return cls(d["comparison"], d["reference"], d["other"], d["drift"], dict(d["candidates"]))
 
 
 @dataclass(frozen=True)
@@ -262,11 +260,6 @@ class AxisFit:
         lo, hi = self.fit.ci_low, self.fit.ci_high
         return (f"{'>= ' if self.fit.lower_bound else ''}{_sci(self.fit.budget)} ({self.fit.level:.0%} CI "
                 f"{_sci(lo)}–{_sci(hi)})").replace("%", " %")
-
-    def to_json(self) -> dict[str, Any]:
-        f = self.fit
-        return {"axis": self.axis, "budget": f.budget, "ci": [f.ci_low, f.ci_high], "ci_level": f.level,
-                "status": f.status, "lower_bound": f.lower_bound, "n_measured": f.n_prompts, "fit": f.to_json()}
 
 
 def _fit_axis(axis: str, levels: list[Level], ks: Sequence[int], tol: float) -> AxisFit:
@@ -392,20 +385,6 @@ class DriftBudget:
         return (f"drift budget {self.budget_text()} {self.axis_text} (drafter {self.drafter[:12]}, {self.base} "
                 f"features of {self.n_measured} prompts{extra}; {why}{second})")
 
-    def to_json(self) -> dict[str, Any]:
-        lo, hi = self.ci
-        return {"drafter": self.drafter, "base": self.base, "n_prompts": len(self.prompt_ids),
-                "prompt_ids": self.prompt_ids, "base_mean_tau": self.base_mean_tau,
-                "base_tau": dict(zip(self.prompt_ids, self.base_tau)), "tol": self.tol, "safety": self.safety,
-                "seed": self.seed, "ladder": self.ladder, "budget": self.budget, "ci": [lo, hi],
-                "ci_level": self.fit.level, "status": self.fit.status, "lower_bound": self.lower_bound,
-                "gate_limit": self.gate_limit, "skipped": self.skipped, "min_prompts": self.min_prompts,
-                "n_measured": self.n_measured, "selected_prompts": self.selected, "conclusive": self.conclusive,
-                "rule": RULE, "fit": self.fit.to_json(), "axis": self.axis, "axis_text": self.axis_text,
-                "axis_note": self.axis_note, "direction": self.direction.to_json() if self.direction else None,
-                "secondary": self.secondary.to_json() if self.secondary else None,
-                "levels": [lv.to_json(self.prompt_ids, self.tol) for lv in self.levels]}
-
 
 def gate_check(comparison: str, layer: int, rel_errs: dict[str, float], budget: DriftBudget) -> GateCheck:
     """The gate for one comparison and layer: the worst prompt's relative error x safety against the budget's CI."""
@@ -445,11 +424,11 @@ def gate_reason(g: GateCheck, budget: DriftBudget, where: str) -> str:
         return (f"drift over budget (the drift matters for τ): {drift} {how}; {budget.describe()}; margin "
                 f"{g.margin:.2g}x, the gate needs >= {g.safety:g}x")
     if g.outcome == INCONCLUSIVE:
-        side = "below" if g.scaled <= g.budget else "above"
+        side = "below" if within_estimate(g.scaled, g.budget) else "above"
         more = (f"measure the budget on more prompts (it was measured on {budget.n_measured}: "
                 f"--drift-budget-min-prompts N, or a larger --prompts / --num-prompts), which narrows its CI")
         return (f"drift gate inconclusive: {drift} lies inside the budget's CI {_sci(lo)}–{_sci(hi)} ({side} its "
                 f"estimate {_sci(g.budget)}); {budget.describe()}. To decide: {more}; or pass "
                 f"--drift-budget-conclusive to judge against the estimate (this layer would "
-                f"{'pass' if g.scaled <= g.budget else 'fail'})")
+                f"{'pass' if within_estimate(g.scaled, g.budget) else 'fail'})")
     return f"drift within budget: {drift} <= the CI's lower end {_sci(lo)}"

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from dflash_eval.metrics.verdict import PASS, drift_outcome
+from dflash_eval.metrics.verdict import PASS, drift_holds, drift_outcome, in_ci
 
 __all__ = ["DriftStat", "GateCheck"]
 
@@ -39,7 +39,7 @@ class DriftStat:
 
     @property
     def passed(self) -> bool:
-        return self.rel_err <= self.rel_tol and self.cos >= self.cos_tol
+        return drift_holds(self.rel_err, self.cos, self.rel_tol, self.cos_tol)
 
     def to_dict(self) -> dict[str, Any]:
         """eval.json's ``drift`` row: the fields, then ``passed``."""
@@ -79,7 +79,7 @@ class GateCheck:
     @property
     def in_ci(self) -> bool:
         """drift x safety lies inside the budget's CI: the measurement cannot tell which side it is on."""
-        return self.budget_low < self.scaled <= self.budget_high
+        return in_ci(self.scaled, self.budget_low, self.budget_high)
 
     @property
     def outcome(self) -> str:

@@ -36,6 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dflash_eval.metrics.verdict.rules import is_near_tie
+
 __all__ = ["NEAR_TIE_BAND", "DEFAULT_BAND", "TOP_K", "AGAINST", "NAMED", "near_tie_band", "TopTokens", "Divergence",
            "first_divergence", "judge", "near_tie_notices", "near_tie_count"]
 
@@ -103,7 +105,7 @@ class Divergence:
     @property
     def near_tie(self) -> bool:
         """Within the near-tie band: a named near tie, not a failure."""
-        return self.margin is not None and self.margin < self.band
+        return is_near_tie(self.margin, self.band)
 
     @property
     def margin_text(self) -> str:

@@ -155,9 +155,9 @@ def eval_figure(data: dict[str, Any]) -> Figure | None:
     _acceptance_panels(data, fig.add_subplot(grid[1, 1]), fig.add_subplot(grid[2, 1]))
     mean, floor = data.get("mean_tau"), data.get("mean_floor")
     failing = sum(1 for r in prompts.values() if r.get("passed") is False)
-    verdict = "" if data.get("mean_passed") is None else (" PASS" if data["mean_passed"] else " FAIL")
+    mean_judged = "" if data.get("mean_passed") is None else (" PASS" if data["mean_passed"] else " FAIL")
     fig.suptitle(f"{len(prompts)} prompts, {failing} below their floor; mean chain τ "
-                 f"{fmt(mean)} (floor {fmt(floor)}){verdict}",
+                 f"{fmt(mean)} (floor {fmt(floor)}){mean_judged}",
                  fontsize=11)
     fig.tight_layout()
     return fig

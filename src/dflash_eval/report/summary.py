@@ -16,9 +16,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.common.number_text import fmt, is_number
+from dflash_eval.common.number_text import fmt
 from dflash_eval.metrics.near_tie import near_tie_count
-from dflash_eval.metrics.verdict import DRIFT_GATE, FLOORS, Verdict, row_outcome, stored_verdict
+from dflash_eval.metrics.verdict import DRIFT_GATE, FLOORS, Verdict, against, row_outcome, stored_verdict
 from dflash_eval.report.plot import worst_prompts
 from dflash_eval.report.speedup_report import verdict_line as speedup_line
 
@@ -30,21 +30,13 @@ WORST_NAMED = 3
 REPORT_FILES = ("eval.md", "eval.json", "eval.html", "samples.jsonl", "eval.png", "drift_budget.png", "speedup.png")
 
 
-def _against(value: object, floor: float | None) -> str:
-    """``4.314 >= floor 4.064`` (or ``<``; ``no floor`` when there is none)."""
-    if floor is None:
-        return f"{fmt(value)} (no floor)"
-    ok = is_number(value) and value >= floor
-    return f"{fmt(value)} {'>=' if ok else '<'} floor {fmt(floor)}"
-
-
 def _mean_text(data: dict[str, Any]) -> str:
     """``mean chain τ (macro) 4.314 >= floor 4.064 over 37 prompts, none below its floor`` (categories that fail
     named)."""
     prompts = data.get("prompts", {})
     below = [p for p, r in prompts.items() if r.get("passed") is False]
     cats = [c for c, r in (data.get("categories") or {}).items() if r.get("passed") is False and c != "all"]
-    text = (f"mean chain τ (macro) {_against(data.get('mean_tau'), data.get('mean_floor'))} over {len(prompts)} "
+    text = (f"mean chain τ (macro) {against(data.get('mean_tau'), data.get('mean_floor'))} over {len(prompts)} "
             "prompts, " + ("none below its floor" if not below else "1 below its floor" if len(below) == 1 else
                f"{len(below)} below their floors"))
     return text + (f"; categories below their floors: {', '.join(sorted(cats))}" if cats else "")
@@ -54,7 +46,7 @@ def _detail_line(data: dict[str, Any]) -> str | None:
     """The DDTree means against their floors, the pooled τ and the prompts with the least room above their
     floors."""
     floors = data.get("mean_ddtree_floor") or {}
-    parts = [f"mean DDTree-{b} τ (macro) {_against(v, floors.get(b))}"
+    parts = [f"mean DDTree-{b} τ (macro) {against(v, floors.get(b))}"
              for b, v in (data.get("mean_ddtree") or {}).items()]
     if "mean_tau_pooled" in data:  # the τ SGLang's spec_accept_length and SpecForge report: not the macro one
         pooled = [f"chain {fmt(data['mean_tau_pooled'])}"] + [

@@ -40,8 +40,8 @@ def _opt(**kw: Any) -> Any:
 
 def plain(value: object) -> Any:
     """``value`` as eval.json's plain data: rows as dicts, containers copied."""
-    if isinstance(value, Row):
-        return value.to_dict()
+    if isinstance(value, Row) or (dataclasses.is_dataclass(value) and hasattr(value, "to_dict")):
+        return value.to_dict()  # a row, or a record of the metrics that writes itself (a drift direction)
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -57,7 +57,7 @@ def _typed(hint: object, value: Any) -> Any:
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         return _typed(inner[0], value) if len(inner) == 1 else value
-    if isinstance(hint, type) and issubclass(hint, Row):
+    if isinstance(hint, type) and (issubclass(hint, Row) or hasattr(hint, "from_dict")):
         return hint.from_dict(value)
     if origin is dict and len(args) == 2:
         return {k: _typed(args[1], v) for k, v in value.items()}
