@@ -12,7 +12,7 @@ import re
 import pytest
 
 from dflash_eval import report
-from dflash_eval.common.number_text import MISSING, fmt, percent_list, span
+from dflash_eval.common.number_text import MISSING, ci_text, fmt, percent_list
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.verdict import Part, compose, judge_prompts
@@ -36,7 +36,9 @@ def test_one_number_formatter(args, text):
 
 
 def test_spans_and_percentages_use_the_same_convention():
-    assert span(0.1, NAN, 2) == f"0.10–{MISSING}" and span(None, 2.0) == f"{MISSING}–2.000"
+    assert ci_text(0.1, NAN, 2) == f"0.10–{MISSING}" and ci_text(None, 2.0) == f"{MISSING}–2.000"
+    assert ci_text(1.5, None, 2, unit="x", brackets=True) == f"[1.50x, {MISSING}]"
+    assert ci_text(-0.01, 0.02, 3, "+f", sep="..") == "-0.010..+0.020"
     assert percent_list([0.934, NAN, None, 1.0]) == f"93 {MISSING} {MISSING} 100"
 
 

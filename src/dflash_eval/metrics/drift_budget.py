@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from dflash_eval.common.number_text import fmt
+from dflash_eval.common.number_text import ci_text, fmt
 from dflash_eval.metrics.drift_checks import GateCheck
 from dflash_eval.metrics.drift_fit import BudgetFit, fit_budget
 from dflash_eval.metrics.drift_ladder import (
@@ -259,7 +259,7 @@ class AxisFit:
     def text(self) -> str:
         lo, hi = self.fit.ci_low, self.fit.ci_high
         return (f"{'>= ' if self.fit.lower_bound else ''}{_sci(self.fit.budget)} ({self.fit.level:.0%} CI "
-                f"{_sci(lo)}–{_sci(hi)})").replace("%", " %")
+                f"{ci_text(lo, hi, 2, 'e')})").replace("%", " %")
 
 
 def _fit_axis(axis: str, levels: list[Level], ks: Sequence[int], tol: float) -> AxisFit:
@@ -367,7 +367,7 @@ class DriftBudget:
         """``4.20e-01 (90 % CI 3.50e-01–5.10e-01)``; ``>= `` for a lower bound, ``inf`` for an open end."""
         lo, hi = self.ci
         return (f"{'>= ' if self.lower_bound else ''}{_sci(self.budget)} ({self.fit.level:.0%} CI "
-                f"{_sci(lo)}–{_sci(hi)})").replace("%", " %")
+                f"{ci_text(lo, hi, 2, 'e')})").replace("%", " %")
 
     def describe(self) -> str:
         f = self.fit
@@ -427,7 +427,7 @@ def gate_reason(g: GateCheck, budget: DriftBudget, where: str) -> str:
         side = "below" if within_estimate(g.scaled, g.budget) else "above"
         more = (f"measure the budget on more prompts (it was measured on {budget.n_measured}: "
                 f"--drift-budget-min-prompts N, or a larger --prompts / --num-prompts), which narrows its CI")
-        return (f"drift gate inconclusive: {drift} lies inside the budget's CI {_sci(lo)}–{_sci(hi)} ({side} its "
+        return (f"drift gate inconclusive: {drift} lies inside the budget's CI {ci_text(lo, hi, 2, 'e')} ({side} its "
                 f"estimate {_sci(g.budget)}); {budget.describe()}. To decide: {more}; or pass "
                 f"--drift-budget-conclusive to judge against the estimate (this layer would "
                 f"{'pass' if within_estimate(g.scaled, g.budget) else 'fail'})")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_eval.common.number_text import fmt
+from dflash_eval.common.number_text import ci_text, fmt
 from dflash_eval.metrics.verdict import DRIFT_GATE, stored_verdict
 from dflash_eval.report.plot import draw_once
 
@@ -55,7 +55,7 @@ def budget_title(data: dict[str, Any]) -> tuple[str, str]:
     outcome = stored_verdict(data).outcome(DRIFT_GATE)
     bound = ">= " if b.get("lower_bound") else ""
     lo, hi = _ci(b)
-    ci = f"{fmt(100 * b.get('ci_level', 0.9), 0)} % CI {_g(lo)}–{_g(hi)}"
+    ci = f"{fmt(100 * b.get('ci_level', 0.9), 0)} % CI {ci_text(lo, hi, 2, 'g')}"
     drifts = measured_drifts(data)
     if outcome is None:
         title = f"drift budget {bound}{_g(b['budget'])} ({ci}): no drift was gated in this run"
@@ -147,8 +147,8 @@ def _limits(ax: Axes, b: dict[str, Any], drifts: dict[str, float], floor: float,
                else None)
     top = max([lv["injected_rel_err"] for lv in b["levels"] if lv.get("injected_rel_err")] + [b["budget"]]) * 3
     ax.axvspan(max(lo, floor / 10), min(hi, top), color="green", alpha=0.12, label=None if not main else
-               f"budget's {fmt(100 * b.get('ci_level', 0.9), 0)} % CI {_g(lo)}–{_g(hi)} (drift x safety inside: "
-               "inconclusive)")
+               f"budget's {fmt(100 * b.get('ci_level', 0.9), 0)} % CI {ci_text(lo, hi, 2, 'g')} (drift x safety "
+               "inside: inconclusive)")
     for k, (name, v) in enumerate(sorted(drifts.items())):
         ax.axvline(max(v * b["safety"], floor / 10), color=f"C{k + 3}", linestyle="--", linewidth=1.8,
                    label=f"measured drift x safety {fmt(b['safety'], 6, 'g')}, {name}: {_g(v * b['safety'])}"

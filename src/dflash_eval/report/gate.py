@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.atomic import atomic_write_text
-from dflash_eval.common.number_text import MISSING, fmt, is_number
+from dflash_eval.common.number_text import MISSING, ci_text, ends, fmt, is_number
 from dflash_eval.metrics.acceptance_rates import TAU_KINDS_NOTE, pooled_means
 from dflash_eval.metrics.verdict import Verdict, gating_pass
 from dflash_eval.report.step_summary import append_step_summary
@@ -151,8 +151,7 @@ def error_row(drafter: str, exc: BaseException) -> GateRow:
 def _baseline_cell(b: dict[str, Any] | None) -> str:
     if not b:
         return MISSING
-    lo, hi = b.get("ci95") or [None, None]
-    return f"{fmt(b.get('mean_diff'), 3, '+f')} [{fmt(lo, 3, '+f')}, {fmt(hi, 3, '+f')}]"
+    return f"{fmt(b.get('mean_diff'), 3, '+f')} {ci_text(*ends(b.get('ci95')), 3, '+f', brackets=True)}"
 
 
 def _reference_cells(r: dict[str, Any] | None) -> list[str]:
@@ -166,8 +165,7 @@ def _speedup_cell(sp: dict[str, Any] | None) -> str:
     """``2.06x [1.78, 2.35]; DDTree-8 2.13x`` (the chain's predicted speed-up with its CI; the best strategy's)."""
     if not sp:
         return MISSING
-    lo, hi = (list(sp.get("chain_ci95") or []) + [None, None])[:2]
-    text = f"{fmt(sp.get('chain'), 2)}x [{fmt(lo, 2)}, {fmt(hi, 2)}]"
+    text = f"{fmt(sp.get('chain'), 2)}x {ci_text(*ends(sp.get('chain_ci95')), 2, brackets=True)}"
     best, bb = sp.get("best"), sp.get("best_budget")
     if best and best != "chain" and bb is not None:
         text += f"; DDTree-{bb} {fmt((sp.get('ddtree') or {}).get(str(bb)), 2)}x"

@@ -1,5 +1,5 @@
 """The report work at the end of a suite run, apart from pytest: whether the run measured anything to report
-(:func:`measured`; then :func:`~dflash_eval.report.merge.merge` and :func:`~dflash_eval.report.write.finish` write
+(:func:`measured`; then :func:`~dflash_eval.session.merge.merge` and :func:`~dflash_eval.report.write.finish` write
 it), and the terminal's dflash-eval section (:func:`terminal_section`: the tables, what was written, the verdict
 last)."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_eval.common.number_text import fmt, is_number
+from dflash_eval.common.number_text import ci_text, ends, fmt, is_number
 from dflash_eval.metrics.speedup import MODELS, budget_of
 from dflash_eval.metrics.verdict import SPEEDUP_FLOOR, Verdict, stored_verdict
 from dflash_eval.report.plot import draw_once
@@ -36,10 +36,10 @@ def _x(v: object, digits: int = 2) -> str:
 
 
 def _ci(ci: object, digits: int = 2, unit: str = "") -> str:
-    lo, hi = (list(ci) + [None, None])[:2] if isinstance(ci, (list, tuple)) else (None, None)
+    lo, hi = ends(ci)
     if not is_number(lo) or not is_number(hi):
         return ""
-    return f" [{fmt(lo, digits)}{unit}, {fmt(hi, digits)}{unit}]"
+    return f" {ci_text(lo, hi, digits, unit=unit, brackets=True)}"
 
 
 def _ms(s: object) -> str:

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.common.number_text import fmt
+from dflash_eval.common.number_text import ci_text, fmt
 from dflash_eval.metrics.near_tie import near_tie_count
 from dflash_eval.metrics.verdict import DRIFT_GATE, FLOORS, Verdict, against, row_outcome, stored_verdict
 from dflash_eval.report.plot import worst_prompts
@@ -70,7 +70,7 @@ def _gate_line(data: dict[str, Any], outcome: str) -> str:
     over = [r for r in rows if row_outcome(r) != "pass"]
     budget = (">= " if b.get("lower_bound") else "") + fmt(b["budget"], 2, "e") if b.get("budget") is not None else "-"
     lo, hi = b.get("ci") or [None, None]
-    ci = f" ({fmt(100 * b.get('ci_level', 0.9), 0)} % CI {fmt(lo, 2, 'e')}–{'inf' if hi is None else fmt(hi, 2, 'e')})"
+    ci = f" ({fmt(100 * b.get('ci_level', 0.9), 0)} % CI {ci_text(lo, math.inf if hi is None else hi, 2, 'e')})"
     tight = min(rows, key=lambda r: math.inf if r.get("margin") is None else r["margin"])
     undecided = sum(1 for r in over if row_outcome(r) == "inconclusive")
     axis = f" {b['axis_text']}" if b.get("axis_text") else ""

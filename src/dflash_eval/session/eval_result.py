@@ -2,7 +2,7 @@
 
 :func:`build_result` reads the earlier stages (it never computes: what was not asked for during the run is left
 out) and judges τ through :mod:`dflash_eval.metrics.verdict`. Under pytest-xdist each worker sends its
-:meth:`EvalResult.to_dict` to the controller, which merges them (:func:`dflash_eval.report.merge`).
+:meth:`EvalResult.to_dict` to the controller, which merges them (:func:`dflash_eval.session.merge.merge`).
 """
 
 from __future__ import annotations

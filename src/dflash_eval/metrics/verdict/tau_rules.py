@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, TypeVar
 
-from dflash_eval.common.number_text import fmt, is_number
+from dflash_eval.common.number_text import ci_text, ends, fmt, is_number
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.stats import category_table, ddtree_budgets
 from dflash_eval.metrics.verdict.core import (
@@ -270,10 +270,11 @@ def speedup_floor_reason(block: Mapping[str, Any]) -> str | None:
     value = chain.get("speedup")
     if passes(value, floor):
         return None
-    lo, hi = (chain.get("speedup_ci") or [None, None])[:2]
+    lo, hi = ends(chain.get("speedup_ci"))
     loop = ((block.get("models") or {}).get("server") or {}).get("name", "server-style loop")
-    return (f"predicted chain speed-up {_x(value)} ({loop}; 95 % CI [{_x(lo)}, {_x(hi)}] from τ's) < --speedup-floor "
-            f"{floor:g} on {block.get('device', '?')} ({block.get('dtype', '?')}, context {block.get('context_len')})")
+    return (f"predicted chain speed-up {_x(value)} ({loop}; 95 % CI {ci_text(lo, hi, 2, unit='x', brackets=True)} "
+            f"from τ's) < --speedup-floor {floor:g} on {block.get('device', '?')} ({block.get('dtype', '?')}, context "
+            f"{block.get('context_len')})")
 
 
 def speedup_floor_part(block: Mapping[str, Any] | None) -> Part | None:
