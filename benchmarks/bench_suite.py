@@ -7,7 +7,9 @@ on the bundled fixtures (or the paths given after ``--``):
 2. warm: the same cache dir again (everything read from the cache);
 3. unless ``--skip-xdist``: ``-n 0`` and ``-n 2``, each on a fresh cache, comparing verdicts and τ.
 
-Prints wall times and pytest's own test time, the warm/cold ratio, the cold run's time split from its
+Prints wall times and pytest's own test time, the warm/cold ratio (with ``--warm-repeat``, also the import
+floor: a fresh interpreter importing torch and the target's modeling code, measured between the warm runs, and
+each side's warm wall time above it), the cold run's time split from its
 reports/eval.json (target load, tokenization, reference generation, feature forwards, drafting, the rest: pytest,
 imports, cache io), and whether -n 0 and -n 2 agree.
 
@@ -56,6 +58,19 @@ def run(args: list[str], cache: Path, report: Path, extra: list[str],
     data = json.loads((report / "eval.json").read_text()) if (report / "eval.json").is_file() else {}
     found = re.findall(r" in ([0-9.]+)s", p.stdout)
     return wall, float(found[-1]) if found else None, p.returncode, data, p.stdout[-3000:] + p.stderr[-2000:]
+
+
+FLOOR_IMPORT = "import torch, transformers.models.qwen3_5.modeling_qwen3_5"
+
+
+def import_floor() -> float:
+    """Wall seconds of a fresh interpreter that only imports torch and the target's modeling code: the part of a
+    warm run no change to the suite can remove (the kernel probe runs the target's own modeling code)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", FLOOR_IMPORT], env=env, check=True, timeout=600)
+    return time.perf_counter() - t0
 
 
 def outcomes(data: dict) -> dict[str, str]:
@@ -114,15 +129,21 @@ def main(argv: list[str] | None = None) -> int:
     ok = outcomes(data_c) == outcomes(data_w) and rc_c == rc_w
     if a.before and a.warm_repeat > 0:
         warm: dict[str, list[tuple[float, float]]] = {"before": [], "now": []}
+        floors = []
         for i in range(a.warm_repeat):  # alternating, each on the cache its own cold run filled
             for label, tree, cache in (("before", a.before.resolve(), tmp / "cache-before"),
                                        ("now", ROOT, tmp / "cache")):
                 w, t, rc, _, _ = run(sel, cache, tmp / f"warm-{label}-{i}", a.extra, tree)
                 warm[label].append((w, float("nan") if t is None else t))
                 print(f"warm  {label:6s} round {i + 1}: wall {w:7.2f} s, pytest {t} s, rc={rc}")
+            floors.append(import_floor())
+            print(f"import floor round {i + 1}: {floors[-1]:.2f} s (python -c {FLOOR_IMPORT!r})")
         med = {k: (statistics.median(w for w, _ in v), statistics.median(t for _, t in v)) for k, v in warm.items()}
+        floor = statistics.median(floors)
         print(f"warm  median of {a.warm_repeat}: before wall {med['before'][0]:.2f} s, pytest {med['before'][1]:.2f} s"
               f" | now wall {med['now'][0]:.2f} s, pytest {med['now'][1]:.2f} s; {load()}")
+        print(f"import floor median {floor:.2f} s; warm wall above it: before {med['before'][0] - floor:.2f} s, "
+              f"now {med['now'][0] - floor:.2f} s")
     if not a.skip_xdist:
         w0, _, r0, d0, _ = run(["-n", "0", *sel], tmp / "cache-n0", tmp / "n0", a.extra)
         w2, _, r2, d2, _ = run(["-n", "2", *sel], tmp / "cache-n2", tmp / "n2", a.extra)

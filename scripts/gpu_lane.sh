@@ -238,7 +238,7 @@ if [ "$STAGE" = serverloop ]; then
 else
   step "serverwide: bench_speedup at Qwen3.6-27B widths, ${WIDE_LAYERS:=4} layers, random weights, bf16, fla"
   timeout "${SPEED_TIMEOUT:-500}" python3 benchmarks/bench_speedup.py --device cuda --repeat "${SPEED_REPEAT:-2}" \
-    --build-wide /tmp/wide --wide-layers "$WIDE_LAYERS" --num-prompts 8 --max-new-tokens 64 \
+    --build-wide /tmp/wide --wide-layers "$WIDE_LAYERS" --num-prompts "${SPEED_PROMPTS:-8}" --max-new-tokens "${SPEED_TOKENS:-64}" \
     --cache-dir /tmp/speedup_wide_cache --json "$OUT/bench_speedup_wide.json" > "$OUT/bench_speedup_wide.log" 2>&1 \
     || echo "bench_speedup wide rc=$?" >> "$OUT/lane.log"
   grep -v -E "^(Loading|\[transformers\])" "$OUT/bench_speedup_wide.log" | tail -n 40 >> "$OUT/lane.log"

@@ -41,6 +41,7 @@ from dflash_eval.pytest_plugin.hooks import (
                                                 pytest_sessionstart,
                                                 pytest_terminal_summary,
                                                 pytest_testnodedown,
+                                                pytest_unconfigure,
 )
 from dflash_eval.pytest_plugin.junit import testcase_property
 from dflash_eval.pytest_plugin.params import SetupError, collect, prompt_ids, safe_id, setup_error_param
@@ -51,4 +52,5 @@ __all__ = ["SetupError", "collect", "prompt_ids", "safe_id", "setup_error_param"
            "reference_completions", "sglang", "target", "tau_results", "testcase_property", "pytest_addhooks",
            "pytest_addoption", "pytest_collection_modifyitems", "pytest_configure", "pytest_configure_node",
            "pytest_load_initial_conftests", "pytest_runtest_call", "pytest_runtest_makereport", "pytest_runtestloop",
-           "pytest_sessionfinish", "pytest_sessionstart", "pytest_terminal_summary", "pytest_testnodedown"]
+           "pytest_sessionfinish", "pytest_sessionstart", "pytest_terminal_summary", "pytest_testnodedown",
+           "pytest_unconfigure"]

@@ -39,6 +39,8 @@ from dflash_eval.pytest_plugin.state import (
     SGLANG,
     SKIPS,
     START,
+    enter_config,
+    freeze_heap_if_ending,
     get_session,
     is_controller,
     settings_from_config,
@@ -94,6 +96,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    enter_config(config)
     for line in MARKERS:  # the suite's modules use them wherever it is installed (--strict-markers)
         config.addinivalue_line("markers", line)
     config.stash[FRAGMENTS] = []
@@ -166,6 +169,11 @@ def skip_reason(report: pytest.TestReport) -> str:
     longrepr = report.longrepr
     text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
     return str(text).removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    freeze_heap_if_ending(config)  # before pytest's own unconfigure collects the whole heap
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,7 +31,9 @@ from dflash_eval.references.completion_sources import out_of_vocab
 from dflash_eval.references.greedy import References
 from dflash_eval.references.server_sample_check import check_sampled_completions
 from dflash_eval.references.token_pieces import decode_pieces
-from dflash_eval.sglang.client import ReferenceClient
+
+if TYPE_CHECKING:  # the client module imports requests: only a run that talks to a server needs it
+    from dflash_eval.sglang.client import ReferenceClient
 
 __all__ = ["UnseededServerWarning", "fetch_sampled", "server_seeds_requests"]
 

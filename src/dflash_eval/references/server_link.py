@@ -10,10 +10,12 @@ no server is ready, the launched server stopped at session end, :meth:`ServerLin
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.errors import EvalError
-from dflash_eval.sglang.client import ReferenceClient
+
+if TYPE_CHECKING:  # the client module imports requests: only a run that talks to a server needs it
+    from dflash_eval.sglang.client import ReferenceClient
 
 __all__ = ["ServerLink"]
 
