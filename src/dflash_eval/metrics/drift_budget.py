@@ -51,15 +51,15 @@ Run it through the suite (it is cached per drafter, feature entries, level, seed
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
 from dflash_eval.common.number_text import ci_text, fmt
-from dflash_eval.metrics.drift_checks import GateCheck
+from dflash_eval.metrics.drift_checks import RULE, Direction, GateCheck
 from dflash_eval.metrics.drift_fit import BudgetFit, fit_budget
 from dflash_eval.metrics.drift_ladder import (
     DEFAULT_LADDER,
@@ -214,38 +214,6 @@ class Level:
         """The fit at this level stays below ``tol`` (a level that was not fitted, e.g. a rounding that changed
         nothing, is within)."""
         return fit_within(self.fitted, tol)
-
-
-RULE = ("along the run's measured drift direction amplified (reference + α (other side - reference); isotropic "
-        "noise where the run has no second feature side): the injected relative feature error at which a monotone "
-        "(isotonic) fit of the mean over prompts of τ(unperturbed) - τ(perturbed) against the injected error reaches "
-        "tol (log-linear between measured errors; "
-        "a rise of τ is no harm), with a paired bootstrap CI over prompts; the gate passes when drift x safety is "
-        "below the CI's lower end, fails above its upper end, and is inconclusive in between (decided on the "
-        "estimate with --drift-budget-conclusive)")
-
-
-@dataclass(frozen=True)
-class Direction:
-    """The measured drift direction the main axis amplifies: the ``other`` side's features minus the ``reference``
-    side's (the perturbed ones), of comparison ``comparison``, chosen as the largest ``drift`` (mean relative error
-    over prompts and layers) among the run's comparisons (``candidates``: each one's drift)."""
-
-    comparison: str
-    reference: str
-    other: str
-    drift: float
-    candidates: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """eval.json's ``drift_budget.direction``."""
-        return {"comparison": self.comparison, "reference": self.reference, "other": self.other,
-                "drift": self.drift, "candidates": dict(self.candidates)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Direction:
-        """A direction of :meth:`to_dict`."""
-        return cls(d["comparison"], d["reference"], d["other"], d["drift"], dict(d["candidates"]))
 
 
 @dataclass(frozen=True)

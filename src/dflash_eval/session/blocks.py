@@ -1,7 +1,7 @@
 """The typed blocks of a result besides τ (:mod:`dflash_eval.session.rows` says how a row turns into eval.json's
 object and back): the drafter, the drift τ rows, the drift budget, the feature fingerprint. The drift rows and the
 drift gate's rows are the checks themselves (:mod:`dflash_eval.metrics.drift_checks`), written and read back by
-their own class; so is the budget's measured drift direction (:class:`dflash_eval.metrics.drift_budget.Direction`).
+their own class; so is the budget's measured drift direction (:class:`dflash_eval.metrics.drift_checks.Direction`).
 The drift budget's block is made from the measured :class:`~dflash_eval.metrics.drift_budget.DriftBudget` itself
 (:meth:`DriftBudgetBlock.of`), never through a dict."""
 
@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dflash_eval.metrics.drift_budget import RULE, AxisFit, Direction, DriftBudget, Level
-from dflash_eval.metrics.drift_fit import METHOD, BudgetFit
+from dflash_eval.metrics.drift_checks import RULE, Direction
+from dflash_eval.metrics.drift_fit import METHOD
 from dflash_eval.session.rows import Row, _opt
+
+if TYPE_CHECKING:  # the measured objects the blocks are made of: drift_budget imports torch, the blocks do not
+    from dflash_eval.metrics.drift_budget import AxisFit, DriftBudget, Level
+    from dflash_eval.metrics.drift_fit import BudgetFit
 
 __all__ = ["Refusal", "DrafterBlock", "DriftAcceptRow", "BudgetLevel", "FitPoint", "BudgetFitBlock",
            "SecondaryAxis", "DriftBudgetBlock", "LayerFingerprint", "FingerprintBlock"]
