@@ -47,7 +47,8 @@ def fragment(prompts: dict[str, float], *, passed: dict[str, bool | None] | None
         "drafter": {"path": "/d", "fingerprint": "f" * 64, "config": {"block_size": 8}},
         "prompts": {p: {"category": "code" if i % 3 else "prose", "tau": tau, "rounds": 0 if math.isnan(tau) else 3,
                         "accept_lengths": [] if math.isnan(tau) else [1, 2, 3], "histogram": [1, 1, 1],
-                        "ddtree": {"8": tau + 0.5}, "ddtree_accept_lengths": {"8": [2, 2]}, "floor": 1.5,
+                        "position_rates": [0.5, 0.25], "ddtree": {"8": tau + 0.5},
+                        "ddtree_accept_lengths": {"8": [2, 2]}, "floor": 1.5,
                         "ddtree_floor": {"8": 2.0}, "prompt_tokens": 5, "completion_tokens": 7,
                         "passed": passed.get(p, None if math.isnan(tau) else tau >= 1.5)}
                     for i, (p, tau) in enumerate(prompts.items())},

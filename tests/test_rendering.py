@@ -10,6 +10,7 @@ import math
 import re
 
 import pytest
+from result_rows import drafter_block, prompt_row
 
 from dflash_eval import report
 from dflash_eval.common.number_text import MISSING, ci_text, fmt, percent_list
@@ -53,12 +54,12 @@ def _cells(text: str, key: str) -> list[str]:
 
 
 def _run(tau: object) -> dict:
-    prompts = {"a": {"category": "c", "tau": tau, "rounds": 3, "accept_lengths": [1, 2, 3], "histogram": [1, 1, 1],
-                     "ddtree": {"8": tau}, "floor": 1.5, "ddtree_floor": {"8": 2.0}, "passed": False},
-               "b": {"category": "c", "tau": 2.5, "rounds": 2, "accept_lengths": [2, 3], "histogram": [0, 1, 1],
-                     "ddtree": {"8": 3.0}, "floor": 1.5, "ddtree_floor": {"8": 2.0}, "passed": True}}
+    prompts = {"a": prompt_row(category="c", tau=tau, rounds=3, accept_lengths=[1, 2, 3], histogram=[1, 1, 1],
+                               ddtree={"8": tau}, floor=1.5, ddtree_floor={"8": 2.0}, passed=False),
+               "b": prompt_row(category="c", tau=2.5, rounds=2, accept_lengths=[2, 3], histogram=[0, 1, 1],
+                               ddtree={"8": 3.0}, floor=1.5, ddtree_floor={"8": 2.0}, passed=True)}
     frag = {"worker": "master", "settings": {}, "target": {"path": "/t", "identity": "i" * 64},
-            "drafter": {"path": "/d", "fingerprint": "f" * 64}, "prompts": prompts, "mean_tau": tau,
+            "drafter": drafter_block(), "prompts": prompts, "mean_tau": tau,
             "mean_floor": 1.5, "mean_ddtree": {"8": tau}, "mean_ddtree_floor": {"8": 2.0}, "timings": {"x": 1.0}}
     return report.merge([frag])
 
@@ -88,7 +89,9 @@ def test_a_report_rendered_again_from_eval_json_is_the_same_text(tmp_path):
     """eval.json writes NaN as null; the convention makes eval.md of the run and eval.md rendered from the file
     the same, as the terminal's tables."""
     data = _run(NAN)
-    data["prompts"]["b"]["online"] = {"tau": NAN}
+    data["prompts"]["b"]["online"] = {"tau": NAN, "rounds": 0, "histogram": [], "position_rates": [],
+                                      "accept_lengths": [], "tokens": 0, "matches_reference": False,
+                                      "first_divergence": None}
     paths = report.write_reports(data, tmp_path / "r")
     back = json.loads(paths["json"].read_text())
     assert back["prompts"]["a"]["tau"] is None

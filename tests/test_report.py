@@ -9,20 +9,22 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from result_rows import drafter_block, prompt_row
 
 from dflash_eval import report
 from dflash_eval.errors import ConfigError
 from dflash_eval.options.settings import OPTIONS, OPTIONS_BY_NAME, EvalSettings
 from dflash_eval.pytest_plugin import safe_id, settings_from_config
+from dflash_eval.session.run_result import RunResult
 
 
 def fragment(worker, prompts, drift=()):
     return {
         "worker": worker, "settings": {"max_new_tokens": 8}, "target": {"path": "/t", "identity": "i" * 64},
-        "drafter": {"path": "/d", "fingerprint": "f" * 64},
-        "prompts": {p: {"category": "c", "tau": tau, "rounds": 3, "accept_lengths": [1, 2, 3],
-                        "histogram": [1, 1, 1], "ddtree": {"8": tau + 0.5}, "floor": 1.5,
-                        "ddtree_floor": {"8": 2.0}, "passed": tau >= 1.5} for p, tau in prompts.items()},
+        "drafter": drafter_block(),
+        "prompts": {p: prompt_row(category="c", tau=tau, rounds=3, accept_lengths=[1, 2, 3], histogram=[1, 1, 1],
+                                  ddtree={"8": tau + 0.5}, floor=1.5, ddtree_floor={"8": 2.0}, passed=tau >= 1.5)
+                    for p, tau in prompts.items()},
         "mean_tau": 2.0, "mean_floor": 1.5, "mean_ddtree": {"8": 2.5}, "mean_ddtree_floor": {"8": 2.0},
         "drift": [{"comparison": "c1", "prompt_id": p, "layer": 0, "rel_err": 1e-3, "cos": 0.9999, "max_abs": 0.1,
                    "rel_tol": 5e-3, "cos_tol": 0.999, "passed": True} for p in drift],
@@ -236,8 +238,10 @@ def budget_fragment(worker, gate_err):
                          "base_mean_tau": 2.0, "base_tau": {"a": 2.0}, "tol": 0.1, "safety": 10.0, "seed": 0,
                          "ladder": "1e-3,1e-1,3e-1,fp8", "budget": 0.1, "ci": [0.05, 0.2], "ci_level": 0.9,
                          "status": "crossed", "lower_bound": False, "gate_limit": 0.01, "skipped": [],
-                         "n_measured": 1, "conclusive": False, "rule": "...",
-                         "fit": {"status": "crossed", "points": [
+                         "min_prompts": 1, "n_measured": 1, "selected_prompts": None, "conclusive": False,
+                         "rule": "...",
+                         "fit": {"method": "isotonic", "status": "crossed", "n_prompts": 1, "ci_level": 0.9,
+                                 "resamples": 0, "crossed_share": 1.0, "points": [
                              {"injected_rel_err": lv["injected_rel_err"], "mean_drop": lv["mean_drop"],
                               "fitted_drop": lv["fitted_drop"]} for lv in levels]}, "levels": levels}
     outcome = "pass" if gate_err * 10 <= 0.05 else "fail" if gate_err * 10 > 0.2 else "inconclusive"
@@ -264,7 +268,7 @@ def test_drift_budget_in_the_reports(tmp_path):
     over = report.merge([budget_fragment("master", 3e-2)])
     assert "| c1 | 0 | 3.00e-02 | a | 3.00e-01 | 1.00e-01 | 0.05–0.2 | 3.33x | FAIL |" in \
         report.render_markdown(over)
-    assert report.measured_drifts(over) == {"c1": 3e-2}
+    assert report.measured_drifts(RunResult.from_dict(over)) == {"c1": 3e-2}
     inside = report.merge([budget_fragment("master", 1e-2)])
     assert "| 10x | INCONCLUSIVE |" in report.render_markdown(inside)
     plain = report.write_reports(report.merge([fragment("master", {"a": 2.0})]), tmp_path / "plain")

@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 
 import pytest
+from result_rows import budget_block, drafter_block, gate_row, level_row, prompt_row
 
 from dflash_eval import report
 from dflash_eval.metrics.verdict import run_verdict
 from dflash_eval.report.budget_plot import FONT_PT, budget_figure
 from dflash_eval.report.render import TERMINAL_ROWS_FULL, TERMINAL_ROWS_SHOWN
+from dflash_eval.session.run_result import RunResult
 
 
 def fragment(n: int, *, low: str | None = None) -> dict:
@@ -23,15 +25,15 @@ def fragment(n: int, *, low: str | None = None) -> dict:
     prompts = {}
     for i in range(n):
         tau = 2.0 + i / 10
-        prompts[f"p{i}"] = {"category": "code", "tau": tau, "rounds": 3, "accept_lengths": [1, 2, 3],
-                            "histogram": [1, 1, 1], "ddtree": {"8": tau + 0.5}, "floor": tau - 0.25,
-                            "ddtree_floor": {"8": tau + 0.25}, "passed": True}
+        prompts[f"p{i}"] = prompt_row(category="code", tau=tau, rounds=3, accept_lengths=[1, 2, 3],
+                                      histogram=[1, 1, 1], ddtree={"8": tau + 0.5}, floor=tau - 0.25,
+                                      ddtree_floor={"8": tau + 0.25}, passed=True)
     if low is not None:
         prompts[low].update(tau=1.0, floor=2.0, passed=False)
     return {"worker": "master", "settings": {"max_new_tokens": 8},
             "target": {"path": "/work/firstgate/../myrepo/models/t", "identity": "i" * 64, "num_layers": 2,
                        "dtype": "torch.bfloat16", "device": "cpu"},
-            "drafter": {"path": "/work/firstgate/../myrepo/ckpt/step_a.pt", "fingerprint": "f" * 64},
+            "drafter": drafter_block("/work/firstgate/../myrepo/ckpt/step_a.pt"),
             "provenance": {"backend": "torch", "dtype": "bfloat16", "device": "cpu", "device_kind": "cpu",
                            "versions": {"torch": "2.13.0", "transformers": "5.20.0", "fla": None,
                                         "python": "3.11.7"},
@@ -43,22 +45,15 @@ def fragment(n: int, *, low: str | None = None) -> dict:
 def budget(outcome: str = "pass") -> dict:
     """A drift budget of 0.1 (90 % CI 0.08-0.12) and one gate row whose drift passes or fails it."""
     err = 0.004 if outcome == "pass" else 0.05
-    levels = [{"kind": "noise", "label": f"noise {e:g}", "nominal": e, "injected_rel_err": e, "mean_tau": 4.31 - e,
-               "mean_drop": e / 2, "drop_ci95": [e / 4, e], "fitted_drop": e / 2, "mean_abs_dtau": e / 2,
-               "max_abs_dtau": e, "within": e / 2 < 0.1} for e in (0.001, 0.01, 0.1, 0.3)]
-    levels.append({"kind": "round", "label": "round bf16", "nominal": None, "injected_rel_err": 0.0017,
-                   "mean_tau": 4.31, "mean_drop": 0.0, "drop_ci95": [0.0, 0.0], "fitted_drop": 0.0,
-                   "mean_abs_dtau": 0.0, "max_abs_dtau": 0.0, "within": True})
-    return {"drift_budget": {"drafter": "d" * 64, "base": "torch/float32", "n_prompts": 37, "base_mean_tau": 4.31,
-                             "tol": 0.1, "safety": 5.0, "seed": 0, "budget": 0.1, "ci": [0.08, 0.12],
-                             "ci_level": 0.9, "status": "crossed", "lower_bound": False, "gate_limit": 0.02,
-                             "fit": {"points": [{"injected_rel_err": lv["injected_rel_err"],
-                                                 "mean_drop": lv["mean_drop"], "fitted_drop": lv["fitted_drop"]}
-                                                for lv in sorted(levels, key=lambda x: x["injected_rel_err"])]},
-                             "levels": levels},
-            "drift_gate": [{"comparison": "bf16-vs-fp32", "layer": 3, "max_rel_err": err, "worst_prompt": "p1",
-                            "budget": 0.1, "safety": 5.0, "margin": 0.1 / err, "lower_bound": False,
-                            "passed": outcome == "pass", "outcome": outcome}]}
+    levels = [level_row(kind="noise", label=f"noise {e:g}", nominal=e, injected_rel_err=e, mean_tau=4.31 - e,
+                        mean_drop=e / 2, drop_ci95=[e / 4, e], fitted_drop=e / 2, mean_abs_dtau=e / 2,
+                        max_abs_dtau=e, within=e / 2 < 0.1) for e in (0.001, 0.01, 0.1, 0.3)]
+    levels.append(level_row(kind="round", label="round bf16", nominal=None, injected_rel_err=0.0017, mean_tau=4.31))
+    points = [{"injected_rel_err": lv["injected_rel_err"], "mean_drop": lv["mean_drop"],
+               "fitted_drop": lv["fitted_drop"]} for lv in sorted(levels, key=lambda x: x["injected_rel_err"])]
+    return {"drift_budget": budget_block(n_prompts=37, base_mean_tau=4.31, fit={"points": points}, levels=levels),
+            "drift_gate": [gate_row(comparison="bf16-vs-fp32", layer=3, max_rel_err=err, worst_prompt="p1",
+                                    margin=0.1 / err, passed=outcome == "pass", outcome=outcome)]}
 
 
 def test_verdict_block_of_a_passing_run(tmp_path):
@@ -157,7 +152,7 @@ def test_drift_budget_plot_reads_without_the_docs(outcome, colour, tmp_path):
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_hex
 
-    data = report.merge([{**fragment(3), **budget(outcome)}])
+    data = RunResult.from_dict(report.merge([{**fragment(3), **budget(outcome)}]))
     fig = budget_figure(data)
     try:
         title = fig._suptitle

@@ -169,7 +169,7 @@ def write_plot(data: dict[str, Any], path: Path, store: Path | None = None) -> P
     return draw_once(path, data, eval_figure, store)
 
 
-def plot_stamp(data: dict[str, Any], build: Callable[[dict[str, Any]], Figure | None]) -> str:
+def plot_stamp(data: dict[str, Any], build: Callable[[Any], Figure | None]) -> str:
     """What a plot is drawn from: the figure's builder, matplotlib's version and ``data`` without its volatile
     fields (:data:`_VOLATILE`), the report folder it is written to and whether the speed-up's costs were read from
     the cache (a warm run's numbers are a cold run's), as a sha256."""
@@ -204,11 +204,12 @@ def _stamp_of(path: Path) -> str | None:
 PLOT_STORE_KEEP = 48
 
 
-def draw_once(path: Path, data: dict[str, Any], build: Callable[[dict[str, Any]], Figure | None],
-              store: Path | None = None) -> Path | None:
-    """The plot ``build(data)`` at ``path``: kept as it is when ``path`` holds the plot drawn from the same data
-    (:func:`plot_stamp`), else copied from ``store`` (a folder of plots by stamp, in the cache folder) when it holds
-    that plot, else drawn and written with that stamp, and kept in ``store`` too (None: nothing to plot)."""
+def draw_once(path: Path, data: dict[str, Any], build: Callable[[Any], Figure | None],
+              store: Path | None = None, *, source: object = None) -> Path | None:
+    """The plot ``build(data)`` (``build(source)`` when given: the typed result ``data`` is the eval.json data of) at
+    ``path``: kept as it is when ``path`` holds the plot drawn from the same data (:func:`plot_stamp`), else copied
+    from ``store`` (a folder of plots by stamp, in the cache folder) when it holds that plot, else drawn and written
+    with that stamp, and kept in ``store`` too (None: nothing to plot)."""
     stamp = plot_stamp(data, build)
     if _stamp_of(path) == stamp:
         return path
@@ -217,7 +218,7 @@ def draw_once(path: Path, data: dict[str, Any], build: Callable[[dict[str, Any]]
         atomic_write_with(path, lambda p: _copy(kept, p))
         _touch(kept)
         return path
-    fig = build(data)
+    fig = build(data if source is None else source)
     if fig is None:
         return None
     save_png(fig, path, stamp)
