@@ -64,15 +64,15 @@ def test_a_plot_is_drawn_once_for_the_same_numbers(tmp_path, monkeypatch):
 
     data = report.merge([fragment("master", {"a": 2.0, "b": 1.0})])
     path = tmp_path / "eval.png"
-    assert report.write_plot(data, path) == path
+    assert report.write_plot(RunResult.from_dict(data), path) == path
     first = path.read_bytes()
     drawn: list[str] = []
     monkeypatch.setattr(plot, "save_png", lambda fig, p, stamp=None: drawn.append(stamp) or p)
-    again = {**data, "timings": {"wall_s": 99.0}, "created": "later"}
-    assert report.write_plot(again, path) == path and not drawn and path.read_bytes() == first
+    again = {**data, "timings": {**data["timings"], "wall_s": 99.0}, "created": "later"}
+    assert report.write_plot(RunResult.from_dict(again), path) == path and not drawn and path.read_bytes() == first
     changed = report.merge([fragment("master", {"a": 2.5, "b": 1.0})])
-    assert report.write_plot(changed, path) == path and len(drawn) == 1 and drawn[0] != plot.plot_stamp(
-        data, plot.eval_figure)
+    assert report.write_plot(RunResult.from_dict(changed), path) == path and len(drawn) == 1 and drawn[0] != \
+        plot.plot_stamp(data, plot.eval_figure)
 
 
 def test_a_new_report_folder_copies_the_plot_from_the_cache_folders_store(tmp_path, monkeypatch):
@@ -97,16 +97,19 @@ def test_a_new_report_folder_copies_the_plot_from_the_cache_folders_store(tmp_pa
     assert plot.plot_stamp(timed, plot.eval_figure) == plot.plot_stamp(read, plot.eval_figure) != plot.plot_stamp(
         {**read, "speedup": {"best": "ddtree-8", "cached": True}}, plot.eval_figure)
     (store / f"{stamp}.png").write_bytes(b"not a png")  # a damaged stored plot is drawn again, not copied
-    assert report.write_plot(data, tmp_path / "three" / "eval.png", store) is not None and drawn == [stamp]
+    assert report.write_plot(RunResult.from_dict(data), tmp_path / "three" / "eval.png", store) is not None
+    assert drawn == [stamp]
     assert plot._stamp_of(store / f"{stamp}.png") == stamp
 
     changed = report.merge([fragment("master", {"a": 2.5, "b": 1.0})])
     (tmp_path / "blocked").write_text("a file where the store's folder would be")
-    assert report.write_plot(changed, tmp_path / "five" / "eval.png", tmp_path / "blocked" / "plots") is not None
+    assert report.write_plot(RunResult.from_dict(changed), tmp_path / "five" / "eval.png",
+                             tmp_path / "blocked" / "plots") is not None
 
     monkeypatch.setattr(plot, "PLOT_STORE_KEEP", 2)
     for a in (3.0, 3.5, 4.0):
-        report.write_plot(report.merge([fragment("master", {"a": a, "b": 1.0})]), tmp_path / f"p{a}.png", store)
+        report.write_plot(RunResult.from_dict(report.merge([fragment("master", {"a": a, "b": 1.0})])),
+                          tmp_path / f"p{a}.png", store)
     assert len(list(store.glob("*.png"))) == 2
 
 

@@ -70,7 +70,7 @@ def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool,
     md = render_markdown(data)
     atomic_write_text(paths["md"], md)
     plots: tuple[tuple[str, str, Callable[[Path], Path | None]], ...] = (
-        ("png", "eval.png", lambda out: write_plot(data, out, plot_store)),
+        ("png", "eval.png", lambda out: write_plot(result, out, plot_store)),
         ("budget_png", "drift_budget.png", lambda out: write_budget_plot(result, out, plot_store)),
         ("speedup_png", SPEEDUP_PLOT, lambda out: write_speedup_plot(data, out, plot_store)))
     for key, name, plot in plots:
