@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -113,3 +115,11 @@ def test_what_is_not_eval_json_is_one_error(tmp_path):
     path.write_text(json.dumps({"schema": 2}))
     with pytest.raises(EvalError, match="schema 2"):
         RunResult.read(path)
+
+
+def test_the_result_imports_nothing_heavy():
+    """The reports, the gate and the CLI read the result: importing it loads neither torch nor numpy."""
+    code = ("import sys; import dflash_eval.session.run_result; "
+            "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

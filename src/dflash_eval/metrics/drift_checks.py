@@ -6,7 +6,7 @@ and its CI: eval.json's ``drift_gate`` rows, decided by the drift gate's rule,
 (:mod:`dflash_eval.metrics.drift`, :mod:`dflash_eval.metrics.drift_budget`), the results and reports read them back
 with :meth:`DriftStat.from_dict` and :meth:`GateCheck.from_dict`. Beside them the drift budget's parts that a result
 holds as they are (:mod:`dflash_eval.metrics.drift_budget` measures them): the drift :class:`Direction` its main axis
-amplifies and the gate's :data:`RULE` in words."""
+amplifies, the gate's :data:`RULE` and the fit's :data:`METHOD` in words."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from dflash_eval.metrics.verdict import PASS, drift_holds, drift_outcome, in_ci
 
-__all__ = ["DriftStat", "GateCheck", "Direction", "RULE"]
+__all__ = ["DriftStat", "GateCheck", "Direction", "RULE", "METHOD"]
 
 
 def _num(v: object, missing: float = math.nan) -> float:
@@ -121,6 +121,10 @@ class GateCheck:
                    d["worst_prompt"], _num(d["budget"]), _num(d["safety"]), _num(lo), _num(hi, math.inf),
                    bool(d.get("lower_bound")), d.get("decided_on") == "estimate")
 
+
+#: How the budget is fitted, in words (eval.json's ``drift_budget.fit.method``; the fit:
+#: :mod:`dflash_eval.metrics.drift_fit`).
+METHOD = "isotonic regression of the mean τ drop on the injected error, log-linear between points"
 
 RULE = ("along the run's measured drift direction amplified (reference + α (other side - reference); isotropic "
         "noise where the run has no second feature side): the injected relative feature error at which a monotone "

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dflash_eval.metrics.drift_checks import METHOD
+
 __all__ = ["CI_LEVEL", "RESAMPLES", "METHOD", "BudgetFit", "isotonic", "crossing", "fit_budget"]
 
 #: Two-sided level of the budget's CI: each end is a one-sided 95 % bound, which is what the gate uses them as.
@@ -74,8 +76,6 @@ def crossing(errors: Sequence[float] | np.ndarray, fitted: Sequence[float] | np.
     return float(math.exp(math.log(x[k - 1]) + t * (math.log(x[k]) - math.log(x[k - 1])))), CROSSED
 
 
-#: How the budget is fitted, in words (eval.json's ``drift_budget.fit.method``).
-METHOD = "isotonic regression of the mean τ drop on the injected error, log-linear between points"
 
 @dataclass(frozen=True)
 class BudgetFit:

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dflash_eval.metrics.drift_checks import RULE, Direction
-from dflash_eval.metrics.drift_fit import METHOD
+from dflash_eval.metrics.drift_checks import METHOD, RULE, Direction
 from dflash_eval.session.rows import Row, _opt
 
 if TYPE_CHECKING:  # the measured objects the blocks are made of: drift_budget imports torch, the blocks do not
