@@ -70,15 +70,29 @@ def _opt(**kw: Any) -> Any:
     return field(default=None, metadata=OPTIONAL, **kw)
 
 
+#: The types of a JSON scalar: a list of them is copied whole, not item by item (token ids, rounds).
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
 def plain(value: object) -> Any:
     """``value`` as eval.json's plain data: rows as dicts, containers copied."""
-    if isinstance(value, Row) or (dataclasses.is_dataclass(value) and hasattr(value, "to_dict")):
-        return value.to_dict()  # a row, or a record of the metrics that writes itself (a drift direction)
+    if isinstance(value, (list, tuple)):
+        if all(type(v) in _SCALARS for v in value):
+            return list(value)
+        return [plain(v) for v in value]
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+    if isinstance(value, Row) or (dataclasses.is_dataclass(value) and hasattr(value, "to_dict")):
+        return value.to_dict()  # a row, or a record of the metrics that writes itself (a drift direction)
     return value
+
+
+@cache
+def _scalar_hint(hint: object) -> bool:
+    """Whether ``hint`` types a JSON scalar (or an optional one), read as it is."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return all(_scalar_hint(a) for a in typing.get_args(hint))
+    return hint in _SCALARS or hint is Any
 
 
 def _typed(hint: object, value: Any) -> Any:
@@ -104,6 +118,10 @@ def _typed(hint: object, value: Any) -> Any:
             except ResultKeyError as exc:
                 raise exc.under(str(k)) from None
         return out
+    if origin is list and args and _scalar_hint(args[0]) and all(type(v) in _SCALARS for v in value):
+        return list(value)  # token ids, accept lengths, τ per sample: copied whole
+    if origin is dict and len(args) == 2 and _scalar_hint(args[1]):
+        return dict(value)
     if origin is list and args:
         items = []
         for i, v in enumerate(value):

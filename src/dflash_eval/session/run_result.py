@@ -39,6 +39,7 @@ from dflash_eval.metrics.verdict import Verdict, stored_verdict
 from dflash_eval.session.blocks import DrafterBlock, DriftAcceptRow, DriftBudgetBlock, FingerprintBlock
 from dflash_eval.session.merge import SCHEMA
 from dflash_eval.session.rows import (
+    _SCALARS,
     CategoryRow,
     ConversationRow,
     PromptRow,
@@ -46,6 +47,7 @@ from dflash_eval.session.rows import (
     Row,
     TurnRow,
     _opt,
+    plain,
 )
 
 __all__ = ["RunResult", "TauMeans", "Speedup", "PooledSpeed", "Timings", "Tests", "NotChecked", "Rejection",
@@ -230,21 +232,10 @@ class RunResult:
         for key in TOP_LEVEL_KEYS:
             if key == "rejected":
                 out.update(self.plugin_fields)
-            value = means.get(key) if key in _TAU_KEYS else _plain(getattr(self, key))
+            value = means.get(key) if key in _TAU_KEYS else plain(getattr(self, key))
             if value is not None or key in means:
                 out[key] = value
         return out
-
-
-def _plain(value: Any) -> Any:
-    """``value`` as eval.json holds it: a fragment through its ``to_dict``, containers copied."""
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _rows(cls: Callable[[Any], Any], key: str) -> Callable[[Any], Any]:
@@ -342,6 +333,8 @@ def _same_keys(given: Any, made: Any, path: tuple[str | int, ...] = ()) -> None:
         for k in given:
             _same_keys(given[k], made[k], (*path, k))
     elif isinstance(given, (list, tuple)) and isinstance(made, (list, tuple)) and len(given) == len(made):
+        if all(type(v) in _SCALARS for v in given):
+            return  # numbers and strings: no keys
         for i, (a, b) in enumerate(zip(given, made)):
             _same_keys(a, b, (*path, i))
 
