@@ -40,13 +40,15 @@ from dflash_eval.metrics.verdict import (
     Verdict,
     compose,
     notice,
+    stored_verdict,
 )
 from dflash_eval.pytest_plugin.junit import junit_properties
 from dflash_eval.pytest_plugin.run_report import fail_a_refused_run
 from dflash_eval.pytest_plugin.state import MERGED
 from dflash_eval.report.gate import gate_data, gate_row, render_gate_markdown
 from dflash_eval.report.html_report import html_verdict_lines, render_html
-from dflash_eval.report.speedup_report import speedup_lines, verdict_line
+from dflash_eval.report.speedup_report import speedup_lines, speedup_of, verdict_line
+from dflash_eval.session.run_result import RunResult
 from dflash_eval.training_loop.history import CheckpointRecord
 from dflash_eval.training_loop.trackers import tracker_scalars, verdict_text
 from dflash_eval.training_loop.trend_table import trend_table
@@ -199,11 +201,12 @@ PLANTED_PASS = compose(Part(FLOORS, True), Part(BASELINE, True), Part(DRIFT_GATE
 
 def _shown(data: dict) -> dict[str, str]:
     """Every surface of a run's verdict, as text."""
-    term = "\n".join(report.verdict_lines(data, report_dir=None))
+    term = "\n".join(report.verdict_lines(RunResult.from_dict(data), report_dir=None))
     return {"terminal": term, "eval.md": report.render_markdown(data),
-            "eval.html": render_html(data, html_verdict_lines(data)),
+            "eval.html": render_html(data, html_verdict_lines(RunResult.from_dict(data))),
             "junit": json.dumps(junit_properties(data), ensure_ascii=False),
-            "speed-up": "\n".join(speedup_lines(data) + [verdict_line(data) or ""]),
+            "speed-up": "\n".join(speedup_lines(speedup_of(data), stored_verdict(data))
+                                   + [verdict_line(speedup_of(data), stored_verdict(data)) or ""]),
             "baseline": report.baseline_line(data) or ""}
 
 
@@ -279,8 +282,8 @@ def test_the_written_reports_carry_the_stored_verdict(tmp_path, monkeypatch):
 
 def test_data_without_a_stored_verdict_is_judged_from_its_own_numbers():
     """An eval.json of an earlier version (no ``verdict``): the reports judge what it holds, once, the same way."""
-    assert report.verdict_lines(_run(3.0), report_dir=None)[0].startswith("dflash-eval: PASS")
-    failing = report.verdict_lines(_run(1.0), report_dir=None)[0]
+    assert report.verdict_lines(RunResult.from_dict(_run(3.0)), report_dir=None)[0].startswith("dflash-eval: PASS")
+    failing = report.verdict_lines(RunResult.from_dict(_run(1.0)), report_dir=None)[0]
     assert failing.startswith("dflash-eval: FAIL (τ below its floors") and "drift gate PASS" in failing
 
 

@@ -21,6 +21,7 @@ from dflash_eval.report.gate import GateRow, error_row, gate_row, gate_table, re
 from dflash_eval.report.step_summary import STEP_SUMMARY_ENV, append_step_summary
 from dflash_eval.report.table_rows import MEAN_ROW
 from dflash_eval.report.tables import TextTable, markdown_table, rich_table, terminal_text
+from dflash_eval.session.run_result import RunResult
 
 NAN = float("nan")
 VALUES = [NAN, None, 1.23456, 2, math.inf]
@@ -73,7 +74,7 @@ def test_a_value_reads_the_same_on_every_surface(tau, tmp_path):
     term, md = report.render_terminal(data), report.render_markdown(data)
     assert _cells(term, "a") == _cells(md, "a") and _cells(term, "a")[1:3] == [want, want]
     assert _cells(term, MEAN_ROW) == _cells(md, MEAN_ROW) and _cells(md, MEAN_ROW)[1] == want
-    assert f"mean chain τ (macro) {want} " in report.verdict_lines(data, report_dir=None)[0]
+    assert f"mean chain τ (macro) {want} " in report.verdict_lines(RunResult.from_dict(data), report_dir=None)[0]
     row = GateRow(drafter=str(tmp_path / "ckpt"), verdict=compose(Part("floors", False, ("x",))), mean_tau=tau,
                   mean_ddtree={"8": tau}, mean_floor=1.5, worst_prompt="a", worst_tau=tau, worst_floor=1.5,
                   seconds=0.5)

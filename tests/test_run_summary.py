@@ -59,7 +59,7 @@ def budget(outcome: str = "pass") -> dict:
 def test_verdict_block_of_a_passing_run(tmp_path):
     data = report.merge([{**fragment(37), **budget("pass")}])
     report.write_reports(data, tmp_path)
-    lines = report.verdict_lines(data, report_dir=tmp_path)
+    lines = report.verdict_lines(RunResult.from_dict(data), report_dir=tmp_path)
     assert lines[0] == ("dflash-eval: PASS — mean chain τ (macro) 3.800 >= floor 1.500 over 37 prompts, none below its "
                         "floor; drift gate PASS")
     assert "mean DDTree-8 τ (macro) 3.000 >= floor 2.000; pooled τ" in lines[1]
@@ -69,7 +69,7 @@ def test_verdict_block_of_a_passing_run(tmp_path):
     assert "bf16-vs-fp32 layer 3, drift 4.00e-03" in lines[2]
     assert lines[-1] == (f"reports: {tmp_path}/ (eval.md, eval.json, eval.html, eval.png, drift_budget.png; eval.md "
                          "holds every table in full)")
-    recorded = report.verdict_lines(data, report_dir=tmp_path, recorded=True)[0]  # --update-tau-floors
+    recorded = report.verdict_lines(RunResult.from_dict(data), report_dir=tmp_path, recorded=True)[0]  # floors written
     assert "none below its floor (floors written by this run); drift gate PASS" in recorded
 
 
@@ -84,7 +84,7 @@ def test_verdict_block_names_why_a_run_fails(case, head, tmp_path):
                           **budget("fail" if case == "gate" else "pass")}])
     data["verdict"] = run_verdict(data, failed_tests=2 if case == "tests" else 0,
                                   exitstatus=2 if case == "exit" else 0).to_dict()  # as the run's end stores it
-    lines = report.verdict_lines(data, report_dir=tmp_path)
+    lines = report.verdict_lines(RunResult.from_dict(data), report_dir=tmp_path)
     assert lines[0].startswith(head), lines
     if case == "prompt":  # the failing prompt is named first, marked
         assert "1 below its floor" in lines[0] and "lowest prompts (chain τ / floor): p3 1.000 / 2.000 FAIL" in lines[1]
@@ -94,10 +94,9 @@ def test_verdict_block_names_why_a_run_fails(case, head, tmp_path):
 
 
 def test_verdict_block_without_tau_or_gate_and_with_a_named_cause():
-    data = report.merge([{"worker": "master", "drift": [], "drafter": {"path": "/d", "fingerprint": "f",
-                                                                       "refused": [{"check": "fc_shape",
-                                                                                    "message": "too small"}]}}])
-    lines = report.verdict_lines(data, report_dir=None)
+    refused = [{"check": "fc_shape", "message": "too small"}]
+    data = report.merge([{"worker": "master", "drift": [], "drafter": drafter_block("/d", "f", refused=refused)}])
+    lines = report.verdict_lines(RunResult.from_dict(data), report_dir=None)
     assert lines[0] == ("dflash-eval: FAIL (the drafter was refused by fc_shape) — τ not measured in this selection; "
                         "drift gate not run")
     assert lines[1].startswith("cause: the drafter /d does not fit the target: refused by architecture check fc_shape")

@@ -32,7 +32,7 @@ Torch-free: the reports and the golden checks read :class:`Divergence` rows with
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -193,9 +193,10 @@ def near_tie_notices(rows: list[dict[str, Any]], limit: int | None = NAMED) -> l
     return lines
 
 
-def near_tie_count(rows: list[dict[str, Any]]) -> str:
-    """``1 golden completion at a near tie, 19 teacher-forced near ties`` ("" when there is none)."""
-    golden = sum(1 for d in rows if d.get("against") != "teacher-forced")
+def near_tie_count(rows: Sequence[Divergence | Mapping[str, Any]]) -> str:
+    """``1 golden completion at a near tie, 19 teacher-forced near ties`` ("" when there is none; ``rows``: the
+    divergences, or eval.json's ``near_ties`` rows)."""
+    golden = sum(1 for d in rows if (d.against if isinstance(d, Divergence) else d.get("against")) != "teacher-forced")
     forced = len(rows) - golden
     return ", ".join(([f"{golden} golden completion{'s' if golden != 1 else ''} at a near tie"] if golden else [])
                      + ([f"{forced} teacher-forced near tie{'s' if forced != 1 else ''}"] if forced else []))

@@ -67,12 +67,12 @@ def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool,
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": report_dir / "eval.json", "md": report_dir / "eval.md"}
     atomic_write_text(paths["json"], dumps_strict(data) + "\n")  # NaN -> null (schema: eval.schema.json)
-    md = render_markdown(data)
+    md = render_markdown(data, result)
     atomic_write_text(paths["md"], md)
     plots: tuple[tuple[str, str, Callable[[Path], Path | None]], ...] = (
         ("png", "eval.png", lambda out: write_plot(result, out, plot_store)),
         ("budget_png", "drift_budget.png", lambda out: write_budget_plot(result, out, plot_store)),
-        ("speedup_png", SPEEDUP_PLOT, lambda out: write_speedup_plot(data, out, plot_store)))
+        ("speedup_png", SPEEDUP_PLOT, lambda out: write_speedup_plot(result, out, plot_store)))
     for key, name, plot in plots:
         written = plot(report_dir / name)
         if written is not None:
@@ -82,7 +82,7 @@ def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool,
     samples = write_samples(result, report_dir / SAMPLES_NAME)  # None (an earlier one removed): no references in data
     if samples is not None:
         paths["samples"] = samples
-    paths["html"] = write_html(data, report_dir / HTML_NAME, recorded=recorded)  # last: it links the others
+    paths["html"] = write_html(data, report_dir / HTML_NAME, recorded=recorded, result=result)  # last: links the rest
     return paths, md
 
 
