@@ -53,6 +53,7 @@ from dflash_eval.metrics.drift_budget import Perturbation, perturb_layers  # noq
 from dflash_eval.metrics.drift_fit import fit_budget  # noqa: E402
 from dflash_eval.metrics.tau import simulate_tau  # noqa: E402
 from dflash_eval.options.settings import EvalSettings  # noqa: E402
+from dflash_eval.session.blocks import DriftBudgetBlock  # noqa: E402
 from dflash_eval.session.eval_session import EvalSession  # noqa: E402
 from dflash_eval.target.backends import fla_available  # noqa: E402
 from dflash_eval.target.provenance import device_name, library_versions  # noqa: E402
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         budget = sess.drift_budget()
         part["budget_s"] = round(time.perf_counter() - t0, 2)
-        part["budget"] = budget.to_json()
+        part["budget"] = DriftBudgetBlock.of(budget).to_dict()
         rec.log(f"{dtype}: {budget.describe()} in {part['budget_s']} s")
         part["drift"] = drift_and_gate(sess)
         part["subsets"] = subset_budgets(part["budget"]["levels"], budget.tol, a.subset_sizes, a.draws)
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     part["seeds"] = {}
     for seed in a.seeds:
         b = EvalSession(dataclasses.replace(sess.settings, drift_budget_seed=seed)).drift_budget()
-        js = b.to_json()
+        js = DriftBudgetBlock.of(b).to_dict()
         part["seeds"][str(seed)] = {"budget": b.budget, "lower_bound": b.lower_bound, "levels": js["levels"],
                                     "subsets": subset_budgets(js["levels"], b.tol, a.subset_sizes, a.draws)}
         rec.log(f"{a.dtypes[0]} seed {seed}: budget {b.budget:.3g}")

@@ -5,6 +5,7 @@ Run: ``pytest tests`` (all unit tests) or ``pytest tests -m 'not slow'``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -15,6 +16,8 @@ import torch
 
 from dflash_eval.drafter import DFlashDrafter, DrafterConfig, save_drafter
 from dflash_eval.measurements.registry import register, registered_here, unregister
+from dflash_eval.report.strict_json import dumps_strict
+from dflash_eval.session.run_result import RunResult
 from dflash_eval.target.head import TargetHead
 from dflash_eval.target.loader import Target, load_target
 from dflash_eval.testing.tiny import build_random_target, random_drafter_config
@@ -64,15 +67,21 @@ def bundled_suite(pytester: pytest.Pytester, suite_checkout: Callable[..., Path]
     with ``args`` after those; pytester's RunResult. The drift budget is measured on those 2 prompts
     (``--drift-budget-min-prompts 2``; a test passes its own after to measure it on more): extending it to the default
     32 would make every such run a full cold run of the bundled set (tests/test_drift_budget_prompts.py checks the
-    extension)."""
+    extension). Each run's eval.json is checked to read back as a :class:`~dflash_eval.session.run_result.RunResult`
+    that writes the same data."""
     suite_checkout()
     fixtures = ROOT / "fixtures"
 
     def go(*args: str, report: str, cache: Path) -> pytest.RunResult:
-        return pytester.runpytest_inprocess(
+        res = pytester.runpytest_inprocess(
             "tests_eval", "-q", "--target-model", str(fixtures / "target"), "--drafter", str(fixtures / "drafter"),
             "--prompts", str(fixtures / "prompts.jsonl"), "--num-prompts", "2", "--cache-dir", str(cache),
             "--drift-budget-min-prompts", "2", "--report-dir", str(tmp_path / report), *args)
+        written = tmp_path / report / "eval.json"
+        if written.is_file():  # whatever the run's options, its eval.json reads back as one typed result, key for key
+            data = json.loads(written.read_text())
+            assert json.loads(dumps_strict(RunResult.read(written).to_dict())) == data
+        return res
 
     return go
 

@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+from result_rows import prompt_row
 
 from dflash_eval import report
 from dflash_eval.metrics.acceptance_rates import acceptance_table, histogram, pool, position_rates
@@ -54,8 +55,16 @@ def test_acceptance_table_pools_rounds_per_category_and_source() -> None:
     assert category_table(rows())["chat"]["acceptance"] == t["chat"]
 
 
+def whole_rows() -> dict[str, dict]:
+    """:func:`rows` as whole prompt rows (the reports read them as typed rows)."""
+    out = {p: prompt_row(**r) for p, r in rows().items()}
+    out["b"]["online"] = {"rounds": 2, "tau": 2.5, "histogram": [0, 1, 1], "position_rates": [1.0, 0.5],
+                          "accept_lengths": [2, 3], "tokens": 5, "matches_reference": True, "first_divergence": None}
+    return out
+
+
 def test_report_tables_side_by_side_and_merge_rebuilds_conversations(tmp_path) -> None:
-    data = report.merge([{"worker": "master", "prompts": rows()}])
+    data = report.merge([{"worker": "master", "prompts": whole_rows()}])
     assert data["conversations"]["c"]["turns"] == ["b", "c2"] and data["conversations"]["c"]["rounds"] == 6
     assert data["conversations"]["c"]["turn_tau"] == [2.5, 1.0] and data["turns"]["2"]["chain"]["n"] == 1
     header, arows = acceptance_rows(data)

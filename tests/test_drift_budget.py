@@ -34,6 +34,7 @@ from dflash_eval.metrics.drift_fit import crossing, fit_budget, isotonic
 from dflash_eval.metrics.tau import chain_tau, draft_table
 from dflash_eval.options.settings import EvalSettings
 from dflash_eval.report.strict_json import dumps_strict
+from dflash_eval.session.blocks import DriftBudgetBlock
 from dflash_eval.session.eval_session import EvalSession
 
 ERRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0]
@@ -133,7 +134,7 @@ def test_budget_json_and_levels():
     lo, hi = b.ci
     assert b.fit.status == "crossed" and 0.3 < lo <= b.budget <= hi < 3.0 and not b.lower_bound
     assert [lv.within(b.tol) for lv in b.levels] == [True, True, True, False, False]
-    js = json.loads(json.dumps(b.to_json()))
+    js = json.loads(json.dumps(DriftBudgetBlock.of(b).to_dict()))
     assert js["budget"] == pytest.approx(b.budget) and js["ci"] == [pytest.approx(lo), pytest.approx(hi)]
     assert js["status"] == "crossed" and js["n_measured"] == 40 and js["gate_limit"] == pytest.approx(b.budget / 5)
     assert js["levels"][3]["mean_drop"] == pytest.approx(0.2) and js["levels"][3]["drop"]["p0"] == pytest.approx(0.8)
@@ -158,7 +159,7 @@ def test_the_drift_axis_is_the_budget_and_the_isotropic_one_is_reported_beside_i
     assert [lv.fitted for lv in b.levels] == [lv.fitted for lv in alone["iso"].levels + alone["drift"].levels]
     text = "along the bf16-vs-fp32 drift of this run (torch/bfloat16 - torch/float32), amplified x1..x300"
     assert b.axis_text == text and text in b.describe() and "isotropic noise and rounding alone" in b.describe()
-    js = json.loads(json.dumps(b.to_json()))
+    js = json.loads(json.dumps(DriftBudgetBlock.of(b).to_dict()))
     assert js["axis"] == "drift" and js["axis_text"] == text and js["direction"]["comparison"] == "bf16-vs-fp32"
     assert js["secondary"]["axis"] == "isotropic" and js["secondary"]["budget"] == pytest.approx(b.secondary.fit.budget)
     assert [lv["axis"] for lv in js["levels"]] == ["isotropic"] * 4 + ["drift"] * 5

@@ -21,6 +21,7 @@ from dflash_eval.metrics.verdict import run_verdict
 from dflash_eval.pytest_plugin.junit import junit_properties
 from dflash_eval.report.plot import worst_prompts
 from dflash_eval.report.strict_json import dumps_strict, strict
+from dflash_eval.session.run_result import RunResult
 
 NAN = float("nan")
 
@@ -47,7 +48,8 @@ def fragment(prompts: dict[str, float], *, passed: dict[str, bool | None] | None
         "drafter": {"path": "/d", "fingerprint": "f" * 64, "config": {"block_size": 8}},
         "prompts": {p: {"category": "code" if i % 3 else "prose", "tau": tau, "rounds": 0 if math.isnan(tau) else 3,
                         "accept_lengths": [] if math.isnan(tau) else [1, 2, 3], "histogram": [1, 1, 1],
-                        "ddtree": {"8": tau + 0.5}, "ddtree_accept_lengths": {"8": [2, 2]}, "floor": 1.5,
+                        "position_rates": [0.5, 0.25], "ddtree": {"8": tau + 0.5},
+                        "ddtree_accept_lengths": {"8": [2, 2]}, "floor": 1.5,
                         "ddtree_floor": {"8": 2.0}, "prompt_tokens": 5, "completion_tokens": 7,
                         "passed": passed.get(p, None if math.isnan(tau) else tau >= 1.5)}
                     for i, (p, tau) in enumerate(prompts.items())},
@@ -119,6 +121,6 @@ def test_plot_size_does_not_grow_with_prompts(n, tmp_path):
     prompts["p7"] = 1.2  # ... but one
     data = report.merge([fragment(prompts)], wall_s=1.0)
     data["mean_tau"] = 3.0
-    assert report.write_plot(data, tmp_path / "eval.png") is not None
+    assert report.write_plot(RunResult.from_dict(data), tmp_path / "eval.png") is not None
     assert png_size(tmp_path / "eval.png") == (1400, 760)
     assert worst_prompts(data["prompts"])[0] == "p7" and len(worst_prompts(data["prompts"])) == min(n, 25)

@@ -26,6 +26,7 @@ import torch
 
 from dflash_eval.golden.completions import GoldenComparison, read_golden
 from dflash_eval.metrics.near_tie import NEAR_TIE_BAND, TopTokens, first_divergence, judge, near_tie_band
+from dflash_eval.session.run_result import RunResult
 from dflash_eval.target.loader import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,6 +161,7 @@ def test_the_verdict_names_golden_near_ties_first_and_groups_the_teacher_forced_
     """Near ties are a part of the run's verdict that only notices: named in every writer's verdict, never a
     failure."""
     from dflash_eval.metrics.verdict import NEAR_TIES, run_verdict
+    from dflash_eval.report import merge
     from dflash_eval.report.summary import verdict_lines
 
     def tie(pid: str, against: str, k: int) -> dict[str, Any]:
@@ -169,7 +171,8 @@ def test_the_verdict_names_golden_near_ties_first_and_groups_the_teacher_forced_
     verdict = run_verdict(data)
     part = verdict.part(NEAR_TIES)
     assert part is not None and part.passed is None and not verdict.reasons
-    lines = verdict_lines(data, report_dir=None)
+    merged = merge([{"worker": "master", "near_ties": data["near_ties"]}])
+    lines = verdict_lines(RunResult.from_dict({**merged, "verdict": verdict.to_dict()}), report_dir=None)
     assert "1 golden completion at a near tie, 6 teacher-forced near ties of the target, not failures" in lines[0]
     notices = [line for line in lines if line.startswith("notice: near tie: ")]
     assert notices[0].startswith("notice: near tie: prompt 'z': the completion leaves the golden completion at "

@@ -78,8 +78,15 @@ class _AddsReserved:
         data["rejected"] = []
 
 
+class _AddsASchemaKey:
+    @pytest.hookimpl
+    def pytest_dflash_eval_result_ready(self, data: dict[str, Any]) -> None:
+        data["speedup"] = {"mine": 1.0}  # a key of eval.json's schema this run left out
+
+
 @pytest.mark.parametrize(("plugin", "says"), [(_Changes(), "changed the existing key 'mean_tau'"),
-                                              (_AddsReserved(), "added the key 'rejected'")])
+                                              (_AddsReserved(), "added the key 'rejected'"),
+                                              (_AddsASchemaKey(), "added the key 'speedup'")])
 def test_a_plugin_may_not_overwrite_a_key(plugin: Any, says: str) -> None:
     pm = plugin_manager(entry_points=False, plugins=[("meddler", plugin)])
     data = {"mean_tau": 2.5, "prompts": {}}

@@ -26,7 +26,8 @@ from dflash_eval.report.html_report import (
     tau_by_position,
     title,
 )
-from dflash_eval.report.speedup_report import speedup_rows
+from dflash_eval.report.speedup_report import speedup_of, speedup_rows
+from dflash_eval.session.run_result import RunResult
 from dflash_eval.testing import browser
 
 NO_BROWSER = ("no Chromium (apt-get install -y chromium, or $DFLASH_EVAL_CHROMIUM): eval.html not opened in a "
@@ -87,21 +88,23 @@ def _whole_run(files: tuple[str, ...]) -> tuple[dict[str, Any], str]:
 
     from dflash_eval.metrics.speedup import speedup_block
     from dflash_eval.metrics.verdict import run_verdict
+    from dflash_eval.report import merge
 
     pieces = ["def ", "f", "(", "):"]
-    data: dict[str, Any] = {"context": {"block_size": 8}, "settings": {}, "mean_tau": 2.0, "mean_floor": 1.0,
-                            "mean_passed": True, "prompts": {"a": _row(list(range(4)), pieces, [2, 1], [2, 1])}}
-    data["drift"] = [{"comparison": c, "prompt_id": "a", "layer": layer, "rel_err": 1e-3 * (layer + 1), "cos": 0.9999,
+    frag: dict[str, Any] = {"worker": "master", "context": {"block_size": 8}, "settings": {}, "mean_tau": 2.0,
+                            "mean_floor": 1.0, "mean_ddtree": {}, "mean_ddtree_floor": {},
+                            "prompts": {"a": _row(list(range(4)), pieces, [2, 1], [2, 1])}}
+    frag["drift"] = [{"comparison": c, "prompt_id": "a", "layer": layer, "rel_err": 1e-3 * (layer + 1), "cos": 0.9999,
                       "max_abs": 0.01, "rel_tol": 5e-2, "cos_tol": 0.998, "passed": True}
                      for c in ("bf16-vs-fp32", "torch-vs-torch-recurrent") for layer in (1, 3)]
-    data["drift_accept"] = [{"comparison": c, "prompt_id": "a", "tau_a": 2.0, "tau_b": 2.0, "diff": 0.0, "tol": 0.5,
+    frag["drift_accept"] = [{"comparison": c, "prompt_id": "a", "tau_a": 2.0, "tau_b": 2.0, "diff": 0.0, "tol": 0.5,
                              "passed": True, "a": "x", "b": "y"} for c in ("bf16-vs-fp32", "torch-vs-torch-recurrent")]
-    data.update(budget("pass"))
-    data["drift_gate"][0]["budget_ci"] = [0.08, 0.12]
-    data["speedup"] = speedup_block(costs(), (2.0, (1.8, 2.2)), {8: (2.5, (2.2, 2.8))}, floor=1.0)
+    frag.update(budget("pass"))
+    frag["speedup"] = speedup_block(costs(), (2.0, (1.8, 2.2)), {8: (2.5, (2.2, 2.8))}, floor=1.0)
+    data = merge([frag])  # eval.json's data, whole: the page's verdict reads it as the typed result
     data["not_checked"] = [{"reason": f"reason number {k}", "tests": k, "first": f"t{k}"} for k in range(1, 7)]
     data["verdict"] = run_verdict(data).to_dict()
-    return data, render_html(data, html_verdict_lines(data), files=files)
+    return data, render_html(data, html_verdict_lines(RunResult.from_dict(data)), files=files)
 
 
 def test_the_page_shows_the_whole_verdict_and_links_every_file() -> None:
@@ -235,7 +238,7 @@ def test_eval_html_of_a_bundled_run_in_a_browser(chromium, bundled_suite, tmp_pa
     (body,) = [a for t, a, *_ in dom.elements if t == "body"]
     assert body.get("data-ready") == "1" and body.get("data-method") == "chain"  # the script ran
     (first,) = dom.find("div", "first")
-    assert first[1] == html_verdict_lines(data)[0] and first[1].startswith("dflash-eval: PASS")
+    assert first[1] == html_verdict_lines(RunResult.from_dict(data))[0] and first[1].startswith("dflash-eval: PASS")
     sections = dom.find("section", "prompt")
     assert len(sections) == len(prompts)
     lowest = min(prompts, key=lambda p: prompts[p]["tau"])
@@ -266,7 +269,7 @@ def test_eval_html_of_a_bundled_run_in_a_browser(chromium, bundled_suite, tmp_pa
     layers = {(r["comparison"], r["layer"]) for r in data["drift"]}
     assert len(dom.find("tr", section="drift")) >= 1 + len(layers) + 1 + len(data["drift_gate"])
     assert len(data["drift_gate"]) == len({(g["comparison"], g["layer"]) for g in data["drift_gate"]}) > 0
-    header, want_rows = speedup_rows(data)  # the strategies' table comes first, the costs' table after it
+    header, want_rows = speedup_rows(speedup_of(data))  # the strategies' table first, the costs' table after it
     cells = [t for _, t in dom.find("td", section="speedup")]
     rows = [cells[i:i + len(header)] for i in range(0, len(header) * len(want_rows), len(header))]
     assert rows == [list(r) for r in want_rows]

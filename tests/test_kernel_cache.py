@@ -19,8 +19,8 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from dflash_eval.common.progress import Compilation, Meter
-from dflash_eval.report.merge import merge
 from dflash_eval.report.render import compile_text
+from dflash_eval.session.merge import merge
 from dflash_eval.target import kernel_cache
 from dflash_eval.target.kernel_cache import ENV, add_sink, use_kernel_cache, watch_compilation
 

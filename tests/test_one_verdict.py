@@ -3,11 +3,14 @@ of a verdict (the floors, the baseline, the drift gate, the speed-up floor, a re
 refused drafter, a plugin's rejection, failed tests) or composes one, and every writer shows the verdict it is
 given, never one of its own.
 
-Two checks: the source (no module but ``metrics/verdict.py`` makes a :class:`~dflash_eval.metrics.verdict.Part` or
-a :class:`~dflash_eval.metrics.verdict.Verdict`, and the writers import nothing from it that judges), and the
-behaviour (a verdict that contradicts the numbers it was composed from, planted where eval.json and a history record
-keep it, is what the terminal, eval.md, eval.html, the junit properties, gate.json, gate.md, history.md and the
-trackers show: had one of them judged a part again, it would show the numbers' verdict instead).
+Three checks: the source (no module outside ``metrics/verdict/`` makes a :class:`~dflash_eval.metrics.verdict.Part`
+or a :class:`~dflash_eval.metrics.verdict.Verdict`, the writers import nothing from it that judges, and no module
+outside it compares a measured τ, drift, budget or speed-up with its floor, tolerance, budget or band: the
+comparison check, shown to fail on a planted module, ``tests/data/judges_again.py``), and the behaviour (a
+verdict that contradicts the numbers it was composed from, planted where eval.json and a history record keep it, is
+what the terminal, eval.md, eval.html, the junit properties, gate.json, gate.md, history.md and the trackers show,
+and what pytest's exit status follows: had one of them judged a part again, it would show the numbers' verdict
+instead).
 
 Run: ``pytest tests/test_one_verdict.py -p no:cacheprovider``
 """
@@ -16,9 +19,12 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from result_rows import prediction, speedup_block
 from test_run_summary import budget
 
 from dflash_eval import report
@@ -27,23 +33,29 @@ from dflash_eval.metrics.verdict import (
     BASELINE,
     DRIFT_GATE,
     FLOORS,
+    REFUSAL,
     REGRESSION,
     SPEEDUP_FLOOR,
     Part,
     Verdict,
     compose,
     notice,
+    stored_verdict,
 )
 from dflash_eval.pytest_plugin.junit import junit_properties
+from dflash_eval.pytest_plugin.run_report import fail_a_refused_run
+from dflash_eval.pytest_plugin.state import MERGED
 from dflash_eval.report.gate import gate_data, gate_row, render_gate_markdown
 from dflash_eval.report.html_report import html_verdict_lines, render_html
-from dflash_eval.report.speedup_report import speedup_lines, verdict_line
+from dflash_eval.report.speedup_report import speedup_lines, speedup_of, verdict_line
+from dflash_eval.session.run_result import RunResult
 from dflash_eval.training_loop.history import CheckpointRecord
 from dflash_eval.training_loop.trackers import tracker_scalars, verdict_text
 from dflash_eval.training_loop.trend_table import trend_table
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dflash_eval"
-VERDICT = PACKAGE / "metrics" / "verdict.py"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "dflash_eval"
+VERDICT = PACKAGE / "metrics" / "verdict"
 
 #: The modules that show a verdict: they may read it (its types, the part names, the verdict eval.json holds, a
 #: drift gate row's stored outcome), never judge a part of it.
@@ -51,28 +63,98 @@ WRITERS = ("report/summary.py", "report/render.py", "report/html_report.py", "re
            "report/table_rows.py", "report/gate.py", "report/plot.py", "report/budget_plot.py",
            "report/run_end.py", "pytest_plugin/junit.py", "training_loop/trackers.py",
            "training_loop/trend_table.py", "training_loop/trend_plot.py", "cli/main.py")
-#: What a writer may import from metrics/verdict.py (``refused``: the refusals eval.json lists).
-READERS = frozenset({"Verdict", "Part", "stored_verdict", "row_outcome", "refused", "FLOORS", "BASELINE",
-                     "SPEEDUP_FLOOR", "REGRESSION", "PLATEAU", "DRIFT_GATE", "REFUSAL", "PLUGINS", "TESTS",
-                     "EXIT_STATUS", "REPORTS", "CHECKPOINT", "PASS", "FAIL", "INCONCLUSIVE"})
+#: What a writer may import from metrics/verdict/ (``refused``: the refusals eval.json lists; ``against``: a τ and
+#: its floor in words, the sign the rule's; ``gating_pass``: the gate's aggregate).
+READERS = frozenset({"Verdict", "Part", "stored_verdict", "row_outcome", "refused", "against", "gating_pass",
+                     "FLOORS", "BASELINE", "SPEEDUP_FLOOR", "REGRESSION", "PLATEAU", "DRIFT_GATE", "REFUSAL", "PLUGINS",
+                     "TESTS", "EXIT_STATUS", "REPORTS", "CHECKPOINT", "PASS", "FAIL", "INCONCLUSIVE"})
 
 
 def _modules() -> list[Path]:
     return [p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts]
 
 
+def _outside_the_verdict() -> list[Path]:
+    return [p for p in _modules() if VERDICT not in p.parents]
+
+
 def test_only_the_verdict_module_makes_a_part_or_a_verdict():
     made = []
-    for path in _modules():
-        if path == VERDICT:
-            continue
+    for path in _outside_the_verdict():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call):
                 name = node.func.id if isinstance(node.func, ast.Name) else \
                     node.func.attr if isinstance(node.func, ast.Attribute) else None
                 if name in ("Part", "Verdict"):
                     made.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {name}(...)")
-    assert not made, "a part or a verdict made outside metrics/verdict.py (add a function there):\n" + "\n".join(made)
+    assert not made, "a part or a verdict made outside metrics/verdict/ (add a function there):\n" + "\n".join(made)
+
+
+# ------------------------------------------------------------------------------------------------ judged once
+#: Names of a measured number: τ, drift (a relative error, a cosine), a drift budget's scaled drift or fitted drop,
+#: a speed-up, a change against a baseline, a near tie's margin, or a plain ``value``.
+MEASURED = re.compile(r"(^|_)(tau|drift|rel_err|cos|speedup|scaled|rel_change|margin|value|fitted|drop)(_|s?$)")
+#: Names of what such a number is judged against.
+THRESHOLD = re.compile(r"(^|_)(floor|tol|tolerance|band|budget|safety)(_|s?$)")
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Every name, attribute and string key an expression mentions."""
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            out.add(n.value)
+    return out
+
+
+def _measured(node: ast.AST) -> bool:
+    """The expression names a measured number, or is a distance (``abs(a - b)``)."""
+    return any(MEASURED.search(n) for n in _names(node)) or any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "abs" for n in ast.walk(node))
+
+
+def judgements(path: Path) -> list[str]:
+    """The ordering comparisons (<, <=, >, >=) in ``path`` of a measured number (:data:`MEASURED`) with a threshold
+    (:data:`THRESHOLD`), as ``line: source``."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Compare) or not any(isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE))
+                                                        for op in node.ops):
+            continue
+        sides = [node.left, *node.comparators]
+        for a, b in zip(sides, sides[1:]):
+            if (_measured(a) and any(THRESHOLD.search(n) for n in _names(b))) or (
+                    _measured(b) and any(THRESHOLD.search(n) for n in _names(a))):
+                found.append((node.lineno, f"{node.lineno}: {ast.unparse(node)}"))
+                break
+    return [text for _, text in sorted(found)]
+
+
+def test_no_module_outside_the_verdict_judges_a_measured_number():
+    """A τ, drift, budget or speed-up compared with its floor, tolerance, budget or band is a verdict: it is made by
+    a rule of metrics/verdict/ (``rules.py``) and read everywhere else, the suite's own tests included."""
+    found = [f"{p.relative_to(ROOT)}:{hit}" for p in _outside_the_verdict() + sorted((ROOT / "tests_eval").glob("*.py"))
+             for hit in judgements(p)]
+    assert not found, "a measured number judged outside metrics/verdict/ (add a rule to rules.py):\n" + "\n".join(
+        found)
+
+
+def test_the_comparison_check_finds_a_planted_judgement():
+    """The check can fail: a module that compares τ, drift, a τ difference, a speed-up and a scaled drift with their
+    thresholds is caught on each line, and its comparisons of counts are not."""
+    found = judgements(ROOT / "tests" / "data" / "judges_again.py")
+    assert [h.split(": ", 1)[1] for h in found] == [
+        "row['tau'] >= row['floor']", "rel_err <= rel_tol", "abs(a - b) <= accept_tol", "speedup < floor",
+        "scaled <= budget"]
+
+
+def test_the_verdict_rules_are_what_the_check_would_find():
+    """The rules themselves are such comparisons (else the check would be looking for the wrong thing)."""
+    assert len(judgements(VERDICT / "rules.py")) >= 8
 
 
 def test_writers_read_the_verdict_and_never_judge():
@@ -102,12 +184,9 @@ def _run(tau: float) -> dict:
                          "mean_diff": 0.0, "ci95": [0.0, 0.0], "ci_method": "t", "rel_change": 0.0, "drop_tol": 0.02,
                          "rise_tol": 0.25, "drop_passed": True, "rise_passed": True, "prompts": {}},
             **budget("pass"),
-            "speedup": {"device": "cpu", "dtype": "float32", "context_len": 64, "floor": 1.0, "passed": True,
-                        "plain_tokens_per_s": 100.0, "best": "chain", "best_budget": None, "near_best": [],
-                        "costs": {"repeats": 3, "step": 0.01}, "pooled": {},
-                        "strategies": {"chain": {"tau": tau, "tau_ci": [tau, tau], "round_s": 0.01, "parts": {},
-                                                 "speedup": 2.0, "speedup_ci": [1.8, 2.2], "tokens_per_s": 200.0,
-                                                 "tokens_per_s_ci": [180.0, 220.0]}}}}
+            "speedup": speedup_block(floor=1.0, passed=True, best="chain", costs={"repeats": 3, "step": 0.01},
+                                     strategies={"chain": prediction(tau=tau, tau_ci=[tau, tau], speedup_ci=[1.8, 2.2],
+                                                                     tokens_per_s_ci=[180.0, 220.0])})}
     return report.merge([frag], outcomes={"t.py::test_tau[p0]": "passed"})
 
 
@@ -122,12 +201,22 @@ PLANTED_PASS = compose(Part(FLOORS, True), Part(BASELINE, True), Part(DRIFT_GATE
 
 def _shown(data: dict) -> dict[str, str]:
     """Every surface of a run's verdict, as text."""
-    term = "\n".join(report.verdict_lines(data, report_dir=None))
+    term = "\n".join(report.verdict_lines(RunResult.from_dict(data), report_dir=None))
     return {"terminal": term, "eval.md": report.render_markdown(data),
-            "eval.html": render_html(data, html_verdict_lines(data)),
+            "eval.html": render_html(data, html_verdict_lines(RunResult.from_dict(data))),
             "junit": json.dumps(junit_properties(data), ensure_ascii=False),
-            "speed-up": "\n".join(speedup_lines(data) + [verdict_line(data) or ""]),
+            "speed-up": "\n".join(speedup_lines(speedup_of(data), stored_verdict(data))
+                                   + [verdict_line(speedup_of(data), stored_verdict(data)) or ""]),
             "baseline": report.baseline_line(data) or ""}
+
+
+def _exit_status(data: dict) -> pytest.ExitCode:
+    """pytest's exit status after a run whose tests all passed and whose merged eval.json data is ``data``."""
+    stash = pytest.Stash()
+    stash[MERGED] = data
+    session = SimpleNamespace(config=SimpleNamespace(stash=stash), exitstatus=pytest.ExitCode.OK)
+    fail_a_refused_run(session)  # type: ignore[arg-type]  # what it reads of a session
+    return session.exitstatus
 
 
 def test_a_run_shows_the_verdict_eval_json_holds_not_its_own():
@@ -144,6 +233,7 @@ def test_a_run_shows_the_verdict_eval_json_holds_not_its_own():
     assert '<div class="verdict fail"' in shown["eval.html"]
     props = junit_properties(data)
     assert props["dflash_eval.verdict"] == "FAIL" and props["dflash_eval.drift_gate"] == "FAIL"
+    assert props["dflash_eval.floors"] == "FAIL"
     assert "--speedup-floor 1 (the server-style loop's chain): FAIL: planted: too slow" in shown["speed-up"]
     assert "floor 1 FAIL" in shown["speed-up"]
     assert shown["baseline"].endswith(": FAIL")
@@ -153,15 +243,47 @@ def test_a_run_shows_the_verdict_eval_json_holds_not_its_own():
     shown = _shown(data)
     assert shown["terminal"].startswith("dflash-eval: PASS — ") and "drift gate PASS" in shown["terminal"]
     assert '<div class="verdict pass"' in shown["eval.html"] and "**dflash-eval: PASS — " in shown["eval.md"]
-    assert junit_properties(data)["dflash_eval.verdict"] == "PASS"
+    assert junit_properties(data)["dflash_eval.verdict"] == "PASS" and junit_properties(data)["dflash_eval.floors"] \
+        == "PASS"
     assert "--speedup-floor 1 (the server-style loop's chain): PASS" in shown["speed-up"]
     assert shown["baseline"].endswith(": PASS")
 
 
+def test_pytests_exit_status_reads_the_stored_verdict():
+    """The parts no test asserts (a refused drafter, a plugin's rejection, the reports) decide the exit status from
+    the stored verdict, not from the data they were composed of; the parts a test asserts are left to that test."""
+    data = _run(3.0)  # nothing refused, every number passes
+    data["verdict"] = compose(Part(FLOORS, True), Part(REFUSAL, False, ("planted: refused",))).to_dict()
+    assert _exit_status(data) == pytest.ExitCode.TESTS_FAILED
+    refused = _run(3.0)
+    refused["drafter"] = {"path": "d", "fingerprint": "f", "config": {}, "refused": [{"check": "c", "message": "m"}]}
+    assert _exit_status(refused) == pytest.ExitCode.TESTS_FAILED  # no stored verdict: judged from the data, once
+    refused["verdict"] = PLANTED_PASS.to_dict()
+    assert _exit_status(refused) == pytest.ExitCode.OK  # the data says refused, the stored verdict does not
+    data["verdict"] = PLANTED_FAIL.to_dict()  # floors, baseline, drift gate, speed-up: their tests' own outcomes
+    assert _exit_status(data) == pytest.ExitCode.OK
+    assert _exit_status({}) == pytest.ExitCode.OK
+
+
+def test_the_written_reports_carry_the_stored_verdict(tmp_path, monkeypatch):
+    """The files of a run (eval.json, eval.md, eval.html) and the CI step summary carry the planted verdict, not the
+    numbers' own."""
+    summary = tmp_path / "step_summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    data = _run(3.0)  # every number passes
+    data["verdict"] = PLANTED_FAIL.to_dict()
+    report.write_reports(data, tmp_path / "reports")
+    written = json.loads((tmp_path / "reports" / "eval.json").read_text(encoding="utf-8"))
+    assert written["verdict"] == PLANTED_FAIL.to_dict()
+    for text in [(tmp_path / "reports" / name).read_text(encoding="utf-8") for name in ("eval.md", "eval.html")] + [
+            summary.read_text(encoding="utf-8")]:
+        assert "planted: τ below its floors" in text and "planted: 2 completions at a near tie" in text
+
+
 def test_data_without_a_stored_verdict_is_judged_from_its_own_numbers():
     """An eval.json of an earlier version (no ``verdict``): the reports judge what it holds, once, the same way."""
-    assert report.verdict_lines(_run(3.0), report_dir=None)[0].startswith("dflash-eval: PASS")
-    failing = report.verdict_lines(_run(1.0), report_dir=None)[0]
+    assert report.verdict_lines(RunResult.from_dict(_run(3.0)), report_dir=None)[0].startswith("dflash-eval: PASS")
+    failing = report.verdict_lines(RunResult.from_dict(_run(1.0)), report_dir=None)[0]
     assert failing.startswith("dflash-eval: FAIL (τ below its floors") and "drift gate PASS" in failing
 
 

@@ -10,9 +10,10 @@ import math
 import re
 
 import pytest
+from result_rows import drafter_block, prompt_row
 
 from dflash_eval import report
-from dflash_eval.common.number_text import MISSING, fmt, percent_list, span
+from dflash_eval.common.number_text import MISSING, ci_text, fmt, percent_list
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.verdict import Part, compose, judge_prompts
@@ -20,6 +21,7 @@ from dflash_eval.report.gate import GateRow, error_row, gate_row, gate_table, re
 from dflash_eval.report.step_summary import STEP_SUMMARY_ENV, append_step_summary
 from dflash_eval.report.table_rows import MEAN_ROW
 from dflash_eval.report.tables import TextTable, markdown_table, rich_table, terminal_text
+from dflash_eval.session.run_result import RunResult
 
 NAN = float("nan")
 VALUES = [NAN, None, 1.23456, 2, math.inf]
@@ -36,7 +38,9 @@ def test_one_number_formatter(args, text):
 
 
 def test_spans_and_percentages_use_the_same_convention():
-    assert span(0.1, NAN, 2) == f"0.10–{MISSING}" and span(None, 2.0) == f"{MISSING}–2.000"
+    assert ci_text(0.1, NAN, 2) == f"0.10–{MISSING}" and ci_text(None, 2.0) == f"{MISSING}–2.000"
+    assert ci_text(1.5, None, 2, unit="x", brackets=True) == f"[1.50x, {MISSING}]"
+    assert ci_text(-0.01, 0.02, 3, "+f", sep="..") == "-0.010..+0.020"
     assert percent_list([0.934, NAN, None, 1.0]) == f"93 {MISSING} {MISSING} 100"
 
 
@@ -51,12 +55,12 @@ def _cells(text: str, key: str) -> list[str]:
 
 
 def _run(tau: object) -> dict:
-    prompts = {"a": {"category": "c", "tau": tau, "rounds": 3, "accept_lengths": [1, 2, 3], "histogram": [1, 1, 1],
-                     "ddtree": {"8": tau}, "floor": 1.5, "ddtree_floor": {"8": 2.0}, "passed": False},
-               "b": {"category": "c", "tau": 2.5, "rounds": 2, "accept_lengths": [2, 3], "histogram": [0, 1, 1],
-                     "ddtree": {"8": 3.0}, "floor": 1.5, "ddtree_floor": {"8": 2.0}, "passed": True}}
+    prompts = {"a": prompt_row(category="c", tau=tau, rounds=3, accept_lengths=[1, 2, 3], histogram=[1, 1, 1],
+                               ddtree={"8": tau}, floor=1.5, ddtree_floor={"8": 2.0}, passed=False),
+               "b": prompt_row(category="c", tau=2.5, rounds=2, accept_lengths=[2, 3], histogram=[0, 1, 1],
+                               ddtree={"8": 3.0}, floor=1.5, ddtree_floor={"8": 2.0}, passed=True)}
     frag = {"worker": "master", "settings": {}, "target": {"path": "/t", "identity": "i" * 64},
-            "drafter": {"path": "/d", "fingerprint": "f" * 64}, "prompts": prompts, "mean_tau": tau,
+            "drafter": drafter_block(), "prompts": prompts, "mean_tau": tau,
             "mean_floor": 1.5, "mean_ddtree": {"8": tau}, "mean_ddtree_floor": {"8": 2.0}, "timings": {"x": 1.0}}
     return report.merge([frag])
 
@@ -70,7 +74,7 @@ def test_a_value_reads_the_same_on_every_surface(tau, tmp_path):
     term, md = report.render_terminal(data), report.render_markdown(data)
     assert _cells(term, "a") == _cells(md, "a") and _cells(term, "a")[1:3] == [want, want]
     assert _cells(term, MEAN_ROW) == _cells(md, MEAN_ROW) and _cells(md, MEAN_ROW)[1] == want
-    assert f"mean chain τ (macro) {want} " in report.verdict_lines(data, report_dir=None)[0]
+    assert f"mean chain τ (macro) {want} " in report.verdict_lines(RunResult.from_dict(data), report_dir=None)[0]
     row = GateRow(drafter=str(tmp_path / "ckpt"), verdict=compose(Part("floors", False, ("x",))), mean_tau=tau,
                   mean_ddtree={"8": tau}, mean_floor=1.5, worst_prompt="a", worst_tau=tau, worst_floor=1.5,
                   seconds=0.5)
@@ -86,7 +90,9 @@ def test_a_report_rendered_again_from_eval_json_is_the_same_text(tmp_path):
     """eval.json writes NaN as null; the convention makes eval.md of the run and eval.md rendered from the file
     the same, as the terminal's tables."""
     data = _run(NAN)
-    data["prompts"]["b"]["online"] = {"tau": NAN}
+    data["prompts"]["b"]["online"] = {"tau": NAN, "rounds": 0, "histogram": [], "position_rates": [],
+                                      "accept_lengths": [], "tokens": 0, "matches_reference": False,
+                                      "first_divergence": None}
     paths = report.write_reports(data, tmp_path / "r")
     back = json.loads(paths["json"].read_text())
     assert back["prompts"]["a"]["tau"] is None

@@ -9,20 +9,22 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from result_rows import drafter_block, prompt_row
 
 from dflash_eval import report
 from dflash_eval.errors import ConfigError
 from dflash_eval.options.settings import OPTIONS, OPTIONS_BY_NAME, EvalSettings
 from dflash_eval.pytest_plugin import safe_id, settings_from_config
+from dflash_eval.session.run_result import RunResult
 
 
 def fragment(worker, prompts, drift=()):
     return {
         "worker": worker, "settings": {"max_new_tokens": 8}, "target": {"path": "/t", "identity": "i" * 64},
-        "drafter": {"path": "/d", "fingerprint": "f" * 64},
-        "prompts": {p: {"category": "c", "tau": tau, "rounds": 3, "accept_lengths": [1, 2, 3],
-                        "histogram": [1, 1, 1], "ddtree": {"8": tau + 0.5}, "floor": 1.5,
-                        "ddtree_floor": {"8": 2.0}, "passed": tau >= 1.5} for p, tau in prompts.items()},
+        "drafter": drafter_block(),
+        "prompts": {p: prompt_row(category="c", tau=tau, rounds=3, accept_lengths=[1, 2, 3], histogram=[1, 1, 1],
+                                  ddtree={"8": tau + 0.5}, floor=1.5, ddtree_floor={"8": 2.0}, passed=tau >= 1.5)
+                    for p, tau in prompts.items()},
         "mean_tau": 2.0, "mean_floor": 1.5, "mean_ddtree": {"8": 2.5}, "mean_ddtree_floor": {"8": 2.0},
         "drift": [{"comparison": "c1", "prompt_id": p, "layer": 0, "rel_err": 1e-3, "cos": 0.9999, "max_abs": 0.1,
                    "rel_tol": 5e-3, "cos_tol": 0.999, "passed": True} for p in drift],
@@ -62,15 +64,15 @@ def test_a_plot_is_drawn_once_for_the_same_numbers(tmp_path, monkeypatch):
 
     data = report.merge([fragment("master", {"a": 2.0, "b": 1.0})])
     path = tmp_path / "eval.png"
-    assert report.write_plot(data, path) == path
+    assert report.write_plot(RunResult.from_dict(data), path) == path
     first = path.read_bytes()
     drawn: list[str] = []
     monkeypatch.setattr(plot, "save_png", lambda fig, p, stamp=None: drawn.append(stamp) or p)
-    again = {**data, "timings": {"wall_s": 99.0}, "created": "later"}
-    assert report.write_plot(again, path) == path and not drawn and path.read_bytes() == first
+    again = {**data, "timings": {**data["timings"], "wall_s": 99.0}, "created": "later"}
+    assert report.write_plot(RunResult.from_dict(again), path) == path and not drawn and path.read_bytes() == first
     changed = report.merge([fragment("master", {"a": 2.5, "b": 1.0})])
-    assert report.write_plot(changed, path) == path and len(drawn) == 1 and drawn[0] != plot.plot_stamp(
-        data, plot.eval_figure)
+    assert report.write_plot(RunResult.from_dict(changed), path) == path and len(drawn) == 1 and drawn[0] != \
+        plot.plot_stamp(data, plot.eval_figure)
 
 
 def test_a_new_report_folder_copies_the_plot_from_the_cache_folders_store(tmp_path, monkeypatch):
@@ -95,16 +97,19 @@ def test_a_new_report_folder_copies_the_plot_from_the_cache_folders_store(tmp_pa
     assert plot.plot_stamp(timed, plot.eval_figure) == plot.plot_stamp(read, plot.eval_figure) != plot.plot_stamp(
         {**read, "speedup": {"best": "ddtree-8", "cached": True}}, plot.eval_figure)
     (store / f"{stamp}.png").write_bytes(b"not a png")  # a damaged stored plot is drawn again, not copied
-    assert report.write_plot(data, tmp_path / "three" / "eval.png", store) is not None and drawn == [stamp]
+    assert report.write_plot(RunResult.from_dict(data), tmp_path / "three" / "eval.png", store) is not None
+    assert drawn == [stamp]
     assert plot._stamp_of(store / f"{stamp}.png") == stamp
 
     changed = report.merge([fragment("master", {"a": 2.5, "b": 1.0})])
     (tmp_path / "blocked").write_text("a file where the store's folder would be")
-    assert report.write_plot(changed, tmp_path / "five" / "eval.png", tmp_path / "blocked" / "plots") is not None
+    assert report.write_plot(RunResult.from_dict(changed), tmp_path / "five" / "eval.png",
+                             tmp_path / "blocked" / "plots") is not None
 
     monkeypatch.setattr(plot, "PLOT_STORE_KEEP", 2)
     for a in (3.0, 3.5, 4.0):
-        report.write_plot(report.merge([fragment("master", {"a": a, "b": 1.0})]), tmp_path / f"p{a}.png", store)
+        report.write_plot(RunResult.from_dict(report.merge([fragment("master", {"a": a, "b": 1.0})])),
+                          tmp_path / f"p{a}.png", store)
     assert len(list(store.glob("*.png"))) == 2
 
 
@@ -236,8 +241,10 @@ def budget_fragment(worker, gate_err):
                          "base_mean_tau": 2.0, "base_tau": {"a": 2.0}, "tol": 0.1, "safety": 10.0, "seed": 0,
                          "ladder": "1e-3,1e-1,3e-1,fp8", "budget": 0.1, "ci": [0.05, 0.2], "ci_level": 0.9,
                          "status": "crossed", "lower_bound": False, "gate_limit": 0.01, "skipped": [],
-                         "n_measured": 1, "conclusive": False, "rule": "...",
-                         "fit": {"status": "crossed", "points": [
+                         "min_prompts": 1, "n_measured": 1, "selected_prompts": None, "conclusive": False,
+                         "rule": "...",
+                         "fit": {"method": "isotonic", "status": "crossed", "n_prompts": 1, "ci_level": 0.9,
+                                 "resamples": 0, "crossed_share": 1.0, "points": [
                              {"injected_rel_err": lv["injected_rel_err"], "mean_drop": lv["mean_drop"],
                               "fitted_drop": lv["fitted_drop"]} for lv in levels]}, "levels": levels}
     outcome = "pass" if gate_err * 10 <= 0.05 else "fail" if gate_err * 10 > 0.2 else "inconclusive"
@@ -264,7 +271,7 @@ def test_drift_budget_in_the_reports(tmp_path):
     over = report.merge([budget_fragment("master", 3e-2)])
     assert "| c1 | 0 | 3.00e-02 | a | 3.00e-01 | 1.00e-01 | 0.05–0.2 | 3.33x | FAIL |" in \
         report.render_markdown(over)
-    assert report.measured_drifts(over) == {"c1": 3e-2}
+    assert report.measured_drifts(RunResult.from_dict(over)) == {"c1": 3e-2}
     inside = report.merge([budget_fragment("master", 1e-2)])
     assert "| 10x | INCONCLUSIVE |" in report.render_markdown(inside)
     plain = report.write_reports(report.merge([fragment("master", {"a": 2.0})]), tmp_path / "plain")

@@ -35,6 +35,7 @@ from dflash_eval.metrics.verdict import (
 from dflash_eval.session.blocks import DrafterBlock, DriftBudgetBlock, FingerprintBlock
 from dflash_eval.session.eval_result import EvalResult, TauSummary
 from dflash_eval.session.rows import PromptRow, Row
+from dflash_eval.session.run_result import RunResult
 
 NAN = float("nan")
 
@@ -278,5 +279,6 @@ def test_floors_that_judge_nothing_are_said_so():
 def test_the_run_verdict(data, kw, passed, reasons):
     v = run_verdict(data, **kw)
     assert (v.passed, v.reasons) == (passed, reasons)
-    head = report.verdict_lines(data, report_dir=None, verdict=v)[0]
+    empty = RunResult.from_dict(report.merge([{"worker": "master"}]))  # the head line says the verdict it is given
+    head = report.verdict_lines(empty, report_dir=None, verdict=v)[0]
     assert head.startswith("dflash-eval: " + ("PASS" if passed else "FAIL")) and all(r in head for r in reasons)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 
 import pytest
+from result_rows import budget_block, drafter_block, gate_row, level_row, prompt_row
 
 from dflash_eval import report
 from dflash_eval.metrics.verdict import run_verdict
 from dflash_eval.report.budget_plot import FONT_PT, budget_figure
 from dflash_eval.report.render import TERMINAL_ROWS_FULL, TERMINAL_ROWS_SHOWN
+from dflash_eval.session.run_result import RunResult
 
 
 def fragment(n: int, *, low: str | None = None) -> dict:
@@ -23,15 +25,15 @@ def fragment(n: int, *, low: str | None = None) -> dict:
     prompts = {}
     for i in range(n):
         tau = 2.0 + i / 10
-        prompts[f"p{i}"] = {"category": "code", "tau": tau, "rounds": 3, "accept_lengths": [1, 2, 3],
-                            "histogram": [1, 1, 1], "ddtree": {"8": tau + 0.5}, "floor": tau - 0.25,
-                            "ddtree_floor": {"8": tau + 0.25}, "passed": True}
+        prompts[f"p{i}"] = prompt_row(category="code", tau=tau, rounds=3, accept_lengths=[1, 2, 3],
+                                      histogram=[1, 1, 1], ddtree={"8": tau + 0.5}, floor=tau - 0.25,
+                                      ddtree_floor={"8": tau + 0.25}, passed=True)
     if low is not None:
         prompts[low].update(tau=1.0, floor=2.0, passed=False)
     return {"worker": "master", "settings": {"max_new_tokens": 8},
             "target": {"path": "/work/firstgate/../myrepo/models/t", "identity": "i" * 64, "num_layers": 2,
                        "dtype": "torch.bfloat16", "device": "cpu"},
-            "drafter": {"path": "/work/firstgate/../myrepo/ckpt/step_a.pt", "fingerprint": "f" * 64},
+            "drafter": drafter_block("/work/firstgate/../myrepo/ckpt/step_a.pt"),
             "provenance": {"backend": "torch", "dtype": "bfloat16", "device": "cpu", "device_kind": "cpu",
                            "versions": {"torch": "2.13.0", "transformers": "5.20.0", "fla": None,
                                         "python": "3.11.7"},
@@ -43,28 +45,21 @@ def fragment(n: int, *, low: str | None = None) -> dict:
 def budget(outcome: str = "pass") -> dict:
     """A drift budget of 0.1 (90 % CI 0.08-0.12) and one gate row whose drift passes or fails it."""
     err = 0.004 if outcome == "pass" else 0.05
-    levels = [{"kind": "noise", "label": f"noise {e:g}", "nominal": e, "injected_rel_err": e, "mean_tau": 4.31 - e,
-               "mean_drop": e / 2, "drop_ci95": [e / 4, e], "fitted_drop": e / 2, "mean_abs_dtau": e / 2,
-               "max_abs_dtau": e, "within": e / 2 < 0.1} for e in (0.001, 0.01, 0.1, 0.3)]
-    levels.append({"kind": "round", "label": "round bf16", "nominal": None, "injected_rel_err": 0.0017,
-                   "mean_tau": 4.31, "mean_drop": 0.0, "drop_ci95": [0.0, 0.0], "fitted_drop": 0.0,
-                   "mean_abs_dtau": 0.0, "max_abs_dtau": 0.0, "within": True})
-    return {"drift_budget": {"drafter": "d" * 64, "base": "torch/float32", "n_prompts": 37, "base_mean_tau": 4.31,
-                             "tol": 0.1, "safety": 5.0, "seed": 0, "budget": 0.1, "ci": [0.08, 0.12],
-                             "ci_level": 0.9, "status": "crossed", "lower_bound": False, "gate_limit": 0.02,
-                             "fit": {"points": [{"injected_rel_err": lv["injected_rel_err"],
-                                                 "mean_drop": lv["mean_drop"], "fitted_drop": lv["fitted_drop"]}
-                                                for lv in sorted(levels, key=lambda x: x["injected_rel_err"])]},
-                             "levels": levels},
-            "drift_gate": [{"comparison": "bf16-vs-fp32", "layer": 3, "max_rel_err": err, "worst_prompt": "p1",
-                            "budget": 0.1, "safety": 5.0, "margin": 0.1 / err, "lower_bound": False,
-                            "passed": outcome == "pass", "outcome": outcome}]}
+    levels = [level_row(kind="noise", label=f"noise {e:g}", nominal=e, injected_rel_err=e, mean_tau=4.31 - e,
+                        mean_drop=e / 2, drop_ci95=[e / 4, e], fitted_drop=e / 2, mean_abs_dtau=e / 2,
+                        max_abs_dtau=e, within=e / 2 < 0.1) for e in (0.001, 0.01, 0.1, 0.3)]
+    levels.append(level_row(kind="round", label="round bf16", nominal=None, injected_rel_err=0.0017, mean_tau=4.31))
+    points = [{"injected_rel_err": lv["injected_rel_err"], "mean_drop": lv["mean_drop"],
+               "fitted_drop": lv["fitted_drop"]} for lv in sorted(levels, key=lambda x: x["injected_rel_err"])]
+    return {"drift_budget": budget_block(n_prompts=37, base_mean_tau=4.31, fit={"points": points}, levels=levels),
+            "drift_gate": [gate_row(comparison="bf16-vs-fp32", layer=3, max_rel_err=err, worst_prompt="p1",
+                                    margin=0.1 / err, passed=outcome == "pass", outcome=outcome)]}
 
 
 def test_verdict_block_of_a_passing_run(tmp_path):
     data = report.merge([{**fragment(37), **budget("pass")}])
     report.write_reports(data, tmp_path)
-    lines = report.verdict_lines(data, report_dir=tmp_path)
+    lines = report.verdict_lines(RunResult.from_dict(data), report_dir=tmp_path)
     assert lines[0] == ("dflash-eval: PASS — mean chain τ (macro) 3.800 >= floor 1.500 over 37 prompts, none below its "
                         "floor; drift gate PASS")
     assert "mean DDTree-8 τ (macro) 3.000 >= floor 2.000; pooled τ" in lines[1]
@@ -74,7 +69,7 @@ def test_verdict_block_of_a_passing_run(tmp_path):
     assert "bf16-vs-fp32 layer 3, drift 4.00e-03" in lines[2]
     assert lines[-1] == (f"reports: {tmp_path}/ (eval.md, eval.json, eval.html, eval.png, drift_budget.png; eval.md "
                          "holds every table in full)")
-    recorded = report.verdict_lines(data, report_dir=tmp_path, recorded=True)[0]  # --update-tau-floors
+    recorded = report.verdict_lines(RunResult.from_dict(data), report_dir=tmp_path, recorded=True)[0]  # floors written
     assert "none below its floor (floors written by this run); drift gate PASS" in recorded
 
 
@@ -89,7 +84,7 @@ def test_verdict_block_names_why_a_run_fails(case, head, tmp_path):
                           **budget("fail" if case == "gate" else "pass")}])
     data["verdict"] = run_verdict(data, failed_tests=2 if case == "tests" else 0,
                                   exitstatus=2 if case == "exit" else 0).to_dict()  # as the run's end stores it
-    lines = report.verdict_lines(data, report_dir=tmp_path)
+    lines = report.verdict_lines(RunResult.from_dict(data), report_dir=tmp_path)
     assert lines[0].startswith(head), lines
     if case == "prompt":  # the failing prompt is named first, marked
         assert "1 below its floor" in lines[0] and "lowest prompts (chain τ / floor): p3 1.000 / 2.000 FAIL" in lines[1]
@@ -99,10 +94,9 @@ def test_verdict_block_names_why_a_run_fails(case, head, tmp_path):
 
 
 def test_verdict_block_without_tau_or_gate_and_with_a_named_cause():
-    data = report.merge([{"worker": "master", "drift": [], "drafter": {"path": "/d", "fingerprint": "f",
-                                                                       "refused": [{"check": "fc_shape",
-                                                                                    "message": "too small"}]}}])
-    lines = report.verdict_lines(data, report_dir=None)
+    refused = [{"check": "fc_shape", "message": "too small"}]
+    data = report.merge([{"worker": "master", "drift": [], "drafter": drafter_block("/d", "f", refused=refused)}])
+    lines = report.verdict_lines(RunResult.from_dict(data), report_dir=None)
     assert lines[0] == ("dflash-eval: FAIL (the drafter was refused by fc_shape) — τ not measured in this selection; "
                         "drift gate not run")
     assert lines[1].startswith("cause: the drafter /d does not fit the target: refused by architecture check fc_shape")
@@ -157,7 +151,7 @@ def test_drift_budget_plot_reads_without_the_docs(outcome, colour, tmp_path):
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_hex
 
-    data = report.merge([{**fragment(3), **budget(outcome)}])
+    data = RunResult.from_dict(report.merge([{**fragment(3), **budget(outcome)}]))
     fig = budget_figure(data)
     try:
         title = fig._suptitle

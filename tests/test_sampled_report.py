@@ -23,7 +23,8 @@ TAUS = {"a": [1.2, 1.6, 1.4, 1.8], "b": [2.0, 2.4, 2.2, 2.6], "c": [0.6, 0.7, 0.
 
 def _row(pid: str, taus: list[float], *, sampled: bool) -> dict:
     row = {"category": "code", "tau": statistics.fmean(taus), "rounds": 4, "accept_lengths": [1, 2, 1, 2],
-           "histogram": [2, 2], "ddtree": {"8": statistics.fmean(taus) + 0.2}, "ddtree_accept_lengths": {"8": [2]},
+           "histogram": [2, 2], "position_rates": [0.5], "ddtree": {"8": statistics.fmean(taus) + 0.2},
+           "ddtree_accept_lengths": {"8": [2]},
            "floor": 1.0, "ddtree_floor": {"8": 1.0}, "prompt_tokens": 5, "completion_tokens": 7, "passed": True}
     if sampled:
         row.update(samples=len(taus), sample_tau=taus, sample_ci95=[min(taus), max(taus)],
@@ -36,7 +37,8 @@ def _row(pid: str, taus: list[float], *, sampled: bool) -> dict:
 
 def _merged(sampled: bool) -> dict:
     frag = {"worker": "master", "settings": {"temperature": 0.6 if sampled else 0.0},
-            "prompts": {p: _row(p, t, sampled=sampled) for p, t in TAUS.items()}, "mean_tau": 1.5}
+            "prompts": {p: _row(p, t, sampled=sampled) for p, t in TAUS.items()}, "mean_tau": 1.5,
+            "mean_floor": None, "mean_ddtree": {}, "mean_ddtree_floor": {}}
     return json.loads(dumps_strict(report.merge([frag], wall_s=1.0)))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import transformers
+from result_rows import prompt_row
 
 from dflash_eval import report
 from dflash_eval.options.settings import EvalSettings
@@ -24,6 +25,8 @@ from dflash_eval.report.samples import SAMPLES_NAME, sample_records, write_sampl
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.session.eval_result import EvalResult
 from dflash_eval.session.eval_session import EvalSession
+from dflash_eval.session.rows import ResultKeyError
+from dflash_eval.session.run_result import RunResult
 from dflash_eval.target.sampling import stream_seed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,7 +151,7 @@ def test_sampled_rows_one_line_per_sample(tiny_target_dir, tiny_drafter_dir, tmp
         assert [c["tau"] for c in comps] == row["sample_tau"]
         assert [a for c in comps for a in c["accept_lengths"]] == row["accept_lengths"]  # the pooled rounds
         assert [c["ddtree"]["8"] for c in comps] == row["ddtree_sample_tau"]["8"]
-    recs = list(sample_records(report.merge([frag], wall_s=1.0)))
+    recs = list(sample_records(RunResult.from_dict(report.merge([frag], wall_s=1.0))))
     assert [(r["prompt_id"], r["sample"]) for r in recs] == [(p, k) for p in TEXTS for k in range(3)]
     assert all(r["temperature"] == 0.9 and r["seed"] is not None for r in recs)
     _schema_validator().validate(json.loads(dumps_strict(report.merge([frag], wall_s=1.0))))
@@ -157,9 +160,9 @@ def test_sampled_rows_one_line_per_sample(tiny_target_dir, tiny_drafter_dir, tmp
 def test_no_references_no_samples_file_and_an_earlier_one_removed(tmp_path) -> None:
     path = tmp_path / SAMPLES_NAME
     path.write_text('{"prompt_id": "from an earlier run"}\n')
-    row = {"category": "c", "tau": 2.0, "rounds": 1, "accept_lengths": [2], "ddtree": {}, "passed": None}
-    assert write_samples({"prompts": {"a": row}}, path) is None and not path.exists()
-    bad = {"prompts": {"a": {**row, "completions": [{"sample": 0}]}}}
-    with pytest.raises(KeyError):  # a row that claims references must hold them whole
-        write_samples(bad, path)
-    assert not path.exists()
+    row = prompt_row(category="c", tau=2.0, rounds=1, accept_lengths=[2])
+    result = RunResult.from_dict(report.merge([{"worker": "master", "prompts": {"a": row}}], wall_s=1.0))
+    assert write_samples(result, path) is None and not path.exists()
+    bad = report.merge([{"worker": "master", "prompts": {"a": {**row, "completions": [{"sample": 0}]}}}], wall_s=1.0)
+    with pytest.raises(ResultKeyError, match=r"missing key 'prompts\.a\.completions\[0\]\.source'"):
+        RunResult.from_dict(bad)  # a row that claims references must hold them whole

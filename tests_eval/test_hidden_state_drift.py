@@ -38,7 +38,7 @@ import pytest
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.metrics.drift import fingerprint_change
 from dflash_eval.metrics.drift_budget import gate_reason, impact
-from dflash_eval.metrics.verdict import FAIL, INCONCLUSIVE
+from dflash_eval.metrics.verdict import FAIL, INCONCLUSIVE, tau_agrees
 from dflash_eval.pytest_plugin import SetupError, collect, safe_id, setup_error_param
 from dflash_eval.target.backends import split_backend
 from dflash_eval.target.loader import TargetDir
@@ -130,7 +130,7 @@ def test_functional_drift_accept_len(comparison, prompt_id, eval_session, drafte
     a, b = d.accept[prompt_id]
     c = d.comparison
     assert not (math.isnan(a) or math.isnan(b)), f"prompt {prompt_id!r}: no speculative rounds to compare"
-    assert abs(a - b) <= c.accept_tol, (
+    assert tau_agrees(a, b, c.accept_tol), (
         f"prompt {prompt_id!r}: acceptance length with {c.a.label} features {a:.3f} vs with {c.b.label} features "
         f"{b:.3f}: |diff| {abs(a - b):.3f} > tol {c.accept_tol}")
 

@@ -37,7 +37,8 @@ def pytest_dflash_eval_result_ready(settings: EvalSettings, data: dict[str, Any]
 
     :param settings: the run's :class:`~dflash_eval.options.settings.EvalSettings`.
     :param data: the mapping; an implementation may add new top-level keys to it. Changing or removing a key that
-        was there, or adding one the suite adds after the hook (``rejected``, ``verdict``), is refused (a
+        was there, or adding one the suite adds after the hook (``rejected``, ``verdict``) or any other key of
+        eval.json's schema (one the run left out, e.g. ``speedup``), is refused (a
         :class:`~dflash_eval.errors.PluginError` naming the plugin and the key).
     :return: None to accept the result, or a reason string to reject it: a rejected pytest run fails (exit 1, the
         reason printed and recorded in eval.json's ``rejected``); the Evaluator raises

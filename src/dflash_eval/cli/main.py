@@ -72,6 +72,7 @@ from dflash_eval.common.third_party import one_line_warnings, quiet_libraries
 from dflash_eval.common.torch_check import require_torch
 from dflash_eval.errors import ConfigError, DFlashEvalError, StorageError
 from dflash_eval.golden.needed import gate_floors_message, missing_floors
+from dflash_eval.metrics.verdict import gating_pass
 from dflash_eval.options.commands import add_command_options, environ_for, misspelled, refused
 from dflash_eval.options.invocation import option_pieces, shell_join
 from dflash_eval.options.preflight import preflight
@@ -218,10 +219,10 @@ def _report(ns: argparse.Namespace, rows: list[GateRow], settings: EvalSettings,
     print(NOT_CHECKED.replace("`", ""))
     if ns.json_out:
         atomic_write_text(Path(ns.json_out), dumps_strict({"checkpoints": [r.to_json() for r in rows],
-                                                           "passed": not gating}) + "\n")
+                                                           "passed": gating_pass(rows)}) + "\n")
     paths = write_gate_report(rows, settings, wall_s=time.perf_counter() - t_all)
     print("reports: " + ", ".join(str(p) for p in paths.values()))
-    return EXIT_FAIL if gating else EXIT_OK
+    return EXIT_OK if gating_pass(rows) else EXIT_FAIL
 
 
 def gate(ns: argparse.Namespace) -> int:

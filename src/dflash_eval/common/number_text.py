@@ -4,7 +4,9 @@ their reasons, and the gate CLI.
 One number formatter (:func:`fmt`) with one convention for a value that is not there: ``-`` for None, NaN and
 anything that is not a number (a τ without a round, a floor never recorded, a CI that could not be computed).
 ``-`` rather than ``nan`` because eval.json and gate.json are strict JSON, which writes NaN as null: a table rendered
-during the run and one rendered again from the file read the same. Infinities read ``inf`` / ``-inf``.
+during the run and one rendered again from the file read the same. Infinities read ``inf`` / ``-inf``. One
+interval formatter (:func:`ci_text`): a confidence interval reads ``lo–hi`` in a table's cell and ``[lo, hi]`` after
+its estimate, each end through :func:`fmt`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, TypeGuard
 
-__all__ = ["MISSING", "fmt", "span", "percent_list", "verdict_text", "is_number"]
+__all__ = ["MISSING", "fmt", "ci_text", "ends", "percent_list", "verdict_text", "is_number"]
 
 #: The text of a value that is not there (None, NaN, not a number).
 MISSING = "-"
@@ -35,9 +37,20 @@ def fmt(x: object, digits: int = 3, style: str = "f") -> str:
     return format(x, f"{sign}.{digits}{kind}")
 
 
-def span(lo: object, hi: object, digits: int = 3) -> str:
-    """An interval ``lo–hi`` (a 95 % CI), each end through :func:`fmt`."""
-    return f"{fmt(lo, digits)}–{fmt(hi, digits)}"
+def ends(ci: object) -> tuple[object, object]:
+    """The two ends of an interval as eval.json, gate.json or a history record hold it (a pair, possibly with a
+    null end; anything else: no interval, both ends None)."""
+    lo, hi = (list(ci) + [None, None])[:2] if isinstance(ci, (list, tuple)) else (None, None)
+    return lo, hi
+
+
+def ci_text(lo: object, hi: object, digits: int = 3, style: str = "f", *, unit: str = "", brackets: bool = False,
+            sep: str = "–") -> str:
+    """An interval (a CI) as text, each end through :func:`fmt` with ``digits`` and ``style`` (``unit`` after an end
+    that is a number): ``lo–hi`` (a table's cell; ``sep`` another separator, ``..`` inside a sentence's
+    parentheses), or with ``brackets`` ``[lo, hi]`` (after its estimate)."""
+    a, b = (f"{fmt(x, digits, style)}{unit if is_number(x) else ''}" for x in (lo, hi))
+    return f"[{a}, {b}]" if brackets else f"{a}{sep}{b}"
 
 
 def percent_list(values: list[Any]) -> str:

@@ -52,6 +52,7 @@ from torch import Tensor
 from dflash_eval.errors import CacheError
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.metrics.drift import Side
+from dflash_eval.metrics.verdict import within_bound
 from dflash_eval.references.server_check import teacher_forced_tensors
 from dflash_eval.references.teacher_forced import argmax_request, teacher_forced_forward
 from dflash_eval.target.backends import use_backend
@@ -141,7 +142,7 @@ def _first_difference(live: Tensor, cached: Tensor, bound: float) -> tuple[int, 
             return None
         rows = (live.detach().cpu() != cached.detach().cpu()).any(dim=-1)
     else:
-        if rel <= bound:
+        if within_bound(rel, bound):
             return None
         rows = diff.norm(dim=-1) > bound * b.norm(dim=-1).clamp_min(1e-30)
     pos = int(rows.nonzero()[0, 0]) if bool(rows.any()) else 0
@@ -179,7 +180,7 @@ def _argmax_difference(live: dict[str, Tensor], cached: dict[str, Tensor],
     if bound == 0.0:
         rows = (a != b).any(dim=-1) | (ids_a != ids_b).any(dim=-1)
     else:
-        if rel <= bound:
+        if within_bound(rel, bound):
             return None
         rows = diff.norm(dim=-1) > bound * b.double().norm(dim=-1).clamp_min(1e-30)
     if not bool(rows.any()):

@@ -64,7 +64,7 @@ def drift_direction(ev: Subject) -> tuple[Direction | None, Side | None, str]:
     name, other, drift = max(sizes, key=lambda t: t[2])
     if not drift > 0:
         return None, None, f"the other sides' features equal the reference's ({', '.join(n for n, _, _ in sizes)})"
-    return Direction(name, ref.label, other.label, drift, tuple((n, d) for n, _, d in sizes)), other, ""
+    return Direction(name, ref.label, other.label, drift, {n: d for n, _, d in sizes}), other, ""
 
 
 def budget_subject(ev: Subject) -> Subject:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from dflash_eval.errors import DFlashEvalError
+from dflash_eval.metrics.verdict.rules import sketch_changed, stat_moved
 from dflash_eval.target.backends import check_backend_device, fla_installed, split_backend
 
 __all__ = ["LayerDrift", "layer_drift", "fingerprint", "sketch", "sketch_rel_err", "SKETCH_DIM",
@@ -110,7 +111,7 @@ class FingerprintChange:
 
     @property
     def changed(self) -> bool:
-        return bool(self.moved) or (self.rel_change is not None and self.rel_change > self.tol)
+        return bool(self.moved) or sketch_changed(self.rel_change, self.tol)
 
     def describe(self) -> str:
         parts = [f"{k}: golden {w:.6g}, now {g}" for k, (w, g) in self.moved.items()]
@@ -124,7 +125,7 @@ def fingerprint_change(want: dict[str, Any], got: dict[str, Any], tol: float = F
     """Compare one layer's :func:`fingerprint` with its golden: statistics beyond ``tol`` relative, and the sketch
     estimate of the relative feature change (where both have a sketch of one size)."""
     moved = {k: (w, got.get(k)) for k, w in want.items() if k != "sketch"
-             if got.get(k) is None or abs(got[k] - w) > tol * max(1.0, abs(w))}
+             if stat_moved(got.get(k), w, tol)}
     ws, gs = want.get("sketch"), got.get("sketch")
     est = sketch_rel_err(gs, ws) if ws and gs and len(ws) == len(gs) else None
     return FingerprintChange(moved, est, tol)

@@ -54,12 +54,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from dflash_eval.common.number_text import fmt
-from dflash_eval.metrics.drift_checks import GateCheck
+from dflash_eval.common.number_text import ci_text, fmt
+from dflash_eval.metrics.drift_checks import RULE, Direction, GateCheck
 from dflash_eval.metrics.drift_fit import BudgetFit, fit_budget
 from dflash_eval.metrics.drift_ladder import (
     DEFAULT_LADDER,
@@ -73,7 +73,7 @@ from dflash_eval.metrics.drift_ladder import (
 from dflash_eval.metrics.stats import Summary, summarize
 from dflash_eval.metrics.tau import simulate_tau
 from dflash_eval.metrics.tau_chunks import DEFAULT_CHUNK_MEMORY, bytes_per_token, lengths_of, plan_chunks
-from dflash_eval.metrics.verdict import FAIL, INCONCLUSIVE, PASS, drift_outcome
+from dflash_eval.metrics.verdict import FAIL, INCONCLUSIVE, PASS, drift_outcome, fit_within, within_estimate
 
 if TYPE_CHECKING:
     from dflash_eval.drafter.model import DFlashDrafter
@@ -213,41 +213,7 @@ class Level:
     def within(self, tol: float) -> bool:
         """The fit at this level stays below ``tol`` (a level that was not fitted, e.g. a rounding that changed
         nothing, is within)."""
-        return self.fitted is None or self.fitted < tol
-
-    def to_json(self, prompt_ids: Sequence[str], tol: float) -> dict[str, Any]:
-        s = self.summary
-        return {"kind": self.perturbation.kind, "axis": self.axis, "label": self.perturbation.label,
-                "nominal": self.perturbation.dtype if self.perturbation.kind == "round" else self.perturbation.size,
-                "injected_rel_err": self.injected, "mean_tau": self.mean_tau, "mean_drop": s.mean,
-                "drop_ci95": [s.ci_low, s.ci_high], "fitted_drop": self.fitted, "mean_abs_dtau": self.mean_abs_dtau,
-                "max_abs_dtau": self.max_abs_dtau, "within": self.within(tol), "drop": dict(zip(prompt_ids, self.drop))}
-
-
-RULE = ("along the run's measured drift direction amplified (reference + α (other side - reference); isotropic "
-        "noise where the run has no second feature side): the injected relative feature error at which a monotone "
-        "(isotonic) fit of the mean over prompts of τ(unperturbed) - τ(perturbed) against the injected error reaches "
-        "tol (log-linear between measured errors; "
-        "a rise of τ is no harm), with a paired bootstrap CI over prompts; the gate passes when drift x safety is "
-        "below the CI's lower end, fails above its upper end, and is inconclusive in between (decided on the "
-        "estimate with --drift-budget-conclusive)")
-
-
-@dataclass(frozen=True)
-class Direction:
-    """The measured drift direction the main axis amplifies: the ``other`` side's features minus the ``reference``
-    side's (the perturbed ones), of comparison ``comparison``, chosen as the largest ``drift`` (mean relative error
-    over prompts and layers) among the run's comparisons (``candidates``: each one's drift)."""
-
-    comparison: str
-    reference: str
-    other: str
-    drift: float
-    candidates: tuple[tuple[str, float], ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {"comparison": self.comparison, "reference": self.reference, "other": self.other,
-                "drift": self.drift, "candidates": dict(self.candidates)}
+        return fit_within(self.fitted, tol)
 
 
 @dataclass(frozen=True)
@@ -261,12 +227,7 @@ class AxisFit:
     def text(self) -> str:
         lo, hi = self.fit.ci_low, self.fit.ci_high
         return (f"{'>= ' if self.fit.lower_bound else ''}{_sci(self.fit.budget)} ({self.fit.level:.0%} CI "
-                f"{_sci(lo)}–{_sci(hi)})").replace("%", " %")
-
-    def to_json(self) -> dict[str, Any]:
-        f = self.fit
-        return {"axis": self.axis, "budget": f.budget, "ci": [f.ci_low, f.ci_high], "ci_level": f.level,
-                "status": f.status, "lower_bound": f.lower_bound, "n_measured": f.n_prompts, "fit": f.to_json()}
+                f"{ci_text(lo, hi, 2, 'e')})").replace("%", " %")
 
 
 def _fit_axis(axis: str, levels: list[Level], ks: Sequence[int], tol: float) -> AxisFit:
@@ -374,7 +335,7 @@ class DriftBudget:
         """``4.20e-01 (90 % CI 3.50e-01–5.10e-01)``; ``>= `` for a lower bound, ``inf`` for an open end."""
         lo, hi = self.ci
         return (f"{'>= ' if self.lower_bound else ''}{_sci(self.budget)} ({self.fit.level:.0%} CI "
-                f"{_sci(lo)}–{_sci(hi)})").replace("%", " %")
+                f"{ci_text(lo, hi, 2, 'e')})").replace("%", " %")
 
     def describe(self) -> str:
         f = self.fit
@@ -391,20 +352,6 @@ class DriftBudget:
                   if self.secondary is not None else "")
         return (f"drift budget {self.budget_text()} {self.axis_text} (drafter {self.drafter[:12]}, {self.base} "
                 f"features of {self.n_measured} prompts{extra}; {why}{second})")
-
-    def to_json(self) -> dict[str, Any]:
-        lo, hi = self.ci
-        return {"drafter": self.drafter, "base": self.base, "n_prompts": len(self.prompt_ids),
-                "prompt_ids": self.prompt_ids, "base_mean_tau": self.base_mean_tau,
-                "base_tau": dict(zip(self.prompt_ids, self.base_tau)), "tol": self.tol, "safety": self.safety,
-                "seed": self.seed, "ladder": self.ladder, "budget": self.budget, "ci": [lo, hi],
-                "ci_level": self.fit.level, "status": self.fit.status, "lower_bound": self.lower_bound,
-                "gate_limit": self.gate_limit, "skipped": self.skipped, "min_prompts": self.min_prompts,
-                "n_measured": self.n_measured, "selected_prompts": self.selected, "conclusive": self.conclusive,
-                "rule": RULE, "fit": self.fit.to_json(), "axis": self.axis, "axis_text": self.axis_text,
-                "axis_note": self.axis_note, "direction": self.direction.to_json() if self.direction else None,
-                "secondary": self.secondary.to_json() if self.secondary else None,
-                "levels": [lv.to_json(self.prompt_ids, self.tol) for lv in self.levels]}
 
 
 def gate_check(comparison: str, layer: int, rel_errs: dict[str, float], budget: DriftBudget) -> GateCheck:
@@ -445,11 +392,11 @@ def gate_reason(g: GateCheck, budget: DriftBudget, where: str) -> str:
         return (f"drift over budget (the drift matters for τ): {drift} {how}; {budget.describe()}; margin "
                 f"{g.margin:.2g}x, the gate needs >= {g.safety:g}x")
     if g.outcome == INCONCLUSIVE:
-        side = "below" if g.scaled <= g.budget else "above"
+        side = "below" if within_estimate(g.scaled, g.budget) else "above"
         more = (f"measure the budget on more prompts (it was measured on {budget.n_measured}: "
                 f"--drift-budget-min-prompts N, or a larger --prompts / --num-prompts), which narrows its CI")
-        return (f"drift gate inconclusive: {drift} lies inside the budget's CI {_sci(lo)}–{_sci(hi)} ({side} its "
+        return (f"drift gate inconclusive: {drift} lies inside the budget's CI {ci_text(lo, hi, 2, 'e')} ({side} its "
                 f"estimate {_sci(g.budget)}); {budget.describe()}. To decide: {more}; or pass "
                 f"--drift-budget-conclusive to judge against the estimate (this layer would "
-                f"{'pass' if g.scaled <= g.budget else 'fail'})")
+                f"{'pass' if within_estimate(g.scaled, g.budget) else 'fail'})")
     return f"drift within budget: {drift} <= the CI's lower end {_sci(lo)}"

@@ -4,18 +4,20 @@
 and its CI: eval.json's ``drift_gate`` rows, decided by the drift gate's rule,
 :func:`dflash_eval.metrics.verdict.drift_outcome`). No torch: the measurements produce them
 (:mod:`dflash_eval.metrics.drift`, :mod:`dflash_eval.metrics.drift_budget`), the results and reports read them back
-with :meth:`DriftStat.from_dict` and :meth:`GateCheck.from_dict`."""
+with :meth:`DriftStat.from_dict` and :meth:`GateCheck.from_dict`. Beside them the drift budget's parts that a result
+holds as they are (:mod:`dflash_eval.metrics.drift_budget` measures them): the drift :class:`Direction` its main axis
+amplifies, the gate's :data:`RULE` and the fit's :data:`METHOD` in words."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from dflash_eval.metrics.verdict import PASS, drift_outcome
+from dflash_eval.metrics.verdict import PASS, drift_holds, drift_outcome, in_ci
 
-__all__ = ["DriftStat", "GateCheck"]
+__all__ = ["DriftStat", "GateCheck", "Direction", "RULE", "METHOD"]
 
 
 def _num(v: object, missing: float = math.nan) -> float:
@@ -39,7 +41,7 @@ class DriftStat:
 
     @property
     def passed(self) -> bool:
-        return self.rel_err <= self.rel_tol and self.cos >= self.cos_tol
+        return drift_holds(self.rel_err, self.cos, self.rel_tol, self.cos_tol)
 
     def to_dict(self) -> dict[str, Any]:
         """eval.json's ``drift`` row: the fields, then ``passed``."""
@@ -79,7 +81,7 @@ class GateCheck:
     @property
     def in_ci(self) -> bool:
         """drift x safety lies inside the budget's CI: the measurement cannot tell which side it is on."""
-        return self.budget_low < self.scaled <= self.budget_high
+        return in_ci(self.scaled, self.budget_low, self.budget_high)
 
     @property
     def outcome(self) -> str:
@@ -118,3 +120,39 @@ class GateCheck:
         return cls(d["comparison"], int(d["layer"]), _num(d["max_rel_err"]), _num(d.get("mean_rel_err")),
                    d["worst_prompt"], _num(d["budget"]), _num(d["safety"]), _num(lo), _num(hi, math.inf),
                    bool(d.get("lower_bound")), d.get("decided_on") == "estimate")
+
+
+#: How the budget is fitted, in words (eval.json's ``drift_budget.fit.method``; the fit:
+#: :mod:`dflash_eval.metrics.drift_fit`).
+METHOD = "isotonic regression of the mean τ drop on the injected error, log-linear between points"
+
+RULE = ("along the run's measured drift direction amplified (reference + α (other side - reference); isotropic "
+        "noise where the run has no second feature side): the injected relative feature error at which a monotone "
+        "(isotonic) fit of the mean over prompts of τ(unperturbed) - τ(perturbed) against the injected error reaches "
+        "tol (log-linear between measured errors; "
+        "a rise of τ is no harm), with a paired bootstrap CI over prompts; the gate passes when drift x safety is "
+        "below the CI's lower end, fails above its upper end, and is inconclusive in between (decided on the "
+        "estimate with --drift-budget-conclusive)")
+
+
+@dataclass(frozen=True)
+class Direction:
+    """The measured drift direction the main axis amplifies: the ``other`` side's features minus the ``reference``
+    side's (the perturbed ones), of comparison ``comparison``, chosen as the largest ``drift`` (mean relative error
+    over prompts and layers) among the run's comparisons (``candidates``: each one's drift)."""
+
+    comparison: str
+    reference: str
+    other: str
+    drift: float
+    candidates: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """eval.json's ``drift_budget.direction``."""
+        return {"comparison": self.comparison, "reference": self.reference, "other": self.other,
+                "drift": self.drift, "candidates": dict(self.candidates)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Direction:
+        """A direction of :meth:`to_dict`."""
+        return cls(d["comparison"], d["reference"], d["other"], d["drift"], dict(d["candidates"]))

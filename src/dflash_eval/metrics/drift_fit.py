@@ -27,11 +27,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-__all__ = ["CI_LEVEL", "RESAMPLES", "BudgetFit", "isotonic", "crossing", "fit_budget"]
+from dflash_eval.metrics.drift_checks import METHOD
+
+__all__ = ["CI_LEVEL", "RESAMPLES", "METHOD", "BudgetFit", "isotonic", "crossing", "fit_budget"]
 
 #: Two-sided level of the budget's CI: each end is a one-sided 95 % bound, which is what the gate uses them as.
 CI_LEVEL = 0.90
@@ -75,6 +76,7 @@ def crossing(errors: Sequence[float] | np.ndarray, fitted: Sequence[float] | np.
     return float(math.exp(math.log(x[k - 1]) + t * (math.log(x[k]) - math.log(x[k - 1])))), CROSSED
 
 
+
 @dataclass(frozen=True)
 class BudgetFit:
     """The fitted budget (module docstring) with what it was fitted on."""
@@ -105,13 +107,6 @@ class BudgetFit:
     def fitted_at(self, index: int) -> float | None:
         """The fit at level ``index`` of the ladder (None: a level that was not fitted)."""
         return self.fitted[self.order.index(index)] if index in self.order else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"method": "isotonic regression of the mean τ drop on the injected error, log-linear between points",
-                "points": [{"injected_rel_err": x, "mean_drop": d, "fitted_drop": f}
-                           for x, d, f in zip(self.errors, self.drops, self.fitted)],
-                "status": self.status, "n_prompts": self.n_prompts, "ci_level": self.level,
-                "resamples": self.resamples, "crossed_share": self.crossed_share}
 
 
 def fit_budget(errors: Sequence[float], drops: Sequence[Sequence[float]] | np.ndarray, tol: float, *,

@@ -32,9 +32,11 @@ Torch-free: the reports and the golden checks read :class:`Divergence` rows with
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from dflash_eval.metrics.verdict.rules import is_near_tie
 
 __all__ = ["NEAR_TIE_BAND", "DEFAULT_BAND", "TOP_K", "AGAINST", "NAMED", "near_tie_band", "TopTokens", "Divergence",
            "first_divergence", "judge", "near_tie_notices", "near_tie_count"]
@@ -103,7 +105,7 @@ class Divergence:
     @property
     def near_tie(self) -> bool:
         """Within the near-tie band: a named near tie, not a failure."""
-        return self.margin is not None and self.margin < self.band
+        return is_near_tie(self.margin, self.band)
 
     @property
     def margin_text(self) -> str:
@@ -191,9 +193,10 @@ def near_tie_notices(rows: list[dict[str, Any]], limit: int | None = NAMED) -> l
     return lines
 
 
-def near_tie_count(rows: list[dict[str, Any]]) -> str:
-    """``1 golden completion at a near tie, 19 teacher-forced near ties`` ("" when there is none)."""
-    golden = sum(1 for d in rows if d.get("against") != "teacher-forced")
+def near_tie_count(rows: Sequence[Divergence | Mapping[str, Any]]) -> str:
+    """``1 golden completion at a near tie, 19 teacher-forced near ties`` ("" when there is none; ``rows``: the
+    divergences, or eval.json's ``near_ties`` rows)."""
+    golden = sum(1 for d in rows if (d.against if isinstance(d, Divergence) else d.get("against")) != "teacher-forced")
     forced = len(rows) - golden
     return ", ".join(([f"{golden} golden completion{'s' if golden != 1 else ''} at a near tie"] if golden else [])
                      + ([f"{forced} teacher-forced near tie{'s' if forced != 1 else ''}"] if forced else []))

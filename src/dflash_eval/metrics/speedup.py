@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 __all__ = ["LOOPS", "MODELS", "RoundCosts", "Prediction", "round_parts", "predict", "mean_context", "context_bucket",
@@ -243,6 +243,11 @@ class Prediction:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Prediction:
+        """A prediction of :meth:`to_dict` (eval.json's ``speedup.strategies`` and ``speedup.loop`` entries)."""
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
 
 
 def _interval(values: Sequence[float | None]) -> list[float]:

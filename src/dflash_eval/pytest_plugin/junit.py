@@ -6,9 +6,10 @@ sees the numbers without opening eval.json:
 
 - the run: ``dflash_eval.mean_tau``, ``dflash_eval.mean_floor``, ``dflash_eval.mean_ddtree<N>``,
   ``dflash_eval.prompts`` (how many were evaluated), ``dflash_eval.failed_prompts``, ``dflash_eval.verdict``
-  (``PASS`` / ``FAIL``: the mean and every gated prompt and category against their floors) and, when the drift
-  gate ran, ``dflash_eval.drift_gate`` (``PASS`` / ``FAIL`` / ``INCONCLUSIVE``): both parts of the run's verdict, as
-  eval.json holds it; ``dflash_eval.near_ties`` (how many completions left their golden record or their
+  (``PASS`` / ``FAIL``: the run's verdict, the one pytest's exit status follows), ``dflash_eval.floors`` (``PASS`` /
+  ``FAIL``: its floors part, the mean and every gated prompt and category against their floors) and, when the drift
+  gate ran, ``dflash_eval.drift_gate`` (``PASS`` / ``FAIL`` / ``INCONCLUSIVE``: its drift gate part), as eval.json
+  holds them; ``dflash_eval.near_ties`` (how many completions left their golden record or their
   teacher-forced argmax at a near tie of the target: not failures) and one ``dflash_eval.near_tie.<n>`` per near
   tie (prompt, what it was compared with, position, both tokens, the margin and the band);
 - each prompt (the τ tests ``test_tau[<prompt>]`` and ``test_ddtree_tau[<prompt>-ddtree<N>]``):
@@ -54,7 +55,8 @@ def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
         out[f"dflash_eval.mean_ddtree{b}"] = _round(v)
     out["dflash_eval.prompts"] = len(prompts)
     out["dflash_eval.failed_prompts"] = len(failed)
-    out["dflash_eval.verdict"] = "PASS" if verdict.outcome(FLOORS) == "pass" else "FAIL"
+    out["dflash_eval.verdict"] = "FAIL" if verdict.passed is False else "PASS"
+    out["dflash_eval.floors"] = "PASS" if verdict.outcome(FLOORS) == "pass" else "FAIL"
     gate = verdict.outcome(DRIFT_GATE)
     if gate is not None:
         out["dflash_eval.drift_gate"] = gate.upper()

@@ -12,7 +12,7 @@ import pytest
 
 from dflash_eval import report
 from dflash_eval.errors import DFlashEvalError, PluginError
-from dflash_eval.metrics.verdict import refused, reports_part, run_verdict
+from dflash_eval.metrics.verdict import reports_part, run_fails, run_verdict
 from dflash_eval.pytest_plugin.junit import add_junit_properties
 from dflash_eval.pytest_plugin.state import (
     FRAGMENTS,
@@ -121,13 +121,15 @@ def _result_ready(config: pytest.Config, settings: EvalSettings, data: dict[str,
 
 
 def fail_a_refused_run(session: pytest.Session) -> None:
-    """A drafter refused by an architecture check fails the run (exit 1) even when every test that needed it was
-    skipped naming the check; so do a result a plugin rejected (``pytest_dflash_eval_result_ready``) and reports
-    that could not be written."""
+    """pytest's exit status reads the run's verdict as eval.json holds it
+    (:func:`dflash_eval.metrics.verdict.run_fails`): its parts that no test asserts make it 1 even when every selected
+    test passed (a drafter refused by an architecture check, whose tests were skipped naming the check; a result a
+    plugin rejected, ``pytest_dflash_eval_result_ready``; reports that could not be written); so does a run whose
+    verdict could not be composed (a plugin that broke the hook's rules, reports that failed before the verdict)."""
 
-    merged, rejected = session.config.stash.get(MERGED, None), session.config.stash.get(REJECTED, None)
-    failed = refused(merged or {}) or rejected or REPORT_FAILED in session.config.stash
-    if failed and session.exitstatus == pytest.ExitCode.OK:
+    stash = session.config.stash
+    broken = bool(stash.get(REJECTED, None)) or REPORT_FAILED in stash
+    if run_fails(stash.get(MERGED, None), broken=broken) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

@@ -1,4 +1,5 @@
-"""Reports of an eval run: merged results (:mod:`.merge`), the rows of its tables (:mod:`.table_rows`) written for
+"""Reports of an eval run (the results merged across processes beside the result: :mod:`dflash_eval.session.merge`,
+re-exported here as :func:`merge`): the rows of its tables (:mod:`.table_rows`) written for
 the terminal and as markdown (:mod:`.render`), the verdict printed last (:mod:`.summary`), the plots (:mod:`.plot`:
 eval.png; :mod:`.budget_plot`: drift_budget.png), the files plus golden updates at the end of a run (:mod:`.write`,
 :mod:`.run_end`) and the gate's combined report (:mod:`.gate`).
@@ -14,9 +15,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-# Bound now, not lazily: the function shares its module's name, and a submodule imported anywhere becomes the
-# package's attribute of that name, which __getattr__ would never see again (merge is torch-free and light).
-from dflash_eval.report.merge import SCHEMA, merge
+# Bound now, not lazily (merge is torch-free and light): the merge of the per-process results, which reports read.
+from dflash_eval.session.merge import SCHEMA, merge
 
 #: The package's names and the modules that hold them: imported on first use, so importing one report module (the
 #: gate's table, the terminal's section) does not import every other (the golden writer, the plots).

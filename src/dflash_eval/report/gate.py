@@ -19,12 +19,13 @@ A checkpoint's ``passed``, ``reasons`` and ``notices`` are its ``verdict``'s (th
 :mod:`dflash_eval.metrics.verdict`: its floors, ``--baseline``, ``--speedup-floor``, a regression across steps, a
 plateau notice, the gate's own notices).
 
-``passed`` at the top: every gating checkpoint passed (:func:`gate_passed`); a checkpoint with ``gating`` false
-(an earlier checkpoint under ``gate --latest``) is reported, its failure does not fail the gate. ``reference``
-(with ``--reference-drafter``): the reference drafter's mean τ and the paired difference against it (``mean_tau``,
-``mean_diff``, ``ci95``, ``ci_method``, ``n``, ``path``); ``speedup`` (when predicted): the chain's predicted
-speed-up over plain decoding on the gate's device with its CI, tokens/s, each DDTree budget's, the best budget, the
-``--speedup-floor`` and its verdict (:func:`dflash_eval.metrics.speedup.speedup_digest`; docs/speedup.md).
+``passed`` at the top: every gating checkpoint passed (:func:`dflash_eval.metrics.verdict.gating_pass`); a
+checkpoint with ``gating`` false (an earlier checkpoint under ``gate --latest``) is reported, its failure does not
+fail the gate. ``reference`` (with ``--reference-drafter``): the reference drafter's mean τ and the paired
+difference against it (``mean_tau``, ``mean_diff``, ``ci95``, ``ci_method``, ``n``, ``path``); ``speedup`` (when
+predicted): the chain's predicted speed-up over plain decoding on the gate's device with its CI, tokens/s, each
+DDTree budget's, the best budget, the ``--speedup-floor`` and its verdict
+(:func:`dflash_eval.metrics.speedup.speedup_digest`; docs/speedup.md).
 
 gate.md: the comparison table (one row per checkpoint: the macro and the pooled τ, named as in eval.md; the paired
 Δ against ``--baseline`` and against the reference drafter when given), the notices, and the prompts with the
@@ -39,9 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.atomic import atomic_write_text
-from dflash_eval.common.number_text import MISSING, fmt, is_number
+from dflash_eval.common.number_text import MISSING, ci_text, ends, fmt, is_number
 from dflash_eval.metrics.acceptance_rates import TAU_KINDS_NOTE, pooled_means
-from dflash_eval.metrics.verdict import Verdict
+from dflash_eval.metrics.verdict import Verdict, gating_pass
 from dflash_eval.report.step_summary import append_step_summary
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.report.table_rows import ci_name
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from dflash_eval.session.eval_result import TauSummary
 
 __all__ = ["GATE_SCHEMA", "NOT_CHECKED", "WORST_SHOWN", "GateRow", "gate_row", "error_row",
-           "gate_passed", "gate_data", "gate_table", "worst_prompts_table", "render_gate_markdown",
+           "gate_data", "gate_table", "worst_prompts_table", "render_gate_markdown",
            "write_gate_report"]
 
 GATE_SCHEMA = 1
@@ -150,8 +151,7 @@ def error_row(drafter: str, exc: BaseException) -> GateRow:
 def _baseline_cell(b: dict[str, Any] | None) -> str:
     if not b:
         return MISSING
-    lo, hi = b.get("ci95") or [None, None]
-    return f"{fmt(b.get('mean_diff'), 3, '+f')} [{fmt(lo, 3, '+f')}, {fmt(hi, 3, '+f')}]"
+    return f"{fmt(b.get('mean_diff'), 3, '+f')} {ci_text(*ends(b.get('ci95')), 3, '+f', brackets=True)}"
 
 
 def _reference_cells(r: dict[str, Any] | None) -> list[str]:
@@ -165,8 +165,7 @@ def _speedup_cell(sp: dict[str, Any] | None) -> str:
     """``2.06x [1.78, 2.35]; DDTree-8 2.13x`` (the chain's predicted speed-up with its CI; the best strategy's)."""
     if not sp:
         return MISSING
-    lo, hi = (list(sp.get("chain_ci95") or []) + [None, None])[:2]
-    text = f"{fmt(sp.get('chain'), 2)}x [{fmt(lo, 2)}, {fmt(hi, 2)}]"
+    text = f"{fmt(sp.get('chain'), 2)}x {ci_text(*ends(sp.get('chain_ci95')), 2, brackets=True)}"
     best, bb = sp.get("best"), sp.get("best_budget")
     if best and best != "chain" and bb is not None:
         text += f"; DDTree-{bb} {fmt((sp.get('ddtree') or {}).get(str(bb)), 2)}x"
@@ -239,16 +238,11 @@ def worst_prompts_table(rows: list[GateRow], limit: int = WORST_SHOWN) -> TextTa
     return TextTable(["prompt", "floor"] + [r.name for r in evaluated], cells, title=title)
 
 
-def gate_passed(rows: list[GateRow]) -> bool:
-    """The gate's verdict: every gating row passed (a row with ``gating`` False is reported only)."""
-    return all(r.passed for r in rows if r.gating)
-
-
 def gate_data(rows: list[GateRow], settings: EvalSettings, *, wall_s: float | None = None) -> dict[str, Any]:
     """gate.json's content from the gate's per-checkpoint rows."""
     opts = {k: v for k, v in settings.to_dict().items() if k != "drafter"}
     return {"schema": GATE_SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "wall_s": None if wall_s is None else round(wall_s, 3), "passed": gate_passed(rows),
+            "wall_s": None if wall_s is None else round(wall_s, 3), "passed": gating_pass(rows),
             "settings": opts, "budgets": list(settings.ddtree_budget), "checkpoints": [r.to_json() for r in rows]}
 
 

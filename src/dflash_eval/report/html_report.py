@@ -43,7 +43,7 @@ from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.common.number_text import fmt, is_number, verdict_text
 from dflash_eval.metrics.verdict import DRIFT_GATE, stored_verdict
 from dflash_eval.report.plot import worst_prompts
-from dflash_eval.report.speedup_report import SPEEDUP_PLOT, cost_rows, speedup_lines, speedup_rows
+from dflash_eval.report.speedup_report import SPEEDUP_PLOT, cost_rows, speedup_lines, speedup_of, speedup_rows
 from dflash_eval.report.summary import REPORT_FILES, verdict_lines
 from dflash_eval.report.table_rows import (
     acceptance_rows,
@@ -56,6 +56,7 @@ from dflash_eval.report.table_rows import (
     ladder_rows,
     tau_kinds_line,
 )
+from dflash_eval.session.run_result import RunResult
 
 __all__ = ["HTML_NAME", "BUCKET", "PROMPTS_SHOWN", "SAMPLES_SHOWN", "TITLES", "Segment", "segments", "title",
            "marked_text", "tau_by_position", "html_verdict_lines", "render_html", "write_html"]
@@ -426,14 +427,15 @@ def _speedup_section(data: dict[str, Any], files: Sequence[str]) -> str:
     """The predicted speed-up: per strategy τ, the round's cost, the speed-up and tokens/s with the intervals τ's CI
     maps to; the lines around it (device, plain decoding, the best strategy, the floor's verdict); the measured
     costs the prediction is made of; the plot (nothing when the run predicted none)."""
-    header, rows = speedup_rows(data)
+    block = speedup_of(data)
+    header, rows = speedup_rows(block)
     if not rows:
         return ""
     e = html.escape
     out = ['<section id="speedup"><h2>Predicted speed-up over plain decoding on this run\'s device</h2>',
            _table(header, rows, cls="speedup")]
-    out += [f'<p class="sub">{e(line)}</p>' for line in speedup_lines(data)]
-    ch, crows = cost_rows(data)
+    out += [f'<p class="sub">{e(line)}</p>' for line in speedup_lines(block, stored_verdict(data))]
+    ch, crows = cost_rows(block)
     if crows:
         out += ["<h3>Measured costs the prediction is made of (each the median of its timings)</h3>",
                 _table(ch, crows, cls="costs")]
@@ -441,10 +443,10 @@ def _speedup_section(data: dict[str, Any], files: Sequence[str]) -> str:
     return "".join(out) + "</section>"
 
 
-def html_verdict_lines(data: dict[str, Any], *, recorded: bool = False) -> list[str]:
-    """The verdict block's lines for ``data`` as the terminal prints them (the verdict the data holds); without the
-    ``reports:`` line (the page links the files)."""
-    return verdict_lines(data, report_dir=None, recorded=recorded)
+def html_verdict_lines(result: RunResult, *, recorded: bool = False) -> list[str]:
+    """The verdict block's lines for the run's ``result`` as the terminal prints them (the verdict it holds); without
+    the ``reports:`` line (the page links the files)."""
+    return verdict_lines(result, report_dir=None, recorded=recorded)
 
 
 _CSS = """
@@ -618,9 +620,11 @@ def render_html(data: dict[str, Any], verdict: Sequence[str], *, files: Sequence
     return "\n".join(out) + "\n"
 
 
-def write_html(data: dict[str, Any], path: Path, *, recorded: bool = False) -> Path:
-    """eval.html at ``path`` (atomically) for eval.json ``data``; ``recorded``: this run wrote the τ floors it is
-    judged against (the verdict says so). OSError when it cannot be written (the caller names it)."""
+def write_html(data: dict[str, Any], path: Path, *, recorded: bool = False, result: RunResult | None = None) -> Path:
+    """eval.html at ``path`` (atomically) for eval.json ``data`` (``result``: read as the typed result, when the caller
+    has it); ``recorded``: this run wrote the τ floors it is judged against (the verdict says so). OSError when it
+    cannot be written (the caller names it)."""
     files = [n for n in LINKED if (path.parent / n).is_file()]
-    atomic_write_text(path, render_html(data, html_verdict_lines(data, recorded=recorded), files=files))
+    result = result if result is not None else RunResult.from_dict(data)
+    atomic_write_text(path, render_html(data, html_verdict_lines(result, recorded=recorded), files=files))
     return path

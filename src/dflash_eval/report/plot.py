@@ -24,22 +24,22 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from dflash_eval.common.atomic import atomic_write_with
 from dflash_eval.common.number_text import fmt
-from dflash_eval.metrics.acceptance_rates import acceptance_table
-from dflash_eval.metrics.stats import ddtree_budgets
+from dflash_eval.session.rows import PromptRow
+from dflash_eval.session.run_result import RunResult
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["write_plot", "eval_figure", "save_png", "draw_once", "plot_stamp", "worst_prompts", "WORST_SHOWN",
-           "STAMP_KEY"]
+__all__ = ["write_plot", "eval_figure", "save_png", "draw_once", "plot_stamp", "worst_prompts", "worst_rows",
+           "WORST_SHOWN", "STAMP_KEY"]
 
 #: The PNG text key of a plot's stamp (:func:`plot_stamp`).
 STAMP_KEY = "dflash-eval drawn from"
@@ -55,37 +55,46 @@ def _num(x: float | None) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
 
+def _worst_first(tau: float | None, floor: float | None, passed: bool | None) -> tuple[int, float, float]:
+    """The order of the prompts to look at (:func:`worst_prompts`): failing first, then by margin τ - floor."""
+    tau, floor = _num(tau), _num(floor)
+    margin = (tau if tau is not None else -math.inf) - (floor or 0.0)
+    return (0 if passed is False else 1, round(margin, 2), -math.inf if tau is None else tau)
+
+
 def worst_prompts(prompts: dict[str, dict[str, Any]], k: int = WORST_SHOWN) -> list[str]:
-    """Up to ``k`` prompt ids, failing first, then by margin τ - floor (τ alone without a floor), smallest first;
-    margins equal to two decimals (floors recorded as measured τ minus one margin) by τ, lowest first."""
-    def key(pid: str) -> tuple[int, float, float]:
-        r = prompts[pid]
-        tau, floor = _num(r.get("tau")), _num(r.get("floor"))
-        margin = (tau if tau is not None else -math.inf) - (floor or 0.0)
-        return (0 if r.get("passed") is False else 1, round(margin, 2), -math.inf if tau is None else tau)
-    return sorted(prompts, key=key)[:k]
+    """Up to ``k`` prompt ids of eval.json's ``prompts`` rows, failing first, then by margin τ - floor (τ alone
+    without a floor), smallest first; margins equal to two decimals (floors recorded as measured τ minus one margin)
+    by τ, lowest first."""
+    return sorted(prompts, key=lambda p: _worst_first(prompts[p].get("tau"), prompts[p].get("floor"),
+                                                      prompts[p].get("passed")))[:k]
 
 
-def _worst_panel(ax: Axes, prompts: dict[str, dict[str, Any]], budgets: list[str]) -> None:
-    ids = worst_prompts(prompts)
+def worst_rows(prompts: Mapping[str, PromptRow], k: int = WORST_SHOWN) -> list[str]:
+    """:func:`worst_prompts` of a typed result's prompt rows."""
+    return sorted(prompts, key=lambda p: _worst_first(prompts[p].tau, prompts[p].floor, prompts[p].passed))[:k]
+
+
+def _worst_panel(ax: Axes, prompts: Mapping[str, PromptRow], budgets: list[str]) -> None:
+    ids = worst_rows(prompts)
     y = list(range(len(ids)))[::-1]  # the worst at the top
-    taus = [_num(prompts[p].get("tau")) or 0.0 for p in ids]
+    taus = [_num(prompts[p].tau) or 0.0 for p in ids]
     from matplotlib.patches import Patch
     from matplotlib.transforms import blended_transform_factory
 
-    ax.barh(y, taus, height=0.7, color=[_COLORS[prompts[p].get("passed")] for p in ids])
+    ax.barh(y, taus, height=0.7, color=[_COLORS[prompts[p].passed] for p in ids])
     right = blended_transform_factory(ax.transAxes, ax.transData)
     for yy, p, t in zip(y, ids, taus):  # "τ / floor" beside the axes: readable without hunting for the tick
-        f = _num(prompts[p].get("floor"))
+        f = _num(prompts[p].floor)
         ax.text(1.01, yy, f"{fmt(t, 2)} / {fmt(f, 2)}", transform=right, fontsize=7,
-                va="center", color=_COLORS[prompts[p].get("passed")])
-    floors = [(yy, _num(prompts[p].get("floor"))) for yy, p in zip(y, ids)]
+                va="center", color=_COLORS[prompts[p].passed])
+    floors = [(yy, _num(prompts[p].floor)) for yy, p in zip(y, ids)]
     floors = [(yy, f) for yy, f in floors if f is not None]
     if floors:
         ax.scatter(cast("list[float]", [f for _, f in floors]), [yy for yy, _ in floors],  # None left out above
                    marker="|", s=260, color="black", zorder=3, label="floor (chain)")
     for k, b in enumerate(budgets):
-        vals = [(yy, _num(prompts[p].get("ddtree", {}).get(b))) for yy, p in zip(y, ids)]
+        vals = [(yy, _num(prompts[p].ddtree.get(b))) for yy, p in zip(y, ids)]
         vals = [(yy, v) for yy, v in vals if v is not None]
         ax.scatter(cast("list[float]", [v for _, v in vals]), [yy for yy, _ in vals], marker="D", s=18, zorder=4,
                    color=["#dd8452", "#55a868", "#8172b3", "#937860"][k % 4], label=f"DDTree-{b} τ")
@@ -104,11 +113,11 @@ def _worst_panel(ax: Axes, prompts: dict[str, dict[str, Any]], budgets: list[str
               frameon=False, handlelength=1.2, columnspacing=1.0)
 
 
-def _distribution_panel(ax: Axes, data: dict[str, Any], budgets: list[str]) -> None:
-    prompts = data["prompts"]
-    chain = [v for v in (_num(r.get("tau")) for r in prompts.values()) if v is not None]
-    series = [("chain τ", chain)] + [(f"DDTree-{b} τ", [v for v in (_num(r.get("ddtree", {}).get(b))
-                                                                   for r in prompts.values()) if v is not None])
+def _distribution_panel(ax: Axes, result: RunResult, budgets: list[str]) -> None:
+    prompts = result.prompts
+    chain = [v for v in (_num(r.tau) for r in prompts.values()) if v is not None]
+    series = [("chain τ", chain)] + [(f"DDTree-{b} τ", [v for v in (_num(r.ddtree.get(b)) for r in prompts.values())
+                                                       if v is not None])
                                      for b in budgets]
     allv = [v for _, s in series for v in s]
     if not allv:
@@ -118,12 +127,13 @@ def _distribution_panel(ax: Axes, data: dict[str, Any], budgets: list[str]) -> N
     bins = max(5, min(40, int(math.sqrt(len(chain))) * 2 or 5))
     edges = [lo + (hi - lo + 1e-9) * i / bins for i in range(bins + 1)]
     ax.hist(chain, bins=edges, color=_COLORS[True], alpha=0.75, label=series[0][0])
-    failing = [v for v in (_num(r.get("tau")) for r in prompts.values() if r.get("passed") is False) if v is not None]
+    failing = [v for v in (_num(r.tau) for r in prompts.values() if r.passed is False) if v is not None]
     if failing:
         ax.hist(failing, bins=edges, color=_COLORS[False], alpha=0.9, label=f"chain τ below floor ({len(failing)})")
     for (label, vals), color in zip(series[1:], ["#dd8452", "#55a868", "#8172b3", "#937860"]):
         ax.hist(vals, bins=edges, histtype="step", linewidth=1.5, color=color, label=label)
-    mean, floor = _num(data.get("mean_tau")), _num(data.get("mean_floor"))
+    mean, floor = _means(result)
+    mean, floor = _num(mean), _num(floor)
     if mean is not None:
         ax.axvline(mean, color="black", linewidth=1.2, label=f"mean {fmt(mean)}")
     if floor is not None:
@@ -137,9 +147,14 @@ def _distribution_panel(ax: Axes, data: dict[str, Any], budgets: list[str]) -> N
     ax.legend(fontsize=7, loc="best")
 
 
-def eval_figure(data: dict[str, Any]) -> Figure | None:
-    """eval.png's figure for merged eval.json ``data`` (None when it has no prompts)."""
-    prompts = data.get("prompts", {})
+def _means(result: RunResult) -> tuple[float | None, float | None]:
+    """The mean chain τ and its floor (None: the run measured no τ)."""
+    return (None, None) if result.tau is None else (result.tau.mean_tau, result.tau.mean_floor)
+
+
+def eval_figure(result: RunResult) -> Figure | None:
+    """eval.png's figure for the run's ``result`` (None when it has no prompts)."""
+    prompts = result.prompts
     if not prompts:
         return None
     import matplotlib
@@ -147,29 +162,29 @@ def eval_figure(data: dict[str, Any]) -> Figure | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    budgets = ddtree_budgets(prompts)
+    budgets = sorted({b for r in prompts.values() for b in r.ddtree}, key=int)
     fig = plt.figure(figsize=(14, 7.6))
     grid = fig.add_gridspec(3, 2, width_ratios=[1.15, 1])
     _worst_panel(fig.add_subplot(grid[:, 0]), prompts, budgets)
-    _distribution_panel(fig.add_subplot(grid[0, 1]), data, budgets)
-    _acceptance_panels(data, fig.add_subplot(grid[1, 1]), fig.add_subplot(grid[2, 1]))
-    mean, floor = data.get("mean_tau"), data.get("mean_floor")
-    failing = sum(1 for r in prompts.values() if r.get("passed") is False)
-    verdict = "" if data.get("mean_passed") is None else (" PASS" if data["mean_passed"] else " FAIL")
+    _distribution_panel(fig.add_subplot(grid[0, 1]), result, budgets)
+    _acceptance_panels(result, fig.add_subplot(grid[1, 1]), fig.add_subplot(grid[2, 1]))
+    mean, floor = _means(result)
+    failing = sum(1 for r in prompts.values() if r.passed is False)
+    mean_judged = "" if result.mean_passed is None else (" PASS" if result.mean_passed else " FAIL")
     fig.suptitle(f"{len(prompts)} prompts, {failing} below their floor; mean chain τ "
-                 f"{fmt(mean)} (floor {fmt(floor)}){verdict}",
+                 f"{fmt(mean)} (floor {fmt(floor)}){mean_judged}",
                  fontsize=11)
     fig.tight_layout()
     return fig
 
 
-def write_plot(data: dict[str, Any], path: Path, store: Path | None = None) -> Path | None:
-    """Write eval.png for merged eval.json ``data`` (None when it has no prompts), drawn once
-    (:func:`draw_once`, ``store``: the cache folder's plots)."""
-    return draw_once(path, data, eval_figure, store)
+def write_plot(result: RunResult, path: Path, store: Path | None = None) -> Path | None:
+    """Write eval.png for the run's ``result`` (None when it has no prompts), drawn once (:func:`draw_once`,
+    ``store``: the cache folder's plots)."""
+    return draw_once(path, result.to_dict(), eval_figure, store, source=result)
 
 
-def plot_stamp(data: dict[str, Any], build: Callable[[dict[str, Any]], Figure | None]) -> str:
+def plot_stamp(data: dict[str, Any], build: Callable[[Any], Figure | None]) -> str:
     """What a plot is drawn from: the figure's builder, matplotlib's version and ``data`` without its volatile
     fields (:data:`_VOLATILE`), the report folder it is written to and whether the speed-up's costs were read from
     the cache (a warm run's numbers are a cold run's), as a sha256."""
@@ -204,11 +219,12 @@ def _stamp_of(path: Path) -> str | None:
 PLOT_STORE_KEEP = 48
 
 
-def draw_once(path: Path, data: dict[str, Any], build: Callable[[dict[str, Any]], Figure | None],
-              store: Path | None = None) -> Path | None:
-    """The plot ``build(data)`` at ``path``: kept as it is when ``path`` holds the plot drawn from the same data
-    (:func:`plot_stamp`), else copied from ``store`` (a folder of plots by stamp, in the cache folder) when it holds
-    that plot, else drawn and written with that stamp, and kept in ``store`` too (None: nothing to plot)."""
+def draw_once(path: Path, data: dict[str, Any], build: Callable[[Any], Figure | None],
+              store: Path | None = None, *, source: object = None) -> Path | None:
+    """The plot ``build(data)`` (``build(source)`` when given: the typed result ``data`` is the eval.json data of) at
+    ``path``: kept as it is when ``path`` holds the plot drawn from the same data (:func:`plot_stamp`), else copied
+    from ``store`` (a folder of plots by stamp, in the cache folder) when it holds that plot, else drawn and written
+    with that stamp, and kept in ``store`` too (None: nothing to plot)."""
     stamp = plot_stamp(data, build)
     if _stamp_of(path) == stamp:
         return path
@@ -217,7 +233,7 @@ def draw_once(path: Path, data: dict[str, Any], build: Callable[[dict[str, Any]]
         atomic_write_with(path, lambda p: _copy(kept, p))
         _touch(kept)
         return path
-    fig = build(data)
+    fig = build(data if source is None else source)
     if fig is None:
         return None
     save_png(fig, path, stamp)
@@ -269,25 +285,23 @@ _STYLE: dict[str, dict[str, Any]] = {"chain": {"marker": "o"}, "online": {"marke
                                      "server": {"marker": "^", "linestyle": "-."}}
 
 
-def _acceptance_panels(data: dict[str, Any], ax_hist: Axes, ax_rates: Axes) -> None:
+def _acceptance_panels(result: RunResult, ax_hist: Axes, ax_rates: Axes) -> None:
     """Share of rounds per acceptance length, and rate per draft position, for every source (all prompts), plus the
-    chain rates of each category."""
-    cats = {c: v.get("acceptance") for c, v in (data.get("categories") or {}).items()}
-    if not cats or any(v is None for v in cats.values()):
-        cats = acceptance_table(data.get("prompts", {}))
+    chain rates of each category (each category's pooled rounds, as the result's categories hold them)."""
+    cats = {c: row.acceptance for c, row in (result.categories or {}).items()}
     run = cats.get("all") or {}
     n = max(1, len(run))
     width = 0.8 / n
     for k, (src, block) in enumerate(run.items()):
-        hist, rounds = block["histogram"], block["rounds"] or 1
+        hist, rounds = block.histogram, block.rounds or 1
         ax_hist.bar([i + 1 - 0.4 + width * (k + 0.5) for i in range(len(hist))], [c / rounds for c in hist], width,
-                    label=f"{src} ({block['rounds']} rounds)")
-        rates = block["position_rates"]
+                    label=f"{src} ({block.rounds} rounds)")
+        rates = block.position_rates
         ax_rates.plot(range(1, len(rates) + 1), rates, linewidth=2, label=f"{src}, all prompts",
                       **_STYLE.get(src, {}))
     for c, by in sorted(cats.items()):
         if c != "all" and "chain" in by and len(cats) > 2:
-            rates = by["chain"]["position_rates"]
+            rates = by["chain"].position_rates
             ax_rates.plot(range(1, len(rates) + 1), rates, linestyle="--", linewidth=1, label=f"chain, {c}")
     ax_hist.set_xlabel("acceptance length")
     ax_hist.set_ylabel("share of rounds")

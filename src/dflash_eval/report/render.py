@@ -10,8 +10,9 @@ from typing import Any
 
 from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
+from dflash_eval.metrics.verdict import stored_verdict
 from dflash_eval.report.plot import worst_prompts
-from dflash_eval.report.speedup_report import cost_rows, speedup_lines, speedup_rows
+from dflash_eval.report.speedup_report import cost_rows, speedup_lines, speedup_of, speedup_rows
 from dflash_eval.report.summary import not_checked_lines, verdict_head
 from dflash_eval.report.table_rows import (
     NEAR_TIE_NOTE,
@@ -32,6 +33,7 @@ from dflash_eval.report.table_rows import (
     tau_rows,
 )
 from dflash_eval.report.tables import TextTable, markdown_table, terminal_text
+from dflash_eval.session.run_result import RunResult
 
 __all__ = ["render_terminal", "render_markdown", "compile_text", "TERMINAL_ROWS_FULL", "TERMINAL_ROWS_SHOWN",
            "plain_dtype", "plain_versions"]
@@ -149,8 +151,9 @@ _COSTS_TITLE = "Measured costs the prediction is made of (each the median of its
 
 def _speedup_tables(data: dict[str, Any]) -> list[TextTable | str | None]:
     """The predicted speed-up's table and its lines (nothing without eval.json's ``speedup``)."""
-    return [TextTable(*speedup_rows(data), title=_SPEEDUP_TITLE, left=frozenset({"strategy"})),
-            *speedup_lines(data)]
+    block = speedup_of(data)
+    return [TextTable(*speedup_rows(block), title=_SPEEDUP_TITLE, left=frozenset({"strategy"})),
+            *(speedup_lines(block, stored_verdict(data)) if block else [])]
 
 
 _ACCEPT_TITLE = ("acceptance per draft position (per prompt, category and run; sources: chain = offline simulation, "
@@ -215,18 +218,19 @@ def _section(title: str, table: TextTable, *after: str | None) -> list[str]:
     return ["", f"### {title}", "", markdown_table(table)] + [x for line in after if line for x in ("", line)]
 
 
-def render_markdown(data: dict[str, Any]) -> str:
+def render_markdown(data: dict[str, Any], result: RunResult | None = None) -> str:
     """eval.md: the verdict (as eval.json holds it), the named causes of a failure, what ran, then every table in
-    full."""
+    full. ``result``: ``data`` read as the typed result, when the caller has it (else read here)."""
+    result = result if result is not None else RunResult.from_dict(data)
     parts = ["## DFlash drafter evaluation", ""]
-    head = verdict_head(data, recorded=bool((data.get("settings") or {}).get("update_tau_floors")))
+    head = verdict_head(result, recorded=bool((data.get("settings") or {}).get("update_tau_floors")))
     parts += [f"**{head[0]}**", ""] + [f"- {line}" for line in head[1:]] + ([""] if head[1:] else [])
     if data.get("diagnoses"):  # named causes first: they explain the failures below
         parts += [f"**{line}**" for line in data["diagnoses"]] + [""]
     parts += _provenance_lines(data)
     if data.get("not_checked"):  # what a pass does not vouch for, before the tables
         parts += ["", "### Not checked", ""] + [f"- {line.removeprefix('not checked: ')}"
-                                                 for line in not_checked_lines(data)]
+                                                 for line in not_checked_lines(result)]
     parts += _section("Near ties", TextTable(*near_tie_rows(data)), f"Each row is {NEAR_TIE_NOTE}.")
     parts += _section("τ per prompt", TextTable(*tau_rows(data)), tau_kinds_line(data), baseline_line(data),
                       sampled_line(data))
@@ -234,9 +238,11 @@ def render_markdown(data: dict[str, Any]) -> str:
                       TextTable(*category_rows(data)))
     for title, rows in ((_ACCEPT_TITLE, acceptance_rows(data)), (_CONV_TITLE, conversation_rows(data))):
         parts += _section(f"{title[0].upper()}{title[1:]}", TextTable(*rows))
-    parts += _section(f"{_SPEEDUP_TITLE[0].upper()}{_SPEEDUP_TITLE[1:]}", TextTable(*speedup_rows(data)),
-                      *speedup_lines(data), "Plot: `speedup.png`." if data.get("speedup") else None)
-    parts += _section(_COSTS_TITLE, TextTable(*cost_rows(data)))
+    speed = speedup_of(data)
+    parts += _section(f"{_SPEEDUP_TITLE[0].upper()}{_SPEEDUP_TITLE[1:]}", TextTable(*speedup_rows(speed)),
+                      *(speedup_lines(speed, stored_verdict(data)) if speed else []),
+                      "Plot: `speedup.png`." if speed else None)
+    parts += _section(_COSTS_TITLE, TextTable(*cost_rows(speed)))
     for table in measurement_tables(data):
         parts += _section(f"Measurement: {(table.title or '').removeprefix('measurement: ')}", table, table.caption)
     parts += _section("Hidden-state drift (regression check)", TextTable(*drift_rows(data)))

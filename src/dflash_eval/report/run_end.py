@@ -1,5 +1,5 @@
 """The report work at the end of a suite run, apart from pytest: whether the run measured anything to report
-(:func:`measured`; then :func:`~dflash_eval.report.merge.merge` and :func:`~dflash_eval.report.write.finish` write
+(:func:`measured`; then :func:`~dflash_eval.session.merge.merge` and :func:`~dflash_eval.report.write.finish` write
 it), and the terminal's dflash-eval section (:func:`terminal_section`: the tables, what was written, the verdict
 last)."""
 
@@ -12,6 +12,7 @@ from typing import Any
 from dflash_eval.metrics.verdict import refused
 from dflash_eval.report.render import TERMINAL_ROWS_SHOWN, render_terminal
 from dflash_eval.report.summary import verdict_lines
+from dflash_eval.session.run_result import RunResult
 
 __all__ = ["measured", "TerminalSection", "terminal_section"]
 
@@ -40,4 +41,5 @@ def terminal_section(data: dict[str, Any], messages: list[str], *, width: int, v
     if not data:
         return TerminalSection("", list(messages), [])
     tables = render_terminal(data, width=width, max_rows=None if verbose else TERMINAL_ROWS_SHOWN)
-    return TerminalSection(tables, list(messages), verdict_lines(data, report_dir=report_dir, recorded=recorded))
+    verdict = verdict_lines(RunResult.from_dict(data), report_dir=report_dir, recorded=recorded)
+    return TerminalSection(tables, list(messages), verdict)

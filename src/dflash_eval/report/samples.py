@@ -10,8 +10,9 @@ completion position ``c_r`` (``c_1 = 0``, the prefill's token; ``c_{r+1} = c_r +
 positions ``c_r + 1 .. c_r + a_r - 1`` and ends with the target's token at ``c_r + a_r``: the first rejected
 draft's position unless ``a_r`` is the block size (:class:`dflash_eval.session.rows.CompletionRow`).
 
-The lines come from eval.json's data (each prompt row's ``completions``), in the prompts' order; strict JSON (a τ
-without rounds is ``null``), written atomically with the other reports.
+The lines come from the run's typed result (:class:`~dflash_eval.session.run_result.RunResult`: each prompt row's
+``completions``), in the prompts' order; strict JSON (a τ without rounds is ``null``), written atomically with the
+other reports.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.report.strict_json import dumps_strict
+from dflash_eval.session.run_result import RunResult
 
 __all__ = ["SAMPLES_NAME", "sample_records", "write_samples"]
 
@@ -29,32 +31,30 @@ __all__ = ["SAMPLES_NAME", "sample_records", "write_samples"]
 SAMPLES_NAME = "samples.jsonl"
 
 
-def sample_records(data: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The lines of samples.jsonl (module docstring) for eval.json ``data``: one per reference of every prompt row
+def sample_records(result: RunResult) -> Iterator[dict[str, Any]]:
+    """The lines of samples.jsonl (module docstring) for the run's ``result``: one per reference of every prompt row
     that holds its ``completions``."""
-    block = (data.get("context") or {}).get("block_size")
-    temperature = (data.get("settings") or {}).get("temperature")
-    for pid, row in (data.get("prompts") or {}).items():
-        for c in row.get("completions") or []:
+    block = None if result.context is None else result.context.get("block_size")  # the context's layout: options'
+    temperature = None if result.settings is None else result.settings.get("temperature")
+    for pid, row in result.prompts.items():
+        for c in row.completions or []:
             rec: dict[str, Any] = {
-                "prompt_id": pid, "category": row.get("category"), "sample": c["sample"], "source": c["source"],
-                "seed": c.get("seed"), "temperature": temperature, "block_size": block,
-                "prompt_ids": row.get("prompt_ids"), "prompt_text": row.get("prompt_text"),
-                "prompt_tokens": row.get("prompt_tokens"),
-                "completion_ids": c["ids"], "completion_text": c["text"], "completion_pieces": c["pieces"],
-                "completion_tokens": len(c["ids"]),
-                "rounds": len(c["accept_lengths"]), "accept_lengths": c["accept_lengths"], "tau": c["tau"],
-                "ddtree": c["ddtree"], "ddtree_accept_lengths": c["ddtree_accept_lengths"]}
-            if row.get("conversation") is not None:
-                rec["conversation"], rec["turn"] = row["conversation"], row.get("turn")
+                "prompt_id": pid, "category": row.category, "sample": c.sample, "source": c.source, "seed": c.seed,
+                "temperature": temperature, "block_size": block, "prompt_ids": row.prompt_ids,
+                "prompt_text": row.prompt_text, "prompt_tokens": row.prompt_tokens,
+                "completion_ids": c.ids, "completion_text": c.text, "completion_pieces": c.pieces,
+                "completion_tokens": len(c.ids), "rounds": len(c.accept_lengths), "accept_lengths": c.accept_lengths,
+                "tau": c.tau, "ddtree": c.ddtree, "ddtree_accept_lengths": c.ddtree_accept_lengths}
+            if row.conversation is not None:
+                rec["conversation"], rec["turn"] = row.conversation, row.turn
             yield rec
 
 
-def write_samples(data: dict[str, Any], path: Path) -> Path | None:
+def write_samples(result: RunResult, path: Path) -> Path | None:
     """samples.jsonl at ``path`` (atomically); None, and a file an earlier run left there removed, when no prompt
-    row holds its references (a run that measured no τ, or eval.json data of a version before they were recorded):
-    an earlier run's lines would be read as this one's. OSError when it cannot be written (the caller names it)."""
-    lines = [dumps_strict(rec, indent=None) + "\n" for rec in sample_records(data)]
+    row holds its references (a run that measured no τ, or the result of a version before they were recorded): an
+    earlier run's lines would be read as this one's. OSError when it cannot be written (the caller names it)."""
+    lines = [dumps_strict(rec, indent=None) + "\n" for rec in sample_records(result)]
     if not lines:
         path.unlink(missing_ok=True)
         return None

@@ -1,25 +1,28 @@
 """The predicted speed-up in the reports: its table (every strategy: τ, the round's cost, speed-up and tokens/s with
 the intervals τ's CI maps to), the lines around it (device, plain decoding's speed, the round's parts, the best
 budget, the floor and its verdict, as the run's verdict holds it), the verdict block's line and ``speedup.png``
-(predicted speed-up against the DDTree budget, the chain beside it). From eval.json's ``speedup`` block
-(:func:`dflash_eval.metrics.speedup.speedup_block`); the arithmetic and what it leaves out: docs/speedup.md.
+(predicted speed-up against the DDTree budget, the chain beside it). From the typed result's speed-up
+(:class:`~dflash_eval.session.run_result.Speedup`, eval.json's ``speedup`` block:
+:func:`dflash_eval.metrics.speedup.speedup_block`); the arithmetic and what it leaves out: docs/speedup.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_eval.common.number_text import fmt, is_number
-from dflash_eval.metrics.speedup import MODELS, budget_of
-from dflash_eval.metrics.verdict import SPEEDUP_FLOOR, Verdict, stored_verdict
+from dflash_eval.common.number_text import ci_text, ends, fmt, is_number
+from dflash_eval.metrics.speedup import MODELS, Prediction, budget_of
+from dflash_eval.metrics.verdict import SPEEDUP_FLOOR, Verdict
 from dflash_eval.report.plot import draw_once
+from dflash_eval.session.run_result import RunResult, Speedup
 
 if TYPE_CHECKING:  # matplotlib is imported when the plot is drawn
     from matplotlib.figure import Figure
 
-__all__ = ["SPEEDUP_PLOT", "speedup_rows", "cost_rows", "speedup_lines", "verdict_line", "write_speedup_plot",
-           "speedup_figure", "strategy_label", "model_name"]
+__all__ = ["SPEEDUP_PLOT", "speedup_of", "speedup_rows", "cost_rows", "speedup_lines", "verdict_line",
+           "write_speedup_plot", "speedup_figure", "strategy_label", "model_name"]
 
 #: The plot's file name in the report folder.
 SPEEDUP_PLOT = "speedup.png"
@@ -36,36 +39,48 @@ def _x(v: object, digits: int = 2) -> str:
 
 
 def _ci(ci: object, digits: int = 2, unit: str = "") -> str:
-    lo, hi = (list(ci) + [None, None])[:2] if isinstance(ci, (list, tuple)) else (None, None)
+    lo, hi = ends(ci)
     if not is_number(lo) or not is_number(hi):
         return ""
-    return f" [{fmt(lo, digits)}{unit}, {fmt(hi, digits)}{unit}]"
+    return f" {ci_text(lo, hi, digits, unit=unit, brackets=True)}"
 
 
 def _ms(s: object) -> str:
     return fmt(1e3 * s, 2) if is_number(s) else fmt(s)
 
 
-def model_name(block: dict[str, Any], model: str) -> str:
+def speedup_of(data: Mapping[str, Any]) -> Speedup | None:
+    """eval.json data's ``speedup`` block as the typed :class:`Speedup` (None: no prediction), for the writers that
+    read the rest of the data as it is."""
+    block = data.get("speedup")
+    return Speedup.from_dict(block) if block else None
+
+
+def model_name(block: Speedup | None, model: str) -> str:
     """The name of a model's loop (``server``: the server-style loop; ``loop``: the recompute loop), as the block
     says (:data:`dflash_eval.metrics.speedup.MODELS`)."""
-    return str(((block.get("models") or {}).get(model) or {}).get("name") or MODELS[model]["name"])  # type: ignore[index]  # a Loop
+    named = (block.models.get(model) if block is not None else None) or {}
+    return str(named.get("name") or MODELS[model]["name"])  # type: ignore[index]  # a Loop
 
 
-def speedup_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _speedup(p: Prediction | None) -> float | None:
+    return None if p is None else p.speedup
+
+
+def speedup_rows(block: Speedup | None) -> tuple[list[str], list[list[str]]]:
     """The table: one row per strategy of the server-style loop, then the chain as the recompute loop runs it, each
-    row naming its loop (no rows without a ``speedup`` block)."""
-    block = data.get("speedup") or {}
+    row naming its loop (no rows without a prediction)."""
     header = ["strategy", "loop", "mean τ [95 % CI]", "round (ms)", "speed-up [95 % CI]", "tokens/s [95 % CI]"]
+    if block is None:
+        return header, []
     rows = []
     server, loop = model_name(block, "server"), model_name(block, "loop")
-    preds = [(k, server, p) for k, p in (block.get("strategies") or {}).items()]
-    preds += [("", loop, p) for p in ((block.get("loop") or {}).get("chain"),) if p]
+    preds = [(k, server, p) for k, p in block.strategies.items()]
+    preds += [("", loop, p) for p in (block.loop.get("chain"),) if p]
     for key, name, p in preds:
-        label = strategy_label(key or "chain") + (" (best)" if key == block.get("best") else "")
-        rows.append([label, name, fmt(p.get("tau")) + _ci(p.get("tau_ci"), 3),
-                     _ms(p.get("round_s")), _x(p.get("speedup")) + _ci(p.get("speedup_ci"), 2, "x"),
-                     fmt(p.get("tokens_per_s"), 1) + _ci(p.get("tokens_per_s_ci"), 1)])
+        label = strategy_label(key or "chain") + (" (best)" if key == block.best else "")
+        rows.append([label, name, fmt(p.tau) + _ci(p.tau_ci, 3), _ms(p.round_s),
+                     _x(p.speedup) + _ci(p.speedup_ci, 2, "x"), fmt(p.tokens_per_s, 1) + _ci(p.tokens_per_s_ci, 1)])
     return header, rows
 
 
@@ -89,14 +104,16 @@ _COSTS: tuple[tuple[str, int | None, str, str], ...] = (
 )
 
 
-def cost_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def cost_rows(block: Speedup | None) -> tuple[list[str], list[list[str]]]:
     """The measured costs a prediction is made of: every part of a round and the plain decoding step, each the median
     of its timings (ms) with their spread (the interquartile range over the median), in the order a round runs them,
-    then each DDTree budget's tree parts (no rows without a ``speedup`` block)."""
-    block = data.get("speedup") or {}
-    costs = block.get("costs") or {}
-    spread = costs.get("spread") or {}
+    then each DDTree budget's tree parts (no rows without a prediction). The costs are the block the measurement
+    wrote (:meth:`dflash_eval.metrics.speedup.RoundCosts.to_dict`)."""
     header = ["part", "median (ms)", "spread (IQR / median)", "what"]
+    if block is None:
+        return header, []
+    costs = block.costs
+    spread = costs.get("spread") or {}
     rows = []
     for key, index, name, what in _COSTS:
         value = costs.get(key)
@@ -114,121 +131,125 @@ def cost_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _source(block: dict[str, Any]) -> str:
-    return "read from the cache (timed by an earlier run)" if block.get("cached") else "timed in this run"
+def _source(block: Speedup) -> str:
+    return "read from the cache (timed by an earlier run)" if block.cached else "timed in this run"
 
 
-def speedup_lines(data: dict[str, Any]) -> list[str]:
+def speedup_lines(block: Speedup | None, verdict: Verdict) -> list[str]:
     """The lines under the table: where and how the costs were measured, plain decoding's speed, the parts of a
-    chain round, the best strategy and budget, the floor's verdict, what the prediction assumes."""
-    block = data.get("speedup")
-    if not block:
+    chain round, the best strategy and budget, the floor's verdict (as the run's ``verdict`` holds it), what the
+    prediction assumes."""
+    if block is None:
         return []
-    costs = block.get("costs") or {}
-    chain = (block.get("strategies") or {}).get("chain") or {}
-    parts = ", ".join(f"{k} {_ms(v)}" for k, v in (chain.get("parts") or {}).items())
-    server = (block.get("models") or {}).get("server") or MODELS["server"]
+    costs = block.costs
+    st = block.strategies
+    chain = st.get("chain")
+    parts = ", ".join(f"{k} {_ms(v)}" for k, v in (chain.parts if chain is not None else {}).items())
+    server = block.models.get("server") or MODELS["server"]
     lines = [f"Predicted for the {server.get('name')} ({server.get('module')}: {server.get('what')}; "
              f"{server.get('checked')}) and, in the last row, for the {model_name(block, 'loop')}.",
-             f"On {block.get('device')} ({block.get('dtype')}, backend {block.get('backend')}), context "
-             f"{block.get('context_len')} tokens, costs "
+             f"On {block.device} ({block.dtype}, backend {block.backend}), context "
+             f"{block.context_len} tokens, costs "
              f"{_source(block)}: medians of {costs.get('repeats')} timings. Plain greedy decoding "
-             f"{fmt(block.get('plain_tokens_per_s'), 1)} tokens/s (a step {_ms(costs.get('step'))} ms); a chain "
+             f"{fmt(block.plain_tokens_per_s, 1)} tokens/s (a step {_ms(costs.get('step'))} ms); a chain "
              f"round of the {server.get('name')} (ms): {parts}."]
-    best, bb = block.get("best"), block.get("best_budget")
+    best, bb = block.best, block.best_budget
     if best:
-        top = ((block.get("strategies") or {}).get(best) or {}).get("speedup")
-        near = [f"{strategy_label(k)} {_x(((block.get('strategies') or {}).get(k) or {}).get('speedup'))}"
-                for k in block.get("near_best") or []]
-        lines.append(f"Best: {strategy_label(best)} {_x(top)}"
+        near = [f"{strategy_label(k)} {_x(_speedup(st.get(k)))}" for k in block.near_best]
+        lines.append(f"Best: {strategy_label(best)} {_x(_speedup(st.get(best)))}"
                      + (f" ({', '.join(near)} within 5 %: not told apart by these timings)" if near else "")
                      + (f"; best DDTree budget {bb}" if bb is not None else "") + ". The CIs carry τ's over (the "
                      "95 % t CI of mean τ over prompts through the formula), not the timing noise.")
-    pooled = block.get("pooled") or {}
-    if pooled:
+    if block.pooled:
         lines.append("Over the prompt set as a whole (pooled τ, every token alike: the throughput of decoding them one "
                      "after another): " + ", ".join(
-                         f"{strategy_label(k)} {_x(v.get('speedup'))} (τ {fmt(v.get('tau'))}, "
-                         f"{fmt(v.get('tokens_per_s'), 1)} tokens/s)" for k, v in pooled.items()) + ".")
-    part = stored_verdict(data).part(SPEEDUP_FLOOR)  # the floor's verdict, as the run's verdict holds it
-    if part is not None and block.get("floor") is not None:
-        lines.append(f"--speedup-floor {block['floor']:g} (the {server.get('name')}'s chain): "
+                         f"{strategy_label(k)} {_x(v.speedup)} (τ {fmt(v.tau)}, "
+                         f"{fmt(v.tokens_per_s, 1)} tokens/s)" for k, v in block.pooled.items()) + ".")
+    part = verdict.part(SPEEDUP_FLOOR)  # the floor's verdict, as the run's verdict holds it
+    if part is not None and block.floor is not None:
+        lines.append(f"--speedup-floor {block.floor:g} (the {server.get('name')}'s chain): "
                      + ("PASS" if part.passed else "FAIL: " + "; ".join(part.reasons)))
     lines.append("Valid for this device only; a prediction for batch size 1 in this implementation (no serving "
                  "engine's kernels, CUDA graphs or scheduler): docs/speedup.md.")
     return lines
 
 
-def verdict_line(data: dict[str, Any], verdict: Verdict | None = None) -> str | None:
+def verdict_line(block: Speedup | None, verdict: Verdict) -> str | None:
     """The verdict block's line: the chain's and the best strategy's predicted speed-up with their CIs, the device,
-    the floor and its verdict (``verdict``: the run's, default the one ``data`` holds; None without a ``speedup``
-    block)."""
-    block = data.get("speedup")
-    if not block:
+    the floor and its verdict (``verdict``: the run's; None without a prediction)."""
+    if block is None:
         return None
-    st = block.get("strategies") or {}
-    chain = st.get("chain") or {}
-    text = (f"predicted speed-up ({model_name(block, 'server')}) on {block.get('device')} ({block.get('dtype')}): "
-            f"chain {_x(chain.get('speedup'))}"
-            f"{_ci(chain.get('speedup_ci'), 2, 'x')} ({fmt(chain.get('tokens_per_s'), 1)} tokens/s, plain "
-            f"{fmt(block.get('plain_tokens_per_s'), 1)})")
-    best = block.get("best")
+    st = block.strategies
+    chain = st.get("chain")
+    text = (f"predicted speed-up ({model_name(block, 'server')}) on {block.device} ({block.dtype}): "
+            f"chain {_x(_speedup(chain))}"
+            f"{_ci(None if chain is None else chain.speedup_ci, 2, 'x')} "
+            f"({fmt(None if chain is None else chain.tokens_per_s, 1)} tokens/s, plain "
+            f"{fmt(block.plain_tokens_per_s, 1)})")
+    best = block.best
     if best and best != "chain":
-        text += f", best {strategy_label(best)} {_x(st[best].get('speedup'))}{_ci(st[best].get('speedup_ci'), 2, 'x')}"
-    part = (verdict if verdict is not None else stored_verdict(data)).part(SPEEDUP_FLOOR)
-    if part is not None and block.get("floor") is not None:
-        text += f"; floor {block['floor']:g} " + part.label.upper()
+        text += f", best {strategy_label(best)} {_x(st[best].speedup)}{_ci(st[best].speedup_ci, 2, 'x')}"
+    part = verdict.part(SPEEDUP_FLOOR)
+    if part is not None and block.floor is not None:
+        text += f"; floor {block.floor:g} " + part.label.upper()
     return text
 
 
-def speedup_figure(data: dict[str, Any]) -> Figure | None:
+def _bars(p: Prediction) -> tuple[float, float]:
+    """How far the speed-up's CI reaches below and above it (0 where either is not a number)."""
+    lo, hi = ends(p.speedup_ci)
+    s = p.speedup
+    if not is_number(s):
+        return 0.0, 0.0
+    return (max(0.0, s - lo) if is_number(lo) else 0.0), (max(0.0, hi - s) if is_number(hi) else 0.0)
+
+
+def speedup_figure(result: RunResult) -> Figure | None:
     """Predicted speed-up (with τ's interval as bars) against the DDTree budget, the chain as a horizontal line with
-    its band, 1x (plain decoding) marked; None without a ``speedup`` block."""
-    block = data.get("speedup")
-    if not block or not block.get("strategies"):
+    its band, 1x (plain decoding) marked; None without a prediction."""
+    block = result.speedup
+    if block is None or not block.strategies:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    st = block["strategies"]
-    trees = sorted((int(k.removeprefix("ddtree-")), p) for k, p in st.items() if k != "chain")
+    st = block.strategies
+    trees = sorted(((int(k.removeprefix("ddtree-")), p) for k, p in st.items() if k != "chain"), key=lambda t: t[0])
     fig, ax = plt.subplots(figsize=(7.0, 4.2), dpi=100)
-    chain = st.get("chain") or {}
-    if is_number(chain.get("speedup")):
-        ax.axhline(chain["speedup"], color="C1", label=f"chain {_x(chain['speedup'])}")
-        lo, hi = chain.get("speedup_ci") or [None, None]
+    chain = st.get("chain")
+    if chain is not None and is_number(chain.speedup):
+        ax.axhline(chain.speedup, color="C1", label=f"chain {_x(chain.speedup)}")
+        lo, hi = ends(chain.speedup_ci)
         if is_number(lo) and is_number(hi):
             ax.axhspan(lo, hi, color="C1", alpha=0.15, label="chain: 95 % CI from τ's")
     if trees:
         xs = [b for b, _ in trees]
-        ys = [p.get("speedup") for _, p in trees]
-        err = [[max(0.0, p["speedup"] - p["speedup_ci"][0]) if is_number((p.get("speedup_ci") or [None])[0])
-                and is_number(p.get("speedup")) else 0.0 for _, p in trees],
-               [max(0.0, p["speedup_ci"][1] - p["speedup"]) if is_number((p.get("speedup_ci") or [None, None])[1])
-                and is_number(p.get("speedup")) else 0.0 for _, p in trees]]
+        ys = [p.speedup for _, p in trees]
+        bars = [_bars(p) for _, p in trees]
+        err = [[below for below, _ in bars], [above for _, above in bars]]
         ax.errorbar(xs, [y if is_number(y) else float("nan") for y in ys], yerr=err, marker="o", capsize=3,
                     color="C0", label="DDTree-N (bars: 95 % CI from τ's)")
-        bb = block.get("best_budget")
+        bb = block.best_budget
         if bb is not None:
-            y = st[f"ddtree-{bb}"]["speedup"]
+            y = st[f"ddtree-{bb}"].speedup
             ax.annotate(f"best N = {bb}: {_x(y)}", (bb, y), textcoords="offset points", xytext=(6, 8), fontsize=9)
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
     ax.axhline(1.0, color="#777777", linestyle="--", linewidth=1, label="plain decoding (1x)")
     ax.set_xlabel("DDTree node budget N")
     ax.set_ylabel("predicted speed-up over plain decoding")
-    ax.set_title(f"Predicted speed-up, {model_name(block, 'server')}, on {block.get('device')} ({block.get('dtype')}), "
+    ax.set_title(f"Predicted speed-up, {model_name(block, 'server')}, on {block.device} ({block.dtype}), "
                  f"context "
-                 f"{block.get('context_len')}", fontsize=10)
+                 f"{block.context_len}", fontsize=10)
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 
 
-def write_speedup_plot(data: dict[str, Any], path: Path, store: Path | None = None) -> Path | None:
-    """Write ``speedup.png`` (None when eval.json holds no prediction), drawn once
+def write_speedup_plot(result: RunResult, path: Path, store: Path | None = None) -> Path | None:
+    """Write ``speedup.png`` (None when the result holds no prediction), drawn once
     (:func:`~dflash_eval.report.plot.draw_once`, ``store``: the cache folder's plots)."""
-    return draw_once(path, data, speedup_figure, store)
+    return draw_once(path, result.to_dict(), speedup_figure, store, source=result)

@@ -15,7 +15,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from dflash_eval.common.number_text import MISSING, fmt, is_number, percent_list, span, verdict_text
+from dflash_eval.common.number_text import MISSING, ci_text, fmt, is_number, percent_list, verdict_text
 from dflash_eval.metrics.acceptance_rates import (
     acceptance_block,
     acceptance_table,
@@ -65,7 +65,7 @@ def _ci(s: dict[str, Any] | None) -> str:
     """``lo–hi``; ``-`` without an interval (fewer than 2 prompts)."""
     if not s or not s.get("ci95") or not any(is_number(x) for x in s["ci95"]):
         return fmt(None)
-    return span(s["ci95"][0], s["ci95"][1], 2)
+    return ci_text(s["ci95"][0], s["ci95"][1], 2)
 
 
 def ci_name(block: dict[str, Any] | None) -> str:
@@ -157,8 +157,8 @@ def baseline_line(data: dict[str, Any]) -> str | None:
     part = stored_verdict(data).part(BASELINE)  # the baseline's part of the run's verdict
     ok = verdict_text(None if part is None else part.passed)
     return (f"baseline {b['path']}: mean chain τ (macro) {fmt(b['mean_baseline'])} -> {fmt(b['mean_run'])} over "
-            f"{b['n']} paired prompts, Δ {fmt(b['mean_diff'], 3, '+f')} ({ci_name(b)} {fmt(lo, 3, '+f')}.."
-            f"{fmt(hi, 3, '+f')}), "
+            f"{b['n']} paired prompts, Δ {fmt(b['mean_diff'], 3, '+f')} ({ci_name(b)} "
+            f"{ci_text(lo, hi, 3, '+f', sep='..')}), "
             f"{_percent(b['rel_change'])} % (allowed -{_percent(b['drop_tol'], 'g')} % .. "
             f"+{_percent(b['rise_tol'], 'g')} %): {ok}"
             + (f"; {len(b['missing'])} prompt(s) not in the baseline" if b["missing"] else ""))
@@ -230,7 +230,7 @@ def conversation_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]
         ch = t.get("chain", {})
         lo, hi = (ch.get("ci95") or [None, None])[:2]
         rows.append([f"turn {k} (mean of {ch.get('n', 0)})", "",
-                     f"{fmt(ch.get('mean'))} ({ci_name(ch)} {span(lo, hi)})",
+                     f"{fmt(ch.get('mean'))} ({ci_name(ch)} {ci_text(lo, hi)})",
                      fmt(t.get("acceptance", {}).get("tau")), str(t.get("acceptance", {}).get("rounds", "-"))])
     return header, rows
 
@@ -274,8 +274,8 @@ def budget_ci_text(b: dict[str, Any]) -> str:
     """``>= 4.20e-01 (90 % CI 3.50e-01–inf)``: the budget with its CI (an open end, null in strict JSON, as inf)."""
     lo, hi = b.get("ci") or [None, None]
     level = fmt(100 * b.get("ci_level", 0.9), 0)
-    return (f"{'>= ' if b.get('lower_bound') else ''}{_sci(b['budget'])} ({level} % CI {_sci(lo)}–"
-            f"{'inf' if hi is None else _sci(hi)})")
+    return (f"{'>= ' if b.get('lower_bound') else ''}{_sci(b['budget'])} ({level} % CI "
+            f"{ci_text(lo, math.inf if hi is None else hi, 2, 'e')})")  # strict JSON wrote an open end as null
 
 
 def budget_line(data: dict[str, Any]) -> str | None:
@@ -322,7 +322,7 @@ def ladder_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     levels = sorted(b.get("levels", []), key=lambda lv: (axis_of(lv) != main, _order(lv["injected_rel_err"])))
     rows = [[("main: " if axis_of(lv) == main else "secondary: ") + names.get(axis_of(lv), axis_of(lv)), lv["label"],
              _sci(lv["injected_rel_err"]), fmt(lv["mean_tau"]), fmt(lv["mean_drop"], 3, "+f"),
-             span(lv["drop_ci95"][0], lv["drop_ci95"][1]), fmt(lv["fitted_drop"]), fmt(lv["max_abs_dtau"])]
+             ci_text(lv["drop_ci95"][0], lv["drop_ci95"][1]), fmt(lv["fitted_drop"]), fmt(lv["max_abs_dtau"])]
             for lv in levels]
     return header, rows
 
@@ -348,7 +348,7 @@ def gate_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         lo, hi = g.get("budget_ci") or [None, None]
         rows.append([g["comparison"], str(g["layer"]), _sci(err), g.get("worst_prompt", "-"), _sci(scaled),
                      (">= " if g.get("lower_bound") else "") + _sci(g["budget"]),
-                     f"{fmt(lo, 3, 'g')}–{'inf' if hi is None else fmt(hi, 3, 'g')}", _margin(g),
+                     ci_text(lo, math.inf if hi is None else hi, 3, "g"), _margin(g),
                      row_outcome(g).upper() + (" (estimate)" if g.get("decided_on") == "estimate" else "")])
     return header, rows
 
@@ -392,7 +392,7 @@ def measurement_tables(data: dict[str, Any]) -> list[TextTable]:
 
 def _part(label: str, s: dict[str, Any]) -> str:
     lo, hi = s["ci95"]
-    return f"{label} {fmt(s['mean'])} ({fmt(lo)}..{fmt(hi)})"
+    return f"{label} {fmt(s['mean'])} ({ci_text(lo, hi, sep='..')})"
 
 
 def sampled_line(data: dict[str, Any]) -> str | None:

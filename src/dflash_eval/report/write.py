@@ -9,6 +9,7 @@ pytest plugin: a non-zero exit; ``dflash-eval gate``: exit 1)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from dflash_eval.report.samples import SAMPLES_NAME, write_samples
 from dflash_eval.report.speedup_report import SPEEDUP_PLOT, write_speedup_plot
 from dflash_eval.report.step_summary import append_step_summary
 from dflash_eval.report.strict_json import dumps_strict
+from dflash_eval.session.run_result import RunResult
 
 if TYPE_CHECKING:  # imports torch: kept out of the report's own import
     from dflash_eval.options.settings import EvalSettings
@@ -61,22 +63,26 @@ def write_reports(data: dict[str, Any], report_dir: Path, *, recorded: bool = Fa
 
 def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool,
                    plot_store: Path | None) -> tuple[dict[str, Path], str]:
+    result = RunResult.from_dict(data)  # read as the typed result once, before any file is written
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": report_dir / "eval.json", "md": report_dir / "eval.md"}
     atomic_write_text(paths["json"], dumps_strict(data) + "\n")  # NaN -> null (schema: eval.schema.json)
-    md = render_markdown(data)
+    md = render_markdown(data, result)
     atomic_write_text(paths["md"], md)
-    for key, name, plot in (("png", "eval.png", write_plot), ("budget_png", "drift_budget.png", write_budget_plot),
-                            ("speedup_png", SPEEDUP_PLOT, write_speedup_plot)):
-        written = plot(data, report_dir / name, plot_store)
+    plots: tuple[tuple[str, str, Callable[[Path], Path | None]], ...] = (
+        ("png", "eval.png", lambda out: write_plot(result, out, plot_store)),
+        ("budget_png", "drift_budget.png", lambda out: write_budget_plot(result, out, plot_store)),
+        ("speedup_png", SPEEDUP_PLOT, lambda out: write_speedup_plot(result, out, plot_store)))
+    for key, name, plot in plots:
+        written = plot(report_dir / name)
         if written is not None:
             paths[key] = written
         else:  # nothing to plot this run: a plot left by an earlier run would be read as this one's
             (report_dir / name).unlink(missing_ok=True)
-    samples = write_samples(data, report_dir / SAMPLES_NAME)  # None (an earlier one removed): no references in data
+    samples = write_samples(result, report_dir / SAMPLES_NAME)  # None (an earlier one removed): no references in data
     if samples is not None:
         paths["samples"] = samples
-    paths["html"] = write_html(data, report_dir / HTML_NAME, recorded=recorded)  # last: it links the others
+    paths["html"] = write_html(data, report_dir / HTML_NAME, recorded=recorded, result=result)  # last: links the rest
     return paths, md
 
 

@@ -1,16 +1,24 @@
 """The typed blocks of a result besides τ (:mod:`dflash_eval.session.rows` says how a row turns into eval.json's
 object and back): the drafter, the drift τ rows, the drift budget, the feature fingerprint. The drift rows and the
 drift gate's rows are the checks themselves (:mod:`dflash_eval.metrics.drift_checks`), written and read back by
-their own class."""
+their own class; so is the budget's measured drift direction (:class:`dflash_eval.metrics.drift_checks.Direction`).
+The drift budget's block is made from the measured :class:`~dflash_eval.metrics.drift_budget.DriftBudget` itself
+(:meth:`DriftBudgetBlock.of`), never through a dict."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dflash_eval.metrics.drift_checks import METHOD, RULE, Direction
 from dflash_eval.session.rows import Row, _opt
 
-__all__ = ["Refusal", "DrafterBlock", "DriftAcceptRow", "BudgetLevel", "FitPoint", "BudgetFitBlock", "BudgetDirection",
+if TYPE_CHECKING:  # the measured objects the blocks are made of: drift_budget imports torch, the blocks do not
+    from dflash_eval.metrics.drift_budget import AxisFit, DriftBudget, Level
+    from dflash_eval.metrics.drift_fit import BudgetFit
+
+__all__ = ["Refusal", "DrafterBlock", "DriftAcceptRow", "BudgetLevel", "FitPoint", "BudgetFitBlock",
            "SecondaryAxis", "DriftBudgetBlock", "LayerFingerprint", "FingerprintBlock"]
 
 
@@ -69,6 +77,16 @@ class BudgetLevel(Row):
     drop: dict[str, float]
     axis: str | None = _opt()  # drift (the measured drift direction amplified) | isotropic (noise, rounding)
 
+    @classmethod
+    def of(cls, lv: Level, prompt_ids: Sequence[str], tol: float) -> BudgetLevel:
+        """The block of a measured level (``prompt_ids``: the budget's prompts, in the order of its drops)."""
+        p, s = lv.perturbation, lv.summary
+        return cls(kind=p.kind, label=p.label, nominal=p.dtype if p.kind == "round" else p.size,
+                   injected_rel_err=lv.injected, mean_tau=lv.mean_tau, mean_drop=s.mean,
+                   drop_ci95=[s.ci_low, s.ci_high], fitted_drop=lv.fitted, mean_abs_dtau=lv.mean_abs_dtau,
+                   max_abs_dtau=lv.max_abs_dtau, within=lv.within(tol), drop=dict(zip(prompt_ids, lv.drop)),
+                   axis=lv.axis)
+
 
 @dataclass
 class FitPoint(Row):
@@ -92,17 +110,13 @@ class BudgetFitBlock(Row):
     resamples: int
     crossed_share: float
 
+    @classmethod
+    def of(cls, fit: BudgetFit) -> BudgetFitBlock:
+        """The block of a fitted budget."""
+        return cls(method=METHOD, points=[FitPoint(x, d, f) for x, d, f in zip(fit.errors, fit.drops, fit.fitted)],
+                   status=fit.status, n_prompts=fit.n_prompts, ci_level=fit.level, resamples=fit.resamples,
+                   crossed_share=fit.crossed_share)
 
-@dataclass
-class BudgetDirection(Row):
-    """The measured drift direction the budget's main axis amplifies (:class:`dflash_eval.metrics.drift_budget.
-    Direction`): ``other`` minus ``reference`` of comparison ``comparison``, its drift, every candidate's drift."""
-
-    comparison: str
-    reference: str
-    other: str
-    drift: float
-    candidates: dict[str, float]
 
 
 @dataclass
@@ -118,6 +132,13 @@ class SecondaryAxis(Row):
     lower_bound: bool
     n_measured: int
     fit: BudgetFitBlock
+
+    @classmethod
+    def of(cls, axis: AxisFit) -> SecondaryAxis:
+        """The block of the isotropic axis's own fit."""
+        f = axis.fit
+        return cls(axis=axis.axis, budget=f.budget, ci=[f.ci_low, f.ci_high], ci_level=f.level, status=f.status,
+                   lower_bound=f.lower_bound, n_measured=f.n_prompts, fit=BudgetFitBlock.of(f))
 
 
 @dataclass
@@ -152,8 +173,22 @@ class DriftBudgetBlock(Row):
     axis: str | None = _opt()  # the main axis the budget was fitted on: drift | isotropic
     axis_text: str | None = _opt()  # what it was read along, in words
     axis_note: str | None = _opt()  # why the main axis is the isotropic one
-    direction: BudgetDirection | None = _opt()
+    direction: Direction | None = _opt()
     secondary: SecondaryAxis | None = _opt()
+
+    @classmethod
+    def of(cls, b: DriftBudget) -> DriftBudgetBlock:
+        """The block of a measured drift budget, with the levels it was fitted on and the gate's rule."""
+        lo, hi = b.ci
+        return cls(drafter=b.drafter, base=b.base, n_prompts=len(b.prompt_ids), prompt_ids=list(b.prompt_ids),
+                   base_mean_tau=b.base_mean_tau, base_tau=dict(zip(b.prompt_ids, b.base_tau)), tol=b.tol,
+                   safety=b.safety, seed=b.seed, ladder=b.ladder, budget=b.budget, ci=[lo, hi], ci_level=b.fit.level,
+                   status=b.fit.status, lower_bound=b.lower_bound, gate_limit=b.gate_limit, skipped=list(b.skipped),
+                   min_prompts=b.min_prompts, n_measured=b.n_measured, selected_prompts=b.selected,
+                   conclusive=b.conclusive, rule=RULE, fit=BudgetFitBlock.of(b.fit),
+                   levels=[BudgetLevel.of(lv, b.prompt_ids, b.tol) for lv in b.levels], axis=b.axis,
+                   axis_text=b.axis_text, axis_note=b.axis_note, direction=b.direction,
+                   secondary=None if b.secondary is None else SecondaryAxis.of(b.secondary))
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 :func:`build_result` reads the earlier stages (it never computes: what was not asked for during the run is left
 out) and judges τ through :mod:`dflash_eval.metrics.verdict`. Under pytest-xdist each worker sends its
-:meth:`EvalResult.to_dict` to the controller, which merges them (:func:`dflash_eval.report.merge`).
+:meth:`EvalResult.to_dict` to the controller, which merges them (:func:`dflash_eval.session.merge.merge`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from dflash_eval.metrics.verdict import (
     judge_prompts,
     mean_thresholds,
     speedup_floor_part,
+    tau_agrees,
 )
 from dflash_eval.prompts import Prompt
 from dflash_eval.references.greedy import CompletionRecord
@@ -321,7 +322,8 @@ def _drift_rows(ev: DrafterEvaluation) -> tuple[list[DriftStat], list[DriftAccep
             rows.extend(per.values())
         for pid, (a, b) in d.accept.items():
             acc.append(DriftAcceptRow(comparison=name, prompt_id=pid, tau_a=a, tau_b=b, diff=abs(a - b),
-                                      tol=c.accept_tol, passed=abs(a - b) <= c.accept_tol, a=c.a.label, b=c.b.label))
+                                      tol=c.accept_tol, passed=tau_agrees(a, b, c.accept_tol), a=c.a.label,
+                                      b=c.b.label))
     return rows, acc
 
 
@@ -370,6 +372,6 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
     if tau is not None and ev.runner.computed(ROUND_COSTS):  # the speed-up test (or the Evaluator) timed a round
         result.speedup = speedup_summary(ev, tau)
     if ev.budget_computed:
-        result.drift_budget = DriftBudgetBlock.from_dict(ev.drift_budget().to_json())
+        result.drift_budget = DriftBudgetBlock.of(ev.drift_budget())
         result.drift_gate = [g for name in ev.drifts for g in ev.drift_gate(name).values()]
     return result

@@ -3,8 +3,10 @@ as a dataclass whose fields are the object's keys, in eval.json's order.
 
 :meth:`Row.to_dict` writes the object as eval.json holds it (fields in declaration order; a field declared with
 :data:`OPTIONAL` is left out while it is None, every other field is written even when None; floats, NaN included,
-as they are). :meth:`Row.from_dict` reads such an object back (fields it does not know are ignored), so a fragment
-of eval.json round-trips: ``Row.from_dict(row.to_dict()).to_dict() == row.to_dict()``.
+as they are). :meth:`Row.from_dict` reads such an object back, so a fragment of eval.json round-trips:
+``Row.from_dict(row.to_dict()).to_dict() == row.to_dict()``. It refuses a key the row does not know and a field the
+row needs that the object lacks (an optional member may be absent), with one :class:`ResultKeyError` naming the
+key's path (``prompts.humaneval-0.online.tau``); :meth:`ResultKeyError.in_file` names the file it was read from.
 
 The rows of τ: :class:`PromptRow` (eval.json's ``prompts``; the online loop's :class:`OnlineRow`, the SGLang
 server's and a sampled run's fields are optional members; :class:`CompletionRow`: each reference the prompt's τ was
@@ -24,8 +26,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, TypeVar
 
-__all__ = ["OPTIONAL", "Row", "Acceptance", "Stat", "OnlineRow", "CompletionRow", "PromptRow", "CategoryRow",
-           "ConversationRow", "TurnRow", "rows_to_dict", "rows_from_dict"]
+from dflash_eval.errors import EvalError
+
+__all__ = ["OPTIONAL", "ResultKeyError", "Row", "Acceptance", "Stat", "OnlineRow", "CompletionRow", "PromptRow",
+           "CategoryRow", "ConversationRow", "TurnRow", "rows_to_dict", "rows_from_dict"]
 
 #: Field metadata of a key eval.json leaves out while the field is None.
 OPTIONAL = {"optional": True}
@@ -33,20 +37,62 @@ OPTIONAL = {"optional": True}
 R = TypeVar("R", bound="Row")
 
 
+class ResultKeyError(EvalError):
+    """A result's mapping has a key its row does not know (``problem`` ``unknown``) or lacks one it needs
+    (``missing``); ``key``: the key's path (dots between the keys, ``[i]`` for a list's item), ``source``: the file it
+    was read from (None: not read from a file)."""
+
+    def __init__(self, problem: str, key: str, source: str | None = None) -> None:
+        self.problem, self.key, self.source = problem, key, source
+        where = f"{source}: " if source else ""
+        what = "unknown key" if problem == "unknown" else "missing key"
+        super().__init__(f"{where}{what} {key!r}"
+                         + (" (not a key of this result's schema)" if problem == "unknown" else " (it is required)"))
+
+    def under(self, parent: str | int) -> ResultKeyError:
+        """The same problem with the key's path under ``parent`` (a key, or a list's index)."""
+        if isinstance(parent, int):
+            return ResultKeyError(self.problem, f"[{parent}]" + ("" if self.key.startswith("[") else ".") + self.key,
+                                  self.source)
+        sep = "" if self.key.startswith("[") else "."
+        return ResultKeyError(self.problem, f"{parent}{sep}{self.key}", self.source)
+
+    def in_file(self, source: object) -> ResultKeyError:
+        """The same problem, naming the file it was read from."""
+        return ResultKeyError(self.problem, self.key, str(source))
+
+    def __reduce__(self) -> tuple[type[ResultKeyError], tuple[str, str, str | None]]:
+        return (type(self), (self.problem, self.key, self.source))
+
+
 def _opt(**kw: Any) -> Any:
     """An optional member (default None, left out of the dict while None)."""
     return field(default=None, metadata=OPTIONAL, **kw)
 
 
+#: The types of a JSON scalar: a list of them is copied whole, not item by item (token ids, rounds).
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
 def plain(value: object) -> Any:
     """``value`` as eval.json's plain data: rows as dicts, containers copied."""
-    if isinstance(value, Row):
-        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        if all(type(v) in _SCALARS for v in value):
+            return list(value)
+        return [plain(v) for v in value]
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+    if isinstance(value, Row) or (dataclasses.is_dataclass(value) and hasattr(value, "to_dict")):
+        return value.to_dict()  # a row, or a record of the metrics that writes itself (a drift direction)
     return value
+
+
+@cache
+def _scalar_hint(hint: object) -> bool:
+    """Whether ``hint`` types a JSON scalar (or an optional one), read as it is."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return all(_scalar_hint(a) for a in typing.get_args(hint))
+    return hint in _SCALARS or hint is Any
 
 
 def _typed(hint: object, value: Any) -> Any:
@@ -59,10 +105,31 @@ def _typed(hint: object, value: Any) -> Any:
         return _typed(inner[0], value) if len(inner) == 1 else value
     if isinstance(hint, type) and issubclass(hint, Row):
         return hint.from_dict(value)
+    if isinstance(hint, type) and hasattr(hint, "from_dict"):  # a record that reads itself: KeyError for a missing key
+        try:
+            return hint.from_dict(value)
+        except KeyError as exc:
+            raise ResultKeyError("missing", str(exc.args[0])) from None
     if origin is dict and len(args) == 2:
-        return {k: _typed(args[1], v) for k, v in value.items()}
+        out = {}
+        for k, v in value.items():
+            try:
+                out[k] = _typed(args[1], v)
+            except ResultKeyError as exc:
+                raise exc.under(str(k)) from None
+        return out
+    if origin is list and args and _scalar_hint(args[0]) and all(type(v) in _SCALARS for v in value):
+        return list(value)  # token ids, accept lengths, τ per sample: copied whole
+    if origin is dict and len(args) == 2 and _scalar_hint(args[1]):
+        return dict(value)
     if origin is list and args:
-        return [_typed(args[0], v) for v in value]
+        items = []
+        for i, v in enumerate(value):
+            try:
+                items.append(_typed(args[0], v))
+            except ResultKeyError as exc:
+                raise exc.under(i) from None
+        return items
     return value
 
 
@@ -85,10 +152,27 @@ class Row:
 
     @classmethod
     def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+        """The row of ``data`` (module docstring); ResultKeyError naming the first key it does not know or the first
+        field it needs that ``data`` lacks."""
         owner: type = cls  # a class is hashable; mypy checks type[R] against Hashable by R's instances' __hash__
         hints = _hints(owner)
-        return cls(**{f.name: _typed(hints[f.name], data[f.name])
-                      for f in dataclasses.fields(cls) if f.name in data})  # type: ignore[arg-type]  # a dataclass
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # every Row subclass is a dataclass
+        names = {f.name for f in fields}
+        unknown = next((k for k in data if k not in names), None)
+        if unknown is not None:
+            raise ResultKeyError("unknown", str(unknown))
+        missing = next((f.name for f in fields if f.name not in data and f.default is dataclasses.MISSING
+                        and f.default_factory is dataclasses.MISSING), None)
+        if missing is not None:
+            raise ResultKeyError("missing", missing)
+        kw = {}
+        for f in fields:
+            if f.name in data:
+                try:
+                    kw[f.name] = _typed(hints[f.name], data[f.name])
+                except ResultKeyError as exc:
+                    raise exc.under(f.name) from None
+        return cls(**kw)
 
 
 def rows_to_dict(rows: Mapping[str, Row]) -> dict[str, dict[str, Any]]:

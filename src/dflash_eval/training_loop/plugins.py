@@ -22,6 +22,7 @@ import pytest
 
 from dflash_eval import hookspec
 from dflash_eval.errors import PluginError
+from dflash_eval.session.run_result import TOP_LEVEL_KEYS
 
 if TYPE_CHECKING:  # both import torch: kept out of the plugins' own import
     from dflash_eval.options.settings import EvalSettings
@@ -32,7 +33,9 @@ __all__ = ["ENTRY_POINT_GROUP", "RESERVED_KEYS", "plugin_manager", "register_tra
 
 ENTRY_POINT_GROUP = "dflash_eval"
 HOOK_PREFIX = "pytest_dflash_eval_"
-#: eval.json keys the suite adds after the hook (a plugin may not add them either).
+#: eval.json keys the suite adds after the hook (a plugin may not add them either; nor any other key of eval.json's
+#: schema, :data:`dflash_eval.session.run_result.TOP_LEVEL_KEYS`: the result is read back typed, those keys as the
+#: suite writes them).
 RESERVED_KEYS = frozenset({"rejected", "verdict"})
 
 
@@ -122,8 +125,9 @@ def _merge_fields(plugin: str, data: dict[str, Any], view: Mapping[str, Any]) ->
             raise PluginError(f"plugin {plugin!r} changed the existing key {key!r} of the result; a plugin may "
                               "only add new top-level keys")
     added = [k for k in view if k not in data]
-    bad = [k for k in added if not isinstance(k, str) or k in RESERVED_KEYS]
+    bad = [k for k in added if not isinstance(k, str) or k in RESERVED_KEYS or k in TOP_LEVEL_KEYS]
     if bad:
         raise PluginError(f"plugin {plugin!r} added the key {bad[0]!r}, which the suite reserves "
-                          f"({', '.join(sorted(RESERVED_KEYS))}) or which is not a string")
+                          f"({', '.join(sorted(RESERVED_KEYS))}, and every key of eval.schema.json, which the run "
+                          "fills or leaves out itself) or which is not a string")
     data.update({k: view[k] for k in added})

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
-from dflash_eval.common.number_text import fmt
+from dflash_eval.common.number_text import ci_text, ends, fmt
 from dflash_eval.errors import ConfigError
 from dflash_eval.metrics.verdict import CHECKPOINT, FLOORS, PLATEAU, REGRESSION
 from dflash_eval.training_loop.history import CheckpointRecord
@@ -137,8 +137,8 @@ def verdict_text(record: CheckpointRecord) -> str:
     """The verdict as a line of text: the label, mean τ with its CI against the floor, then the verdict's reasons and
     notices."""
     verdict = record.judgement
-    lo, hi = (list(record.mean_tau_ci95) + [None, None])[:2]
-    head = (f"{verdict.label.upper()}: mean chain τ {fmt(record.mean_tau)} (95 % CI [{fmt(lo)}, {fmt(hi)}]), "
+    head = (f"{verdict.label.upper()}: mean chain τ {fmt(record.mean_tau)} (95 % CI "
+            f"{ci_text(*ends(record.mean_tau_ci95), brackets=True)}), "
             f"floor {fmt(record.mean_floor)}")
     notes = [*verdict.reasons, *verdict.notices]
     return head + ("; " + "; ".join(notes) if notes else "")

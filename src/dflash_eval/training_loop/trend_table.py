@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dflash_eval.common.atomic import atomic_write_text
-from dflash_eval.common.number_text import MISSING, fmt
+from dflash_eval.common.number_text import MISSING, ci_text, ends, fmt
 from dflash_eval.metrics.acceptance_rates import TAU_KINDS_NOTE
 from dflash_eval.report.tables import TextTable, markdown_table
 from dflash_eval.training_loop.history import CheckpointRecord
@@ -19,7 +19,7 @@ __all__ = ["trend_table", "trend_rows", "write_trend_table"]
 
 
 def _ci(ci: Sequence[float] | None) -> str:
-    return f"[{fmt(ci[0], 2)}, {fmt(ci[1], 2)}]" if ci else MISSING
+    return ci_text(*ends(ci), 2, brackets=True) if ci else MISSING
 
 
 def _method(methods: set[str | None], older: str) -> str:

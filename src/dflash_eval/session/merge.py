@@ -181,15 +181,15 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
             if key in f:
                 out[key] = f[key]
                 break
-    if "mean_tau" in out:
-        out["mean_passed"] = mean_passed(out)
-        # the other τ of the same rounds: pooled over every round (mean_tau and mean_ddtree are macro means)
-        out["mean_tau_pooled"], out["mean_ddtree_pooled"] = pooled_means(out["prompts"])
-        out["tau_definitions"] = dict(TAU_DEFINITIONS)
     refusal = next((f["drafter"]["refused"] for f in fragments if (f.get("drafter") or {}).get("refused")), None)
     if refusal:  # the first fragment may come from a process that never needed the drafter
         out["drafter"] = {**out.get("drafter", {}), "refused": refusal}
-        out["mean_passed"] = False  # a refused drafter never passes
+    if "mean_tau" in out or refusal:
+        out["mean_passed"] = mean_passed(out)  # the verdict's: a refused drafter never passes
+    if "mean_tau" in out:
+        # the other τ of the same rounds: pooled over every round (mean_tau and mean_ddtree are macro means)
+        out["mean_tau_pooled"], out["mean_ddtree_pooled"] = pooled_means(out["prompts"])
+        out["tau_definitions"] = dict(TAU_DEFINITIONS)
     cats = next((f["categories"] for f in fragments if f.get("categories")), None)
     if cats is None and out["prompts"]:
         cats = category_table(out["prompts"])

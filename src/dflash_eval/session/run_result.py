@@ -1,0 +1,345 @@
+"""A whole run's result as one typed value: eval.json's data (:func:`dflash_eval.session.merge.merge`, with the
+verdict the run's end adds) read as its fragments, and written back.
+
+:class:`RunResult` holds each of eval.json's top-level keys as a field, typed where the suite owns the layout: the
+judged prompts (:class:`~dflash_eval.session.rows.PromptRow`), the categories, conversations and turns, the drift rows
+(:class:`~dflash_eval.metrics.drift_checks.DriftStat`, :class:`~dflash_eval.session.blocks.DriftAcceptRow`), the drift
+budget and the drift gate (:class:`~dflash_eval.session.blocks.DriftBudgetBlock`,
+:class:`~dflash_eval.metrics.drift_checks.GateCheck`), the τ means (:class:`TauMeans`), the predicted speed-up
+(:class:`Speedup`), the timings (:class:`Timings`), the tests (:class:`Tests`), the near ties, the verdict
+(:class:`~dflash_eval.metrics.verdict.Verdict`). The blocks whose layout belongs to another part of the suite (the
+settings, the target, the provenance, the context, the cache's counters, the SGLang server, the baseline comparison,
+the registered measurements) are kept as eval.json holds them.
+
+Dicts only at the file boundary: :meth:`RunResult.to_dict` is eval.json's data (:meth:`RunResult.from_dict` of it
+gives it back, key for key), :meth:`RunResult.from_dict` and :meth:`RunResult.read` read it, strictly: a key the
+result does not know inside a fragment, or a key a fragment needs that the data lacks, is one
+:class:`~dflash_eval.session.rows.ResultKeyError` naming the file and the key's path. Plugins may add top-level keys
+(``pytest_dflash_eval_result_ready``): a top-level key that is not one of the schema's is a plugin's, kept as it is in
+:attr:`RunResult.plugin_fields` and written back after the suite's own keys; a fragment's own keys are never a
+plugin's.
+
+No torch: the reports, the gate and the history read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.errors import EvalError
+from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
+from dflash_eval.metrics.near_tie import Divergence
+from dflash_eval.metrics.speedup import Prediction
+from dflash_eval.metrics.verdict import Verdict, stored_verdict
+from dflash_eval.session.blocks import DrafterBlock, DriftAcceptRow, DriftBudgetBlock, FingerprintBlock
+from dflash_eval.session.merge import SCHEMA
+from dflash_eval.session.rows import (
+    _SCALARS,
+    CategoryRow,
+    ConversationRow,
+    PromptRow,
+    ResultKeyError,
+    Row,
+    TurnRow,
+    _opt,
+    plain,
+)
+
+__all__ = ["RunResult", "TauMeans", "Speedup", "PooledSpeed", "Timings", "Tests", "NotChecked", "Rejection",
+           "TOP_LEVEL_KEYS"]
+
+#: eval.json's top-level keys, in the order the merge writes them (``rejected`` and ``verdict``, which the run's end
+#: adds, last; a plugin's keys go before them).
+TOP_LEVEL_KEYS = ("schema", "created", "settings", "target", "drafter", "provenance", "context", "fingerprint",
+                  "sglang", "baseline", "drift_budget", "speedup", "prompts", "mean_tau", "mean_floor", "mean_ddtree",
+                  "mean_ddtree_floor", "mean_passed", "mean_tau_pooled", "mean_ddtree_pooled", "tau_definitions",
+                  "categories", "sampled", "conversations", "turns", "drift", "drift_accept", "drift_gate",
+                  "measurements", "near_ties", "timings", "counts", "cache", "tests", "not_checked", "diagnoses",
+                  "rejected", "verdict")
+
+#: The τ means, present together (a run that measured τ): :class:`TauMeans`.
+_TAU_KEYS = ("mean_tau", "mean_floor", "mean_ddtree", "mean_ddtree_floor", "mean_tau_pooled", "mean_ddtree_pooled",
+             "tau_definitions")
+
+JsonBlock = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TauMeans(Row):
+    """The run's mean τ: macro (the mean over prompts, chain and per DDTree budget) with its floors, pooled (over every
+    round), and what each kind of τ is."""
+
+    mean_tau: float | None
+    mean_floor: float | None
+    mean_ddtree: dict[str, float | None]
+    mean_ddtree_floor: dict[str, float | None]
+    mean_tau_pooled: float | None
+    mean_ddtree_pooled: dict[str, float | None]
+    tau_definitions: dict[str, str]
+
+
+@dataclass(frozen=True)
+class PooledSpeed(Row):
+    """A strategy's predicted speed at its pooled τ (no CI)."""
+
+    tau: float | None
+    speedup: float | None
+    tokens_per_s: float | None
+
+
+@dataclass(frozen=True)
+class Speedup(Row):
+    """eval.json's ``speedup`` (:func:`dflash_eval.metrics.speedup.speedup_block`): the device, the round's costs,
+    every strategy's prediction, the best, the recompute loop's chain, the pooled speeds, the models and assumptions,
+    the floor and its verdict."""
+
+    device: str
+    device_kind: str
+    dtype: str
+    backend: str
+    threads: int | None
+    context_len: int
+    block_size: int
+    plain_tokens_per_s: float | None
+    costs: JsonBlock
+    cached: bool
+    strategies: dict[str, Prediction]
+    best: str | None
+    near_best: list[str]
+    best_budget: int | None
+    loop: dict[str, Prediction]
+    pooled: dict[str, PooledSpeed]
+    models: dict[str, dict[str, str]]
+    assumptions: list[str]
+    floor: float | None
+    passed: bool | None
+
+
+@dataclass(frozen=True)
+class Timings(Row):
+    """The run's wall time, each stage's seconds summed over processes and per worker, the workers' spans and the GPU
+    kernel compilation inside the stages."""
+
+    wall_s: float | None
+    sum: dict[str, float]
+    per_worker: dict[str, dict[str, float]]
+    spans: dict[str, list[list[Any]]] = field(default_factory=dict)
+    compile: JsonBlock | None = _opt()
+
+
+@dataclass(frozen=True)
+class Tests(Row):
+    """The suite's tests: how many of each outcome, each test's outcome, the skipped ones with their reason."""
+
+    counts: dict[str, int]
+    outcomes: dict[str, str]
+    skipped: dict[str, str] | None = _opt()
+
+
+@dataclass(frozen=True)
+class NotChecked(Row):
+    """Skipped suite tests of one reason: how many, and the first one's node id."""
+
+    reason: str
+    tests: int
+    first: str
+
+
+@dataclass(frozen=True)
+class Rejection(Row):
+    """A plugin that rejected the result, and why."""
+
+    plugin: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A run's result (module docstring); a field is None where eval.json has no such key."""
+
+    schema: int
+    created: str
+    prompts: dict[str, PromptRow]
+    drift: list[DriftStat]
+    drift_accept: list[DriftAcceptRow]
+    timings: Timings
+    tests: Tests
+    settings: JsonBlock | None = None
+    target: JsonBlock | None = None
+    drafter: DrafterBlock | None = None
+    provenance: JsonBlock | None = None
+    context: JsonBlock | None = None
+    fingerprint: FingerprintBlock | None = None
+    sglang: JsonBlock | None = None
+    baseline: JsonBlock | None = None
+    drift_budget: DriftBudgetBlock | None = None
+    speedup: Speedup | None = None
+    tau: TauMeans | None = None
+    mean_passed: bool | None = None
+    categories: dict[str, CategoryRow] | None = None
+    sampled: JsonBlock | None = None
+    conversations: dict[str, ConversationRow] | None = None
+    turns: dict[str, TurnRow] | None = None
+    drift_gate: list[GateCheck] | None = None
+    measurements: dict[str, JsonBlock] | None = None
+    near_ties: list[Divergence] | None = None
+    counts: dict[str, JsonBlock] | None = None
+    cache: dict[str, JsonBlock] | None = None
+    not_checked: list[NotChecked] | None = None
+    diagnoses: list[str] | None = None
+    rejected: list[Rejection] | None = None
+    verdict: Verdict | None = None
+    plugin_fields: dict[str, Any] = field(default_factory=dict)  # top-level keys plugins added, as they are
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: object = None) -> RunResult:
+        """The result of eval.json's data; ``source``: the file it was read from, which an error names.
+        ResultKeyError naming the file and the first key a fragment does not know or needs and lacks (module
+        docstring); EvalError when ``data`` is not eval.json's data of this schema."""
+        try:
+            return _from_dict(data)
+        except ResultKeyError as exc:
+            raise exc.in_file(source) if source is not None else exc from None
+        except EvalError as exc:
+            raise EvalError(f"{source}: {exc}") if source is not None else exc from None
+
+    @classmethod
+    def read(cls, path: str | Path) -> RunResult:
+        """An eval.json file's result (:meth:`from_dict`; EvalError naming the file when it is not JSON)."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise EvalError(f"{path}: cannot read it as eval.json ({exc})") from None
+        return cls.from_dict(data, source=path)
+
+    def final_verdict(self) -> Verdict:
+        """The run's verdict as the result holds it (composed once, when the run ended); a result of an earlier
+        version without one is judged now from its tests' outcomes
+        (:func:`dflash_eval.metrics.verdict.stored_verdict`)."""
+        return self.verdict if self.verdict is not None else stored_verdict(self.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        """eval.json's data: each key the result holds, in the merge's order, a plugin's keys before ``rejected`` and
+        ``verdict``."""
+        means = {} if self.tau is None else self.tau.to_dict()
+        out: dict[str, Any] = {}
+        for key in TOP_LEVEL_KEYS:
+            if key == "rejected":
+                out.update(self.plugin_fields)
+            value = means.get(key) if key in _TAU_KEYS else plain(getattr(self, key))
+            if value is not None or key in means:
+                out[key] = value
+        return out
+
+
+def _rows(cls: Callable[[Any], Any], key: str) -> Callable[[Any], Any]:
+    """A reader of a list of ``cls`` rows under ``key`` (a missing key of a row's own class is named under it)."""
+    def read(items: Any) -> list[Any]:
+        out = []
+        for i, item in enumerate(items):
+            try:
+                out.append(cls(item))
+            except KeyError as exc:
+                raise ResultKeyError("missing", str(exc.args[0])).under(i).under(key) from None
+        return out
+    return read
+
+
+def _mapping(cls: type[Row], key: str) -> Callable[[Any], Any]:
+    def read(items: Any) -> dict[str, Any]:
+        out = {}
+        for k, v in items.items():
+            try:
+                out[k] = cls.from_dict(v)
+            except ResultKeyError as exc:
+                raise exc.under(str(k)).under(key) from None
+        return out
+    return read
+
+
+def _one(cls: type[Row], key: str) -> Callable[[Any], Any]:
+    def read(value: Any) -> Any:
+        try:
+            return cls.from_dict(value)
+        except ResultKeyError as exc:
+            raise exc.under(key) from None
+        except KeyError as exc:  # a record inside the row that reads itself (a prediction, a direction)
+            raise ResultKeyError("missing", str(exc.args[0])).under(key) from None
+    return read
+
+
+def _verdict(value: Any) -> Verdict:
+    return Verdict.from_dict(value)
+
+
+#: How each typed top-level key is read (the others are kept as eval.json holds them).
+_READERS: dict[str, Callable[[Any], Any]] = {
+    "prompts": _mapping(PromptRow, "prompts"), "categories": _mapping(CategoryRow, "categories"),
+    "conversations": _mapping(ConversationRow, "conversations"), "turns": _mapping(TurnRow, "turns"),
+    "drift": _rows(DriftStat.from_dict, "drift"), "drift_accept": _rows(DriftAcceptRow.from_dict, "drift_accept"),
+    "drift_gate": _rows(GateCheck.from_dict, "drift_gate"), "near_ties": _rows(Divergence.from_dict, "near_ties"),
+    "not_checked": _rows(NotChecked.from_dict, "not_checked"), "rejected": _rows(Rejection.from_dict, "rejected"),
+    "drafter": _one(DrafterBlock, "drafter"), "fingerprint": _one(FingerprintBlock, "fingerprint"),
+    "drift_budget": _one(DriftBudgetBlock, "drift_budget"), "speedup": _one(Speedup, "speedup"),
+    "timings": _one(Timings, "timings"), "tests": _one(Tests, "tests"), "verdict": _verdict,
+}
+
+
+def _from_dict(data: Mapping[str, Any]) -> RunResult:
+    if not isinstance(data, Mapping):
+        raise EvalError(f"not eval.json's data (a JSON object): {type(data).__name__}")
+    if data.get("schema") != SCHEMA:
+        raise EvalError(f"eval.json schema {data.get('schema')!r}, this version reads schema {SCHEMA}")
+    names = {f.name for f in dataclasses.fields(RunResult)} - {"tau", "plugin_fields"}
+    kw: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _TAU_KEYS:
+            continue
+        if key not in names:
+            continue  # a plugin's (module docstring)
+        reader = _READERS.get(key)
+        kw[key] = value if reader is None or value is None else reader(value)
+    if "mean_tau" in data:
+        kw["tau"] = TauMeans.from_dict({k: data[k] for k in _TAU_KEYS if k in data})
+    else:
+        stray = next((k for k in _TAU_KEYS if k in data), None)
+        if stray is not None:
+            raise ResultKeyError("missing", "mean_tau")
+    for key in ("schema", "created", "prompts", "drift", "drift_accept", "timings", "tests"):
+        if key not in data:
+            raise ResultKeyError("missing", key)
+    plugin = {k: v for k, v in data.items() if k not in names and k not in _TAU_KEYS}
+    result = RunResult(plugin_fields=plugin, **kw)
+    _same_keys(data, result.to_dict())
+    return result
+
+
+def _same_keys(given: Any, made: Any, path: tuple[str | int, ...] = ()) -> None:
+    """ResultKeyError at the first key ``given`` holds that ``made`` (the result written back) lacks (unknown: a reader
+    dropped it) or the other way round (missing: a reader filled it in)."""
+    if isinstance(given, Mapping) and isinstance(made, Mapping):
+        for k in given:
+            if k not in made:
+                raise _at(ResultKeyError("unknown", str(k)), path)
+        for k in made:
+            if k not in given:
+                raise _at(ResultKeyError("missing", str(k)), path)
+        for k in given:
+            _same_keys(given[k], made[k], (*path, k))
+    elif isinstance(given, (list, tuple)) and isinstance(made, (list, tuple)) and len(given) == len(made):
+        if all(type(v) in _SCALARS for v in given):
+            return  # numbers and strings: no keys
+        for i, (a, b) in enumerate(zip(given, made)):
+            _same_keys(a, b, (*path, i))
+
+
+def _at(exc: ResultKeyError, path: tuple[str | int, ...]) -> ResultKeyError:
+    for part in reversed(path):
+        exc = exc.under(part)
+    return exc

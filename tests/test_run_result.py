@@ -1,0 +1,125 @@
+"""The run's result as one typed value (:mod:`dflash_eval.session.run_result`): a real run's eval.json read back as a
+:class:`RunResult` and written again is the same data, key for key, and valid against the published schema; a key
+the result does not know inside a fragment, or one a fragment needs and lacks, is one error naming the file and the
+key; a plugin's top-level key is kept as it is. The rows it is made of refuse unknown and missing keys themselves.
+
+Run: ``pytest tests/test_run_result.py -p no:cacheprovider``
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from dflash_eval.errors import EvalError
+from dflash_eval.report.strict_json import dumps_strict
+from dflash_eval.session.rows import CategoryRow, PromptRow, ResultKeyError, Stat
+from dflash_eval.session.run_result import TOP_LEVEL_KEYS, RunResult
+
+# (what is changed, the change, the error's words)
+MUTATIONS = [
+    ("a prompt's unknown key", lambda d: _first(d["prompts"]).__setitem__("colour", 1),
+     "unknown key 'prompts.{p}.colour'"),
+    ("a prompt's missing key", lambda d: _first(d["prompts"]).pop("rounds"), "missing key 'prompts.{p}.rounds'"),
+    ("a completion's unknown key", lambda d: _first(d["prompts"])["completions"][0].__setitem__("colour", 1),
+     "unknown key 'prompts.{p}.completions[0].colour'"),
+    ("a drift row's missing key", lambda d: d["drift"][0].pop("cos"), "missing key 'drift[0].cos'"),
+    ("a drift row's unknown key", lambda d: d["drift"][0].__setitem__("colour", 1), "unknown key 'drift[0].colour'"),
+    ("a drift gate row's missing key", lambda d: d["drift_gate"][0].pop("mean_rel_err"),
+     "missing key 'drift_gate[0].mean_rel_err'"),
+    ("a budget level's unknown key", lambda d: d["drift_budget"]["levels"][0].__setitem__("colour", 1),
+     "unknown key 'drift_budget.levels[0].colour'"),
+    ("a category's unknown key", lambda d: d["categories"]["all"]["chain"].__setitem__("colour", 1),
+     "unknown key 'categories.all.chain.colour'"),
+    ("a speed-up prediction's missing key", lambda d: d["speedup"]["strategies"]["chain"].pop("round_s"),
+     "missing key 'speedup.strategies.chain.round_s'"),
+    ("a verdict part's unknown key", lambda d: d["verdict"]["parts"][0].__setitem__("colour", 1),
+     "unknown key 'verdict.parts[0].colour'"),
+    ("the timings' unknown key", lambda d: d["timings"].__setitem__("colour", 1), "unknown key 'timings.colour'"),
+    ("a missing top-level key", lambda d: d.pop("tests"), "missing key 'tests'"),
+    ("a missing τ mean", lambda d: d.pop("mean_floor"), "missing key 'mean_floor'"),
+]
+
+
+def _first(rows: dict) -> dict:
+    return next(iter(rows.values()))
+
+
+def schema() -> dict:
+    return json.loads(resources.files("dflash_eval.report").joinpath("eval.schema.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_real_runs_result_round_trips_and_refuses_what_it_does_not_know(bundled_suite, tmp_path):
+    skip = "not reference_completions and not fingerprint"  # no golden records in the checkout: not those
+    res = bundled_suite("--tau-floor", "1.0", "--speedup-floor", "0.5", "-k", skip, report="reports",
+                        cache=tmp_path / "cache")
+    assert res.ret == 0, res.stdout.str()
+    path = tmp_path / "reports" / "eval.json"
+    data = json.loads(path.read_text())
+    result = RunResult.read(path)
+    assert result.prompts and result.tau is not None and result.drift_budget is not None
+    assert result.verdict is not None and result.verdict.label == data["verdict"]["label"]
+    again = json.loads(dumps_strict(result.to_dict()))
+    assert again == data and list(again) == list(data)  # key for key, in the file's order
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (the test extra) validates eval.json")
+    jsonschema.Draft202012Validator(schema()).validate(again)
+
+    with_plugin = {**data, "owner": {"team": "drafting"}}  # a plugin's key (pytest_dflash_eval_result_ready)
+    typed = RunResult.from_dict(with_plugin, source=path)
+    assert typed.plugin_fields == {"owner": {"team": "drafting"}}
+    assert list(typed.to_dict())[-2:] == ["owner", "verdict"]
+
+    pid = next(iter(data["prompts"]))
+    for what, change, words in MUTATIONS:
+        bad = copy.deepcopy(data)
+        change(bad)
+        with pytest.raises(ResultKeyError) as err:
+            RunResult.from_dict(bad, source=path)
+        assert str(err.value).startswith(f"{path}: {words.format(p=pid)}"), (what, str(err.value))
+        assert isinstance(err.value, EvalError)
+
+
+def test_top_level_keys_are_the_schemas():
+    assert set(TOP_LEVEL_KEYS) == set(schema()["properties"])
+
+
+def test_a_row_refuses_unknown_and_missing_keys():
+    stat = {"n": 2, "mean": 2.0, "median": 2.0, "ci95": [1.0, 3.0]}
+    assert Stat.from_dict(stat).to_dict() == stat  # an optional member may be absent
+    with pytest.raises(ResultKeyError, match="unknown key 'colour'"):
+        Stat.from_dict({**stat, "colour": 1})
+    with pytest.raises(ResultKeyError, match="missing key 'median'"):
+        Stat.from_dict({k: v for k, v in stat.items() if k != "median"})
+    row = {"n": 2, "chain": stat, "ddtree": {"8": {**stat, "colour": 1}}, "acceptance": {}, "floor": None,
+           "ddtree_floor": {}, "passed": None}
+    with pytest.raises(ResultKeyError, match=r"unknown key 'ddtree\.8\.colour'"):
+        CategoryRow.from_dict(row)
+    err = ResultKeyError("missing", "tau").under("p1").under("prompts").in_file(Path("reports/eval.json"))
+    assert str(err) == "reports/eval.json: missing key 'prompts.p1.tau' (it is required)"
+    with pytest.raises(ResultKeyError, match="missing key 'category'"):
+        PromptRow.from_dict({})
+
+
+def test_what_is_not_eval_json_is_one_error(tmp_path):
+    path = tmp_path / "eval.json"
+    path.write_text("{not json")
+    with pytest.raises(EvalError, match="cannot read it as eval.json"):
+        RunResult.read(path)
+    path.write_text(json.dumps({"schema": 2}))
+    with pytest.raises(EvalError, match="schema 2"):
+        RunResult.read(path)
+
+
+def test_the_result_imports_nothing_heavy():
+    """The reports, the gate and the CLI read the result: importing it loads neither torch nor numpy."""
+    code = ("import sys; import dflash_eval.session.run_result; "
+            "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
