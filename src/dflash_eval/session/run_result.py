@@ -274,10 +274,6 @@ def _one(cls: type[Row], key: str) -> Callable[[Any], Any]:
     return read
 
 
-def _verdict(value: Any) -> Verdict:
-    return Verdict.from_dict(value)
-
-
 #: How each typed top-level key is read (the others are kept as eval.json holds them).
 _READERS: dict[str, Callable[[Any], Any]] = {
     "prompts": _mapping(PromptRow, "prompts"), "categories": _mapping(CategoryRow, "categories"),
@@ -287,7 +283,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "not_checked": _rows(NotChecked.from_dict, "not_checked"), "rejected": _rows(Rejection.from_dict, "rejected"),
     "drafter": _one(DrafterBlock, "drafter"), "fingerprint": _one(FingerprintBlock, "fingerprint"),
     "drift_budget": _one(DriftBudgetBlock, "drift_budget"), "speedup": _one(Speedup, "speedup"),
-    "timings": _one(Timings, "timings"), "tests": _one(Tests, "tests"), "verdict": _verdict,
+    "timings": _one(Timings, "timings"), "tests": _one(Tests, "tests"), "verdict": Verdict.from_dict,
 }
 
 
