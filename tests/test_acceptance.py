@@ -15,6 +15,7 @@ from dflash_eval.metrics.acceptance_rates import acceptance_table, histogram, po
 from dflash_eval.metrics.stats import category_table
 from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.report.table_rows import acceptance_rows, conversation_rows
+from dflash_eval.session.run_result import RunResult
 
 
 def test_rates_by_hand() -> None:
@@ -67,17 +68,17 @@ def test_report_tables_side_by_side_and_merge_rebuilds_conversations(tmp_path) -
     data = report.merge([{"worker": "master", "prompts": whole_rows()}])
     assert data["conversations"]["c"]["turns"] == ["b", "c2"] and data["conversations"]["c"]["rounds"] == 6
     assert data["conversations"]["c"]["turn_tau"] == [2.5, 1.0] and data["turns"]["2"]["chain"]["n"] == 1
-    header, arows = acceptance_rows(data)
+    header, arows = acceptance_rows(RunResult.from_dict(data))
     assert header[4].startswith("slot k accepted")
     assert ["b", "server", "2", "2.000", "100 0", "0 100 0"] in arows
     assert ["all prompts", "chain", "9", "1.667", "44 22", "56 22 22"] in arows
     assert [r[:2] for r in arows if r[0] == "category chat"] == [["category chat", s] for s in
                                                                  ("chain", "online", "server")]
-    _, crows = conversation_rows(data)
+    _, crows = conversation_rows(RunResult.from_dict(data))
     assert crows[0][:2] == ["c", "chat"] and crows[0][2] == "2.500 / 1.000"
-    md = report.render_markdown(data)
+    md = report.render_markdown(RunResult.from_dict(data))
     assert "### Acceptance per draft position" in md and "### Multi-turn conversations" in md
-    assert "acceptance per draft position" in report.render_terminal(data)
+    assert "acceptance per draft position" in report.render_terminal(RunResult.from_dict(data))
     paths = report.write_reports(data, tmp_path)
     assert json.loads(paths["json"].read_text())["categories"]["all"]["acceptance"]["server"]["rounds"] == 2
     assert paths["png"].stat().st_size > 0

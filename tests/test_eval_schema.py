@@ -19,7 +19,7 @@ import pytest
 from dflash_eval import report
 from dflash_eval.metrics.verdict import run_verdict
 from dflash_eval.pytest_plugin.junit import junit_properties
-from dflash_eval.report.plot import worst_prompts
+from dflash_eval.report.plot import worst_rows
 from dflash_eval.report.strict_json import dumps_strict, strict
 from dflash_eval.session.run_result import RunResult
 
@@ -123,4 +123,5 @@ def test_plot_size_does_not_grow_with_prompts(n, tmp_path):
     data["mean_tau"] = 3.0
     assert report.write_plot(RunResult.from_dict(data), tmp_path / "eval.png") is not None
     assert png_size(tmp_path / "eval.png") == (1400, 760)
-    assert worst_prompts(data["prompts"])[0] == "p7" and len(worst_prompts(data["prompts"])) == min(n, 25)
+    worst = worst_rows(RunResult.from_dict(data).prompts)
+    assert worst[0] == "p7" and len(worst) == min(n, 25)

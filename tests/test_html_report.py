@@ -26,7 +26,7 @@ from dflash_eval.report.html_report import (
     tau_by_position,
     title,
 )
-from dflash_eval.report.speedup_report import speedup_of, speedup_rows
+from dflash_eval.report.speedup_report import speedup_rows
 from dflash_eval.session.run_result import RunResult
 from dflash_eval.testing import browser
 
@@ -67,10 +67,13 @@ def _row(ids: list[int], pieces: list[str], accept: list[int], dd: list[int], **
 
 def test_text_is_escaped_and_worst_prompts_come_first() -> None:
     pieces = ["x", "<script>", "alert(1)", "</script>", " &", "\n", "y"]
-    data = {"context": {"block_size": 8}, "settings": {}, "mean_tau": 2.0,
-            "prompts": {"good": _row(list(range(7)), pieces, [3, 3], [3, 3]),
-                        "bad": _row(list(range(7)), pieces, [1, 1, 4], [2, 4], passed=False, tau=1.0)}}
-    page = render_html(data, ["dflash-eval: FAIL (τ below its floors) — <mean>"])
+    from dflash_eval.report import merge
+
+    data = merge([{"worker": "master", "context": {"block_size": 8}, "settings": {}, "mean_tau": 2.0,
+                   "mean_floor": 1.0, "mean_ddtree": {}, "mean_ddtree_floor": {},
+                   "prompts": {"good": _row(list(range(7)), pieces, [3, 3], [3, 3]),
+                               "bad": _row(list(range(7)), pieces, [1, 1, 4], [2, 4], passed=False, tau=1.0)}}])
+    page = render_html(RunResult.from_dict(data), ["dflash-eval: FAIL (τ below its floors) — <mean>"])
     assert "&lt;script&gt;alert(1)" in page and "&lt;/script&gt;" in page and " &amp;" in page
     assert "&lt;b&gt;prompt&lt;/b&gt;" in page and "FAIL (τ below its floors) — &lt;mean&gt;" in page
     assert page.index('id="p-bad"') < page.index('id="p-good"')  # the failing prompt first
@@ -104,7 +107,8 @@ def _whole_run(files: tuple[str, ...]) -> tuple[dict[str, Any], str]:
     data = merge([frag])  # eval.json's data, whole: the page's verdict reads it as the typed result
     data["not_checked"] = [{"reason": f"reason number {k}", "tests": k, "first": f"t{k}"} for k in range(1, 7)]
     data["verdict"] = run_verdict(data).to_dict()
-    return data, render_html(data, html_verdict_lines(RunResult.from_dict(data)), files=files)
+    result = RunResult.from_dict(data)
+    return data, render_html(result, html_verdict_lines(result), files=files)
 
 
 def test_the_page_shows_the_whole_verdict_and_links_every_file() -> None:
@@ -269,7 +273,7 @@ def test_eval_html_of_a_bundled_run_in_a_browser(chromium, bundled_suite, tmp_pa
     layers = {(r["comparison"], r["layer"]) for r in data["drift"]}
     assert len(dom.find("tr", section="drift")) >= 1 + len(layers) + 1 + len(data["drift_gate"])
     assert len(data["drift_gate"]) == len({(g["comparison"], g["layer"]) for g in data["drift_gate"]}) > 0
-    header, want_rows = speedup_rows(speedup_of(data))  # the strategies' table first, the costs' table after it
+    header, want_rows = speedup_rows(RunResult.from_dict(data).speedup)  # the strategies' table first, then the costs'
     cells = [t for _, t in dom.find("td", section="speedup")]
     rows = [cells[i:i + len(header)] for i in range(0, len(header) * len(want_rows), len(header))]
     assert rows == [list(r) for r in want_rows]

@@ -21,6 +21,7 @@ import pytest
 from dflash_eval.common.progress import Compilation, Meter
 from dflash_eval.report.render import compile_text
 from dflash_eval.session.merge import merge
+from dflash_eval.session.run_result import RunResult
 from dflash_eval.target import kernel_cache
 from dflash_eval.target.kernel_cache import ENV, add_sink, use_kernel_cache, watch_compilation
 
@@ -119,11 +120,12 @@ def test_merged_timings_sum_compilation_and_render_it() -> None:
     c = data["timings"]["compile"]
     assert c["seconds"] == 30.0 and c["by_stage"] == {"kernel_probe": 30.0}
     assert c["kernels_compiled"] == 15 and c["kernels_loaded"] == 4 and c["kernel_cache"]["path"] == "/c/triton"
-    text = compile_text(data)
+    text = compile_text(RunResult.from_dict(data).timings)
     assert "GPU kernel compilation 30.00 s of those (kernel_probe 30.00): 15 kernels compiled, 4 loaded" in text
     assert "/c/triton (--cache-dir)" in text
     cpu = merge([{"worker": "master", "timings": {}, "prompts": {}, "compile": Compilation().to_dict()}])
-    assert compile_text(cpu, terse=True) == ""  # nothing compiled on a CPU: the terminal says nothing
+    # nothing compiled on a CPU: the terminal says nothing
+    assert compile_text(RunResult.from_dict(cpu).timings, terse=True) == ""
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ from dflash_eval.pytest_plugin.run_report import fail_a_refused_run
 from dflash_eval.pytest_plugin.state import MERGED
 from dflash_eval.report.gate import gate_data, gate_row, render_gate_markdown
 from dflash_eval.report.html_report import html_verdict_lines, render_html
-from dflash_eval.report.speedup_report import speedup_lines, speedup_of, verdict_line
+from dflash_eval.report.speedup_report import speedup_lines, verdict_line
 from dflash_eval.session.run_result import RunResult
 from dflash_eval.training_loop.history import CheckpointRecord
 from dflash_eval.training_loop.trackers import tracker_scalars, verdict_text
@@ -201,13 +201,14 @@ PLANTED_PASS = compose(Part(FLOORS, True), Part(BASELINE, True), Part(DRIFT_GATE
 
 def _shown(data: dict) -> dict[str, str]:
     """Every surface of a run's verdict, as text."""
-    term = "\n".join(report.verdict_lines(RunResult.from_dict(data), report_dir=None))
-    return {"terminal": term, "eval.md": report.render_markdown(data),
-            "eval.html": render_html(data, html_verdict_lines(RunResult.from_dict(data))),
+    result = RunResult.from_dict(data)
+    term = "\n".join(report.verdict_lines(result, report_dir=None))
+    return {"terminal": term, "eval.md": report.render_markdown(result),
+            "eval.html": render_html(result, html_verdict_lines(result)),
             "junit": json.dumps(junit_properties(data), ensure_ascii=False),
-            "speed-up": "\n".join(speedup_lines(speedup_of(data), stored_verdict(data))
-                                   + [verdict_line(speedup_of(data), stored_verdict(data)) or ""]),
-            "baseline": report.baseline_line(data) or ""}
+            "speed-up": "\n".join(speedup_lines(result.speedup, stored_verdict(data))
+                                   + [verdict_line(result.speedup, stored_verdict(data)) or ""]),
+            "baseline": report.baseline_line(result) or ""}
 
 
 def _exit_status(data: dict) -> pytest.ExitCode:

@@ -71,7 +71,8 @@ def test_a_value_reads_the_same_on_every_surface(tau, tmp_path):
     one τ: the formatter's; the verdict lines too."""
     data = _run(tau)
     want = fmt(tau)
-    term, md = report.render_terminal(data), report.render_markdown(data)
+    result = RunResult.from_dict(data)
+    term, md = report.render_terminal(result), report.render_markdown(result)
     assert _cells(term, "a") == _cells(md, "a") and _cells(term, "a")[1:3] == [want, want]
     assert _cells(term, MEAN_ROW) == _cells(md, MEAN_ROW) and _cells(md, MEAN_ROW)[1] == want
     assert f"mean chain τ (macro) {want} " in report.verdict_lines(RunResult.from_dict(data), report_dir=None)[0]
@@ -96,8 +97,9 @@ def test_a_report_rendered_again_from_eval_json_is_the_same_text(tmp_path):
     paths = report.write_reports(data, tmp_path / "r")
     back = json.loads(paths["json"].read_text())
     assert back["prompts"]["a"]["tau"] is None
-    assert report.render_markdown(back) == paths["md"].read_text() == report.render_markdown(data)
-    assert report.render_terminal(back) == report.render_terminal(data)
+    again, result = RunResult.from_dict(back), RunResult.from_dict(data)
+    assert report.render_markdown(again) == paths["md"].read_text() == report.render_markdown(result)
+    assert report.render_terminal(again) == report.render_terminal(result)
 
 
 def test_tables_check_their_rows_and_escape_pipes():

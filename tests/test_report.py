@@ -48,7 +48,7 @@ def test_render_and_write(tmp_path, monkeypatch):
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     data = report.merge([fragment("master", {"a": 2.0, "b": 1.0}, drift=["a"])])
-    text = report.render_terminal(data)
+    text = report.render_terminal(RunResult.from_dict(data))
     assert "DDTree-8 τ" in text and "FAIL" in text and "PASS" in text and "c1" in text
     paths = report.write_reports(data, tmp_path / "reports")
     assert json.loads(paths["json"].read_text())["prompts"]["b"]["passed"] is False
@@ -190,10 +190,11 @@ def test_category_tables_and_floors(tmp_path):
     assert cats["c"]["chain"]["ci_method"] == "Hall t over prompts"
     assert all(math.isnan(x) for x in cats["code"]["chain"]["ci95"])  # one prompt: no interval
     assert cats["c"]["ddtree"]["8"]["mean"] == 2.0 and cats["c"]["passed"] is None
-    header, rows = report.category_rows(data)
+    header, rows = report.category_rows(RunResult.from_dict(data))
     assert header[:5] == ["category", "n", "chain τ", "median", "CI95"]
     assert [r[0] for r in rows] == ["c", "code", "all"]
-    assert "τ per category" in report.render_terminal(data) and "### τ per category" in report.render_markdown(data)
+    result = RunResult.from_dict(data)
+    assert "τ per category" in report.render_terminal(result) and "### τ per category" in report.render_markdown(result)
     # category floors: the mean of the per-prompt floors of the category's prompts in the run
     doc = make_floors({"a": 1.75, "b": 1.25, "c": 4.25}, {8: {"a": 2.25, "b": 1.75, "c": 4.75}}, margin=0.25,
                       context={"max_new_tokens": 8}, previous={"chain": {"old": 3.0}})
@@ -258,11 +259,11 @@ def budget_fragment(worker, gate_err):
 def test_drift_budget_in_the_reports(tmp_path):
     data = report.merge([budget_fragment("gw0", 1e-3), budget_fragment("gw1", 1e-3)])
     assert data["drift_budget"]["budget"] == 0.1 and len(data["drift_gate"]) == 1  # de-duplicated across workers
-    text = report.render_terminal(data)
+    text = report.render_terminal(RunResult.from_dict(data))
     assert "drift budget: τ against injected feature error" in text and "round fp8" in text
     assert "drift gate" in text and "100x" in text and "PASS" in text
     assert "drift budget of drafter ffffffffffff: 1.00e-01 (90 % CI 5.00e-02–2.00e-01)" in text
-    md = report.render_markdown(data)
+    md = report.render_markdown(RunResult.from_dict(data))
     assert "### Drift budget and gate" in md
     assert "| c1 | 0 | 1.00e-03 | a | 1.00e-02 | 1.00e-01 | 0.05–0.2 | 100x | PASS |" in md
     paths = report.write_reports(data, tmp_path / "r")
@@ -270,10 +271,10 @@ def test_drift_budget_in_the_reports(tmp_path):
     assert paths["budget_png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     over = report.merge([budget_fragment("master", 3e-2)])
     assert "| c1 | 0 | 3.00e-02 | a | 3.00e-01 | 1.00e-01 | 0.05–0.2 | 3.33x | FAIL |" in \
-        report.render_markdown(over)
+        report.render_markdown(RunResult.from_dict(over))
     assert report.measured_drifts(RunResult.from_dict(over)) == {"c1": 3e-2}
     inside = report.merge([budget_fragment("master", 1e-2)])
-    assert "| 10x | INCONCLUSIVE |" in report.render_markdown(inside)
+    assert "| 10x | INCONCLUSIVE |" in report.render_markdown(RunResult.from_dict(inside))
     plain = report.write_reports(report.merge([fragment("master", {"a": 2.0})]), tmp_path / "plain")
     assert "budget_png" not in plain and not (tmp_path / "plain" / "drift_budget.png").exists()
 
@@ -295,9 +296,9 @@ def test_drift_budget_fields_are_strict_json_and_valid(tmp_path):
     schema = json.loads(resources.files("dflash_eval.report").joinpath("eval.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(data)
     assert data["drift_gate"][1]["margin"] is None and data["drift_budget"]["levels"][-1]["mean_tau"] is None
-    text = report.render_terminal(data)
+    text = report.render_terminal(RunResult.from_dict(data))
     assert "| c1 | 1 | 0.00e+00 | a | 0.00e+00 | 1.00e-01 | 0.05–0.2 | inf | PASS |" in \
-        report.render_markdown(data)
+        report.render_markdown(RunResult.from_dict(data))
     assert "noise 1" in text and paths["budget_png"].is_file()
     bad = {**data, "drift_gate": [{"comparison": "c1", "layer": "one", "max_rel_err": 1e-3, "budget": 0.1,
                                    "safety": 5.0, "passed": True}]}

@@ -206,10 +206,10 @@ def test_measurements_reach_the_merged_report_and_its_tables(tmp_path):
     assert "measurements" not in report.merge([{k: v for k, v in fragment().items() if k != "measurements"}])
     md = report.write_reports(data, tmp_path)["md"].read_text()
     assert "### Measurement: m" in md and "| a | 1 |" in md and "ok 1" in md and "### Measurement: o" in md
-    text = report.render_terminal(data)
+    text = report.render_terminal(RunResult.from_dict(data))
     assert "measurement: m" in text and "measurement: o" in text
-    assert "measurement:" not in report.render_terminal(report.merge([{k: v for k, v in fragment().items()
-                                                                        if k != "measurements"}]))
+    without = report.merge([{k: v for k, v in fragment().items() if k != "measurements"}])
+    assert "measurement:" not in report.render_terminal(RunResult.from_dict(without))
 
 
 def judged_rows(rows: dict[str, dict[str, Any]]) -> dict[str, PromptRow]:

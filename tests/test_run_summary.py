@@ -112,7 +112,7 @@ def _prompt_rows(text: str, title: str) -> list[str]:
 def test_long_tables_collapse_in_the_terminal_and_stay_whole_in_eval_md(tmp_path):
     n = 40
     data = report.merge([fragment(n, low="p20")])
-    text = report.render_terminal(data)
+    text = report.render_terminal(RunResult.from_dict(data))
     shown = _prompt_rows(text, "τ per prompt")
     assert shown[0] == "p20" and len(shown) == TERMINAL_ROWS_SHOWN  # the failing prompt first
     assert shown[1:] == [f"p{i}" for i in range(TERMINAL_ROWS_SHOWN - 1)]  # then the lowest τ
@@ -120,22 +120,22 @@ def test_long_tables_collapse_in_the_terminal_and_stay_whole_in_eval_md(tmp_path
     assert f"… {n - TERMINAL_ROWS_SHOWN} more in eval.md" in text
     assert _prompt_rows(text, "acceptance per draft position") == shown  # the same prompts, same order
     assert "category code" in text and "all prompts" in text
-    full = report.render_terminal(data, max_rows=None)  # pytest -v
+    full = report.render_terminal(RunResult.from_dict(data), max_rows=None)  # pytest -v
     assert len(_prompt_rows(full, "τ per prompt")) == n and "more in eval.md" not in full
     md = report.write_reports(data, tmp_path)["md"].read_text()
     assert all(f"| p{i} |" in md for i in range(n))
-    small = report.render_terminal(report.merge([fragment(TERMINAL_ROWS_FULL)]))
+    small = report.render_terminal(RunResult.from_dict(report.merge([fragment(TERMINAL_ROWS_FULL)])))
     assert len(_prompt_rows(small, "τ per prompt")) == TERMINAL_ROWS_FULL and "more in eval.md" not in small
 
 
 def test_eval_md_provenance_is_plain_text_with_normalised_paths(tmp_path):
-    md = report.render_markdown(report.merge([fragment(3)]))
+    md = report.render_markdown(RunResult.from_dict(report.merge([fragment(3)])))
     assert "- target: `/work/myrepo/models/t`" in md and "`/work/myrepo/ckpt/step_a.pt`" in md
     assert "dtype bfloat16," in md and "torch." not in md
     assert "versions: torch 2.13.0, transformers 5.20.0, fla not installed, python 3.11.7" in md
     assert "{" not in md.split("### τ per prompt")[0]  # no dict repr in the header block
     assert f"- ran on host build-7, git commit {'ab' * 6} (uncommitted changes) in `/work/myrepo`" in md
-    assert "drafter step_a.pt" in report.render_terminal(report.merge([fragment(3)]))
+    assert "drafter step_a.pt" in report.render_terminal(RunResult.from_dict(report.merge([fragment(3)])))
 
 
 def test_a_plot_of_an_earlier_run_is_not_left_behind(tmp_path):

@@ -16,6 +16,7 @@ from dflash_eval import report
 from dflash_eval.metrics.sampled_ci import sampled_mean, spread
 from dflash_eval.metrics.stats import sampled_hall_t_interval
 from dflash_eval.report.strict_json import dumps_strict
+from dflash_eval.session.run_result import RunResult
 
 # prompt means 1.5, 2.3, 0.7: symmetric, so the interval over them is Student's t (no skewness to correct)
 TAUS = {"a": [1.2, 1.6, 1.4, 1.8], "b": [2.0, 2.4, 2.2, 2.6], "c": [0.6, 0.7, 0.6, 0.9]}
@@ -88,8 +89,8 @@ def test_eval_md_and_terminal_show_the_ci_of_a_sampled_run_with_its_method() -> 
     doc = _merged(True)
     s = doc["sampled"]["chain"]
     want = f"chain {s['mean']:.3f} ({s['ci95'][0]:.3f}..{s['ci95'][1]:.3f})"
-    md = report.render_markdown(doc)
+    md = report.render_markdown(RunResult.from_dict(doc))
     assert "sampled at T=0.6: 3 prompts x 4 samples" in md and want in md and "online " in md
     assert "95 % CI (Hall t over prompts and samples): chain" in md and "nested" not in md
-    assert want in report.render_terminal(doc, width=400)
-    assert "sampled at" not in report.render_markdown(_merged(False))
+    assert want in report.render_terminal(RunResult.from_dict(doc), width=400)
+    assert "sampled at" not in report.render_markdown(RunResult.from_dict(_merged(False)))

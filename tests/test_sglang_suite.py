@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from sglang_standin import request_counts
 
+from dflash_eval.session.run_result import RunResult
 from dflash_eval.sglang.launch import group_members
 
 pytestmark = pytest.mark.sglang
@@ -338,10 +339,10 @@ def test_tau_table_has_a_server_accept_column_only_when_reported() -> None:
     data = {"prompts": {"a": {"tau": 2.0, "ddtree": {}, "floor": 1.0, "rounds": 3, "passed": True},
                         "b": {"tau": 3.0, "ddtree": {}, "floor": 1.0, "rounds": 2, "passed": True}},
             "mean_tau": 2.5, "mean_floor": 1.0, "mean_passed": True}
-    header, rows = report.tau_rows(data)
+    header, rows = report.tau_rows(RunResult.from_dict(data))
     assert "server accept len" not in header
     data["prompts"]["a"]["server_accept_length"] = 3.25
-    header, rows = report.tau_rows(data)
+    header, rows = report.tau_rows(RunResult.from_dict(data))
     i = header.index("server accept len")
     assert [r[i] for r in rows] == ["3.250", "-", "3.250"]
     assert all(len(r) == len(header) for r in rows)

@@ -207,7 +207,6 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
     from dflash_eval.report.render import render_markdown, render_terminal
     from dflash_eval.report.speedup_report import (
         SPEEDUP_PLOT,
-        speedup_of,
         speedup_rows,
         verdict_line,
         write_speedup_plot,
@@ -217,24 +216,26 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
     block = speedup_block(costs(), (4.5, (4.0, 5.0)), {4: (3.9, (3.5, 4.3)), 8: (5.6, (5.0, 6.2))}, floor=9.0,
                           pooled={"chain": 4.25})
     data = json.loads(dumps_strict(merge([{"worker": "master", "speedup": block}])))  # as eval.json holds it
-    header, rows = speedup_rows(speedup_of(data))
+    result = RunResult.from_dict(data)
+    header, rows = speedup_rows(result.speedup)
     assert [r[:2] for r in rows] == [["chain", "server-style loop"], ["DDTree-4", "server-style loop"],
                                      ["DDTree-8 (best)", "server-style loop"], ["chain", "recompute loop"]]
     chain = block["strategies"]["chain"]
     assert rows[0][4] == f"{chain['speedup']:.2f}x [{chain['speedup_ci'][0]:.2f}x, {chain['speedup_ci'][1]:.2f}x]"
-    line = verdict_line(speedup_of(data), stored_verdict(data))
+    line = verdict_line(result.speedup, stored_verdict(data))
     assert line is not None and "cpu (test)" in line and "floor 9 FAIL" in line and "best DDTree-8" in line
-    md = render_markdown(data)
+    md = render_markdown(result)
     assert "### Predicted speed-up" in md and "--speedup-floor 9 (the server-style loop's chain): FAIL" in md
     assert "speedup.png" in md and "the recompute loop" in md
     assert f"chain {block['pooled']['chain']['speedup']:.2f}x (τ 4.250" in md  # the pooled τ's speed-up
-    assert "DDTree-8 (best)" in render_terminal(data) and "recompute loop" in render_terminal(data)
-    assert write_speedup_plot(RunResult.from_dict(data), tmp_path / SPEEDUP_PLOT) == tmp_path / SPEEDUP_PLOT
+    text = render_terminal(result)
+    assert "DDTree-8 (best)" in text and "recompute loop" in text
+    assert write_speedup_plot(result, tmp_path / SPEEDUP_PLOT) == tmp_path / SPEEDUP_PLOT
     assert (tmp_path / SPEEDUP_PLOT).read_bytes()[:4] == b"\x89PNG"
     nothing = RunResult.from_dict(merge([{"worker": "master"}]))
-    assert write_speedup_plot(nothing, tmp_path / "none.png") is None and speedup_rows(speedup_of({}))[1] == []
+    assert write_speedup_plot(nothing, tmp_path / "none.png") is None and speedup_rows(None)[1] == []
     assert verdict_line(None, stored_verdict({})) is None
-    assert "Predicted speed-up" not in render_markdown(merge([{"worker": "master"}]))
+    assert "Predicted speed-up" not in render_markdown(nothing)
 
 
 def test_block_validates_against_the_schema() -> None:

@@ -197,7 +197,7 @@ def gate_table(rows: list[GateRow], budgets: list[Any], *, terminal: bool = Fals
                         fmt(r.seconds)])
     base = [r.baseline for r in rows if r.baseline]
     if base:  # the paired difference against --baseline, its CI named
-        header.insert(header.index("mean floor"), f"Δ vs baseline ({ci_name(base[0])})")
+        header.insert(header.index("mean floor"), f"Δ vs baseline ({ci_name(base[0].get('ci_method'))})")
         for r, row in zip(rows, cells):
             row.insert(header.index("mean floor") - 1, _baseline_cell(r.baseline))
     if any(r.speedup for r in rows):  # the predicted speed-up on the gate's device (docs/speedup.md)
@@ -208,7 +208,7 @@ def gate_table(rows: list[GateRow], budgets: list[Any], *, terminal: bool = Fals
     ref = [r.reference for r in rows if r.reference]
     if ref:  # the reference drafter's τ and the paired difference against it, its CI named (as in history.md)
         at = header.index("mean floor")
-        header[at:at] = ["reference τ", f"Δ vs reference ({ci_name(ref[0])})"]
+        header[at:at] = ["reference τ", f"Δ vs reference ({ci_name(ref[0].get('ci_method'))})"]
         for r, row in zip(rows, cells):
             row[at:at] = _reference_cells(r.reference)
     if terminal:

@@ -14,7 +14,7 @@ From top to bottom:
   CIs, the floor's verdict, the measured costs and ``speedup.png`` (:mod:`dflash_eval.report.speedup_report`);
 - the hidden-state drift (when measured): per comparison and layer the drift against its tolerance and the drift
   gate's drift x safety against the drift budget and its CI, the budget, its ladder and ``drift_budget.png``;
-- the prompts, worst first (:func:`dflash_eval.report.plot.worst_prompts`: failing, then least room above the floor),
+- the prompts, worst first (:func:`dflash_eval.report.plot.worst_rows`: failing, then least room above the floor),
   each with its τ along the response and per-position acceptance, and its completion text with every verification
   round marked (:func:`segments`): the drafts a round accepted, the token where its first draft was rejected (the
   target's token there), the bonus token of a round that accepted the whole block, the last token, where the loop
@@ -37,13 +37,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.common.number_text import fmt, is_number, verdict_text
-from dflash_eval.metrics.verdict import DRIFT_GATE, stored_verdict
-from dflash_eval.report.plot import worst_prompts
-from dflash_eval.report.speedup_report import SPEEDUP_PLOT, cost_rows, speedup_lines, speedup_of, speedup_rows
+from dflash_eval.metrics.verdict import DRIFT_GATE
+from dflash_eval.report.plot import worst_rows
+from dflash_eval.report.speedup_report import SPEEDUP_PLOT, cost_rows, speedup_lines, speedup_rows
 from dflash_eval.report.summary import REPORT_FILES, verdict_lines
 from dflash_eval.report.table_rows import (
     acceptance_rows,
@@ -56,6 +55,7 @@ from dflash_eval.report.table_rows import (
     ladder_rows,
     tau_kinds_line,
 )
+from dflash_eval.session.rows import CompletionRow, PromptRow
 from dflash_eval.session.run_result import RunResult
 
 __all__ = ["HTML_NAME", "BUCKET", "PROMPTS_SHOWN", "SAMPLES_SHOWN", "TITLES", "Segment", "segments", "title",
@@ -132,14 +132,14 @@ def tau_by_position(rounds: Iterable[tuple[int, int]], bucket: int = BUCKET) -> 
     return {b: (s[0] / s[1], s[1]) for b, s in sorted(sums.items())}
 
 
-def _methods(data: dict[str, Any]) -> list[tuple[str, str]]:
+def _methods(result: RunResult) -> list[tuple[str, str]]:
     """``(key, label)`` of the marked loops: the chain and each DDTree budget."""
-    return [("chain", "chain")] + [(f"ddtree-{b}", f"DDTree-{b}") for b in budgets(data)]
+    return [("chain", "chain")] + [(f"ddtree-{b}", f"DDTree-{b}") for b in budgets(result)]
 
 
-def _lengths(c: dict[str, Any], method: str) -> list[int]:
-    return list(c["accept_lengths"] if method == "chain" else
-                (c.get("ddtree_accept_lengths") or {}).get(method.removeprefix("ddtree-"), []))
+def _lengths(c: CompletionRow, method: str) -> list[int]:
+    return list(c.accept_lengths if method == "chain" else
+                c.ddtree_accept_lengths.get(method.removeprefix("ddtree-"), []))
 
 
 # ----------------------------------------------------------------------------------------------------- SVG
@@ -222,35 +222,38 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, width: i
 
 
 # ----------------------------------------------------------------------------------------------------- charts
-def _position_series(rows: Iterable[dict[str, Any]], method: str, label: str, *, dashed: bool = False) -> Series:
+def _position_series(rows: Iterable[PromptRow], method: str, label: str, *, dashed: bool = False) -> Series:
     """τ along the response of the references of ``rows`` (pooled), as a chart series."""
-    rounds = [r for row in rows for c in row.get("completions") or [] for r in round_starts(_lengths(c, method))]
+    rounds = [r for row in rows for c in row.completions or [] for r in round_starts(_lengths(c, method))]
     pts = [(b * BUCKET + BUCKET / 2, tau, f" (rounds starting at positions {b * BUCKET}–{(b + 1) * BUCKET - 1}: {n})")
            for b, (tau, n) in tau_by_position(rounds).items()]  # each point at its bucket's middle
     return Series(label, pts, dashed)
 
 
-def _max_len(rows: Iterable[dict[str, Any]]) -> int:
-    return max((len(c["ids"]) for row in rows for c in row.get("completions") or []), default=0)
+def _max_len(rows: Iterable[PromptRow]) -> int:
+    return max((len(c.ids) for row in rows for c in row.completions or []), default=0)
 
 
-def _category_charts(data: dict[str, Any]) -> str:
-    prompts = data.get("prompts") or {}
-    rows = [r for r in prompts.values() if r.get("completions")]
+def _block_size(result: RunResult) -> int | None:
+    """The drafter's block size (the run's context; None: not known)."""
+    return (result.context or {}).get("block_size")
+
+
+def _category_charts(result: RunResult) -> str:
+    rows = [r for r in result.prompts.values() if r.completions]
     if not rows:
         return ""
-    block = (data.get("context") or {}).get("block_size")
-    cats = sorted({r.get("category", "?") for r in rows})
+    block = _block_size(result)
+    cats = sorted({r.category for r in rows})
     xr = (0.0, float(_max_len(rows)))
-    chain = [_position_series([r for r in rows if r.get("category") == c], "chain", c) for c in cats]
+    chain = [_position_series([r for r in rows if r.category == c], "chain", c) for c in cats]
     if len(cats) > 1:
         chain.append(_position_series(rows, "chain", "all", dashed=True))
-    methods = [_position_series(rows, m, label) for m, label in _methods(data)]
-    acc = (data.get("categories") or {})
-    pos = [Series(c, [(k, rate, "") for k, rate in enumerate(acc[c]["acceptance"]["chain"]["position_rates"], 1)
+    methods = [_position_series(rows, m, label) for m, label in _methods(result)]
+    acc = result.categories or {}
+    pos = [Series(c, [(k, rate, "") for k, rate in enumerate(acc[c].acceptance["chain"].position_rates, 1)
                       if is_number(rate)], c == "all")
-           for c in [*cats, "all"] if c in acc and ((acc[c].get("acceptance") or {}).get("chain"))
-           and (c != "all" or len(cats) > 1)]
+           for c in [*cats, "all"] if c in acc and "chain" in acc[c].acceptance and (c != "all" or len(cats) > 1)]
     along = partial(line_chart, x_label=f"completion position (buckets of {BUCKET})", y_label="mean accept length",
                     x_range=xr, y_max=float(block) if block else None)
     out = ['<div class="charts">', along(chain, title="chain τ along the response, by category"),
@@ -262,10 +265,10 @@ def _category_charts(data: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _prompt_charts(data: dict[str, Any], row: dict[str, Any]) -> str:
-    block = (data.get("context") or {}).get("block_size")
-    series = [_position_series([row], m, label, dashed=m != "chain") for m, label in _methods(data)]
-    rates = [(k, r, "") for k, r in enumerate(row.get("position_rates") or [], 1) if is_number(r)]
+def _prompt_charts(result: RunResult, row: PromptRow) -> str:
+    block = _block_size(result)
+    series = [_position_series([row], m, label, dashed=m != "chain") for m, label in _methods(result)]
+    rates = [(k, r, "") for k, r in enumerate(row.position_rates, 1) if is_number(r)]
     return ('<div class="charts small">'
             + line_chart(series, x_label=f"completion position (buckets of {BUCKET})", y_label="mean accept length",
                          width=460, height=180, x_range=(0.0, float(_max_len([row]))),
@@ -313,42 +316,41 @@ def marked_text(pieces: Sequence[str], accept_lengths: Sequence[int], block_size
     return "".join(out)
 
 
-def _sample_html(data: dict[str, Any], c: dict[str, Any], several: bool) -> str:
-    block = (data.get("context") or {}).get("block_size")
-    head = [f"sample {c['sample']}" if several else "reference", f"source {c['source']}",
-            f"{len(c['ids'])} tokens", f"chain τ {fmt(c.get('tau'))}"]
-    head += [f"DDTree-{b} τ {fmt(v)}" for b, v in (c.get("ddtree") or {}).items()]
-    if c.get("seed") is not None:
-        head.append(f"seed {c['seed']}")
-    marks = "".join(f'<div class="marks" data-method="{m}">{marked_text(c["pieces"], _lengths(c, m), block)}</div>'
-                    for m, _ in _methods(data))
+def _sample_html(result: RunResult, c: CompletionRow, several: bool) -> str:
+    block = _block_size(result)
+    head = [f"sample {c.sample}" if several else "reference", f"source {c.source}", f"{len(c.ids)} tokens",
+            f"chain τ {fmt(c.tau)}"]
+    head += [f"DDTree-{b} τ {fmt(v)}" for b, v in c.ddtree.items()]
+    if c.seed is not None:
+        head.append(f"seed {c.seed}")
+    marks = "".join(f'<div class="marks" data-method="{m}">{marked_text(c.pieces, _lengths(c, m), block)}</div>'
+                    for m, _ in _methods(result))
     return (f'<div class="sample"><div class="shead">{html.escape(" · ".join(head))}</div>'
             f'<div class="text">{marks}</div></div>')
 
 
-def _prompt_section(data: dict[str, Any], rank: int, pid: str, row: dict[str, Any]) -> str:
+def _prompt_section(result: RunResult, rank: int, pid: str, row: PromptRow) -> str:
     e = html.escape
-    passed = row.get("passed")
+    passed = row.passed
     verdict = "none" if passed is None else "pass" if passed else "fail"
-    facts = [f"chain τ {fmt(row.get('tau'))}" + (f" (floor {fmt(row.get('floor'))})" if row.get("floor") is not None
-                                                  else "")]
-    facts += [f"DDTree-{b} τ {fmt(v)}" for b, v in (row.get("ddtree") or {}).items()]
-    facts += [f"{row.get('rounds', '-')} rounds", f"prompt {row.get('prompt_tokens', '-')} tokens",
-              f"completion {row.get('completion_tokens', '-')} tokens"]
-    if row.get("samples"):
-        facts.append(f"{row['samples']} samples")
+    facts = [f"chain τ {fmt(row.tau)}" + (f" (floor {fmt(row.floor)})" if row.floor is not None else "")]
+    facts += [f"DDTree-{b} τ {fmt(v)}" for b, v in row.ddtree.items()]
+    facts += [f"{row.rounds} rounds", f"prompt {row.prompt_tokens} tokens",
+              f"completion {row.completion_tokens} tokens"]
+    if row.samples:
+        facts.append(f"{row.samples} samples")
     parts = [f'<section class="prompt {verdict}" id="p-{e(pid)}">',
-             f'<h3><span class="rank">#{rank}</span> {e(pid)} <span class="cat">{e(str(row.get("category", "")))}'
+             f'<h3><span class="rank">#{rank}</span> {e(pid)} <span class="cat">{e(row.category)}'
              f'</span> <span class="badge {verdict}">{verdict_text(passed)}</span></h3>',
              f'<p class="facts">{e(" · ".join(facts))}</p>']
-    comps = row.get("completions") or []
+    comps = row.completions or []
     if comps:
-        parts.append(_prompt_charts(data, row))
-    if row.get("prompt_text") is not None:
-        parts.append(f'<details><summary>prompt text</summary><pre class="ptext">{e(row["prompt_text"])}</pre>'
+        parts.append(_prompt_charts(result, row))
+    if row.prompt_text is not None:
+        parts.append(f'<details><summary>prompt text</summary><pre class="ptext">{e(row.prompt_text)}</pre>'
                      "</details>")
     for c in comps[:SAMPLES_SHOWN]:
-        parts.append(_sample_html(data, c, bool(row.get("samples"))))
+        parts.append(_sample_html(result, c, bool(row.samples)))
     if len(comps) > SAMPLES_SHOWN:
         parts.append(f'<p class="note">{len(comps) - SAMPLES_SHOWN} more samples in samples.jsonl</p>')
     if not comps:
@@ -369,18 +371,17 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]], *, raw: int | N
     return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _prompt_index(data: dict[str, Any], order: list[str]) -> str:
-    prompts = data["prompts"]
-    bs = budgets(data)
+def _prompt_index(result: RunResult, order: list[str]) -> str:
+    prompts = result.prompts
+    bs = budgets(result)
     header = ["#", "prompt", "category", "chain τ", *[f"DDTree-{b} τ" for b in bs], "floor", "rounds", "verdict"]
     rows = []
     for k, pid in enumerate(order, 1):
         r = prompts[pid]
         link = (f'<a href="#p-{html.escape(pid)}">{html.escape(pid)}</a>' if k <= PROMPTS_SHOWN
                 else html.escape(pid))
-        rows.append([str(k), link, r.get("category", ""), fmt(r.get("tau")),
-                     *[fmt((r.get("ddtree") or {}).get(b)) for b in bs], fmt(r.get("floor")),
-                     str(r.get("rounds", "-")), verdict_text(r.get("passed"))])
+        rows.append([str(k), link, r.category, fmt(r.tau), *[fmt(r.ddtree.get(b)) for b in bs], fmt(r.floor),
+                     str(r.rounds), verdict_text(r.passed)])
     return _table(header, rows, raw=1, cls="index")
 
 
@@ -392,17 +393,17 @@ def _plot(name: str, files: Sequence[str], alt: str) -> str:
     return f'<p><a href="{e(name)}"><img class="plot" src="{e(name)}" alt="{e(alt)}"></a></p>'
 
 
-def _drift_section(data: dict[str, Any], files: Sequence[str]) -> str:
+def _drift_section(result: RunResult, files: Sequence[str]) -> str:
     """The hidden-state drift: per comparison and layer, the drift against its tolerance and, where the budget was
     measured, the drift gate's drift x safety against the budget and its CI; the budget itself, its ladder and its
     plot (nothing when the run measured no drift)."""
-    dh, drows = drift_rows(data)
-    gh, grows = gate_rows(data)
-    budget = budget_line(data)
+    dh, drows = drift_rows(result)
+    gh, grows = gate_rows(result)
+    budget = budget_line(result)
     if not drows and not grows and not budget:
         return ""
     e = html.escape
-    gate = stored_verdict(data).outcome(DRIFT_GATE)
+    gate = result.final_verdict().outcome(DRIFT_GATE)
     out = ['<section id="drift"><h2>Hidden-state drift and the drift budget'
            + (f' <span class="badge {e(gate)}">drift gate {e(gate.upper())}</span>' if gate else "") + "</h2>"]
     if drows:
@@ -414,7 +415,7 @@ def _drift_section(data: dict[str, Any], files: Sequence[str]) -> str:
     if grows:
         out += ["<h3>Drift gate: the drift x the safety factor against the drafter's drift budget and its CI</h3>",
                 _table(gh, grows, cls="gate")]
-    lh, lrows = ladder_rows(data)
+    lh, lrows = ladder_rows(result)
     if lrows:
         out.append("<details><summary>the drift budget's ladder: τ against the injected feature error</summary>"
                    f"{_table(lh, lrows)}</details>")
@@ -423,18 +424,18 @@ def _drift_section(data: dict[str, Any], files: Sequence[str]) -> str:
     return "".join(out) + "</section>"
 
 
-def _speedup_section(data: dict[str, Any], files: Sequence[str]) -> str:
+def _speedup_section(result: RunResult, files: Sequence[str]) -> str:
     """The predicted speed-up: per strategy τ, the round's cost, the speed-up and tokens/s with the intervals τ's CI
     maps to; the lines around it (device, plain decoding, the best strategy, the floor's verdict); the measured
     costs the prediction is made of; the plot (nothing when the run predicted none)."""
-    block = speedup_of(data)
+    block = result.speedup
     header, rows = speedup_rows(block)
     if not rows:
         return ""
     e = html.escape
     out = ['<section id="speedup"><h2>Predicted speed-up over plain decoding on this run\'s device</h2>',
            _table(header, rows, cls="speedup")]
-    out += [f'<p class="sub">{e(line)}</p>' for line in speedup_lines(block, stored_verdict(data))]
+    out += [f'<p class="sub">{e(line)}</p>' for line in speedup_lines(block, result.final_verdict())]
     ch, crows = cost_rows(block)
     if crows:
         out += ["<h3>Measured costs the prediction is made of (each the median of its timings)</h3>",
@@ -525,8 +526,8 @@ def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
 
 
-def _method_css(data: dict[str, Any]) -> str:
-    return "".join(f'body[data-method="{m}"] .marks[data-method="{m}"]{{display:block}}' for m, _ in _methods(data))
+def _method_css(result: RunResult) -> str:
+    return "".join(f'body[data-method="{m}"] .marks[data-method="{m}"]{{display:block}}' for m, _ in _methods(result))
 
 
 def _shown_path(path: object) -> str:
@@ -540,20 +541,19 @@ def _shown_path(path: object) -> str:
         return path
 
 
-def _head_lines(data: dict[str, Any]) -> list[str]:
-    s, ctx = data.get("settings") or {}, data.get("context") or {}
-    drafter, target = data.get("drafter") or {}, data.get("target") or {}
-    lines = [f"drafter {_shown_path(drafter.get('path'))}",
+def _head_lines(result: RunResult) -> list[str]:
+    s, ctx, target = result.settings or {}, result.context or {}, result.target or {}
+    lines = [f"drafter {_shown_path(None if result.drafter is None else result.drafter.path)}",
              f"target {_shown_path(target.get('path', s.get('target_model')))}"]
     facts = [f"block size {ctx.get('block_size', '-')}", f"max new tokens {ctx.get('max_new_tokens', '-')}",
-             f"{len(data.get('prompts') or {})} prompts"]
+             f"{len(result.prompts)} prompts"]
     if is_number(s.get("temperature")) and s["temperature"] > 0:
         facts.append(f"temperature {fmt(s['temperature'], 2, 'g')}, {s.get('samples_per_prompt', '-')} samples per "
                      "prompt")
     if ctx.get("backend") or ctx.get("dtype"):
         facts.append(f"{ctx.get('backend', '-')} / {ctx.get('dtype', '-')}")
-    if data.get("created"):
-        facts.append(f"written {data['created']}")
+    if result.created:
+        facts.append(f"written {result.created}")
     return [" · ".join(lines), " · ".join(facts)]
 
 
@@ -563,68 +563,66 @@ LINKED = tuple(n for n in REPORT_FILES if n != HTML_NAME)
 BUDGET_PLOT = "drift_budget.png"
 
 
-def render_html(data: dict[str, Any], verdict: Sequence[str], *, files: Sequence[str] = LINKED) -> str:
-    """The page for eval.json ``data`` (module docstring); ``verdict``: its lines (:func:`html_verdict_lines`);
+def render_html(result: RunResult, verdict: Sequence[str], *, files: Sequence[str] = LINKED) -> str:
+    """The page of the run's ``result`` (module docstring); ``verdict``: its lines (:func:`html_verdict_lines`);
     ``files``: the report folder's files it links."""
     e = html.escape
-    prompts = data.get("prompts") or {}
+    prompts = result.prompts
     first = verdict[0] if verdict else "dflash-eval: no verdict"
-    state = {True: "pass", False: "fail", None: ""}[stored_verdict(data).passed] if verdict else ""
+    state = {True: "pass", False: "fail", None: ""}[result.final_verdict().passed] if verdict else ""
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            "<title>dflash-eval: " + e(first.removeprefix("dflash-eval: ").split(" — ")[0]) + "</title>",
-           f"<style>{_CSS}{_method_css(data)}</style></head>", '<body data-method="chain"><main>',
+           f"<style>{_CSS}{_method_css(result)}</style></head>", '<body data-method="chain"><main>',
            "<h1>DFlash drafter evaluation</h1>"]
-    out += [f'<p class="sub">{e(line)}</p>' for line in _head_lines(data)]
+    out += [f'<p class="sub">{e(line)}</p>' for line in _head_lines(result)]
     out.append(f'<div class="verdict {state}" id="verdict">'
                + "".join(f'<div class="{"first" if i == 0 else "line"}">{e(line)}</div>'
                          for i, line in enumerate(verdict or [first])) + "</div>")
     if files:
         out.append('<p class="sub">files: ' + " · ".join(f'<a href="{e(f)}">{e(f)}</a>' for f in files) + "</p>")
-    if "mean_tau" in data:
+    if result.tau is not None:
         out.append("<h2>τ by category</h2>")
-        kinds = tau_kinds_line(data)
+        kinds = tau_kinds_line(result)
         if kinds:
             out.append(f'<p class="sub">{e(kinds)}</p>')
-        header, rows = category_rows(data)
-        out.append(f'<p class="sub">macro mean over prompts, median, {e(category_ci_name(data))} of the mean</p>')
+        header, rows = category_rows(result)
+        out.append(f'<p class="sub">macro mean over prompts, median, {e(category_ci_name(result))} of the mean</p>')
         out.append(_table(header, rows))
-        out.append(_category_charts(data))
-        header, rows = acceptance_rows(data)
+        out.append(_category_charts(result))
+        header, rows = acceptance_rows(result)
         if rows:
             out.append("<details><summary>acceptance per position and accept lengths, every prompt and category"
                        f" (the table of eval.md)</summary>{_table(header, rows)}</details>")
-    out.append(_speedup_section(data, files))
-    out.append(_drift_section(data, files))
+    out.append(_speedup_section(result, files))
+    out.append(_drift_section(result, files))
     if prompts:
-        order = worst_prompts(prompts, len(prompts))
+        order = worst_rows(prompts, len(prompts))
         out.append(f"<h2>Prompts, worst first ({len(prompts)})</h2>")
         out.append('<p class="sub">failing prompts first, then the least room above the floor (the lowest τ without '
                    "a floor)</p>")
-        out.append(f'<div class="index-wrap">{_prompt_index(data, order)}</div>')
+        out.append(f'<div class="index-wrap">{_prompt_index(result, order)}</div>')
         shown = order[:PROMPTS_SHOWN]
         if len(order) > len(shown):
             out.append(f'<p class="note">the {len(order) - len(shown)} prompts after the first {len(shown)}: rows '
                        "above, texts and rounds in samples.jsonl</p>")
         radios = "".join(f'<label><input type="radio" name="method" value="{m}"{" checked" if m == "chain" else ""}>'
-                         f" {e(label)}</label>" for m, label in _methods(data))
+                         f" {e(label)}</label>" for m, label in _methods(result))
         out.append('<div class="switch">mark the rounds of: ' + radios + ' <span class="legendbar">'
                    '<span class="accepted">accepted drafts</span><span class="rejected">first rejected</span>'
                    '<span class="bonus">bonus (whole block)</span><span class="end">last token</span>'
                    '<span class="prefill">prefill</span><span class="unreached">no round</span></span>'
                    ' <span class="note" id="marks-count"></span></div>')
         out.append('<p class="note">positions count completion tokens from 0; hover a mark for its round</p>')
-        out += [_prompt_section(data, k, pid, prompts[pid]) for k, pid in enumerate(shown, 1)]
-    script = _JS.replace("LOOPS", _json(dict(_methods(data)))).replace("TITLES", _json(TITLES))
+        out += [_prompt_section(result, k, pid, prompts[pid]) for k, pid in enumerate(shown, 1)]
+    script = _JS.replace("LOOPS", _json(dict(_methods(result)))).replace("TITLES", _json(TITLES))
     out += ["</main>", f"<script>{script}</script>", "</body></html>"]
     return "\n".join(out) + "\n"
 
 
-def write_html(data: dict[str, Any], path: Path, *, recorded: bool = False, result: RunResult | None = None) -> Path:
-    """eval.html at ``path`` (atomically) for eval.json ``data`` (``result``: read as the typed result, when the caller
-    has it); ``recorded``: this run wrote the τ floors it is judged against (the verdict says so). OSError when it
-    cannot be written (the caller names it)."""
+def write_html(result: RunResult, path: Path, *, recorded: bool = False) -> Path:
+    """eval.html at ``path`` (atomically) for the run's ``result``; ``recorded``: this run wrote the τ floors it is
+    judged against (the verdict says so). OSError when it cannot be written (the caller names it)."""
     files = [n for n in LINKED if (path.parent / n).is_file()]
-    result = result if result is not None else RunResult.from_dict(data)
-    atomic_write_text(path, render_html(data, html_verdict_lines(result, recorded=recorded), files=files))
+    atomic_write_text(path, render_html(result, html_verdict_lines(result, recorded=recorded), files=files))
     return path

@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["write_plot", "eval_figure", "save_png", "draw_once", "plot_stamp", "worst_prompts", "worst_rows",
+__all__ = ["write_plot", "eval_figure", "save_png", "draw_once", "plot_stamp", "worst_rows",
            "WORST_SHOWN", "STAMP_KEY"]
 
 #: The PNG text key of a plot's stamp (:func:`plot_stamp`).
@@ -56,22 +56,16 @@ def _num(x: float | None) -> float | None:
 
 
 def _worst_first(tau: float | None, floor: float | None, passed: bool | None) -> tuple[int, float, float]:
-    """The order of the prompts to look at (:func:`worst_prompts`): failing first, then by margin τ - floor."""
+    """The order of the prompts to look at (:func:`worst_rows`): failing first, then by margin τ - floor."""
     tau, floor = _num(tau), _num(floor)
     margin = (tau if tau is not None else -math.inf) - (floor or 0.0)
     return (0 if passed is False else 1, round(margin, 2), -math.inf if tau is None else tau)
 
 
-def worst_prompts(prompts: dict[str, dict[str, Any]], k: int = WORST_SHOWN) -> list[str]:
-    """Up to ``k`` prompt ids of eval.json's ``prompts`` rows, failing first, then by margin τ - floor (τ alone
-    without a floor), smallest first; margins equal to two decimals (floors recorded as measured τ minus one margin)
-    by τ, lowest first."""
-    return sorted(prompts, key=lambda p: _worst_first(prompts[p].get("tau"), prompts[p].get("floor"),
-                                                      prompts[p].get("passed")))[:k]
-
-
 def worst_rows(prompts: Mapping[str, PromptRow], k: int = WORST_SHOWN) -> list[str]:
-    """:func:`worst_prompts` of a typed result's prompt rows."""
+    """Up to ``k`` prompt ids of a result's prompt rows, failing first, then by margin τ - floor (τ alone without a
+    floor), smallest first; margins equal to two decimals (floors recorded as measured τ minus one margin) by τ,
+    lowest first."""
     return sorted(prompts, key=lambda p: _worst_first(prompts[p].tau, prompts[p].floor, prompts[p].passed))[:k]
 
 

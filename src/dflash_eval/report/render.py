@@ -1,8 +1,9 @@
-"""eval.json's data as text: the τ table, the per-category table, the per-position acceptance table, the multi-turn
-conversation table, the predicted speed-up, the drift summary and the drift budget with its gate, for the terminal
-(:func:`render_terminal`) and as markdown (:func:`render_markdown`: eval.md, $GITHUB_STEP_SUMMARY). Both take their
-rows from the same row builders (:mod:`.table_rows`, :mod:`.speedup_report`) and write them through one table type
-(:mod:`.tables`), so a number reads the same on every surface (:mod:`dflash_eval.common.number_text`)."""
+"""A run's result (:class:`~dflash_eval.session.run_result.RunResult`) as text: the τ table, the per-category table,
+the per-position acceptance table, the multi-turn conversation table, the predicted speed-up, the drift summary and
+the drift budget with its gate, for the terminal (:func:`render_terminal`) and as markdown (:func:`render_markdown`:
+eval.md, $GITHUB_STEP_SUMMARY). Both take their rows from the same row builders (:mod:`.table_rows`,
+:mod:`.speedup_report`) and write them through one table type (:mod:`.tables`), so a number reads the same on every
+surface (:mod:`dflash_eval.common.number_text`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from typing import Any
 
 from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
-from dflash_eval.metrics.verdict import stored_verdict
-from dflash_eval.report.plot import worst_prompts
-from dflash_eval.report.speedup_report import cost_rows, speedup_lines, speedup_of, speedup_rows
+from dflash_eval.report.plot import worst_rows
+from dflash_eval.report.speedup_report import cost_rows, speedup_lines, speedup_rows
 from dflash_eval.report.summary import not_checked_lines, verdict_head
 from dflash_eval.report.table_rows import (
     NEAR_TIE_NOTE,
@@ -33,7 +33,7 @@ from dflash_eval.report.table_rows import (
     tau_rows,
 )
 from dflash_eval.report.tables import TextTable, markdown_table, terminal_text
-from dflash_eval.session.run_result import RunResult
+from dflash_eval.session.run_result import RunResult, Timings
 
 __all__ = ["render_terminal", "render_markdown", "compile_text", "TERMINAL_ROWS_FULL", "TERMINAL_ROWS_SHOWN",
            "plain_dtype", "plain_versions"]
@@ -52,13 +52,13 @@ def _sort_key(x: float | None) -> float:
     return float("inf") if x is None else x
 
 
-def _shown_prompts(data: dict[str, Any], limit: int | None) -> list[str] | None:
-    """The prompts whose rows the terminal prints, worst first (:func:`worst_prompts`), or None for all of them:
+def _shown_prompts(result: RunResult, limit: int | None) -> list[str] | None:
+    """The prompts whose rows the terminal prints, worst first (:func:`worst_rows`), or None for all of them:
     ``limit`` None, or at most :data:`TERMINAL_ROWS_FULL` prompts."""
-    prompts = data.get("prompts", {})
+    prompts = result.prompts
     if limit is None or len(prompts) <= max(limit, TERMINAL_ROWS_FULL):
         return None
-    return worst_prompts(prompts, limit)
+    return worst_rows(prompts, limit)
 
 
 def _collapse(rows: list[list[str]], keys: set[str], shown: list[str] | None) -> list[list[str]]:
@@ -77,28 +77,28 @@ def _collapsed_caption(what: str, shown: list[str] | None, total: int, order: st
     return f"{len(shown)} of {total} {what} ({order}); … {total - len(shown)} more in eval.md, all here with pytest -v"
 
 
-def _category_title(data: dict[str, Any], what: str) -> str:
-    return f"τ per category ({what}; floors chain/" + "/".join(f"DDTree-{b}" for b in budgets(data)) + ")"
+def _category_title(result: RunResult, what: str) -> str:
+    return f"τ per category ({what}; floors chain/" + "/".join(f"DDTree-{b}" for b in budgets(result)) + ")"
 
 
-def _tau_tables(data: dict[str, Any], max_rows: int | None) -> list[TextTable | str | None]:
+def _tau_tables(result: RunResult, max_rows: int | None) -> list[TextTable | str | None]:
     """The terminal's τ, category, acceptance and conversation tables (long per-prompt tables collapsed)."""
-    prompts = data.get("prompts", {})
-    shown = _shown_prompts(data, max_rows)
+    prompts = result.prompts
+    shown = _shown_prompts(result, max_rows)
     caption = _collapsed_caption("prompts", shown, len(prompts), _ORDER)
-    header, rows = tau_rows(data)
-    convs = data.get("conversations") or {}
+    header, rows = tau_rows(result)
+    convs = result.conversations or {}
     conv_shown = None if max_rows is None or len(convs) <= max(max_rows, TERMINAL_ROWS_FULL) else sorted(
-        convs, key=lambda c: _sort_key(convs[c].get("tau")))[:max_rows]
-    ah, arows = acceptance_rows(data)
-    vh, vrows = conversation_rows(data)
-    return [TextTable(header, _collapse(rows, set(prompts), shown), title=_title(data), caption=caption,
+        convs, key=lambda c: _sort_key(convs[c].tau))[:max_rows]
+    ah, arows = acceptance_rows(result)
+    vh, vrows = conversation_rows(result)
+    return [TextTable(header, _collapse(rows, set(prompts), shown), title=_title(result), caption=caption,
                       left=frozenset({"prompt"})),
-            tau_kinds_line(data),
-            baseline_line(data),
-            sampled_line(data),
-            TextTable(*category_rows(data), no_wrap=True, left=frozenset({"category"}),
-                      title=_category_title(data, f"macro mean over prompts, {category_ci_name(data)}")),
+            tau_kinds_line(result),
+            baseline_line(result),
+            sampled_line(result),
+            TextTable(*category_rows(result), no_wrap=True, left=frozenset({"category"}),
+                      title=_category_title(result, f"macro mean over prompts, {category_ci_name(result)}")),
             TextTable(ah, _collapse(arows, set(prompts), shown), title=_ACCEPT_TITLE, caption=caption,
                       left=_ACCEPT_LEFT),
             TextTable(vh, _collapse(vrows, set(convs), conv_shown), title=_CONV_TITLE, left=_ACCEPT_LEFT,
@@ -106,27 +106,28 @@ def _tau_tables(data: dict[str, Any], max_rows: int | None) -> list[TextTable | 
                                                  "lowest conversation τ first"))]
 
 
-def _drift_tables(data: dict[str, Any]) -> list[TextTable | str | None]:
+def _drift_tables(result: RunResult) -> list[TextTable | str | None]:
     """The terminal's drift, drift budget and drift gate tables, then the budget's line."""
-    tm = data.get("timings", {}).get("sum", {})
-    return [TextTable(*drift_rows(data), title="hidden-state drift, regression check (worst prompt per layer)",
+    tm = result.timings.sum
+    return [TextTable(*drift_rows(result), title="hidden-state drift, regression check (worst prompt per layer)",
                       left=_DRIFT_LEFT),
-            TextTable(*ladder_rows(data), title="drift budget: τ against injected feature error", left=_DRIFT_LEFT),
-            TextTable(*gate_rows(data), title="drift gate: measured drift against the drafter's drift budget",
+            TextTable(*ladder_rows(result), title="drift budget: τ against injected feature error", left=_DRIFT_LEFT),
+            TextTable(*gate_rows(result), title="drift gate: measured drift against the drafter's drift budget",
                       left=_DRIFT_LEFT),
-            budget_line(data),
-            "timings (s, summed over processes): " + _timings(tm) + compile_text(data, terse=True) if tm else None]
+            budget_line(result),
+            "timings (s, summed over processes): " + _timings(tm) + compile_text(result.timings, terse=True)
+            if tm else None]
 
 
-def _timings(tm: dict[str, Any]) -> str:
+def _timings(tm: dict[str, float]) -> str:
     return ", ".join(f"{k} {fmt(v, 2)}" for k, v in tm.items())
 
 
-def compile_text(data: dict[str, Any], *, terse: bool = False) -> str:
+def compile_text(timings: Timings, *, terse: bool = False) -> str:
     """``; GPU kernel compilation 48.20 s of those (kernel_probe 40.10, ...; 312 kernels compiled, 4 loaded from the
-    kernel cache <path>)`` from eval.json's ``timings.compile`` ("" without it; ``terse``: also "" when no kernel was
-    compiled or loaded, as on a CPU)."""
-    c = data.get("timings", {}).get("compile")
+    kernel cache <path>)`` from the run's timings' ``compile`` block ("" without it; ``terse``: also "" when no kernel
+    was compiled or loaded, as on a CPU)."""
+    c = timings.compile
     if not c or (terse and not c.get("kernels_compiled") and not c.get("kernels_loaded")):
         return ""
     cache = c.get("kernel_cache") or {}
@@ -137,23 +138,23 @@ def compile_text(data: dict[str, Any], *, terse: bool = False) -> str:
             + f": {c.get('kernels_compiled', 0)} kernels compiled, {c.get('kernels_loaded', 0)} loaded from {where}")
 
 
-def render_terminal(data: dict[str, Any], *, width: int = 120, max_rows: int | None = TERMINAL_ROWS_SHOWN) -> str:
-    """The τ tables, the drift summary and the drift budget as text (rich tables, no colour codes). Beyond
+def render_terminal(result: RunResult, *, width: int = 120, max_rows: int | None = TERMINAL_ROWS_SHOWN) -> str:
+    """The run's τ tables, the drift summary and the drift budget as text (rich tables, no colour codes). Beyond
     :data:`TERMINAL_ROWS_FULL` prompts, the per-prompt tables keep only the ``max_rows`` prompts with the least room
     above their floors (conversations: the lowest τ) and say how many more eval.md holds; ``max_rows`` None: all."""
-    return terminal_text(_tau_tables(data, max_rows) + _speedup_tables(data) + list(measurement_tables(data))
-                         + _drift_tables(data), width=width)
+    return terminal_text(_tau_tables(result, max_rows) + _speedup_tables(result) + list(measurement_tables(result))
+                         + _drift_tables(result), width=width)
 
 
 _SPEEDUP_TITLE = "predicted speed-up over plain decoding on this run's device (docs/speedup.md)"
 _COSTS_TITLE = "Measured costs the prediction is made of (each the median of its timings on this run's device)"
 
 
-def _speedup_tables(data: dict[str, Any]) -> list[TextTable | str | None]:
-    """The predicted speed-up's table and its lines (nothing without eval.json's ``speedup``)."""
-    block = speedup_of(data)
+def _speedup_tables(result: RunResult) -> list[TextTable | str | None]:
+    """The predicted speed-up's table and its lines (nothing without a prediction)."""
+    block = result.speedup
     return [TextTable(*speedup_rows(block), title=_SPEEDUP_TITLE, left=frozenset({"strategy"})),
-            *(speedup_lines(block, stored_verdict(data)) if block else [])]
+            *(speedup_lines(block, result.final_verdict()) if block else [])]
 
 
 _ACCEPT_TITLE = ("acceptance per draft position (per prompt, category and run; sources: chain = offline simulation, "
@@ -161,11 +162,17 @@ _ACCEPT_TITLE = ("acceptance per draft position (per prompt, category and run; s
 _CONV_TITLE = "multi-turn conversations (τ per turn; conversation τ over all its rounds)"
 
 
-def _title(data: dict[str, Any]) -> str:
-    t = data.get("target", {})
-    d = data.get("drafter", {})
+def _drafter_text(result: RunResult) -> tuple[str, str]:
+    """The drafter's path and fingerprint (``?``: not known)."""
+    d = result.drafter
+    return ("?", "?") if d is None else (d.path, d.fingerprint)
+
+
+def _title(result: RunResult) -> str:
+    t = result.target or {}
+    path, fingerprint = _drafter_text(result)
     return (f"τ per prompt — target {normal_path(t.get('path', '?')).name} ({str(t.get('identity', '?'))[:12]}), "
-            f"drafter {normal_path(d.get('path', '?')).name} ({str(d.get('fingerprint', '?'))[:12]})")
+            f"drafter {normal_path(path).name} ({str(fingerprint)[:12]})")
 
 
 def plain_dtype(dtype: object) -> str:
@@ -190,12 +197,13 @@ def _git_text(p: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _provenance_lines(data: dict[str, Any]) -> list[str]:
+def _provenance_lines(result: RunResult) -> list[str]:
     """eval.md's list of what ran: target, drafter, backend and versions, host and commit, kernel probe, tests."""
-    t, d, p = data.get("target", {}), data.get("drafter", {}), data.get("provenance", {})
+    t, p = result.target or {}, result.provenance or {}
+    path, fingerprint = _drafter_text(result)
     parts = [f"- target: `{normal_path(t.get('path', '?'))}` identity `{str(t.get('identity', '?'))[:16]}`, "
              f"{t.get('num_layers', '?')} layers, dtype {plain_dtype(t.get('dtype'))}, device {t.get('device', '?')}",
-             f"- drafter: `{normal_path(d.get('path', '?'))}` fingerprint `{str(d.get('fingerprint', '?'))[:16]}`",
+             f"- drafter: `{normal_path(path)}` fingerprint `{str(fingerprint)[:16]}`",
              f"- backend {p.get('backend', '?')}, versions: {plain_versions(p.get('versions'))}"]
     if _git_text(p):
         parts.append(f"- ran on {_git_text(p)}")
@@ -205,7 +213,7 @@ def _provenance_lines(data: dict[str, Any]) -> list[str]:
             f"{q.get('backend')}/{q.get('dtype')} `{str(q.get('digest'))[:12]}`" for q in kp["probes"]))
     parts += [f"- **{c.get('message')}**" + ("" if c.get("first") == "witness" else  # the witness says what it did
                                               "; made again with the live kernels") for c in kp.get("changed", [])]
-    tc = data.get("tests", {}).get("counts", {})
+    tc = result.tests.counts
     if tc:
         parts.append("- tests: " + ", ".join(f"{k} {v}" for k, v in sorted(tc.items())))
     return parts
@@ -218,43 +226,42 @@ def _section(title: str, table: TextTable, *after: str | None) -> list[str]:
     return ["", f"### {title}", "", markdown_table(table)] + [x for line in after if line for x in ("", line)]
 
 
-def render_markdown(data: dict[str, Any], result: RunResult | None = None) -> str:
-    """eval.md: the verdict (as eval.json holds it), the named causes of a failure, what ran, then every table in
-    full. ``result``: ``data`` read as the typed result, when the caller has it (else read here)."""
-    result = result if result is not None else RunResult.from_dict(data)
+def render_markdown(result: RunResult) -> str:
+    """eval.md of the run's ``result``: the verdict (as the result holds it), the named causes of a failure, what
+    ran, then every table in full."""
     parts = ["## DFlash drafter evaluation", ""]
-    head = verdict_head(result, recorded=bool((data.get("settings") or {}).get("update_tau_floors")))
+    head = verdict_head(result, recorded=bool((result.settings or {}).get("update_tau_floors")))
     parts += [f"**{head[0]}**", ""] + [f"- {line}" for line in head[1:]] + ([""] if head[1:] else [])
-    if data.get("diagnoses"):  # named causes first: they explain the failures below
-        parts += [f"**{line}**" for line in data["diagnoses"]] + [""]
-    parts += _provenance_lines(data)
-    if data.get("not_checked"):  # what a pass does not vouch for, before the tables
+    if result.diagnoses:  # named causes first: they explain the failures below
+        parts += [f"**{line}**" for line in result.diagnoses] + [""]
+    parts += _provenance_lines(result)
+    if result.not_checked:  # what a pass does not vouch for, before the tables
         parts += ["", "### Not checked", ""] + [f"- {line.removeprefix('not checked: ')}"
                                                  for line in not_checked_lines(result)]
-    parts += _section("Near ties", TextTable(*near_tie_rows(data)), f"Each row is {NEAR_TIE_NOTE}.")
-    parts += _section("τ per prompt", TextTable(*tau_rows(data)), tau_kinds_line(data), baseline_line(data),
-                      sampled_line(data))
-    parts += _section(_category_title(data, f"macro mean over prompts, median, {category_ci_name(data)} of the mean"),
-                      TextTable(*category_rows(data)))
-    for title, rows in ((_ACCEPT_TITLE, acceptance_rows(data)), (_CONV_TITLE, conversation_rows(data))):
+    parts += _section("Near ties", TextTable(*near_tie_rows(result)), f"Each row is {NEAR_TIE_NOTE}.")
+    parts += _section("τ per prompt", TextTable(*tau_rows(result)), tau_kinds_line(result), baseline_line(result),
+                      sampled_line(result))
+    parts += _section(_category_title(result, f"macro mean over prompts, median, {category_ci_name(result)} of the "
+                                              "mean"), TextTable(*category_rows(result)))
+    for title, rows in ((_ACCEPT_TITLE, acceptance_rows(result)), (_CONV_TITLE, conversation_rows(result))):
         parts += _section(f"{title[0].upper()}{title[1:]}", TextTable(*rows))
-    speed = speedup_of(data)
+    speed = result.speedup
     parts += _section(f"{_SPEEDUP_TITLE[0].upper()}{_SPEEDUP_TITLE[1:]}", TextTable(*speedup_rows(speed)),
-                      *(speedup_lines(speed, stored_verdict(data)) if speed else []),
+                      *(speedup_lines(speed, result.final_verdict()) if speed else []),
                       "Plot: `speedup.png`." if speed else None)
     parts += _section(_COSTS_TITLE, TextTable(*cost_rows(speed)))
-    for table in measurement_tables(data):
+    for table in measurement_tables(result):
         parts += _section(f"Measurement: {(table.title or '').removeprefix('measurement: ')}", table, table.caption)
-    parts += _section("Hidden-state drift (regression check)", TextTable(*drift_rows(data)))
-    budget = budget_line(data)
+    parts += _section("Hidden-state drift (regression check)", TextTable(*drift_rows(result)))
+    budget = budget_line(result)
     if budget:
-        gate = TextTable(*gate_rows(data))
+        gate = TextTable(*gate_rows(result))
         parts += ["", "### Drift budget and gate", "", budget, "", markdown_table(
-            TextTable(*ladder_rows(data)))] + (["", markdown_table(gate)] if gate else [])
+            TextTable(*ladder_rows(result)))] + (["", markdown_table(gate)] if gate else [])
         parts += ["", "Plot: `drift_budget.png` (τ and the mean τ drop against the injected feature error along each "
                   "axis, this run's measured drift marked)."]
-    tm = data.get("timings", {})
-    if tm.get("sum"):
-        parts += ["", "### Timings (s)", "", f"wall {fmt(tm.get('wall_s'), 2)}; summed over processes: "
-                  + _timings(tm["sum"]) + compile_text(data)]
+    tm = result.timings
+    if tm.sum:
+        parts += ["", "### Timings (s)", "", f"wall {fmt(tm.wall_s, 2)}; summed over processes: "
+                  + _timings(tm.sum) + compile_text(tm)]
     return "\n".join(parts) + "\n"

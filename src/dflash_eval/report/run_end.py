@@ -40,6 +40,7 @@ def terminal_section(data: dict[str, Any], messages: list[str], *, width: int, v
     the long tables; ``report_dir``, ``recorded``: as :func:`dflash_eval.report.summary.verdict_lines` takes them."""
     if not data:
         return TerminalSection("", list(messages), [])
-    tables = render_terminal(data, width=width, max_rows=None if verbose else TERMINAL_ROWS_SHOWN)
-    verdict = verdict_lines(RunResult.from_dict(data), report_dir=report_dir, recorded=recorded)
+    result = RunResult.from_dict(data)  # read as the typed result once: the tables and the verdict read it
+    tables = render_terminal(result, width=width, max_rows=None if verbose else TERMINAL_ROWS_SHOWN)
+    verdict = verdict_lines(result, report_dir=report_dir, recorded=recorded)
     return TerminalSection(tables, list(messages), verdict)

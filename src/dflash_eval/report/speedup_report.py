@@ -8,9 +8,8 @@ budget, the floor and its verdict, as the run's verdict holds it), the verdict b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dflash_eval.common.number_text import ci_text, ends, fmt, is_number
 from dflash_eval.metrics.speedup import MODELS, Prediction, budget_of
@@ -21,7 +20,7 @@ from dflash_eval.session.run_result import RunResult, Speedup
 if TYPE_CHECKING:  # matplotlib is imported when the plot is drawn
     from matplotlib.figure import Figure
 
-__all__ = ["SPEEDUP_PLOT", "speedup_of", "speedup_rows", "cost_rows", "speedup_lines", "verdict_line",
+__all__ = ["SPEEDUP_PLOT", "speedup_rows", "cost_rows", "speedup_lines", "verdict_line",
            "write_speedup_plot", "speedup_figure", "strategy_label", "model_name"]
 
 #: The plot's file name in the report folder.
@@ -47,13 +46,6 @@ def _ci(ci: object, digits: int = 2, unit: str = "") -> str:
 
 def _ms(s: object) -> str:
     return fmt(1e3 * s, 2) if is_number(s) else fmt(s)
-
-
-def speedup_of(data: Mapping[str, Any]) -> Speedup | None:
-    """eval.json data's ``speedup`` block as the typed :class:`Speedup` (None: no prediction), for the writers that
-    read the rest of the data as it is."""
-    block = data.get("speedup")
-    return Speedup.from_dict(block) if block else None
 
 
 def model_name(block: Speedup | None, model: str) -> str:

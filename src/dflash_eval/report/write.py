@@ -67,7 +67,7 @@ def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool,
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": report_dir / "eval.json", "md": report_dir / "eval.md"}
     atomic_write_text(paths["json"], dumps_strict(data) + "\n")  # NaN -> null (schema: eval.schema.json)
-    md = render_markdown(data, result)
+    md = render_markdown(result)
     atomic_write_text(paths["md"], md)
     plots: tuple[tuple[str, str, Callable[[Path], Path | None]], ...] = (
         ("png", "eval.png", lambda out: write_plot(result, out, plot_store)),
@@ -82,7 +82,7 @@ def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool,
     samples = write_samples(result, report_dir / SAMPLES_NAME)  # None (an earlier one removed): no references in data
     if samples is not None:
         paths["samples"] = samples
-    paths["html"] = write_html(data, report_dir / HTML_NAME, recorded=recorded, result=result)  # last: links the rest
+    paths["html"] = write_html(result, report_dir / HTML_NAME, recorded=recorded)  # last: links the rest
     return paths, md
 
 
