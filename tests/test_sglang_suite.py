@@ -334,15 +334,21 @@ def test_sglang_settings_validation(tmp_path: Path) -> None:
 
 
 def test_tau_table_has_a_server_accept_column_only_when_reported() -> None:
+    from result_rows import prompt_row
+
     from dflash_eval import report
 
-    data = {"prompts": {"a": {"tau": 2.0, "ddtree": {}, "floor": 1.0, "rounds": 3, "passed": True},
-                        "b": {"tau": 3.0, "ddtree": {}, "floor": 1.0, "rounds": 2, "passed": True}},
-            "mean_tau": 2.5, "mean_floor": 1.0, "mean_passed": True}
-    header, rows = report.tau_rows(RunResult.from_dict(data))
+    prompts = {"a": prompt_row(tau=2.0, floor=1.0, rounds=3, passed=True),
+               "b": prompt_row(tau=3.0, floor=1.0, rounds=2, passed=True)}
+
+    def run() -> RunResult:
+        return RunResult.from_dict(report.merge([{"worker": "master", "prompts": prompts, "mean_tau": 2.5,
+                                                  "mean_floor": 1.0, "mean_ddtree": {}, "mean_ddtree_floor": {}}]))
+
+    header, rows = report.tau_rows(run())
     assert "server accept len" not in header
-    data["prompts"]["a"]["server_accept_length"] = 3.25
-    header, rows = report.tau_rows(RunResult.from_dict(data))
+    prompts["a"]["server_accept_length"] = 3.25
+    header, rows = report.tau_rows(run())
     i = header.index("server accept len")
     assert [r[i] for r in rows] == ["3.250", "-", "3.250"]
     assert all(len(r) == len(header) for r in rows)

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_eval.common.number_text import ci_text, ends, fmt, is_number
-from dflash_eval.metrics.speedup import MODELS, Prediction, budget_of
+from dflash_eval.metrics.speedup import MODELS, Loop, Prediction, budget_of
 from dflash_eval.metrics.verdict import SPEEDUP_FLOOR, Verdict
 from dflash_eval.report.plot import draw_once
+from dflash_eval.session.blocks import LoopModel
 from dflash_eval.session.run_result import RunResult, Speedup
 
 if TYPE_CHECKING:  # matplotlib is imported when the plot is drawn
@@ -48,11 +49,17 @@ def _ms(s: object) -> str:
     return fmt(1e3 * s, 2) if is_number(s) else fmt(s)
 
 
-def model_name(block: Speedup | None, model: str) -> str:
+def _model(block: Speedup | None, model: Loop) -> LoopModel:
+    """A model's loop (``server``: the server-style loop; ``loop``: the recompute loop) as the block says, else as
+    :data:`dflash_eval.metrics.speedup.MODELS` does."""
+    named = None if block is None else block.models.get(model)
+    return named if named is not None else LoopModel(**MODELS[model])
+
+
+def model_name(block: Speedup | None, model: Loop) -> str:
     """The name of a model's loop (``server``: the server-style loop; ``loop``: the recompute loop), as the block
     says (:data:`dflash_eval.metrics.speedup.MODELS`)."""
-    named = (block.models.get(model) if block is not None else None) or {}
-    return str(named.get("name") or MODELS[model]["name"])  # type: ignore[index]  # a Loop
+    return _model(block, model).name or MODELS[model]["name"]
 
 
 def _speedup(p: Prediction | None) -> float | None:
@@ -137,14 +144,14 @@ def speedup_lines(block: Speedup | None, verdict: Verdict) -> list[str]:
     st = block.strategies
     chain = st.get("chain")
     parts = ", ".join(f"{k} {_ms(v)}" for k, v in (chain.parts if chain is not None else {}).items())
-    server = block.models.get("server") or MODELS["server"]
-    lines = [f"Predicted for the {server.get('name')} ({server.get('module')}: {server.get('what')}; "
-             f"{server.get('checked')}) and, in the last row, for the {model_name(block, 'loop')}.",
+    server = _model(block, "server")
+    lines = [f"Predicted for the {server.name} ({server.module}: {server.what}; "
+             f"{server.checked}) and, in the last row, for the {model_name(block, 'loop')}.",
              f"On {block.device} ({block.dtype}, backend {block.backend}), context "
              f"{block.context_len} tokens, costs "
              f"{_source(block)}: medians of {costs.get('repeats')} timings. Plain greedy decoding "
              f"{fmt(block.plain_tokens_per_s, 1)} tokens/s (a step {_ms(costs.get('step'))} ms); a chain "
-             f"round of the {server.get('name')} (ms): {parts}."]
+             f"round of the {server.name} (ms): {parts}."]
     best, bb = block.best, block.best_budget
     if best:
         near = [f"{strategy_label(k)} {_x(_speedup(st.get(k)))}" for k in block.near_best]
@@ -159,7 +166,7 @@ def speedup_lines(block: Speedup | None, verdict: Verdict) -> list[str]:
                          f"{fmt(v.tokens_per_s, 1)} tokens/s)" for k, v in block.pooled.items()) + ".")
     part = verdict.part(SPEEDUP_FLOOR)  # the floor's verdict, as the run's verdict holds it
     if part is not None and block.floor is not None:
-        lines.append(f"--speedup-floor {block.floor:g} (the {server.get('name')}'s chain): "
+        lines.append(f"--speedup-floor {block.floor:g} (the {server.name}'s chain): "
                      + ("PASS" if part.passed else "FAIL: " + "; ".join(part.reasons)))
     lines.append("Valid for this device only; a prediction for batch size 1 in this implementation (no serving "
                  "engine's kernels, CUDA graphs or scheduler): docs/speedup.md.")

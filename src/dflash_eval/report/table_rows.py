@@ -21,7 +21,7 @@ from dflash_eval.metrics.acceptance_rates import acceptance_block, position_rate
 from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.metrics.verdict import BASELINE
 from dflash_eval.report.tables import TextTable
-from dflash_eval.session.blocks import BudgetLevel, DriftAcceptRow, DriftBudgetBlock, SecondaryAxis
+from dflash_eval.session.blocks import BudgetLevel, DriftAcceptRow, DriftBudgetBlock, SampledStat, SecondaryAxis
 from dflash_eval.session.rows import Acceptance, PromptRow, Stat
 from dflash_eval.session.run_result import RunResult
 
@@ -132,12 +132,12 @@ def tau_rows(result: RunResult) -> tuple[list[str], list[list[str]]]:
     if any(r.server_accept_length is not None for r in prompts.values()):  # the SGLang server's own accept length
         _insert_column(header, rows, "server accept len", [r.server_accept_length for r in prompts.values()])
     base = result.baseline
-    if base:  # per-prompt baseline τ and delta beside this run's
+    if base is not None:  # per-prompt baseline τ and delta beside this run's
         header[2:2] = ["baseline τ", "Δτ"]
-        for pid, row in zip(list(prompts) + ["MEAN"], rows):
-            b = base["prompts"].get(pid, {}) if pid != "MEAN" else {"baseline": base["mean_baseline"],
-                                                                       "delta": base["mean_diff"]}
-            row[2:2] = [fmt(b.get("baseline")), fmt(b.get("delta"), 3, "+f")]
+        pairs = {pid: (p.baseline, p.delta) for pid, p in base.prompts.items()}
+        means = (base.mean_baseline, base.mean_diff)  # the mean row's, after the prompts'
+        for row, (b, delta) in zip(rows, [pairs.get(pid, (None, None)) for pid in prompts] + [means]):
+            row[2:2] = [fmt(b), fmt(delta, 3, "+f")]
     return header, rows
 
 
@@ -148,17 +148,17 @@ def _percent(x: object, style: str = "+f") -> str:
 def baseline_line(result: RunResult) -> str | None:
     """One line on the --baseline comparison (None without one)."""
     b = result.baseline
-    if not b:
+    if b is None:
         return None
-    lo, hi = b["ci95"]
+    lo, hi = b.ci95
     part = result.final_verdict().part(BASELINE)  # the baseline's part of the run's verdict
     ok = verdict_text(None if part is None else part.passed)
-    return (f"baseline {b['path']}: mean chain τ (macro) {fmt(b['mean_baseline'])} -> {fmt(b['mean_run'])} over "
-            f"{b['n']} paired prompts, Δ {fmt(b['mean_diff'], 3, '+f')} ({ci_name(b.get('ci_method'))} "
+    return (f"baseline {b.path}: mean chain τ (macro) {fmt(b.mean_baseline)} -> {fmt(b.mean_run)} over "
+            f"{b.n} paired prompts, Δ {fmt(b.mean_diff, 3, '+f')} ({ci_name(b.ci_method)} "
             f"{ci_text(lo, hi, 3, '+f', sep='..')}), "
-            f"{_percent(b['rel_change'])} % (allowed -{_percent(b['drop_tol'], 'g')} % .. "
-            f"+{_percent(b['rise_tol'], 'g')} %): {ok}"
-            + (f"; {len(b['missing'])} prompt(s) not in the baseline" if b["missing"] else ""))
+            f"{_percent(b.rel_change)} % (allowed -{_percent(b.drop_tol, 'g')} % .. "
+            f"+{_percent(b.rise_tol, 'g')} %): {ok}"
+            + (f"; {len(b.missing)} prompt(s) not in the baseline" if b.missing else ""))
 
 
 def tau_kinds_line(result: RunResult) -> str | None:
@@ -387,26 +387,26 @@ def measurement_tables(result: RunResult) -> list[TextTable]:
 # :func:`dflash_eval.metrics.sampled_ci.sampled_summary`); None for a greedy run.
 
 
-def _part(label: str, s: dict[str, Any]) -> str:
-    lo, hi = s["ci95"]
-    return f"{label} {fmt(s['mean'])} ({ci_text(lo, hi, sep='..')})"
+def _part(label: str, s: SampledStat) -> str:
+    lo, hi = s.ci95
+    return f"{label} {fmt(s.mean)} ({ci_text(lo, hi, sep='..')})"
 
 
 def sampled_line(result: RunResult) -> str | None:
     """``sampled at T=0.6: 8 prompts x 4 samples; macro mean τ over prompts of each prompt's mean over its samples,
     95 % CI (Hall t over prompts): chain ...; spread of chain τ: sd between prompts ..., within a prompt ...``."""
     s = result.sampled
-    if not s:
+    if s is None:
         return None
     temp = (result.settings or {}).get("temperature")
-    parts = [_part("chain", s["chain"])] + [_part(f"DDTree-{b}", v) for b, v in s.get("ddtree", {}).items()]
-    if s.get("online"):
-        parts.append(_part("online", s["online"]))
-    per = s["samples"] / s["prompts"] if s["prompts"] else 0
-    ch = s["chain"]
+    parts = [_part("chain", s.chain)] + [_part(f"DDTree-{b}", v) for b, v in s.ddtree.items()]
+    if s.online is not None:
+        parts.append(_part("online", s.online))
+    per = s.samples / s.prompts if s.prompts else 0
+    ch = s.chain
     # an eval.json written before the method was recorded: the nested interval
-    name = ci_name(ch["ci_method"]) if "ci_method" in ch else "nested 95 % CI over prompts and samples"
-    spread = (f"; spread of chain τ: sd between prompts {fmt(ch['sd_between'])}, within a prompt "
-              f"{fmt(ch['sd_within'])}" if "sd_within" in ch else "")
-    return (f"sampled at T={temp}: {s['prompts']} prompts x {per:g} samples; macro mean τ over prompts of each "
+    name = ci_name(ch.ci_method) if ch.ci_method is not None else "nested 95 % CI over prompts and samples"
+    spread = (f"; spread of chain τ: sd between prompts {fmt(ch.sd_between)}, within a prompt "
+              f"{fmt(ch.sd_within)}" if ch.sd_within is not None else "")
+    return (f"sampled at T={temp}: {s.prompts} prompts x {per:g} samples; macro mean τ over prompts of each "
             f"prompt's mean over its samples, {name}: " + ", ".join(parts) + spread)

@@ -1,9 +1,11 @@
 """The typed blocks of a result besides τ (:mod:`dflash_eval.session.rows` says how a row turns into eval.json's
-object and back): the drafter, the drift τ rows, the drift budget, the feature fingerprint. The drift rows and the
-drift gate's rows are the checks themselves (:mod:`dflash_eval.metrics.drift_checks`), written and read back by
-their own class; so is the budget's measured drift direction (:class:`dflash_eval.metrics.drift_checks.Direction`).
-The drift budget's block is made from the measured :class:`~dflash_eval.metrics.drift_budget.DriftBudget` itself
-(:meth:`DriftBudgetBlock.of`), never through a dict."""
+object and back): the drafter, the drift τ rows, the drift budget, the feature fingerprint, the ``--baseline``
+comparison, the mean over samples of a run at temperature > 0 and the loops the speed-up is predicted for. The
+drift rows and the drift gate's rows are the checks themselves (:mod:`dflash_eval.metrics.drift_checks`), written
+and read back by their own class; so is the budget's measured drift direction
+(:class:`dflash_eval.metrics.drift_checks.Direction`). The drift budget's block is made from the measured
+:class:`~dflash_eval.metrics.drift_budget.DriftBudget` itself (:meth:`DriftBudgetBlock.of`), never through a
+dict."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ if TYPE_CHECKING:  # the measured objects the blocks are made of: drift_budget i
     from dflash_eval.metrics.drift_fit import BudgetFit
 
 __all__ = ["Refusal", "DrafterBlock", "DriftAcceptRow", "BudgetLevel", "FitPoint", "BudgetFitBlock",
-           "SecondaryAxis", "DriftBudgetBlock", "LayerFingerprint", "FingerprintBlock"]
+           "SecondaryAxis", "DriftBudgetBlock", "LayerFingerprint", "FingerprintBlock", "BaselinePrompt",
+           "BaselineBlock", "SampledStat", "SampledBlock", "LoopModel"]
 
 
 @dataclass
@@ -219,3 +222,72 @@ class FingerprintBlock(Row):
     layers: dict[str, LayerFingerprint]
     versions: dict[str, Any]
     kernel_probe: dict[str, Any]
+
+
+@dataclass
+class BaselinePrompt(Row):
+    """One prompt's chain τ in the ``--baseline`` run and in this one, and their difference."""
+
+    baseline: float
+    run: float
+    delta: float
+
+
+@dataclass
+class BaselineBlock(Row):
+    """This run against ``--baseline`` (:meth:`dflash_eval.metrics.baseline.BaselineComparison.to_json`): the paired
+    prompts' mean τ of either run, the paired difference with its CI and method, the relative change against the
+    tolerances and their verdicts, each paired prompt, and the selected prompts the baseline lacks."""
+
+    path: str
+    n: int
+    missing: list[str]
+    mean_baseline: float
+    mean_run: float
+    mean_diff: float
+    ci95: list[float]
+    ci_method: str
+    rel_change: float
+    drop_tol: float
+    rise_tol: float
+    drop_passed: bool
+    rise_passed: bool
+    prompts: dict[str, BaselinePrompt]
+
+
+@dataclass
+class SampledStat(Row):
+    """The mean over prompts of each prompt's mean over its samples, its median and 95 % CI with its method, and the
+    two stages of the spread (:func:`dflash_eval.metrics.sampled_ci.sampled_summary`; an eval.json written before
+    the method and the spread were recorded lacks them)."""
+
+    n: int
+    mean: float
+    median: float
+    ci95: list[float]
+    ci_method: str | None = _opt()
+    sd_between: float | None = _opt()
+    sd_within: float | None = _opt()
+
+
+@dataclass
+class SampledBlock(Row):
+    """A run at temperature > 0 (eval.json's ``sampled``): how many prompts and samples, and the chain's, each DDTree
+    budget's and (``--online-tau``) the online loop's mean over samples."""
+
+    prompts: int
+    samples: int
+    chain: SampledStat
+    ddtree: dict[str, SampledStat]
+    online: SampledStat | None = _opt()
+
+
+@dataclass
+class LoopModel(Row):
+    """What a predicted speed-up's loop is (eval.json's ``speedup.models``, :data:`dflash_eval.metrics.speedup.MODELS`):
+    its name, the module that runs it, what it keeps and runs again, and how the model was checked."""
+
+    name: str
+    module: str
+    what: str
+    checked: str

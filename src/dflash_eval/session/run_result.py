@@ -6,10 +6,11 @@ judged prompts (:class:`~dflash_eval.session.rows.PromptRow`), the categories, c
 (:class:`~dflash_eval.metrics.drift_checks.DriftStat`, :class:`~dflash_eval.session.blocks.DriftAcceptRow`), the drift
 budget and the drift gate (:class:`~dflash_eval.session.blocks.DriftBudgetBlock`,
 :class:`~dflash_eval.metrics.drift_checks.GateCheck`), the τ means (:class:`TauMeans`), the predicted speed-up
-(:class:`Speedup`), the timings (:class:`Timings`), the tests (:class:`Tests`), the near ties, the verdict
-(:class:`~dflash_eval.metrics.verdict.Verdict`). The blocks whose layout belongs to another part of the suite (the
-settings, the target, the provenance, the context, the cache's counters, the SGLang server, the baseline comparison,
-the registered measurements) are kept as eval.json holds them.
+(:class:`Speedup`), the timings (:class:`Timings`), the tests (:class:`Tests`), the near ties, the ``--baseline``
+comparison (:class:`~dflash_eval.session.blocks.BaselineBlock`), the mean over samples
+(:class:`~dflash_eval.session.blocks.SampledBlock`), the verdict (:class:`~dflash_eval.metrics.verdict.Verdict`).
+The blocks whose layout belongs to another part of the suite (the settings, the target, the provenance, the
+context, the cache's counters, the SGLang server, the registered measurements) are kept as eval.json holds them.
 
 Dicts only at the file boundary: :meth:`RunResult.to_dict` is eval.json's data (:meth:`RunResult.from_dict` of it
 gives it back, key for key), :meth:`RunResult.from_dict` and :meth:`RunResult.read` read it, strictly: a key the
@@ -36,7 +37,15 @@ from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.speedup import Prediction
 from dflash_eval.metrics.verdict import Verdict, stored_verdict
-from dflash_eval.session.blocks import DrafterBlock, DriftAcceptRow, DriftBudgetBlock, FingerprintBlock
+from dflash_eval.session.blocks import (
+    BaselineBlock,
+    DrafterBlock,
+    DriftAcceptRow,
+    DriftBudgetBlock,
+    FingerprintBlock,
+    LoopModel,
+    SampledBlock,
+)
 from dflash_eval.session.merge import SCHEMA
 from dflash_eval.session.rows import (
     _SCALARS,
@@ -114,7 +123,7 @@ class Speedup(Row):
     best_budget: int | None
     loop: dict[str, Prediction]
     pooled: dict[str, PooledSpeed]
-    models: dict[str, dict[str, str]]
+    models: dict[str, LoopModel]
     assumptions: list[str]
     floor: float | None
     passed: bool | None
@@ -176,13 +185,13 @@ class RunResult:
     context: JsonBlock | None = None
     fingerprint: FingerprintBlock | None = None
     sglang: JsonBlock | None = None
-    baseline: JsonBlock | None = None
+    baseline: BaselineBlock | None = None
     drift_budget: DriftBudgetBlock | None = None
     speedup: Speedup | None = None
     tau: TauMeans | None = None
     mean_passed: bool | None = None
     categories: dict[str, CategoryRow] | None = None
-    sampled: JsonBlock | None = None
+    sampled: SampledBlock | None = None
     conversations: dict[str, ConversationRow] | None = None
     turns: dict[str, TurnRow] | None = None
     drift_gate: list[GateCheck] | None = None
@@ -284,6 +293,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "drafter": _one(DrafterBlock, "drafter"), "fingerprint": _one(FingerprintBlock, "fingerprint"),
     "drift_budget": _one(DriftBudgetBlock, "drift_budget"), "speedup": _one(Speedup, "speedup"),
     "timings": _one(Timings, "timings"), "tests": _one(Tests, "tests"), "verdict": Verdict.from_dict,
+    "baseline": _one(BaselineBlock, "baseline"), "sampled": _one(SampledBlock, "sampled"),
 }
 
 
