@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Unpack
 
 from dflash_eval.errors import ConfigError, DFlashEvalError
 from dflash_eval.metrics.verdict import compose, notice
-from dflash_eval.report.gate import GateRow, error_row, gate_row
+from dflash_eval.report.gate import GatePrompt, GateRow, error_row, gate_row
 from dflash_eval.training_loop.checkpoint_dir import Found, find_checkpoints
 from dflash_eval.training_loop.history import CheckpointRecord
 from dflash_eval.training_loop.trackers import TensorBoardTracker, WandbTracker
@@ -171,8 +171,7 @@ def record_row(record: CheckpointRecord) -> GateRow:
                    mean_floor=record.mean_floor, worst_prompt=worst[0] if worst else None,
                    worst_tau=worst[1] if worst else None,
                    reference=record.reference, speedup=record.speedup,
-                   prompts={p: {"tau": t, "ddtree": {}, "floor": None, "passed": None}  # a record keeps chain τ only
-                            for p, t in record.prompts.items()})
+                   prompts={p: GatePrompt(t) for p, t in record.prompts.items()})  # a record keeps chain τ only
 
 
 def write_trend(evaluator: Evaluator) -> list[Path]:

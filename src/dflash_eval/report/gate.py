@@ -49,16 +49,32 @@ from dflash_eval.report.table_rows import ci_name
 from dflash_eval.report.tables import TextTable, markdown_table
 
 if TYPE_CHECKING:
+    from dflash_eval.metrics.baseline import BaselineComparison
     from dflash_eval.options.settings import EvalSettings
     from dflash_eval.session.eval_result import TauSummary
 
-__all__ = ["GATE_SCHEMA", "NOT_CHECKED", "WORST_SHOWN", "GateRow", "gate_row", "error_row",
+__all__ = ["GATE_SCHEMA", "NOT_CHECKED", "WORST_SHOWN", "GatePrompt", "GateRow", "gate_row", "error_row",
            "gate_data", "gate_table", "worst_prompts_table", "render_gate_markdown",
            "write_gate_report"]
 
 GATE_SCHEMA = 1
 #: How many prompts gate.md's lowest-τ table shows.
 WORST_SHOWN = 20
+
+
+@dataclass(frozen=True)
+class GatePrompt:
+    """One prompt of a checkpoint in the gate: its chain τ, each DDTree budget's τ, its floor and verdict (None: not
+    judged, or not known: a checkpoint judged from its history record keeps its chain τ only)."""
+
+    tau: float
+    ddtree: dict[str, float] = field(default_factory=dict)
+    floor: float | None = None
+    passed: bool | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """The prompt as gate.json's ``checkpoints[].prompts`` entry."""
+        return {"tau": self.tau, "ddtree": self.ddtree, "floor": self.floor, "passed": self.passed}
 
 
 @dataclass
@@ -82,10 +98,10 @@ class GateRow:
     worst_prompt: str | None = None
     worst_tau: float | None = None
     worst_floor: float | None = None
-    baseline: dict[str, Any] | None = None
+    baseline: BaselineComparison | None = None
     reference: dict[str, Any] | None = None
     speedup: dict[str, Any] | None = None  # the predicted speed-up (dflash_eval.metrics.speedup.speedup_digest)
-    prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    prompts: dict[str, GatePrompt] = field(default_factory=dict)
     error: str | None = None
     seconds: float | None = None
 
@@ -119,7 +135,8 @@ class GateRow:
                 "mean_ddtree_pooled": self.mean_ddtree_pooled, "mean_floor": self.mean_floor,
                 "worst_prompt": self.worst_prompt,
                 "worst_tau": self.worst_tau, "worst_floor": self.worst_floor, "passed": self.passed,
-                "reasons": self.reasons, "baseline": self.baseline, "prompts": self.prompts,
+                "reasons": self.reasons, "baseline": None if self.baseline is None else self.baseline.to_json(),
+                "prompts": {p: v.to_json() for p, v in self.prompts.items()},
                 "seconds": self.seconds, "step": self.step, "gating": self.gating, "notices": self.notices,
                 "reference": self.reference, "speedup": self.speedup, "verdict": self.verdict.to_dict()}
 
@@ -138,9 +155,8 @@ def gate_row(summary: TauSummary, verdict: Verdict, *, drafter: str, fingerprint
         mean_floor=summary.mean_floor,
         worst_prompt=worst[0] if worst else None, worst_tau=worst[1].tau if worst else None,
         worst_floor=worst[1].floor if worst else None,
-        baseline=summary.baseline.to_json() if summary.baseline is not None else None,
-        prompts={pid: {"tau": v.tau, "ddtree": v.ddtree, "floor": v.floor, "passed": v.passed}
-                 for pid, v in verdicts.items()})
+        baseline=summary.baseline,
+        prompts={pid: GatePrompt(v.tau, v.ddtree, v.floor, v.passed) for pid, v in verdicts.items()})
 
 
 def error_row(drafter: str, exc: BaseException) -> GateRow:
@@ -148,17 +164,24 @@ def error_row(drafter: str, exc: BaseException) -> GateRow:
     return GateRow(drafter=drafter, error=f"{type(exc).__name__}: {exc}")
 
 
-def _baseline_cell(b: dict[str, Any] | None) -> str:
-    if not b:
+def _delta_cell(mean_diff: object, ci: object) -> str:
+    """A paired difference with its CI: ``+0.120 [+0.050, +0.190]``."""
+    return f"{fmt(mean_diff, 3, '+f')} {ci_text(*ends(ci), 3, '+f', brackets=True)}"
+
+
+def _baseline_cell(b: BaselineComparison | None) -> str:
+    if b is None:
         return MISSING
-    return f"{fmt(b.get('mean_diff'), 3, '+f')} {ci_text(*ends(b.get('ci95')), 3, '+f', brackets=True)}"
+    d = b.diff
+    return _delta_cell(d.mean, [d.ci_low, d.ci_high])
 
 
 def _reference_cells(r: dict[str, Any] | None) -> list[str]:
-    """The reference drafter's mean τ and the paired difference against it with its CI."""
+    """The reference drafter's mean τ and the paired difference against it with its CI (the history record's
+    ``reference``)."""
     if not r:
         return [MISSING, MISSING]
-    return [fmt(r.get("mean_tau")), _baseline_cell(r)]
+    return [fmt(r.get("mean_tau")), _delta_cell(r.get("mean_diff"), r.get("ci95"))]
 
 
 def _speedup_cell(sp: dict[str, Any] | None) -> str:
@@ -195,9 +218,9 @@ def gate_table(rows: list[GateRow], budgets: list[Any], *, terminal: bool = Fals
         cells.append([r.name, fmt(r.mean_tau)] + [fmt(r.mean_ddtree.get(b)) for b in bs]
                      + [fmt(r.mean_tau_pooled), fmt(r.mean_floor), _worst_cell(r), _verdict_cell(r),
                         fmt(r.seconds)])
-    base = [r.baseline for r in rows if r.baseline]
+    base = [r.baseline for r in rows if r.baseline is not None]
     if base:  # the paired difference against --baseline, its CI named
-        header.insert(header.index("mean floor"), f"Δ vs baseline ({ci_name(base[0].get('ci_method'))})")
+        header.insert(header.index("mean floor"), f"Δ vs baseline ({ci_name(base[0].diff.ci_method)})")
         for r, row in zip(rows, cells):
             row.insert(header.index("mean floor") - 1, _baseline_cell(r.baseline))
     if any(r.speedup for r in rows):  # the predicted speed-up on the gate's device (docs/speedup.md)
@@ -226,13 +249,13 @@ def worst_prompts_table(rows: list[GateRow], limit: int = WORST_SHOWN) -> TextTa
     pids = list(dict.fromkeys(p for r in evaluated for p in r.prompts))
 
     def low(p: str) -> float:
-        vals = [r.prompts[p]["tau"] for r in evaluated if p in r.prompts]
+        vals = [r.prompts[p].tau for r in evaluated if p in r.prompts]
         return min((v for v in vals if is_number(v)), default=float("-inf"))
 
-    def cell(v: dict[str, Any] | None) -> str:
-        return MISSING if not v else fmt(v.get("tau")) + (" FAIL" if v.get("passed") is False else "")
+    def cell(v: GatePrompt | None) -> str:
+        return MISSING if v is None else fmt(v.tau) + (" FAIL" if v.passed is False else "")
 
-    cells = [[p, fmt(next((r.prompts[p]["floor"] for r in evaluated if p in r.prompts), None))]
+    cells = [[p, fmt(next((r.prompts[p].floor for r in evaluated if p in r.prompts), None))]
              + [cell(r.prompts.get(p)) for r in evaluated] for p in sorted(pids, key=low)[:limit]]
     title = f"Lowest chain τ ({len(cells)} of {len(pids)} prompts, worst first)"
     return TextTable(["prompt", "floor"] + [r.name for r in evaluated], cells, title=title)

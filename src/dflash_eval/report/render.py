@@ -128,14 +128,15 @@ def compile_text(timings: Timings, *, terse: bool = False) -> str:
     kernel cache <path>)`` from the run's timings' ``compile`` block ("" without it; ``terse``: also "" when no kernel
     was compiled or loaded, as on a CPU)."""
     c = timings.compile
-    if not c or (terse and not c.get("kernels_compiled") and not c.get("kernels_loaded")):
+    if c is None or (terse and not c.kernels_compiled and not c.kernels_loaded):
         return ""
-    cache = c.get("kernel_cache") or {}
-    where = (f"the kernel cache {normal_path(cache['path'])} ({cache.get('source')})" if cache.get("path") else
-             f"Triton's default kernel cache ({cache.get('why', 'not under --cache-dir')})")
-    stages = ", ".join(f"{k} {fmt(v, 2)}" for k, v in (c.get("by_stage") or {}).items())
-    return (f"; GPU kernel compilation {fmt(c.get('seconds'), 2)} s of those" + (f" ({stages})" if stages else "")
-            + f": {c.get('kernels_compiled', 0)} kernels compiled, {c.get('kernels_loaded', 0)} loaded from {where}")
+    cache = c.kernel_cache
+    where = (f"the kernel cache {normal_path(cache.path)} ({cache.source})" if cache is not None and cache.path else
+             "Triton's default kernel cache ("
+             + (cache.why if cache is not None and cache.why is not None else "not under --cache-dir") + ")")
+    stages = ", ".join(f"{k} {fmt(v, 2)}" for k, v in c.by_stage.items())
+    return (f"; GPU kernel compilation {fmt(c.seconds, 2)} s of those" + (f" ({stages})" if stages else "")
+            + f": {c.kernels_compiled} kernels compiled, {c.kernels_loaded} loaded from {where}")
 
 
 def render_terminal(result: RunResult, *, width: int = 120, max_rows: int | None = TERMINAL_ROWS_SHOWN) -> str:

@@ -59,7 +59,8 @@ from dflash_eval.session.rows import (
     plain,
 )
 
-__all__ = ["RunResult", "TauMeans", "Speedup", "PooledSpeed", "Timings", "Tests", "NotChecked", "Rejection",
+__all__ = ["RunResult", "TauMeans", "Speedup", "PooledSpeed", "Timings", "Compile", "KernelCache", "Tests",
+           "NotChecked", "Rejection",
            "TOP_LEVEL_KEYS"]
 
 #: eval.json's top-level keys, in the order the merge writes them (``rejected`` and ``verdict``, which the run's end
@@ -130,6 +131,30 @@ class Speedup(Row):
 
 
 @dataclass(frozen=True)
+class KernelCache(Row):
+    """Where Triton kept the run's compiled kernels and why there
+    (:class:`dflash_eval.target.kernel_cache.KernelCacheDir`): ``path`` (None: Triton's default), ``source``
+    (``--cache-dir``, ``TRITON_CACHE_DIR``, ``triton default``) and, for the default, ``why``."""
+
+    path: str | None
+    source: str
+    why: str | None = _opt()
+
+
+@dataclass(frozen=True)
+class Compile(Row):
+    """The GPU kernel compilation inside the run's stages (:class:`dflash_eval.common.progress.Compilation`, summed
+    over the processes): its seconds, per stage, the kernels compiled and loaded, and the kernel cache (None: not
+    known)."""
+
+    seconds: float
+    by_stage: dict[str, float]
+    kernels_compiled: int
+    kernels_loaded: int
+    kernel_cache: KernelCache | None
+
+
+@dataclass(frozen=True)
 class Timings(Row):
     """The run's wall time, each stage's seconds summed over processes and per worker, the workers' spans and the GPU
     kernel compilation inside the stages."""
@@ -138,7 +163,7 @@ class Timings(Row):
     sum: dict[str, float]
     per_worker: dict[str, dict[str, float]]
     spans: dict[str, list[list[Any]]] = field(default_factory=dict)
-    compile: JsonBlock | None = _opt()
+    compile: Compile | None = _opt()
 
 
 @dataclass(frozen=True)
