@@ -16,8 +16,13 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from result_rows import prediction
 
 from dflash_eval.errors import EvalError
+from dflash_eval.metrics.drift_checks import Direction, DriftStat, GateCheck
+from dflash_eval.metrics.near_tie import Divergence
+from dflash_eval.metrics.speedup import Prediction
+from dflash_eval.metrics.verdict import Part, Verdict
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.session.rows import CategoryRow, PromptRow, ResultKeyError, Stat
 from dflash_eval.session.run_result import TOP_LEVEL_KEYS, RunResult
@@ -33,18 +38,39 @@ MUTATIONS = [
     ("a drift row's unknown key", lambda d: d["drift"][0].__setitem__("colour", 1), "unknown key 'drift[0].colour'"),
     ("a drift gate row's missing key", lambda d: d["drift_gate"][0].pop("mean_rel_err"),
      "missing key 'drift_gate[0].mean_rel_err'"),
+    ("a drift gate row's unknown key", lambda d: d["drift_gate"][0].__setitem__("colour", 1),
+     "unknown key 'drift_gate[0].colour'"),
+    ("the drift direction's unknown key", lambda d: d["drift_budget"]["direction"].__setitem__("colour", 1),
+     "unknown key 'drift_budget.direction.colour'"),
     ("a budget level's unknown key", lambda d: d["drift_budget"]["levels"][0].__setitem__("colour", 1),
      "unknown key 'drift_budget.levels[0].colour'"),
     ("a category's unknown key", lambda d: d["categories"]["all"]["chain"].__setitem__("colour", 1),
      "unknown key 'categories.all.chain.colour'"),
     ("a speed-up prediction's missing key", lambda d: d["speedup"]["strategies"]["chain"].pop("round_s"),
      "missing key 'speedup.strategies.chain.round_s'"),
+    ("a speed-up prediction's unknown key", lambda d: d["speedup"]["strategies"]["chain"].__setitem__("colour", 1),
+     "unknown key 'speedup.strategies.chain.colour'"),
+    ("the recompute loop's unknown key", lambda d: d["speedup"]["loop"]["chain"].__setitem__("colour", 1),
+     "unknown key 'speedup.loop.chain.colour'"),
     ("a verdict part's unknown key", lambda d: d["verdict"]["parts"][0].__setitem__("colour", 1),
      "unknown key 'verdict.parts[0].colour'"),
+    ("a verdict part's missing key", lambda d: d["verdict"]["parts"][0].pop("notices"),
+     "missing key 'verdict.parts[0].notices'"),
+    ("the verdict's unknown key", lambda d: d["verdict"].__setitem__("colour", 1), "unknown key 'verdict.colour'"),
+    ("a near tie's unknown key", lambda d: d.__setitem__("near_ties", [{**TIE, "colour": 1}]),
+     "unknown key 'near_ties[0].colour'"),
+    ("a near tie's missing key",
+     lambda d: d.__setitem__("near_ties", [{k: v for k, v in TIE.items() if k != "got_text"}]),
+     "missing key 'near_ties[0].got_text'"),
+    ("a block held as null", lambda d: d.__setitem__("settings", None), "unknown key 'settings'"),
     ("the timings' unknown key", lambda d: d["timings"].__setitem__("colour", 1), "unknown key 'timings.colour'"),
     ("a missing top-level key", lambda d: d.pop("tests"), "missing key 'tests'"),
     ("a missing τ mean", lambda d: d.pop("mean_floor"), "missing key 'mean_floor'"),
 ]
+
+
+#: A near tie as eval.json holds it (the bundled run has none: planted).
+TIE = Divergence("p", "golden", 3, 9, 11, 12, 0.01, 0.01, 0.0625, "bfloat16", "a", "b").to_dict()
 
 
 def _first(rows: dict) -> dict:
@@ -105,6 +131,30 @@ def test_a_row_refuses_unknown_and_missing_keys():
     assert str(err) == "reports/eval.json: missing key 'prompts.p1.tau' (it is required)"
     with pytest.raises(ResultKeyError, match="missing key 'category'"):
         PromptRow.from_dict({})
+
+
+#: One record of each kind that reads itself (not a Row): what eval.json holds of it.
+RECORDS = [
+    (DriftStat, DriftStat("bf16-vs-fp32", "p", 3, 1e-3, 0.999, 0.5, 1e-2, 0.99).to_dict()),
+    (GateCheck, GateCheck("bf16-vs-fp32", 3, 1e-3, 5e-4, "p", 0.2, 5.0, 0.18, 0.23).to_dict()),
+    (Prediction, prediction()),
+    (Divergence, TIE),
+    (Part, Part("floors", False, ("τ below its floors",)).to_dict()),
+    (Verdict, Verdict((Part("floors", True),)).to_dict()),
+    (Direction, Direction("bf16-vs-fp32", "torch/float32", "torch/bfloat16", 6e-3, {"bf16-vs-fp32": 6e-3}).to_dict()),
+]
+
+
+@pytest.mark.parametrize(("cls", "d"), RECORDS, ids=[c.__name__ for c, _ in RECORDS])
+def test_a_record_that_reads_itself_refuses_unknown_and_missing_keys(cls, d):
+    """The records of the metrics that eval.json holds read their own keys as strictly as a row: the result checks
+    no key itself."""
+    assert cls.from_dict(d).to_dict() == d
+    with pytest.raises(ResultKeyError, match="unknown key 'colour'"):
+        cls.from_dict({**d, "colour": 1})
+    last = list(d)[-1]
+    with pytest.raises(ResultKeyError, match=f"missing key '{last}'"):
+        cls.from_dict({k: v for k, v in d.items() if k != last})
 
 
 def test_what_is_not_eval_json_is_one_error(tmp_path):

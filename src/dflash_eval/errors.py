@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
+from typing import Any
 
 __all__ = ["json_problem", "DFlashEvalError", "ConfigError", "CheckpointError", "ArchitectureMismatch",
-           "DrafterRefused", "BackendError", "CacheError", "EvalError", "PluginError", "ResultRejected", "StorageError"]
+           "DrafterRefused", "BackendError", "CacheError", "EvalError", "PluginError", "ResultRejected", "StorageError",
+           "ResultKeyError"]
 
 
 class DFlashEvalError(Exception):
@@ -58,6 +61,46 @@ class StorageError(DFlashEvalError, OSError):
 
 class EvalError(DFlashEvalError):
     """An evaluation input is unusable (empty completion, unreachable server, ...)."""
+
+
+class ResultKeyError(EvalError):
+    """A result's mapping has a key its row does not know (``problem`` ``unknown``) or lacks one it needs
+    (``missing``); ``key``: the key's path (dots between the keys, ``[i]`` for a list's item), ``source``: the file it
+    was read from (None: not read from a file)."""
+
+    def __init__(self, problem: str, key: str, source: str | None = None) -> None:
+        self.problem, self.key, self.source = problem, key, source
+        where = f"{source}: " if source else ""
+        what = "unknown key" if problem == "unknown" else "missing key"
+        super().__init__(f"{where}{what} {key!r}"
+                         + (" (not a key of this result's schema)" if problem == "unknown" else " (it is required)"))
+
+    def under(self, parent: str | int) -> ResultKeyError:
+        """The same problem with the key's path under ``parent`` (a key, or a list's index)."""
+        if isinstance(parent, int):
+            return ResultKeyError(self.problem, f"[{parent}]" + ("" if self.key.startswith("[") else ".") + self.key,
+                                  self.source)
+        sep = "" if self.key.startswith("[") else "."
+        return ResultKeyError(self.problem, f"{parent}{sep}{self.key}", self.source)
+
+    def in_file(self, source: object) -> ResultKeyError:
+        """The same problem, naming the file it was read from."""
+        return ResultKeyError(self.problem, self.key, str(source))
+
+    @classmethod
+    def check(cls, data: Mapping[str, Any], keys: Collection[str], optional: Collection[str] = ()) -> None:
+        """A record's mapping holds exactly ``keys``, less any of ``optional`` it leaves out: the first key it does not
+        know (``unknown``), else the first one it lacks (``missing``), is the error. A record that reads itself from
+        eval.json (a drift row, a prediction, a verdict) checks its keys with it before it reads them."""
+        unknown = next((k for k in data if k not in keys), None)
+        if unknown is not None:
+            raise cls("unknown", str(unknown))
+        missing = next((k for k in keys if k not in data and k not in optional), None)
+        if missing is not None:
+            raise cls("missing", missing)
+
+    def __reduce__(self) -> tuple[type[ResultKeyError], tuple[str, str, str | None]]:
+        return (type(self), (self.problem, self.key, self.source))
 
 
 class PluginError(DFlashEvalError):

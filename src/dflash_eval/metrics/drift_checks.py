@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from dflash_eval.errors import ResultKeyError
 from dflash_eval.metrics.verdict import PASS, drift_holds, drift_outcome, in_ci
 
 __all__ = ["DriftStat", "GateCheck", "Direction", "RULE", "METHOD"]
@@ -49,7 +50,9 @@ class DriftStat:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DriftStat:
-        """A row of :meth:`to_dict` (``passed`` follows from the numbers)."""
+        """A row of :meth:`to_dict` (``passed`` follows from the numbers); ResultKeyError naming a key it does not
+        know or lacks."""
+        ResultKeyError.check(d, _DRIFT_KEYS)
         kw = {f.name: d[f.name] for f in fields(cls)}
         for k in ("rel_err", "cos", "max_abs", "rel_tol", "cos_tol"):
             kw[k] = _num(kw[k])
@@ -115,11 +118,19 @@ class GateCheck:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GateCheck:
         """A row of :meth:`to_dict`, also as strict JSON wrote it (an open CI's upper end null). Whether it was
-        decided on the estimate (``decided_on``) is all of ``conclusive`` that changes its outcome."""
-        lo, hi = (list(d.get("budget_ci") or []) + [None, None])[:2]
-        return cls(d["comparison"], int(d["layer"]), _num(d["max_rel_err"]), _num(d.get("mean_rel_err")),
+        decided on the estimate (``decided_on``) is all of ``conclusive`` that changes its outcome. ResultKeyError
+        naming a key it does not know or lacks."""
+        ResultKeyError.check(d, _GATE_KEYS)
+        lo, hi = (list(d["budget_ci"] or []) + [None, None])[:2]
+        return cls(d["comparison"], int(d["layer"]), _num(d["max_rel_err"]), _num(d["mean_rel_err"]),
                    d["worst_prompt"], _num(d["budget"]), _num(d["safety"]), _num(lo), _num(hi, math.inf),
-                   bool(d.get("lower_bound")), d.get("decided_on") == "estimate")
+                   bool(d["lower_bound"]), d["decided_on"] == "estimate")
+
+
+#: The keys of eval.json's ``drift`` and ``drift_gate`` rows (:meth:`DriftStat.to_dict`, :meth:`GateCheck.to_dict`).
+_DRIFT_KEYS = (*(f.name for f in fields(DriftStat)), "passed")
+_GATE_KEYS = ("comparison", "layer", "max_rel_err", "mean_rel_err", "worst_prompt", "budget", "budget_ci", "safety",
+              "margin", "lower_bound", "passed", "outcome", "decided_on")
 
 
 #: How the budget is fitted, in words (eval.json's ``drift_budget.fit.method``; the fit:
@@ -154,5 +165,6 @@ class Direction:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Direction:
-        """A direction of :meth:`to_dict`."""
+        """A direction of :meth:`to_dict`; ResultKeyError naming a key it does not know or lacks."""
+        ResultKeyError.check(d, [f.name for f in fields(cls)])
         return cls(d["comparison"], d["reference"], d["other"], d["drift"], dict(d["candidates"]))

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dflash_eval.errors import ResultKeyError
 from dflash_eval.metrics.verdict.rules import is_near_tie
 
 __all__ = ["NEAR_TIE_BAND", "DEFAULT_BAND", "TOP_K", "AGAINST", "NAMED", "near_tie_band", "TopTokens", "Divergence",
@@ -134,8 +135,11 @@ class Divergence:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Divergence:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+    def from_dict(cls, data: Mapping[str, Any]) -> Divergence:
+        """A row of :meth:`to_dict` (eval.json's ``near_ties``; ``near_tie`` follows from the margin);
+        ResultKeyError naming a key it does not know or lacks."""
+        ResultKeyError.check(data, (*cls.__dataclass_fields__, "near_tie"))
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -55,6 +55,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
+from dflash_eval.errors import ResultKeyError
+
 __all__ = ["LOOPS", "MODELS", "RoundCosts", "Prediction", "round_parts", "predict", "mean_context", "context_bucket",
            "strategy_name", "budget_of", "speedup_block", "best_strategy", "ASSUMPTIONS", "speedup_digest",
            "NEAR_BEST"]
@@ -246,7 +248,9 @@ class Prediction:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Prediction:
-        """A prediction of :meth:`to_dict` (eval.json's ``speedup.strategies`` and ``speedup.loop`` entries)."""
+        """A prediction of :meth:`to_dict` (eval.json's ``speedup.strategies`` and ``speedup.loop`` entries);
+        ResultKeyError naming a key it does not know or lacks."""
+        ResultKeyError.check(d, [f.name for f in fields(cls)])
         return cls(**{f.name: d[f.name] for f in fields(cls)})
 
 

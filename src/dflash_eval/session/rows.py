@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, TypeVar
 
-from dflash_eval.errors import EvalError
+from dflash_eval.errors import ResultKeyError  # re-exported: the rows' error
 
 __all__ = ["OPTIONAL", "ResultKeyError", "Row", "Acceptance", "Stat", "OnlineRow", "CompletionRow", "PromptRow",
            "CategoryRow", "ConversationRow", "TurnRow", "rows_to_dict", "rows_from_dict"]
@@ -35,34 +35,6 @@ __all__ = ["OPTIONAL", "ResultKeyError", "Row", "Acceptance", "Stat", "OnlineRow
 OPTIONAL = {"optional": True}
 
 R = TypeVar("R", bound="Row")
-
-
-class ResultKeyError(EvalError):
-    """A result's mapping has a key its row does not know (``problem`` ``unknown``) or lacks one it needs
-    (``missing``); ``key``: the key's path (dots between the keys, ``[i]`` for a list's item), ``source``: the file it
-    was read from (None: not read from a file)."""
-
-    def __init__(self, problem: str, key: str, source: str | None = None) -> None:
-        self.problem, self.key, self.source = problem, key, source
-        where = f"{source}: " if source else ""
-        what = "unknown key" if problem == "unknown" else "missing key"
-        super().__init__(f"{where}{what} {key!r}"
-                         + (" (not a key of this result's schema)" if problem == "unknown" else " (it is required)"))
-
-    def under(self, parent: str | int) -> ResultKeyError:
-        """The same problem with the key's path under ``parent`` (a key, or a list's index)."""
-        if isinstance(parent, int):
-            return ResultKeyError(self.problem, f"[{parent}]" + ("" if self.key.startswith("[") else ".") + self.key,
-                                  self.source)
-        sep = "" if self.key.startswith("[") else "."
-        return ResultKeyError(self.problem, f"{parent}{sep}{self.key}", self.source)
-
-    def in_file(self, source: object) -> ResultKeyError:
-        """The same problem, naming the file it was read from."""
-        return ResultKeyError(self.problem, self.key, str(source))
-
-    def __reduce__(self) -> tuple[type[ResultKeyError], tuple[str, str, str | None]]:
-        return (type(self), (self.problem, self.key, self.source))
 
 
 def _opt(**kw: Any) -> Any:
@@ -105,11 +77,8 @@ def _typed(hint: object, value: Any) -> Any:
         return _typed(inner[0], value) if len(inner) == 1 else value
     if isinstance(hint, type) and issubclass(hint, Row):
         return hint.from_dict(value)
-    if isinstance(hint, type) and hasattr(hint, "from_dict"):  # a record that reads itself: KeyError for a missing key
-        try:
-            return hint.from_dict(value)
-        except KeyError as exc:
-            raise ResultKeyError("missing", str(exc.args[0])) from None
+    if isinstance(hint, type) and hasattr(hint, "from_dict"):  # a record that reads itself, as strictly
+        return hint.from_dict(value)
     if origin is dict and len(args) == 2:
         out = {}
         for k, v in value.items():
@@ -153,26 +122,30 @@ class Row:
     @classmethod
     def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
         """The row of ``data`` (module docstring); ResultKeyError naming the first key it does not know or the first
-        field it needs that ``data`` lacks."""
+        field it needs that ``data`` lacks. Every field is needed but an optional member (:data:`OPTIONAL`), which
+        :meth:`to_dict` leaves out while it is None: held as null it is a key this row does not write, unknown."""
         owner: type = cls  # a class is hashable; mypy checks type[R] against Hashable by R's instances' __hash__
         hints = _hints(owner)
-        fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # every Row subclass is a dataclass
-        names = {f.name for f in fields}
-        unknown = next((k for k in data if k not in names), None)
-        if unknown is not None:
-            raise ResultKeyError("unknown", str(unknown))
-        missing = next((f.name for f in fields if f.name not in data and f.default is dataclasses.MISSING
-                        and f.default_factory is dataclasses.MISSING), None)
-        if missing is not None:
-            raise ResultKeyError("missing", missing)
+        keys, optional = _layout(owner)
+        ResultKeyError.check(data, keys, optional)
+        null = next((k for k in optional if k in data and data[k] is None), None)
+        if null is not None:
+            raise ResultKeyError("unknown", null)
         kw = {}
-        for f in fields:
-            if f.name in data:
+        for name in keys:
+            if name in data:
                 try:
-                    kw[f.name] = _typed(hints[f.name], data[f.name])
+                    kw[name] = _typed(hints[name], data[name])
                 except ResultKeyError as exc:
-                    raise exc.under(f.name) from None
+                    raise exc.under(name) from None
         return cls(**kw)
+
+
+@cache
+def _layout(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
+    """A row's keys in declaration order, and those of its optional members."""
+    fields = dataclasses.fields(cls)
+    return tuple(f.name for f in fields), frozenset(f.name for f in fields if f.metadata.get("optional"))
 
 
 def rows_to_dict(rows: Mapping[str, Row]) -> dict[str, dict[str, Any]]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.errors import EvalError
+from dflash_eval.errors import EvalError, ResultKeyError
 from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.speedup import Prediction
@@ -48,11 +48,9 @@ from dflash_eval.session.blocks import (
 )
 from dflash_eval.session.merge import SCHEMA
 from dflash_eval.session.rows import (
-    _SCALARS,
     CategoryRow,
     ConversationRow,
     PromptRow,
-    ResultKeyError,
     Row,
     TurnRow,
     _opt,
@@ -273,14 +271,14 @@ class RunResult:
 
 
 def _rows(cls: Callable[[Any], Any], key: str) -> Callable[[Any], Any]:
-    """A reader of a list of ``cls`` rows under ``key`` (a missing key of a row's own class is named under it)."""
+    """A reader of a list of ``cls`` rows under ``key`` (a key a row does not know or lacks is named under it)."""
     def read(items: Any) -> list[Any]:
         out = []
         for i, item in enumerate(items):
             try:
                 out.append(cls(item))
-            except KeyError as exc:
-                raise ResultKeyError("missing", str(exc.args[0])).under(i).under(key) from None
+            except ResultKeyError as exc:
+                raise exc.under(i).under(key) from None
         return out
     return read
 
@@ -297,14 +295,12 @@ def _mapping(cls: type[Row], key: str) -> Callable[[Any], Any]:
     return read
 
 
-def _one(cls: type[Row], key: str) -> Callable[[Any], Any]:
+def _one(cls: type[Row] | type[Verdict], key: str) -> Callable[[Any], Any]:
     def read(value: Any) -> Any:
         try:
             return cls.from_dict(value)
         except ResultKeyError as exc:
             raise exc.under(key) from None
-        except KeyError as exc:  # a record inside the row that reads itself (a prediction, a direction)
-            raise ResultKeyError("missing", str(exc.args[0])).under(key) from None
     return read
 
 
@@ -317,7 +313,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "not_checked": _rows(NotChecked.from_dict, "not_checked"), "rejected": _rows(Rejection.from_dict, "rejected"),
     "drafter": _one(DrafterBlock, "drafter"), "fingerprint": _one(FingerprintBlock, "fingerprint"),
     "drift_budget": _one(DriftBudgetBlock, "drift_budget"), "speedup": _one(Speedup, "speedup"),
-    "timings": _one(Timings, "timings"), "tests": _one(Tests, "tests"), "verdict": Verdict.from_dict,
+    "timings": _one(Timings, "timings"), "tests": _one(Tests, "tests"), "verdict": _one(Verdict, "verdict"),
     "baseline": _one(BaselineBlock, "baseline"), "sampled": _one(SampledBlock, "sampled"),
 }
 
@@ -334,8 +330,10 @@ def _from_dict(data: Mapping[str, Any]) -> RunResult:
             continue
         if key not in names:
             continue  # a plugin's (module docstring)
+        if value is None:  # a key :meth:`RunResult.to_dict` leaves out while None: not eval.json's layout
+            raise ResultKeyError("unknown", key)
         reader = _READERS.get(key)
-        kw[key] = value if reader is None or value is None else reader(value)
+        kw[key] = value if reader is None else reader(value)
     if "mean_tau" in data:
         kw["tau"] = TauMeans.from_dict({k: data[k] for k in _TAU_KEYS if k in data})
     else:
@@ -346,31 +344,5 @@ def _from_dict(data: Mapping[str, Any]) -> RunResult:
         if key not in data:
             raise ResultKeyError("missing", key)
     plugin = {k: v for k, v in data.items() if k not in names and k not in _TAU_KEYS}
-    result = RunResult(plugin_fields=plugin, **kw)
-    _same_keys(data, result.to_dict())
-    return result
+    return RunResult(plugin_fields=plugin, **kw)
 
-
-def _same_keys(given: Any, made: Any, path: tuple[str | int, ...] = ()) -> None:
-    """ResultKeyError at the first key ``given`` holds that ``made`` (the result written back) lacks (unknown: a reader
-    dropped it) or the other way round (missing: a reader filled it in)."""
-    if isinstance(given, Mapping) and isinstance(made, Mapping):
-        for k in given:
-            if k not in made:
-                raise _at(ResultKeyError("unknown", str(k)), path)
-        for k in made:
-            if k not in given:
-                raise _at(ResultKeyError("missing", str(k)), path)
-        for k in given:
-            _same_keys(given[k], made[k], (*path, k))
-    elif isinstance(given, (list, tuple)) and isinstance(made, (list, tuple)) and len(given) == len(made):
-        if all(type(v) in _SCALARS for v in given):
-            return  # numbers and strings: no keys
-        for i, (a, b) in enumerate(zip(given, made)):
-            _same_keys(a, b, (*path, i))
-
-
-def _at(exc: ResultKeyError, path: tuple[str | int, ...]) -> ResultKeyError:
-    for part in reversed(path):
-        exc = exc.under(part)
-    return exc

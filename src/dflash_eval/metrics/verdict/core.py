@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dflash_eval.errors import ResultKeyError
+
 __all__ = ["FLOORS", "BASELINE", "SPEEDUP_FLOOR", "REGRESSION", "PLATEAU", "DRIFT_GATE", "REFUSAL", "PLUGINS", "TESTS",
            "NEAR_TIES", "KERNELS", "EXIT_STATUS", "REPORTS", "CHECKPOINT", "Part", "Verdict", "compose", "notice",
            "reasons_part", "Gated", "gating_pass"]
@@ -56,10 +58,14 @@ class Part:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Part:
-        passed = d.get("passed")
-        outcome = d.get("outcome")
-        return cls(str(d["name"]), passed, tuple(d.get("reasons") or ()), tuple(d.get("notices") or ()),
+        """A part of :meth:`to_dict`; ResultKeyError naming a key it does not know or lacks."""
+        ResultKeyError.check(d, _PART_KEYS)
+        passed, outcome = d["passed"], d["outcome"]
+        return cls(str(d["name"]), passed, tuple(d["reasons"]), tuple(d["notices"]),
                    None if outcome == _label(passed) else outcome)
+
+
+_PART_KEYS = ("name", "passed", "outcome", "reasons", "notices")
 
 
 def _label(passed: bool | None) -> str:
@@ -114,7 +120,16 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
-        return cls(tuple(Part.from_dict(p) for p in d.get("parts") or ()))
+        """A verdict of :meth:`to_dict` (its outcome, reasons and notices follow from its parts); ResultKeyError
+        naming a key it, or one of its parts, does not know or lacks (``parts[0].name``)."""
+        ResultKeyError.check(d, ("passed", "label", "reasons", "notices", "parts"))
+        parts = []
+        for i, p in enumerate(d["parts"]):
+            try:
+                parts.append(Part.from_dict(p))
+            except ResultKeyError as exc:
+                raise exc.under(i).under("parts") from None
+        return cls(tuple(parts))
 
 
 def compose(*parts: Part | None) -> Verdict:
