@@ -5,6 +5,7 @@ tokens: what changes no table, plot or verdict of the tests that use them)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 #: A prompt row's fields besides those a test gives (eval.json's ``prompts`` rows: PromptRow).
@@ -73,3 +74,20 @@ def speedup_block(**fields: Any) -> dict[str, Any]:
             "context_len": 64, "block_size": 8, "plain_tokens_per_s": 100.0, "costs": {}, "cached": False,
             "strategies": {}, "best": None, "near_best": [], "best_budget": None, "loop": {}, "pooled": {},
             "models": {}, "assumptions": [], "floor": None, "passed": None, **fields}
+
+
+def judged_run(**fields: Any) -> SimpleNamespace:
+    """What a test run's verdict reads of its result (``dflash_eval.metrics.verdict.JudgedRun``) with ``fields``, the
+    others as a result without them holds them (no τ, no drafter, no gate, no tests counted, no stored verdict)."""
+    base: dict[str, Any] = {"prompts": {}, "tau": None, "mean_passed": None, "categories": None, "drafter": None,
+                            "rejected": None, "baseline": None, "drift_gate": None, "speedup": None,
+                            "near_ties": None, "kernel_changes": [], "tests": SimpleNamespace(counts={}),
+                            "verdict": None}
+    return SimpleNamespace(**{**base, **fields})
+
+
+def means(mean_tau: float, mean_floor: float | None, mean_ddtree: dict | None = None,
+          mean_ddtree_floor: dict | None = None) -> SimpleNamespace:
+    """The τ means a verdict reads (``dflash_eval.metrics.verdict.JudgedMeans``)."""
+    return SimpleNamespace(mean_tau=mean_tau, mean_floor=mean_floor, mean_ddtree=mean_ddtree or {},
+                           mean_ddtree_floor=mean_ddtree_floor or {})

@@ -517,8 +517,9 @@ def test_a_random_drafter_is_one_diagnosis() -> None:
 
     rows = {p: {"tau": 128 / 127, "rounds": 127, "floor": 2.0, "ddtree_floor": {}, "passed": False}
             for p in ("humaneval-0", "humaneval-1")}
-    data = {"prompts": rows, "mean_tau": 128 / 127, "mean_floor": 2.0, "mean_ddtree": {}, "mean_ddtree_floor": {}}
-    assert diagnoses(data) == [f"{NO_ACCEPTANCE} (2 prompts: 2 accepted draft tokens in 254 rounds)"]
+    typed = {p: SimpleNamespace(**r) for p, r in rows.items()}  # the judged rows, as the verdict reads them
+    mean = SimpleNamespace(mean_tau=128 / 127, mean_floor=2.0, mean_ddtree={}, mean_ddtree_floor={})
+    assert diagnoses(typed, mean, None) == [f"{NO_ACCEPTANCE} (2 prompts: 2 accepted draft tokens in 254 rounds)"]
     from dflash_eval.metrics.floors import Floors
 
     typed = {p: SimpleNamespace(**r) for p, r in rows.items()}  # a checkpoint's judged rows, as the gate reads them

@@ -64,7 +64,7 @@ def fragment(prompts: dict[str, float], *, passed: dict[str, bool | None] | None
 
 def test_eval_json_is_strict_and_valid_with_nan_measurements(tmp_path, validator):
     data = report.merge([fragment({"a": NAN, "b": 2.0, "c": 1.0})], outcomes={"x.py::t": "passed"}, wall_s=1.0)
-    data["verdict"] = run_verdict(data, failed_tests=1).to_dict()  # as the run's end stores it
+    data["verdict"] = run_verdict(RunResult.from_dict(data), failed_tests=1).to_dict()  # as the run's end stores it
     paths = report.write_reports(data, tmp_path)
     text = paths["json"].read_text()
     assert "NaN" not in text and "Infinity" not in text
@@ -75,7 +75,7 @@ def test_eval_json_is_strict_and_valid_with_nan_measurements(tmp_path, validator
 
 def test_schema_rejects_what_it_should(jsonschema, validator):
     merged = report.merge([fragment({"b": 2.0})], wall_s=1.0)
-    good = json.loads(dumps_strict({**merged, "verdict": run_verdict(merged).to_dict()}))
+    good = json.loads(dumps_strict({**merged, "verdict": run_verdict(RunResult.from_dict(merged)).to_dict()}))
     validator.validate(good)
     for path, value in [(("prompts", "b", "tau"), "2.0"), (("prompts", "b", "passed"), "yes"),
                         (("tests", "outcomes"), {"t": "exploded"}), (("schema",), 2), (("drift",), {}),

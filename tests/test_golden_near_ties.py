@@ -167,11 +167,11 @@ def test_the_verdict_names_golden_near_ties_first_and_groups_the_teacher_forced_
     def tie(pid: str, against: str, k: int) -> dict[str, Any]:
         return judge(pid, against, k, k + 10, 1, 2, _top([2, 1], [9.0, 9.0]), "bfloat16").to_dict()
 
-    data = {"near_ties": [tie(f"p{i}", "teacher-forced", i) for i in range(6)] + [tie("z", "golden", 7)]}
-    verdict = run_verdict(data)
+    ties = [tie(f"p{i}", "teacher-forced", i) for i in range(6)] + [tie("z", "golden", 7)]
+    merged = merge([{"worker": "master", "near_ties": ties}])
+    verdict = run_verdict(RunResult.from_dict(merged))
     part = verdict.part(NEAR_TIES)
     assert part is not None and part.passed is None and not verdict.reasons
-    merged = merge([{"worker": "master", "near_ties": data["near_ties"]}])
     lines = verdict_lines(RunResult.from_dict({**merged, "verdict": verdict.to_dict()}), report_dir=None)
     assert "1 golden completion at a near tie, 6 teacher-forced near ties of the target, not failures" in lines[0]
     notices = [line for line in lines if line.startswith("notice: near tie: ")]

@@ -106,7 +106,7 @@ def _whole_run(files: tuple[str, ...]) -> tuple[dict[str, Any], str]:
     frag["speedup"] = speedup_block(costs(), (2.0, (1.8, 2.2)), {8: (2.5, (2.2, 2.8))}, floor=1.0)
     data = merge([frag])  # eval.json's data, whole: the page's verdict reads it as the typed result
     data["not_checked"] = [{"reason": f"reason number {k}", "tests": k, "first": f"t{k}"} for k in range(1, 7)]
-    data["verdict"] = run_verdict(data).to_dict()
+    data["verdict"] = run_verdict(RunResult.from_dict(data)).to_dict()
     result = RunResult.from_dict(data)
     return data, render_html(result, html_verdict_lines(result), files=files)
 

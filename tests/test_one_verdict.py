@@ -206,8 +206,8 @@ def _shown(data: dict) -> dict[str, str]:
     return {"terminal": term, "eval.md": report.render_markdown(result),
             "eval.html": render_html(result, html_verdict_lines(result)),
             "junit": json.dumps(junit_properties(data), ensure_ascii=False),
-            "speed-up": "\n".join(speedup_lines(result.speedup, stored_verdict(data))
-                                   + [verdict_line(result.speedup, stored_verdict(data)) or ""]),
+            "speed-up": "\n".join(speedup_lines(result.speedup, stored_verdict(result))
+                                   + [verdict_line(result.speedup, stored_verdict(result)) or ""]),
             "baseline": report.baseline_line(result) or ""}
 
 

@@ -13,9 +13,11 @@ import json
 import math
 import types
 import typing
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from result_rows import judged_run, means
 
 from dflash_eval import report
 from dflash_eval.metrics.baseline import BaselineComparison
@@ -268,16 +270,17 @@ def test_floors_that_judge_nothing_are_said_so():
     assert checkpoint_verdict(prompts, [], Floors(), None, floors_required=False).notices == []  # unjudged
 
 
-@pytest.mark.parametrize(("data", "kw", "passed", "reasons"), [
-    ({"mean_tau": 2.0, "mean_passed": True}, {}, True, []),
-    ({"mean_tau": 2.0, "mean_passed": False}, {"failed_tests": 2}, False, ["τ below its floors", "2 tests failed"]),
-    ({"drift_gate": [{"outcome": "fail", "safety": 2.0}],
-      "drafter": {"refused": [{"check": "vocab", "message": "m"}]}}, {}, False,
+@pytest.mark.parametrize(("run", "kw", "passed", "reasons"), [
+    (judged_run(tau=means(2.0, 1.0), mean_passed=True), {}, True, []),
+    (judged_run(tau=means(2.0, 3.0), mean_passed=False), {"failed_tests": 2}, False,
+     ["τ below its floors", "2 tests failed"]),
+    (judged_run(drift_gate=[SimpleNamespace(outcome="fail")],
+                drafter=SimpleNamespace(path="d", refused=[SimpleNamespace(check="vocab", message="m")])), {}, False,
      ["the drafter was refused by vocab", "drift over budget"]),
-    ({}, {"exitstatus": 2}, False, ["pytest exit status 2"]),
+    (judged_run(), {"exitstatus": 2}, False, ["pytest exit status 2"]),
 ])
-def test_the_run_verdict(data, kw, passed, reasons):
-    v = run_verdict(data, **kw)
+def test_the_run_verdict(run, kw, passed, reasons):
+    v = run_verdict(run, **kw)
     assert (v.passed, v.reasons) == (passed, reasons)
     empty = RunResult.from_dict(report.merge([{"worker": "master"}]))  # the head line says the verdict it is given
     head = report.verdict_lines(empty, report_dir=None, verdict=v)[0]

@@ -82,7 +82,7 @@ def test_verdict_block_of_a_passing_run(tmp_path):
 def test_verdict_block_names_why_a_run_fails(case, head, tmp_path):
     data = report.merge([{**fragment(5, low="p3" if case == "prompt" else None),
                           **budget("fail" if case == "gate" else "pass")}])
-    data["verdict"] = run_verdict(data, failed_tests=2 if case == "tests" else 0,
+    data["verdict"] = run_verdict(RunResult.from_dict(data), failed_tests=2 if case == "tests" else 0,
                                   exitstatus=2 if case == "exit" else 0).to_dict()  # as the run's end stores it
     lines = report.verdict_lines(RunResult.from_dict(data), report_dir=tmp_path)
     assert lines[0].startswith(head), lines

@@ -161,8 +161,8 @@ def test_no_references_no_samples_file_and_an_earlier_one_removed(tmp_path) -> N
     path = tmp_path / SAMPLES_NAME
     path.write_text('{"prompt_id": "from an earlier run"}\n')
     row = prompt_row(category="c", tau=2.0, rounds=1, accept_lengths=[2])
-    result = RunResult.from_dict(report.merge([{"worker": "master", "prompts": {"a": row}}], wall_s=1.0))
-    assert write_samples(result, path) is None and not path.exists()
-    bad = report.merge([{"worker": "master", "prompts": {"a": {**row, "completions": [{"sample": 0}]}}}], wall_s=1.0)
+    data = report.merge([{"worker": "master", "prompts": {"a": row}}], wall_s=1.0)
+    assert write_samples(RunResult.from_dict(data), path) is None and not path.exists()
+    bad = {**data, "prompts": {"a": {**row, "completions": [{"sample": 0}]}}}
     with pytest.raises(ResultKeyError, match=r"missing key 'prompts\.a\.completions\[0\]\.source'"):
         RunResult.from_dict(bad)  # a row that claims references must hold them whole

@@ -25,11 +25,28 @@ from dflash_eval.metrics.speedup import (
     round_parts,
     speedup_block,
 )
-from dflash_eval.metrics.verdict import SPEEDUP_FLOOR, checkpoint_verdict, compose, speedup_floor_part
-from dflash_eval.metrics.verdict import speedup_floor_reason as floor_reason
+from dflash_eval.metrics.verdict import (
+    SPEEDUP_FLOOR,
+    Part,
+    checkpoint_verdict,
+    compose,
+    speedup_floor_part,
+    speedup_floor_reason,
+)
 from dflash_eval.report.strict_json import dumps_strict
+from dflash_eval.session.run_result import Speedup
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def floor_reason(block: dict) -> str | None:
+    """The speed-up floor's reason for eval.json's ``speedup`` block, read as the result's typed block."""
+    return speedup_floor_reason(Speedup.from_dict(block))
+
+
+def floor_part(block: dict) -> Part | None:
+    """The speed-up floor's part for eval.json's ``speedup`` block, read as the result's typed block."""
+    return speedup_floor_part(Speedup.from_dict(block))
 
 
 @pytest.fixture(autouse=True)
@@ -124,16 +141,16 @@ def test_block_names_the_best_strategy_and_judges_the_floor() -> None:
                         (4.5, None), {4: (5.5, None), 8: (5.6, None)})
     assert tie["best"] == "ddtree-8" and tie["near_best"] == ["ddtree-4"]  # 5.5 / 5.6: within 5 %
     assert block["passed"] is None  # the block predicts; the verdict judges its floor
-    assert speedup_floor_part(block) == compose().with_parts(speedup_floor_part(block)).part(SPEEDUP_FLOOR)
-    assert speedup_floor_part(block).passed is True and floor_reason(block) is None
+    assert floor_part(block) == compose().with_parts(floor_part(block)).part(SPEEDUP_FLOOR)
+    assert floor_part(block).passed is True and floor_reason(block) is None
     high = speedup_block(c, (4.5, (4.0, 5.0)), {}, floor=speeds["chain"] + 0.01)
-    assert speedup_floor_part(high).passed is False
+    assert floor_part(high).passed is False
     reason = floor_reason(high)
     assert reason is not None and "--speedup-floor" in reason and "cpu (test)" in reason and "context 192" in reason
-    assert speedup_floor_part(high).reasons == (reason,)
-    assert speedup_floor_part(speedup_block(c, (4.5, (4.0, 5.0)), {})) is None  # no floor: not judged
+    assert floor_part(high).reasons == (reason,)
+    assert floor_part(speedup_block(c, (4.5, (4.0, 5.0)), {})) is None  # no floor: not judged
     nan = speedup_block(c, (math.nan, (None, None)), {}, floor=1.0)  # no τ: a floor fails, like a τ floor
-    assert speedup_floor_part(nan).passed is False
+    assert floor_part(nan).passed is False
     assert best_strategy({}) is None
 
 
@@ -222,7 +239,7 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
                                      ["DDTree-8 (best)", "server-style loop"], ["chain", "recompute loop"]]
     chain = block["strategies"]["chain"]
     assert rows[0][4] == f"{chain['speedup']:.2f}x [{chain['speedup_ci'][0]:.2f}x, {chain['speedup_ci'][1]:.2f}x]"
-    line = verdict_line(result.speedup, stored_verdict(data))
+    line = verdict_line(result.speedup, stored_verdict(result))
     assert line is not None and "cpu (test)" in line and "floor 9 FAIL" in line and "best DDTree-8" in line
     md = render_markdown(result)
     assert "### Predicted speed-up" in md and "--speedup-floor 9 (the server-style loop's chain): FAIL" in md
@@ -234,7 +251,7 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
     assert (tmp_path / SPEEDUP_PLOT).read_bytes()[:4] == b"\x89PNG"
     nothing = RunResult.from_dict(merge([{"worker": "master"}]))
     assert write_speedup_plot(nothing, tmp_path / "none.png") is None and speedup_rows(None)[1] == []
-    assert verdict_line(None, stored_verdict({})) is None
+    assert verdict_line(None, compose()) is None
     assert "Predicted speed-up" not in render_markdown(nothing)
 
 
@@ -257,7 +274,8 @@ def test_floor_joins_a_checkpoint_verdict() -> None:
 
     def verdict(block: dict | None, *, mean_floor: float | None = None, tau: float = 2.0):
         floors = Floors(mean_override=mean_floor)
-        return checkpoint_verdict({}, [Threshold("chain", tau, mean_floor)], floors, None, speedup=block,
+        return checkpoint_verdict({}, [Threshold("chain", tau, mean_floor)], floors, None,
+                                  speedup=None if block is None else Speedup.from_dict(block),
                                   floors_required=False)
 
     block = speedup_block(costs(), (4.5, (4.0, 5.0)), {}, floor=1.5)

@@ -9,6 +9,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+from result_rows import means
 
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.stats import category_table
@@ -28,6 +29,8 @@ from dflash_eval.metrics.verdict import (
     prompt_thresholds,
     run_verdict,
 )
+from dflash_eval.session.merge import merge
+from dflash_eval.session.run_result import RunResult
 
 NAN = float("nan")
 
@@ -36,6 +39,11 @@ def typed(rows: dict[str, dict]) -> dict[str, SimpleNamespace]:
     """Judged eval.json rows as the typed rows a checkpoint's verdict reads (attributes, ``rounds`` None when the row
     has none)."""
     return {p: SimpleNamespace(**{"rounds": None, **r}) for p, r in rows.items()}
+
+
+def result_of(provenance: dict) -> RunResult:
+    """The result of a run that measured nothing, with ``provenance``."""
+    return RunResult.from_dict({**merge([{"worker": "master"}]), "provenance": provenance})
 
 
 def row(tau: float, ddtree: dict[str, float], category: str = "code") -> dict:
@@ -136,23 +144,25 @@ def test_judge_mean_and_mean_passed():
     sel = {"a": "code", "b": "chat"}
     judge_mean(data, Floors(chain={"a": 1.5, "b": 2.5}, ddtree={8: {"a": 2.0, "b": 3.0}}).select(sel))
     assert data["mean_floor"] == 2.0 and data["mean_ddtree_floor"] == {"8": 2.5} and data["mean_passed"] is True
-    assert mean_passed(data) is True
+    assert mean_passed([], SimpleNamespace(**data)) is True
+    assert mean_passed([SimpleNamespace(check="vocab", message="m")], SimpleNamespace(**data)) is False  # refused
     judge_mean(data, Floors(chain={"a": 1.5, "b": 2.5}).select(sel))  # no DDTree-8 prompt floors: no mean floor
     assert data["mean_floor"] == 2.0 and data["mean_ddtree_floor"] == {"8": None}
-    assert data["mean_passed"] is False and mean_passed(data) is False
+    assert data["mean_passed"] is False and mean_passed([], SimpleNamespace(**data)) is False
     judge_mean(data, Floors(chain={"a": 1.5, "b": 2.5}, ddtree={8: {"a": 2.0}}).select(sel))  # b lacks DDTree-8
     assert data["mean_ddtree_floor"] == {"8": None} and data["mean_passed"] is False
     judge_mean(data, Floors(chain={"a": 1.7, "b": 2.5}, ddtree={8: {"a": 1.0, "b": 1.0}}).select(sel))
-    assert data["mean_floor"] == pytest.approx(2.1) and data["mean_passed"] is False and mean_passed(data) is False
+    assert data["mean_floor"] == pytest.approx(2.1) and data["mean_passed"] is False
+    assert mean_passed([], SimpleNamespace(**data)) is False
     judge_mean(data, Floors(chain={"a": 1.5}).select({}))  # nothing selected: no mean floor
     assert data["mean_floor"] is None and data["mean_passed"] is False
     judge_mean(data, Floors(mean_override=2.0).select(sel))  # --tau-floor: the mean floor, chain and every budget
     assert data["mean_floor"] == 2.0 and data["mean_ddtree_floor"] == {"8": 2.0} and data["mean_passed"] is True
     judge_mean(data, Floors(mean_override=2.1))
-    assert data["mean_passed"] is False and mean_passed(data) is False
+    assert data["mean_passed"] is False and mean_passed([], SimpleNamespace(**data)) is False
     judge_mean(data, Floors(prompt_override=1.5).select(sel))  # --tau-floor-prompt: the derived mean
     assert data["mean_floor"] == 1.5 and data["mean_ddtree_floor"] == {"8": 1.5} and data["mean_passed"] is True
-    assert mean_passed({"mean_tau": NAN, "mean_floor": 1.0}) is False
+    assert mean_passed([], means(NAN, 1.0)) is False and mean_passed([], None) is False  # NaN; no τ measured
 
 
 def _categories() -> dict:
@@ -347,10 +357,10 @@ def test_no_acceptance_is_the_first_gate_reason_and_a_diagnosis():
     rows = {p: {"tau": 1.0, "floor": 3.0, "ddtree_floor": {}, "passed": False} for p in ("a", "b")}
     reasons = gate_reasons(typed(rows), [Threshold("chain", 1.0, 3.0)])
     assert reasons[0] == NO_ACCEPTANCE and "2 prompt(s) below floor" in reasons
-    assert diagnoses({"prompts": rows}) == [f"{NO_ACCEPTANCE} (2 prompts)"]
+    assert diagnoses(typed(rows), None, None) == [f"{NO_ACCEPTANCE} (2 prompts)"]
     rows["b"]["tau"] = 1.5
     assert NO_ACCEPTANCE not in gate_reasons(typed(rows), [Threshold("chain", 1.25, 3.0)])
-    assert not diagnoses({"prompts": rows})
+    assert not diagnoses(typed(rows), None, None)
 
 
 def test_no_acceptance_under_floors_that_accept_it_is_no_diagnosis():
@@ -358,20 +368,16 @@ def test_no_acceptance_under_floors_that_accept_it_is_no_diagnosis():
     from dflash_eval.metrics.verdict import diagnoses, no_acceptance_fails
 
     rows = {p: {"tau": 1.0, "floor": None, "ddtree_floor": {}, "passed": None} for p in ("a", "b")}
-    data = {"prompts": rows, "mean_tau": 1.0, "mean_floor": 1.0, "mean_ddtree": {}, "mean_ddtree_floor": {}}
-    assert not no_acceptance_fails(data) and not diagnoses(data)
+    assert not no_acceptance_fails(typed(rows), means(1.0, 1.0)) and not diagnoses(typed(rows), means(1.0, 1.0), None)
     assert gate_reasons(typed(rows), [Threshold("chain", 1.0, 1.0)], prompt_floors_required=False) == []
-    data["mean_floor"] = 2.0
-    assert no_acceptance_fails(data)
+    assert no_acceptance_fails(typed(rows), means(1.0, 2.0))
 
 
 def test_refused_drafter_is_never_a_pass_whichever_fragment_knows_it():
     """Under xdist the first fragment may come from a worker that never needed the drafter."""
-    from dflash_eval.report import merge
-
     refused = [{"check": "fc_shape", "message": "key 'fc.weight': expected [256, 1024], got [256, 768]"}]
-    data = merge([{"worker": "gw0", "drafter": {"path": "d", "fingerprint": "f"}},
-                  {"worker": "gw1", "drafter": {"path": "d", "fingerprint": "f", "refused": refused}}])
+    data = merge([{"worker": "gw0", "drafter": {"path": "d", "fingerprint": "f", "config": {}}},
+                  {"worker": "gw1", "drafter": {"path": "d", "fingerprint": "f", "config": {}, "refused": refused}}])
     assert data["drafter"]["refused"] == refused and data["mean_passed"] is False
     assert "does not fit the target: refused by architecture check fc_shape" in data["diagnoses"][0]
 
@@ -382,10 +388,14 @@ def test_a_kernel_change_is_noticed_once_as_the_cause_of_the_failures():
     changed = [{"label": "torch/float32", "kinds": ["witness"], "first": "witness"},
                {"label": "torch/bfloat16", "kinds": ["witness"], "first": "witness"},
                {"label": "torch/float32", "kinds": ["witness"], "first": "witness"}]  # two workers said it
-    v = run_verdict({"provenance": {"kernel_probe": {"changed": changed}}}, failed_tests=13)
+    provenance = {"kernel_probe": {"changed": changed}}
+    assert [(c.label, c.kinds) for c in result_of(provenance).kernel_changes] == [
+        (c["label"], c["kinds"]) for c in changed]  # the part of the provenance the verdict reads, typed
+    v = run_verdict(result_of(provenance), failed_tests=13)
     (part,) = [p for p in v.parts if p.name == KERNELS]
     assert part.passed is None and part.reasons == () and len(part.notices) == 1
     assert part.notices[0].startswith("the target's kernels changed since the cache was made: torch/float32 "
                                       "(witness), torch/bfloat16 (witness), named below; nothing they made was used")
     assert v.passed is False and v.reasons == ["13 tests failed"]  # the failures stay the live kernels' own
-    assert KERNELS not in {p.name for p in run_verdict({"provenance": {"kernel_probe": {"changed": []}}}).parts}
+    none = result_of({"kernel_probe": {"changed": []}})
+    assert KERNELS not in {p.name for p in run_verdict(none).parts}

@@ -16,6 +16,7 @@ import pytest
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.metrics.verdict import speedup_floor_reason
 from dflash_eval.session.eval_result import speedup_summary
+from dflash_eval.session.run_result import Speedup
 
 NO_FLOOR = ("no --speedup-floor: the predicted speed-up on this device is reported (eval.md, eval.json's speedup), "
             "not gated")
@@ -38,7 +39,7 @@ def test_predicted_speedup(tau_results, eval_session, testcase_property) -> None
     testcase_property("device", block["device"])
     if block["floor"] is None:
         pytest.skip(NO_FLOOR)
-    reason = speedup_floor_reason(block)
+    reason = speedup_floor_reason(Speedup.from_dict(block))
     costs = block["costs"]
     detail = (f"; plain step {1e3 * costs['step']:.2f} ms, round {1e3 * chain['round_s']:.2f} ms (parts: "
               + ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in chain["parts"].items())

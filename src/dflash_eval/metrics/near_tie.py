@@ -173,12 +173,12 @@ def _text(decode: Callable[[int], str] | None, token: int) -> str:
         return ""
 
 
-def near_tie_notices(rows: list[dict[str, Any]], limit: int | None = NAMED) -> list[str]:
-    """What a verdict says of eval.json's ``near_ties`` ``rows`` (not failures; the tokens after each not compared),
-    golden completions first: ``near tie: <prompt> ...`` for each completion that left its golden record (at most
-    ``limit``, then how many more); the completions that left their own teacher-forced argmax (the decode and the
-    prefill path parting at a tie, common in bf16) one by one when few, else on one line naming the prompts."""
-    ties = [Divergence.from_dict(d) for d in rows]
+def near_tie_notices(ties: Sequence[Divergence], limit: int | None = NAMED) -> list[str]:
+    """What a verdict says of a run's near ``ties`` (eval.json's ``near_ties``; not failures, the tokens after each
+    not compared), golden completions first: ``near tie: <prompt> ...`` for each completion that left its golden
+    record (at most ``limit``, then how many more); the completions that left their own teacher-forced argmax (the
+    decode and the prefill path parting at a tie, common in bf16) one by one when few, else on one line naming the
+    prompts."""
     golden = [d for d in ties if d.against != "teacher-forced"]
     forced = [d for d in ties if d.against == "teacher-forced"]
     shown = golden if limit is None else golden[:limit]

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from dflash_eval.metrics.verdict import DRIFT_GATE, FLOORS, stored_verdict
+from dflash_eval.session.run_result import RunResult
 
 __all__ = ["junit_properties", "add_junit_properties", "testcase_property", "testcase_properties_allowed"]
 
@@ -46,7 +47,7 @@ def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
                                             f"{_round(tie.get('margin'))} < band {tie['band']:g} ({tie['dtype']})")
     if "mean_tau" not in data:
         return near
-    verdict = stored_verdict(data)
+    verdict = stored_verdict(RunResult.from_dict(data))
     prompts = data.get("prompts", {})
     failed = [p for p, r in prompts.items() if r.get("passed") is False]
     out: dict[str, Any] = {"dflash_eval.mean_tau": _round(data.get("mean_tau")),

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pytest
 
 from dflash_eval import report
-from dflash_eval.errors import DFlashEvalError, PluginError
-from dflash_eval.metrics.verdict import reports_part, run_fails, run_verdict
+from dflash_eval.errors import DFlashEvalError, EvalError, PluginError
+from dflash_eval.metrics.verdict import compose, reports_part, run_fails, run_verdict
 from dflash_eval.pytest_plugin.junit import add_junit_properties
 from dflash_eval.pytest_plugin.state import (
     FRAGMENTS,
@@ -27,6 +27,7 @@ from dflash_eval.pytest_plugin.state import (
     is_controller,
 )
 from dflash_eval.report.run_end import measured, terminal_section
+from dflash_eval.session.run_result import RunResult
 from dflash_eval.training_loop.plugins import result_ready
 
 if TYPE_CHECKING:  # imports torch: kept out of the plugin's own import
@@ -100,8 +101,19 @@ def write_run_reports(config: pytest.Config, *, failed_tests: int, exitstatus: i
         if is_controller(config):
             merged = config.stash.setdefault(MERGED, {})
             if merged:  # the verdict the terminal prints: the run's, failed by its reports
-                merged["verdict"] = run_verdict(merged, failed_tests=failed_tests, exitstatus=exitstatus).with_parts(
-                    reports_part()).to_dict()
+                run = _typed(merged)
+                verdict = compose() if run is None else run_verdict(run, failed_tests=failed_tests,
+                                                                    exitstatus=exitstatus)
+                merged["verdict"] = verdict.with_parts(reports_part()).to_dict()
+
+
+def _typed(data: dict[str, Any]) -> RunResult | None:
+    """The merged data read as the run's result; None when it cannot be (the reports failed on it: the run fails
+    without a verdict of its parts)."""
+    try:
+        return RunResult.from_dict(data)
+    except EvalError:
+        return None
 
 
 def _result_ready(config: pytest.Config, settings: EvalSettings, data: dict[str, Any]) -> bool:
@@ -129,7 +141,8 @@ def fail_a_refused_run(session: pytest.Session) -> None:
 
     stash = session.config.stash
     broken = bool(stash.get(REJECTED, None)) or REPORT_FAILED in stash
-    if run_fails(stash.get(MERGED, None), broken=broken) and session.exitstatus == pytest.ExitCode.OK:
+    data = stash.get(MERGED, None)
+    if run_fails(_typed(data) if data else None, broken=broken) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

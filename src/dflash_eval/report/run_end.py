@@ -12,6 +12,7 @@ from typing import Any
 from dflash_eval.metrics.verdict import refused
 from dflash_eval.report.render import TERMINAL_ROWS_SHOWN, render_terminal
 from dflash_eval.report.summary import verdict_lines
+from dflash_eval.session.blocks import DrafterBlock
 from dflash_eval.session.run_result import RunResult
 
 __all__ = ["measured", "TerminalSection", "terminal_section"]
@@ -21,7 +22,8 @@ def measured(fragments: list[dict[str, Any]]) -> bool:
     """Whether any process measured something to report: τ, drift, a fingerprint, a registered measurement, a near
     tie of the target, or a refused drafter."""
     return any("prompts" in f or "drift" in f or "fingerprint" in f or "measurements" in f or "near_ties" in f
-               or refused(f) for f in fragments)
+               or bool("drafter" in f and f["drafter"] and refused(DrafterBlock.from_dict(f["drafter"])))
+               for f in fragments)
 
 
 @dataclass

@@ -96,7 +96,8 @@ def finish(data: dict[str, Any], settings: EvalSettings, *, failed_tests: int = 
         path = golden.update_floors(data, settings)
         judge_run(data, load_floors(path, mean_override=settings.tau_floor, prompt_override=settings.tau_floor_prompt))
         msgs.append(f"τ floors written to {settings.floors_file} (measured - {settings.tau_margin})")
-    data["verdict"] = run_verdict(data, failed_tests=failed_tests, exitstatus=exitstatus).to_dict()
+    run = RunResult.from_dict(data)  # the verdict reads the typed result
+    data["verdict"] = run_verdict(run, failed_tests=failed_tests, exitstatus=exitstatus).to_dict()
     if settings.update_fingerprints and data.get("fingerprint"):
         fp = golden.update_fingerprint(data["fingerprint"], settings.golden_dir)
         msgs.append(f"feature fingerprint written to {fp}")

@@ -28,6 +28,7 @@ from dflash_eval.metrics.speedup import speedup_block
 from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
 from dflash_eval.metrics.tau_result import TauResult, macro_tau
 from dflash_eval.metrics.verdict import (
+    SpeedupCheck,
     Verdict,
     checkpoint_verdict,
     judge_categories,
@@ -47,6 +48,7 @@ from dflash_eval.session.blocks import (
     Refusal,
 )
 from dflash_eval.session.rows import CategoryRow, ConversationRow, PromptRow, Row, TurnRow, rows_from_dict, rows_to_dict
+from dflash_eval.session.run_result import Speedup
 from dflash_eval.target.kernel_cache import KernelCacheDir
 from dflash_eval.target.provenance import provenance
 
@@ -95,9 +97,10 @@ class TauSummary:
                    None, rows_from_dict(ConversationRow, data.get("conversations", {})),
                    rows_from_dict(TurnRow, data.get("turns", {})))
 
-    def verdict(self, floors: Floors, *, floors_required: bool = True, speedup: JsonBlock | None = None) -> Verdict:
+    def verdict(self, floors: Floors, *, floors_required: bool = True,
+                speedup: SpeedupCheck | None = None) -> Verdict:
         """The checkpoint's verdict: this τ against ``floors`` and the baseline, and the predicted speed-up
-        (``speedup``: eval.json's block) against ``--speedup-floor``
+        (``speedup``: the result's :class:`~dflash_eval.session.run_result.Speedup`) against ``--speedup-floor``
         (:func:`dflash_eval.metrics.verdict.checkpoint_verdict`; ``floors_required`` False: the floors unjudged, not
         failed, when there are none)."""
         means = mean_thresholds(self.mean_tau, self.mean_ddtree, floors)
@@ -308,7 +311,7 @@ def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> JsonBlock:
                                       for p, r in tau.prompts.items()})
     block = speedup_block(costs, chain, ddtree, floor=ev.settings.speedup_floor, cached=cached,
                           pooled={"chain": pooled, **{f"ddtree-{b}": v for b, v in pooled_dd.items()}})
-    part = speedup_floor_part(block)  # the floor's verdict, kept beside the prediction
+    part = speedup_floor_part(Speedup.from_dict(block))  # the floor's verdict, kept beside the prediction
     block["passed"] = None if part is None else part.passed
     return block
 

@@ -215,7 +215,8 @@ class EvalSession:
         (:func:`~dflash_eval.metrics.verdict.no_acceptance_fails` of :meth:`tau_summary`): judged once, for every τ
         test that asks."""
         if self._accepts_nothing is None:
-            self._accepts_nothing = no_acceptance_fails(self.tau_summary().to_dict())
+            summary = self.tau_summary()
+            self._accepts_nothing = no_acceptance_fails(summary.prompts, summary)
         return self._accepts_nothing
 
     def reference_tau(self) -> ReferenceTau | None:

@@ -78,6 +78,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from dflash_eval.common.progress import Compilation
+from dflash_eval.errors import ResultKeyError
 from dflash_eval.metrics.acceptance_rates import TAU_DEFINITIONS, pooled_means
 from dflash_eval.metrics.sampled_ci import sampled_summary
 from dflash_eval.metrics.stats import (
@@ -87,10 +88,14 @@ from dflash_eval.metrics.stats import (
     turn_table,
 )
 from dflash_eval.metrics.verdict import diagnoses, judge_categories, mean_passed
+from dflash_eval.session.blocks import DrafterBlock, Refusal
+from dflash_eval.session.rows import PromptRow, rows_from_dict
+from dflash_eval.session.run_result import SCHEMA, TauMeans
 
 __all__ = ["SCHEMA", "merge"]
 
-SCHEMA = 1
+#: The τ means the τ tests write, read together as the result's :class:`TauMeans` with the pooled means.
+_MEANS = ("mean_tau", "mean_floor", "mean_ddtree", "mean_ddtree_floor")
 
 
 def _kernel_probes(fragments: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -176,7 +181,7 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
         prompts.update(f.get("prompts", {}))
     order = [p for f in fragments for p in f.get("prompts", {})]
     out["prompts"] = {p: prompts[p] for p in dict.fromkeys(order)}
-    for key in ("mean_tau", "mean_floor", "mean_ddtree", "mean_ddtree_floor"):
+    for key in _MEANS:
         for f in fragments:
             if key in f:
                 out[key] = f[key]
@@ -184,12 +189,17 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
     refusal = next((f["drafter"]["refused"] for f in fragments if (f.get("drafter") or {}).get("refused")), None)
     if refusal:  # the first fragment may come from a process that never needed the drafter
         out["drafter"] = {**out.get("drafter", {}), "refused": refusal}
-    if "mean_tau" in out or refusal:
-        out["mean_passed"] = mean_passed(out)  # the verdict's: a refused drafter never passes
+    means = None
     if "mean_tau" in out:
         # the other τ of the same rounds: pooled over every round (mean_tau and mean_ddtree are macro means)
-        out["mean_tau_pooled"], out["mean_ddtree_pooled"] = pooled_means(out["prompts"])
-        out["tau_definitions"] = dict(TAU_DEFINITIONS)
+        pooled, pooled_ddtree = pooled_means(out["prompts"])
+        means = TauMeans.from_dict({**{k: out[k] for k in _MEANS}, "mean_tau_pooled": pooled,
+                                    "mean_ddtree_pooled": pooled_ddtree, "tau_definitions": dict(TAU_DEFINITIONS)})
+    if means is not None or refusal:  # the verdict's: a refused drafter never passes
+        out["mean_passed"] = mean_passed([Refusal.from_dict(r) for r in refusal or []], means)
+    if means is not None:
+        out["mean_tau_pooled"], out["mean_ddtree_pooled"] = means.mean_tau_pooled, means.mean_ddtree_pooled
+        out["tau_definitions"] = means.tau_definitions
     cats = next((f["categories"] for f in fragments if f.get("categories")), None)
     if cats is None and out["prompts"]:
         cats = category_table(out["prompts"])
@@ -224,7 +234,12 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
     out["tests"] = {"counts": dict(Counter(oc.values())), "outcomes": oc, "skipped": dict(skipped or {})}
     if skipped:
         out["not_checked"] = not_checked(skipped)
-    named = diagnoses(out)
+    try:  # the merged rows and drafter, read as the result's typed rows: the verdict reads nothing else
+        rows = rows_from_dict(PromptRow, out["prompts"])
+    except ResultKeyError as exc:
+        raise exc.under("prompts") from None
+    drafter = DrafterBlock.from_dict(out["drafter"]) if out.get("drafter") else None
+    named = diagnoses(rows, means, drafter)
     if named:
         out["diagnoses"] = named
     return out

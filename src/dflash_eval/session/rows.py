@@ -154,8 +154,14 @@ def rows_to_dict(rows: Mapping[str, Row]) -> dict[str, dict[str, Any]]:
 
 
 def rows_from_dict(cls: type[R], data: Mapping[str, Mapping[str, Any]]) -> dict[str, R]:
-    """``{key: cls.from_dict(row)}`` in the data's order."""
-    return {k: cls.from_dict(v) for k, v in data.items()}
+    """``{key: cls.from_dict(row)}`` in the data's order (ResultKeyError names the row's key)."""
+    out = {}
+    for k, v in data.items():
+        try:
+            out[k] = cls.from_dict(v)
+        except ResultKeyError as exc:
+            raise exc.under(str(k)) from None
+    return out
 
 
 @dataclass

@@ -46,7 +46,6 @@ from dflash_eval.session.blocks import (
     LoopModel,
     SampledBlock,
 )
-from dflash_eval.session.merge import SCHEMA
 from dflash_eval.session.rows import (
     CategoryRow,
     ConversationRow,
@@ -58,8 +57,10 @@ from dflash_eval.session.rows import (
 )
 
 __all__ = ["RunResult", "TauMeans", "Speedup", "PooledSpeed", "Timings", "Compile", "KernelCache", "Tests",
-           "NotChecked", "Rejection",
-           "TOP_LEVEL_KEYS"]
+           "NotChecked", "Rejection", "ChangedKernel", "TOP_LEVEL_KEYS", "SCHEMA"]
+
+#: eval.json's schema version (docs/reference.md; :mod:`dflash_eval.session.merge` writes it).
+SCHEMA = 1
 
 #: eval.json's top-level keys, in the order the merge writes them (``rejected`` and ``verdict``, which the run's end
 #: adds, last; a plugin's keys go before them).
@@ -191,6 +192,16 @@ class Rejection(Row):
 
 
 @dataclass(frozen=True)
+class ChangedKernel:
+    """A kernel whose output changed since the cache was made, as the verdict names it: its label and the kinds of
+    kernel that moved (one of ``provenance.kernel_probe.changed``, whose other fields the target's kernel probe and
+    the witness own)."""
+
+    label: str
+    kinds: list[str]
+
+
+@dataclass(frozen=True)
 class RunResult:
     """A run's result (module docstring); a field is None where eval.json has no such key."""
 
@@ -254,7 +265,14 @@ class RunResult:
         """The run's verdict as the result holds it (composed once, when the run ended); a result of an earlier
         version without one is judged now from its tests' outcomes
         (:func:`dflash_eval.metrics.verdict.stored_verdict`)."""
-        return self.verdict if self.verdict is not None else stored_verdict(self.to_dict())
+        return stored_verdict(self)
+
+    @property
+    def kernel_changes(self) -> list[ChangedKernel]:
+        """The kernels the provenance's kernel probe (or the witness) found changed since the cache was made (empty:
+        none; the provenance is kept as eval.json holds it, this is the part of it the verdict reads)."""
+        probe = (self.provenance or {}).get("kernel_probe") or {}
+        return [ChangedKernel(c.get("label", "?"), list(c.get("kinds") or [])) for c in probe.get("changed") or []]
 
     def to_dict(self) -> dict[str, Any]:
         """eval.json's data: each key the result holds, in the merge's order, a plugin's keys before ``rejected`` and

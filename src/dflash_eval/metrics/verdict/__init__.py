@@ -8,8 +8,10 @@ all ask this package.
 - :mod:`.core`: :class:`Part`, :class:`Verdict`, :func:`compose`, the part names, the gate's aggregate.
 - :mod:`.tau_rules`: a checkpoint's verdict (τ against its floors, ``--baseline``, ``--speedup-floor``; the gate's
   table, gate.json, the training history and its trackers) and the judged fields of eval.json's τ rows.
-- :mod:`.run`: a test run's verdict from eval.json's data (:data:`RUN_PARTS`), stored in eval.json's ``verdict``
-  and read back by :func:`stored_verdict`; the named causes of a failing run (:func:`diagnoses`).
+- :mod:`.run`: a test run's verdict from its typed result (:data:`RUN_PARTS`; :class:`JudgedRun` says what it
+  reads, :class:`~dflash_eval.session.run_result.RunResult` is one), stored in eval.json's ``verdict`` and read
+  back by :func:`stored_verdict`; the named causes of a failing run (:func:`diagnoses`). The verdict reads typed
+  values only, never eval.json's dict: the protocols say what it reads, the session's rows are what it is given.
 
 Every public name is importable from here (``from dflash_eval.metrics.verdict import compose``).
 """
@@ -71,7 +73,12 @@ from dflash_eval.metrics.verdict.rules import (
 from dflash_eval.metrics.verdict.run import (
     EXIT_PARTS,
     RUN_PARTS,
+    GateRow,
+    JudgedRun,
+    KernelChange,
+    PluginRejection,
     RunPart,
+    TestCounts,
     diagnoses,
     gate_outcome,
     no_acceptance_fails,
@@ -83,7 +90,13 @@ from dflash_eval.metrics.verdict.run import (
 )
 from dflash_eval.metrics.verdict.tau_rules import (
     BaselineCheck,
+    JudgedMeans,
     JudgedPrompt,
+    JudgedRow,
+    NamedLoop,
+    RefusalCheck,
+    RefusedDrafter,
+    SpeedupCheck,
     baseline_failures,
     baseline_part,
     baseline_reasons,
@@ -122,4 +135,6 @@ __all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresho
            "plateau_part", "checkpoint_verdict", "record_verdict", "tau_verdict", "PASS", "FAIL", "INCONCLUSIVE",
            "drift_outcome", "row_outcome", "gate_outcome", "RunPart", "RUN_PARTS", "run_verdict", "reports_part",
            "stored_verdict", "run_fails", "EXIT_PARTS", "against", "within_estimate", "in_ci", "drift_holds",
-           "tau_agrees", "is_near_tie", "fit_within", "stat_moved", "sketch_changed", "within_bound"]
+           "tau_agrees", "is_near_tie", "fit_within", "stat_moved", "sketch_changed", "within_bound", "JudgedRun",
+           "KernelChange", "PluginRejection", "TestCounts", "JudgedMeans", "JudgedRow", "NamedLoop", "RefusalCheck",
+           "RefusedDrafter", "SpeedupCheck", "GateRow"]

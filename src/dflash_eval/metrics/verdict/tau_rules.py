@@ -11,11 +11,12 @@ run, a merge of xdist workers and a report re-judged against rewritten floors.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from dflash_eval.common.number_text import ci_text, ends, fmt, is_number
 from dflash_eval.metrics.floors import Floors
+from dflash_eval.metrics.speedup import Prediction
 from dflash_eval.metrics.stats import category_table, ddtree_budgets
 from dflash_eval.metrics.verdict.core import (
     BASELINE,
@@ -44,7 +45,8 @@ __all__ = ["prompt_threshold", "prompt_thresholds", "mean_thresholds", "category
            "gate_reasons", "BaselineCheck", "baseline_reasons", "baseline_failures", "baseline_part", "vacuous_floors",
            "floors_part",
            "speedup_floor_reason", "speedup_floor_part", "regression_part", "plateau_part", "checkpoint_verdict",
-           "record_verdict", "tau_verdict"]
+           "record_verdict", "tau_verdict", "RefusalCheck", "RefusedDrafter", "JudgedMeans", "NamedLoop",
+           "SpeedupCheck", "JudgedRow"]
 
 #: A τ as eval.json's rows hold it: a category may lack a budget's τ (None).
 _Tau = TypeVar("_Tau", bound=float | None)
@@ -100,22 +102,56 @@ def judge_mean(data: dict[str, Any], floors: Floors) -> None:
     data["mean_passed"] = all(t.passed for t in ts)
 
 
-def refused(data: dict[str, Any]) -> list[dict[str, str]]:
-    """The architecture checks that refused the drafter, from eval.json data (``drafter.refused``; empty: none)."""
-    return list((data.get("drafter") or {}).get("refused") or [])
+class RefusalCheck(Protocol):
+    """An architecture check that refused the drafter (:class:`~dflash_eval.session.blocks.Refusal`)."""
+
+    @property
+    def check(self) -> str: ...
+    @property
+    def message(self) -> str: ...
 
 
-def mean_passed(data: dict[str, Any]) -> bool:
-    """The mean's verdict (eval.json's ``mean_passed``): its floors pass (:func:`mean_floors_pass`) and the drafter
-    was not refused by an architecture check (:func:`refused`: a refused drafter never passes)."""
-    return not refused(data) and mean_floors_pass(data)
+class RefusedDrafter(Protocol):
+    """What the verdict reads of the drafter evaluated (:class:`~dflash_eval.session.blocks.DrafterBlock`): its path
+    and the checks that refused it (None: none)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def refused(self) -> Sequence[RefusalCheck] | None: ...
 
 
-def mean_floors_pass(data: dict[str, Any]) -> bool:
-    """The mean τ against the floors recorded in eval.json data (``mean_floor``, ``mean_ddtree_floor``)."""
-    fl = data.get("mean_ddtree_floor", {})
-    return passes(data.get("mean_tau"), data.get("mean_floor")) and all(
-        passes(v, fl.get(b)) for b, v in data.get("mean_ddtree", {}).items())
+class JudgedMeans(Protocol):
+    """The run's macro mean τ, chain and per DDTree budget, and the floors recorded beside them
+    (:class:`~dflash_eval.session.run_result.TauMeans`, :class:`~dflash_eval.session.eval_result.TauSummary`)."""
+
+    @property
+    def mean_tau(self) -> float | None: ...
+    @property
+    def mean_floor(self) -> float | None: ...
+    @property
+    def mean_ddtree(self) -> Mapping[str, float | None]: ...
+    @property
+    def mean_ddtree_floor(self) -> Mapping[str, float | None]: ...
+
+
+def refused(drafter: RefusedDrafter | None) -> list[RefusalCheck]:
+    """The architecture checks that refused the drafter (eval.json's ``drafter.refused``; empty: none)."""
+    return [] if drafter is None else list(drafter.refused or [])
+
+
+def mean_passed(refusals: Sequence[RefusalCheck], means: JudgedMeans | None) -> bool:
+    """The mean's verdict (eval.json's ``mean_passed``): its floors pass (:func:`mean_floors_pass`; no τ measured:
+    nothing passes) and the drafter was not refused by an architecture check (``refusals``, :func:`refused`: a
+    refused drafter never passes)."""
+    return not refusals and means is not None and mean_floors_pass(means)
+
+
+def mean_floors_pass(means: JudgedMeans) -> bool:
+    """The mean τ against the floors recorded beside it (a budget without a floor fails)."""
+    floors = means.mean_ddtree_floor
+    return passes(means.mean_tau, means.mean_floor) and all(
+        passes(v, floors[b] if b in floors else None) for b, v in means.mean_ddtree.items())
 
 
 def judge_categories(categories: dict[str, dict[str, Any]], floors: Floors | None, budgets: list[str]) -> None:
@@ -259,28 +295,52 @@ def _x(v: object) -> str:
     return f"{fmt(v, 2)}x" if is_number(v) else fmt(v)
 
 
-def speedup_floor_reason(block: Mapping[str, Any]) -> str | None:
-    """Why the server-style loop's predicted chain speed-up fails ``--speedup-floor`` (eval.json's ``speedup`` block:
-    ``floor`` and ``strategies.chain.speedup``); None when it passes or no floor was given. The floor is judged like a
-    τ floor (:func:`passes`: a missing or NaN speed-up fails)."""
-    floor = block.get("floor")
+class NamedLoop(Protocol):
+    """What a prediction's loop is called (:class:`~dflash_eval.session.blocks.LoopModel`)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class SpeedupCheck(Protocol):
+    """What the speed-up floor reads of the predicted speed-up (:class:`~dflash_eval.session.run_result.Speedup`,
+    eval.json's ``speedup``): the floor, each strategy's prediction, the loops' names, where it was predicted."""
+
+    @property
+    def floor(self) -> float | None: ...
+    @property
+    def strategies(self) -> Mapping[str, Prediction]: ...
+    @property
+    def models(self) -> Mapping[str, NamedLoop]: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def context_len(self) -> int: ...
+
+
+def speedup_floor_reason(block: SpeedupCheck) -> str | None:
+    """Why the server-style loop's predicted chain speed-up fails ``--speedup-floor`` (``floor`` and the chain
+    strategy's ``speedup``); None when it passes or no floor was given. The floor is judged like a τ floor
+    (:func:`passes`: a missing or NaN speed-up fails)."""
+    floor = block.floor
     if floor is None:
         return None
-    chain = (block.get("strategies") or {}).get("chain") or {}
-    value = chain.get("speedup")
+    chain = block.strategies["chain"] if "chain" in block.strategies else None
+    value = None if chain is None else chain.speedup
     if passes(value, floor):
         return None
-    lo, hi = ends(chain.get("speedup_ci"))
-    loop = ((block.get("models") or {}).get("server") or {}).get("name", "server-style loop")
+    lo, hi = ends(None if chain is None else chain.speedup_ci)
+    loop = block.models["server"].name if "server" in block.models else "server-style loop"
     return (f"predicted chain speed-up {_x(value)} ({loop}; 95 % CI {ci_text(lo, hi, 2, unit='x', brackets=True)} "
-            f"from τ's) < --speedup-floor {floor:g} on {block.get('device', '?')} ({block.get('dtype', '?')}, context "
-            f"{block.get('context_len')})")
+            f"from τ's) < --speedup-floor {floor:g} on {block.device} ({block.dtype}, context {block.context_len})")
 
 
-def speedup_floor_part(block: Mapping[str, Any] | None) -> Part | None:
-    """The predicted chain speed-up against ``--speedup-floor`` (eval.json's ``speedup`` block; None without a
-    block or a floor): :func:`speedup_floor_reason` fails it."""
-    if not block or block.get("floor") is None:
+def speedup_floor_part(block: SpeedupCheck | None) -> Part | None:
+    """The predicted chain speed-up against ``--speedup-floor`` (None without a prediction or a floor):
+    :func:`speedup_floor_reason` fails it."""
+    if block is None or block.floor is None:
         return None
     reason = speedup_floor_reason(block)
     return reasons_part(SPEEDUP_FLOOR, [reason] if reason else [])
@@ -298,11 +358,11 @@ def plateau_part(plateau: str | None) -> Part | None:
 
 
 def checkpoint_verdict(prompts: Mapping[str, JudgedPrompt], means: list[Threshold], floors: Floors,
-                       baseline: BaselineCheck | None, *, speedup: Mapping[str, Any] | None = None,
+                       baseline: BaselineCheck | None, *, speedup: SpeedupCheck | None = None,
                        floors_required: bool = True) -> Verdict:
     """A checkpoint's verdict (the gate's, the training history's): its τ against its floors (:func:`floors_part`),
     against ``--baseline`` (:func:`baseline_part`) and its predicted speed-up against ``--speedup-floor``
-    (:func:`speedup_floor_part`, from eval.json's ``speedup`` block). The verdicts across training steps join it
+    (:func:`speedup_floor_part`). The verdicts across training steps join it
     later (:meth:`Verdict.with_parts`: :func:`regression_part`, :func:`plateau_part`)."""
     return compose(floors_part(prompts, means, floors, floors_required=floors_required), baseline_part(baseline),
                    speedup_floor_part(speedup))
@@ -315,14 +375,20 @@ def record_verdict(passed: bool | None, reasons: list[str], regression: str | No
                    regression_part(regression), plateau_part(plateau))
 
 
-def tau_verdict(data: dict[str, Any]) -> bool | None:
-    """τ of eval.json data against its floors: the mean and every gated prompt and category pass (None: τ was not
-    measured)."""
-    if "mean_tau" not in data:
+class JudgedRow(Protocol):
+    """A judged row's verdict (a category's, :class:`~dflash_eval.session.rows.CategoryRow`; None: not gated)."""
+
+    @property
+    def passed(self) -> bool | None: ...
+
+
+def tau_verdict(measured: bool, mean: bool | None, prompts: Mapping[str, JudgedRow],
+                categories: Mapping[str, JudgedRow] | None) -> bool | None:
+    """τ of a run against its floors: the mean (``mean``: eval.json's ``mean_passed``) and every gated prompt and
+    category pass (None: τ was not ``measured``)."""
+    if not measured:
         return None
-    prompts = data.get("prompts", {})
-    cats = data.get("categories") or {}
-    return bool(data.get("mean_passed")) and not any(r.get("passed") is False for r in prompts.values()) \
-        and not any(r.get("passed") is False for r in cats.values())
+    return bool(mean) and not any(r.passed is False for r in prompts.values()) \
+        and not any(r.passed is False for r in (categories or {}).values())
 
 
