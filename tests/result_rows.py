@@ -68,12 +68,30 @@ def prediction(**fields: Any) -> dict[str, Any]:
             **fields}
 
 
+def costs_block(**fields: Any) -> dict[str, Any]:
+    """eval.json's ``speedup.costs`` with ``fields`` (the others: a CPU, a step of 10 ms, a round of 20 ms's parts,
+    no tree, the recompute loop's parts not timed)."""
+    return {"device": "cpu", "device_kind": "cpu", "dtype": "float32", "backend": "torch", "threads": 1,
+            "context_len": 64, "block_size": 8, "repeats": 3, "warmup": 1, "step": 0.01, "draft": 0.005,
+            "build": 0.001, "verify": 0.012, "accept": 0.001, "commit": [0.001, 0.002], "tree_build": {},
+            "tree_verify": {}, "tree_accept": {}, "draft_full": None, "snapshot": None, "project": [None, None],
+            "forward_2": None, "forward_b": None, "spread": {}, "seconds": 0.5, **fields}
+
+
 def speedup_block(**fields: Any) -> dict[str, Any]:
     """eval.json's ``speedup`` with ``fields`` (the others: a CPU, plain decoding at 100 tokens/s, no strategy)."""
     return {"device": "cpu", "device_kind": "cpu", "dtype": "float32", "backend": "torch", "threads": 1,
-            "context_len": 64, "block_size": 8, "plain_tokens_per_s": 100.0, "costs": {}, "cached": False,
+            "context_len": 64, "block_size": 8, "plain_tokens_per_s": 100.0, "costs": costs_block(), "cached": False,
             "strategies": {}, "best": None, "near_best": [], "best_budget": None, "loop": {}, "pooled": {},
             "models": {}, "assumptions": [], "floor": None, "passed": None, **fields}
+
+
+def kernel_change(label: str, **fields: Any) -> dict[str, Any]:
+    """One of eval.json's ``provenance.kernel_probe.changed`` with ``fields`` (the others: the witness's, on the
+    torch backend in float32)."""
+    return {"label": label, "backend": "torch", "dtype": "float32", "was": "a", "now": "b", "kernels": ["witness"],
+            "first": "witness", "kinds": ["witness"], "what": "features", "message": f"{label} changed",
+            "witness": {}, **fields}
 
 
 def judged_run(**fields: Any) -> SimpleNamespace:

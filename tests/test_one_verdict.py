@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from result_rows import prediction, speedup_block
+from result_rows import costs_block, prediction, speedup_block
 from test_run_summary import budget
 
 from dflash_eval import report
@@ -184,7 +184,7 @@ def _run(tau: float) -> dict:
                          "mean_diff": 0.0, "ci95": [0.0, 0.0], "ci_method": "t", "rel_change": 0.0, "drop_tol": 0.02,
                          "rise_tol": 0.25, "drop_passed": True, "rise_passed": True, "prompts": {}},
             **budget("pass"),
-            "speedup": speedup_block(floor=1.0, passed=True, best="chain", costs={"repeats": 3, "step": 0.01},
+            "speedup": speedup_block(floor=1.0, passed=True, best="chain", costs=costs_block(),
                                      strategies={"chain": prediction(tau=tau, tau_ci=[tau, tau], speedup_ci=[1.8, 2.2],
                                                                      tokens_per_s_ci=[180.0, 220.0])})}
     return report.merge([frag], outcomes={"t.py::test_tau[p0]": "passed"})

@@ -115,7 +115,7 @@ def fragment() -> dict[str, Any]:
     return {
         "worker": "gw0", "settings": {"max_new_tokens": 8}, "timings": {"tau": 1.5}, "counts": {"prompts": 2},
         "cache": {"hits": 1}, "errors": ["e"], "spans": [["tau", 0.0, 1.5]], "sglang": {"url": "http://h"},
-        "target": {"path": "/t"}, "provenance": {"backend": "torch"},
+        "target": {"path": "/t", "identity": "i"}, "provenance": {"backend": "torch"},
         "drafter": {"path": "/d", "fingerprint": "f", "config": {"block_size": 4},
                     "refused": [{"check": "vocab", "message": "m"}], "reference": {"path": "/r"}, "step": 3},
         "context": {"target": "i"},

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from result_rows import prediction
+from result_rows import kernel_change, prediction
 
 from dflash_eval.errors import EvalError
 from dflash_eval.metrics.drift_checks import Direction, DriftStat, GateCheck
@@ -24,7 +24,8 @@ from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.speedup import Prediction
 from dflash_eval.metrics.verdict import Part, Verdict
 from dflash_eval.report.strict_json import dumps_strict
-from dflash_eval.session.rows import CategoryRow, PromptRow, ResultKeyError, Stat
+from dflash_eval.session.rows import ABSENT, CategoryRow, PromptRow, ResultKeyError, Stat
+from dflash_eval.session.run_blocks import ContextBlock, KernelProbeBlock, TargetBlock
 from dflash_eval.session.run_result import TOP_LEVEL_KEYS, RunResult
 
 # (what is changed, the change, the error's words)
@@ -66,7 +67,32 @@ MUTATIONS = [
     ("the timings' unknown key", lambda d: d["timings"].__setitem__("colour", 1), "unknown key 'timings.colour'"),
     ("a missing top-level key", lambda d: d.pop("tests"), "missing key 'tests'"),
     ("a missing τ mean", lambda d: d.pop("mean_floor"), "missing key 'mean_floor'"),
+    ("the round costs' unknown key", lambda d: d["speedup"]["costs"].__setitem__("colour", 1),
+     "unknown key 'speedup.costs.colour'"),
+    ("the round costs' missing key", lambda d: d["speedup"]["costs"].pop("forward_b"),
+     "missing key 'speedup.costs.forward_b'"),
+    ("the target's unknown key", lambda d: d["target"].__setitem__("colour", 1), "unknown key 'target.colour'"),
+    ("the target's missing identity", lambda d: d["target"].pop("identity"), "missing key 'target.identity'"),
+    ("the target's loaded held as null", lambda d: d["target"].__setitem__("loaded", None),
+     "unknown key 'target.loaded'"),
+    ("the context's unknown key", lambda d: d["context"].__setitem__("colour", 1), "unknown key 'context.colour'"),
+    ("the provenance's unknown key", lambda d: d["provenance"].__setitem__("colour", 1),
+     "unknown key 'provenance.colour'"),
+    ("the git state's missing key", lambda d: d["provenance"].__setitem__("git", {"commit": "0" * 40}),
+     "missing key 'provenance.git.dirty'"),
+    ("the kernel probe's unknown key", lambda d: d["provenance"]["kernel_probe"].__setitem__("colour", 1),
+     "unknown key 'provenance.kernel_probe.colour'"),
+    ("a kernel change's unknown key",
+     lambda d: d["provenance"]["kernel_probe"].__setitem__("changed", [{**kernel_change("t"), "colour": 1}]),
+     "unknown key 'provenance.kernel_probe.changed[0].colour'"),
+    ("a kernel change's missing key",
+     lambda d: d["provenance"]["kernel_probe"].__setitem__("changed", [_without(kernel_change("t"), "message")]),
+     "missing key 'provenance.kernel_probe.changed[0].message'"),
 ]
+
+
+def _without(d: dict, key: str) -> dict:
+    return {k: v for k, v in d.items() if k != key}
 
 
 #: A near tie as eval.json holds it (the bundled run has none: planted).
@@ -155,6 +181,27 @@ def test_a_record_that_reads_itself_refuses_unknown_and_missing_keys(cls, d):
     last = list(d)[-1]
     with pytest.raises(ResultKeyError, match=f"missing key '{last}'"):
         cls.from_dict({k: v for k, v in d.items() if k != last})
+
+
+def test_a_block_tells_a_missing_key_from_a_null_one():
+    """A field that may be absent or null (the target's shape, the context's ``max_blocks``) is ABSENT where the key
+    is missing and None where it is null, and is written back as it was read; an optional member held as null is a
+    key the block does not write."""
+    unloaded = {"path": "/t", "identity": None, "num_layers": None, "dtype": "float32"}
+    target = TargetBlock.from_dict(unloaded)
+    assert target.identity is None and target.num_layers is None and target.hidden_size is ABSENT
+    assert target.to_dict() == unloaded and list(target.to_dict()) == list(unloaded)
+    with pytest.raises(ResultKeyError, match="missing key 'identity'"):
+        TargetBlock.from_dict({"path": "/t"})
+    ctx = ContextBlock.from_dict({"target": "i", "max_blocks": None, "block_size": 8})
+    assert ctx.max_blocks is None and ctx.thinking is ABSENT and ctx.block_size == 8 and ctx.temperature is None
+    assert ctx.to_dict() == {"target": "i", "max_blocks": None, "block_size": 8}
+    with pytest.raises(ResultKeyError, match="unknown key 'block_size'"):
+        ContextBlock.from_dict({"block_size": None})
+    change = kernel_change("torch/float32", shape={"tokens": 8}, first="k", kinds=["norm"])
+    probe = KernelProbeBlock.from_dict({"seconds": 0.5, "probes": [], "changed": [change], "per_worker": {"gw0": 0.5}})
+    assert [(c.label, c.kinds, c.by_witness) for c in probe.changed] == [("torch/float32", ["norm"], False)]
+    assert probe.to_dict()["changed"] == [change]
 
 
 def test_what_is_not_eval_json_is_one_error(tmp_path):

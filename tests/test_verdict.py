@@ -9,7 +9,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from result_rows import means
+from result_rows import kernel_change, means
 
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.stats import category_table
@@ -385,10 +385,9 @@ def test_refused_drafter_is_never_a_pass_whichever_fragment_knows_it():
 def test_a_kernel_change_is_noticed_once_as_the_cause_of_the_failures():
     """eval.json's ``provenance.kernel_probe.changed`` (the probe's and the witness's evidence) is one notice of the
     part ``kernels``, naming each changed label and kind once, whatever the number of failures it causes."""
-    changed = [{"label": "torch/float32", "kinds": ["witness"], "first": "witness"},
-               {"label": "torch/bfloat16", "kinds": ["witness"], "first": "witness"},
-               {"label": "torch/float32", "kinds": ["witness"], "first": "witness"}]  # two workers said it
-    provenance = {"kernel_probe": {"changed": changed}}
+    changed = [kernel_change("torch/float32"), kernel_change("torch/bfloat16"),
+               kernel_change("torch/float32")]  # two workers said it
+    provenance = {"kernel_probe": {"probes": [], "changed": changed}}
     assert [(c.label, c.kinds) for c in result_of(provenance).kernel_changes] == [
         (c["label"], c["kinds"]) for c in changed]  # the part of the provenance the verdict reads, typed
     v = run_verdict(result_of(provenance), failed_tests=13)
@@ -397,5 +396,5 @@ def test_a_kernel_change_is_noticed_once_as_the_cause_of_the_failures():
     assert part.notices[0].startswith("the target's kernels changed since the cache was made: torch/float32 "
                                       "(witness), torch/bfloat16 (witness), named below; nothing they made was used")
     assert v.passed is False and v.reasons == ["13 tests failed"]  # the failures stay the live kernels' own
-    none = result_of({"kernel_probe": {"changed": []}})
+    none = result_of({"kernel_probe": {"probes": [], "changed": []}})
     assert KERNELS not in {p.name for p in run_verdict(none).parts}

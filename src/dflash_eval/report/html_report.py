@@ -56,6 +56,7 @@ from dflash_eval.report.table_rows import (
     tau_kinds_line,
 )
 from dflash_eval.session.rows import CompletionRow, PromptRow
+from dflash_eval.session.run_blocks import ContextBlock
 from dflash_eval.session.run_result import RunResult
 
 __all__ = ["HTML_NAME", "BUCKET", "PROMPTS_SHOWN", "SAMPLES_SHOWN", "TITLES", "Segment", "segments", "title",
@@ -236,7 +237,7 @@ def _max_len(rows: Iterable[PromptRow]) -> int:
 
 def _block_size(result: RunResult) -> int | None:
     """The drafter's block size (the run's context; None: not known)."""
-    return (result.context or {}).get("block_size")
+    return None if result.context is None else result.context.block_size
 
 
 def _category_charts(result: RunResult) -> str:
@@ -541,17 +542,22 @@ def _shown_path(path: object) -> str:
         return path
 
 
+def _or_dash(value: object) -> object:
+    """A field of the run's context, ``-`` where the context does not record it."""
+    return "-" if value is None else value
+
+
 def _head_lines(result: RunResult) -> list[str]:
-    s, ctx, target = result.settings or {}, result.context or {}, result.target or {}
+    s, ctx = result.settings or {}, result.context if result.context is not None else ContextBlock()
     lines = [f"drafter {_shown_path(None if result.drafter is None else result.drafter.path)}",
-             f"target {_shown_path(target.get('path', s.get('target_model')))}"]
-    facts = [f"block size {ctx.get('block_size', '-')}", f"max new tokens {ctx.get('max_new_tokens', '-')}",
+             f"target {_shown_path(s.get('target_model') if result.target is None else result.target.path)}"]
+    facts = [f"block size {_or_dash(ctx.block_size)}", f"max new tokens {_or_dash(ctx.max_new_tokens)}",
              f"{len(result.prompts)} prompts"]
     if is_number(s.get("temperature")) and s["temperature"] > 0:
         facts.append(f"temperature {fmt(s['temperature'], 2, 'g')}, {s.get('samples_per_prompt', '-')} samples per "
                      "prompt")
-    if ctx.get("backend") or ctx.get("dtype"):
-        facts.append(f"{ctx.get('backend', '-')} / {ctx.get('dtype', '-')}")
+    if ctx.backend or ctx.dtype:
+        facts.append(f"{_or_dash(ctx.backend)} / {_or_dash(ctx.dtype)}")
     if result.created:
         facts.append(f"written {result.created}")
     return [" · ".join(lines), " · ".join(facts)]

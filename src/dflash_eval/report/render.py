@@ -7,8 +7,6 @@ surface (:mod:`dflash_eval.common.number_text`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
 from dflash_eval.report.plot import worst_rows
@@ -33,6 +31,8 @@ from dflash_eval.report.table_rows import (
     tau_rows,
 )
 from dflash_eval.report.tables import TextTable, markdown_table, terminal_text
+from dflash_eval.session.rows import ABSENT
+from dflash_eval.session.run_blocks import ProvenanceBlock, TargetBlock
 from dflash_eval.session.run_result import RunResult, Timings
 
 __all__ = ["render_terminal", "render_markdown", "compile_text", "TERMINAL_ROWS_FULL", "TERMINAL_ROWS_SHOWN",
@@ -170,10 +170,16 @@ def _drafter_text(result: RunResult) -> tuple[str, str]:
 
 
 def _title(result: RunResult) -> str:
-    t = result.target or {}
+    t = result.target
     path, fingerprint = _drafter_text(result)
-    return (f"τ per prompt — target {normal_path(t.get('path', '?')).name} ({str(t.get('identity', '?'))[:12]}), "
+    target = ("?", "?") if t is None else (t.path, t.identity)
+    return (f"τ per prompt — target {normal_path(target[0]).name} ({str(target[1])[:12]}), "
             f"drafter {normal_path(path).name} ({str(fingerprint)[:12]})")
+
+
+def _recorded(value: object) -> object:
+    """A field of a block as eval.md shows it: ``?`` where the block does not record it (null shows as ``None``)."""
+    return "?" if value is ABSENT else value
 
 
 def plain_dtype(dtype: object) -> str:
@@ -188,32 +194,39 @@ def plain_versions(versions: object) -> str:
     return ", ".join(f"{k} {v if v is not None else 'not installed'}" for k, v in versions.items())
 
 
-def _git_text(p: dict[str, Any]) -> str:
+def _git_text(p: ProvenanceBlock) -> str:
     """``host h, git abc123def456 (dirty) in /repo`` for eval.md's provenance line ("" when neither is known)."""
-    parts = [f"host {p['host']}"] if p.get("host") else []
-    g = p.get("git")
-    if g:
-        state = {True: " (uncommitted changes)", False: "", None: " (state unknown)"}[g.get("dirty")]
-        parts.append(f"git commit {str(g.get('commit'))[:12]}{state}" + (f" in `{g['root']}`" if g.get("root") else ""))
+    parts = [f"host {p.host}"] if p.host else []
+    g = p.git
+    if g is not None:
+        state = {True: " (uncommitted changes)", False: "", None: " (state unknown)"}[g.dirty]
+        parts.append(f"git commit {g.commit[:12]}{state}" + (f" in `{g.root}`" if g.root else ""))
     return ", ".join(parts)
+
+
+def _target_line(result: RunResult) -> str:
+    t = result.target if result.target is not None else TargetBlock("?", "?")  # no target: every field unknown
+    dtype = None if t.dtype is ABSENT else t.dtype
+    return (f"- target: `{normal_path(t.path)}` identity `{str(t.identity)[:16]}`, {_recorded(t.num_layers)} layers, "
+            f"dtype {plain_dtype(dtype)}, device {_recorded(t.device)}")
 
 
 def _provenance_lines(result: RunResult) -> list[str]:
     """eval.md's list of what ran: target, drafter, backend and versions, host and commit, kernel probe, tests."""
-    t, p = result.target or {}, result.provenance or {}
+    p = result.provenance if result.provenance is not None else ProvenanceBlock()
     path, fingerprint = _drafter_text(result)
-    parts = [f"- target: `{normal_path(t.get('path', '?'))}` identity `{str(t.get('identity', '?'))[:16]}`, "
-             f"{t.get('num_layers', '?')} layers, dtype {plain_dtype(t.get('dtype'))}, device {t.get('device', '?')}",
+    parts = [_target_line(result),
              f"- drafter: `{normal_path(path)}` fingerprint `{str(fingerprint)[:16]}`",
-             f"- backend {p.get('backend', '?')}, versions: {plain_versions(p.get('versions'))}"]
+             f"- backend {_recorded(p.backend)}, versions: {plain_versions(p.versions)}"]
     if _git_text(p):
         parts.append(f"- ran on {_git_text(p)}")
-    kp = p.get("kernel_probe") or {}
-    if kp.get("probes"):
-        parts.append(f"- kernel probe ({fmt(kp.get('seconds', 0.0) * 1e3, 0)} ms): " + ", ".join(
-            f"{q.get('backend')}/{q.get('dtype')} `{str(q.get('digest'))[:12]}`" for q in kp["probes"]))
-    parts += [f"- **{c.get('message')}**" + ("" if c.get("first") == "witness" else  # the witness says what it did
-                                              "; made again with the live kernels") for c in kp.get("changed", [])]
+    kp = p.kernel_probe
+    if kp is not None and kp.probes:
+        parts.append(f"- kernel probe ({fmt((kp.seconds if kp.seconds is not None else 0.0) * 1e3, 0)} ms): "
+                     + ", ".join(f"{q.get('backend')}/{q.get('dtype')} `{str(q.get('digest'))[:12]}`"
+                                 for q in kp.probes))
+    parts += [f"- **{c.message}**" + ("" if c.by_witness else "; made again with the live kernels")
+              for c in p.kernel_changes]  # the witness's message says what it did
     tc = result.tests.counts
     if tc:
         parts.append("- tests: " + ", ".join(f"{k} {v}" for k, v in sorted(tc.items())))

@@ -34,7 +34,7 @@ SAMPLES_NAME = "samples.jsonl"
 def sample_records(result: RunResult) -> Iterator[dict[str, Any]]:
     """The lines of samples.jsonl (module docstring) for the run's ``result``: one per reference of every prompt row
     that holds its ``completions``."""
-    block = None if result.context is None else result.context.get("block_size")  # the context's layout: options'
+    block = None if result.context is None else result.context.block_size
     temperature = None if result.settings is None else result.settings.get("temperature")
     for pid, row in result.prompts.items():
         for c in row.completions or []:

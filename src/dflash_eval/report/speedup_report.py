@@ -112,21 +112,20 @@ def cost_rows(block: Speedup | None) -> tuple[list[str], list[list[str]]]:
     if block is None:
         return header, []
     costs = block.costs
-    spread = costs.get("spread") or {}
+    spread = costs.spread
     rows = []
     for key, index, name, what in _COSTS:
-        value = costs.get(key)
-        if isinstance(value, (list, tuple)):
+        value = getattr(costs, key)
+        if isinstance(value, list):
             value = value[index] if index is not None and index < len(value) else None
-        if key in costs:
-            rows.append([name, _ms(value), fmt(spread.get(name), 2), what])
-    for b in sorted(int(b) for b in costs.get("tree_verify") or {}):
+        rows.append([name, _ms(value), fmt(spread.get(name), 2), what])
+    for b in sorted(int(b) for b in costs.tree_verify):
         for part, what in (("tree_build", f"DDTree-{b}: top-{b} and the best-first tree (the tokens to verify)"),
                            ("tree_verify", f"DDTree-{b}: the target's forward over {b + 1} tokens under the tree "
                                            "mask, every node's linear-attention state kept"),
                            ("tree_accept", f"DDTree-{b}: the target's tokens read, the walk down the tree")):
-            rows.append([f"{part}_{b}", _ms((costs.get(part) or {}).get(str(b))), fmt(spread.get(f"{part}_{b}"), 2),
-                         what])
+            tree: dict[str, float | None] = getattr(costs, part)
+            rows.append([f"{part}_{b}", _ms(tree.get(str(b))), fmt(spread.get(f"{part}_{b}"), 2), what])
     return header, rows
 
 
@@ -149,8 +148,8 @@ def speedup_lines(block: Speedup | None, verdict: Verdict) -> list[str]:
              f"{server.checked}) and, in the last row, for the {model_name(block, 'loop')}.",
              f"On {block.device} ({block.dtype}, backend {block.backend}), context "
              f"{block.context_len} tokens, costs "
-             f"{_source(block)}: medians of {costs.get('repeats')} timings. Plain greedy decoding "
-             f"{fmt(block.plain_tokens_per_s, 1)} tokens/s (a step {_ms(costs.get('step'))} ms); a chain "
+             f"{_source(block)}: medians of {costs.repeats} timings. Plain greedy decoding "
+             f"{fmt(block.plain_tokens_per_s, 1)} tokens/s (a step {_ms(costs.step)} ms); a chain "
              f"round of the {server.name} (ms): {parts}."]
     best, bb = block.best, block.best_budget
     if best:

@@ -103,7 +103,7 @@ def finish(data: dict[str, Any], settings: EvalSettings, *, failed_tests: int = 
         msgs.append(f"feature fingerprint written to {fp}")
     write_reports(data, settings.report_dir, recorded=bool(settings.update_tau_floors),  # the verdict names them
                   plot_store=settings.cache_dir / PLOT_STORE)
-    for change in ((data.get("provenance") or {}).get("kernel_probe") or {}).get("changed", []):
-        said = change.get("first") == "witness"  # the witness's message says what the run did
-        msgs.append(f"kernel probe: {change['message']}" + ("" if said else "; made again with the live kernels"))
+    for change in run.kernel_changes:  # the witness's message says what the run did
+        msgs.append(f"kernel probe: {change.message}" + ("" if change.by_witness else "; made again with the live "
+                                                                                     "kernels"))
     return msgs

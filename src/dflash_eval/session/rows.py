@@ -2,11 +2,13 @@
 as a dataclass whose fields are the object's keys, in eval.json's order.
 
 :meth:`Row.to_dict` writes the object as eval.json holds it (fields in declaration order; a field declared with
-:data:`OPTIONAL` is left out while it is None, every other field is written even when None; floats, NaN included,
-as they are). :meth:`Row.from_dict` reads such an object back, so a fragment of eval.json round-trips:
-``Row.from_dict(row.to_dict()).to_dict() == row.to_dict()``. It refuses a key the row does not know and a field the
-row needs that the object lacks (an optional member may be absent), with one :class:`ResultKeyError` naming the
-key's path (``prompts.humaneval-0.online.tau``); :meth:`ResultKeyError.in_file` names the file it was read from.
+:data:`OPTIONAL` is left out while it is None, one declared with :func:`_absent` while it is :data:`ABSENT`, every
+other field is written even when None; floats, NaN included, as they are). :meth:`Row.from_dict` reads such an
+object back, so a fragment of eval.json round-trips: ``Row.from_dict(row.to_dict()).to_dict() == row.to_dict()``. It
+refuses a key the row does not know and a field the row needs that the object lacks (an optional member, or one
+that may be absent, may be absent; :class:`Absent` says which field is which), with one :class:`ResultKeyError`
+naming the key's path (``prompts.humaneval-0.online.tau``); :meth:`ResultKeyError.in_file` names the file it was
+read from.
 
 The rows of τ: :class:`PromptRow` (eval.json's ``prompts``; the online loop's :class:`OnlineRow`, the SGLang
 server's and a sampled run's fields are optional members; :class:`CompletionRow`: each reference the prompt's τ was
@@ -19,27 +21,54 @@ The drift rows are in :mod:`dflash_eval.session.blocks`.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from dflash_eval.errors import ResultKeyError  # re-exported: the rows' error
 
-__all__ = ["OPTIONAL", "ResultKeyError", "Row", "Acceptance", "Stat", "OnlineRow", "CompletionRow", "PromptRow",
-           "CategoryRow", "ConversationRow", "TurnRow", "rows_to_dict", "rows_from_dict"]
+__all__ = ["OPTIONAL", "MAY_BE_ABSENT", "Absent", "ABSENT", "ResultKeyError", "Row", "Acceptance", "Stat",
+           "OnlineRow", "CompletionRow", "PromptRow", "CategoryRow", "ConversationRow", "TurnRow", "rows_to_dict",
+           "rows_from_dict"]
 
 #: Field metadata of a key eval.json leaves out while the field is None.
 OPTIONAL = {"optional": True}
 
+#: Field metadata of a key eval.json may leave out and, where it holds it, may hold as null.
+MAY_BE_ABSENT = {"may_be_absent": True}
+
 R = TypeVar("R", bound="Row")
+
+
+class Absent(enum.Enum):
+    """The value of a member its object leaves out, where the object may also hold it as null: a field typed
+    ``X | None | Absent`` (declared with :func:`_absent`) is :data:`ABSENT` when the key is missing and None when it
+    is present and null. The three kinds of field a row states: needed (``x: X``; ``x: X | None``: present, may be
+    null), optional (``_opt()``: may be absent, never null) and may be absent or null (``_absent()``)."""
+
+    ABSENT = "absent"
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+#: A member its object leaves out (:class:`Absent`).
+ABSENT: Final = Absent.ABSENT
 
 
 def _opt(**kw: Any) -> Any:
     """An optional member (default None, left out of the dict while None)."""
     return field(default=None, metadata=OPTIONAL, **kw)
+
+
+def _absent(**kw: Any) -> Any:
+    """A member that may be absent and, where present, null (default :data:`ABSENT`, left out of the dict while
+    ABSENT; a null is held as None and written back)."""
+    return field(default=ABSENT, metadata=MAY_BE_ABSENT, **kw)
 
 
 #: The types of a JSON scalar: a list of them is copied whole, not item by item (token ids, rounds).
@@ -73,7 +102,7 @@ def _typed(hint: object, value: Any) -> Any:
         return None
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
+        inner = [a for a in args if a is not type(None) and a is not Absent]
         return _typed(inner[0], value) if len(inner) == 1 else value
     if isinstance(hint, type) and issubclass(hint, Row):
         return hint.from_dict(value)
@@ -114,7 +143,7 @@ class Row:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]  # every Row subclass is a dataclass
             value = getattr(self, f.name)
-            if value is None and f.metadata.get("optional"):
+            if (value is None and f.metadata.get("optional")) or value is ABSENT:
                 continue
             out[f.name] = plain(value)
         return out
@@ -123,12 +152,13 @@ class Row:
     def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
         """The row of ``data`` (module docstring); ResultKeyError naming the first key it does not know or the first
         field it needs that ``data`` lacks. Every field is needed but an optional member (:data:`OPTIONAL`), which
-        :meth:`to_dict` leaves out while it is None: held as null it is a key this row does not write, unknown."""
+        :meth:`to_dict` leaves out while it is None: held as null it is a key this row does not write, unknown; and
+        a member that may be absent (:func:`_absent`), :data:`ABSENT` while the key is missing."""
         owner: type = cls  # a class is hashable; mypy checks type[R] against Hashable by R's instances' __hash__
         hints = _hints(owner)
-        keys, optional = _layout(owner)
+        keys, optional, never_null = _layout(owner)
         ResultKeyError.check(data, keys, optional)
-        null = next((k for k in optional if k in data and data[k] is None), None)
+        null = next((k for k in never_null if k in data and data[k] is None), None)
         if null is not None:
             raise ResultKeyError("unknown", null)
         kw = {}
@@ -142,10 +172,13 @@ class Row:
 
 
 @cache
-def _layout(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
-    """A row's keys in declaration order, and those of its optional members."""
+def _layout(cls: type) -> tuple[tuple[str, ...], frozenset[str], frozenset[str]]:
+    """A row's keys in declaration order, those it may leave out (its optional members and those that may be absent)
+    and those of its optional members (never null)."""
     fields = dataclasses.fields(cls)
-    return tuple(f.name for f in fields), frozenset(f.name for f in fields if f.metadata.get("optional"))
+    optional = frozenset(f.name for f in fields if f.metadata.get("optional"))
+    absent = frozenset(f.name for f in fields if f.metadata.get("may_be_absent"))
+    return tuple(f.name for f in fields), optional | absent, optional
 
 
 def rows_to_dict(rows: Mapping[str, Row]) -> dict[str, dict[str, Any]]:

@@ -8,9 +8,12 @@ budget and the drift gate (:class:`~dflash_eval.session.blocks.DriftBudgetBlock`
 :class:`~dflash_eval.metrics.drift_checks.GateCheck`), the τ means (:class:`TauMeans`), the predicted speed-up
 (:class:`Speedup`), the timings (:class:`Timings`), the tests (:class:`Tests`), the near ties, the ``--baseline``
 comparison (:class:`~dflash_eval.session.blocks.BaselineBlock`), the mean over samples
-(:class:`~dflash_eval.session.blocks.SampledBlock`), the verdict (:class:`~dflash_eval.metrics.verdict.Verdict`).
-The blocks whose layout belongs to another part of the suite (the settings, the target, the provenance, the
-context, the cache's counters, the SGLang server, the registered measurements) are kept as eval.json holds them.
+(:class:`~dflash_eval.session.blocks.SampledBlock`), the verdict (:class:`~dflash_eval.metrics.verdict.Verdict`),
+the target, the τ-relevant settings and the provenance with its kernel changes
+(:class:`~dflash_eval.session.run_blocks.TargetBlock`, :class:`~dflash_eval.session.run_blocks.ContextBlock`,
+:class:`~dflash_eval.session.run_blocks.ProvenanceBlock`).
+The blocks whose layout belongs to another part of the suite (the settings, the cache's counters, the SGLang server,
+the registered measurements) are kept as eval.json holds them.
 
 Dicts only at the file boundary: :meth:`RunResult.to_dict` is eval.json's data (:meth:`RunResult.from_dict` of it
 gives it back, key for key), :meth:`RunResult.from_dict` and :meth:`RunResult.read` read it, strictly: a key the
@@ -39,6 +42,7 @@ from dflash_eval.metrics.speedup import Prediction
 from dflash_eval.metrics.verdict import Verdict, stored_verdict
 from dflash_eval.session.blocks import (
     BaselineBlock,
+    CostsBlock,
     DrafterBlock,
     DriftAcceptRow,
     DriftBudgetBlock,
@@ -55,9 +59,10 @@ from dflash_eval.session.rows import (
     _opt,
     plain,
 )
+from dflash_eval.session.run_blocks import ContextBlock, KernelChange, ProvenanceBlock, TargetBlock
 
 __all__ = ["RunResult", "TauMeans", "Speedup", "PooledSpeed", "Timings", "Compile", "KernelCache", "Tests",
-           "NotChecked", "Rejection", "ChangedKernel", "TOP_LEVEL_KEYS", "SCHEMA"]
+           "NotChecked", "Rejection", "TOP_LEVEL_KEYS", "SCHEMA"]
 
 #: eval.json's schema version (docs/reference.md; :mod:`dflash_eval.session.merge` writes it).
 SCHEMA = 1
@@ -115,7 +120,7 @@ class Speedup(Row):
     context_len: int
     block_size: int
     plain_tokens_per_s: float | None
-    costs: JsonBlock
+    costs: CostsBlock
     cached: bool
     strategies: dict[str, Prediction]
     best: str | None
@@ -192,16 +197,6 @@ class Rejection(Row):
 
 
 @dataclass(frozen=True)
-class ChangedKernel:
-    """A kernel whose output changed since the cache was made, as the verdict names it: its label and the kinds of
-    kernel that moved (one of ``provenance.kernel_probe.changed``, whose other fields the target's kernel probe and
-    the witness own)."""
-
-    label: str
-    kinds: list[str]
-
-
-@dataclass(frozen=True)
 class RunResult:
     """A run's result (module docstring); a field is None where eval.json has no such key."""
 
@@ -213,10 +208,10 @@ class RunResult:
     timings: Timings
     tests: Tests
     settings: JsonBlock | None = None
-    target: JsonBlock | None = None
+    target: TargetBlock | None = None
     drafter: DrafterBlock | None = None
-    provenance: JsonBlock | None = None
-    context: JsonBlock | None = None
+    provenance: ProvenanceBlock | None = None
+    context: ContextBlock | None = None
     fingerprint: FingerprintBlock | None = None
     sglang: JsonBlock | None = None
     baseline: BaselineBlock | None = None
@@ -268,11 +263,10 @@ class RunResult:
         return stored_verdict(self)
 
     @property
-    def kernel_changes(self) -> list[ChangedKernel]:
+    def kernel_changes(self) -> list[KernelChange]:
         """The kernels the provenance's kernel probe (or the witness) found changed since the cache was made (empty:
-        none; the provenance is kept as eval.json holds it, this is the part of it the verdict reads)."""
-        probe = (self.provenance or {}).get("kernel_probe") or {}
-        return [ChangedKernel(c.get("label", "?"), list(c.get("kinds") or [])) for c in probe.get("changed") or []]
+        none, or no provenance)."""
+        return [] if self.provenance is None else self.provenance.kernel_changes
 
     def to_dict(self) -> dict[str, Any]:
         """eval.json's data: each key the result holds, in the merge's order, a plugin's keys before ``rejected`` and
@@ -333,6 +327,8 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "drift_budget": _one(DriftBudgetBlock, "drift_budget"), "speedup": _one(Speedup, "speedup"),
     "timings": _one(Timings, "timings"), "tests": _one(Tests, "tests"), "verdict": _one(Verdict, "verdict"),
     "baseline": _one(BaselineBlock, "baseline"), "sampled": _one(SampledBlock, "sampled"),
+    "target": _one(TargetBlock, "target"), "context": _one(ContextBlock, "context"),
+    "provenance": _one(ProvenanceBlock, "provenance"),
 }
 
 
