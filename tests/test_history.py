@@ -100,6 +100,50 @@ def test_a_line_that_is_no_record_is_named(tmp_path):
         History(p).read()
 
 
+#: A record as the first history (f4191ea) wrote it: no pooled τ, CI method, speed-up or verdict parts; its own
+#: verdict in ``passed`` and ``reasons``, the trend verdicts, and ``verdict`` for readers.
+FIRST_LAYOUT = {"step": 100, "time": "2026-01-01T00:00:00+00:00", "drafter": "ckpt/step_100", "fingerprint": "fp",
+                "settings_digest": "d1", "mean_tau": 1.4, "mean_tau_ci95": [1.3, 1.5], "mean_ddtree": {"8": 1.6},
+                "mean_ddtree_ci95": {"8": [1.5, 1.7]}, "mean_floor": 1.5,
+                "categories": {"all": {"n": 2, "tau": 1.4, "ci95": [1.3, 1.5], "ddtree": {}}},
+                "prompts": {"p0": 1.3, "p1": 1.5}, "drift_budget": None, "reference": None, "passed": False,
+                "reasons": ["mean τ 1.400 < floor 1.500"], "regression": None, "plateau": "no gain over 4 steps",
+                "verdict": "fail"}
+#: The parts as the history has written them since it first kept them (362ef51): every key of a part.
+PARTS = [{"name": "floors", "passed": False, "outcome": "fail", "reasons": ["mean τ 1.400 < floor 1.500"],
+          "notices": []},
+         {"name": "plateau", "passed": None, "outcome": "unjudged", "reasons": [],
+          "notices": ["no gain over 4 steps"]}]
+
+
+def test_records_of_earlier_versions_are_read(tmp_path):
+    """A year of history reads on: a record of the first layout (no parts: judged from its own verdict and the trend
+    verdicts) and one with the parts as they were first kept, beside a new record, and a new one is judged against
+    them."""
+    p = tmp_path / "history.jsonl"
+    with_parts = {**FIRST_LAYOUT, "step": 200, "mean_tau_pooled": 1.41, "mean_ddtree_pooled": {"8": 1.6},
+                  "ci_method": "Hall t over prompts", "speedup": None, "parts": PARTS}
+    p.write_text("".join(json.dumps(r) + "\n" for r in (FIRST_LAYOUT, with_parts)))
+    first, second = History(p).read()
+    assert first.parts is None and first.verdict == "fail" and first.mean_tau_pooled is None
+    assert first.judgement.reasons == ["mean τ 1.400 < floor 1.500"]
+    assert first.judgement.notices == ["no gain over 4 steps"]
+    assert second.parts is not None and [q.to_dict() for q in second.parts] == PARTS
+    assert second.judgement.reasons == ["mean τ 1.400 < floor 1.500"]
+    assert second.judgement.notices == ["no gain over 4 steps"]
+    History(p).append(record(300, BASE))
+    assert [r.step for r in History(p).read()] == [100, 200, 300]
+
+
+def test_a_part_no_version_wrote_is_named_with_its_line_and_key(tmp_path):
+    p = tmp_path / "history.jsonl"
+    bad = {**FIRST_LAYOUT, "parts": [PARTS[0], {k: v for k, v in PARTS[1].items() if k != "notices"}]}
+    p.write_text(json.dumps(FIRST_LAYOUT) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(ConfigError, match=r"history\.jsonl:2: not a history record: missing key 'parts\[1\]\.notices'"
+                                          r".*Move it away to start a new history"):
+        History(p).read()
+
+
 def _writer(path: str, name: str, n: int, go: mp.Event) -> None:
     go.wait(WAIT_S)
     h = History(path)

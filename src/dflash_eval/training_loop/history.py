@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from filelock import FileLock, Timeout
 
 from dflash_eval.common.atomic import atomic_write_text
-from dflash_eval.errors import ConfigError, EvalError
+from dflash_eval.errors import ConfigError, EvalError, ResultKeyError
 from dflash_eval.metrics.acceptance_rates import pooled_means
 from dflash_eval.metrics.speedup import speedup_digest
 from dflash_eval.metrics.verdict import (
@@ -158,10 +158,21 @@ class CheckpointRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CheckpointRecord:
+        """The record of a history line, of this version or an earlier one: a field a record of an earlier version
+        lacks takes its default (no ``parts``: a record written before they were kept, judged from ``passed``,
+        ``reasons`` and the trend verdicts), a key it held that this version no longer keeps (``verdict``, written
+        for readers) is dropped. The verdict's parts, kept since they were first written with all their keys, are
+        read strictly: ResultKeyError naming the part's key (``[0].notices``)."""
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in data.items() if k in names}
         if kw.get("parts") is not None:
-            kw["parts"] = tuple(Part.from_dict(p) for p in kw["parts"])
+            parts = []
+            for i, p in enumerate(kw["parts"]):
+                try:
+                    parts.append(Part.from_dict(p))
+                except ResultKeyError as exc:
+                    raise exc.under(i) from None
+            kw["parts"] = tuple(parts)
         return cls(**kw)
 
 
@@ -193,6 +204,9 @@ class History:
                 continue
             try:
                 out.append(CheckpointRecord.from_json(json.loads(line)))
+            except ResultKeyError as exc:  # a verdict part no version of the history wrote
+                raise ConfigError(f"{self.path}:{n}: not a history record: {exc.under('parts')}; a file edited by "
+                                  "hand, or written by a newer version? Move it away to start a new history") from None
             except (json.JSONDecodeError, TypeError, AttributeError) as exc:
                 raise ConfigError(f"{self.path}:{n}: not a history record ({type(exc).__name__}: {exc}); a file "
                                   "edited by hand? Move it away to start a new history") from exc
