@@ -152,8 +152,8 @@ def test_sampled_rows_one_line_per_sample(tiny_target_dir, tiny_drafter_dir, tmp
         assert [a for c in comps for a in c["accept_lengths"]] == row["accept_lengths"]  # the pooled rounds
         assert [c["ddtree"]["8"] for c in comps] == row["ddtree_sample_tau"]["8"]
     recs = list(sample_records(RunResult.from_dict(report.merge([frag], wall_s=1.0))))
-    assert [(r["prompt_id"], r["sample"]) for r in recs] == [(p, k) for p in TEXTS for k in range(3)]
-    assert all(r["temperature"] == 0.9 and r["seed"] is not None for r in recs)
+    assert [(r.prompt_id, r.sample) for r in recs] == [(p, k) for p in TEXTS for k in range(3)]
+    assert all(r.temperature == 0.9 and r.seed is not None for r in recs)
     _schema_validator().validate(json.loads(dumps_strict(report.merge([frag], wall_s=1.0))))
 
 

@@ -104,7 +104,7 @@ def _levels(b: DriftBudgetBlock) -> list[BudgetLevel]:
 def write_budget_plot(result: RunResult, path: Path, store: Path | None = None) -> Path | None:
     """Write the plot (None when the result holds no drift budget), drawn once
     (:func:`~dflash_eval.report.plot.draw_once`, ``store``: the cache folder's plots)."""
-    return draw_once(path, result.to_dict(), budget_figure, store, source=result)
+    return draw_once(path, result, budget_figure, store)
 
 
 def _series(ax: Axes, key: str, levels: Sequence[BudgetLevel], *, main: bool, marker: str, color: str,

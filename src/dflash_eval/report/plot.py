@@ -175,7 +175,7 @@ def eval_figure(result: RunResult) -> Figure | None:
 def write_plot(result: RunResult, path: Path, store: Path | None = None) -> Path | None:
     """Write eval.png for the run's ``result`` (None when it has no prompts), drawn once (:func:`draw_once`,
     ``store``: the cache folder's plots)."""
-    return draw_once(path, result.to_dict(), eval_figure, store, source=result)
+    return draw_once(path, result, eval_figure, store)
 
 
 def plot_stamp(data: dict[str, Any], build: Callable[[Any], Figure | None]) -> str:
@@ -213,13 +213,13 @@ def _stamp_of(path: Path) -> str | None:
 PLOT_STORE_KEEP = 48
 
 
-def draw_once(path: Path, data: dict[str, Any], build: Callable[[Any], Figure | None],
-              store: Path | None = None, *, source: object = None) -> Path | None:
-    """The plot ``build(data)`` (``build(source)`` when given: the typed result ``data`` is the eval.json data of) at
-    ``path``: kept as it is when ``path`` holds the plot drawn from the same data (:func:`plot_stamp`), else copied
-    from ``store`` (a folder of plots by stamp, in the cache folder) when it holds that plot, else drawn and written
-    with that stamp, and kept in ``store`` too (None: nothing to plot)."""
-    stamp = plot_stamp(data, build)
+def draw_once(path: Path, result: RunResult, build: Callable[[RunResult], Figure | None],
+              store: Path | None = None) -> Path | None:
+    """The plot ``build(result)`` at ``path``: kept as it is when ``path`` holds the plot drawn from the same data
+    (:func:`plot_stamp` of the result's eval.json data), else copied from ``store`` (a folder of plots by stamp, in
+    the cache folder) when it holds that plot, else drawn and written with that stamp, and kept in ``store`` too
+    (None: nothing to plot)."""
+    stamp = plot_stamp(result.to_dict(), build)
     if _stamp_of(path) == stamp:
         return path
     kept = None if store is None else store / f"{stamp}.png"
@@ -227,7 +227,7 @@ def draw_once(path: Path, data: dict[str, Any], build: Callable[[Any], Figure | 
         atomic_write_with(path, lambda p: _copy(kept, p))
         _touch(kept)
         return path
-    fig = build(data if source is None else source)
+    fig = build(result)
     if fig is None:
         return None
     save_png(fig, path, stamp)

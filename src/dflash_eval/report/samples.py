@@ -18,43 +18,71 @@ other reports.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.report.strict_json import dumps_strict
+from dflash_eval.session.rows import Row, _opt
 from dflash_eval.session.run_result import RunResult
 
-__all__ = ["SAMPLES_NAME", "sample_records", "write_samples"]
+__all__ = ["SAMPLES_NAME", "SampleRecord", "sample_records", "write_samples"]
 
 #: The file's name in the report folder.
 SAMPLES_NAME = "samples.jsonl"
 
 
-def sample_records(result: RunResult) -> Iterator[dict[str, Any]]:
+@dataclass
+class SampleRecord(Row):
+    """One line of samples.jsonl (module docstring): the prompt, the reference completion and the drafter's rounds
+    on it, with the temperature and block size (None: not recorded) that say what the numbers mean; the conversation
+    and turn of a multi-turn prompt only."""
+
+    prompt_id: str
+    category: str
+    sample: int
+    source: str
+    seed: int | None
+    temperature: float | None
+    block_size: int | None
+    prompt_ids: list[int] | None
+    prompt_text: str | None
+    prompt_tokens: int
+    completion_ids: list[int]
+    completion_text: str
+    completion_pieces: list[str]
+    completion_tokens: int
+    rounds: int
+    accept_lengths: list[int]
+    tau: float
+    ddtree: dict[str, float]
+    ddtree_accept_lengths: dict[str, list[int]]
+    conversation: str | None = _opt()
+    turn: int | None = _opt()
+
+
+def sample_records(result: RunResult) -> Iterator[SampleRecord]:
     """The lines of samples.jsonl (module docstring) for the run's ``result``: one per reference of every prompt row
     that holds its ``completions``."""
     block = None if result.context is None else result.context.block_size
     temperature = None if result.settings is None else result.settings.get("temperature")
     for pid, row in result.prompts.items():
         for c in row.completions or []:
-            rec: dict[str, Any] = {
-                "prompt_id": pid, "category": row.category, "sample": c.sample, "source": c.source, "seed": c.seed,
-                "temperature": temperature, "block_size": block, "prompt_ids": row.prompt_ids,
-                "prompt_text": row.prompt_text, "prompt_tokens": row.prompt_tokens,
-                "completion_ids": c.ids, "completion_text": c.text, "completion_pieces": c.pieces,
-                "completion_tokens": len(c.ids), "rounds": len(c.accept_lengths), "accept_lengths": c.accept_lengths,
-                "tau": c.tau, "ddtree": c.ddtree, "ddtree_accept_lengths": c.ddtree_accept_lengths}
-            if row.conversation is not None:
-                rec["conversation"], rec["turn"] = row.conversation, row.turn
-            yield rec
+            yield SampleRecord(
+                prompt_id=pid, category=row.category, sample=c.sample, source=c.source, seed=c.seed,
+                temperature=temperature, block_size=block, prompt_ids=row.prompt_ids, prompt_text=row.prompt_text,
+                prompt_tokens=row.prompt_tokens, completion_ids=c.ids, completion_text=c.text,
+                completion_pieces=c.pieces, completion_tokens=len(c.ids), rounds=len(c.accept_lengths),
+                accept_lengths=c.accept_lengths, tau=c.tau, ddtree=c.ddtree,
+                ddtree_accept_lengths=c.ddtree_accept_lengths,
+                conversation=row.conversation, turn=None if row.conversation is None else row.turn)
 
 
 def write_samples(result: RunResult, path: Path) -> Path | None:
     """samples.jsonl at ``path`` (atomically); None, and a file an earlier run left there removed, when no prompt
     row holds its references (a run that measured no τ, or the result of a version before they were recorded): an
     earlier run's lines would be read as this one's. OSError when it cannot be written (the caller names it)."""
-    lines = [dumps_strict(rec, indent=None) + "\n" for rec in sample_records(result)]
+    lines = [dumps_strict(rec.to_dict(), indent=None) + "\n" for rec in sample_records(result)]
     if not lines:
         path.unlink(missing_ok=True)
         return None

@@ -250,4 +250,4 @@ def speedup_figure(result: RunResult) -> Figure | None:
 def write_speedup_plot(result: RunResult, path: Path, store: Path | None = None) -> Path | None:
     """Write ``speedup.png`` (None when the result holds no prediction), drawn once
     (:func:`~dflash_eval.report.plot.draw_once`, ``store``: the cache folder's plots)."""
-    return draw_once(path, result.to_dict(), speedup_figure, store, source=result)
+    return draw_once(path, result, speedup_figure, store)
