@@ -36,7 +36,7 @@ from dflash_eval.common.sizes import parse_memory
 from dflash_eval.errors import ConfigError
 from dflash_eval.measurements.registry import Measurement, Plan, Subject
 from dflash_eval.measurements.tau_greedy import TAU, PromptTau, tau_fields
-from dflash_eval.metrics.drift import Side, layer_drift
+from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.drift_budget import Direction, DriftBudget, Perturbation, measure_ladder, parse_ladder
 from dflash_eval.metrics.drift_ladder import DRIFT
 from dflash_eval.metrics.tau_chunks import LazyItems
@@ -55,11 +55,9 @@ def drift_direction(ev: Subject) -> tuple[Direction | None, Side | None, str]:
              if c.skip_reason is None and ref in (c.a, c.b) and c.a != c.b]
     if not cands:
         return None, None, f"no drift comparison of this run has the reference side {ref.label} on one side"
-    base = ev.features(ref)
     sizes: list[tuple[str, Side, float]] = []
     for name, other in cands:
-        feats = ev.features(other)
-        errs = [layer_drift(feats[p.id][i], base[p.id][i]).rel_err for p in ev.inputs.prompts for i in ev.layer_ids]
+        errs = [d.rel_err for per in ev.layer_drifts(other, ref).values() for d in per.values()]
         sizes.append((name, other, sum(errs) / len(errs) if errs else 0.0))
     name, other, drift = max(sizes, key=lambda t: t[2])
     if not drift > 0:

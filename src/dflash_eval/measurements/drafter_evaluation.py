@@ -26,7 +26,7 @@ from dflash_eval.measurements.builtin import DRIFT_BUDGET, ONLINE, ONLINE_SAMPLE
 from dflash_eval.measurements.online_greedy import OnlineTau
 from dflash_eval.measurements.registry import Measurement, Runner, SpecRef
 from dflash_eval.measurements.tau_greedy import PromptTau
-from dflash_eval.metrics.drift import Comparison, Side, drift_stat
+from dflash_eval.metrics.drift import Comparison, LayerDrift, Side, layer_drift
 from dflash_eval.metrics.drift_budget import DriftBudget, gate_check
 from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.options.settings import EvalSettings
@@ -66,6 +66,7 @@ class DrafterEvaluation:
         self.sampled_references = sampled_references or SampledReferences(inputs, references)
         self.runner = Runner(self, lookup)
         self._drift: dict[str, Drift] = {}
+        self._layer_drifts: dict[tuple[Side, Side], dict[str, dict[int, LayerDrift]]] = {}
         self._checkpoint: Checkpoint | None = checkpoint
         self._live = live
         self._drafter: DFlashDrafter | None = None
@@ -250,9 +251,8 @@ class DrafterEvaluation:
         """Per-prompt per-layer feature drift and per-prompt τ on each side for comparison ``name``."""
         if name not in self._drift:
             c = self.inputs.comparison(name)
-            fa, fb = self.features(c.a), self.features(c.b)
-            stats = {p.id: {i: DriftStat(name, p.id, i, *drift_stat(fa[p.id][i], fb[p.id][i]), c.rel_tol, c.cos_tol)
-                            for i in self.layer_ids} for p in self.inputs.prompts}
+            stats = {pid: {i: DriftStat(name, pid, i, d.rel_err, d.cos, d.max_abs, c.rel_tol, c.cos_tol)
+                           for i, d in per.items()} for pid, per in self.layer_drifts(c.a, c.b).items()}
             accept: dict[str, tuple[float, float]] = {}
             if self.refusal is None:  # a refused drafter: the statistics of the target's features only
                 ev = self.inputs.eval_side
@@ -261,6 +261,16 @@ class DrafterEvaluation:
                 accept = {p.id: (ta[p.id].chain.tau, tb[p.id].chain.tau) for p in self.inputs.prompts}
             self._drift[name] = Drift(c, stats, accept)
         return self._drift[name]
+
+    def layer_drifts(self, a: Side, b: Side) -> dict[str, dict[int, LayerDrift]]:
+        """:func:`~dflash_eval.metrics.drift.layer_drift` of side ``a``'s features against side ``b``'s, by prompt
+        and target layer; computed once per pair of sides (a comparison's statistics and the drift budget's
+        direction read the same pair)."""
+        if (a, b) not in self._layer_drifts:
+            fa, fb = self.features(a), self.features(b)
+            self._layer_drifts[(a, b)] = {p.id: {i: layer_drift(fa[p.id][i], fb[p.id][i]) for i in self.layer_ids}
+                                          for p in self.inputs.prompts}
+        return self._layer_drifts[(a, b)]
 
     @property
     def drifts(self) -> dict[str, Drift]:

@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # typing only: the stages a measurement reads (all below this
     from dflash_eval.drafter.model import DFlashDrafter
     from dflash_eval.features.feature_store import Features, FeatureStore
     from dflash_eval.inputs.run_inputs import Inputs
-    from dflash_eval.metrics.drift import Side
+    from dflash_eval.metrics.drift import LayerDrift, Side
     from dflash_eval.options.settings import EvalSettings
     from dflash_eval.prompts import Prompt
     from dflash_eval.references.greedy import CompletionRecord, References
@@ -88,6 +88,8 @@ class Subject(Protocol):
     def completions(self) -> dict[str, CompletionRecord]: ...
 
     def features(self, side: Side, layers: tuple[int, ...] | None = None) -> Features: ...
+
+    def layer_drifts(self, a: Side, b: Side) -> dict[str, dict[int, LayerDrift]]: ...
 
     @overload
     def measure(self, spec: Measurement[Any, V], **params: Any) -> V: ...
