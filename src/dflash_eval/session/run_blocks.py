@@ -107,9 +107,9 @@ class KernelProbeBlock(Row):
     slowest process's seconds, each probe once (the layout :mod:`dflash_eval.target.kernel_registry` owns), every
     kernel change any process noticed, the seconds per worker."""
 
+    seconds: float | None = _opt(kw_only=True)  # first, as the probe writes it (eval.json's key order)
     probes: list[dict[str, Any]]
     changed: list[KernelChange]
-    seconds: float | None = _opt()
     per_worker: dict[str, float] | None = _opt()
 
 
