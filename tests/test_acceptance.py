@@ -79,6 +79,6 @@ def test_report_tables_side_by_side_and_merge_rebuilds_conversations(tmp_path) -
     md = report.render_markdown(RunResult.from_dict(data))
     assert "### Acceptance per draft position" in md and "### Multi-turn conversations" in md
     assert "acceptance per draft position" in report.render_terminal(RunResult.from_dict(data))
-    paths = report.write_reports(data, tmp_path)
+    paths = report.write_reports(RunResult.from_dict(data), tmp_path)
     assert json.loads(paths["json"].read_text())["categories"]["all"]["acceptance"]["server"]["rounds"] == 2
     assert paths["png"].stat().st_size > 0

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_eval.metrics.baseline import compare, load_baseline
+from dflash_eval.metrics.baseline import Baseline, compare
 from dflash_eval.metrics.stats import (
     PAIRED_T_OVER_PROMPTS,
     SAMPLED_T_OVER_PROMPTS,
@@ -175,9 +175,7 @@ def test_a_baseline_and_the_reference_drafter_at_t06_pair_their_samples(tmp_path
     base = {f"p{i}": (1.2 + rng.gamma(0.5, 0.3, size=8)).tolist() for i in range(6)}
     run = {p: (np.asarray(v) + rng.normal(0.05, 0.1, size=8)).tolist() for p, v in base.items()}
     rows = {p: {"tau": float(np.mean(v)), "sample_tau": v} for p, v in base.items()}
-    path = tmp_path / "eval.json"
-    path.write_text(json.dumps({"prompts": rows}))
-    b = load_baseline(path)
+    b = Baseline(tmp_path / "eval.json", {p: r["tau"] for p, r in rows.items()}, {}, None, samples=base)
     run_tau = {p: float(np.mean(v)) for p, v in run.items()}
     want = sampled_hall_t_interval([[a - c for a, c in zip(run[p], base[p])] for p in base])
     d = compare(run_tau, b, drop_tol=0.1, rise_tol=0.1, run_samples=run).diff

@@ -65,7 +65,7 @@ def fragment(prompts: dict[str, float], *, passed: dict[str, bool | None] | None
 def test_eval_json_is_strict_and_valid_with_nan_measurements(tmp_path, validator):
     data = report.merge([fragment({"a": NAN, "b": 2.0, "c": 1.0})], outcomes={"x.py::t": "passed"}, wall_s=1.0)
     data["verdict"] = run_verdict(RunResult.from_dict(data), failed_tests=1).to_dict()  # as the run's end stores it
-    paths = report.write_reports(data, tmp_path)
+    paths = report.write_reports(RunResult.from_dict(data), tmp_path)
     text = paths["json"].read_text()
     assert "NaN" not in text and "Infinity" not in text
     doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard constant {c} in eval.json"))
@@ -102,13 +102,13 @@ def test_strict_replaces_every_non_finite_number():
 def test_junit_properties_give_mean_tau_and_verdict():
     data = report.merge([fragment({"b": 2.0, "c": 1.0})])
     data["mean_tau"], data["mean_passed"] = 1.5, True
-    props = junit_properties(data)
+    props = junit_properties(RunResult.from_dict(data))
     assert props["dflash_eval.mean_tau"] == 1.5 and props["dflash_eval.mean_floor"] == 1.5
     assert props["dflash_eval.failed_prompts"] == 1 and props["dflash_eval.verdict"] == "FAIL"
     data["prompts"]["c"]["passed"] = True
     data["categories"] = {}
-    assert junit_properties(data)["dflash_eval.verdict"] == "PASS"
-    assert junit_properties({"prompts": {}}) == {}
+    assert junit_properties(RunResult.from_dict(data))["dflash_eval.verdict"] == "PASS"
+    assert junit_properties(RunResult.from_dict(report.merge([{"worker": "master", "measurements": {"m": {}}}]))) == {}
 
 
 def png_size(path: Path) -> tuple[int, int]:

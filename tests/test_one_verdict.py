@@ -44,7 +44,7 @@ from dflash_eval.metrics.verdict import (
 )
 from dflash_eval.pytest_plugin.junit import junit_properties
 from dflash_eval.pytest_plugin.run_report import fail_a_refused_run
-from dflash_eval.pytest_plugin.state import MERGED
+from dflash_eval.pytest_plugin.state import RESULT
 from dflash_eval.report.gate import gate_data, gate_row, render_gate_markdown
 from dflash_eval.report.html_report import html_verdict_lines, render_html
 from dflash_eval.report.speedup_report import speedup_lines, verdict_line
@@ -205,7 +205,7 @@ def _shown(data: dict) -> dict[str, str]:
     term = "\n".join(report.verdict_lines(result, report_dir=None))
     return {"terminal": term, "eval.md": report.render_markdown(result),
             "eval.html": render_html(result, html_verdict_lines(result)),
-            "junit": json.dumps(junit_properties(data), ensure_ascii=False),
+            "junit": json.dumps(junit_properties(result), ensure_ascii=False),
             "speed-up": "\n".join(speedup_lines(result.speedup, stored_verdict(result))
                                    + [verdict_line(result.speedup, stored_verdict(result)) or ""]),
             "baseline": report.baseline_line(result) or ""}
@@ -214,7 +214,8 @@ def _shown(data: dict) -> dict[str, str]:
 def _exit_status(data: dict) -> pytest.ExitCode:
     """pytest's exit status after a run whose tests all passed and whose merged eval.json data is ``data``."""
     stash = pytest.Stash()
-    stash[MERGED] = data
+    if data:
+        stash[RESULT] = RunResult.from_dict(data)
     session = SimpleNamespace(config=SimpleNamespace(stash=stash), exitstatus=pytest.ExitCode.OK)
     fail_a_refused_run(session)  # type: ignore[arg-type]  # what it reads of a session
     return session.exitstatus
@@ -232,7 +233,7 @@ def test_a_run_shows_the_verdict_eval_json_holds_not_its_own():
         assert "planted: 2 completions at a near tie" in shown[surface], surface
         assert "planted: too slow" in shown[surface], surface
     assert '<div class="verdict fail"' in shown["eval.html"]
-    props = junit_properties(data)
+    props = junit_properties(RunResult.from_dict(data))
     assert props["dflash_eval.verdict"] == "FAIL" and props["dflash_eval.drift_gate"] == "FAIL"
     assert props["dflash_eval.floors"] == "FAIL"
     assert "--speedup-floor 1 (the server-style loop's chain): FAIL: planted: too slow" in shown["speed-up"]
@@ -244,8 +245,8 @@ def test_a_run_shows_the_verdict_eval_json_holds_not_its_own():
     shown = _shown(data)
     assert shown["terminal"].startswith("dflash-eval: PASS — ") and "drift gate PASS" in shown["terminal"]
     assert '<div class="verdict pass"' in shown["eval.html"] and "**dflash-eval: PASS — " in shown["eval.md"]
-    assert junit_properties(data)["dflash_eval.verdict"] == "PASS" and junit_properties(data)["dflash_eval.floors"] \
-        == "PASS"
+    props = junit_properties(RunResult.from_dict(data))
+    assert props["dflash_eval.verdict"] == "PASS" and props["dflash_eval.floors"] == "PASS"
     assert "--speedup-floor 1 (the server-style loop's chain): PASS" in shown["speed-up"]
     assert shown["baseline"].endswith(": PASS")
 
@@ -273,7 +274,7 @@ def test_the_written_reports_carry_the_stored_verdict(tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     data = _run(3.0)  # every number passes
     data["verdict"] = PLANTED_FAIL.to_dict()
-    report.write_reports(data, tmp_path / "reports")
+    report.write_reports(RunResult.from_dict(data), tmp_path / "reports")
     written = json.loads((tmp_path / "reports" / "eval.json").read_text(encoding="utf-8"))
     assert written["verdict"] == PLANTED_FAIL.to_dict()
     for text in [(tmp_path / "reports" / name).read_text(encoding="utf-8") for name in ("eval.md", "eval.html")] + [

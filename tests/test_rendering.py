@@ -94,7 +94,7 @@ def test_a_report_rendered_again_from_eval_json_is_the_same_text(tmp_path):
     data["prompts"]["b"]["online"] = {"tau": NAN, "rounds": 0, "histogram": [], "position_rates": [],
                                       "accept_lengths": [], "tokens": 0, "matches_reference": False,
                                       "first_divergence": None}
-    paths = report.write_reports(data, tmp_path / "r")
+    paths = report.write_reports(RunResult.from_dict(data), tmp_path / "r")
     back = json.loads(paths["json"].read_text())
     assert back["prompts"]["a"]["tau"] is None
     again, result = RunResult.from_dict(back), RunResult.from_dict(data)

@@ -50,7 +50,7 @@ def test_render_and_write(tmp_path, monkeypatch):
     data = report.merge([fragment("master", {"a": 2.0, "b": 1.0}, drift=["a"])])
     text = report.render_terminal(RunResult.from_dict(data))
     assert "DDTree-8 τ" in text and "FAIL" in text and "PASS" in text and "c1" in text
-    paths = report.write_reports(data, tmp_path / "reports")
+    paths = report.write_reports(RunResult.from_dict(data), tmp_path / "reports")
     assert json.loads(paths["json"].read_text())["prompts"]["b"]["passed"] is False
     md = paths["md"].read_text()
     assert "| a | 2.000 | 2.500 | 1.500 |" in md and "Hidden-state drift" in md
@@ -83,14 +83,15 @@ def test_a_new_report_folder_copies_the_plot_from_the_cache_folders_store(tmp_pa
 
     store = tmp_path / "cache" / "plots"
     data = {**report.merge([fragment("master", {"a": 2.0, "b": 1.0})]), "settings": {"report_dir": "one"}}
-    first = report.write_reports(data, tmp_path / "one", plot_store=store)
+    first = report.write_reports(RunResult.from_dict(data), tmp_path / "one", plot_store=store)
     stamp = plot.plot_stamp(data, plot.eval_figure)
     assert (store / f"{stamp}.png").read_bytes() == first["png"].read_bytes()
 
     drawn: list[str] = []
     real_save = plot.save_png
     monkeypatch.setattr(plot, "save_png", lambda fig, p, stamp=None: drawn.append(stamp) or real_save(fig, p, stamp))
-    again = report.write_reports({**data, "created": "later", "settings": {"report_dir": "two"}}, tmp_path / "two",
+    later = RunResult.from_dict({**data, "created": "later", "settings": {"report_dir": "two"}})
+    again = report.write_reports(later, tmp_path / "two",
                                  plot_store=store)  # a warm run's eval.json: the same numbers, another folder
     assert not drawn and again["png"].read_bytes() == first["png"].read_bytes()
     timed, read = ({**data, "speedup": {"best": "chain", "cached": c}} for c in (False, True))  # cold, warm costs
@@ -266,7 +267,7 @@ def test_drift_budget_in_the_reports(tmp_path):
     md = report.render_markdown(RunResult.from_dict(data))
     assert "### Drift budget and gate" in md
     assert "| c1 | 0 | 1.00e-03 | a | 1.00e-02 | 1.00e-01 | 0.05–0.2 | 100x | PASS |" in md
-    paths = report.write_reports(data, tmp_path / "r")
+    paths = report.write_reports(RunResult.from_dict(data), tmp_path / "r")
     assert paths["budget_png"] == tmp_path / "r" / "drift_budget.png"
     assert paths["budget_png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     over = report.merge([budget_fragment("master", 3e-2)])
@@ -275,7 +276,8 @@ def test_drift_budget_in_the_reports(tmp_path):
     assert report.measured_drifts(RunResult.from_dict(over)) == {"c1": 3e-2}
     inside = report.merge([budget_fragment("master", 1e-2)])
     assert "| 10x | INCONCLUSIVE |" in report.render_markdown(RunResult.from_dict(inside))
-    plain = report.write_reports(report.merge([fragment("master", {"a": 2.0})]), tmp_path / "plain")
+    plain = report.write_reports(RunResult.from_dict(report.merge([fragment("master", {"a": 2.0})])),
+                                 tmp_path / "plain")
     assert "budget_png" not in plain and not (tmp_path / "plain" / "drift_budget.png").exists()
 
 
@@ -291,7 +293,7 @@ def test_drift_budget_fields_are_strict_json_and_valid(tmp_path):
                                         "mean_tau": float("nan"), "mean_drop": float("nan"),
                                         "drop_ci95": [float("nan")] * 2, "max_abs_dtau": float("nan"),
                                         "within": False})
-    paths = report.write_reports(report.merge([f]), tmp_path / "r")
+    paths = report.write_reports(RunResult.from_dict(report.merge([f])), tmp_path / "r")
     data = json.loads(paths["json"].read_text())
     schema = json.loads(resources.files("dflash_eval.report").joinpath("eval.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(data)

@@ -206,7 +206,7 @@ def test_measurements_reach_the_merged_report_and_its_tables(tmp_path):
     data = report.merge(frags, wall_s=1.0)
     assert data["measurements"] == {"m": {"summary": {"ok": 1}, "rows": [["a", 1.0]]}, "o": {"rows": [["x", "y"]]}}
     assert "measurements" not in report.merge([{k: v for k, v in fragment().items() if k != "measurements"}])
-    md = report.write_reports(data, tmp_path)["md"].read_text()
+    md = report.write_reports(RunResult.from_dict(data), tmp_path)["md"].read_text()
     assert "### Measurement: m" in md and "| a | 1 |" in md and "ok 1" in md and "### Measurement: o" in md
     text = report.render_terminal(RunResult.from_dict(data))
     assert "measurement: m" in text and "measurement: o" in text

@@ -58,7 +58,7 @@ def budget(outcome: str = "pass") -> dict:
 
 def test_verdict_block_of_a_passing_run(tmp_path):
     data = report.merge([{**fragment(37), **budget("pass")}])
-    report.write_reports(data, tmp_path)
+    report.write_reports(RunResult.from_dict(data), tmp_path)
     lines = report.verdict_lines(RunResult.from_dict(data), report_dir=tmp_path)
     assert lines[0] == ("dflash-eval: PASS — mean chain τ (macro) 3.800 >= floor 1.500 over 37 prompts, none below its "
                         "floor; drift gate PASS")
@@ -122,7 +122,7 @@ def test_long_tables_collapse_in_the_terminal_and_stay_whole_in_eval_md(tmp_path
     assert "category code" in text and "all prompts" in text
     full = report.render_terminal(RunResult.from_dict(data), max_rows=None)  # pytest -v
     assert len(_prompt_rows(full, "τ per prompt")) == n and "more in eval.md" not in full
-    md = report.write_reports(data, tmp_path)["md"].read_text()
+    md = report.write_reports(RunResult.from_dict(data), tmp_path)["md"].read_text()
     assert all(f"| p{i} |" in md for i in range(n))
     small = report.render_terminal(RunResult.from_dict(report.merge([fragment(TERMINAL_ROWS_FULL)])))
     assert len(_prompt_rows(small, "τ per prompt")) == TERMINAL_ROWS_FULL and "more in eval.md" not in small
@@ -139,9 +139,9 @@ def test_eval_md_provenance_is_plain_text_with_normalised_paths(tmp_path):
 
 
 def test_a_plot_of_an_earlier_run_is_not_left_behind(tmp_path):
-    report.write_reports(report.merge([{**fragment(3), **budget()}]), tmp_path)
+    report.write_reports(RunResult.from_dict(report.merge([{**fragment(3), **budget()}])), tmp_path)
     assert (tmp_path / "drift_budget.png").is_file()
-    paths = report.write_reports(report.merge([fragment(3)]), tmp_path)  # no budget this time
+    paths = report.write_reports(RunResult.from_dict(report.merge([fragment(3)])), tmp_path)  # no budget this time
     assert "budget_png" not in paths and not (tmp_path / "drift_budget.png").exists()
     assert (tmp_path / "eval.png").is_file()
 

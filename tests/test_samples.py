@@ -114,7 +114,7 @@ def test_greedy_rows_and_samples_jsonl(tiny_target_dir, tiny_drafter_dir, tmp_pa
     assert json.loads(dumps_strict(EvalResult.from_dict(frag).to_dict()))["prompts"] == frag["prompts"]
 
     data = report.merge([frag], wall_s=1.0)
-    paths = report.write_reports(data, tmp_path / "reports")
+    paths = report.write_reports(RunResult.from_dict(data), tmp_path / "reports")
     lines = [json.loads(x) for x in paths["samples"].read_text().splitlines()]
     assert [(x["prompt_id"], x["sample"]) for x in lines] == [("p0", 0), ("p1", 0)]
     for x in lines:

@@ -26,7 +26,7 @@ from dflash_eval.errors import ConfigError, DFlashEvalError
 from dflash_eval.metrics.verdict import compose, notice
 from dflash_eval.report.gate import GatePrompt, GateRow, error_row, gate_row
 from dflash_eval.training_loop.checkpoint_dir import Found, find_checkpoints
-from dflash_eval.training_loop.history import CheckpointRecord
+from dflash_eval.training_loop.history import CheckpointRecord, History
 from dflash_eval.training_loop.trackers import TensorBoardTracker, WandbTracker
 from dflash_eval.training_loop.watch import WatchLimits, watch
 
@@ -42,7 +42,8 @@ if TYPE_CHECKING:  # they import torch: kept out of --help
 
         hooks: pluggy.PluginManager | None
 
-__all__ = ["add_training_options", "training_checkpoints", "first_checkpoints", "make_evaluator", "judged_row",
+__all__ = ["add_training_options", "training_checkpoints", "first_checkpoints", "history_path", "check_history",
+           "make_evaluator", "judged_row",
            "record_row", "write_trend", "gate_training_run"]
 
 #: How many earlier failures the ``--latest`` notice names (the rest are counted).
@@ -117,6 +118,19 @@ def first_checkpoints(ns: argparse.Namespace, say: Callable[[str], None]) -> lis
     return got
 
 
+def history_path(ns: argparse.Namespace, settings: EvalSettings) -> Path:
+    """The history the gate appends to: ``--history``, default ``<report-dir>/history.jsonl``."""
+    return Path(ns.history) if ns.history else Path(settings.report_dir) / "history.jsonl"
+
+
+def check_history(ns: argparse.Namespace, settings: EvalSettings) -> None:
+    """Read the gate's history (:func:`history_path`) before any work: a line that is not a history record (a key no
+    version wrote, a field it lacks) is a ConfigError naming the file, the line and the key, answered as bad input
+    before a checkpoint is evaluated or anything written (``--latest`` judges the newest checkpoint against it;
+    every gate run appends to it)."""
+    History(history_path(ns, settings)).read()
+
+
 def make_evaluator(ns: argparse.Namespace, settings: EvalSettings, *, log: Callable[[str], None],
                    **session: Unpack[EvaluatorOptions]) -> Evaluator:
     """The gate's Evaluator: its history (``--history``), trackers (``--tensorboard``, ``--wandb``: registered on its
@@ -134,8 +148,7 @@ def make_evaluator(ns: argparse.Namespace, settings: EvalSettings, *, log: Calla
         trackers.append(TensorBoardTracker(Path(ns.tensorboard)))
     if ns.wandb:
         trackers.append(WandbTracker(Path(ns.wandb), config={"target": str(settings.target_model)}))
-    history = Path(ns.history) if ns.history else Path(settings.report_dir) / "history.jsonl"
-    return Evaluator(settings, history=history, trackers=trackers, log=log, worker=("master", 0, 1),
+    return Evaluator(settings, history=history_path(ns, settings), trackers=trackers, log=log, worker=("master", 0, 1),
                      plateau_window=ns.plateau_window, **session)
 
 

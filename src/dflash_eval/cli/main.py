@@ -55,6 +55,7 @@ import pytest
 
 from dflash_eval.cli.gate_run import (
     add_training_options,
+    check_history,
     first_checkpoints,
     gate_training_run,
     judged_row,
@@ -81,6 +82,7 @@ from dflash_eval.references.server_link import ServerLink
 from dflash_eval.report.gate import NOT_CHECKED, GateRow, gate_table, write_gate_report
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.report.tables import print_tables
+from dflash_eval.session.baseline_file import baseline_problem
 from dflash_eval.training_loop.plugins import plugin_manager
 
 if TYPE_CHECKING:
@@ -172,9 +174,10 @@ def _drafter_paths(ns: argparse.Namespace, err: TextIO) -> list[Path] | None:
     if problems:
         print("dflash-eval gate: bad input:\n  " + "\n  ".join(problems), file=err)
         return None
-    try:  # the checks that need no torch first: bad values, paths and prompt files answer in about a second
-        for d in drafters:
-            preflight(_settings(ns, d, check=False))
+    try:  # the checks that need no torch first: bad values, paths, prompt files, --baseline and the history answer
+        for d in drafters:  # in about a second
+            preflight(_settings(ns, d, check=False), baseline_check=baseline_problem)
+        check_history(ns, _settings(ns, drafters[0], check=False))
     except DFlashEvalError as exc:
         print(f"dflash-eval gate: bad input: {exc}", file=err)
         return None

@@ -38,7 +38,7 @@ from dflash_eval.golden.needed import FLOOR_TESTS, SNAPSHOT_MODULE, SNAPSHOT_TES
 from dflash_eval.metrics.floors import load_floors
 from dflash_eval.options.commands import add_command_options, refused
 from dflash_eval.options.invocation import RECORD_FLAGS, args_for, shell_join, suite_options
-from dflash_eval.pytest_plugin.state import MERGED, get_settings, settings_from_config
+from dflash_eval.pytest_plugin.state import RESULT, get_settings, settings_from_config
 
 __all__ = ["record_command", "build_record_parser", "with_recording_keywords", "RecordPlugin", "RECORDING_TESTS",
            "RECORDING_KEYWORDS", "EXIT_REFUSED"]
@@ -132,15 +132,17 @@ def summary(plugin: RecordPlugin, argv: list[str]) -> tuple[list[str], bool]:
         s = get_settings(config)
     except Exception:  # noqa: BLE001 - the run's usage error was printed by pytest
         return [], False
-    data = config.stash.get(MERGED, None) or {}
+    result = config.stash.get(RESULT, None)
     lines: list[str] = []
-    floors_written = _written(Path(s.floors_file), plugin.started) and bool(data.get("prompts"))
+    floors_written = _written(Path(s.floors_file), plugin.started) and result is not None and bool(result.prompts)
     if floors_written:
         doc = json.loads(Path(s.floors_file).read_text(encoding="utf-8"))
         budgets = ", ".join(f"DDTree-{b}" for b in doc.get("ddtree", {}))
-        lines.append(f"  τ floors     {_shown(s.floors_file)}: {len(data['prompts'])} prompts, chain"
+        assert result is not None  # floors_written
+        mean = result.tau.mean_tau if result.tau is not None else None
+        lines.append(f"  τ floors     {_shown(s.floors_file)}: {len(result.prompts)} prompts, chain"
                      f"{' and ' + budgets if budgets else ''}, measured τ - {doc.get('margin')}"
-                     f" (mean τ {data.get('mean_tau', float('nan')):.3f})")
+                     f" (mean τ {float('nan') if mean is None else mean:.3f})")
         before = plugin.floors_before
         if before.get("context") and before.get("context") != doc.get("context"):
             lines.append("               (replaced the floors recorded there with other τ-relevant settings)")
@@ -150,11 +152,11 @@ def summary(plugin: RecordPlugin, argv: list[str]) -> tuple[list[str], bool]:
     if plugin.snapshots:
         folder = Path(s.golden_dir) / "snapshots" / s.snapshot_folder / "test_reference_completions"
         lines.append(f"  snapshots    {_shown(folder)}/: {len(plugin.snapshots)} reference completions")
-    fp = data.get("fingerprint") or {}
-    if fp:
+    fp = result.fingerprint if result is not None else None
+    if fp is not None:
         from dflash_eval.golden.writer import fingerprint_path  # imports torch: kept out of --help
 
-        path = fingerprint_path(s.golden_dir, fp["device_kind"], fp["backend"], fp["dtype"])
+        path = fingerprint_path(s.golden_dir, fp.device_kind, fp.backend, fp.dtype)
         if _written(path, plugin.started):
             lines.append(f"  fingerprint  {_shown(path)}")
     if not lines:

@@ -118,10 +118,12 @@ class Inputs:
             diff = sorted(k for k in mine if mine[k] != theirs.get(k))
             raise ConfigError(f"cannot share target resources between sessions whose options differ in {diff}")
 
-    def preflight(self) -> None:
+    def preflight(self, *, baseline_check: Callable[[Path], str | None] | None = None) -> None:
         """Check every input path at once (:func:`dflash_eval.options.preflight.input_problems`, the tokenizer's JSON
-        files too); ConfigError lists all that are missing or unreadable."""
-        problems = input_problems(self.settings, target_check=self._target_problem, load_prompts=lambda: self.prompts)
+        files too; ``baseline_check``: its check of ``--baseline``); ConfigError lists all that are missing or
+        unreadable."""
+        problems = input_problems(self.settings, target_check=self._target_problem, load_prompts=lambda: self.prompts,
+                                  baseline_check=baseline_check)
         if problems:
             raise ConfigError("unusable inputs:\n  " + "\n  ".join(problems))
 

@@ -16,51 +16,29 @@ The defaults come from measured noise (docs/manual.md, "Baseline tolerances"). A
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.errors import ConfigError
 from dflash_eval.metrics.stats import Summary, paired_difference
 from dflash_eval.metrics.verdict import drop_holds, rise_holds
 
-__all__ = ["Baseline", "BaselineComparison", "load_baseline", "compare"]
+__all__ = ["Baseline", "BaselineComparison", "compare"]
 
 
 @dataclass(frozen=True)
 class Baseline:
     """The per-prompt τ and run context of an earlier eval.json (``samples``: each prompt's per-sample τ of a run
-    at temperature > 0)."""
+    at temperature > 0), as :func:`dflash_eval.session.baseline_file.read_baseline` reads it from the file's typed
+    result (this layer reads no eval.json)."""
 
     path: Path
     tau: dict[str, float]
     context: dict[str, Any]
     drafter: str | None
     samples: dict[str, list[float]] = field(default_factory=dict)
-
-
-def load_baseline(path: str | Path) -> Baseline:
-    """Read an eval.json as a baseline (ConfigError naming the file and the problem)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--baseline {path}: not found (an earlier reports/eval.json)")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"--baseline {path}: not valid JSON ({exc})") from exc
-    prompts = data.get("prompts") if isinstance(data, dict) else None
-    if not isinstance(prompts, dict) or not prompts:
-        raise ConfigError(f"--baseline {path}: no 'prompts' with τ (is it a reports/eval.json of a τ run?)")
-    try:
-        tau = {str(p): float(r["tau"]) for p, r in prompts.items() if r.get("tau") is not None}
-        samples = {str(p): [float(v) for v in r["sample_tau"]] for p, r in prompts.items() if r.get("sample_tau")}
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise ConfigError(f"--baseline {path}: malformed 'prompts' entry ({type(exc).__name__}: {exc})") from exc
-    context = data.get("context") if isinstance(data.get("context"), dict) else {}
-    return Baseline(path, tau, dict(context), (data.get("drafter") or {}).get("fingerprint"), samples)
 
 
 @dataclass(frozen=True)

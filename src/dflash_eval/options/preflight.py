@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.paths import MIN_FREE_BYTES, folder_problem
 from dflash_eval.errors import ConfigError
-from dflash_eval.metrics.baseline import load_baseline
 from dflash_eval.metrics.floors import load_floors
 from dflash_eval.prompts import load_prompt_spec
 
@@ -92,11 +91,14 @@ def _load_prompts(settings: EvalSettings) -> list[Prompt]:
 
 
 def input_problems(settings: EvalSettings, *, target_check: Callable[[EvalSettings], str | None] | None = None,
-                   load_prompts: Callable[[], Any] | None = None) -> list[str]:
+                   load_prompts: Callable[[], Any] | None = None,
+                   baseline_check: Callable[[Path], str | None] | None = None) -> list[str]:
     """Every problem of the input paths and files, one line each naming the option and the file: the target's
     config.json (``target_check``, default :func:`target_config_problem`), the drafter paths, ``--baseline``
-    (read as :func:`~dflash_eval.metrics.baseline.load_baseline` does), the floors file's JSON and the prompt spec
-    (``load_prompts``, default: read it; JSONL errors name the line)."""
+    (``baseline_check``: what is wrong with the file, naming ``--baseline``, the file and the key, as
+    :func:`dflash_eval.session.baseline_file.baseline_problem` reads it through the run's typed result; this layer
+    cannot: without it only whether the file exists), the floors file's JSON and the prompt spec (``load_prompts``,
+    default: read it; JSONL errors name the line)."""
     s = settings
     problems = []
     target = (target_check or target_config_problem)(s)
@@ -108,11 +110,10 @@ def input_problems(settings: EvalSettings, *, target_check: Callable[[EvalSettin
         v = getattr(s, name)
         if v is not None and not v.exists():
             problems.append(f"--{name.replace('_', '-')} {v}: not found")
-    try:
-        if s.baseline is not None:
-            load_baseline(s.baseline)  # its messages name --baseline and the file
-    except ConfigError as exc:
-        problems.append(str(exc))
+    if s.baseline is not None:
+        bad = (baseline_check or _baseline_exists)(Path(s.baseline))  # its messages name --baseline and the file
+        if bad:
+            problems.append(bad)
     try:
         load_floors(s.floors_file)  # an absent file is no error here; a malformed one names the file
     except ConfigError as exc:
@@ -125,12 +126,19 @@ def input_problems(settings: EvalSettings, *, target_check: Callable[[EvalSettin
     return problems
 
 
-def preflight(settings: EvalSettings, *, snapshot_update: bool = False) -> None:
+def _baseline_exists(path: Path) -> str | None:
+    return None if path.is_file() else f"--baseline {path}: not found (an earlier reports/eval.json)"
+
+
+def preflight(settings: EvalSettings, *, snapshot_update: bool = False,
+              baseline_check: Callable[[Path], str | None] | None = None) -> None:
     """The option values (:meth:`~dflash_eval.options.settings.EvalSettings.validate_values`), then every input problem
-    (:func:`input_problems`) and every folder the run cannot write (:func:`output_problems`; ``snapshot_update``: the
-    run rewrites the golden snapshots) at once; ConfigError, without importing torch. Run once at the start of a
-    run (the plugin's controller, ``dflash-eval gate``): a folder that fills up later is the write's own error."""
+    (:func:`input_problems`, ``baseline_check`` its check of ``--baseline``) and every folder the run cannot write
+    (:func:`output_problems`; ``snapshot_update``: the run rewrites the golden snapshots) at once; ConfigError,
+    without importing torch. Run once at the start of a run (the plugin's controller, ``dflash-eval gate``): a folder
+    that fills up later is the write's own error."""
     settings.validate_values()
-    problems = input_problems(settings) + output_problems(settings, snapshot_update=snapshot_update)
+    problems = (input_problems(settings, baseline_check=baseline_check)
+                + output_problems(settings, snapshot_update=snapshot_update))
     if problems:
         raise ConfigError("unusable inputs:\n  " + "\n  ".join(problems))

@@ -47,6 +47,7 @@ from dflash_eval.pytest_plugin.state import (
 )
 from dflash_eval.pytest_plugin.storage_stop import stop_at_storage_failure
 from dflash_eval.pytest_plugin.suite_args import runs_suite
+from dflash_eval.session.baseline_file import baseline_problem
 
 if TYPE_CHECKING:
     from dflash_eval.pytest_plugin.run_report import WorkerNode
@@ -244,7 +245,8 @@ def _preflight(config: pytest.Config) -> None:
 
     try:
         preflight(settings_from_config(config, check=False),
-                  snapshot_update=bool(getattr(config.option, "update_snapshots", False)))
+                  snapshot_update=bool(getattr(config.option, "update_snapshots", False)),
+                  baseline_check=baseline_problem)  # --baseline read through the run's typed result
     except DFlashEvalError as exc:
         raise pytest.UsageError(f"dflash-eval: {exc}") from None
 

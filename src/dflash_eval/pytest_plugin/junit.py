@@ -37,22 +37,22 @@ __all__ = ["junit_properties", "add_junit_properties", "testcase_property", "tes
 TESTCASE_PROPERTY_FAMILIES = ("xunit1", "legacy")
 
 
-def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
-    """The properties of merged eval.json ``data``: the near ties, and (when τ was measured) τ and the verdicts."""
-    ties = data.get("near_ties") or []
-    near: dict[str, Any] = {"dflash_eval.near_ties": len(ties)} if ties or "mean_tau" in data else {}
+def junit_properties(result: RunResult) -> dict[str, Any]:
+    """The properties of the run's ``result``: the near ties, and (when τ was measured) τ and the verdicts."""
+    ties = result.near_ties or []
+    near: dict[str, Any] = {"dflash_eval.near_ties": len(ties)} if ties or result.tau is not None else {}
     for n, tie in enumerate(ties):
-        near[f"dflash_eval.near_tie.{n}"] = (f"{tie['prompt_id']} against {tie['against']} at completion token "
-                                            f"{tie['position']}: {tie['expected']} vs {tie['got']}, margin "
-                                            f"{_round(tie.get('margin'))} < band {tie['band']:g} ({tie['dtype']})")
-    if "mean_tau" not in data:
+        near[f"dflash_eval.near_tie.{n}"] = (f"{tie.prompt_id} against {tie.against} at completion token "
+                                            f"{tie.position}: {tie.expected} vs {tie.got}, margin "
+                                            f"{_round(tie.margin)} < band {tie.band:g} ({tie.dtype})")
+    if result.tau is None:
         return near
-    verdict = stored_verdict(RunResult.from_dict(data))
-    prompts = data.get("prompts", {})
-    failed = [p for p, r in prompts.items() if r.get("passed") is False]
-    out: dict[str, Any] = {"dflash_eval.mean_tau": _round(data.get("mean_tau")),
-                           "dflash_eval.mean_floor": _round(data.get("mean_floor"))}
-    for b, v in (data.get("mean_ddtree") or {}).items():
+    verdict = stored_verdict(result)
+    prompts = result.prompts
+    failed = [p for p, r in prompts.items() if r.passed is False]
+    out: dict[str, Any] = {"dflash_eval.mean_tau": _round(result.tau.mean_tau),
+                           "dflash_eval.mean_floor": _round(result.tau.mean_floor)}
+    for b, v in result.tau.mean_ddtree.items():
         out[f"dflash_eval.mean_ddtree{b}"] = _round(v)
     out["dflash_eval.prompts"] = len(prompts)
     out["dflash_eval.failed_prompts"] = len(failed)
@@ -62,17 +62,17 @@ def junit_properties(data: dict[str, Any]) -> dict[str, Any]:
     if gate is not None:
         out["dflash_eval.drift_gate"] = gate.upper()
     out.update(near)
-    for n, group in enumerate(data.get("not_checked") or []):  # what the verdict does not vouch for
-        out[f"dflash_eval.not_checked.{n}"] = f"{group['reason']} ({group['tests']} tests)"
+    for n, group in enumerate(result.not_checked or []):  # what the verdict does not vouch for
+        out[f"dflash_eval.not_checked.{n}"] = f"{group.reason} ({group.tests} tests)"
     for pid, r in prompts.items():
         key = f"dflash_eval.prompt.{pid}"
-        out[f"{key}.tau"] = _round(r.get("tau"))
-        out[f"{key}.floor"] = _round(r.get("floor"))
-        out[f"{key}.rounds"] = r.get("rounds", "-")
-        for b, v in (r.get("ddtree") or {}).items():
+        out[f"{key}.tau"] = _round(r.tau)
+        out[f"{key}.floor"] = _round(r.floor)
+        out[f"{key}.rounds"] = r.rounds
+        for b, v in r.ddtree.items():
             out[f"{key}.ddtree{b}.tau"] = _round(v)
-            out[f"{key}.ddtree{b}.floor"] = _round((r.get("ddtree_floor") or {}).get(b))
-        out[f"{key}.verdict"] = {True: "PASS", False: "FAIL", None: "-"}[r.get("passed")]
+            out[f"{key}.ddtree{b}.floor"] = _round(r.ddtree_floor.get(b))
+        out[f"{key}.verdict"] = {True: "PASS", False: "FAIL", None: "-"}[r.passed]
     return out
 
 
@@ -80,7 +80,7 @@ def _round(x: object) -> object:
     return round(x, 4) if isinstance(x, float) and x == x else ("-" if x is None or x != x else x)
 
 
-def add_junit_properties(config: pytest.Config, data: dict[str, Any]) -> None:
+def add_junit_properties(config: pytest.Config, result: RunResult) -> None:
     """Add :func:`junit_properties` to the junit XML of this run as test-suite properties, when one is written."""
     try:
         from _pytest.junitxml import xml_key
@@ -89,7 +89,7 @@ def add_junit_properties(config: pytest.Config, data: dict[str, Any]) -> None:
     xml = config.stash.get(xml_key, None)
     if xml is None:
         return
-    for name, value in junit_properties(data).items():
+    for name, value in junit_properties(result).items():
         xml.add_global_property(name, value)
 
 

@@ -4,6 +4,7 @@ junit properties, and the terminal's dflash-eval section. The hooks in :mod:`.ho
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -12,14 +13,14 @@ import pytest
 
 from dflash_eval import report
 from dflash_eval.errors import DFlashEvalError, EvalError, PluginError
-from dflash_eval.metrics.verdict import compose, reports_part, run_fails, run_verdict
+from dflash_eval.metrics.verdict import reports_part, run_fails, run_verdict
 from dflash_eval.pytest_plugin.junit import add_junit_properties
 from dflash_eval.pytest_plugin.state import (
     FRAGMENTS,
-    MERGED,
     MESSAGES,
     OUTCOMES,
     REJECTED,
+    RESULT,
     SESSION,
     SKIPS,
     START,
@@ -70,11 +71,14 @@ def _own_result(config: pytest.Config) -> bool:
 
 
 def write_run_reports(config: pytest.Config, *, failed_tests: int, exitstatus: int) -> None:
-    """The controller merges every process's result, composes the run's verdict (``failed_tests``: the run's failed
-    tests and errors; ``exitstatus``: pytest's) and writes the reports (and the golden updates); the merged data with
-    its verdict and the lines for the terminal go to the stash, the mean τ and the verdict to the junit XML. A failure
-    is one line for the terminal naming the file and the cause, never an internal error of the test run, and it fails
-    the run (:func:`fail_a_refused_run`) and its verdict: a CI step must not pass without its reports."""
+    """The controller merges every process's result, reads it as the run's typed result once with its verdict
+    composed (``failed_tests``: the run's failed tests and errors; ``exitstatus``: pytest's;
+    :func:`dflash_eval.report.write.conclude`) and writes the reports (and the golden updates) from it; the result
+    and the lines for the terminal go to the stash, the mean τ and the verdict to the junit XML: every one of them,
+    and the exit status, reads that one result. A failure is one line for the terminal naming the file and the cause,
+    never an internal error of the test run, and it fails the run (:func:`fail_a_refused_run`) and its verdict: a CI
+    step must not pass without its reports."""
+    data: dict[str, Any] = {}
     try:
         if _own_result(config) or not is_controller(config):
             return
@@ -89,27 +93,28 @@ def write_run_reports(config: pytest.Config, *, failed_tests: int, exitstatus: i
                             wall_s=time.time() - config.stash[START])
         if not _result_ready(config, settings, data):
             return
-        config.stash[MERGED] = data  # the tables and the verdict are printed even when a file cannot be written
-        config.stash[MESSAGES] = report.finish(data, settings, failed_tests=failed_tests, exitstatus=exitstatus) + [
+        concluded = report.conclude(data, settings, failed_tests=failed_tests, exitstatus=exitstatus)
+        result = config.stash[RESULT] = concluded.result  # printed even when a file cannot be written
+        config.stash[MESSAGES] = concluded.messages + report.finish(result, settings) + [
             f"dflash-eval: {m}" for m in config.stash.get(REJECTED, [])]
 
-        add_junit_properties(config, data)
+        add_junit_properties(config, result)
     except Exception as exc:  # noqa: BLE001 - reporting must never turn a test run into an internal error
         why = f"could not write the reports: {type(exc).__name__}: {exc}"
         config.stash[REPORT_FAILED] = why
         config.stash[MESSAGES] = [f"dflash-eval: {why}; the run fails"]
         if is_controller(config):
-            merged = config.stash.setdefault(MERGED, {})
-            if merged:  # the verdict the terminal prints: the run's, failed by its reports
-                run = _typed(merged)
-                verdict = compose() if run is None else run_verdict(run, failed_tests=failed_tests,
-                                                                    exitstatus=exitstatus)
-                merged["verdict"] = verdict.with_parts(reports_part()).to_dict()
+            run = config.stash.get(RESULT, None)
+            if run is None and data:  # the failure came before the result was read (an update option's write)
+                run = _typed(data)
+            if run is not None:  # the verdict the terminal prints: the run's, failed by its reports
+                verdict = run_verdict(run, failed_tests=failed_tests, exitstatus=exitstatus)
+                config.stash[RESULT] = dataclasses.replace(run, verdict=verdict.with_parts(reports_part()))
 
 
 def _typed(data: dict[str, Any]) -> RunResult | None:
-    """The merged data read as the run's result; None when it cannot be (the reports failed on it: the run fails
-    without a verdict of its parts)."""
+    """The merged data read as the run's result, where the run's end failed before it was (an update option's
+    write); None when it cannot be (the reports failed on it: the run fails without a verdict of its parts)."""
     try:
         return RunResult.from_dict(data)
     except EvalError:
@@ -123,7 +128,7 @@ def _result_ready(config: pytest.Config, settings: EvalSettings, data: dict[str,
     try:
         rejected = result_ready(config.pluginmanager, settings, data)
     except PluginError as exc:
-        config.stash[MERGED], config.stash[MESSAGES] = {}, [f"dflash-eval: PluginError: {exc}"]
+        config.stash[MESSAGES] = [f"dflash-eval: PluginError: {exc}"]
         config.stash[REJECTED] = [str(exc)]
         return False
     if rejected:
@@ -141,16 +146,15 @@ def fail_a_refused_run(session: pytest.Session) -> None:
 
     stash = session.config.stash
     broken = bool(stash.get(REJECTED, None)) or REPORT_FAILED in stash
-    data = stash.get(MERGED, None)
-    if run_fails(_typed(data) if data else None, broken=broken) and session.exitstatus == pytest.ExitCode.OK:
+    if run_fails(stash.get(RESULT, None), broken=broken) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def write_terminal_section(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """The dflash-eval section: the tables, the messages of the end of the run, the verdict (the one the run's
     eval.json holds) last."""
-    data = config.stash.get(MERGED, None)
-    if data is None:
+    result = config.stash.get(RESULT, None)
+    if result is None and not (is_controller(config) and MESSAGES in config.stash):
         return
     try:
         settings = get_settings(config)
@@ -158,7 +162,7 @@ def write_terminal_section(terminalreporter: pytest.TerminalReporter, config: py
     except DFlashEvalError:
         report_dir, recorded = None, False
     width = getattr(getattr(terminalreporter, "_tw", None), "fullwidth", 120)
-    section = terminal_section(data, config.stash.get(MESSAGES, []), width=width, verbose=config.option.verbose > 0,
+    section = terminal_section(result, config.stash.get(MESSAGES, []), width=width, verbose=config.option.verbose > 0,
                                report_dir=report_dir, recorded=recorded)
     terminalreporter.section("dflash-eval")
     if section.tables:

@@ -19,9 +19,10 @@ from dflash_eval.references.server_link import ServerLink
 
 if TYPE_CHECKING:  # the session (and torch) is imported when a test needs it, not when the plugin loads
     from dflash_eval.session.eval_session import EvalSession
+    from dflash_eval.session.run_result import RunResult
 
 __all__ = ["settings_from_config", "get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES",
-           "SKIPS", "START", "SGLANG", "MERGED", "MESSAGES", "REJECTED", "is_controller"]
+           "SKIPS", "START", "SGLANG", "RESULT", "MESSAGES", "REJECTED", "is_controller"]
 
 SESSION = pytest.StashKey["EvalSession"]()
 SETTINGS = pytest.StashKey["EvalSettings | Exception"]()
@@ -30,7 +31,7 @@ OUTCOMES = pytest.StashKey[dict]()
 SKIPS = pytest.StashKey[dict]()  # node id -> the reason a suite test was skipped: what the run did not check
 START = pytest.StashKey[float]()
 SGLANG = pytest.StashKey[Any]()
-MERGED = pytest.StashKey[dict]()
+RESULT: pytest.StashKey[RunResult] = pytest.StashKey()  # the run's result, its verdict composed: every report reads it
 MESSAGES = pytest.StashKey[list]()
 REJECTED = pytest.StashKey[list]()  # why the run fails although its tests passed: a plugin rejected its result
 

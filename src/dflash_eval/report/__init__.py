@@ -34,12 +34,13 @@ _LAZY = {
     "tau_rows": "dflash_eval.report.table_rows",
     "TextTable": "dflash_eval.report.tables", "markdown_table": "dflash_eval.report.tables",
     "terminal_text": "dflash_eval.report.tables",
-    "finish": "dflash_eval.report.write", "write_reports": "dflash_eval.report.write",
+    "conclude": "dflash_eval.report.write", "finish": "dflash_eval.report.write",
+    "write_reports": "dflash_eval.report.write",
 }
 
-__all__ = ["SCHEMA", "merge", "finish", "render_terminal", "render_markdown", "write_plot", "write_budget_plot",
-           "measured_drifts", "write_reports", "tau_rows", "category_rows", "drift_rows", "ladder_rows", "gate_rows",
-           "baseline_line", "budget_line", "TERMINAL_ROWS_SHOWN", "verdict_lines",
+__all__ = ["SCHEMA", "merge", "conclude", "finish", "render_terminal", "render_markdown", "write_plot",
+           "write_budget_plot", "measured_drifts", "write_reports", "tau_rows", "category_rows", "drift_rows",
+           "ladder_rows", "gate_rows", "baseline_line", "budget_line", "TERMINAL_ROWS_SHOWN", "verdict_lines",
            "fmt", "MISSING", "TextTable", "markdown_table", "terminal_text", "append_step_summary"]
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from dflash_eval.report.tables import TextTable as TextTable
     from dflash_eval.report.tables import markdown_table as markdown_table
     from dflash_eval.report.tables import terminal_text as terminal_text
+    from dflash_eval.report.write import conclude as conclude
     from dflash_eval.report.write import finish as finish
     from dflash_eval.report.write import write_reports as write_reports
 

@@ -1,7 +1,7 @@
 """The report work at the end of a suite run, apart from pytest: whether the run measured anything to report
-(:func:`measured`; then :func:`~dflash_eval.session.merge.merge` and :func:`~dflash_eval.report.write.finish` write
-it), and the terminal's dflash-eval section (:func:`terminal_section`: the tables, what was written, the verdict
-last)."""
+(:func:`measured`; then :func:`~dflash_eval.session.merge.merge`, :func:`~dflash_eval.report.write.conclude` reads
+the merged data as the run's typed result once and :func:`~dflash_eval.report.write.finish` writes it), and the
+terminal's dflash-eval section (:func:`terminal_section`: the tables, what was written, the verdict last)."""
 
 from __future__ import annotations
 
@@ -36,13 +36,13 @@ class TerminalSection:
     verdict: list[str]
 
 
-def terminal_section(data: dict[str, Any], messages: list[str], *, width: int, verbose: bool,
+def terminal_section(result: RunResult | None, messages: list[str], *, width: int, verbose: bool,
                      report_dir: Path | None, recorded: bool) -> TerminalSection:
-    """The section for merged ``data`` (empty: only the messages) and the verdict it holds. ``verbose``: every row of
-    the long tables; ``report_dir``, ``recorded``: as :func:`dflash_eval.report.summary.verdict_lines` takes them."""
-    if not data:
+    """The section for the run's ``result`` (None: only the messages) and the verdict it holds. ``verbose``: every
+    row of the long tables; ``report_dir``, ``recorded``: as :func:`dflash_eval.report.summary.verdict_lines` takes
+    them."""
+    if result is None:
         return TerminalSection("", list(messages), [])
-    result = RunResult.from_dict(data)  # read as the typed result once: the tables and the verdict read it
     tables = render_terminal(result, width=width, max_rows=None if verbose else TERMINAL_ROWS_SHOWN)
     verdict = verdict_lines(result, report_dir=report_dir, recorded=recorded)
     return TerminalSection(tables, list(messages), verdict)

@@ -9,7 +9,9 @@ pytest plugin: a non-zero exit; ``dflash-eval gate``: exit 1)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +33,7 @@ from dflash_eval.session.run_result import RunResult
 if TYPE_CHECKING:  # imports torch: kept out of the report's own import
     from dflash_eval.options.settings import EvalSettings
 
-__all__ = ["REPORT_NAMES", "write_reports", "finish"]
+__all__ = ["REPORT_NAMES", "write_reports", "Concluded", "conclude", "finish"]
 
 #: The cache folder's store of drawn plots (``<cache-dir>/plots``): a new report folder copies them from there.
 PLOT_STORE = "plots"
@@ -40,16 +42,17 @@ PLOT_STORE = "plots"
 REPORT_NAMES = ("eval.json", "eval.md", "eval.png", "drift_budget.png", SPEEDUP_PLOT, SAMPLES_NAME, HTML_NAME)
 
 
-def write_reports(data: dict[str, Any], report_dir: Path, *, recorded: bool = False,
+def write_reports(result: RunResult, report_dir: Path, *, recorded: bool = False,
                   plot_store: Path | None = None) -> dict[str, Path]:
-    """eval.json, eval.md, the plots, samples.jsonl and eval.html under ``report_dir`` (each atomically), then eval.md
-    appended to the CI step summary; ``{kind: path}`` of what was written (``recorded``: this run wrote the τ floors
-    it is judged against, which eval.html's verdict says; ``plot_store``: the cache folder's plots, drawn once:
+    """eval.json (``result``'s data: :meth:`~dflash_eval.session.run_result.RunResult.to_dict`), eval.md, the plots,
+    samples.jsonl and eval.html under ``report_dir`` (each atomically), then eval.md appended to the CI step summary;
+    ``{kind: path}`` of what was written (``recorded``: this run wrote the τ floors it is judged against, which
+    eval.html's verdict says; ``plot_store``: the cache folder's plots, drawn once:
     :func:`dflash_eval.report.plot.draw_once`). StorageError naming the file that could not be written (the reports
     of an earlier run removed: see the module docstring)."""
     report_dir = Path(report_dir)
     try:
-        paths, md = _write_reports(data, report_dir, recorded, plot_store)
+        paths, md = _write_reports(result, report_dir, recorded, plot_store)
     except OSError as exc:
         for name in REPORT_NAMES:  # best effort: the failure raised below is the message
             try:
@@ -61,12 +64,11 @@ def write_reports(data: dict[str, Any], report_dir: Path, *, recorded: bool = Fa
     return paths
 
 
-def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool,
+def _write_reports(result: RunResult, report_dir: Path, recorded: bool,
                    plot_store: Path | None) -> tuple[dict[str, Path], str]:
-    result = RunResult.from_dict(data)  # read as the typed result once, before any file is written
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": report_dir / "eval.json", "md": report_dir / "eval.md"}
-    atomic_write_text(paths["json"], dumps_strict(data) + "\n")  # NaN -> null (schema: eval.schema.json)
+    atomic_write_text(paths["json"], dumps_strict(result.to_dict()) + "\n")  # NaN -> null (schema: eval.schema.json)
     md = render_markdown(result)
     atomic_write_text(paths["md"], md)
     plots: tuple[tuple[str, str, Callable[[Path], Path | None]], ...] = (
@@ -86,24 +88,42 @@ def _write_reports(data: dict[str, Any], report_dir: Path, recorded: bool,
     return paths, md
 
 
-def finish(data: dict[str, Any], settings: EvalSettings, *, failed_tests: int = 0, exitstatus: int = 0) -> list[str]:
-    """Apply the update options (through :mod:`dflash_eval.golden.writer`), compose the run's verdict once (eval.json's
-    ``verdict``: :func:`dflash_eval.metrics.verdict.run_verdict`, with the run's ``failed_tests`` and pytest's
-    ``exitstatus``; every report and the terminal read it), write the reports; returns lines for the terminal (what
-    was written besides the reports)."""
+@dataclass(frozen=True)
+class Concluded:
+    """A run's result as every writer, the junit properties, the terminal and the exit status read it (its verdict
+    composed), and the lines for the terminal that say what the update options wrote."""
+
+    result: RunResult
+    messages: list[str]
+
+
+def conclude(data: dict[str, Any], settings: EvalSettings, *, failed_tests: int = 0,
+             exitstatus: int = 0) -> Concluded:
+    """Apply the update options to the merged ``data`` (through :mod:`dflash_eval.golden.writer`: the τ floors
+    rewritten and the data judged against them; the feature fingerprint), read it as the run's typed result once and
+    compose its verdict (eval.json's ``verdict``: :func:`dflash_eval.metrics.verdict.run_verdict`, with the run's
+    ``failed_tests`` and pytest's ``exitstatus``): the result every report, the junit properties, the terminal and
+    the exit status read. ResultKeyError naming the key when ``data`` is not eval.json's layout."""
     msgs = []
     if settings.update_tau_floors and data.get("prompts"):
         path = golden.update_floors(data, settings)
         judge_run(data, load_floors(path, mean_override=settings.tau_floor, prompt_override=settings.tau_floor_prompt))
         msgs.append(f"τ floors written to {settings.floors_file} (measured - {settings.tau_margin})")
-    run = RunResult.from_dict(data)  # the verdict reads the typed result
-    data["verdict"] = run_verdict(run, failed_tests=failed_tests, exitstatus=exitstatus).to_dict()
+    run = RunResult.from_dict(data)  # the one typed result of the run; dicts only when a file is written
+    run = dataclasses.replace(run, verdict=run_verdict(run, failed_tests=failed_tests, exitstatus=exitstatus))
     if settings.update_fingerprints and data.get("fingerprint"):
         fp = golden.update_fingerprint(data["fingerprint"], settings.golden_dir)
         msgs.append(f"feature fingerprint written to {fp}")
-    write_reports(data, settings.report_dir, recorded=bool(settings.update_tau_floors),  # the verdict names them
+    return Concluded(run, msgs)
+
+
+def finish(result: RunResult, settings: EvalSettings) -> list[str]:
+    """Write the reports of the run's ``result`` (its verdict composed: :func:`conclude`) under ``--report-dir``;
+    returns lines for the terminal (what the kernel probe changed)."""
+    write_reports(result, settings.report_dir, recorded=bool(settings.update_tau_floors),  # the verdict names them
                   plot_store=settings.cache_dir / PLOT_STORE)
-    for change in run.kernel_changes:  # the witness's message says what the run did
+    msgs = []
+    for change in result.kernel_changes:  # the witness's message says what the run did
         msgs.append(f"kernel probe: {change.message}" + ("" if change.by_witness else "; made again with the live "
                                                                                      "kernels"))
     return msgs

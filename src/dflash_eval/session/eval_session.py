@@ -34,7 +34,7 @@ from dflash_eval.errors import ConfigError
 from dflash_eval.features.feature_store import FeatureStore
 from dflash_eval.inputs.run_inputs import DEFAULT_PROGRESS, Inputs
 from dflash_eval.measurements.drafter_evaluation import DrafterEvaluation, Drift, PromptTau
-from dflash_eval.metrics.baseline import Baseline, BaselineComparison, compare, load_baseline
+from dflash_eval.metrics.baseline import Baseline, BaselineComparison, compare
 from dflash_eval.metrics.drift_budget import DriftBudget
 from dflash_eval.metrics.drift_checks import GateCheck
 from dflash_eval.metrics.floors import Floors
@@ -45,6 +45,7 @@ from dflash_eval.options.settings import EvalSettings
 from dflash_eval.references.greedy import CompletionRecord, References
 from dflash_eval.references.sampled import SampledReferences
 from dflash_eval.references.server_link import ServerLink
+from dflash_eval.session.baseline_file import baseline_problem, read_baseline
 from dflash_eval.session.eval_result import EvalResult, TauSummary, build_result, tau_summary
 from dflash_eval.session.reference_drafter import ReferenceDrafter, ReferenceTau
 
@@ -180,7 +181,7 @@ class EvalSession:
         recorded with other τ-relevant settings); None without --baseline. Checked once."""
         if self._baseline is not None or self.settings.baseline is None:
             return self._baseline
-        b = load_baseline(self.settings.baseline)
+        b = read_baseline(self.settings.baseline)  # through the run's typed result: a bad key names the file
         self._refuse_or_warn("--baseline", b.path, b.context, explicit=False)
         self._baseline = b
         return b
@@ -189,7 +190,7 @@ class EvalSession:
         """Everything that can be wrong with the inputs, checked before any work: paths, prompts, the target's
         config.json, the drafter's config.json, the floors file and the baseline against this run's settings
         (ConfigError naming the file)."""
-        self.inputs.preflight()
+        self.inputs.preflight(baseline_check=baseline_problem)
         self.inputs.check_target_config()
         self.evaluation.check_config()
         self.check_floors()

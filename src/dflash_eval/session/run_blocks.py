@@ -13,10 +13,10 @@ witness's checks keep the layout their writers (:mod:`dflash_eval.target.kernel_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from dflash_eval.session.rows import Absent, Row, _absent, _opt
+from dflash_eval.session.rows import OPTIONAL, Absent, Row, _absent, _opt
 
 __all__ = ["TargetBlock", "ContextBlock", "GitState", "KernelChange", "KernelProbeBlock", "ProvenanceBlock"]
 
@@ -107,9 +107,9 @@ class KernelProbeBlock(Row):
     slowest process's seconds, each probe once (the layout :mod:`dflash_eval.target.kernel_registry` owns), every
     kernel change any process noticed, the seconds per worker."""
 
+    seconds: float | None = field(default=None, metadata=OPTIONAL, kw_only=True)  # first, as the probe writes it
     probes: list[dict[str, Any]]
     changed: list[KernelChange]
-    seconds: float | None = _opt()
     per_worker: dict[str, float] | None = _opt()
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -160,20 +160,31 @@ class CheckpointRecord:
     def from_json(cls, data: dict[str, Any]) -> CheckpointRecord:
         """The record of a history line, of this version or an earlier one: a field a record of an earlier version
         lacks takes its default (no ``parts``: a record written before they were kept, judged from ``passed``,
-        ``reasons`` and the trend verdicts), a key it held that this version no longer keeps (``verdict``, written
-        for readers) is dropped. The verdict's parts, kept since they were first written with all their keys, are
-        read strictly: ResultKeyError naming the part's key (``[0].notices``)."""
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in data.items() if k in names}
+        ``reasons`` and the trend verdicts), the key every version wrote for readers and none reads back
+        (``verdict``) is dropped. Strictly otherwise: a key no version wrote (``unknown``), a field every version
+        wrote that the line lacks (``missing``) and a verdict part's key (``parts[0].notices``) are one
+        ResultKeyError naming the key."""
+        if not isinstance(data, dict):
+            raise TypeError(f"not a JSON object: {type(data).__name__}")
+        ResultKeyError.check(data, [*_FIELDS, *_FOR_READERS], optional=[*_DEFAULTED, *_FOR_READERS])
+        kw = {k: v for k, v in data.items() if k in _FIELDS}
         if kw.get("parts") is not None:
             parts = []
             for i, p in enumerate(kw["parts"]):
                 try:
                     parts.append(Part.from_dict(p))
                 except ResultKeyError as exc:
-                    raise exc.under(i) from None
+                    raise exc.under(i).under("parts") from None
             kw["parts"] = tuple(parts)
         return cls(**kw)
+
+
+#: A record's fields (:class:`CheckpointRecord`), those an earlier version may lack (they have a default), and the
+#: keys written for readers only (:meth:`CheckpointRecord.to_json`).
+_FIELDS = tuple(f.name for f in fields(CheckpointRecord))
+_DEFAULTED = tuple(f.name for f in fields(CheckpointRecord) if f.default is not MISSING
+                   or f.default_factory is not MISSING)
+_FOR_READERS = ("verdict",)
 
 
 class History:
@@ -204,9 +215,9 @@ class History:
                 continue
             try:
                 out.append(CheckpointRecord.from_json(json.loads(line)))
-            except ResultKeyError as exc:  # a verdict part no version of the history wrote
-                raise ConfigError(f"{self.path}:{n}: not a history record: {exc.under('parts')}; a file edited by "
-                                  "hand, or written by a newer version? Move it away to start a new history") from None
+            except ResultKeyError as exc:  # a key no version of the history wrote, or lacks
+                raise ConfigError(f"{self.path}:{n}: not a history record: {exc}; a file edited by hand, or written "
+                                  "by a newer version? Move it away to start a new history") from None
             except (json.JSONDecodeError, TypeError, AttributeError) as exc:
                 raise ConfigError(f"{self.path}:{n}: not a history record ({type(exc).__name__}: {exc}); a file "
                                   "edited by hand? Move it away to start a new history") from exc
