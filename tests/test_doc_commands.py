@@ -5,8 +5,9 @@ installed package sees it), or is named with the reason it cannot run here (:dat
 
 Only the documents' placeholders are replaced (:data:`PLACES`: ``/models/Qwen3-8B`` and ``models/mytarget`` are
 the bundled target, ``ckpt/step_5000`` and ``ckpt_a`` the bundled drafter, ...); every option is the one written.
-The environment makes the runs short (``DFLASH_EVAL_MAX_NEW_TOKENS``: an option's environment variable, which a
-command line's own option overrides). The README's first run (record, then run, then gate) runs in its order, and
+The environment makes the runs short (``DFLASH_EVAL_MAX_NEW_TOKENS``, ``DFLASH_EVAL_NUM_PROMPTS`` and
+``DFLASH_EVAL_DRIFT_BUDGET_MIN_PROMPTS``: options' environment variables, which a command line's own options
+override). The README's first run (record, then run, then gate) runs in its order, and
 the other commands after it, in the same folder: the golden records it wrote are theirs.
 
 Run: ``pytest tests/test_doc_commands.py -p no:cacheprovider``
@@ -105,7 +106,9 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_documents_installed_commands_run_as_written(repository: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_EVAL_")}
-    env.update(DFLASH_EVAL_MAX_NEW_TOKENS="16", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # short runs: 16 new tokens on the first 4 prompts of what a command selects, the drift budget on those 4
+    env.update(DFLASH_EVAL_MAX_NEW_TOKENS="16", DFLASH_EVAL_NUM_PROMPTS="4", DFLASH_EVAL_DRIFT_BUDGET_MIN_PROMPTS="4",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     commands = sorted((c for doc in DOCS for c in _commands(doc) if c not in NOT_HERE), key=_rank)
     runs: dict[tuple[str, ...], str] = {}  # a command written twice, or under two placeholders for it, runs once
     for cmd in commands:
