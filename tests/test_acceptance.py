@@ -15,6 +15,7 @@ from dflash_eval.metrics.acceptance_rates import acceptance_table, histogram, po
 from dflash_eval.metrics.stats import category_table
 from dflash_eval.metrics.tau_result import TauResult
 from dflash_eval.report.table_rows import acceptance_rows, conversation_rows
+from dflash_eval.session.rows import PromptRow, rows_from_dict
 from dflash_eval.session.run_result import RunResult
 
 
@@ -47,13 +48,13 @@ def rows() -> dict[str, dict]:
 
 
 def test_acceptance_table_pools_rounds_per_category_and_source() -> None:
-    t = acceptance_table(rows())
+    t = acceptance_table(typed_rows())
     assert t["all"]["chain"]["histogram"] == [5, 2, 2] and t["all"]["chain"]["rounds"] == 9
     assert t["all"]["chain"]["position_rates"] == pytest.approx([4 / 9, 2 / 9])
     assert t["all"]["chain"]["tau"] == pytest.approx((5 + 4 + 6) / 9)
     assert list(t["chat"]) == ["chain", "online", "server"] and list(t["code"]) == ["chain"]
     assert t["chat"]["server"]["position_rates"] == [1.0, 0.0]
-    assert category_table(rows())["chat"]["acceptance"] == t["chat"]
+    assert category_table(typed_rows())["chat"]["acceptance"] == t["chat"]
 
 
 def whole_rows() -> dict[str, dict]:
@@ -62,6 +63,11 @@ def whole_rows() -> dict[str, dict]:
     out["b"]["online"] = {"rounds": 2, "tau": 2.5, "histogram": [0, 1, 1], "position_rates": [1.0, 0.5],
                           "accept_lengths": [2, 3], "tokens": 5, "matches_reference": True, "first_divergence": None}
     return out
+
+
+def typed_rows() -> dict[str, PromptRow]:
+    """:func:`whole_rows` as the typed rows the statistics read."""
+    return rows_from_dict(PromptRow, whole_rows())
 
 
 def test_report_tables_side_by_side_and_merge_rebuilds_conversations(tmp_path) -> None:

@@ -11,6 +11,7 @@ falls short. Seeded: the same numbers on every run. The full comparison is ``ben
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from result_rows import prompt_row
 
 from dflash_eval.metrics.baseline import Baseline, compare
 from dflash_eval.metrics.stats import (
@@ -34,6 +36,7 @@ from dflash_eval.metrics.stats import (
     t_interval,
 )
 from dflash_eval.session.reference_drafter import ReferenceTau
+from dflash_eval.session.rows import PromptRow
 from dflash_eval.testing import ci_coverage as cc
 
 CALIBRATION = json.loads((Path(__file__).parent / "data" / "ci_calibration.json").read_text())
@@ -192,9 +195,9 @@ def test_a_baseline_and_the_reference_drafter_at_t06_pair_their_samples(tmp_path
 
 def test_the_category_table_at_t06_uses_the_rows_samples_and_refuses_rows_that_disagree() -> None:
     groups = {p: v for p, v in list(CALIBRATION["t0.6"].items())[:6]}
-    rows = {p: {"tau": statistics.fmean(v), "sample_tau": v, "category": "code",
-                "ddtree": {"8": statistics.fmean(v) + 0.1}, "ddtree_sample_tau": {"8": [x + 0.1 for x in v]}}
-            for p, v in groups.items()}
+    rows = {p: PromptRow.from_dict(prompt_row(
+        tau=statistics.fmean(v), sample_tau=v, category="code", ddtree={"8": statistics.fmean(v) + 0.1},
+        ddtree_sample_tau={"8": [x + 0.1 for x in v]})) for p, v in groups.items()}
     table = category_table(rows)
     want = sampled_hall_t_interval(list(groups.values()))
     assert table["all"]["chain"]["ci_method"] == SAMPLED_T_OVER_PROMPTS
@@ -204,4 +207,4 @@ def test_the_category_table_at_t06_uses_the_rows_samples_and_refuses_rows_that_d
     for bad, field in (({"sample_tau": [*groups[first][:-1], 9.0]}, "sample_tau"),
                        ({"ddtree_sample_tau": {"8": [9.0] * 8}}, "ddtree_sample_tau['8']")):
         with pytest.raises(ValueError, match=f"prompt '{first}': the mean of its {re.escape(field)}"):
-            category_table({**rows, first: {**rows[first], **bad}})
+            category_table({**rows, first: dataclasses.replace(rows[first], **bad)})

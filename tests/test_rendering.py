@@ -144,9 +144,10 @@ def _summary(taus: dict[str, float], floors: Floors, baseline: BaselineCompariso
                 "position_rates": [], "ddtree": {"8": t + 0.5}, "ddtree_accept_lengths": {"8": [1]}, "floor": None,
                 "ddtree_floor": {}, "prompt_tokens": 1, "completion_tokens": 1, "passed": False}
             for p, t in taus.items()}
-    judge_prompts(rows, floors)
+    typed = rows_from_dict(PromptRow, rows)
+    judge_prompts(typed, floors)
     mean = sum(taus.values()) / len(taus)
-    return TauSummary(rows_from_dict(PromptRow, rows), mean, {"8": mean + 0.5}, floors.for_mean(),
+    return TauSummary(typed, mean, {"8": mean + 0.5}, floors.for_mean(),
                       {"8": floors.for_mean(8)}, {}, baseline)
 
 

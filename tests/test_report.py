@@ -178,7 +178,6 @@ def test_every_option_has_help_env_and_ini():
 def test_category_tables_and_floors(tmp_path):
     from dflash_eval.golden.writer import write_floors
     from dflash_eval.metrics.floors import load_floors, make_floors
-    from dflash_eval.metrics.verdict import judge_run
 
     frag = fragment("master", {"a": 2.0, "b": 1.0, "c": 4.0})
     frag["prompts"]["c"]["category"] = "code"
@@ -207,11 +206,11 @@ def test_category_tables_and_floors(tmp_path):
     assert fl.for_category("code") == 4.0 and fl.for_category("c", 8) == 1.75 and fl.for_category("x") is None
     assert load_floors(path, prompt_override=1.1).select({"y": "x"}).for_category("x", 8) == 1.1
     assert load_floors(path, mean_override=1.1).select({"y": "x"}).for_category("x", 8) is None
-    judge_run(data, load_floors(path))  # selects the run's prompts itself
-    assert data["categories"]["c"]["floor"] == 1.25 and data["categories"]["c"]["passed"] is True
-    assert data["categories"]["code"]["passed"] is True
-    assert data["categories"]["all"]["floor"] == pytest.approx(6.5 / 3) and data["categories"]["all"]["passed"] is True
-    assert data["mean_floor"] == pytest.approx(6.5 / 3)
+    judged = RunResult.from_dict(data).judged(load_floors(path))  # selects the run's prompts itself
+    cats = judged.categories
+    assert cats["c"].floor == 1.25 and cats["c"].passed is True and cats["code"].passed is True
+    assert cats["all"].floor == pytest.approx(6.5 / 3) and cats["all"].passed is True
+    assert judged.tau.mean_floor == pytest.approx(6.5 / 3)
 
 def test_prompt_spec_resolution(tmp_path):
     from dflash_eval.options.settings import resolve_prompt_spec

@@ -4,12 +4,12 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import math
 from types import SimpleNamespace
 
 import pytest
-from result_rows import kernel_change, means
+from result_rows import kernel_change, means, prompt_row
 
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.stats import category_table
@@ -21,7 +21,6 @@ from dflash_eval.metrics.verdict import (
     judge_categories,
     judge_mean,
     judge_prompts,
-    judge_run,
     mean_passed,
     mean_thresholds,
     overall,
@@ -30,15 +29,17 @@ from dflash_eval.metrics.verdict import (
     run_verdict,
 )
 from dflash_eval.session.merge import merge
+from dflash_eval.session.rows import CategoryRow, PromptRow, rows_from_dict, rows_to_dict
 from dflash_eval.session.run_result import RunResult
 
 NAN = float("nan")
 
 
-def typed(rows: dict[str, dict]) -> dict[str, SimpleNamespace]:
-    """Judged eval.json rows as the typed rows a checkpoint's verdict reads (attributes, ``rounds`` None when the row
-    has none)."""
-    return {p: SimpleNamespace(**{"rounds": None, **r}) for p, r in rows.items()}
+def typed(rows: dict[str, PromptRow] | dict[str, dict]) -> dict[str, SimpleNamespace]:
+    """Judged prompt rows (or a few fields of them) as a checkpoint's verdict reads them, ``rounds`` None (rows of
+    no recorded rounds)."""
+    return {p: SimpleNamespace(**{**(r if isinstance(r, dict) else r.to_dict()), "rounds": None})
+            for p, r in rows.items()}
 
 
 def result_of(provenance: dict) -> RunResult:
@@ -46,9 +47,8 @@ def result_of(provenance: dict) -> RunResult:
     return RunResult.from_dict({**merge([{"worker": "master"}]), "provenance": provenance})
 
 
-def row(tau: float, ddtree: dict[str, float], category: str = "code") -> dict:
-    return {"category": category, "tau": tau, "ddtree": dict(ddtree), "floor": None, "ddtree_floor": {},
-            "passed": False}
+def row(tau: float, ddtree: dict[str, float], category: str = "code") -> PromptRow:
+    return PromptRow.from_dict(prompt_row(category=category, tau=tau, ddtree=dict(ddtree), passed=False))
 
 
 @pytest.mark.parametrize("value, floor, expected", [
@@ -115,14 +115,14 @@ def test_judge_prompts_fills_floor_ddtree_floor_and_passed():
                "e": row(NAN, {"8": NAN}),  # no speculative round
                "f": row(3.0, {"8": 3.0})}  # no floor at all
     judge_prompts(prompts, fl)
-    assert {p: r["passed"] for p, r in prompts.items()} == {"a": True, "b": False, "c": False, "d": False,
+    assert {p: r.passed for p, r in prompts.items()} == {"a": True, "b": False, "c": False, "d": False,
                                                            "e": False, "f": False}
-    assert prompts["a"]["floor"] == 1.5 and prompts["a"]["ddtree_floor"] == {"8": 2.0}
-    assert prompts["b"]["ddtree_floor"] == {"8": None}
-    assert prompts["f"]["floor"] is None and prompts["f"]["ddtree_floor"] == {"8": None}
-    chain_only = {"g": {"tau": 2.0}}  # a row without DDTree budgets
+    assert prompts["a"].floor == 1.5 and prompts["a"].ddtree_floor == {"8": 2.0}
+    assert prompts["b"].ddtree_floor == {"8": None}
+    assert prompts["f"].floor is None and prompts["f"].ddtree_floor == {"8": None}
+    chain_only = {"g": row(2.0, {})}  # a row without DDTree budgets
     judge_prompts(chain_only, Floors(chain={"g": 2.0}))
-    assert chain_only["g"]["passed"] is True and chain_only["g"]["ddtree_floor"] == {}
+    assert chain_only["g"].passed is True and chain_only["g"].ddtree_floor == {}
 
 
 def test_judge_prompts_with_tau_floor_alone_gates_only_prompts_that_have_a_floor():
@@ -132,43 +132,59 @@ def test_judge_prompts_with_tau_floor_alone_gates_only_prompts_that_have_a_floor
                "c": row(1.0, {"8": 2.5}),  # below its chain floor: still fails
                "f": row(0.5, {"8": 0.5})}  # no floor at all: not gated, whatever its τ
     judge_prompts(prompts, fl)
-    assert {p: r["passed"] for p, r in prompts.items()} == {"a": True, "b": True, "c": False, "f": None}
-    assert prompts["f"]["floor"] is None and prompts["f"]["ddtree_floor"] == {"8": None}
+    assert {p: r.passed for p, r in prompts.items()} == {"a": True, "b": True, "c": False, "f": None}
+    assert prompts["f"].floor is None and prompts["f"].ddtree_floor == {"8": None}
     prompts = {"f": row(0.5, {"8": 0.5})}
     judge_prompts(prompts, Floors(mean_override=1.0, prompt_override=1.0))  # both: every prompt judged again
-    assert prompts["f"]["passed"] is False and prompts["f"]["floor"] == 1.0
+    assert prompts["f"].passed is False and prompts["f"].floor == 1.0
+
+
+def _means(m) -> SimpleNamespace:
+    """The means 2.0 (chain) and 2.5 (DDTree-8) with the floors ``m`` (:func:`judge_mean`'s) beside them."""
+    return SimpleNamespace(mean_tau=2.0, mean_ddtree={"8": 2.5}, mean_floor=m.mean_floor,
+                           mean_ddtree_floor=m.mean_ddtree_floor)
 
 
 def test_judge_mean_and_mean_passed():
-    data = {"mean_tau": 2.0, "mean_ddtree": {"8": 2.5}}
     sel = {"a": "code", "b": "chat"}
-    judge_mean(data, Floors(chain={"a": 1.5, "b": 2.5}, ddtree={8: {"a": 2.0, "b": 3.0}}).select(sel))
-    assert data["mean_floor"] == 2.0 and data["mean_ddtree_floor"] == {"8": 2.5} and data["mean_passed"] is True
-    assert mean_passed([], SimpleNamespace(**data)) is True
-    assert mean_passed([SimpleNamespace(check="vocab", message="m")], SimpleNamespace(**data)) is False  # refused
-    judge_mean(data, Floors(chain={"a": 1.5, "b": 2.5}).select(sel))  # no DDTree-8 prompt floors: no mean floor
-    assert data["mean_floor"] == 2.0 and data["mean_ddtree_floor"] == {"8": None}
-    assert data["mean_passed"] is False and mean_passed([], SimpleNamespace(**data)) is False
-    judge_mean(data, Floors(chain={"a": 1.5, "b": 2.5}, ddtree={8: {"a": 2.0}}).select(sel))  # b lacks DDTree-8
-    assert data["mean_ddtree_floor"] == {"8": None} and data["mean_passed"] is False
-    judge_mean(data, Floors(chain={"a": 1.7, "b": 2.5}, ddtree={8: {"a": 1.0, "b": 1.0}}).select(sel))
-    assert data["mean_floor"] == pytest.approx(2.1) and data["mean_passed"] is False
-    assert mean_passed([], SimpleNamespace(**data)) is False
-    judge_mean(data, Floors(chain={"a": 1.5}).select({}))  # nothing selected: no mean floor
-    assert data["mean_floor"] is None and data["mean_passed"] is False
-    judge_mean(data, Floors(mean_override=2.0).select(sel))  # --tau-floor: the mean floor, chain and every budget
-    assert data["mean_floor"] == 2.0 and data["mean_ddtree_floor"] == {"8": 2.0} and data["mean_passed"] is True
-    judge_mean(data, Floors(mean_override=2.1))
-    assert data["mean_passed"] is False and mean_passed([], SimpleNamespace(**data)) is False
-    judge_mean(data, Floors(prompt_override=1.5).select(sel))  # --tau-floor-prompt: the derived mean
-    assert data["mean_floor"] == 1.5 and data["mean_ddtree_floor"] == {"8": 1.5} and data["mean_passed"] is True
+
+    def judged(floors: Floors):
+        return judge_mean(2.0, {"8": 2.5}, floors)
+
+    m = judged(Floors(chain={"a": 1.5, "b": 2.5}, ddtree={8: {"a": 2.0, "b": 3.0}}).select(sel))
+    assert m.mean_floor == 2.0 and m.mean_ddtree_floor == {"8": 2.5} and m.passed is True
+    assert mean_passed([], _means(m)) is True
+    assert mean_passed([SimpleNamespace(check="vocab", message="m")], _means(m)) is False  # refused
+    m = judged(Floors(chain={"a": 1.5, "b": 2.5}).select(sel))  # no DDTree-8 prompt floors: no mean floor
+    assert m.mean_floor == 2.0 and m.mean_ddtree_floor == {"8": None}
+    assert m.passed is False and mean_passed([], _means(m)) is False
+    m = judged(Floors(chain={"a": 1.5, "b": 2.5}, ddtree={8: {"a": 2.0}}).select(sel))  # b lacks DDTree-8
+    assert m.mean_ddtree_floor == {"8": None} and m.passed is False
+    m = judged(Floors(chain={"a": 1.7, "b": 2.5}, ddtree={8: {"a": 1.0, "b": 1.0}}).select(sel))
+    assert m.mean_floor == pytest.approx(2.1) and m.passed is False
+    assert mean_passed([], _means(m)) is False
+    m = judged(Floors(chain={"a": 1.5}).select({}))  # nothing selected: no mean floor
+    assert m.mean_floor is None and m.passed is False
+    m = judged(Floors(mean_override=2.0).select(sel))  # --tau-floor: the mean floor, chain and every budget
+    assert m.mean_floor == 2.0 and m.mean_ddtree_floor == {"8": 2.0} and m.passed is True
+    m = judged(Floors(mean_override=2.1))
+    assert m.passed is False and mean_passed([], _means(m)) is False
+    m = judged(Floors(prompt_override=1.5).select(sel))  # --tau-floor-prompt: the derived mean
+    assert m.mean_floor == 1.5 and m.mean_ddtree_floor == {"8": 1.5} and m.passed is True
     assert mean_passed([], means(NAN, 1.0)) is False and mean_passed([], None) is False  # NaN; no τ measured
 
 
+def _category(chain: float, ddtree: dict[str, float]) -> SimpleNamespace:
+    """A category's row as the τ rules judge it: its summaries' means, its floors and verdict not judged yet."""
+    return SimpleNamespace(chain=SimpleNamespace(mean=chain), ddtree={b: SimpleNamespace(mean=v) for b, v in
+                                                                     ddtree.items()},
+                           floor=None, ddtree_floor={}, passed=None)
+
+
 def _categories() -> dict:
-    return {"code": {"n": 2, "chain": {"mean": 2.0}, "ddtree": {"8": {"mean": 2.5}}},
-            "chat": {"n": 1, "chain": {"mean": 1.5}, "ddtree": {}},  # lacks the DDTree-8 summary
-            "all": {"n": 3, "chain": {"mean": 1.8}, "ddtree": {"8": {"mean": 2.4}}}}
+    return {"code": _category(2.0, {"8": 2.5}),
+            "chat": _category(1.5, {}),  # lacks the DDTree-8 summary
+            "all": _category(1.8, {"8": 2.4})}
 
 
 SELECTION = {"p1": "code", "p2": "code", "c1": "chat"}
@@ -178,7 +194,7 @@ def test_judge_categories_without_floors_has_no_verdict():
     cats = _categories()
     judge_categories(cats, None, ["8"])
     for r in cats.values():
-        assert r["floor"] is None and r["ddtree_floor"] == {"8": None} and r["passed"] is None
+        assert r.floor is None and r.ddtree_floor == {"8": None} and r.passed is None
 
 
 def test_judge_categories_with_floors():
@@ -186,26 +202,26 @@ def test_judge_categories_with_floors():
     fl = Floors(chain={"p1": 1.5, "p2": 2.5, "c1": 1.0}, ddtree={8: {"p1": 2.0, "p2": 3.0, "c1": 2.6}}).select(
         SELECTION)
     judge_categories(cats, fl, ["8"])
-    assert cats["code"]["floor"] == 2.0 and cats["code"]["ddtree_floor"] == {"8": 2.5}  # mean of p1, p2's floors
-    assert cats["code"]["passed"] is True  # equal to both floors
-    assert cats["chat"]["floor"] == 1.0 and cats["chat"]["ddtree_floor"] == {"8": 2.6}
-    assert cats["chat"]["passed"] is False  # no DDTree-8 summary: fails even with a floor
-    assert cats["all"]["floor"] == pytest.approx(5 / 3)  # "all": the mean floors over every selected prompt
-    assert cats["all"]["ddtree_floor"]["8"] == pytest.approx(7.6 / 3)
-    assert cats["all"]["passed"] is False  # DDTree-8 2.4 < 2.533
+    assert cats["code"].floor == 2.0 and cats["code"].ddtree_floor == {"8": 2.5}  # mean of p1, p2's floors
+    assert cats["code"].passed is True  # equal to both floors
+    assert cats["chat"].floor == 1.0 and cats["chat"].ddtree_floor == {"8": 2.6}
+    assert cats["chat"].passed is False  # no DDTree-8 summary: fails even with a floor
+    assert cats["all"].floor == pytest.approx(5 / 3)  # "all": the mean floors over every selected prompt
+    assert cats["all"].ddtree_floor["8"] == pytest.approx(7.6 / 3)
+    assert cats["all"].passed is False  # DDTree-8 2.4 < 2.533
 
     cats = _categories()  # a selected prompt of "code" without a floor: "code" and "all" have no floor, and fail
     judge_categories(cats, Floors(chain={"p1": 1.0, "c1": 1.0}, ddtree={8: {"p1": 1.0, "c1": 1.0}}).select(
         SELECTION), ["8"])
-    assert cats["code"]["floor"] is None and cats["code"]["passed"] is False
-    assert cats["all"]["floor"] is None and cats["all"]["passed"] is False
-    assert cats["chat"]["floor"] == 1.0 and cats["chat"]["passed"] is False  # still lacks its DDTree-8 summary
+    assert cats["code"].floor is None and cats["code"].passed is False
+    assert cats["all"].floor is None and cats["all"].passed is False
+    assert cats["chat"].floor == 1.0 and cats["chat"].passed is False  # still lacks its DDTree-8 summary
 
     cats = _categories()  # --tau-floor alone: categories without prompt floors are not gated, the mean is
     judge_categories(cats, Floors(mean_override=1.0).select(SELECTION), ["8"])
-    assert cats["code"]["floor"] is None and cats["code"]["passed"] is None
-    assert cats["chat"]["passed"] is None
-    assert cats["all"]["floor"] == 1.0 and cats["all"]["ddtree_floor"] == {"8": 1.0} and cats["all"]["passed"] is True
+    assert cats["code"].floor is None and cats["code"].passed is None
+    assert cats["chat"].passed is None
+    assert cats["all"].floor == 1.0 and cats["all"].ddtree_floor == {"8": 1.0} and cats["all"].passed is True
 
 
 def test_a_reason_rounds_its_numbers_as_the_tables_do():
@@ -235,12 +251,12 @@ def test_gate_reasons_with_tau_floor_alone():
     mean_only = Floors(mean_override=2.0).select({"a": "code", "b": "code"})
     prompts = {"a": row(1.0, {"8": 1.0}), "b": row(3.0, {"8": 3.0})}
     judge_prompts(prompts, mean_only)
-    assert [r["passed"] for r in prompts.values()] == [None, None]  # not gated: neither missing nor below
+    assert [r.passed for r in prompts.values()] == [None, None]  # not gated: neither missing nor below
     assert gate_reasons(typed(prompts), mean_thresholds(2.0, {"8": 2.0}, mean_only)) == []
     assert gate_reasons(typed(prompts), mean_thresholds(1.5, {"8": 2.5}, mean_only)) == ["mean chain τ 1.500 < 2.000"]
     with_file = Floors(chain={"a": 1.5}, ddtree={8: {"a": 1.5}}, mean_override=2.0).select({"a": "code", "b": "code"})
     judge_prompts(prompts, with_file)  # the prompts that have floors are still judged against them
-    assert prompts["a"]["passed"] is False and prompts["b"]["passed"] is None
+    assert prompts["a"].passed is False and prompts["b"].passed is None
     assert gate_reasons(typed(prompts), mean_thresholds(2.0, {"8": 2.0}, with_file)) == ["1 prompt(s) below floor"]
 
 
@@ -248,60 +264,66 @@ def test_gate_reasons_ignore_ungated_missing_budget_floors():
     fl = Floors(chain={"a": 1.5}, mean_override=1.0).select({"a": "code"})  # no DDTree-8 floor for "a"
     prompts = {"a": row(2.0, {"8": 2.5})}
     judge_prompts(prompts, fl)
-    assert prompts["a"]["passed"] is True  # judged on its chain floor; DDTree-8 is not gated
+    assert prompts["a"].passed is True  # judged on its chain floor; DDTree-8 is not gated
     means = mean_thresholds(2.0, {"8": 2.5}, fl)
     assert gate_reasons(typed(prompts), means, prompt_floors_required=fl.prompt_floors_required) == []
-    prompts["a"]["tau"] = 1.0
+    prompts["a"].tau = 1.0
     judge_prompts(prompts, fl)
     assert gate_reasons(typed(prompts), means, prompt_floors_required=False) == ["1 prompt(s) below floor"]
 
 
-def _run_data() -> dict:
-    prompts = {"a": row(2.0, {"8": 2.5}), "b": row(3.0, {"8": 3.5}, "chat"), "c": row(NAN, {"8": NAN})}
-    return {"prompts": prompts, "mean_tau": 2.5, "mean_ddtree": {"8": 3.0}}
+def _run(prompts: dict[str, PromptRow] | None = None, *, mean: bool = True) -> RunResult:
+    """A run's result of the prompts a (code), b (chat) and c (code, no speculative round), means 2.5 and
+    {"8": 3.0} (``mean`` False: no τ means), not judged."""
+    if prompts is None:
+        prompts = {"a": row(2.0, {"8": 2.5}), "b": row(3.0, {"8": 3.5}, "chat"), "c": row(NAN, {"8": NAN})}
+    frag = {"worker": "master", "prompts": rows_to_dict(prompts)}
+    if mean:
+        frag.update(mean_tau=2.5, mean_ddtree={"8": 3.0}, mean_floor=None, mean_ddtree_floor={"8": None})
+    return RunResult.from_dict(merge([frag]))
 
 
 def test_judge_run_rejudges_after_floors_change():
-    data = _run_data()
+    run = _run()
     lenient = Floors(prompt_override=1.0)
-    judge_run(data, lenient)
-    assert [r["passed"] for r in data["prompts"].values()] == [True, True, False]  # NaN fails whatever the floor
-    assert data["mean_passed"] is True and data["mean_floor"] == 1.0
-    assert set(data["categories"]) == {"code", "chat", "all"}
-    assert data["categories"]["code"]["n"] == 1  # the NaN prompt is left out of the statistics
-    assert data["categories"]["code"]["passed"] is True and data["categories"]["all"]["floor"] == 1.0
-    first = copy.deepcopy(data)
+    data = run.judged(lenient)
+    assert [r.passed for r in data.prompts.values()] == [True, True, False]  # NaN fails whatever the floor
+    assert data.mean_passed is True and data.tau.mean_floor == 1.0
+    assert set(data.categories) == {"code", "chat", "all"}
+    assert data.categories["code"].n == 1  # the NaN prompt is left out of the statistics
+    assert data.categories["code"].passed is True and data.categories["all"].floor == 1.0
+    first = data.to_dict()
+    assert all(r.passed is False for r in run.prompts.values())  # the result judged is left as it was
 
-    # floors selected for other prompts: judge_run selects the run's own prompts
+    # floors selected for other prompts: judged() selects the run's own prompts
     strict = Floors(chain={"a": 2.5, "b": 3.0, "c": 2.5}, ddtree={8: {"a": 2.5, "b": 3.5, "c": 1.0}}).select(
         {"zz": "code"})
-    judge_run(data, strict)
-    assert {p: r["passed"] for p, r in data["prompts"].items()} == {"a": False, "b": True, "c": False}
-    assert data["prompts"]["a"]["floor"] == 2.5 and data["prompts"]["a"]["ddtree_floor"] == {"8": 2.5}
-    assert data["mean_floor"] == pytest.approx(8 / 3) and data["mean_ddtree_floor"]["8"] == pytest.approx(7 / 3)
-    assert data["mean_passed"] is False  # chain 2.5 < 2.667
-    cats = data["categories"]
-    assert cats["code"]["floor"] == 2.5 and cats["code"]["ddtree_floor"] == {"8": 1.75}  # a and c
-    assert cats["code"]["passed"] is False and cats["chat"]["passed"] is True
-    assert cats["all"]["floor"] == pytest.approx(8 / 3) and cats["all"]["passed"] is False
+    data = data.judged(strict)
+    assert {p: r.passed for p, r in data.prompts.items()} == {"a": False, "b": True, "c": False}
+    assert data.prompts["a"].floor == 2.5 and data.prompts["a"].ddtree_floor == {"8": 2.5}
+    assert data.tau.mean_floor == pytest.approx(8 / 3) and data.tau.mean_ddtree_floor["8"] == pytest.approx(7 / 3)
+    assert data.mean_passed is False  # chain 2.5 < 2.667
+    cats = data.categories
+    assert cats["code"].floor == 2.5 and cats["code"].ddtree_floor == {"8": 1.75}  # a and c
+    assert cats["code"].passed is False and cats["chat"].passed is True
+    assert cats["all"].floor == pytest.approx(8 / 3) and cats["all"].passed is False
 
-    judge_run(data, lenient)  # back to the first floors: the first verdicts again
-    assert _same(data, first)
+    data = data.judged(lenient)  # back to the first floors: the first verdicts again
+    assert _same(data.to_dict(), first)
 
 
 def test_judge_run_with_tau_floor_alone_judges_only_the_mean():
-    data = _run_data()
-    judge_run(data, Floors(mean_override=2.0))
-    assert [r["passed"] for r in data["prompts"].values()] == [None, None, None]  # NaN prompt too: not gated
-    assert all(r["floor"] is None for r in data["prompts"].values())
-    assert data["mean_floor"] == 2.0 and data["mean_ddtree_floor"] == {"8": 2.0} and data["mean_passed"] is True
-    cats = data["categories"]
-    assert cats["code"]["passed"] is None and cats["chat"]["passed"] is None
-    assert cats["all"]["floor"] == 2.0 and cats["all"]["passed"] is True
-    judge_run(data, Floors(mean_override=2.6))
-    assert data["mean_passed"] is False and data["categories"]["all"]["passed"] is False
-    reasons = gate_reasons(typed(data["prompts"]), mean_thresholds(data["mean_tau"], data["mean_ddtree"],
-                                                            Floors(mean_override=2.6)))
+    data = _run().judged(Floors(mean_override=2.0))
+    assert [r.passed for r in data.prompts.values()] == [None, None, None]  # NaN prompt too: not gated
+    assert all(r.floor is None for r in data.prompts.values())
+    assert data.tau.mean_floor == 2.0 and data.tau.mean_ddtree_floor == {"8": 2.0} and data.mean_passed is True
+    cats = data.categories
+    assert cats["code"].passed is None and cats["chat"].passed is None
+    assert cats["all"].floor == 2.0 and cats["all"].passed is True
+    data = data.judged(Floors(mean_override=2.6))
+    assert data.mean_passed is False and data.categories["all"].passed is False
+    reasons = gate_reasons(typed(data.prompts), mean_thresholds(data.tau.mean_tau, data.tau.mean_ddtree,
+                                                                Floors(mean_override=2.6)))
     assert reasons == ["mean chain τ 2.500 < 2.600"]
 
 
@@ -317,25 +339,23 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def test_judge_run_without_a_mean_or_prompts():
-    data = {"prompts": {"a": row(2.0, {"8": 2.5})}}
-    judge_run(data, Floors(prompt_override=1.0))
-    assert "mean_passed" not in data and "mean_floor" not in data and data["prompts"]["a"]["passed"] is True
-    assert data["categories"]["all"]["floor"] == 1.0 and data["categories"]["all"]["passed"] is True
-    empty: dict = {"prompts": {}}
-    judge_run(empty, Floors(prompt_override=1.0))
-    assert "categories" not in empty
+    data = _run({"a": row(2.0, {"8": 2.5})}, mean=False).judged(Floors(prompt_override=1.0))
+    assert data.mean_passed is None and data.tau is None and data.prompts["a"].passed is True
+    assert data.categories["all"].floor == 1.0 and data.categories["all"].passed is True
+    empty = _run({}, mean=False).judged(Floors(prompt_override=1.0))
+    assert empty.categories is None
 
 
 def test_category_table_then_judge_matches_judge_run():
-    data = _run_data()
+    run = _run()
     fl = Floors(chain={"a": 1.5, "b": 4.0, "c": 1.0}, ddtree={8: {"a": 2.0, "b": 3.0, "c": 2.0}}).select(
-        {p: r["category"] for p, r in data["prompts"].items()})
-    judge_prompts(data["prompts"], fl)
-    cats = category_table(data["prompts"])
+        {p: r.category for p, r in run.prompts.items()})
+    prompts = {p: dataclasses.replace(r) for p, r in run.prompts.items()}
+    judge_prompts(prompts, fl)
+    cats = rows_from_dict(CategoryRow, category_table(prompts))
     judge_categories(cats, fl, ["8"])
-    judge_run(data, fl)
-    assert _same(cats, data["categories"])
-    assert cats["code"]["floor"] == 1.25 and cats["code"]["passed"] is True and cats["chat"]["passed"] is False
+    assert _same(rows_to_dict(cats), rows_to_dict(run.judged(fl).categories))
+    assert cats["code"].floor == 1.25 and cats["code"].passed is True and cats["chat"].passed is False
 
 
 @pytest.mark.parametrize("taus, expected", [

@@ -24,7 +24,6 @@ from syrupy.extensions.json import JSONSnapshotExtension
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.metrics.floors import load_floors, make_floors
 from dflash_eval.metrics.sampled_tau import row_margins
-from dflash_eval.metrics.stats import ddtree_budgets
 
 if TYPE_CHECKING:
     from syrupy.location import PyTestLocation
@@ -68,7 +67,8 @@ def update_floors(data: dict[str, Any], settings: EvalSettings) -> Path:
     pr = data["prompts"]
     doc = make_floors(
         {p: r["tau"] for p, r in pr.items()},
-        {int(b): {p: r["ddtree"][b] for p, r in pr.items() if b in r["ddtree"]} for b in ddtree_budgets(pr)},
+        {int(b): {p: r["ddtree"][b] for p, r in pr.items() if b in r["ddtree"]}
+         for b in sorted({b for r in pr.values() for b in r["ddtree"]}, key=int)},
         margin=settings.tau_margin, context=data.get("context") or {},
         drafter=data.get("drafter", {}).get("fingerprint"), previous=prev,
         margins=row_margins(pr, settings.tau_margin_sigmas), sigmas=settings.tau_margin_sigmas)

@@ -32,6 +32,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from dflash_eval.metrics.tau_rows import PooledRow, TauRow
+
 __all__ = ["SOURCES", "TAU_DEFINITIONS", "TAU_KINDS_NOTE", "histogram", "position_rates", "pool", "acceptance_block",
            "row_histograms", "acceptance_table", "pooled_tau", "pooled_means"]
 
@@ -88,24 +90,21 @@ def acceptance_block(hist: Sequence[int]) -> dict[str, Any]:
     return {"rounds": rounds, "tau": tau, "histogram": list(hist), "position_rates": position_rates(hist)}
 
 
-def row_histograms(row: Mapping[str, Any]) -> dict[str, list[int]]:
-    """The histograms an eval.json prompt row carries, by source."""
-    out: dict[str, list[int]] = {}
-    if row.get("histogram") is not None:
-        out["chain"] = list(row["histogram"])
-    online = row.get("online") or {}
-    if online.get("histogram") is not None:
-        out["online"] = list(online["histogram"])
-    if row.get("server_histogram") is not None:
-        out["server"] = list(row["server_histogram"])
+def row_histograms(row: TauRow) -> dict[str, list[int]]:
+    """The histograms a prompt row carries, by source."""
+    out: dict[str, list[int]] = {"chain": list(row.histogram)}
+    if row.online is not None:
+        out["online"] = list(row.online.histogram)
+    if row.server_histogram is not None:
+        out["server"] = list(row.server_histogram)
     return out
 
 
-def acceptance_table(prompts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+def acceptance_table(prompts: Mapping[str, TauRow]) -> dict[str, dict[str, dict[str, Any]]]:
     """Per category and ``"all"``: per source, the pooled :func:`acceptance_block` of its prompts' rounds."""
     groups: dict[str, dict[str, list[list[int]]]] = {}
     for row in prompts.values():
-        for cat in (str(row.get("category", "prompt")), "all"):
+        for cat in (str(row.category), "all"):
             for src, h in row_histograms(row).items():
                 groups.setdefault(cat, {}).setdefault(src, []).append(h)
     return {cat: {src: acceptance_block(pool(hs)) for src, hs in sorted(by.items(), key=lambda kv: SOURCES.index(
@@ -121,10 +120,10 @@ def pooled_tau(accept_lengths: Iterable[Sequence[int]]) -> float:
     return total / rounds if rounds else math.nan
 
 
-def pooled_means(prompts: Mapping[str, Mapping[str, Any]]) -> tuple[float, dict[str, float]]:
-    """The pooled τ of eval.json's ``prompts`` rows: chain (``accept_lengths``) and per DDTree budget
+def pooled_means(prompts: Mapping[str, PooledRow]) -> tuple[float, dict[str, float]]:
+    """The pooled τ of a run's prompt rows: chain (``accept_lengths``) and per DDTree budget
     (``ddtree_accept_lengths``)."""
-    chain = pooled_tau(r.get("accept_lengths") or [] for r in prompts.values())
-    budgets = sorted({b for r in prompts.values() for b in r.get("ddtree_accept_lengths") or {}}, key=int)
-    return chain, {b: pooled_tau((r.get("ddtree_accept_lengths") or {}).get(b) or [] for r in prompts.values())
-                   for b in budgets}
+    chain = pooled_tau(r.accept_lengths for r in prompts.values())
+    budgets = sorted({b for r in prompts.values() for b in r.ddtree_accept_lengths}, key=int)
+    return chain, {b: pooled_tau(r.ddtree_accept_lengths[b] if b in r.ddtree_accept_lengths else []
+                                 for r in prompts.values()) for b in budgets}

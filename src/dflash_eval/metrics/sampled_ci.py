@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dflash_eval.metrics.stats import Summary, summarize
+from dflash_eval.metrics.tau_rows import TauRow
 
 __all__ = ["sampled_mean", "spread", "sampled_summary"]
 
@@ -50,19 +51,20 @@ def _block(per_prompt: Mapping[str, Sequence[float]]) -> dict[str, Any]:
     return {**sampled_mean(per_prompt).to_dict(), **spread(per_prompt)}
 
 
-def sampled_summary(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+def sampled_summary(rows: Mapping[str, TauRow]) -> dict[str, Any] | None:
     """eval.json's ``sampled`` block of a run at temperature > 0 (None for a greedy run): the samples per prompt
     and, for the chain, each DDTree budget and, with ``--online-tau``, the online loop, the mean over prompts of each
     prompt's mean over samples with its skew-corrected t CI over the prompt means (:func:`sampled_mean`) and the two
     stages of the spread (:func:`spread`)."""
-    if not rows or not all("sample_tau" in r for r in rows.values()):
+    if not rows or any(r.sample_tau is None for r in rows.values()):
         return None
-    out: dict[str, Any] = {"prompts": len(rows), "samples": sum(r["samples"] for r in rows.values()),
-                           "chain": _block({p: r["sample_tau"] for p, r in rows.items()})}
-    budgets = sorted({b for r in rows.values() for b in r.get("ddtree_sample_tau", {})}, key=int)
-    out["ddtree"] = {b: _block({p: r["ddtree_sample_tau"][b] for p, r in rows.items()
-                                if b in r.get("ddtree_sample_tau", {})}) for b in budgets}
-    online = {p: r["online"]["sample_tau"] for p, r in rows.items() if "sample_tau" in (r.get("online") or {})}
+    out: dict[str, Any] = {"prompts": len(rows), "samples": sum(r.samples or 0 for r in rows.values()),
+                           "chain": _block({p: r.sample_tau or [] for p, r in rows.items()})}
+    budgets = sorted({b for r in rows.values() for b in r.ddtree_sample_tau or {}}, key=int)
+    out["ddtree"] = {b: _block({p: r.ddtree_sample_tau[b] for p, r in rows.items()
+                                if r.ddtree_sample_tau is not None and b in r.ddtree_sample_tau}) for b in budgets}
+    online = {p: r.online.sample_tau for p, r in rows.items()
+              if r.online is not None and r.online.sample_tau is not None}
     if online:
         out["online"] = _block(online)
     return out

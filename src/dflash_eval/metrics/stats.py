@@ -42,9 +42,10 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from dflash_eval.metrics.acceptance_rates import acceptance_block, acceptance_table, pool
+from dflash_eval.metrics.tau_rows import TauRow
 
 __all__ = ["CI_LEVEL", "T_OVER_PROMPTS", "PAIRED_T_OVER_PROMPTS", "SAMPLED_T_OVER_PROMPTS", "Summary", "t_interval",
            "hall_t_interval", "sampled_hall_t_interval", "ci_method_name", "summarize", "paired_difference",
@@ -271,73 +272,77 @@ def _num(x: object) -> bool:
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 
-def ddtree_budgets(prompts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+class _Budgets(Protocol):
+    @property
+    def ddtree(self) -> Mapping[str, float]: ...
+
+
+def ddtree_budgets(prompts: Mapping[str, _Budgets]) -> list[str]:
     """The DDTree budgets (eval.json's string keys) found in any prompt row, ascending."""
-    return sorted({b for r in prompts.values() for b in r.get("ddtree", {})}, key=int)
+    return sorted({b for r in prompts.values() for b in r.ddtree}, key=int)
 
 
-def _row_samples(values: Mapping[str, float], prompts: Mapping[str, Mapping[str, Any]], key: str,
-                 budget: str | None = None) -> dict[str, list[float]]:
-    """The per-sample τ of eval.json rows at temperature > 0 (``key``, per DDTree ``budget``) of the prompts in
-    ``values``; ValueError naming the prompt and field where a row's samples do not average to its τ."""
+def _row_samples(values: Mapping[str, float], samples: Mapping[str, Sequence[float] | None],
+                 where: str) -> dict[str, list[float]]:
+    """The per-sample τ at temperature > 0 (``samples``, the rows' field ``where``) of the prompts in ``values``;
+    ValueError naming the prompt and field where a row's samples do not average to its τ."""
     out = {}
     for p, v in values.items():
-        field = prompts[p].get(key) or {}
-        vals = field.get(budget) if budget is not None and isinstance(field, Mapping) else field
+        vals = samples.get(p)
         if not vals:
             continue
         got = statistics.fmean(float(x) for x in vals)
         if not math.isclose(got, float(v), rel_tol=1e-9, abs_tol=1e-9):
-            where = f"{key}[{budget!r}]" if budget is not None else key
             raise ValueError(f"prompt {p!r}: the mean of its {where} is {got!r}, its τ {v!r}: the row's samples and "
                              "τ disagree (an eval.json edited or merged from different runs?)")
         out[p] = [float(x) for x in vals]
     return out
 
 
-def category_table(prompts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def category_table(prompts: Mapping[str, TauRow]) -> dict[str, dict[str, Any]]:
     """Per category (and ``"all"``): n, and mean / median / 95 % CI over prompts of chain τ and of each DDTree
-    budget's τ, from eval.json's ``prompts`` rows (prompts whose τ is NaN are left out), and ``acceptance``: per
-    source, the pooled rounds' histogram and per-position rates. Verdicts are added by
-    :func:`dflash_eval.metrics.verdict.judge_categories`."""
-    cat = {p: r.get("category", "prompt") for p, r in prompts.items()}
-    chain_values = {p: r["tau"] for p, r in prompts.items() if _num(r.get("tau"))}
-    chain = by_category(chain_values, cat, _row_samples(chain_values, prompts, "sample_tau"))
+    budget's τ, from the run's prompt rows (prompts whose τ is NaN are left out), ``acceptance``: per source, the
+    pooled rounds' histogram and per-position rates, and the floors and verdict not judged yet (None; every budget's
+    floor None), which :func:`dflash_eval.metrics.verdict.judge_categories` fills."""
+    cat = {p: r.category for p, r in prompts.items()}
+    chain_values = {p: r.tau for p, r in prompts.items() if _num(r.tau)}
+    chain = by_category(chain_values, cat, _row_samples(chain_values, {p: r.sample_tau for p, r in prompts.items()},
+                                                        "sample_tau"))
     bs = ddtree_budgets(prompts)
     dd = {}
     for b in bs:
-        values = {p: r["ddtree"][b] for p, r in prompts.items() if _num(r.get("ddtree", {}).get(b))}
-        dd[b] = by_category(values, cat, _row_samples(values, prompts, "ddtree_sample_tau", b))
+        values = {p: r.ddtree[b] for p, r in prompts.items() if _num(r.ddtree.get(b))}
+        per_sample = {p: (r.ddtree_sample_tau or {}).get(b) for p, r in prompts.items()}
+        dd[b] = by_category(values, cat, _row_samples(values, per_sample, f"ddtree_sample_tau[{b!r}]"))
     acc = acceptance_table(prompts)
     return {c: {"n": summ.n, "chain": summ.to_dict(), "ddtree": {b: dd[b][c].to_dict() for b in bs if c in dd[b]},
-                "acceptance": acc.get(c, {})}
+                "acceptance": acc.get(c, {}), "floor": None, "ddtree_floor": {b: None for b in bs}, "passed": None}
             for c, summ in chain.items()}
 
 
-def conversation_table(prompts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def conversation_table(prompts: Mapping[str, TauRow]) -> dict[str, dict[str, Any]]:
     """Per multi-turn conversation (rows with ``conversation``): its turns' ids and chain τ in turn order, and the
     conversation's τ over all its rounds pooled (``tau``, ``rounds``, ``histogram``, ``position_rates``)."""
-    convs: dict[str, list[tuple[int, str, Mapping[str, Any]]]] = {}
+    convs: dict[str, list[tuple[int, str, TauRow]]] = {}
     for pid, r in prompts.items():
-        if r.get("conversation"):
-            convs.setdefault(r["conversation"], []).append((int(r.get("turn", 0)), pid, r))
+        if r.conversation:
+            convs.setdefault(r.conversation, []).append((int(r.turn or 0), pid, r))
     out = {}
     for cid, turns in convs.items():
-        turns.sort()
-        block = acceptance_block(pool(r.get("histogram", []) for _, _, r in turns))
-        out[cid] = {"category": turns[0][2].get("category", "prompt"), "turns": [pid for _, pid, _ in turns],
-                    "turn_tau": [r.get("tau") for _, _, r in turns], **block}
+        turns.sort(key=lambda t: t[:2])
+        block = acceptance_block(pool(r.histogram for _, _, r in turns))
+        out[cid] = {"category": turns[0][2].category, "turns": [pid for _, pid, _ in turns],
+                    "turn_tau": [r.tau for _, _, r in turns], **block}
     return out
 
 
-def turn_table(prompts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def turn_table(prompts: Mapping[str, TauRow]) -> dict[str, dict[str, Any]]:
     """Per turn number of multi-turn conversations: n, mean / median / 95 % CI of chain τ over the
     conversations' k-th turns, and their pooled acceptance (histogram, per-position rates)."""
-    by: dict[int, list[Mapping[str, Any]]] = {}
+    by: dict[int, list[TauRow]] = {}
     for r in prompts.values():
-        if r.get("conversation"):
-            by.setdefault(int(r.get("turn", 0)), []).append(r)
-    return {str(k): {"chain": summarize([r["tau"] for r in rs if _num(r.get("tau"))],
-                                        over="conversations").to_dict(),
-                     "acceptance": acceptance_block(pool(r.get("histogram", []) for r in rs))}
+        if r.conversation:
+            by.setdefault(int(r.turn or 0), []).append(r)
+    return {str(k): {"chain": summarize([r.tau for r in rs if _num(r.tau)], over="conversations").to_dict(),
+                     "acceptance": acceptance_block(pool(r.histogram for r in rs))}
             for k, rs in sorted(by.items())}

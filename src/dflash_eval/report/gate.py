@@ -146,9 +146,7 @@ def gate_row(summary: TauSummary, verdict: Verdict, *, drafter: str, fingerprint
     against the floors, the prompt with the lowest chain τ."""
     verdicts = summary.prompts
     worst = min(verdicts.items(), key=lambda kv: kv[1].tau) if verdicts else None
-    pooled, pooled_dd = pooled_means({p: {"accept_lengths": r.accept_lengths,
-                                          "ddtree_accept_lengths": r.ddtree_accept_lengths}
-                                      for p, r in verdicts.items()})
+    pooled, pooled_dd = pooled_means(verdicts)
     return GateRow(
         drafter=drafter, verdict=verdict, fingerprint=fingerprint, mean_tau=summary.mean_tau,
         mean_ddtree=summary.mean_ddtree, mean_tau_pooled=pooled, mean_ddtree_pooled=pooled_dd,

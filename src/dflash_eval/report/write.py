@@ -19,7 +19,7 @@ from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.common.paths import storage_error
 from dflash_eval.golden import writer as golden
 from dflash_eval.metrics.floors import load_floors
-from dflash_eval.metrics.verdict import judge_run, run_verdict
+from dflash_eval.metrics.verdict import run_verdict
 from dflash_eval.report.budget_plot import write_budget_plot
 from dflash_eval.report.html_report import HTML_NAME, write_html
 from dflash_eval.report.plot import write_plot
@@ -105,11 +105,14 @@ def conclude(data: dict[str, Any], settings: EvalSettings, *, failed_tests: int 
     ``failed_tests`` and pytest's ``exitstatus``): the result every report, the junit properties, the terminal and
     the exit status read. ResultKeyError naming the key when ``data`` is not eval.json's layout."""
     msgs = []
+    floors = None
     if settings.update_tau_floors and data.get("prompts"):
         path = golden.update_floors(data, settings)
-        judge_run(data, load_floors(path, mean_override=settings.tau_floor, prompt_override=settings.tau_floor_prompt))
+        floors = load_floors(path, mean_override=settings.tau_floor, prompt_override=settings.tau_floor_prompt)
         msgs.append(f"τ floors written to {settings.floors_file} (measured - {settings.tau_margin})")
     run = RunResult.from_dict(data)  # the one typed result of the run; dicts only when a file is written
+    if floors is not None:  # judged against the floors just written
+        run = run.judged(floors)
     run = dataclasses.replace(run, verdict=run_verdict(run, failed_tests=failed_tests, exitstatus=exitstatus))
     if settings.update_fingerprints and data.get("fingerprint"):
         fp = golden.update_fingerprint(data["fingerprint"], settings.golden_dir)

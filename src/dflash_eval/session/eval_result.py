@@ -25,13 +25,12 @@ from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.sampled_tau import SampledTau, sample_row
 from dflash_eval.metrics.speedup import speedup_block
-from dflash_eval.metrics.stats import category_table, conversation_table, ddtree_budgets, turn_table
+from dflash_eval.metrics.stats import conversation_table, turn_table
 from dflash_eval.metrics.tau_result import TauResult, macro_tau
 from dflash_eval.metrics.verdict import (
     SpeedupCheck,
     Verdict,
     checkpoint_verdict,
-    judge_categories,
     judge_prompts,
     mean_thresholds,
     speedup_floor_part,
@@ -48,7 +47,7 @@ from dflash_eval.session.blocks import (
     Refusal,
 )
 from dflash_eval.session.rows import CategoryRow, ConversationRow, PromptRow, Row, TurnRow, rows_from_dict, rows_to_dict
-from dflash_eval.session.run_result import Speedup
+from dflash_eval.session.run_result import Speedup, category_rows
 from dflash_eval.target.kernel_cache import KernelCacheDir
 from dflash_eval.target.provenance import provenance
 
@@ -236,8 +235,8 @@ def prompt_rows(results: dict[str, PromptTau], floors: Floors,
                 baseline: BaselineComparison | None = None, prompts: dict[str, Prompt] | None = None,
                 online: dict[str, OnlineTau] | None = None,
                 references: dict[str, list[CompletionRecord]] | None = None,
-                tokenizer: Callable[[], PreTrainedTokenizerBase] | None = None) -> dict[str, dict[str, Any]]:
-    """eval.json's judged ``prompts`` rows; ``completions`` adds an SGLang server's own accept length (and
+                tokenizer: Callable[[], PreTrainedTokenizerBase] | None = None) -> dict[str, PromptRow]:
+    """eval.json's judged ``prompts`` rows, typed; ``completions`` adds an SGLang server's own accept length (and
     histogram), ``baseline`` the baseline's τ of the prompt, ``prompts`` the conversation and turn of a multi-turn
     prompt and its text, ``online`` the online loop's rounds, ``references`` the references τ was measured on (the
     greedy one, or the sampled ones) with their rounds (:func:`completion_rows`; ``tokenizer``: for entries written
@@ -273,8 +272,9 @@ def prompt_rows(results: dict[str, PromptTau], floors: Floors,
             if p is not None:
                 out[pid]["prompt_text"] = p.text
             out[pid]["completions"] = completion_rows(r, refs, tokenizer or _no_tokenizer)
-    judge_prompts(out, floors)
-    return out
+    rows = rows_from_dict(PromptRow, out)
+    judge_prompts(rows, floors)
+    return rows
 
 
 def tau_summary(ev: DrafterEvaluation, floors: Floors, baseline: BaselineComparison | None = None,
@@ -289,10 +289,8 @@ def tau_summary(ev: DrafterEvaluation, floors: Floors, baseline: BaselineCompari
     mean_tau = macro_tau([r.chain for r in res.values()])
     mean_ddtree = {str(b): macro_tau([r.ddtree[b] for r in res.values()]) for b in budgets}
     means = mean_thresholds(mean_tau, mean_ddtree, floors)
-    cats = category_table(rows)
-    judge_categories(cats, floors, ddtree_budgets(rows))
-    return TauSummary(rows_from_dict(PromptRow, rows), mean_tau, mean_ddtree, means[0].floor,
-                      {t.label.removeprefix("DDTree-"): t.floor for t in means[1:]}, rows_from_dict(CategoryRow, cats),
+    return TauSummary(rows, mean_tau, mean_ddtree, means[0].floor,
+                      {t.label.removeprefix("DDTree-"): t.floor for t in means[1:]}, category_rows(rows, floors),
                       baseline, rows_from_dict(ConversationRow, conversation_table(rows)),
                       rows_from_dict(TurnRow, turn_table(rows)))
 
@@ -306,9 +304,7 @@ def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> JsonBlock:
     chain = (tau.mean_tau, every.chain.ci95 if every is not None else None)
     ddtree = {int(b): (v, every.ddtree[b].ci95 if every is not None and b in every.ddtree else None)
               for b, v in tau.mean_ddtree.items()}
-    pooled, pooled_dd = pooled_means({p: {"accept_lengths": r.accept_lengths,
-                                          "ddtree_accept_lengths": r.ddtree_accept_lengths}
-                                      for p, r in tau.prompts.items()})
+    pooled, pooled_dd = pooled_means(tau.prompts)
     block = speedup_block(costs, chain, ddtree, floor=ev.settings.speedup_floor, cached=cached,
                           pooled={"chain": pooled, **{f"ddtree-{b}": v for b, v in pooled_dd.items()}})
     part = speedup_floor_part(Speedup.from_dict(block))  # the floor's verdict, kept beside the prediction

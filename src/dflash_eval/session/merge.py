@@ -81,16 +81,11 @@ from dflash_eval.common.progress import Compilation
 from dflash_eval.errors import ResultKeyError
 from dflash_eval.metrics.acceptance_rates import TAU_DEFINITIONS, pooled_means
 from dflash_eval.metrics.sampled_ci import sampled_summary
-from dflash_eval.metrics.stats import (
-    category_table,
-    conversation_table,
-    ddtree_budgets,
-    turn_table,
-)
-from dflash_eval.metrics.verdict import diagnoses, judge_categories, mean_passed
+from dflash_eval.metrics.stats import conversation_table, turn_table
+from dflash_eval.metrics.verdict import diagnoses, mean_passed
 from dflash_eval.session.blocks import DrafterBlock, Refusal
-from dflash_eval.session.rows import PromptRow, rows_from_dict
-from dflash_eval.session.run_result import SCHEMA, TauMeans
+from dflash_eval.session.rows import ConversationRow, PromptRow, TurnRow, rows_from_dict, rows_to_dict
+from dflash_eval.session.run_result import SCHEMA, TauMeans, category_rows
 
 __all__ = ["SCHEMA", "merge"]
 
@@ -181,6 +176,10 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
         prompts.update(f.get("prompts", {}))
     order = [p for f in fragments for p in f.get("prompts", {})]
     out["prompts"] = {p: prompts[p] for p in dict.fromkeys(order)}
+    try:  # the merged rows, read as the result's typed rows: the statistics and the verdict read nothing else
+        rows = rows_from_dict(PromptRow, out["prompts"])
+    except ResultKeyError as exc:
+        raise exc.under("prompts") from None
     for key in _MEANS:
         for f in fragments:
             if key in f:
@@ -192,7 +191,7 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
     means = None
     if "mean_tau" in out:
         # the other τ of the same rounds: pooled over every round (mean_tau and mean_ddtree are macro means)
-        pooled, pooled_ddtree = pooled_means(out["prompts"])
+        pooled, pooled_ddtree = pooled_means(rows)
         means = TauMeans.from_dict({**{k: out[k] for k in _MEANS}, "mean_tau_pooled": pooled,
                                     "mean_ddtree_pooled": pooled_ddtree, "tau_definitions": dict(TAU_DEFINITIONS)})
     if means is not None or refusal:  # the verdict's: a refused drafter never passes
@@ -201,19 +200,19 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
         out["mean_tau_pooled"], out["mean_ddtree_pooled"] = means.mean_tau_pooled, means.mean_ddtree_pooled
         out["tau_definitions"] = means.tau_definitions
     cats = next((f["categories"] for f in fragments if f.get("categories")), None)
-    if cats is None and out["prompts"]:
-        cats = category_table(out["prompts"])
-        judge_categories(cats, None, ddtree_budgets(out["prompts"]))
+    if cats is None and rows:
+        cats = rows_to_dict(category_rows(rows, None))
     if cats is not None:
         out["categories"] = cats
-    sampled = sampled_summary(out["prompts"])  # --temperature > 0: the mean over prompts of the means over samples
+    sampled = sampled_summary(rows)  # --temperature > 0: the mean over prompts of the means over samples
     if sampled is not None:
         out["sampled"] = sampled
     convs = next((f for f in fragments if f.get("conversations")), None)
     if convs is not None:
         out["conversations"], out["turns"] = convs["conversations"], convs.get("turns", {})
-    elif any(r.get("conversation") for r in out["prompts"].values()):
-        out["conversations"], out["turns"] = conversation_table(out["prompts"]), turn_table(out["prompts"])
+    elif any(r.conversation for r in rows.values()):
+        out["conversations"] = rows_to_dict(rows_from_dict(ConversationRow, conversation_table(rows)))
+        out["turns"] = rows_to_dict(rows_from_dict(TurnRow, turn_table(rows)))
     out["drift"], out["drift_accept"] = _drift(fragments)
     probes = _kernel_probes(fragments)
     if probes is not None:
@@ -234,10 +233,6 @@ def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = 
     out["tests"] = {"counts": dict(Counter(oc.values())), "outcomes": oc, "skipped": dict(skipped or {})}
     if skipped:
         out["not_checked"] = not_checked(skipped)
-    try:  # the merged rows and drafter, read as the result's typed rows: the verdict reads nothing else
-        rows = rows_from_dict(PromptRow, out["prompts"])
-    except ResultKeyError as exc:
-        raise exc.under("prompts") from None
     drafter = DrafterBlock.from_dict(out["drafter"]) if out.get("drafter") else None
     named = diagnoses(rows, means, drafter)
     if named:

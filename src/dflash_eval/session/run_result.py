@@ -37,9 +37,11 @@ from typing import Any
 
 from dflash_eval.errors import EvalError, ResultKeyError
 from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
+from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.speedup import Prediction
-from dflash_eval.metrics.verdict import Verdict, stored_verdict
+from dflash_eval.metrics.stats import category_table, ddtree_budgets
+from dflash_eval.metrics.verdict import Verdict, judge_categories, judge_mean, judge_prompts, stored_verdict
 from dflash_eval.session.blocks import (
     BaselineBlock,
     CostsBlock,
@@ -58,11 +60,12 @@ from dflash_eval.session.rows import (
     TurnRow,
     _opt,
     plain,
+    rows_from_dict,
 )
 from dflash_eval.session.run_blocks import ContextBlock, KernelChange, ProvenanceBlock, TargetBlock
 
-__all__ = ["RunResult", "TauMeans", "Speedup", "PooledSpeed", "Timings", "Compile", "KernelCache", "Tests",
-           "NotChecked", "Rejection", "TOP_LEVEL_KEYS", "SCHEMA"]
+__all__ = ["RunResult", "category_rows", "TauMeans", "Speedup", "PooledSpeed", "Timings", "Compile", "KernelCache",
+           "Tests", "NotChecked", "Rejection", "TOP_LEVEL_KEYS", "SCHEMA"]
 
 #: eval.json's schema version (docs/reference.md; :mod:`dflash_eval.session.merge` writes it).
 SCHEMA = 1
@@ -268,6 +271,23 @@ class RunResult:
         none, or no provenance)."""
         return [] if self.provenance is None else self.provenance.kernel_changes
 
+    def judged(self, floors: Floors) -> RunResult:
+        """This result judged again against ``floors`` (selected here: the run's prompts), as after
+        ``--update-tau-floors`` rewrote them: every prompt, the mean (its floors and ``mean_passed``) and every
+        category (its table made again from the prompts)."""
+        floors = floors.select({p: r.category for p, r in self.prompts.items()})
+        prompts = {p: dataclasses.replace(r) for p, r in self.prompts.items()}
+        judge_prompts(prompts, floors)
+        kw: dict[str, Any] = {"prompts": prompts}
+        if self.tau is not None:
+            mean = judge_mean(self.tau.mean_tau, self.tau.mean_ddtree, floors)
+            kw["tau"] = dataclasses.replace(self.tau, mean_floor=mean.mean_floor,
+                                            mean_ddtree_floor=mean.mean_ddtree_floor)
+            kw["mean_passed"] = mean.passed
+        if prompts:
+            kw["categories"] = category_rows(prompts, floors)
+        return dataclasses.replace(self, **kw)
+
     def to_dict(self) -> dict[str, Any]:
         """eval.json's data: each key the result holds, in the merge's order, a plugin's keys before ``rejected`` and
         ``verdict``."""
@@ -280,6 +300,14 @@ class RunResult:
             if value is not None or key in means:
                 out[key] = value
         return out
+
+
+def category_rows(prompts: Mapping[str, PromptRow], floors: Floors | None) -> dict[str, CategoryRow]:
+    """The per-category rows of the run's prompt rows (:func:`dflash_eval.metrics.stats.category_table`), judged
+    against ``floors`` (None: not judged, every floor and verdict None)."""
+    cats = rows_from_dict(CategoryRow, category_table(prompts))
+    judge_categories(cats, floors, ddtree_budgets(prompts))
+    return cats
 
 
 def _rows(cls: Callable[[Any], Any], key: str) -> Callable[[Any], Any]:

@@ -126,9 +126,7 @@ class CheckpointRecord:
         assert tau is not None and drafter is not None, "a record is made of an evaluated drafter's result"
         cats = _categories(tau.categories)
         budget = result.drift_budget.budget if result.drift_budget is not None else None
-        pooled, pooled_dd = pooled_means({p: {"accept_lengths": r.accept_lengths,
-                                              "ddtree_accept_lengths": r.ddtree_accept_lengths}
-                                          for p, r in tau.prompts.items()})
+        pooled, pooled_dd = pooled_means(tau.prompts)
         all_row = tau.categories.get("all")
         return cls(step=step, time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    drafter=str(drafter.path), fingerprint=drafter.fingerprint, settings_digest=digest,

@@ -7,7 +7,7 @@ all ask this package.
   baseline with its tolerances, drift with its tolerances and the budget's CI, a near tie's margin with its band).
 - :mod:`.core`: :class:`Part`, :class:`Verdict`, :func:`compose`, the part names, the gate's aggregate.
 - :mod:`.tau_rules`: a checkpoint's verdict (τ against its floors, ``--baseline``, ``--speedup-floor``; the gate's
-  table, gate.json, the training history and its trackers) and the judged fields of eval.json's τ rows.
+  table, gate.json, the training history and its trackers) and the judged fields of the run's typed τ rows.
 - :mod:`.run`: a test run's verdict from its typed result (:data:`RUN_PARTS`; :class:`JudgedRun` says what it
   reads, :class:`~dflash_eval.session.run_result.RunResult` is one), stored in eval.json's ``verdict`` and read
   back by :func:`stored_verdict`; the named causes of a failing run (:func:`diagnoses`). The verdict reads typed
@@ -93,6 +93,7 @@ from dflash_eval.metrics.verdict.tau_rules import (
     JudgedMeans,
     JudgedPrompt,
     JudgedRow,
+    MeanFloors,
     NamedLoop,
     RefusalCheck,
     RefusedDrafter,
@@ -107,7 +108,6 @@ from dflash_eval.metrics.verdict.tau_rules import (
     judge_categories,
     judge_mean,
     judge_prompts,
-    judge_run,
     mean_floors_pass,
     mean_passed,
     mean_thresholds,
@@ -124,7 +124,7 @@ from dflash_eval.metrics.verdict.tau_rules import (
 )
 
 __all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresholds", "mean_thresholds",
-           "category_thresholds", "judge_prompts", "judge_mean", "judge_categories", "judge_run", "mean_passed",
+           "category_thresholds", "judge_prompts", "judge_mean", "judge_categories", "MeanFloors", "mean_passed",
            "mean_floors_pass", "gate_reasons", "NO_ACCEPTANCE", "NO_ACCEPTANCE_EPS", "NO_ACCEPTANCE_TOKENS",
            "NO_ACCEPTANCE_MAX_EXCESS", "no_acceptance", "no_acceptance_fails", "refused", "diagnoses",
            "JudgedPrompt", "FLOORS", "BASELINE", "SPEEDUP_FLOOR", "REGRESSION", "PLATEAU", "DRIFT_GATE", "REFUSAL",

@@ -5,19 +5,22 @@ The rule (:func:`.rules.passes`) applied to every τ of a run: a prompt passes w
 DDTree budget pass; the mean and each category likewise (their τ is the mean over their prompts; their floors follow
 the selection, see :mod:`dflash_eval.metrics.floors`). A missing floor is a failure, never a pass, except where only
 the mean is gated (``--tau-floor`` without per-prompt floors): a prompt or category without a floor is then not
-judged (None). The functions that fill the judged fields work on eval.json's rows, so the same code judges a fresh
-run, a merge of xdist workers and a report re-judged against rewritten floors.
+judged (None). The functions that fill the judged fields work on the run's typed rows
+(:mod:`dflash_eval.metrics.tau_rows` says what they read and write), so the same code judges a fresh run, a merge of
+xdist workers and a run re-judged against rewritten floors
+(:meth:`~dflash_eval.session.run_result.RunResult.judged`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from dflash_eval.common.number_text import ci_text, ends, fmt, is_number
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.speedup import Prediction
-from dflash_eval.metrics.stats import category_table, ddtree_budgets
+from dflash_eval.metrics.tau_rows import GatedCategory, GatedPrompt
 from dflash_eval.metrics.verdict.core import (
     BASELINE,
     CHECKPOINT,
@@ -41,7 +44,7 @@ from dflash_eval.metrics.verdict.rules import (
 )
 
 __all__ = ["prompt_threshold", "prompt_thresholds", "mean_thresholds", "category_thresholds", "judge_prompts",
-           "judge_mean", "judge_categories", "judge_run", "refused", "mean_passed", "mean_floors_pass", "JudgedPrompt",
+           "judge_mean", "MeanFloors", "judge_categories", "refused", "mean_passed", "mean_floors_pass", "JudgedPrompt",
            "gate_reasons", "BaselineCheck", "baseline_reasons", "baseline_failures", "baseline_part", "vacuous_floors",
            "floors_part",
            "speedup_floor_reason", "speedup_floor_part", "regression_part", "plateau_part", "checkpoint_verdict",
@@ -68,7 +71,7 @@ def prompt_thresholds(pid: str, chain: float, ddtree: Mapping[Any, float], floor
                                                      for b, v in _budget_items(ddtree)]
 
 
-def mean_thresholds(chain: float, ddtree: Mapping[Any, float | None], floors: Floors) -> list[Threshold]:
+def mean_thresholds(chain: float | None, ddtree: Mapping[Any, float | None], floors: Floors) -> list[Threshold]:
     """The macro-averaged τ (chain and each budget) against the mean floors."""
     return [Threshold("chain", chain, floors.for_mean())] + [
         Threshold(f"DDTree-{b}", v, floors.for_mean(b)) for b, v in _budget_items(ddtree)]
@@ -84,22 +87,29 @@ def category_thresholds(category: str, chain: float, ddtree: Mapping[Any, float 
         Threshold(f"DDTree-{b}", v, floors.for_category(category, b), req) for b, v in _budget_items(ddtree)]
 
 
-def judge_prompts(prompts: dict[str, dict[str, Any]], floors: Floors) -> None:
-    """Fill ``floor``, ``ddtree_floor`` and ``passed`` of every eval.json prompt row (``tau``, ``ddtree``)."""
+def judge_prompts(prompts: Mapping[str, GatedPrompt], floors: Floors) -> None:
+    """Fill ``floor``, ``ddtree_floor`` and ``passed`` of every prompt row (from its ``tau`` and ``ddtree``)."""
     for pid, r in prompts.items():
-        ts = prompt_thresholds(pid, r["tau"], r.get("ddtree", {}), floors)
-        r["floor"] = ts[0].floor
-        r["ddtree_floor"] = {b: t.floor for b, t in zip(r.get("ddtree", {}), ts[1:])}
-        r["passed"] = overall(ts)
+        ts = prompt_thresholds(pid, r.tau, r.ddtree, floors)
+        r.floor = ts[0].floor
+        r.ddtree_floor = {b: t.floor for b, t in zip(r.ddtree, ts[1:])}
+        r.passed = overall(ts)
 
 
-def judge_mean(data: dict[str, Any], floors: Floors) -> None:
-    """Fill ``mean_floor``, ``mean_ddtree_floor`` and ``mean_passed`` of eval.json data (``mean_tau``,
-    ``mean_ddtree``)."""
-    ts = mean_thresholds(data["mean_tau"], data.get("mean_ddtree", {}), floors)
-    data["mean_floor"] = ts[0].floor
-    data["mean_ddtree_floor"] = {b: t.floor for b, t in zip(data.get("mean_ddtree", {}), ts[1:])}
-    data["mean_passed"] = all(t.passed for t in ts)
+@dataclass(frozen=True)
+class MeanFloors:
+    """The macro mean's floors, chain and per DDTree budget, and whether the mean passes them (eval.json's
+    ``mean_floor``, ``mean_ddtree_floor`` and, without a refusal, ``mean_passed``): :func:`judge_mean`."""
+
+    mean_floor: float | None
+    mean_ddtree_floor: dict[str, float | None]
+    passed: bool
+
+
+def judge_mean(mean_tau: float | None, mean_ddtree: Mapping[str, float | None], floors: Floors) -> MeanFloors:
+    """The floors and verdict of the macro mean τ, chain (``mean_tau``) and per DDTree budget (``mean_ddtree``)."""
+    ts = mean_thresholds(mean_tau, mean_ddtree, floors)
+    return MeanFloors(ts[0].floor, {b: t.floor for b, t in zip(mean_ddtree, ts[1:])}, all(t.passed for t in ts))
 
 
 class RefusalCheck(Protocol):
@@ -154,32 +164,19 @@ def mean_floors_pass(means: JudgedMeans) -> bool:
         passes(v, floors[b] if b in floors else None) for b, v in means.mean_ddtree.items())
 
 
-def judge_categories(categories: dict[str, dict[str, Any]], floors: Floors | None, budgets: list[str]) -> None:
+def judge_categories(categories: Mapping[str, GatedCategory], floors: Floors | None, budgets: list[str]) -> None:
     """Fill ``floor``, ``ddtree_floor`` and ``passed`` of every per-category row (``chain`` and ``ddtree`` hold
     summaries with a ``mean``; a category may lack a budget's summary, which then fails) for the DDTree
     ``budgets`` of the run; without floors they are None."""
     for c, row in categories.items():
         if floors is None:
-            row.update(floor=None, ddtree_floor={b: None for b in budgets}, passed=None)
+            row.floor, row.ddtree_floor, row.passed = None, {b: None for b in budgets}, None
             continue
-        means = {b: row["ddtree"][b]["mean"] if b in row.get("ddtree", {}) else None for b in budgets}
-        ts = category_thresholds(c, row["chain"]["mean"], means, floors)
-        row["floor"] = ts[0].floor
-        row["ddtree_floor"] = {b: t.floor for b, t in zip(budgets, ts[1:])}
-        row["passed"] = overall(ts)
-
-
-def judge_run(data: dict[str, Any], floors: Floors) -> None:
-    """Re-judge merged eval.json data against ``floors`` (selected: the run's prompts): every prompt, the mean and
-    every category."""
-
-    floors = floors.select({p: r.get("category", "prompt") for p, r in data.get("prompts", {}).items()})
-    judge_prompts(data.get("prompts", {}), floors)
-    if "mean_tau" in data:
-        judge_mean(data, floors)
-    if data.get("prompts"):
-        data["categories"] = category_table(data["prompts"])
-        judge_categories(data["categories"], floors, ddtree_budgets(data["prompts"]))
+        means = {b: row.ddtree[b].mean if b in row.ddtree else None for b in budgets}
+        ts = category_thresholds(c, row.chain.mean, means, floors)
+        row.floor = ts[0].floor
+        row.ddtree_floor = {b: t.floor for b, t in zip(budgets, ts[1:])}
+        row.passed = overall(ts)
 
 
 class JudgedPrompt(Protocol):
