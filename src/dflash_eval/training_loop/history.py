@@ -40,6 +40,7 @@ from dflash_eval.metrics.verdict import (
     Part,
     Verdict,
     compose,
+    parts_from_dicts,
     plateau_part,
     record_verdict,
     regression_part,
@@ -167,13 +168,7 @@ class CheckpointRecord:
         ResultKeyError.check(data, [*_FIELDS, *_FOR_READERS], optional=[*_DEFAULTED, *_FOR_READERS])
         kw = {k: v for k, v in data.items() if k in _FIELDS}
         if kw.get("parts") is not None:
-            parts = []
-            for i, p in enumerate(kw["parts"]):
-                try:
-                    parts.append(Part.from_dict(p))
-                except ResultKeyError as exc:
-                    raise exc.under(i).under("parts") from None
-            kw["parts"] = tuple(parts)
+            kw["parts"] = parts_from_dicts(kw["parts"])
         return cls(**kw)
 
 

@@ -39,6 +39,7 @@ from dflash_eval.metrics.verdict.core import (
     compose,
     gating_pass,
     notice,
+    parts_from_dicts,
     reasons_part,
 )
 from dflash_eval.metrics.verdict.rules import (
@@ -129,9 +130,10 @@ __all__ = ["passes", "overall", "Threshold", "prompt_threshold", "prompt_thresho
            "NO_ACCEPTANCE_MAX_EXCESS", "no_acceptance", "no_acceptance_fails", "refused", "diagnoses",
            "JudgedPrompt", "FLOORS", "BASELINE", "SPEEDUP_FLOOR", "REGRESSION", "PLATEAU", "DRIFT_GATE", "REFUSAL",
            "PLUGINS", "TESTS", "NEAR_TIES", "KERNELS", "EXIT_STATUS", "REPORTS", "CHECKPOINT", "Part", "Verdict",
-           "compose", "notice", "reasons_part", "Gated", "gating_pass", "BaselineCheck", "baseline_reasons",
-           "baseline_failures", "drop_holds", "rise_holds", "baseline_part", "VACUOUS_FLOOR", "vacuous_floors",
-           "floors_part", "speedup_floor_reason", "speedup_floor_part", "regressed", "gained", "regression_part",
+           "compose", "notice", "reasons_part", "Gated", "gating_pass", "parts_from_dicts", "BaselineCheck",
+           "baseline_reasons", "baseline_failures", "drop_holds", "rise_holds", "baseline_part", "VACUOUS_FLOOR",
+           "vacuous_floors", "floors_part", "speedup_floor_reason", "speedup_floor_part", "regressed", "gained",
+           "regression_part",
            "plateau_part", "checkpoint_verdict", "record_verdict", "tau_verdict", "PASS", "FAIL", "INCONCLUSIVE",
            "drift_outcome", "row_outcome", "gate_outcome", "RunPart", "RUN_PARTS", "run_verdict", "reports_part",
            "stored_verdict", "run_fails", "EXIT_PARTS", "against", "within_estimate", "in_ci", "drift_holds",

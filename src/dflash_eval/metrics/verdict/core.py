@@ -16,7 +16,7 @@ from dflash_eval.errors import ResultKeyError
 
 __all__ = ["FLOORS", "BASELINE", "SPEEDUP_FLOOR", "REGRESSION", "PLATEAU", "DRIFT_GATE", "REFUSAL", "PLUGINS", "TESTS",
            "NEAR_TIES", "KERNELS", "EXIT_STATUS", "REPORTS", "CHECKPOINT", "Part", "Verdict", "compose", "notice",
-           "reasons_part", "Gated", "gating_pass"]
+           "reasons_part", "Gated", "gating_pass", "parts_from_dicts"]
 
 #: The parts a verdict is composed of, by name (another part is one more name: :class:`Part` takes any).
 FLOORS, BASELINE, SPEEDUP_FLOOR, REGRESSION, PLATEAU = "floors", "baseline", "speedup_floor", "regression", "plateau"
@@ -123,13 +123,7 @@ class Verdict:
         """A verdict of :meth:`to_dict` (its outcome, reasons and notices follow from its parts); ResultKeyError
         naming a key it, or one of its parts, does not know or lacks (``parts[0].name``)."""
         ResultKeyError.check(d, ("passed", "label", "reasons", "notices", "parts"))
-        parts = []
-        for i, p in enumerate(d["parts"]):
-            try:
-                parts.append(Part.from_dict(p))
-            except ResultKeyError as exc:
-                raise exc.under(i).under("parts") from None
-        return cls(tuple(parts))
+        return cls(parts_from_dicts(d["parts"]))
 
 
 def compose(*parts: Part | None) -> Verdict:
@@ -161,3 +155,14 @@ def gating_pass(rows: Iterable[Gated]) -> bool:
     """The gate's verdict over its checkpoints: every gating row passed (gate.json's ``passed``, the exit status)."""
     return all(r.passed for r in rows if r.gating)
 
+
+def parts_from_dicts(items: Iterable[Mapping[str, Any]]) -> tuple[Part, ...]:
+    """A verdict's ``parts`` as :meth:`Part.to_dict` wrote them (an eval.json's verdict, a history record's);
+    ResultKeyError naming the part and the key it does not know or lacks (``parts[0].name``)."""
+    parts = []
+    for i, p in enumerate(items):
+        try:
+            parts.append(Part.from_dict(p))
+        except ResultKeyError as exc:
+            raise exc.under(i).under("parts") from None
+    return tuple(parts)
