@@ -43,8 +43,7 @@ if TYPE_CHECKING:  # they import torch: kept out of --help
         hooks: pluggy.PluginManager | None
 
 __all__ = ["add_training_options", "training_checkpoints", "first_checkpoints", "history_path", "check_history",
-           "make_evaluator", "judged_row",
-           "record_row", "write_trend", "gate_training_run"]
+           "make_evaluator", "judged_row", "record_row", "write_trend", "gate_training_run"]
 
 #: How many earlier failures the ``--latest`` notice names (the rest are counted).
 EARLIER_NAMED = 5
