@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dflash_eval.cache.store import Cache
+from dflash_eval.common.heap import importing
 from dflash_eval.common.paths import folder_problem
 from dflash_eval.common.progress import Meter, Sink, default_progress_sink
 from dflash_eval.drafter import TargetSpec
@@ -310,7 +311,8 @@ class Inputs:
     def tokenizer(self) -> PreTrainedTokenizerBase:
         if self.target_loaded:
             return self.target.tokenizer
-        from transformers import AutoTokenizer
+        with importing():  # transformers, with the garbage collector paused (dflash_eval.common.heap)
+            from transformers import AutoTokenizer
 
         self.target_dir.check_json_files()  # a broken tokenizer file: one message naming it, not a traceback
         with self.meter.timed("target_load"):

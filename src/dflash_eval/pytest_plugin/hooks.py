@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from dflash_eval import hookspec
+from dflash_eval.common.heap import importing
 from dflash_eval.common.torch_check import require_torch
 from dflash_eval.errors import DFlashEvalError, DrafterRefused
 from dflash_eval.options.commands import unknown_pytest_args
@@ -39,6 +40,7 @@ from dflash_eval.pytest_plugin.state import (
     SGLANG,
     SKIPS,
     START,
+    claim_heap,
     enter_config,
     freeze_heap_if_ending,
     get_session,
@@ -54,8 +56,8 @@ if TYPE_CHECKING:
 
 __all__ = ["pytest_addhooks", "pytest_addoption", "pytest_load_initial_conftests", "pytest_configure",
            "pytest_configure_node", "pytest_testnodedown", "pytest_runtest_makereport", "pytest_runtest_call",
-           "pytest_sessionstart", "pytest_runtestloop", "pytest_collection_modifyitems", "pytest_sessionfinish",
-           "pytest_terminal_summary", "MARKERS"]
+           "pytest_sessionstart", "pytest_runtestloop", "pytest_collection", "pytest_collection_modifyitems",
+           "pytest_sessionfinish", "pytest_terminal_summary", "MARKERS"]
 
 SUITE_REPORT_ATTR = "dflash_eval_suite"  # set on the reports of tests that use the suite's fixtures
 CHECKED = pytest.StashKey[bool]()
@@ -98,6 +100,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 
 def pytest_configure(config: pytest.Config) -> None:
     enter_config(config)
+    if runs_suite(config):
+        claim_heap(config)
     for line in MARKERS:  # the suite's modules use them wherever it is installed (--strict-markers)
         config.addinivalue_line("markers", line)
     config.stash[FRAGMENTS] = []
@@ -256,10 +260,22 @@ def _check_inputs(config: pytest.Config) -> None:
     _preflight(config)
 
     try:
-        require_torch()
-        get_session(config).check_inputs()
+        with importing():  # torch and the session's modules, imported here first
+            require_torch()
+            get_session(config).check_inputs()
     except DFlashEvalError as exc:
         raise pytest.UsageError(f"dflash-eval: {exc}") from None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> Generator[None, Any, Any]:
+    """The suite's test modules import torch and the library (in an xdist worker, first here): with the garbage
+    collector paused, the heap frozen after them where the process ends with the run
+    (:mod:`dflash_eval.common.heap`)."""
+    if not runs_suite(session.config):
+        return (yield)
+    with importing():
+        return (yield)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

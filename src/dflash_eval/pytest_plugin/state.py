@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from dflash_eval.common.heap import importing, own_process
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.options.settings import EvalSettings, resolve, worker_info
 from dflash_eval.pytest_plugin.progress_reporter import progress_sink
@@ -22,7 +23,8 @@ if TYPE_CHECKING:  # the session (and torch) is imported when a test needs it, n
     from dflash_eval.session.run_result import RunResult
 
 __all__ = ["settings_from_config", "get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES",
-           "SKIPS", "START", "SGLANG", "RESULT", "MESSAGES", "REJECTED", "is_controller"]
+           "SKIPS", "START", "SGLANG", "RESULT", "MESSAGES", "REJECTED", "is_controller", "enter_config", "claim_heap",
+           "freeze_heap_if_ending"]
 
 SESSION = pytest.StashKey["EvalSession"]()
 SETTINGS = pytest.StashKey["EvalSettings | Exception"]()
@@ -63,8 +65,9 @@ def get_session(config: pytest.Config) -> EvalSession:
     progress lines go to the plugin's reporter)."""
     if SESSION not in config.stash:
         settings = get_settings(config)  # bad options raise here, before the session (and torch) is imported
-        from dflash_eval.common.threads import set_torch_threads  # imports torch: kept out of --help
-        from dflash_eval.session.eval_session import EvalSession  # imports torch: kept out of --help
+        with importing():
+            from dflash_eval.common.threads import set_torch_threads  # imports torch: kept out of --help
+            from dflash_eval.session.eval_session import EvalSession  # imports torch: kept out of --help
 
         name, index, count = worker_info()
         set_torch_threads(settings.torch_threads, count)  # once per process, before any stage computes
@@ -103,6 +106,13 @@ def enter_config(config: pytest.Config) -> None:
     _CONFIGS.append(config)
 
 
+def claim_heap(config: pytest.Config) -> None:
+    """A process that ends with this run of the suite is declared the heap's owner
+    (:func:`dflash_eval.common.heap.own_process`): its heavy imports freeze what they made."""
+    if _ends_with(config):
+        own_process()
+
+
 def freeze_heap_if_ending(config: pytest.Config) -> None:
     """At the start of ``pytest_unconfigure``: when the process ends with this run (see :func:`_ends_with`) and held a
     session, freeze the heap now instead of at interpreter exit.
@@ -113,24 +123,23 @@ def freeze_heap_if_ending(config: pytest.Config) -> None:
     the objects made after the freeze. What is given up is their report of an exception in the ``__del__`` of an
     object caught in a reference cycle and left until the run's end; exceptions raised while the tests run are
     reported at each test as before."""
-    if config in _CONFIGS:
-        _CONFIGS.remove(config)
+    _CONFIGS[:] = [c for c in _CONFIGS if c is not config]
     if _FREEZE_REGISTERED and _ends_with(config):
         gc.freeze()
 
 
 def _ends_with(config: pytest.Config) -> bool:
     """Whether this process ends once ``config``'s run ends: an xdist worker, or the outermost run of a process
-    started as ``pytest`` / ``python -m pytest`` (never a run inside another one, e.g. pytester's in-process runs, nor
-    ``pytest.main`` called from a program that goes on, e.g. a training loop)."""
-    if _CONFIGS:  # an enclosing run of this process is still going
+    started as ``pytest`` / ``python -m pytest`` / ``dflash-eval`` (never a run inside another one, e.g. pytester's
+    in-process runs, nor ``pytest.main`` called from a program that goes on, e.g. a training loop)."""
+    if any(c is not config for c in _CONFIGS):  # an enclosing run of this process is still going
         return False
     if not is_controller(config):
         return True
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     entry = spec.name if spec is not None else Path(getattr(main, "__file__", "") or "").name
-    return entry in ("pytest.__main__", "pytest", "py.test")
+    return entry in ("pytest.__main__", "pytest", "py.test", "dflash_eval.__main__", "dflash-eval")
 
 
 def is_controller(config: pytest.Config) -> bool:

@@ -81,6 +81,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from dflash_eval.common.heap import importing
 from dflash_eval.errors import ConfigError
 from dflash_eval.target.backends import split_backend, use_backend
 
@@ -353,18 +354,20 @@ class ProbeShapes:
 
 # ------------------------------------------------------------------------------------------------ the probe model
 def _model_class(target_dir: TargetDir) -> type[PreTrainedModel]:
-    """The transformers class ``AutoModelForCausalLM`` builds for the target (else the config's architecture)."""
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    """The transformers class ``AutoModelForCausalLM`` builds for the target (else the config's architecture; its
+    modeling module imported with the garbage collector paused: :mod:`dflash_eval.common.heap`)."""
+    with importing():
+        import transformers
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    raw = target_dir.raw
-    names = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(raw.get("model_type"))),
-             MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(target_dir.text.get("model_type"))),
-             *(raw.get("architectures") or [])]
-    for name in names:
-        cls = getattr(transformers, name, None) if isinstance(name, str) else None
-        if cls is not None:
-            return cls
+        raw = target_dir.raw
+        names = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(raw.get("model_type"))),
+                 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(target_dir.text.get("model_type"))),
+                 *(raw.get("architectures") or [])]
+        for name in names:
+            cls = getattr(transformers, name, None) if isinstance(name, str) else None
+            if cls is not None:
+                return cls
     raise ConfigError(f"{target_dir.config_file}: model_type {raw.get('model_type')!r} / architectures "
                       f"{raw.get('architectures')!r} name no causal LM class of this transformers "
                       f"({transformers.__version__}): the kernel probe cannot tell which kernels the target calls")

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from dflash_eval.common.dtypes import parse_dtype
+from dflash_eval.common.heap import importing
 from dflash_eval.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -322,7 +323,8 @@ def load_target(
     Raises:
         ConfigError: the directory or its config.json is missing, or transformers cannot load it.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    with importing():  # the modeling code, with the garbage collector paused (dflash_eval.common.heap)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
     tdir = TargetDir(path)
