@@ -8,10 +8,10 @@ on the bundled fixtures (or the paths given after ``--``):
 3. unless ``--skip-xdist``: ``-n 0`` and ``-n 2``, each on a fresh cache, comparing verdicts and τ.
 
 Prints wall times and pytest's own test time, the warm/cold ratio (with ``--warm-repeat``, also the import
-floor: a fresh interpreter importing torch and the target's modeling code, measured between the warm runs, and
-each side's warm wall time above it), the cold run's time split from its
-reports/eval.json (target load, tokenization, reference generation, feature forwards, drafting, the rest: pytest,
-imports, cache io), and whether -n 0 and -n 2 agree.
+floor: a fresh interpreter importing torch and the target's modeling code, measured between the warm runs, plainly
+and as the suite imports them, with the garbage collector paused, and each side's warm wall time above each), the
+cold run's time split from its reports/eval.json (target load, tokenization, reference generation, feature forwards,
+drafting, the rest: pytest, imports, cache io), and whether -n 0 and -n 2 agree.
 
 ``--before DIR`` first runs the same cold suite from another checkout (its ``src`` and ``tests_eval``), for a
 before/after ratio measured side by side; ``--warm-repeat N`` then alternates N warm runs of both (medians).
@@ -61,15 +61,18 @@ def run(args: list[str], cache: Path, report: Path, extra: list[str],
 
 
 FLOOR_IMPORT = "import torch, transformers.models.qwen3_5.modeling_qwen3_5"
+#: The same imports as the suite makes them (dflash_eval.common.heap): the garbage collector paused, the heap frozen.
+FLOOR_IMPORT_PAUSED = f"import gc; gc.disable(); {FLOOR_IMPORT}; gc.freeze(); gc.enable()"
 
 
-def import_floor() -> float:
+def import_floor(code: str = FLOOR_IMPORT) -> float:
     """Wall seconds of a fresh interpreter that only imports torch and the target's modeling code: the part of a
-    warm run no change to the suite can remove (the kernel probe runs the target's own modeling code)."""
+    warm run no change to the suite can remove (the kernel probe runs the target's own modeling code). ``code``:
+    :data:`FLOOR_IMPORT` (a plain interpreter) or :data:`FLOOR_IMPORT_PAUSED` (as the suite imports them)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", FLOOR_IMPORT], env=env, check=True, timeout=600)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
     return time.perf_counter() - t0
 
 
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = outcomes(data_c) == outcomes(data_w) and rc_c == rc_w
     if a.before and a.warm_repeat > 0:
         warm: dict[str, list[tuple[float, float]]] = {"before": [], "now": []}
-        floors = []
+        floors, paused = [], []
         for i in range(a.warm_repeat):  # alternating, each on the cache its own cold run filled
             for label, tree, cache in (("before", a.before.resolve(), tmp / "cache-before"),
                                        ("now", ROOT, tmp / "cache")):
@@ -138,12 +141,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"warm  {label:6s} round {i + 1}: wall {w:7.2f} s, pytest {t} s, rc={rc}")
             floors.append(import_floor())
             print(f"import floor round {i + 1}: {floors[-1]:.2f} s (python -c {FLOOR_IMPORT!r})")
+            paused.append(import_floor(FLOOR_IMPORT_PAUSED))
+            print(f"import floor, collector paused, round {i + 1}: {paused[-1]:.2f} s")
         med = {k: (statistics.median(w for w, _ in v), statistics.median(t for _, t in v)) for k, v in warm.items()}
         floor = statistics.median(floors)
         print(f"warm  median of {a.warm_repeat}: before wall {med['before'][0]:.2f} s, pytest {med['before'][1]:.2f} s"
               f" | now wall {med['now'][0]:.2f} s, pytest {med['now'][1]:.2f} s; {load()}")
         print(f"import floor median {floor:.2f} s; warm wall above it: before {med['before'][0] - floor:.2f} s, "
               f"now {med['now'][0] - floor:.2f} s")
+        floor_p = statistics.median(paused)
+        print(f"import floor with the collector paused median {floor_p:.2f} s (the suite's own imports); warm wall "
+              f"above it: before {med['before'][0] - floor_p:.2f} s, now {med['now'][0] - floor_p:.2f} s")
     if not a.skip_xdist:
         w0, _, r0, d0, _ = run(["-n", "0", *sel], tmp / "cache-n0", tmp / "n0", a.extra)
         w2, _, r2, d2, _ = run(["-n", "2", *sel], tmp / "cache-n2", tmp / "n2", a.extra)
