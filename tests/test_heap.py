@@ -117,3 +117,22 @@ def test_a_run_inside_another_run_does_not_own_the_heap(monkeypatch: pytest.Monk
     state.enter_config(inner)
     state.claim_heap(inner)
     assert not heap.owned()
+
+
+def test_the_dflash_eval_command_owns_its_process(monkeypatch: pytest.MonkeyPatch, freezes: list[bool],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from dflash_eval.cli.main import main
+
+    _main_as(monkeypatch, None, "/venv/bin/dflash-eval")
+    monkeypatch.setattr(sys, "argv", ["dflash-eval", "sets"])
+    assert main() == 0
+    assert heap.owned()
+
+
+def test_the_command_called_from_a_program_does_not_own_it(monkeypatch: pytest.MonkeyPatch, freezes: list[bool],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from dflash_eval.cli.main import main
+
+    _main_as(monkeypatch, None, "/home/me/train.py")
+    assert main(["sets"]) == 0
+    assert not heap.owned()

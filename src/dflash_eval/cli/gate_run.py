@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Unpack
 
+from dflash_eval.common.heap import importing
 from dflash_eval.errors import ConfigError, DFlashEvalError
 from dflash_eval.metrics.verdict import compose, notice
 from dflash_eval.report.gate import GatePrompt, GateRow, error_row, gate_row
@@ -135,7 +136,8 @@ def make_evaluator(ns: argparse.Namespace, settings: EvalSettings, *, log: Calla
     """The gate's Evaluator: its history (``--history``), trackers (``--tensorboard``, ``--wandb``: registered on its
     hook manager, ``session``'s ``hooks`` when given), plateau window; ``session``: the Evaluator's ``hooks`` and the
     options of its first EvalSession (progress sink, server link)."""
-    from dflash_eval.training_loop.evaluator import Evaluator  # imports torch: kept out of --help
+    with importing():  # torch, with the garbage collector paused (dflash_eval.common.heap)
+        from dflash_eval.training_loop.evaluator import Evaluator  # imports torch: kept out of --help
 
     if ns.plateau_window < 2:
         raise ConfigError(f"--plateau-window must be >= 2, got {ns.plateau_window}")

@@ -66,6 +66,7 @@ from dflash_eval.cli.list_sets import sets_command
 from dflash_eval.cli.record import record_command
 from dflash_eval.cli.suite_run import joined_option_values, run_suite
 from dflash_eval.common.atomic import atomic_write_text
+from dflash_eval.common.heap import COMMAND_ENTRIES, importing, own_process, started_as
 from dflash_eval.common.number_text import fmt
 from dflash_eval.common.paths import normal_path
 from dflash_eval.common.progress import throttled
@@ -244,7 +245,8 @@ def gate(ns: argparse.Namespace) -> int:
         if not ns.quiet:
             print(m, file=err, flush=True)
 
-    from dflash_eval.common.threads import set_torch_threads  # imports torch: kept out of --help
+    with importing():  # torch, with the garbage collector paused (dflash_eval.common.heap)
+        from dflash_eval.common.threads import set_torch_threads  # imports torch: kept out of --help
 
     progress = None if ns.quiet else throttled(say, 2.0)
     sessions: list[EvalSession] = []
@@ -334,6 +336,8 @@ _PASSING_USAGE = {"run": "usage: dflash-eval run [pytest options] [suite options
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and started_as(*COMMAND_ENTRIES):  # the process ends with the command (dflash_eval.common.heap)
+        own_process()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] in (["run"], ["record"]) and _typos(argv[1:], argv[0], _PASSING_USAGE[argv[0]]):
         return int(pytest.ExitCode.USAGE_ERROR)

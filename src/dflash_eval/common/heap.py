@@ -20,20 +20,38 @@ is only paused.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
-__all__ = ["importing", "own_process", "owned"]
+__all__ = ["importing", "own_process", "owned", "started_as", "COMMAND_ENTRIES"]
 
 _OWNED = False
 
+#: How the ``dflash-eval`` command starts a process: ``python -m dflash_eval`` or its console script.
+COMMAND_ENTRIES = ("dflash_eval.__main__", "dflash-eval")
+
 
 def own_process() -> None:
-    """Declare that this process ends with the run it started: :func:`importing` freezes the heap after each block."""
+    """Declare that this process ends with the run it started: :func:`importing` freezes the heap after each block
+    that imported, and the interpreter's exit finds it frozen (its shutdown collections walk only what is left of
+    the run's own objects)."""
     global _OWNED
+    if not _OWNED:
+        atexit.register(gc.freeze)
     _OWNED = True
+
+
+def started_as(*entries: str) -> bool:
+    """Whether the process was started as one of ``entries``: a module run with ``python -m`` (``pytest.__main__``)
+    or a script's file name (``pytest``, ``dflash-eval``)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    entry = spec.name if spec is not None else Path(getattr(main, "__file__", "") or "").name
+    return entry in entries
 
 
 def owned() -> bool:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import atexit
 import gc
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from dflash_eval.common.heap import importing, own_process
+from dflash_eval.common.heap import COMMAND_ENTRIES, importing, own_process, started_as
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.options.settings import EvalSettings, resolve, worker_info
 from dflash_eval.pytest_plugin.progress_reporter import progress_sink
@@ -136,10 +135,7 @@ def _ends_with(config: pytest.Config) -> bool:
         return False
     if not is_controller(config):
         return True
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    entry = spec.name if spec is not None else Path(getattr(main, "__file__", "") or "").name
-    return entry in ("pytest.__main__", "pytest", "py.test", "dflash_eval.__main__", "dflash-eval")
+    return started_as("pytest.__main__", "pytest", "py.test", *COMMAND_ENTRIES)
 
 
 def is_controller(config: pytest.Config) -> bool:
