@@ -42,11 +42,13 @@ from dflash_eval.session.run_result import RunResult
 NAN = float("nan")
 
 #: EvalResult's blocks carried as eval.json holds them (their layout belongs to another part of the suite).
-OPAQUE = {"settings", "cache", "sglang", "target", "provenance", "context", "measurements",
-          "speedup"}  # speedup: a JSON block of metrics.speedup (its schema in eval.schema.json); not typed rows yet
-#: Row fields of that kind: the drafter's config (DrafterConfig.to_dict) and the reference drafter's block.
+OPAQUE = {"settings", "cache", "sglang", "measurements"}
+#: Row fields of that kind: the drafter's config (DrafterConfig.to_dict) and the reference drafter's block; the
+#: kernel probe's probes and a change's shape (target.kernel_registry's layout), the witness's checks.
 OPAQUE_ROW_FIELDS = {("DrafterBlock", "config"), ("DrafterBlock", "reference"),
-                     ("FingerprintBlock", "versions"), ("FingerprintBlock", "kernel_probe")}
+                     ("FingerprintBlock", "versions"), ("FingerprintBlock", "kernel_probe"),
+                     ("KernelProbeBlock", "probes"), ("KernelChange", "shape"), ("KernelChange", "witness"),
+                     ("ProvenanceBlock", "witness")}
 
 
 def _bare(hint: Any) -> bool:

@@ -201,7 +201,7 @@ def test_round_costs_are_cached_per_device_and_shapes(tmp_path: Path, tiny_targe
     c2, cached2 = second.evaluation.measure(ROUND_COSTS)
     assert cached2 is True and c2 == c1
     judged = speedup_summary(second.evaluation, second.tau_summary())
-    assert judged["passed"] is False and "--speedup-floor 1000" in (floor_reason(judged) or "")
+    assert judged.passed is False and "--speedup-floor 1000" in (speedup_floor_reason(judged) or "")
     other = EvalSession(EvalSettings.from_mapping({**base, "ddtree_budget": "4"}), progress=None)
     assert other.evaluation.measure(ROUND_COSTS)[1] is False  # other budgets: timed anew
     from dflash_eval.errors import CacheError
@@ -301,13 +301,14 @@ def test_evaluator_records_and_tracks_the_prediction(tmp_path: Path, tiny_target
     with Evaluator(opts, history=True) as ev:
         first = ev.evaluate(tiny_drafter_dir, step=1)
         second = ev.evaluate(tiny_drafter_dir, step=2)
-    assert first.speedup is not None and first.speedup["cached"] is False and second.speedup["cached"] is True
+    assert first.speedup is not None and first.speedup.cached is False
+    assert second.speedup is not None and second.speedup.cached is True
     rec = ev.records[-1]
-    assert rec.speedup is not None and rec.speedup["chain"] == second.speedup["strategies"]["chain"]["speedup"]
+    assert rec.speedup is not None and rec.speedup["chain"] == second.speedup.strategies["chain"].speedup
     assert rec.verdict == "fail" and any("--speedup-floor 50" in r for r in rec.reasons)
     got = tracker_scalars(rec)
     assert got["speedup/chain"] == rec.speedup["chain"] and "speedup/ddtree-8" in got
-    assert got["speedup/plain_tokens_per_s"] == pytest.approx(second.speedup["plain_tokens_per_s"])
+    assert got["speedup/plain_tokens_per_s"] == pytest.approx(second.speedup.plain_tokens_per_s)
     line = json.loads((tmp_path / "reports" / "history.jsonl").read_text().splitlines()[-1])
     assert line["speedup"]["floor"] == 50.0 and line["speedup"]["passed"] is False
     with Evaluator({**opts, "speedup_floor": None}, speedup=False) as off:
