@@ -219,6 +219,8 @@ def test_round_costs_are_cached_per_device_and_shapes(tmp_path: Path, tiny_targe
 
 # ------------------------------------------------------------------------------------------------ reports
 def test_reports_show_the_prediction(tmp_path: Path) -> None:
+    from result_rows import fragment
+
     from dflash_eval.metrics.verdict import stored_verdict
     from dflash_eval.report import merge
     from dflash_eval.report.render import render_markdown, render_terminal
@@ -232,7 +234,7 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
 
     block = speedup_block(costs(), (4.5, (4.0, 5.0)), {4: (3.9, (3.5, 4.3)), 8: (5.6, (5.0, 6.2))}, floor=9.0,
                           pooled={"chain": 4.25})
-    data = json.loads(dumps_strict(merge([{"worker": "master", "speedup": block}])))  # as eval.json holds it
+    data = json.loads(dumps_strict(merge([fragment(speedup=block)]).to_dict()))  # as eval.json holds it
     result = RunResult.from_dict(data)
     header, rows = speedup_rows(result.speedup)
     assert [r[:2] for r in rows] == [["chain", "server-style loop"], ["DDTree-4", "server-style loop"],
@@ -249,7 +251,7 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
     assert "DDTree-8 (best)" in text and "recompute loop" in text
     assert write_speedup_plot(result, tmp_path / SPEEDUP_PLOT) == tmp_path / SPEEDUP_PLOT
     assert (tmp_path / SPEEDUP_PLOT).read_bytes()[:4] == b"\x89PNG"
-    nothing = RunResult.from_dict(merge([{"worker": "master"}]))
+    nothing = merge([fragment()])
     assert write_speedup_plot(nothing, tmp_path / "none.png") is None and speedup_rows(None)[1] == []
     assert verdict_line(None, compose()) is None
     assert "Predicted speed-up" not in render_markdown(nothing)
