@@ -201,7 +201,7 @@ def main() -> None:
     s, inp, ev = session.settings, session.inputs, session.evaluation
     tau = session.tau_summary()
     t0 = time.perf_counter()
-    block = speedup_summary(ev, tau)
+    block = speedup_summary(ev, tau).to_dict()  # eval.json's speedup block, as the output file keeps it
     cost_s = time.perf_counter() - t0
     costs, _ = ev.measure("round_costs")
     target, drafter, head, backend, dev = inp.target, ev.drafter, inp.head, s.eval_backend, inp.target.device

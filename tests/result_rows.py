@@ -1,12 +1,15 @@
 """Whole rows for the hand-made eval.json fragments of the report tests: the reports read a run's data as one typed
 result (:class:`~dflash_eval.session.run_result.RunResult`), which refuses a row that lacks a field, so a test that
 cares about a few fields of a row gives those and takes the rest from here (empty rounds, no DDTree rounds, no
-tokens: what changes no table, plot or verdict of the tests that use them)."""
+tokens: what changes no table, plot or verdict of the tests that use them); :func:`fragment` reads a hand-made fragment
+as the process's typed result the merge takes."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
+
+from dflash_eval.session.eval_result import EvalResult
 
 #: A prompt row's fields besides those a test gives (eval.json's ``prompts`` rows: PromptRow).
 PROMPT_FIELDS: dict[str, Any] = {"category": "c", "tau": float("nan"), "rounds": 0, "accept_lengths": [],
@@ -109,3 +112,11 @@ def means(mean_tau: float, mean_floor: float | None, mean_ddtree: dict | None = 
     """The τ means a verdict reads (``dflash_eval.metrics.verdict.JudgedMeans``)."""
     return SimpleNamespace(mean_tau=mean_tau, mean_floor=mean_floor, mean_ddtree=mean_ddtree or {},
                            mean_ddtree_floor=mean_ddtree_floor or {})
+
+
+def fragment(**fields: Any) -> EvalResult:
+    """A process's result of eval.json fragment ``fields``, read as the controller reads a worker's
+    (:meth:`~dflash_eval.session.eval_result.EvalResult.from_dict`): worker ``master``, empty settings, timings,
+    counts and cache unless ``fields`` give them."""
+    return EvalResult.from_dict({"worker": "master", "settings": {}, "timings": {}, "counts": {}, "cache": {},
+                                 **fields})

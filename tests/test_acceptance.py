@@ -8,7 +8,7 @@ import math
 import random
 
 import pytest
-from result_rows import prompt_row
+from result_rows import fragment, prompt_row
 
 from dflash_eval import report
 from dflash_eval.metrics.acceptance_rates import acceptance_table, histogram, pool, position_rates
@@ -71,7 +71,8 @@ def typed_rows() -> dict[str, PromptRow]:
 
 
 def test_report_tables_side_by_side_and_merge_rebuilds_conversations(tmp_path) -> None:
-    data = report.merge([{"worker": "master", "prompts": whole_rows()}])
+    data = report.merge([fragment(prompts=whole_rows(), mean_tau=2.0, mean_floor=None, mean_ddtree={},
+                                  mean_ddtree_floor={})]).to_dict()
     assert data["conversations"]["c"]["turns"] == ["b", "c2"] and data["conversations"]["c"]["rounds"] == 6
     assert data["conversations"]["c"]["turn_tau"] == [2.5, 1.0] and data["turns"]["2"]["chain"]["n"] == 1
     header, arows = acceptance_rows(RunResult.from_dict(data))

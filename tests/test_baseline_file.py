@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from result_rows import drafter_block, prompt_row
+from result_rows import drafter_block, fragment, prompt_row
 
 from dflash_eval import report
 from dflash_eval.errors import ConfigError
@@ -25,7 +25,6 @@ from dflash_eval.options.preflight import input_problems
 from dflash_eval.options.settings import resolve
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.session.baseline_file import baseline_problem, read_baseline
-from dflash_eval.session.run_result import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET, DRAFTER = ROOT / "fixtures" / "target", ROOT / "fixtures" / "drafter"
@@ -38,9 +37,10 @@ CONTEXT = {"target": "i" * 64, "max_new_tokens": 8, "max_blocks": None, "block_s
 
 def eval_json() -> dict[str, Any]:
     """A whole eval.json of a τ run, as the writer writes it."""
-    data = report.merge([{"worker": "master", "drafter": drafter_block(), "context": CONTEXT,
-                          "prompts": {"p0": prompt_row(tau=2.0), "p1": prompt_row(tau=3.0)}}], outcomes={})
-    return RunResult.from_dict(data).to_dict()
+    run = report.merge([fragment(drafter=drafter_block(), context=CONTEXT,
+                                 prompts={"p0": prompt_row(tau=2.0), "p1": prompt_row(tau=3.0)}, mean_tau=2.5,
+                                 mean_floor=None, mean_ddtree={}, mean_ddtree_floor={})], outcomes={})
+    return run.to_dict()
 
 
 def write(path: Path, data: dict[str, Any]) -> Path:

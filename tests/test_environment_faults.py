@@ -376,17 +376,18 @@ def _folder(path: Path) -> Iterator[Path]:
 
 # ------------------------------------------------------------------------------------------------ reports
 def test_reports_that_cannot_be_written_name_the_file_and_leave_no_earlier_report(tmp_path: Path) -> None:
+    from result_rows import fragment
+
     from dflash_eval.report import merge
     from dflash_eval.report.write import write_reports
-    from dflash_eval.session.run_result import RunResult
 
-    data = merge([{"worker": "master", "measurements": {"one": {"value": 1.0}}}], outcomes={}, wall_s=1.0)
+    run = merge([fragment(measurements={"one": {"value": 1.0}})], outcomes={}, wall_s=1.0)
     out = tmp_path / "reports"
     out.mkdir()
     (out / "eval.json").write_text('{"earlier": true}')
     (out / "eval.md").mkdir()  # a folder where eval.md goes
     with pytest.raises(StorageError) as info:
-        write_reports(RunResult.from_dict(data), out)
+        write_reports(run, out)
     assert str(info.value).startswith(f"cannot write {out / 'eval.md'}: ")
     assert not (out / "eval.json").exists()  # no earlier run's eval.json left to be read as this one's
 

@@ -15,12 +15,14 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from result_rows import fragment as read_fragment
 
 from dflash_eval import report
 from dflash_eval.metrics.verdict import run_verdict
 from dflash_eval.pytest_plugin.junit import junit_properties
 from dflash_eval.report.plot import worst_rows
 from dflash_eval.report.strict_json import dumps_strict, strict
+from dflash_eval.session.eval_result import EvalResult
 from dflash_eval.session.run_result import RunResult
 
 NAN = float("nan")
@@ -41,9 +43,9 @@ def validator(jsonschema):
     return jsonschema.Draft202012Validator(schema())
 
 
-def fragment(prompts: dict[str, float], *, passed: dict[str, bool | None] | None = None) -> dict:
+def fragment(prompts: dict[str, float], *, passed: dict[str, bool | None] | None = None) -> EvalResult:
     passed = passed or {}
-    return {
+    return read_fragment(**{
         "worker": "master", "settings": {"max_new_tokens": 8}, "target": {"path": "/t", "identity": "i" * 64},
         "drafter": {"path": "/d", "fingerprint": "f" * 64, "config": {"block_size": 8}},
         "prompts": {p: {"category": "code" if i % 3 else "prose", "tau": tau, "rounds": 0 if math.isnan(tau) else 3,
@@ -59,11 +61,12 @@ def fragment(prompts: dict[str, float], *, passed: dict[str, bool | None] | None
         "drift_accept": [{"comparison": "c1", "prompt_id": "a", "tau_a": NAN, "tau_b": 2.1, "diff": NAN, "tol": 0.5,
                           "passed": False, "a": "torch/float32", "b": "torch-recurrent/float32"}],
         "timings": {"generation": 1.0}, "cache": {"hits": 1},
-    }
+    })
 
 
 def test_eval_json_is_strict_and_valid_with_nan_measurements(tmp_path, validator):
-    data = report.merge([fragment({"a": NAN, "b": 2.0, "c": 1.0})], outcomes={"x.py::t": "passed"}, wall_s=1.0)
+    data = report.merge([fragment({"a": NAN, "b": 2.0, "c": 1.0})], outcomes={"x.py::t": "passed"},
+                        wall_s=1.0).to_dict()
     data["verdict"] = run_verdict(RunResult.from_dict(data), failed_tests=1).to_dict()  # as the run's end stores it
     paths = report.write_reports(RunResult.from_dict(data), tmp_path)
     text = paths["json"].read_text()
@@ -74,7 +77,7 @@ def test_eval_json_is_strict_and_valid_with_nan_measurements(tmp_path, validator
 
 
 def test_schema_rejects_what_it_should(jsonschema, validator):
-    merged = report.merge([fragment({"b": 2.0})], wall_s=1.0)
+    merged = report.merge([fragment({"b": 2.0})], wall_s=1.0).to_dict()
     good = json.loads(dumps_strict({**merged, "verdict": run_verdict(RunResult.from_dict(merged)).to_dict()}))
     validator.validate(good)
     for path, value in [(("prompts", "b", "tau"), "2.0"), (("prompts", "b", "passed"), "yes"),
@@ -100,7 +103,7 @@ def test_strict_replaces_every_non_finite_number():
 
 
 def test_junit_properties_give_mean_tau_and_verdict():
-    data = report.merge([fragment({"b": 2.0, "c": 1.0})])
+    data = report.merge([fragment({"b": 2.0, "c": 1.0})]).to_dict()
     data["mean_tau"], data["mean_passed"] = 1.5, True
     props = junit_properties(RunResult.from_dict(data))
     assert props["dflash_eval.mean_tau"] == 1.5 and props["dflash_eval.mean_floor"] == 1.5
@@ -108,7 +111,7 @@ def test_junit_properties_give_mean_tau_and_verdict():
     data["prompts"]["c"]["passed"] = True
     data["categories"] = {}
     assert junit_properties(RunResult.from_dict(data))["dflash_eval.verdict"] == "PASS"
-    assert junit_properties(RunResult.from_dict(report.merge([{"worker": "master", "measurements": {"m": {}}}]))) == {}
+    assert junit_properties(report.merge([read_fragment(measurements={"m": {}})])) == {}
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -119,7 +122,7 @@ def png_size(path: Path) -> tuple[int, int]:
 def test_plot_size_does_not_grow_with_prompts(n, tmp_path):
     prompts = {f"p{i}": 1.5 + (i * 37 % 50) / 10 for i in range(n)}  # all at or above the floor 1.5 ...
     prompts["p7"] = 1.2  # ... but one
-    data = report.merge([fragment(prompts)], wall_s=1.0)
+    data = report.merge([fragment(prompts)], wall_s=1.0).to_dict()
     data["mean_tau"] = 3.0
     assert report.write_plot(RunResult.from_dict(data), tmp_path / "eval.png") is not None
     assert png_size(tmp_path / "eval.png") == (1400, 760)

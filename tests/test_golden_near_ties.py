@@ -160,6 +160,8 @@ def test_a_broken_golden_record_is_named(tmp_path: Path, content: str, says: str
 def test_the_verdict_names_golden_near_ties_first_and_groups_the_teacher_forced_ones() -> None:
     """Near ties are a part of the run's verdict that only notices: named in every writer's verdict, never a
     failure."""
+    from result_rows import fragment
+
     from dflash_eval.metrics.verdict import NEAR_TIES, run_verdict
     from dflash_eval.report import merge
     from dflash_eval.report.summary import verdict_lines
@@ -168,7 +170,7 @@ def test_the_verdict_names_golden_near_ties_first_and_groups_the_teacher_forced_
         return judge(pid, against, k, k + 10, 1, 2, _top([2, 1], [9.0, 9.0]), "bfloat16").to_dict()
 
     ties = [tie(f"p{i}", "teacher-forced", i) for i in range(6)] + [tie("z", "golden", 7)]
-    merged = merge([{"worker": "master", "near_ties": ties}])
+    merged = merge([fragment(near_ties=ties)]).to_dict()
     verdict = run_verdict(RunResult.from_dict(merged))
     part = verdict.part(NEAR_TIES)
     assert part is not None and part.passed is None and not verdict.reasons

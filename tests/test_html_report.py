@@ -67,13 +67,15 @@ def _row(ids: list[int], pieces: list[str], accept: list[int], dd: list[int], **
 
 def test_text_is_escaped_and_worst_prompts_come_first() -> None:
     pieces = ["x", "<script>", "alert(1)", "</script>", " &", "\n", "y"]
+    from result_rows import fragment
+
     from dflash_eval.report import merge
 
-    data = merge([{"worker": "master", "context": {"block_size": 8}, "settings": {}, "mean_tau": 2.0,
-                   "mean_floor": 1.0, "mean_ddtree": {}, "mean_ddtree_floor": {},
-                   "prompts": {"good": _row(list(range(7)), pieces, [3, 3], [3, 3]),
-                               "bad": _row(list(range(7)), pieces, [1, 1, 4], [2, 4], passed=False, tau=1.0)}}])
-    page = render_html(RunResult.from_dict(data), ["dflash-eval: FAIL (τ below its floors) — <mean>"])
+    run = merge([fragment(context={"block_size": 8}, mean_tau=2.0, mean_floor=1.0, mean_ddtree={},
+                          mean_ddtree_floor={},
+                          prompts={"good": _row(list(range(7)), pieces, [3, 3], [3, 3]),
+                                   "bad": _row(list(range(7)), pieces, [1, 1, 4], [2, 4], passed=False, tau=1.0)})])
+    page = render_html(run, ["dflash-eval: FAIL (τ below its floors) — <mean>"])
     assert "&lt;script&gt;alert(1)" in page and "&lt;/script&gt;" in page and " &amp;" in page
     assert "&lt;b&gt;prompt&lt;/b&gt;" in page and "FAIL (τ below its floors) — &lt;mean&gt;" in page
     assert page.index('id="p-bad"') < page.index('id="p-good"')  # the failing prompt first
@@ -86,6 +88,7 @@ def test_text_is_escaped_and_worst_prompts_come_first() -> None:
 def _whole_run(files: tuple[str, ...]) -> tuple[dict[str, Any], str]:
     """eval.json data of a run with τ, drift, the drift budget and its gate, the predicted speed-up, six reasons of
     skipped tests and its verdict; and its page, linking ``files``."""
+    from result_rows import fragment
     from test_run_summary import budget
     from test_speedup import costs
 
@@ -104,7 +107,7 @@ def _whole_run(files: tuple[str, ...]) -> tuple[dict[str, Any], str]:
                              "passed": True, "a": "x", "b": "y"} for c in ("bf16-vs-fp32", "torch-vs-torch-recurrent")]
     frag.update(budget("pass"))
     frag["speedup"] = speedup_block(costs(), (2.0, (1.8, 2.2)), {8: (2.5, (2.2, 2.8))}, floor=1.0)
-    data = merge([frag])  # eval.json's data, whole: the page's verdict reads it as the typed result
+    data = merge([fragment(**frag)]).to_dict()  # eval.json's data, whole: the page's verdict reads it typed
     data["not_checked"] = [{"reason": f"reason number {k}", "tests": k, "first": f"t{k}"} for k in range(1, 7)]
     data["verdict"] = run_verdict(RunResult.from_dict(data)).to_dict()
     result = RunResult.from_dict(data)

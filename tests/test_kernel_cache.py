@@ -17,9 +17,11 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
+from result_rows import fragment
 
 from dflash_eval.common.progress import Compilation, Meter
 from dflash_eval.report.render import compile_text
+from dflash_eval.session.eval_result import EvalResult
 from dflash_eval.session.merge import merge
 from dflash_eval.session.run_result import RunResult
 from dflash_eval.target import kernel_cache
@@ -112,20 +114,21 @@ def test_no_triton_no_listener(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_merged_timings_sum_compilation_and_render_it() -> None:
-    def frag(worker: str, compiled: int, stage_s: float) -> dict:
-        return {"worker": worker, "timings": {"kernel_probe": stage_s + 1}, "prompts": {},
-                "compile": {"seconds": stage_s, "by_stage": {"kernel_probe": stage_s}, "kernels_compiled": compiled,
-                            "kernels_loaded": 2, "kernel_cache": {"path": "/c/triton", "source": "--cache-dir"}}}
-    data = merge([frag("gw0", 10, 20.0), frag("gw1", 5, 10.0)])
+    def frag(worker: str, compiled: int, stage_s: float) -> EvalResult:
+        return fragment(worker=worker, timings={"kernel_probe": stage_s + 1},
+                        compile={"seconds": stage_s, "by_stage": {"kernel_probe": stage_s},
+                                 "kernels_compiled": compiled, "kernels_loaded": 2,
+                                 "kernel_cache": {"path": "/c/triton", "source": "--cache-dir"}})
+    data = merge([frag("gw0", 10, 20.0), frag("gw1", 5, 10.0)]).to_dict()
     c = data["timings"]["compile"]
     assert c["seconds"] == 30.0 and c["by_stage"] == {"kernel_probe": 30.0}
     assert c["kernels_compiled"] == 15 and c["kernels_loaded"] == 4 and c["kernel_cache"]["path"] == "/c/triton"
     text = compile_text(RunResult.from_dict(data).timings)
     assert "GPU kernel compilation 30.00 s of those (kernel_probe 30.00): 15 kernels compiled, 4 loaded" in text
     assert "/c/triton (--cache-dir)" in text
-    cpu = merge([{"worker": "master", "timings": {}, "prompts": {}, "compile": Compilation().to_dict()}])
+    cpu = merge([fragment(compile={**Compilation().to_dict(), "kernel_cache": None})])
     # nothing compiled on a CPU: the terminal says nothing
-    assert compile_text(RunResult.from_dict(cpu).timings, terse=True) == ""
+    assert compile_text(cpu.timings, terse=True) == ""
 
 
 @pytest.mark.slow

@@ -322,6 +322,8 @@ def test_workers_probes_merge_into_one_valid_block(tmp_path):
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (the test extra) validates eval.json")
     from importlib import resources
 
+    from result_rows import fragment
+
     from dflash_eval import report
 
     reg = tmp_path / "registry"
@@ -335,9 +337,9 @@ def test_workers_probes_merge_into_one_valid_block(tmp_path):
         gw0.note_change("torch", torch.float32, EXTRACT, was.digest, was.digests(), "features")
     finally:
         undo()
-    frags = [{"worker": name, "provenance": {"backend": "torch", "kernel_probe": w.to_json()}, "prompts": {}}
+    frags = [fragment(worker=name, provenance={"backend": "torch", "kernel_probe": w.to_json()})
              for name, w in (("gw1", gw1), ("gw0", gw0))]
-    data = report.merge(frags, wall_s=1.0)
+    data = report.merge(frags, wall_s=1.0).to_dict()
     kp = data["provenance"]["kernel_probe"]
     assert [(p["backend"], p["dtype"], p["shape"]["new_tokens"]) for p in kp["probes"]] == [
         ("torch", "float32", 0), ("torch", "float32", 16)]

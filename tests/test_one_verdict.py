@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from result_rows import costs_block, prediction, speedup_block
+from result_rows import costs_block, fragment, prediction, speedup_block
 from test_run_summary import budget
 
 from dflash_eval import report
@@ -187,7 +187,7 @@ def _run(tau: float) -> dict:
             "speedup": speedup_block(floor=1.0, passed=True, best="chain", costs=costs_block(),
                                      strategies={"chain": prediction(tau=tau, tau_ci=[tau, tau], speedup_ci=[1.8, 2.2],
                                                                      tokens_per_s_ci=[180.0, 220.0])})}
-    return report.merge([frag], outcomes={"t.py::test_tau[p0]": "passed"})
+    return report.merge([fragment(**frag)], outcomes={"t.py::test_tau[p0]": "passed"}).to_dict()
 
 
 PLANTED_FAIL = compose(Part(FLOORS, False, ("planted: τ below its floors",)),

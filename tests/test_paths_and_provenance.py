@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from result_rows import fragment
 
 from dflash_eval import report
 from dflash_eval.common.paths import normal_path
@@ -96,10 +97,10 @@ def test_eval_json_schema_accepts_host_and_git_and_rejects_a_bad_commit(tmp_path
     validator = jsonschema.Draft202012Validator(schema)
     _git(tmp_path, "init", "-q")
     _git(tmp_path, "commit", "-q", "--allow-empty", "-m", "empty")
-    frag = {"worker": "master", "target": {"path": "/t", "identity": "i"},
-            "provenance": {"backend": "torch", "dtype": "float32", "device": "cpu", "versions": {"torch": "2"},
-                           **run_location(tmp_path)}}
-    data = json.loads(dumps_strict(report.merge([frag])))
+    frag = fragment(target={"path": "/t", "identity": "i"},
+                    provenance={"backend": "torch", "dtype": "float32", "device": "cpu", "versions": {"torch": "2"},
+                                **run_location(tmp_path)})
+    data = json.loads(dumps_strict(report.merge([frag]).to_dict()))
     assert data["provenance"]["host"] and len(data["provenance"]["git"]["commit"]) == 40
     validator.validate(data)
     data["provenance"]["git"]["commit"] = "not-a-sha"

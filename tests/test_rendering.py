@@ -10,7 +10,7 @@ import math
 import re
 
 import pytest
-from result_rows import drafter_block, prompt_row
+from result_rows import drafter_block, fragment, prompt_row
 
 from dflash_eval import report
 from dflash_eval.common.number_text import MISSING, ci_text, fmt, percent_list
@@ -62,7 +62,7 @@ def _run(tau: object) -> dict:
     frag = {"worker": "master", "settings": {}, "target": {"path": "/t", "identity": "i" * 64},
             "drafter": drafter_block(), "prompts": prompts, "mean_tau": tau,
             "mean_floor": 1.5, "mean_ddtree": {"8": tau}, "mean_ddtree_floor": {"8": 2.0}, "timings": {"x": 1.0}}
-    return report.merge([frag])
+    return report.merge([fragment(**frag)]).to_dict()
 
 
 @pytest.mark.parametrize("tau", VALUES, ids=["nan", "none", "float", "int", "inf"])

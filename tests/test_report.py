@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from result_rows import drafter_block, prompt_row
+from result_rows import fragment as read_fragment
 
 from dflash_eval import report
 from dflash_eval.errors import ConfigError
@@ -34,8 +35,13 @@ def fragment(worker, prompts, drift=()):
     }
 
 
+def merged(frags: list[dict], **kw) -> dict:
+    """eval.json's data merged of ``frags``, each read as a process's result (``kw``: the merge's)."""
+    return report.merge([read_fragment(**f) for f in frags], **kw).to_dict()
+
+
 def test_merge_dedupes_workers_and_sums_timings():
-    data = report.merge([fragment("gw0", {"a": 2.0, "b": 1.0}, drift=["a"]),
+    data = merged([fragment("gw0", {"a": 2.0, "b": 1.0}, drift=["a"]),
                          fragment("gw1", {"a": 2.0, "b": 1.0}, drift=["a", "b"])],
                         outcomes={"x::t1": "passed", "x::t2": "failed"}, wall_s=3.0)
     assert list(data["prompts"]) == ["a", "b"] and len(data["drift"]) == 2 and len(data["drift_accept"]) == 2
@@ -47,7 +53,7 @@ def test_merge_dedupes_workers_and_sums_timings():
 def test_render_and_write(tmp_path, monkeypatch):
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    data = report.merge([fragment("master", {"a": 2.0, "b": 1.0}, drift=["a"])])
+    data = merged([fragment("master", {"a": 2.0, "b": 1.0}, drift=["a"])])
     text = report.render_terminal(RunResult.from_dict(data))
     assert "DDTree-8 τ" in text and "FAIL" in text and "PASS" in text and "c1" in text
     paths = report.write_reports(RunResult.from_dict(data), tmp_path / "reports")
@@ -62,7 +68,7 @@ def test_a_plot_is_drawn_once_for_the_same_numbers(tmp_path, monkeypatch):
     """A warm run (the same numbers, other timings) keeps the plot it finds drawn from them; other numbers redraw it."""
     from dflash_eval.report import plot
 
-    data = report.merge([fragment("master", {"a": 2.0, "b": 1.0})])
+    data = merged([fragment("master", {"a": 2.0, "b": 1.0})])
     path = tmp_path / "eval.png"
     assert report.write_plot(RunResult.from_dict(data), path) == path
     first = path.read_bytes()
@@ -70,7 +76,7 @@ def test_a_plot_is_drawn_once_for_the_same_numbers(tmp_path, monkeypatch):
     monkeypatch.setattr(plot, "save_png", lambda fig, p, stamp=None: drawn.append(stamp) or p)
     again = {**data, "timings": {**data["timings"], "wall_s": 99.0}, "created": "later"}
     assert report.write_plot(RunResult.from_dict(again), path) == path and not drawn and path.read_bytes() == first
-    changed = report.merge([fragment("master", {"a": 2.5, "b": 1.0})])
+    changed = merged([fragment("master", {"a": 2.5, "b": 1.0})])
     assert report.write_plot(RunResult.from_dict(changed), path) == path and len(drawn) == 1 and drawn[0] != \
         plot.plot_stamp(data, plot.eval_figure)
 
@@ -82,7 +88,7 @@ def test_a_new_report_folder_copies_the_plot_from_the_cache_folders_store(tmp_pa
     from dflash_eval.report import plot
 
     store = tmp_path / "cache" / "plots"
-    data = {**report.merge([fragment("master", {"a": 2.0, "b": 1.0})]), "settings": {"report_dir": "one"}}
+    data = {**merged([fragment("master", {"a": 2.0, "b": 1.0})]), "settings": {"report_dir": "one"}}
     first = report.write_reports(RunResult.from_dict(data), tmp_path / "one", plot_store=store)
     stamp = plot.plot_stamp(data, plot.eval_figure)
     assert (store / f"{stamp}.png").read_bytes() == first["png"].read_bytes()
@@ -102,14 +108,14 @@ def test_a_new_report_folder_copies_the_plot_from_the_cache_folders_store(tmp_pa
     assert drawn == [stamp]
     assert plot._stamp_of(store / f"{stamp}.png") == stamp
 
-    changed = report.merge([fragment("master", {"a": 2.5, "b": 1.0})])
+    changed = merged([fragment("master", {"a": 2.5, "b": 1.0})])
     (tmp_path / "blocked").write_text("a file where the store's folder would be")
     assert report.write_plot(RunResult.from_dict(changed), tmp_path / "five" / "eval.png",
                              tmp_path / "blocked" / "plots") is not None
 
     monkeypatch.setattr(plot, "PLOT_STORE_KEEP", 2)
     for a in (3.0, 3.5, 4.0):
-        report.write_plot(RunResult.from_dict(report.merge([fragment("master", {"a": a, "b": 1.0})])),
+        report.write_plot(RunResult.from_dict(merged([fragment("master", {"a": a, "b": 1.0})])),
                           tmp_path / f"p{a}.png", store)
     assert len(list(store.glob("*.png"))) == 2
 
@@ -181,7 +187,7 @@ def test_category_tables_and_floors(tmp_path):
 
     frag = fragment("master", {"a": 2.0, "b": 1.0, "c": 4.0})
     frag["prompts"]["c"]["category"] = "code"
-    data = report.merge([frag])
+    data = merged([frag])
     cats = data["categories"]
     assert set(cats) == {"c", "code", "all"} and cats["c"]["n"] == 2 and cats["all"]["n"] == 3
     assert cats["c"]["chain"]["mean"] == 1.5 and cats["c"]["chain"]["median"] == 1.5
@@ -257,7 +263,7 @@ def budget_fragment(worker, gate_err):
 
 
 def test_drift_budget_in_the_reports(tmp_path):
-    data = report.merge([budget_fragment("gw0", 1e-3), budget_fragment("gw1", 1e-3)])
+    data = merged([budget_fragment("gw0", 1e-3), budget_fragment("gw1", 1e-3)])
     assert data["drift_budget"]["budget"] == 0.1 and len(data["drift_gate"]) == 1  # de-duplicated across workers
     text = report.render_terminal(RunResult.from_dict(data))
     assert "drift budget: τ against injected feature error" in text and "round fp8" in text
@@ -269,13 +275,13 @@ def test_drift_budget_in_the_reports(tmp_path):
     paths = report.write_reports(RunResult.from_dict(data), tmp_path / "r")
     assert paths["budget_png"] == tmp_path / "r" / "drift_budget.png"
     assert paths["budget_png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    over = report.merge([budget_fragment("master", 3e-2)])
+    over = merged([budget_fragment("master", 3e-2)])
     assert "| c1 | 0 | 3.00e-02 | a | 3.00e-01 | 1.00e-01 | 0.05–0.2 | 3.33x | FAIL |" in \
         report.render_markdown(RunResult.from_dict(over))
     assert report.measured_drifts(RunResult.from_dict(over)) == {"c1": 3e-2}
-    inside = report.merge([budget_fragment("master", 1e-2)])
+    inside = merged([budget_fragment("master", 1e-2)])
     assert "| 10x | INCONCLUSIVE |" in report.render_markdown(RunResult.from_dict(inside))
-    plain = report.write_reports(RunResult.from_dict(report.merge([fragment("master", {"a": 2.0})])),
+    plain = report.write_reports(RunResult.from_dict(merged([fragment("master", {"a": 2.0})])),
                                  tmp_path / "plain")
     assert "budget_png" not in plain and not (tmp_path / "plain" / "drift_budget.png").exists()
 
@@ -292,7 +298,7 @@ def test_drift_budget_fields_are_strict_json_and_valid(tmp_path):
                                         "mean_tau": float("nan"), "mean_drop": float("nan"),
                                         "drop_ci95": [float("nan")] * 2, "max_abs_dtau": float("nan"),
                                         "within": False})
-    paths = report.write_reports(RunResult.from_dict(report.merge([f])), tmp_path / "r")
+    paths = report.write_reports(RunResult.from_dict(merged([f])), tmp_path / "r")
     data = json.loads(paths["json"].read_text())
     schema = json.loads(resources.files("dflash_eval.report").joinpath("eval.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(data)

@@ -13,13 +13,15 @@ import json
 import math
 import types
 import typing
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from result_rows import judged_run, means
+from result_rows import judged_run, kernel_change, means
 
 from dflash_eval import report
+from dflash_eval.errors import ResultKeyError
 from dflash_eval.metrics.baseline import BaselineComparison
 from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.metrics.floors import Floors
@@ -42,11 +44,13 @@ from dflash_eval.session.run_result import RunResult
 NAN = float("nan")
 
 #: EvalResult's blocks carried as eval.json holds them (their layout belongs to another part of the suite).
-OPAQUE = {"settings", "cache", "sglang", "target", "provenance", "context", "measurements",
-          "speedup"}  # speedup: a JSON block of metrics.speedup (its schema in eval.schema.json); not typed rows yet
-#: Row fields of that kind: the drafter's config (DrafterConfig.to_dict) and the reference drafter's block.
+OPAQUE = {"settings", "cache", "sglang", "measurements"}
+#: Row fields of that kind: the drafter's config (DrafterConfig.to_dict) and the reference drafter's block; the
+#: kernel probe's probes and a change's shape (target.kernel_registry's layout), the witness's checks.
 OPAQUE_ROW_FIELDS = {("DrafterBlock", "config"), ("DrafterBlock", "reference"),
-                     ("FingerprintBlock", "versions"), ("FingerprintBlock", "kernel_probe")}
+                     ("FingerprintBlock", "versions"), ("FingerprintBlock", "kernel_probe"),
+                     ("KernelProbeBlock", "probes"), ("KernelChange", "shape"), ("KernelChange", "witness"),
+                     ("ProvenanceBlock", "witness")}
 
 
 def _bare(hint: Any) -> bool:
@@ -203,15 +207,100 @@ def test_measurements_reach_the_merged_report_and_its_tables(tmp_path):
     frags = [fragment(), {**fragment(), "worker": "gw1", "measurements": {"m": {"summary": {"ok": 2}, "rows": []},
                                                                           "n": {}, "o": {"rows": [["x", "y"]]}}}]
     frags[0]["measurements"]["n"] = {}
-    data = report.merge(frags, wall_s=1.0)
-    assert data["measurements"] == {"m": {"summary": {"ok": 1}, "rows": [["a", 1.0]]}, "o": {"rows": [["x", "y"]]}}
-    assert "measurements" not in report.merge([{k: v for k, v in fragment().items() if k != "measurements"}])
-    md = report.write_reports(RunResult.from_dict(data), tmp_path)["md"].read_text()
+    run = report.merge([EvalResult.from_dict(f) for f in frags], wall_s=1.0)
+    assert run.measurements == {"m": {"summary": {"ok": 1}, "rows": [["a", 1.0]]}, "o": {"rows": [["x", "y"]]}}
+    without = report.merge([EvalResult.from_dict({k: v for k, v in fragment().items() if k != "measurements"})])
+    assert "measurements" not in without.to_dict()
+    md = report.write_reports(run, tmp_path)["md"].read_text()
     assert "### Measurement: m" in md and "| a | 1 |" in md and "ok 1" in md and "### Measurement: o" in md
-    text = report.render_terminal(RunResult.from_dict(data))
+    text = report.render_terminal(run)
     assert "measurement: m" in text and "measurement: o" in text
-    without = report.merge([{k: v for k, v in fragment().items() if k != "measurements"}])
-    assert "measurement:" not in report.render_terminal(RunResult.from_dict(without))
+    assert "measurement:" not in report.render_terminal(without)
+
+
+def two_workers() -> list[dict[str, Any]]:
+    """Two workers' fragments as they send them: the same prompts and drift rows measured by both (de-duplicated), a
+    prompt and a drift row only the second measured, each one's kernel probe (a probe both ran, a change only the
+    second noticed), compilation, timings and spans, a near tie each, the drafter refused only in the second's."""
+    gw0 = {**fragment(), "drafter": {"path": "/d", "fingerprint": "f", "config": {"block_size": 4}}}
+    gw0["provenance"] = {"backend": "torch", "kernel_probe": {"seconds": 0.5, "changed": [], "probes": [
+        {"backend": "torch", "dtype": "float32", "shape": {"tokens": 8}, "digest": "d0", "seconds": 0.5}]}}
+    gw0["compile"] = {"seconds": 1.5, "by_stage": {"tau": 1.5}, "kernels_compiled": 3, "kernels_loaded": 1,
+                      "kernel_cache": None}
+    gw0["near_ties"] = [{"prompt_id": "p", "against": "golden", "position": 3, "absolute": 8, "expected": 5,
+                         "got": 6, "expected_text": "a", "got_text": "b", "margin": 0.01, "margin_bound": None,
+                         "band": 0.05, "dtype": "float32", "near_tie": True}]
+    gw1 = json.loads(_json(fragment()))
+    gw1.update(worker="gw1", timings={"tau": 2.0, "features": 0.25}, spans=[["features", 0.0, 0.25]],
+               counts={"prompts": 3}, cache={"hits": 2})
+    gw1["prompts"]["q"] = _prompt(3.0)
+    gw1["drift"].append({**gw1["drift"][0], "prompt_id": "q", "rel_err": 1e-3, "cos": 0.9999, "passed": True})
+    gw1["provenance"] = {"backend": "torch", "witness": {"checks": []}, "kernel_probe": {
+        "seconds": 0.75, "changed": [kernel_change("torch/float32")], "probes": [
+            {"backend": "torch", "dtype": "float32", "shape": {"tokens": 8}, "digest": "d0", "seconds": 0.7},
+            {"backend": "torch", "dtype": "bfloat16", "shape": {"tokens": 8}, "digest": "d1", "seconds": 0.05}]}}
+    gw1["compile"] = {"seconds": 0.5, "by_stage": {"features": 0.5}, "kernels_compiled": 1, "kernels_loaded": 0,
+                      "kernel_cache": {"path": "/c/triton", "source": "--cache-dir"}}
+    gw1["near_ties"] = [{**gw0["near_ties"][0], "prompt_id": "c-t1", "against": "teacher-forced"}]
+    return [gw0, gw1]
+
+
+#: What the merge of eval.json fragment dicts (before the merge read typed results) made of :func:`two_workers`
+#: (``created`` left out), kept to show the typed merge gives eval.json's data back key for key.
+TWO_WORKERS_MERGED = Path(__file__).parent / "data" / "merged_two_workers.json"
+
+
+def test_a_fragment_with_an_unknown_key_is_refused_naming_it():
+    with pytest.raises(ResultKeyError, match=r"unknown key 'bogus'"):
+        EvalResult.from_dict({**fragment(), "bogus": 1})
+    with pytest.raises(ResultKeyError, match=r"unknown key 'provenance\.bogus'"):
+        EvalResult.from_dict({**fragment(), "provenance": {"backend": "torch", "bogus": 1}})
+    with pytest.raises(ResultKeyError, match=r"unknown key 'prompts\.p\.bogus'"):
+        EvalResult.from_dict({**fragment(), "prompts": {"p": _prompt(2.0, bogus=1)}})
+    with pytest.raises(ResultKeyError, match=r"missing key 'timings'"):
+        EvalResult.from_dict({k: v for k, v in fragment().items() if k != "timings"})
+    with pytest.raises(ResultKeyError, match=r"missing key 'mean_tau'"):  # τ is read whole or not at all
+        EvalResult.from_dict({k: v for k, v in fragment().items() if k != "mean_tau"})
+
+
+def test_a_workers_bad_result_fails_the_reports_naming_the_worker_and_the_key():
+    """The controller reads each worker's JSON once; a result it cannot read is kept as why, and the reports fail
+    with it (one line naming the worker and the key), never an internal error of the test run."""
+    from dflash_eval.pytest_plugin.run_report import (
+        REPORT_FAILED,
+        WORKEROUTPUT_KEY,
+        gather_worker_result,
+        write_run_reports,
+    )
+    from dflash_eval.pytest_plugin.state import FRAGMENTS, MESSAGES
+
+    config = SimpleNamespace(stash=pytest.Stash(), pluginmanager=SimpleNamespace(has_plugin=lambda name: True))
+    config.stash[FRAGMENTS] = []
+    good, bad = (SimpleNamespace(config=config, workerinput={"workerid": w},
+                                 workeroutput={WORKEROUTPUT_KEY: _json(f)})
+                 for w, f in (("gw0", two_workers()[0]), ("gw1", {**two_workers()[1], "bogus": 1})))
+    gather_worker_result(good)
+    gather_worker_result(bad)
+    assert [f.worker for f in config.stash[FRAGMENTS]] == ["gw0"]
+    write_run_reports(config, failed_tests=0, exitstatus=0)  # type: ignore[arg-type]  # what it reads of a config
+    why = config.stash[REPORT_FAILED]
+    assert "worker gw1's result: unknown key 'bogus'" in why
+    assert config.stash[MESSAGES] == [f"dflash-eval: {why}; the run fails"]
+
+
+def test_the_typed_merge_gives_what_the_merge_of_dicts_gave():
+    """Two workers' results merged: eval.json's data equals, key for key (NaN as NaN), what the merge of the
+    fragments' dicts made of them; and read back as the run's result, it is eval.json's data again."""
+    frags = [EvalResult.from_dict(json.loads(_json(f))) for f in two_workers()]  # as the controller reads them
+    run = report.merge(frags, outcomes={"t.py::a": "passed", "t.py::b": "skipped"},
+                       skipped={"t.py::b": "no GPU"}, wall_s=2.5)
+    got = {k: v for k, v in run.to_dict().items() if k != "created"}
+    want = json.loads(TWO_WORKERS_MERGED.read_text())
+    assert json.dumps(got, allow_nan=True, sort_keys=True) == json.dumps(want, allow_nan=True, sort_keys=True)
+    assert _json(RunResult.from_dict({**want, "created": run.created}).to_dict()) == _json(run.to_dict())
+    assert [p for p in run.prompts] == ["c-t1", "p", "q"] and len(run.drift) == 2
+    assert run.provenance is not None and run.provenance.kernel_probe is not None
+    assert run.provenance.kernel_probe.per_worker == {"gw0": 0.5, "gw1": 0.75}
 
 
 def judged_rows(rows: dict[str, dict[str, Any]]) -> dict[str, PromptRow]:
@@ -282,6 +371,7 @@ def test_floors_that_judge_nothing_are_said_so():
 def test_the_run_verdict(run, kw, passed, reasons):
     v = run_verdict(run, **kw)
     assert (v.passed, v.reasons) == (passed, reasons)
-    empty = RunResult.from_dict(report.merge([{"worker": "master"}]))  # the head line says the verdict it is given
+    empty = report.merge([EvalResult.from_dict({"worker": "master", "settings": {}, "timings": {}, "counts": {},
+                                                "cache": {}})])  # the head line says the verdict it is given
     head = report.verdict_lines(empty, report_dir=None, verdict=v)[0]
     assert head.startswith("dflash-eval: " + ("PASS" if passed else "FAIL")) and all(r in head for r in reasons)

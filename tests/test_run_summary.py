@@ -12,6 +12,7 @@ import re
 
 import pytest
 from result_rows import budget_block, drafter_block, gate_row, level_row, prompt_row
+from result_rows import fragment as read_fragment
 
 from dflash_eval import report
 from dflash_eval.metrics.verdict import run_verdict
@@ -42,6 +43,11 @@ def fragment(n: int, *, low: str | None = None) -> dict:
             "mean_ddtree": {"8": 3.0}, "mean_ddtree_floor": {"8": 2.0}, "timings": {"generation": 1.0}}
 
 
+def merged(*frags: dict) -> RunResult:
+    """The run's result of ``frags``, each read as a process's result."""
+    return report.merge([read_fragment(**f) for f in frags])
+
+
 def budget(outcome: str = "pass") -> dict:
     """A drift budget of 0.1 (90 % CI 0.08-0.12) and one gate row whose drift passes or fails it."""
     err = 0.004 if outcome == "pass" else 0.05
@@ -57,7 +63,7 @@ def budget(outcome: str = "pass") -> dict:
 
 
 def test_verdict_block_of_a_passing_run(tmp_path):
-    data = report.merge([{**fragment(37), **budget("pass")}])
+    data = merged({**fragment(37), **budget("pass")}).to_dict()
     report.write_reports(RunResult.from_dict(data), tmp_path)
     lines = report.verdict_lines(RunResult.from_dict(data), report_dir=tmp_path)
     assert lines[0] == ("dflash-eval: PASS — mean chain τ (macro) 3.800 >= floor 1.500 over 37 prompts, none below its "
@@ -80,8 +86,8 @@ def test_verdict_block_of_a_passing_run(tmp_path):
     ("exit", "dflash-eval: FAIL (pytest exit status 2) — "),
 ])
 def test_verdict_block_names_why_a_run_fails(case, head, tmp_path):
-    data = report.merge([{**fragment(5, low="p3" if case == "prompt" else None),
-                          **budget("fail" if case == "gate" else "pass")}])
+    data = merged({**fragment(5, low="p3" if case == "prompt" else None),
+                   **budget("fail" if case == "gate" else "pass")}).to_dict()
     data["verdict"] = run_verdict(RunResult.from_dict(data), failed_tests=2 if case == "tests" else 0,
                                   exitstatus=2 if case == "exit" else 0).to_dict()  # as the run's end stores it
     lines = report.verdict_lines(RunResult.from_dict(data), report_dir=tmp_path)
@@ -95,7 +101,7 @@ def test_verdict_block_names_why_a_run_fails(case, head, tmp_path):
 
 def test_verdict_block_without_tau_or_gate_and_with_a_named_cause():
     refused = [{"check": "fc_shape", "message": "too small"}]
-    data = report.merge([{"worker": "master", "drift": [], "drafter": drafter_block("/d", "f", refused=refused)}])
+    data = merged({"worker": "master", "drift": [], "drafter": drafter_block("/d", "f", refused=refused)}).to_dict()
     lines = report.verdict_lines(RunResult.from_dict(data), report_dir=None)
     assert lines[0] == ("dflash-eval: FAIL (the drafter was refused by fc_shape) — τ not measured in this selection; "
                         "drift gate not run")
@@ -111,7 +117,7 @@ def _prompt_rows(text: str, title: str) -> list[str]:
 
 def test_long_tables_collapse_in_the_terminal_and_stay_whole_in_eval_md(tmp_path):
     n = 40
-    data = report.merge([fragment(n, low="p20")])
+    data = merged(fragment(n, low="p20")).to_dict()
     text = report.render_terminal(RunResult.from_dict(data))
     shown = _prompt_rows(text, "τ per prompt")
     assert shown[0] == "p20" and len(shown) == TERMINAL_ROWS_SHOWN  # the failing prompt first
@@ -124,24 +130,24 @@ def test_long_tables_collapse_in_the_terminal_and_stay_whole_in_eval_md(tmp_path
     assert len(_prompt_rows(full, "τ per prompt")) == n and "more in eval.md" not in full
     md = report.write_reports(RunResult.from_dict(data), tmp_path)["md"].read_text()
     assert all(f"| p{i} |" in md for i in range(n))
-    small = report.render_terminal(RunResult.from_dict(report.merge([fragment(TERMINAL_ROWS_FULL)])))
+    small = report.render_terminal(merged(fragment(TERMINAL_ROWS_FULL)))
     assert len(_prompt_rows(small, "τ per prompt")) == TERMINAL_ROWS_FULL and "more in eval.md" not in small
 
 
 def test_eval_md_provenance_is_plain_text_with_normalised_paths(tmp_path):
-    md = report.render_markdown(RunResult.from_dict(report.merge([fragment(3)])))
+    md = report.render_markdown(merged(fragment(3)))
     assert "- target: `/work/myrepo/models/t`" in md and "`/work/myrepo/ckpt/step_a.pt`" in md
     assert "dtype bfloat16," in md and "torch." not in md
     assert "versions: torch 2.13.0, transformers 5.20.0, fla not installed, python 3.11.7" in md
     assert "{" not in md.split("### τ per prompt")[0]  # no dict repr in the header block
     assert f"- ran on host build-7, git commit {'ab' * 6} (uncommitted changes) in `/work/myrepo`" in md
-    assert "drafter step_a.pt" in report.render_terminal(RunResult.from_dict(report.merge([fragment(3)])))
+    assert "drafter step_a.pt" in report.render_terminal(merged(fragment(3)))
 
 
 def test_a_plot_of_an_earlier_run_is_not_left_behind(tmp_path):
-    report.write_reports(RunResult.from_dict(report.merge([{**fragment(3), **budget()}])), tmp_path)
+    report.write_reports(merged({**fragment(3), **budget()}), tmp_path)
     assert (tmp_path / "drift_budget.png").is_file()
-    paths = report.write_reports(RunResult.from_dict(report.merge([fragment(3)])), tmp_path)  # no budget this time
+    paths = report.write_reports(merged(fragment(3)), tmp_path)  # no budget this time
     assert "budget_png" not in paths and not (tmp_path / "drift_budget.png").exists()
     assert (tmp_path / "eval.png").is_file()
 
@@ -151,7 +157,7 @@ def test_drift_budget_plot_reads_without_the_docs(outcome, colour, tmp_path):
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_hex
 
-    data = RunResult.from_dict(report.merge([{**fragment(3), **budget(outcome)}]))
+    data = merged({**fragment(3), **budget(outcome)})
     fig = budget_figure(data)
     try:
         title = fig._suptitle

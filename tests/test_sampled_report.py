@@ -11,6 +11,7 @@ import statistics
 from importlib import resources
 
 import pytest
+from result_rows import fragment
 
 from dflash_eval import report
 from dflash_eval.metrics.sampled_ci import sampled_mean, spread
@@ -37,10 +38,10 @@ def _row(pid: str, taus: list[float], *, sampled: bool) -> dict:
 
 
 def _merged(sampled: bool) -> dict:
-    frag = {"worker": "master", "settings": {"temperature": 0.6 if sampled else 0.0},
-            "prompts": {p: _row(p, t, sampled=sampled) for p, t in TAUS.items()}, "mean_tau": 1.5,
-            "mean_floor": None, "mean_ddtree": {}, "mean_ddtree_floor": {}}
-    return json.loads(dumps_strict(report.merge([frag], wall_s=1.0)))
+    frag = fragment(settings={"temperature": 0.6 if sampled else 0.0},
+                    prompts={p: _row(p, t, sampled=sampled) for p, t in TAUS.items()}, mean_tau=1.5,
+                    mean_floor=None, mean_ddtree={}, mean_ddtree_floor={})
+    return json.loads(dumps_strict(report.merge([frag], wall_s=1.0).to_dict()))
 
 
 def test_sampled_block_is_the_t_ci_over_prompt_means_and_validates() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import transformers
-from result_rows import prompt_row
+from result_rows import fragment, prompt_row
 
 from dflash_eval import report
 from dflash_eval.options.settings import EvalSettings
@@ -113,8 +113,7 @@ def test_greedy_rows_and_samples_jsonl(tiny_target_dir, tiny_drafter_dir, tmp_pa
     # the typed result round-trips the rows, and the to_dict of a process is what eval.json merges
     assert json.loads(dumps_strict(EvalResult.from_dict(frag).to_dict()))["prompts"] == frag["prompts"]
 
-    data = report.merge([frag], wall_s=1.0)
-    paths = report.write_reports(RunResult.from_dict(data), tmp_path / "reports")
+    paths = report.write_reports(report.merge([EvalResult.from_dict(frag)], wall_s=1.0), tmp_path / "reports")
     lines = [json.loads(x) for x in paths["samples"].read_text().splitlines()]
     assert [(x["prompt_id"], x["sample"]) for x in lines] == [("p0", 0), ("p1", 0)]
     for x in lines:
@@ -151,17 +150,19 @@ def test_sampled_rows_one_line_per_sample(tiny_target_dir, tiny_drafter_dir, tmp
         assert [c["tau"] for c in comps] == row["sample_tau"]
         assert [a for c in comps for a in c["accept_lengths"]] == row["accept_lengths"]  # the pooled rounds
         assert [c["ddtree"]["8"] for c in comps] == row["ddtree_sample_tau"]["8"]
-    recs = list(sample_records(RunResult.from_dict(report.merge([frag], wall_s=1.0))))
+    run = report.merge([EvalResult.from_dict(frag)], wall_s=1.0)
+    recs = list(sample_records(run))
     assert [(r.prompt_id, r.sample) for r in recs] == [(p, k) for p in TEXTS for k in range(3)]
     assert all(r.temperature == 0.9 and r.seed is not None for r in recs)
-    _schema_validator().validate(json.loads(dumps_strict(report.merge([frag], wall_s=1.0))))
+    _schema_validator().validate(json.loads(dumps_strict(run.to_dict())))
 
 
 def test_no_references_no_samples_file_and_an_earlier_one_removed(tmp_path) -> None:
     path = tmp_path / SAMPLES_NAME
     path.write_text('{"prompt_id": "from an earlier run"}\n')
     row = prompt_row(category="c", tau=2.0, rounds=1, accept_lengths=[2])
-    data = report.merge([{"worker": "master", "prompts": {"a": row}}], wall_s=1.0)
+    data = report.merge([fragment(prompts={"a": row}, mean_tau=2.0, mean_floor=None, mean_ddtree={},
+                                  mean_ddtree_floor={})], wall_s=1.0).to_dict()
     assert write_samples(RunResult.from_dict(data), path) is None and not path.exists()
     bad = {**data, "prompts": {"a": {**row, "completions": [{"sample": 0}]}}}
     with pytest.raises(ResultKeyError, match=r"missing key 'prompts\.a\.completions\[0\]\.source'"):

@@ -334,7 +334,7 @@ def test_sglang_settings_validation(tmp_path: Path) -> None:
 
 
 def test_tau_table_has_a_server_accept_column_only_when_reported() -> None:
-    from result_rows import prompt_row
+    from result_rows import fragment, prompt_row
 
     from dflash_eval import report
 
@@ -342,8 +342,8 @@ def test_tau_table_has_a_server_accept_column_only_when_reported() -> None:
                "b": prompt_row(tau=3.0, floor=1.0, rounds=2, passed=True)}
 
     def run() -> RunResult:
-        return RunResult.from_dict(report.merge([{"worker": "master", "prompts": prompts, "mean_tau": 2.5,
-                                                  "mean_floor": 1.0, "mean_ddtree": {}, "mean_ddtree_floor": {}}]))
+        return report.merge([fragment(prompts=prompts, mean_tau=2.5, mean_floor=1.0, mean_ddtree={},
+                                      mean_ddtree_floor={})])
 
     header, rows = report.tau_rows(run())
     assert "server accept len" not in header

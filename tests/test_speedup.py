@@ -201,7 +201,7 @@ def test_round_costs_are_cached_per_device_and_shapes(tmp_path: Path, tiny_targe
     c2, cached2 = second.evaluation.measure(ROUND_COSTS)
     assert cached2 is True and c2 == c1
     judged = speedup_summary(second.evaluation, second.tau_summary())
-    assert judged["passed"] is False and "--speedup-floor 1000" in (floor_reason(judged) or "")
+    assert judged.passed is False and "--speedup-floor 1000" in (speedup_floor_reason(judged) or "")
     other = EvalSession(EvalSettings.from_mapping({**base, "ddtree_budget": "4"}), progress=None)
     assert other.evaluation.measure(ROUND_COSTS)[1] is False  # other budgets: timed anew
     from dflash_eval.errors import CacheError
@@ -219,6 +219,8 @@ def test_round_costs_are_cached_per_device_and_shapes(tmp_path: Path, tiny_targe
 
 # ------------------------------------------------------------------------------------------------ reports
 def test_reports_show_the_prediction(tmp_path: Path) -> None:
+    from result_rows import fragment
+
     from dflash_eval.metrics.verdict import stored_verdict
     from dflash_eval.report import merge
     from dflash_eval.report.render import render_markdown, render_terminal
@@ -232,7 +234,7 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
 
     block = speedup_block(costs(), (4.5, (4.0, 5.0)), {4: (3.9, (3.5, 4.3)), 8: (5.6, (5.0, 6.2))}, floor=9.0,
                           pooled={"chain": 4.25})
-    data = json.loads(dumps_strict(merge([{"worker": "master", "speedup": block}])))  # as eval.json holds it
+    data = json.loads(dumps_strict(merge([fragment(speedup=block)]).to_dict()))  # as eval.json holds it
     result = RunResult.from_dict(data)
     header, rows = speedup_rows(result.speedup)
     assert [r[:2] for r in rows] == [["chain", "server-style loop"], ["DDTree-4", "server-style loop"],
@@ -249,7 +251,7 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
     assert "DDTree-8 (best)" in text and "recompute loop" in text
     assert write_speedup_plot(result, tmp_path / SPEEDUP_PLOT) == tmp_path / SPEEDUP_PLOT
     assert (tmp_path / SPEEDUP_PLOT).read_bytes()[:4] == b"\x89PNG"
-    nothing = RunResult.from_dict(merge([{"worker": "master"}]))
+    nothing = merge([fragment()])
     assert write_speedup_plot(nothing, tmp_path / "none.png") is None and speedup_rows(None)[1] == []
     assert verdict_line(None, compose()) is None
     assert "Predicted speed-up" not in render_markdown(nothing)
@@ -301,13 +303,14 @@ def test_evaluator_records_and_tracks_the_prediction(tmp_path: Path, tiny_target
     with Evaluator(opts, history=True) as ev:
         first = ev.evaluate(tiny_drafter_dir, step=1)
         second = ev.evaluate(tiny_drafter_dir, step=2)
-    assert first.speedup is not None and first.speedup["cached"] is False and second.speedup["cached"] is True
+    assert first.speedup is not None and first.speedup.cached is False
+    assert second.speedup is not None and second.speedup.cached is True
     rec = ev.records[-1]
-    assert rec.speedup is not None and rec.speedup["chain"] == second.speedup["strategies"]["chain"]["speedup"]
+    assert rec.speedup is not None and rec.speedup["chain"] == second.speedup.strategies["chain"].speedup
     assert rec.verdict == "fail" and any("--speedup-floor 50" in r for r in rec.reasons)
     got = tracker_scalars(rec)
     assert got["speedup/chain"] == rec.speedup["chain"] and "speedup/ddtree-8" in got
-    assert got["speedup/plain_tokens_per_s"] == pytest.approx(second.speedup["plain_tokens_per_s"])
+    assert got["speedup/plain_tokens_per_s"] == pytest.approx(second.speedup.plain_tokens_per_s)
     line = json.loads((tmp_path / "reports" / "history.jsonl").read_text().splitlines()[-1])
     assert line["speedup"]["floor"] == 50.0 and line["speedup"]["passed"] is False
     with Evaluator({**opts, "speedup_floor": None}, speedup=False) as off:

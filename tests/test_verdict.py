@@ -9,7 +9,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from result_rows import kernel_change, means, prompt_row
+from result_rows import fragment, kernel_change, means, prompt_row
 
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.stats import category_table
@@ -30,7 +30,7 @@ from dflash_eval.metrics.verdict import (
 )
 from dflash_eval.session.merge import merge
 from dflash_eval.session.rows import CategoryRow, PromptRow, rows_from_dict, rows_to_dict
-from dflash_eval.session.run_result import RunResult
+from dflash_eval.session.run_result import RunResult, category_rows
 
 NAN = float("nan")
 
@@ -44,7 +44,7 @@ def typed(rows: dict[str, PromptRow] | dict[str, dict]) -> dict[str, SimpleNames
 
 def result_of(provenance: dict) -> RunResult:
     """The result of a run that measured nothing, with ``provenance``."""
-    return RunResult.from_dict({**merge([{"worker": "master"}]), "provenance": provenance})
+    return RunResult.from_dict({**merge([fragment()]).to_dict(), "provenance": provenance})
 
 
 def row(tau: float, ddtree: dict[str, float], category: str = "code") -> PromptRow:
@@ -277,10 +277,13 @@ def _run(prompts: dict[str, PromptRow] | None = None, *, mean: bool = True) -> R
     {"8": 3.0} (``mean`` False: no τ means), not judged."""
     if prompts is None:
         prompts = {"a": row(2.0, {"8": 2.5}), "b": row(3.0, {"8": 3.5}, "chat"), "c": row(NAN, {"8": NAN})}
-    frag = {"worker": "master", "prompts": rows_to_dict(prompts)}
-    if mean:
-        frag.update(mean_tau=2.5, mean_ddtree={"8": 3.0}, mean_floor=None, mean_ddtree_floor={"8": None})
-    return RunResult.from_dict(merge([frag]))
+    if not mean:  # eval.json's data of prompts without τ means (a process's result holds the means with them)
+        data = {**merge([fragment()]).to_dict(), "prompts": rows_to_dict(prompts)}
+        if prompts:  # the categories the merge makes of the prompts
+            data["categories"] = rows_to_dict(category_rows(prompts, None))
+        return RunResult.from_dict(data)
+    return merge([fragment(prompts=rows_to_dict(prompts), mean_tau=2.5, mean_ddtree={"8": 3.0}, mean_floor=None,
+                           mean_ddtree_floor={"8": None})])
 
 
 def test_judge_run_rejudges_after_floors_change():
@@ -396,8 +399,9 @@ def test_no_acceptance_under_floors_that_accept_it_is_no_diagnosis():
 def test_refused_drafter_is_never_a_pass_whichever_fragment_knows_it():
     """Under xdist the first fragment may come from a worker that never needed the drafter."""
     refused = [{"check": "fc_shape", "message": "key 'fc.weight': expected [256, 1024], got [256, 768]"}]
-    data = merge([{"worker": "gw0", "drafter": {"path": "d", "fingerprint": "f", "config": {}}},
-                  {"worker": "gw1", "drafter": {"path": "d", "fingerprint": "f", "config": {}, "refused": refused}}])
+    data = merge([fragment(worker="gw0", drafter={"path": "d", "fingerprint": "f", "config": {}}),
+                  fragment(worker="gw1", drafter={"path": "d", "fingerprint": "f", "config": {},
+                                                  "refused": refused})]).to_dict()
     assert data["drafter"]["refused"] == refused and data["mean_passed"] is False
     assert "does not fit the target: refused by architecture check fc_shape" in data["diagnoses"][0]
 

@@ -16,7 +16,6 @@ import pytest
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.metrics.verdict import speedup_floor_reason
 from dflash_eval.session.eval_result import speedup_summary
-from dflash_eval.session.run_result import Speedup
 
 NO_FLOOR = ("no --speedup-floor: the predicted speed-up on this device is reported (eval.md, eval.json's speedup), "
             "not gated")
@@ -30,19 +29,19 @@ def test_predicted_speedup(tau_results, eval_session, testcase_property) -> None
     """The predicted chain speed-up on this run's device >= --speedup-floor (skips without a floor: the prediction is
     reported in every run)."""
     try:
-        block = speedup_summary(eval_session.evaluation, eval_session.tau_summary())
+        speedup = speedup_summary(eval_session.evaluation, eval_session.tau_summary())
     except DFlashEvalError as exc:
         pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
-    chain = block["strategies"]["chain"]
-    testcase_property("speedup", round(chain["speedup"], 4))  # --junitxml <property>, like τ's
-    testcase_property("speedup_floor", block["floor"])
-    testcase_property("device", block["device"])
-    if block["floor"] is None:
+    chain = speedup.strategies["chain"]
+    testcase_property("speedup", round(chain.speedup, 4))  # --junitxml <property>, like τ's
+    testcase_property("speedup_floor", speedup.floor)
+    testcase_property("device", speedup.device)
+    if speedup.floor is None:
         pytest.skip(NO_FLOOR)
-    reason = speedup_floor_reason(Speedup.from_dict(block))
-    costs = block["costs"]
-    detail = (f"; plain step {1e3 * costs['step']:.2f} ms, round {1e3 * chain['round_s']:.2f} ms (parts: "
-              + ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in chain["parts"].items())
-              + f"), mean chain τ {chain['tau']:.3f}; best strategy {block['best']} "
-              f"{_x(block['strategies'][block['best']]['speedup']) if block['best'] else '-'}")
+    reason = speedup_floor_reason(speedup)
+    costs = speedup.costs
+    detail = (f"; plain step {1e3 * costs.step:.2f} ms, round {1e3 * chain.round_s:.2f} ms (parts: "
+              + ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in chain.parts.items())
+              + f"), mean chain τ {chain.tau:.3f}; best strategy {speedup.best} "
+              f"{_x(speedup.strategies[speedup.best].speedup) if speedup.best else '-'}")
     assert reason is None, reason + detail

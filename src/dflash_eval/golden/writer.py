@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from syrupy.location import PyTestLocation
 
     from dflash_eval.options.settings import EvalSettings
+    from dflash_eval.session.blocks import FingerprintBlock
+    from dflash_eval.session.run_result import RunResult
 
 __all__ = ["GoldenJSONExtension", "golden_extension", "update_floors", "update_fingerprint", "write_floors",
            "fingerprint_path", "FINGERPRINT_DIR"]
@@ -60,17 +62,17 @@ def write_floors(path: str | Path, doc: dict[str, Any]) -> None:
     atomic_write_text(Path(path), json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
 
-def update_floors(data: dict[str, Any], settings: EvalSettings) -> Path:
-    """Rewrite the floors file from merged eval.json ``data`` (measured τ minus ``settings.tau_margin``), with the
+def update_floors(run: RunResult, settings: EvalSettings) -> Path:
+    """Rewrite the floors file from the run's merged result (measured τ minus ``settings.tau_margin``), with the
     run's τ-relevant settings as its context."""
     prev = load_floors(settings.floors_file).raw
-    pr = data["prompts"]
+    pr = run.prompts
     doc = make_floors(
-        {p: r["tau"] for p, r in pr.items()},
-        {int(b): {p: r["ddtree"][b] for p, r in pr.items() if b in r["ddtree"]}
-         for b in sorted({b for r in pr.values() for b in r["ddtree"]}, key=int)},
-        margin=settings.tau_margin, context=data.get("context") or {},
-        drafter=data.get("drafter", {}).get("fingerprint"), previous=prev,
+        {p: r.tau for p, r in pr.items()},
+        {int(b): {p: r.ddtree[b] for p, r in pr.items() if b in r.ddtree}
+         for b in sorted({b for r in pr.values() for b in r.ddtree}, key=int)},
+        margin=settings.tau_margin, context={} if run.context is None else run.context.to_dict(),
+        drafter=None if run.drafter is None else run.drafter.fingerprint, previous=prev,
         margins=row_margins(pr, settings.tau_margin_sigmas), sigmas=settings.tau_margin_sigmas)
     write_floors(settings.floors_file, doc)
     return Path(settings.floors_file)
@@ -83,9 +85,9 @@ def fingerprint_path(golden_dir: Path, device_kind: str, backend: str, dtype: st
     return Path(golden_dir) / FINGERPRINT_DIR / f"{slug}.json"
 
 
-def update_fingerprint(fingerprint: dict[str, Any], golden_dir: Path) -> Path:
+def update_fingerprint(fingerprint: FingerprintBlock, golden_dir: Path) -> Path:
     """Rewrite the golden fingerprint of the fingerprint's own device kind, backend and dtype."""
-    path = fingerprint_path(golden_dir, fingerprint["device_kind"], fingerprint["backend"], fingerprint["dtype"])
+    path = fingerprint_path(golden_dir, fingerprint.device_kind, fingerprint.backend, fingerprint.dtype)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(path, json.dumps(fingerprint.to_dict(), indent=1, sort_keys=True) + "\n")
     return path

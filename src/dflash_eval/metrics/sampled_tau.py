@@ -30,6 +30,7 @@ from typing import Any
 from dflash_eval.metrics.sampled_ci import sampled_mean, sampled_summary
 from dflash_eval.metrics.stats import Summary, summarize
 from dflash_eval.metrics.tau_result import TauResult
+from dflash_eval.metrics.tau_rows import TauRow
 
 __all__ = [
     "SampledTau",
@@ -124,16 +125,16 @@ def sample_row(chain: TauResult, ddtree: Mapping[int, TauResult]) -> dict[str, A
             "ddtree_sample_tau": {str(b): t.sample_taus for b, t in ddtree.items() if isinstance(t, SampledTau)}}
 
 
-def row_margins(rows: Mapping[str, Mapping[str, Any]], sigmas: float) -> tuple[dict[str, float],
-                                                                              dict[int, dict[str, float]]] | None:
-    """Per-prompt floor margins (chain, and per DDTree budget) from eval.json rows of a sampled run
+def row_margins(rows: Mapping[str, TauRow], sigmas: float) -> tuple[dict[str, float],
+                                                                    dict[int, dict[str, float]]] | None:
+    """Per-prompt floor margins (chain, and per DDTree budget) from the typed prompt rows of a sampled run
     (:func:`spread_margin`); None when the rows are greedy."""
-    if not rows or not all("sample_tau" in r for r in rows.values()):
+    if not rows or not all(r.sample_tau is not None for r in rows.values()):
         return None
-    chain = {p: spread_margin(r["sample_tau"], sigmas) for p, r in rows.items()}
+    chain = {p: spread_margin(r.sample_tau or [], sigmas) for p, r in rows.items()}
     dd: dict[int, dict[str, float]] = {}
     for p, r in rows.items():
-        for b, vals in r.get("ddtree_sample_tau", {}).items():
+        for b, vals in (r.ddtree_sample_tau or {}).items():
             dd.setdefault(int(b), {})[p] = spread_margin(vals, sigmas)
     return chain, dd
 

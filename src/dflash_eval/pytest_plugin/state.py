@@ -18,16 +18,17 @@ from dflash_eval.pytest_plugin.progress_reporter import progress_sink
 from dflash_eval.references.server_link import ServerLink
 
 if TYPE_CHECKING:  # the session (and torch) is imported when a test needs it, not when the plugin loads
+    from dflash_eval.session.eval_result import EvalResult
     from dflash_eval.session.eval_session import EvalSession
     from dflash_eval.session.run_result import RunResult
 
 __all__ = ["settings_from_config", "get_settings", "get_session", "SESSION", "SETTINGS", "FRAGMENTS", "OUTCOMES",
-           "SKIPS", "START", "SGLANG", "RESULT", "MESSAGES", "REJECTED", "is_controller", "enter_config", "claim_heap",
-           "freeze_heap_if_ending"]
+           "SKIPS", "START", "SGLANG", "RESULT", "MESSAGES", "REJECTED", "UNREAD", "is_controller", "enter_config",
+           "claim_heap", "freeze_heap_if_ending"]
 
 SESSION = pytest.StashKey["EvalSession"]()
 SETTINGS = pytest.StashKey["EvalSettings | Exception"]()
-FRAGMENTS = pytest.StashKey[list]()
+FRAGMENTS = pytest.StashKey[list["EvalResult"]]()  # each process's result, typed (a worker's read once)
 OUTCOMES = pytest.StashKey[dict]()
 SKIPS = pytest.StashKey[dict]()  # node id -> the reason a suite test was skipped: what the run did not check
 START = pytest.StashKey[float]()
@@ -35,6 +36,7 @@ SGLANG = pytest.StashKey[Any]()
 RESULT: pytest.StashKey[RunResult] = pytest.StashKey()  # the run's result, its verdict composed: every report reads it
 MESSAGES = pytest.StashKey[list]()
 REJECTED = pytest.StashKey[list]()  # why the run fails although its tests passed: a plugin rejected its result
+UNREAD = pytest.StashKey[list[str]]()  # a worker's result the controller could not read: why, naming the worker
 
 
 def settings_from_config(config: pytest.Config, *, check: bool = True) -> EvalSettings:

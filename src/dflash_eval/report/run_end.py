@@ -1,29 +1,31 @@
-"""The report work at the end of a suite run, apart from pytest: whether the run measured anything to report
-(:func:`measured`; then :func:`~dflash_eval.session.merge.merge`, :func:`~dflash_eval.report.write.conclude` reads
-the merged data as the run's typed result once and :func:`~dflash_eval.report.write.finish` writes it), and the
-terminal's dflash-eval section (:func:`terminal_section`: the tables, what was written, the verdict last)."""
+"""The report work at the end of a suite run, apart from pytest: whether the processes' results measured anything
+to report (:func:`measured`; then :func:`~dflash_eval.session.merge.merge` makes the run's typed result of them,
+:func:`~dflash_eval.report.write.conclude` composes its verdict and :func:`~dflash_eval.report.write.finish` writes
+it), and the terminal's dflash-eval section (:func:`terminal_section`: the tables, what was written, the verdict
+last)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dflash_eval.metrics.verdict import refused
 from dflash_eval.report.render import TERMINAL_ROWS_SHOWN, render_terminal
 from dflash_eval.report.summary import verdict_lines
-from dflash_eval.session.blocks import DrafterBlock
 from dflash_eval.session.run_result import RunResult
+
+if TYPE_CHECKING:  # the process's result imports torch (its builders); the reports import none
+    from dflash_eval.session.eval_result import EvalResult
 
 __all__ = ["measured", "TerminalSection", "terminal_section"]
 
 
-def measured(fragments: list[dict[str, Any]]) -> bool:
+def measured(fragments: list[EvalResult]) -> bool:
     """Whether any process measured something to report: τ, drift, a fingerprint, a registered measurement, a near
     tie of the target, or a refused drafter."""
-    return any("prompts" in f or "drift" in f or "fingerprint" in f or "measurements" in f or "near_ties" in f
-               or bool("drafter" in f and f["drafter"] and refused(DrafterBlock.from_dict(f["drafter"])))
-               for f in fragments)
+    return any(f.tau is not None or f.drift is not None or f.fingerprint is not None or bool(f.measurements)
+               or bool(f.near_ties) or (f.drafter is not None and refused(f.drafter)) for f in fragments)
 
 
 @dataclass

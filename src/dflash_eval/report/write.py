@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dflash_eval.common.atomic import atomic_write_text
 from dflash_eval.common.paths import storage_error
@@ -97,25 +97,20 @@ class Concluded:
     messages: list[str]
 
 
-def conclude(data: dict[str, Any], settings: EvalSettings, *, failed_tests: int = 0,
-             exitstatus: int = 0) -> Concluded:
-    """Apply the update options to the merged ``data`` (through :mod:`dflash_eval.golden.writer`: the τ floors
-    rewritten and the data judged against them; the feature fingerprint), read it as the run's typed result once and
-    compose its verdict (eval.json's ``verdict``: :func:`dflash_eval.metrics.verdict.run_verdict`, with the run's
-    ``failed_tests`` and pytest's ``exitstatus``): the result every report, the junit properties, the terminal and
-    the exit status read. ResultKeyError naming the key when ``data`` is not eval.json's layout."""
+def conclude(run: RunResult, settings: EvalSettings, *, failed_tests: int = 0, exitstatus: int = 0) -> Concluded:
+    """Apply the update options to the merged ``run`` (through :mod:`dflash_eval.golden.writer`: the τ floors
+    rewritten and the run judged against them; the feature fingerprint) and compose its verdict (eval.json's
+    ``verdict``: :func:`dflash_eval.metrics.verdict.run_verdict`, with the run's ``failed_tests`` and pytest's
+    ``exitstatus``): the result every report, the junit properties, the terminal and the exit status read."""
     msgs = []
-    floors = None
-    if settings.update_tau_floors and data.get("prompts"):
-        path = golden.update_floors(data, settings)
+    if settings.update_tau_floors and run.prompts:
+        path = golden.update_floors(run, settings)
         floors = load_floors(path, mean_override=settings.tau_floor, prompt_override=settings.tau_floor_prompt)
         msgs.append(f"τ floors written to {settings.floors_file} (measured - {settings.tau_margin})")
-    run = RunResult.from_dict(data)  # the one typed result of the run; dicts only when a file is written
-    if floors is not None:  # judged against the floors just written
-        run = run.judged(floors)
+        run = run.judged(floors)  # judged against the floors just written
     run = dataclasses.replace(run, verdict=run_verdict(run, failed_tests=failed_tests, exitstatus=exitstatus))
-    if settings.update_fingerprints and data.get("fingerprint"):
-        fp = golden.update_fingerprint(data["fingerprint"], settings.golden_dir)
+    if settings.update_fingerprints and run.fingerprint is not None:
+        fp = golden.update_fingerprint(run.fingerprint, settings.golden_dir)
         msgs.append(f"feature fingerprint written to {fp}")
     return Concluded(run, msgs)
 

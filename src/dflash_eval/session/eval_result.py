@@ -2,18 +2,21 @@
 
 :func:`build_result` reads the earlier stages (it never computes: what was not asked for during the run is left
 out) and judges τ through :mod:`dflash_eval.metrics.verdict`. Under pytest-xdist each worker sends its
-:meth:`EvalResult.to_dict` to the controller, which merges them (:func:`dflash_eval.session.merge.merge`).
+:meth:`EvalResult.to_dict` to the controller as JSON, which reads it back once (:meth:`EvalResult.from_dict`,
+strictly: a key a fragment does not know is one :class:`~dflash_eval.errors.ResultKeyError` naming it) and merges
+the typed results of every process into the run's (:func:`dflash_eval.session.merge.merge`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.common.progress import Compilation
 from dflash_eval.common.workdir import run_location
-from dflash_eval.errors import DFlashEvalError
+from dflash_eval.errors import DFlashEvalError, ResultKeyError
 from dflash_eval.measurements.drafter_evaluation import DrafterEvaluation, PromptTau
 from dflash_eval.measurements.online_greedy import OnlineTau
 from dflash_eval.measurements.round_costs import ROUND_COSTS
@@ -40,13 +43,15 @@ from dflash_eval.prompts import Prompt
 from dflash_eval.references.greedy import CompletionRecord
 from dflash_eval.references.token_pieces import decode_pieces
 from dflash_eval.session.blocks import (
+    BaselineBlock,
     DrafterBlock,
     DriftAcceptRow,
     DriftBudgetBlock,
     FingerprintBlock,
     Refusal,
 )
-from dflash_eval.session.rows import CategoryRow, ConversationRow, PromptRow, Row, TurnRow, rows_from_dict, rows_to_dict
+from dflash_eval.session.rows import CategoryRow, ConversationRow, PromptRow, TurnRow, rows_from_dict, rows_to_dict
+from dflash_eval.session.run_blocks import ContextBlock, ProvenanceBlock, TargetBlock
 from dflash_eval.session.run_result import Speedup, category_rows
 from dflash_eval.target.kernel_cache import KernelCacheDir
 from dflash_eval.target.provenance import provenance
@@ -58,8 +63,8 @@ __all__ = ["EvalResult", "TauSummary", "JsonBlock", "build_result", "prompt_rows
 
 
 #: The result's blocks whose layout belongs to another part of the suite, carried as eval.json holds them: the
-#: settings (:mod:`dflash_eval.options`), the cache's counters, the SGLang server's description, the target's,
-#: the provenance, the τ-relevant context and the registered measurements' own blocks.
+#: settings (:mod:`dflash_eval.options`), the cache's counters, the SGLang server's description and the registered
+#: measurements' own blocks.
 JsonBlock = dict[str, Any]
 
 
@@ -89,12 +94,22 @@ class TauSummary:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TauSummary:
-        """The τ fields of eval.json data (or of :meth:`to_dict`); the baseline comparison is not read back."""
-        return cls(rows_from_dict(PromptRow, data["prompts"]), data["mean_tau"], dict(data["mean_ddtree"]),
-                   data["mean_floor"], dict(data["mean_ddtree_floor"]), rows_from_dict(CategoryRow, data["categories"]),
-                   None, rows_from_dict(ConversationRow, data.get("conversations", {})),
-                   rows_from_dict(TurnRow, data.get("turns", {})))
+    def from_dict(cls, data: Mapping[str, Any]) -> TauSummary:
+        """The τ fields of eval.json data (or of :meth:`to_dict`): the prompts and the means are needed (a missing one
+        is a ResultKeyError naming it), the categories, conversations and turns may be left out (empty: the merge
+        makes them from the prompts); the baseline comparison is not read back (:attr:`EvalResult.baseline` is)."""
+        missing = next((k for k in _TAU_NEEDED if k not in data), None)
+        if missing is not None:
+            raise ResultKeyError("missing", missing)
+        rows: dict[str, Any] = {}
+        for key, row in (("prompts", PromptRow), ("categories", CategoryRow), ("conversations", ConversationRow),
+                         ("turns", TurnRow)):
+            try:
+                rows[key] = rows_from_dict(row, data.get(key) or {})
+            except ResultKeyError as exc:
+                raise exc.under(key) from None
+        return cls(rows["prompts"], data["mean_tau"], dict(data["mean_ddtree"]), data["mean_floor"],
+                   dict(data["mean_ddtree_floor"]), rows["categories"], None, rows["conversations"], rows["turns"])
 
     def verdict(self, floors: Floors, *, floors_required: bool = True,
                 speedup: SpeedupCheck | None = None) -> Verdict:
@@ -107,14 +122,56 @@ class TauSummary:
                                   floors_required=floors_required)
 
 
-_TYPED: dict[str, type[Row]] = {"drafter": DrafterBlock, "fingerprint": FingerprintBlock}
-_TYPED_LISTS: dict[str, type[Row] | type[DriftStat] | type[GateCheck]] = {
-    "drift": DriftStat, "drift_accept": DriftAcceptRow, "drift_gate": GateCheck}
+#: The τ fields a fragment with τ holds (:meth:`TauSummary.from_dict`), and those it may leave out.
+_TAU_NEEDED = ("prompts", "mean_tau", "mean_ddtree", "mean_floor", "mean_ddtree_floor")
+_TAU_KEYS = (*_TAU_NEEDED, "categories", "conversations", "turns")
+#: A fragment's keys (:meth:`EvalResult.to_dict`) that every process writes.
+_FRAGMENT_NEEDED = ("worker", "settings", "timings", "counts", "cache")
+#: The compilation block's keys (:meth:`EvalResult.to_dict`: the process's compilation and its kernel cache).
+_COMPILE_KEYS = ("seconds", "by_stage", "kernels_compiled", "kernels_loaded", "kernel_cache")
+
+
+def _list_of(read: Callable[[Any], Any]) -> Callable[[Any], list[Any]]:
+    """A reader of a list of rows (a key a row does not know or lacks is named under its index)."""
+    def read_all(items: Any) -> list[Any]:
+        out = []
+        for i, item in enumerate(items):
+            try:
+                out.append(read(item))
+            except ResultKeyError as exc:
+                raise exc.under(i) from None
+        return out
+    return read_all
+
+
+def _compile(block: Mapping[str, Any]) -> tuple[Compilation, KernelCacheDir | None]:
+    ResultKeyError.check(block, _COMPILE_KEYS)
+    cache = block["kernel_cache"]
+    return Compilation.from_dict(dict(block)), None if cache is None else KernelCacheDir.from_dict(cache)
+
+
+#: How each of a fragment's typed keys is read (the others are kept as the fragment holds them).
+_READERS: dict[str, Callable[[Any], Any]] = {
+    "target": TargetBlock.from_dict, "provenance": ProvenanceBlock.from_dict, "drafter": DrafterBlock.from_dict,
+    "context": ContextBlock.from_dict, "baseline": BaselineBlock.from_dict, "drift": _list_of(DriftStat.from_dict),
+    "drift_accept": _list_of(DriftAcceptRow.from_dict), "drift_budget": DriftBudgetBlock.from_dict,
+    "drift_gate": _list_of(GateCheck.from_dict), "fingerprint": FingerprintBlock.from_dict,
+    "speedup": Speedup.from_dict, "near_ties": _list_of(Divergence.from_dict), "compile": _compile,
+    "spans": _list_of(tuple), "errors": list, "measurements": dict,
+}
+#: Every key of a fragment, in the order :meth:`EvalResult.to_dict` writes them.
+_FRAGMENT_KEYS = ("worker", "settings", "timings", "counts", "cache", "errors", "spans", "sglang", "target",
+                  "provenance", "drafter", "context", *_TAU_KEYS, "baseline", "drift", "drift_accept", "drift_budget",
+                  "drift_gate", "fingerprint", "measurements", "speedup", "near_ties", "compile")
 
 
 @dataclass
 class EvalResult:
-    """What one process measured (see module docstring); optional parts are None when not computed."""
+    """What one process measured (see module docstring); optional parts are None when not computed. The target, the
+    provenance (the kernel probe of this process: no ``per_worker``), the τ-relevant context, the ``--baseline``
+    comparison (``baseline``: its eval.json block, read back from a fragment too; ``tau.baseline`` is the live
+    comparison, in the process that made it) and the predicted speed-up are the typed blocks the run's result holds
+    (:mod:`dflash_eval.session.run_result`)."""
 
     worker: str
     settings: JsonBlock
@@ -123,11 +180,12 @@ class EvalResult:
     cache: JsonBlock
     errors: list[str] = field(default_factory=list)
     sglang: JsonBlock | None = None
-    target: JsonBlock | None = None
-    provenance: JsonBlock | None = None
+    target: TargetBlock | None = None
+    provenance: ProvenanceBlock | None = None
     drafter: DrafterBlock | None = None
-    context: JsonBlock | None = None
+    context: ContextBlock | None = None
     tau: TauSummary | None = None
+    baseline: BaselineBlock | None = None
     drift: list[DriftStat] | None = None
     drift_accept: list[DriftAcceptRow] | None = None
     drift_budget: DriftBudgetBlock | None = None
@@ -135,7 +193,7 @@ class EvalResult:
     fingerprint: FingerprintBlock | None = None
     spans: list[tuple[str, float, float]] = field(default_factory=list)
     measurements: dict[str, JsonBlock] = field(default_factory=dict)  # registered measurements' own blocks
-    speedup: JsonBlock | None = None  # the predicted speed-up (dflash_eval.metrics.speedup.speedup_block)
+    speedup: Speedup | None = None  # the predicted speed-up (dflash_eval.metrics.speedup.speedup_block)
     near_ties: list[Divergence] = field(default_factory=list)  # completions that left a comparison at a near tie
     compile: Compilation | None = None  # GPU kernel compilation in this process, by stage
     kernel_cache: KernelCacheDir | None = None  # where compiled kernels were kept (target.kernel_cache)
@@ -148,9 +206,11 @@ class EvalResult:
         for key in ("sglang", "target", "provenance", "drafter", "context"):
             value = getattr(self, key)
             if value:
-                out[key] = value.to_dict() if key == "drafter" else value
+                out[key] = value if key == "sglang" else value.to_dict()
         if self.tau is not None:
             out.update(self.tau.to_dict())
+        if self.baseline is not None:
+            out["baseline"] = self.baseline.to_dict()
         if self.drift is not None:
             out["drift"] = [r.to_dict() for r in self.drift]
             out["drift_accept"] = None if self.drift_accept is None else [r.to_dict() for r in self.drift_accept]
@@ -162,7 +222,7 @@ class EvalResult:
         if self.measurements:
             out["measurements"] = self.measurements
         if self.speedup is not None:
-            out["speedup"] = self.speedup
+            out["speedup"] = self.speedup.to_dict()
         if self.near_ties:
             out["near_ties"] = [d.to_dict() for d in self.near_ties]
         if self.compile is not None:
@@ -171,23 +231,25 @@ class EvalResult:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EvalResult:
-        """A process's result from its :meth:`to_dict` fragment (the baseline comparison is not read back)."""
-        kw: dict[str, Any] = {k: data.get(k) for k in ("sglang", "target", "provenance", "context", "speedup")}
-        if data.get("compile") is not None:
-            kw["compile"] = Compilation.from_dict(data["compile"])
-            cache = data["compile"].get("kernel_cache")
-            kw["kernel_cache"] = None if cache is None else KernelCacheDir.from_dict(cache)
-        kw.update({k: t.from_dict(data[k]) for k, t in _TYPED.items() if data.get(k) is not None})
-        kw.update({k: [t.from_dict(r) for r in data[k]] for k, t in _TYPED_LISTS.items() if data.get(k) is not None})
-        if data.get("drift_budget") is not None:
-            kw["drift_budget"] = DriftBudgetBlock.from_dict(data["drift_budget"])
+    def from_dict(cls, data: Mapping[str, Any]) -> EvalResult:
+        """A process's result from its :meth:`to_dict` fragment, read strictly: ResultKeyError naming the first key
+        the fragment does not know, a key every fragment holds that it lacks (``worker``, ``settings``, ``timings``,
+        ``counts``, ``cache``) or the path of a key inside a typed block. Its τ is read whole (the prompts with the
+        means: :meth:`TauSummary.from_dict`) or not at all; a key held as null is a part not computed."""
+        ResultKeyError.check(data, _FRAGMENT_KEYS, [k for k in _FRAGMENT_KEYS if k not in _FRAGMENT_NEEDED])
+        kw: dict[str, Any] = {}
+        for key, read in _READERS.items():
+            if data.get(key) is not None:
+                try:
+                    kw[key] = read(data[key])
+                except ResultKeyError as exc:
+                    raise exc.under(key) from None
+        if "compile" in kw:
+            kw["compile"], kw["kernel_cache"] = kw["compile"]
+        if any(k in data for k in _TAU_KEYS):
+            kw["tau"] = TauSummary.from_dict(data)
         return cls(worker=data["worker"], settings=data["settings"], timings=data["timings"], counts=data["counts"],
-                   cache=data["cache"], errors=list(data.get("errors", [])),
-                   spans=[tuple(sp) for sp in data.get("spans", [])],
-                   tau=TauSummary.from_dict(data) if "mean_tau" in data else None,
-                   measurements=dict(data.get("measurements") or {}),
-                   near_ties=[Divergence.from_dict(d) for d in data.get("near_ties") or []], **kw)
+                   cache=data["cache"], sglang=data.get("sglang"), **kw)
 
 
 def _no_tokenizer() -> PreTrainedTokenizerBase:
@@ -295,10 +357,10 @@ def tau_summary(ev: DrafterEvaluation, floors: Floors, baseline: BaselineCompari
                       rows_from_dict(TurnRow, turn_table(rows)))
 
 
-def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> JsonBlock:
+def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> Speedup:
     """eval.json's ``speedup``: the predicted speed of every strategy from the round costs timed on the run's device
     (the ``round_costs`` measurement, timed now unless cached) and the mean τ with its CI over prompts, judged against
-    ``--speedup-floor`` (:func:`dflash_eval.metrics.speedup.speedup_block`)."""
+    ``--speedup-floor`` (:func:`dflash_eval.metrics.speedup.speedup_block`, read as the typed block)."""
     costs, cached = ev.measure(ROUND_COSTS)
     every = tau.categories.get("all")
     chain = (tau.mean_tau, every.chain.ci95 if every is not None else None)
@@ -307,9 +369,9 @@ def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> JsonBlock:
     pooled, pooled_dd = pooled_means(tau.prompts)
     block = speedup_block(costs, chain, ddtree, floor=ev.settings.speedup_floor, cached=cached,
                           pooled={"chain": pooled, **{f"ddtree-{b}": v for b, v in pooled_dd.items()}})
-    part = speedup_floor_part(Speedup.from_dict(block))  # the floor's verdict, kept beside the prediction
-    block["passed"] = None if part is None else part.passed
-    return block
+    speedup = Speedup.from_dict(block)
+    part = speedup_floor_part(speedup)  # the floor's verdict, kept beside the prediction
+    return dataclasses.replace(speedup, passed=None if part is None else part.passed)
 
 
 def _drift_rows(ev: DrafterEvaluation) -> tuple[list[DriftStat], list[DriftAcceptRow]]:
@@ -348,18 +410,22 @@ def build_result(ev: DrafterEvaluation, *, tau: TauSummary | None = None, sglang
     inp = ev.inputs
     s = inp.settings
     target = inp.describe_target()
+    prov = None
+    if target:
+        prov = provenance(backend=s.feature_backend, dtype=s.torch_dtype, device=s.torch_device, **run_location())
+        if ev.store.probes.results:  # the kernels the features' keys carry
+            prov["kernel_probe"] = _with_witness_impact(ev, ev.store.probes.to_json())
+        if ev.store.witness.checks:  # the live features compared with the cache
+            prov["witness"] = ev.store.witness.to_json()
     result = EvalResult(
         worker=inp.worker_id, settings=s.to_dict(), timings={k: round(v, 4) for k, v in inp.meter.timings.items()},
         counts=dict(inp.meter.counts), spans=list(inp.meter.spans), cache=inp.cache.stats.to_dict(),
-        sglang=sglang or None, target=target,
-        provenance=provenance(backend=s.feature_backend, dtype=s.torch_dtype, device=s.torch_device,
-                              **run_location()) if target else None, tau=tau, context=context,
+        sglang=sglang or None, target=TargetBlock.from_dict(target) if target else None,
+        provenance=None if prov is None else ProvenanceBlock.from_dict(prov), tau=tau,
+        context=ContextBlock.from_dict(context) if context else None,
+        baseline=None if tau is None or tau.baseline is None else BaselineBlock.from_dict(tau.baseline.to_json()),
         fingerprint=FingerprintBlock.from_dict(fingerprint) if isinstance(fingerprint, dict) else fingerprint,
         compile=inp.meter.compilation, kernel_cache=inp.kernel_cache)
-    if result.provenance is not None and ev.store.probes.results:  # the kernels the features' keys carry
-        result.provenance["kernel_probe"] = _with_witness_impact(ev, ev.store.probes.to_json())
-    if result.provenance is not None and ev.store.witness.checks:  # the live features compared with the cache
-        result.provenance["witness"] = ev.store.witness.to_json()
     result.near_ties = ev.references.argmax.near_ties()
     if ev.checkpoint_read:
         ck = ev.checkpoint

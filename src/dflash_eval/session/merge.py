@@ -1,4 +1,19 @@
-"""Merging the per-process results of a run (the controller's and every xdist worker's) into eval.json's data.
+"""Merging the per-process results of a run (the controller's and every xdist worker's, each an
+:class:`~dflash_eval.session.eval_result.EvalResult`) into the run's typed result
+(:class:`~dflash_eval.session.run_result.RunResult`), whose :meth:`~dflash_eval.session.run_result.RunResult.to_dict`
+is eval.json's data: :func:`merge` reads typed values only (a worker's JSON fragment is read once, on the controller,
+by :meth:`EvalResult.from_dict <dflash_eval.session.eval_result.EvalResult.from_dict>`).
+
+How the processes' values combine: of the blocks every process may hold (settings, target, drafter, provenance,
+context, fingerprint, SGLang server, baseline, drift budget, speed-up, τ means, categories, conversations), the first
+process's that has one; the prompts of every process, each once, in the order first met; the drift rows, the drift τ
+rows, the drift gate's rows and the near ties de-duplicated (each process judges its own tests' prompts); each
+kernel probe once, every kernel change any process noticed
+(:meth:`~dflash_eval.session.run_blocks.KernelProbeBlock.merged`); each registered measurement's first non-empty
+block; the stages' seconds summed, per worker and the workers' spans, with the GPU kernel compilation summed; the
+counters per worker. What only the whole run knows is computed here: the pooled τ, the categories and the
+conversations where no process made them, the mean over samples, the verdict of the mean, the named causes of a
+failing run.
 
 eval.json (schema 1; documented in docs/reference.md)::
 
@@ -72,169 +87,167 @@ A drafter refused by architecture checks adds ``"refused": [{"check", "message"}
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import time
 from collections import Counter, defaultdict
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dflash_eval.common.progress import Compilation
-from dflash_eval.errors import ResultKeyError
 from dflash_eval.metrics.acceptance_rates import TAU_DEFINITIONS, pooled_means
+from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
+from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.sampled_ci import sampled_summary
 from dflash_eval.metrics.stats import conversation_table, turn_table
 from dflash_eval.metrics.verdict import diagnoses, mean_passed
-from dflash_eval.session.blocks import DrafterBlock, Refusal
-from dflash_eval.session.rows import ConversationRow, PromptRow, TurnRow, rows_from_dict, rows_to_dict
-from dflash_eval.session.run_result import SCHEMA, TauMeans, category_rows
+from dflash_eval.session.blocks import DriftAcceptRow, SampledBlock
+from dflash_eval.session.rows import ConversationRow, PromptRow, TurnRow, rows_from_dict
+from dflash_eval.session.run_blocks import KernelProbeBlock, ProvenanceBlock
+from dflash_eval.session.run_result import (
+    SCHEMA,
+    Compile,
+    NotChecked,
+    RunResult,
+    TauMeans,
+    Tests,
+    Timings,
+    category_rows,
+)
+
+if TYPE_CHECKING:  # the process's result imports torch (its builders); the merge reads its fields only
+    from dflash_eval.session.eval_result import EvalResult
 
 __all__ = ["SCHEMA", "merge"]
 
-#: The τ means the τ tests write, read together as the result's :class:`TauMeans` with the pooled means.
-_MEANS = ("mean_tau", "mean_floor", "mean_ddtree", "mean_ddtree_floor")
+T = TypeVar("T")
 
 
-def _kernel_probes(fragments: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Every process's ``provenance.kernel_probe`` in one: each (backend, dtype, probe shape) probe once (every
-    process probes its own kernels), every kernel change any process noticed, the probe time per worker."""
-    found = [(f.get("worker", "?"), (f.get("provenance") or {}).get("kernel_probe")) for f in fragments]
-    blocks: list[tuple[str, dict[str, Any]]] = [(w, b) for w, b in found if b]
+def _first(fragments: list[EvalResult], part: Callable[[EvalResult], T | None]) -> T | None:
+    """The first process's non-empty ``part`` (None: no process has one)."""
+    return next((v for f in fragments if (v := part(f))), None)
+
+
+def _provenance(fragments: list[EvalResult]) -> ProvenanceBlock | None:
+    """The first process's provenance with the kernel probe of every process in one
+    (:meth:`~dflash_eval.session.run_blocks.KernelProbeBlock.merged`)."""
+    prov = _first(fragments, lambda f: f.provenance)
+    blocks = [(f.worker, f.provenance.kernel_probe) for f in fragments
+              if f.provenance is not None and f.provenance.kernel_probe is not None]
     if not blocks:
-        return None
-    probes: dict[tuple[str, str, str], Any] = {}
-    changed: dict[tuple[str, str], Any] = {}
-    for _, b in blocks:
-        for p in b.get("probes", []):
-            probes.setdefault((p.get("backend"), p.get("dtype"), json.dumps(p.get("shape"), sort_keys=True)), p)
-        for c in b.get("changed", []):
-            changed.setdefault((c.get("label"), c.get("was")), c)
-    return {"seconds": max(b.get("seconds", 0.0) for _, b in blocks), "probes": list(probes.values()),
-            "changed": list(changed.values()), "per_worker": {w: b.get("seconds", 0.0) for w, b in blocks}}
+        return prov
+    return dataclasses.replace(prov or ProvenanceBlock(), kernel_probe=KernelProbeBlock.merged(blocks))
 
 
-def _drift(fragments: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _drift(fragments: list[EvalResult]) -> tuple[list[DriftStat], list[DriftAcceptRow]]:
     """The drift rows (one per comparison, prompt and layer) and the drift τ rows (per comparison and prompt)."""
-    drift: dict[tuple, Any] = {}
-    accept: dict[tuple, Any] = {}
+    drift: dict[tuple[str, str, int], DriftStat] = {}
+    accept: dict[tuple[str, str], DriftAcceptRow] = {}
     for f in fragments:
-        for r in f.get("drift", []):
-            drift[(r["comparison"], r["prompt_id"], r["layer"])] = r
-        for r in f.get("drift_accept", []):
-            accept[(r["comparison"], r["prompt_id"])] = r
+        for r in f.drift or []:
+            drift[(r.comparison, r.prompt_id, r.layer)] = r
+        for a in f.drift_accept or []:
+            accept[(a.comparison, a.prompt_id)] = a
     return list(drift.values()), list(accept.values())
 
 
-def _measurements(fragments: list[dict[str, Any]]) -> dict[str, Any]:
+def _measurements(fragments: list[EvalResult]) -> dict[str, Any]:
     """The registered measurements' blocks: of the blocks of one name, the first non-empty one."""
     out: dict[str, Any] = {}
     for f in fragments:
-        for name, block in (f.get("measurements") or {}).items():
+        for name, block in f.measurements.items():
             if block and name not in out:
                 out[name] = block
     return out
 
 
-def _timings(fragments: list[dict[str, Any]], wall_s: float | None) -> dict[str, Any]:
+def _compile(fragments: list[EvalResult]) -> Compile | None:
+    """The GPU kernel compilation of every process, summed (of their blocks as each process writes it), with the
+    first process's kernel cache (None: no process compiled under a watch)."""
+    done = [f for f in fragments if f.compile is not None]
+    if not done:
+        return None
+    total = Compilation.merged([f.compile.to_dict() for f in done if f.compile is not None])
+    where = next((f.kernel_cache for f in done if f.kernel_cache is not None), None)
+    return Compile.from_dict({**total.to_dict(), "kernel_cache": None if where is None else where.to_dict()})
+
+
+def _timings(fragments: list[EvalResult], wall_s: float | None) -> Timings:
     """The run's wall time, every stage's seconds summed over processes, per worker, the workers' spans, and the GPU
     kernel compilation inside those stages (summed, with where the kernel cache was)."""
     total: dict[str, float] = defaultdict(float)
     for f in fragments:
-        for k, v in f.get("timings", {}).items():
+        for k, v in f.timings.items():
             total[k] += v
-    out = {"wall_s": None if wall_s is None else round(wall_s, 3),
-           "sum": {k: round(v, 3) for k, v in sorted(total.items())},
-           "per_worker": {f.get("worker", "?"): f.get("timings", {}) for f in fragments},
-           "spans": {f.get("worker", "?"): f.get("spans", []) for f in fragments if f.get("spans")}}
-    blocks = [f["compile"] for f in fragments if f.get("compile")]
-    if blocks:
-        cache = next((b["kernel_cache"] for b in blocks if b.get("kernel_cache")), None)
-        out["compile"] = {**Compilation.merged(blocks).to_dict(), "kernel_cache": cache}
-    return out
+    return Timings(wall_s=None if wall_s is None else round(wall_s, 3),
+                   sum={k: round(v, 3) for k, v in sorted(total.items())},
+                   per_worker={f.worker: dict(f.timings) for f in fragments},
+                   spans={f.worker: [list(sp) for sp in f.spans] for f in fragments if f.spans},
+                   compile=_compile(fragments))
 
 
-def not_checked(skipped: dict[str, str]) -> list[dict[str, Any]]:
+def not_checked(skipped: dict[str, str]) -> list[NotChecked]:
     """What a run did not check: its skipped suite tests grouped by reason (``reason``, ``tests``: how many, ``first``:
     one node id), in the order first met."""
     groups: dict[str, list[str]] = {}
     for nodeid, reason in skipped.items():
         groups.setdefault(reason, []).append(nodeid)
-    return [{"reason": reason, "tests": len(ids), "first": ids[0]} for reason, ids in groups.items()]
+    return [NotChecked(reason=reason, tests=len(ids), first=ids[0]) for reason, ids in groups.items()]
 
 
-def merge(fragments: list[dict[str, Any]], *, outcomes: dict[str, str] | None = None,
-          skipped: dict[str, str] | None = None, wall_s: float | None = None) -> dict[str, Any]:
-    """Merge per-process fragments (identical measurements from several workers are de-duplicated); ``outcomes``
-    and ``skipped`` (node id -> skip reason) of the suite's tests go to ``tests`` and ``not_checked``."""
-    out: dict[str, Any] = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    for key in ("settings", "target", "drafter", "provenance", "context", "fingerprint", "sglang", "baseline",
-                "drift_budget", "speedup"):
-        for f in fragments:
-            if f.get(key):
-                out[key] = f[key]
-                break
-    prompts: dict[str, Any] = {}
-    for f in fragments:
-        prompts.update(f.get("prompts", {}))
-    order = [p for f in fragments for p in f.get("prompts", {})]
-    out["prompts"] = {p: prompts[p] for p in dict.fromkeys(order)}
-    try:  # the merged rows, read as the result's typed rows: the statistics and the verdict read nothing else
-        rows = rows_from_dict(PromptRow, out["prompts"])
-    except ResultKeyError as exc:
-        raise exc.under("prompts") from None
-    for key in _MEANS:
-        for f in fragments:
-            if key in f:
-                out[key] = f[key]
-                break
-    refusal = next((f["drafter"]["refused"] for f in fragments if (f.get("drafter") or {}).get("refused")), None)
-    if refusal:  # the first fragment may come from a process that never needed the drafter
-        out["drafter"] = {**out.get("drafter", {}), "refused": refusal}
+def merge(fragments: list[EvalResult], *, outcomes: dict[str, str] | None = None,
+          skipped: dict[str, str] | None = None, wall_s: float | None = None) -> RunResult:
+    """The run's result of the processes' results (module docstring: identical measurements from several processes
+    are de-duplicated); ``outcomes`` and ``skipped`` (node id -> skip reason) of the suite's tests go to ``tests``
+    and ``not_checked``. Its ``to_dict()`` is eval.json's data (the run's end adds ``rejected`` and ``verdict``)."""
+    taus = [f.tau for f in fragments if f.tau is not None]
+    prompts: dict[str, PromptRow] = {}
+    for t in taus:
+        prompts.update(t.prompts)
+    order = [p for t in taus for p in t.prompts]
+    rows = {p: dataclasses.replace(prompts[p]) for p in dict.fromkeys(order)}  # the run's own rows: judged again
+    drafter = _first(fragments, lambda f: f.drafter)
+    refusal = _first(fragments, lambda f: None if f.drafter is None else f.drafter.refused)
+    if refusal and drafter is not None:  # the first fragment may come from a process that never needed the drafter
+        drafter = dataclasses.replace(drafter, refused=refusal)
     means = None
-    if "mean_tau" in out:
+    if taus:
+        first = taus[0]
         # the other τ of the same rounds: pooled over every round (mean_tau and mean_ddtree are macro means)
-        pooled, pooled_ddtree = pooled_means(rows)
-        means = TauMeans.from_dict({**{k: out[k] for k in _MEANS}, "mean_tau_pooled": pooled,
-                                    "mean_ddtree_pooled": pooled_ddtree, "tau_definitions": dict(TAU_DEFINITIONS)})
+        pooled, pooled_dd = pooled_means(rows)
+        pooled_ddtree: dict[str, float | None] = dict(pooled_dd)
+        means = TauMeans(mean_tau=first.mean_tau, mean_floor=first.mean_floor, mean_ddtree=dict(first.mean_ddtree),
+                         mean_ddtree_floor=dict(first.mean_ddtree_floor), mean_tau_pooled=pooled,
+                         mean_ddtree_pooled=pooled_ddtree, tau_definitions=dict(TAU_DEFINITIONS))
+    passed = None
     if means is not None or refusal:  # the verdict's: a refused drafter never passes
-        out["mean_passed"] = mean_passed([Refusal.from_dict(r) for r in refusal or []], means)
-    if means is not None:
-        out["mean_tau_pooled"], out["mean_ddtree_pooled"] = means.mean_tau_pooled, means.mean_ddtree_pooled
-        out["tau_definitions"] = means.tau_definitions
-    cats = next((f["categories"] for f in fragments if f.get("categories")), None)
+        passed = mean_passed(refusal or [], means)
+    cats = _first(fragments, lambda f: None if f.tau is None else f.tau.categories)
     if cats is None and rows:
-        cats = rows_to_dict(category_rows(rows, None))
-    if cats is not None:
-        out["categories"] = cats
+        cats = category_rows(rows, None)
     sampled = sampled_summary(rows)  # --temperature > 0: the mean over prompts of the means over samples
-    if sampled is not None:
-        out["sampled"] = sampled
-    convs = next((f for f in fragments if f.get("conversations")), None)
-    if convs is not None:
-        out["conversations"], out["turns"] = convs["conversations"], convs.get("turns", {})
-    elif any(r.conversation for r in rows.values()):
-        out["conversations"] = rows_to_dict(rows_from_dict(ConversationRow, conversation_table(rows)))
-        out["turns"] = rows_to_dict(rows_from_dict(TurnRow, turn_table(rows)))
-    out["drift"], out["drift_accept"] = _drift(fragments)
-    probes = _kernel_probes(fragments)
-    if probes is not None:
-        out["provenance"] = {**out.get("provenance", {}), "kernel_probe": probes}
-    gate = {(r["comparison"], r["layer"]): r for f in fragments for r in f.get("drift_gate", [])}
-    if gate or "drift_budget" in out:
-        out["drift_gate"] = list(gate.values())
-    measurements = _measurements(fragments)
-    if measurements:
-        out["measurements"] = measurements
-    ties = {(d["prompt_id"], d["against"]): d for f in fragments for d in f.get("near_ties") or []}
-    if ties:  # every process judges its own tests' prompts: one row per prompt and comparison
-        out["near_ties"] = [ties[k] for k in sorted(ties)]
-    out["timings"] = _timings(fragments, wall_s)
-    out["counts"] = {f.get("worker", "?"): f.get("counts", {}) for f in fragments}
-    out["cache"] = {f.get("worker", "?"): f.get("cache", {}) for f in fragments}
+    convs = next((t for t in taus if t.conversations), None)
+    conversations, turns = (convs.conversations, convs.turns) if convs is not None else (None, None)
+    if convs is None and any(r.conversation for r in rows.values()):
+        conversations = rows_from_dict(ConversationRow, conversation_table(rows))
+        turns = rows_from_dict(TurnRow, turn_table(rows))
+    drift, drift_accept = _drift(fragments)
+    budget = _first(fragments, lambda f: f.drift_budget)
+    gate: dict[tuple[str, int], GateCheck] = {(r.comparison, r.layer): r for f in fragments for r in f.drift_gate or []}
+    ties: dict[tuple[str, str], Divergence] = {(d.prompt_id, d.against): d for f in fragments for d in f.near_ties}
     oc = dict(outcomes or {})
-    out["tests"] = {"counts": dict(Counter(oc.values())), "outcomes": oc, "skipped": dict(skipped or {})}
-    if skipped:
-        out["not_checked"] = not_checked(skipped)
-    drafter = DrafterBlock.from_dict(out["drafter"]) if out.get("drafter") else None
-    named = diagnoses(rows, means, drafter)
-    if named:
-        out["diagnoses"] = named
-    return out
+    return RunResult(
+        schema=SCHEMA, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), prompts=rows, drift=drift,
+        drift_accept=drift_accept, timings=_timings(fragments, wall_s),
+        tests=Tests(counts=dict(Counter(oc.values())), outcomes=oc, skipped=dict(skipped or {})),
+        settings=_first(fragments, lambda f: f.settings), target=_first(fragments, lambda f: f.target),
+        drafter=drafter, provenance=_provenance(fragments), context=_first(fragments, lambda f: f.context),
+        fingerprint=_first(fragments, lambda f: f.fingerprint), sglang=_first(fragments, lambda f: f.sglang),
+        baseline=_first(fragments, lambda f: f.baseline), drift_budget=budget,
+        speedup=_first(fragments, lambda f: f.speedup), tau=means, mean_passed=passed, categories=cats,
+        sampled=None if sampled is None else SampledBlock.from_dict(sampled), conversations=conversations,
+        turns=turns, drift_gate=list(gate.values()) if gate or budget is not None else None,
+        measurements=_measurements(fragments) or None,
+        near_ties=[ties[k] for k in sorted(ties)] or None,  # every process judges its own tests' prompts
+        counts={f.worker: f.counts for f in fragments}, cache={f.worker: f.cache for f in fragments},
+        not_checked=not_checked(skipped) if skipped else None,
+        diagnoses=diagnoses(rows, means, drafter) or None)

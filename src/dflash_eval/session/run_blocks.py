@@ -13,6 +13,8 @@ witness's checks keep the layout their writers (:mod:`dflash_eval.target.kernel_
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,14 +105,30 @@ class KernelChange(Row):
 
 @dataclass
 class KernelProbeBlock(Row):
-    """The kernel probe of the run's processes (:func:`dflash_eval.session.merge.merge` of each process's): the
-    slowest process's seconds, each probe once (the layout :mod:`dflash_eval.target.kernel_registry` owns), every
-    kernel change any process noticed, the seconds per worker."""
+    """The kernel probe of one process (its seconds, its probes, the kernel changes it noticed; no ``per_worker``)
+    or of the run's processes (:meth:`merged`): the slowest process's seconds, each probe once (the layout
+    :mod:`dflash_eval.target.kernel_registry` owns), every kernel change any process noticed, the seconds per
+    worker."""
 
     seconds: float | None = field(default=None, metadata=OPTIONAL, kw_only=True)  # first, as the probe writes it
     probes: list[dict[str, Any]]
     changed: list[KernelChange]
     per_worker: dict[str, float] | None = _opt()
+
+    @classmethod
+    def merged(cls, blocks: Sequence[tuple[str, KernelProbeBlock]]) -> KernelProbeBlock:
+        """The run's kernel probe of each process's (worker, block): each (backend, dtype, probe shape) probe once
+        (every process probes its own kernels), each change (label, digest it was) once, the probe time per
+        worker."""
+        probes: dict[tuple[Any, Any, str], dict[str, Any]] = {}
+        changed: dict[tuple[str, str | None], KernelChange] = {}
+        for _, b in blocks:
+            for p in b.probes:  # the registry's layout: the probe's key fields
+                probes.setdefault((p.get("backend"), p.get("dtype"), json.dumps(p.get("shape"), sort_keys=True)), p)
+            for c in b.changed:
+                changed.setdefault((c.label, c.was), c)
+        return cls(seconds=max(b.seconds or 0.0 for _, b in blocks), probes=list(probes.values()),
+                   changed=list(changed.values()), per_worker={w: b.seconds or 0.0 for w, b in blocks})
 
 
 @dataclass

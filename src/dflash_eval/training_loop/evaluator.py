@@ -49,7 +49,6 @@ from dflash_eval.references.server_link import ServerLink
 from dflash_eval.session.eval_result import EvalResult
 from dflash_eval.session.eval_session import EvalSession
 from dflash_eval.session.reference_drafter import ReferenceTau
-from dflash_eval.session.run_result import Speedup
 from dflash_eval.training_loop.drafter_input import (
     DrafterConfigSource,
     DrafterInput,
@@ -220,8 +219,7 @@ class Evaluator:
             raise ResultRejected(*rejected[0])
         # the checkpoint's verdict, composed once: its floors (unjudged, not failed, when there are none), --baseline
         # and --speedup-floor; the record adds the verdicts across steps
-        speedup = None if result.speedup is None else Speedup.from_dict(result.speedup)
-        verdict = result.tau.verdict(session.floors, floors_required=False, speedup=speedup)
+        verdict = result.tau.verdict(session.floors, floors_required=False, speedup=result.speedup)
         for notice in verdict.notices:  # e.g. floors that judge nothing: said once per evaluator
             if notice not in self._warned:
                 self._warned.add(notice)
