@@ -315,6 +315,19 @@ def test_judge_run_rejudges_after_floors_change():
     assert _same(data.to_dict(), first)
 
 
+def test_judge_run_keeps_a_refused_drafter_failing():
+    """Floors rewritten after a run (``--update-tau-floors``) judge the prompts again, never the refusal: a drafter
+    an architecture check refused fails the mean whatever its floors."""
+    prompts = {"a": row(2.0, {"8": 2.5}), "b": row(3.0, {"8": 3.5}, "chat")}
+    refused = {"path": "ckpt", "fingerprint": "f", "config": {}, "refused": [{"check": "fc_shape", "message": "m"}]}
+    run = merge([fragment(prompts=rows_to_dict(prompts), mean_tau=2.5, mean_ddtree={"8": 3.0}, mean_floor=None,
+                          mean_ddtree_floor={"8": None}, drafter=refused)])
+    assert run.mean_passed is False
+    data = run.judged(Floors(prompt_override=1.0))
+    assert [r.passed for r in data.prompts.values()] == [True, True] and data.tau.mean_floor == 1.0
+    assert data.mean_passed is False
+
+
 def test_judge_run_with_tau_floor_alone_judges_only_the_mean():
     data = _run().judged(Floors(mean_override=2.0))
     assert [r.passed for r in data.prompts.values()] == [None, None, None]  # NaN prompt too: not gated

@@ -41,7 +41,14 @@ from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.speedup import Prediction
 from dflash_eval.metrics.stats import category_table, ddtree_budgets
-from dflash_eval.metrics.verdict import Verdict, judge_categories, judge_mean, judge_prompts, stored_verdict
+from dflash_eval.metrics.verdict import (
+    Verdict,
+    judge_categories,
+    judge_mean,
+    judge_prompts,
+    mean_passed,
+    stored_verdict,
+)
 from dflash_eval.session.blocks import (
     BaselineBlock,
     CostsBlock,
@@ -281,9 +288,10 @@ class RunResult:
         kw: dict[str, Any] = {"prompts": prompts}
         if self.tau is not None:
             mean = judge_mean(self.tau.mean_tau, self.tau.mean_ddtree, floors)
-            kw["tau"] = dataclasses.replace(self.tau, mean_floor=mean.mean_floor,
-                                            mean_ddtree_floor=mean.mean_ddtree_floor)
-            kw["mean_passed"] = mean.passed
+            kw["tau"] = tau = dataclasses.replace(self.tau, mean_floor=mean.mean_floor,
+                                                  mean_ddtree_floor=mean.mean_ddtree_floor)
+            refusals = [] if self.drafter is None else self.drafter.refused or []
+            kw["mean_passed"] = mean_passed(refusals, tau)  # a refused drafter never passes, whatever its floors
         if prompts:
             kw["categories"] = category_rows(prompts, floors)
         return dataclasses.replace(self, **kw)
