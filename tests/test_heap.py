@@ -23,6 +23,7 @@ def freezes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
     calls: list[bool] = []
     monkeypatch.setattr(heap.gc, "freeze", lambda: calls.append(True))
     monkeypatch.setattr(heap, "_OWNED", False)
+    monkeypatch.setattr(heap, "_FREEZE_AT_EXIT", True)  # registered already: the test process's exit stays as it was
     was = gc.isenabled()
     gc.enable()
     yield calls

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dflash_eval.common import heap
 from dflash_eval.pytest_plugin import state
 
 
@@ -27,7 +28,7 @@ def frozen(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Records each ``gc.freeze`` the rule makes; a session was held (the plugin registered its exit freeze)."""
     calls: list[bool] = []
     monkeypatch.setattr(state.gc, "freeze", lambda: calls.append(True))
-    monkeypatch.setattr(state, "_FREEZE_REGISTERED", True)
+    monkeypatch.setattr(heap, "_FREEZE_AT_EXIT", True)
     monkeypatch.setattr(state, "_CONFIGS", [])
     return calls
 
@@ -80,7 +81,7 @@ def test_a_run_inside_another_run_keeps_the_heap_until_the_outer_one_ends(monkey
 
 
 def test_a_run_that_held_no_session_does_not_freeze(monkeypatch: pytest.MonkeyPatch, frozen: list[bool]) -> None:
-    monkeypatch.setattr(state, "_FREEZE_REGISTERED", False)
+    monkeypatch.setattr(heap, "_FREEZE_AT_EXIT", False)
     _main_as(monkeypatch, "pytest.__main__")
     config = _config()
     state.enter_config(config)

@@ -3,7 +3,6 @@ session, the SGLang service, the results of workers and the test outcomes."""
 
 from __future__ import annotations
 
-import atexit
 import gc
 import os
 from pathlib import Path
@@ -11,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from dflash_eval.common.heap import COMMAND_ENTRIES, importing, own_process, started_as
+from dflash_eval.common.heap import (
+    COMMAND_ENTRIES,
+    freeze_at_exit,
+    freezes_at_exit,
+    importing,
+    own_process,
+    started_as,
+)
 from dflash_eval.errors import DFlashEvalError
 from dflash_eval.options.settings import EvalSettings, resolve, worker_info
 from dflash_eval.pytest_plugin.progress_reporter import progress_sink
@@ -76,26 +82,8 @@ def get_session(config: pytest.Config) -> EvalSession:
         session = EvalSession(settings, worker=(name, index, count), progress=progress_sink(config),
                               server=ServerLink())
         config.stash[SESSION] = session
-        _freeze_heap_at_exit()
+        freeze_at_exit()  # a process that held a session ends with the torch/transformers heap in memory
     return config.stash[SESSION]
-
-
-_FREEZE_REGISTERED = False
-
-
-def _freeze_heap_at_exit() -> None:
-    """At interpreter exit, move every object to the garbage collector's permanent generation (``gc.freeze``).
-
-    A process that held the session ends with the heap of torch and transformers (and the models) in memory; the
-    interpreter's shutdown then runs full garbage collections over all of it while it tears the modules down: about
-    1 s of a suite run's exit on the bundled fixtures, 0.4 s with the heap frozen (objects are still freed by their
-    reference counts; only cycles left at exit are not collected, which the interpreter never promises). Registered
-    once per process, and only run at its exit (never inside a longer-lived process, e.g. pytester's in-process
-    runs)."""
-    global _FREEZE_REGISTERED
-    if not _FREEZE_REGISTERED:
-        _FREEZE_REGISTERED = True
-        atexit.register(gc.freeze)
 
 
 _CONFIGS: list[pytest.Config] = []  # the configs of this process's pytest runs, outermost first
@@ -125,7 +113,7 @@ def freeze_heap_if_ending(config: pytest.Config) -> None:
     object caught in a reference cycle and left until the run's end; exceptions raised while the tests run are
     reported at each test as before."""
     _CONFIGS[:] = [c for c in _CONFIGS if c is not config]
-    if _FREEZE_REGISTERED and _ends_with(config):
+    if freezes_at_exit() and _ends_with(config):
         gc.freeze()
 
 
