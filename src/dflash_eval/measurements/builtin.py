@@ -4,7 +4,8 @@ those registered in code (:func:`dflash_eval.measurements.registry.register`), l
 The built-in ones: ``tau`` (chain and DDTree τ on the greedy references, per feature side), ``tau_sampled`` (τ on
 the sampled references at temperature > 0), ``drift_budget`` (the drafter's drift budget), ``online`` and
 ``online_sampled`` (the real speculative loop on the greedy or sampled references), ``round_costs`` (the costs
-of a speculative round and of a plain decoding step, timed on the run's device: the predicted speed-up).
+of a speculative round and of a plain decoding step, timed on the run's device: the predicted speed-up),
+``layer_drift`` (one side's features against another's, per prompt and target layer: the drift checks).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from dflash_eval.errors import ConfigError
 from dflash_eval.measurements.budget_ladder import DRIFT_BUDGET
+from dflash_eval.measurements.layer_drift import LAYER_DRIFT
 from dflash_eval.measurements.online_greedy import ONLINE
 from dflash_eval.measurements.online_sampled import ONLINE_SAMPLED
 from dflash_eval.measurements.registry import Measurement, register, registered_here
@@ -22,13 +24,13 @@ from dflash_eval.measurements.tau_greedy import TAU
 from dflash_eval.measurements.tau_sampled import TAU_SAMPLED
 
 __all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "registered", "spec", "TAU", "TAU_SAMPLED", "DRIFT_BUDGET", "ONLINE",
-           "ONLINE_SAMPLED", "ROUND_COSTS"]
+           "ONLINE_SAMPLED", "ROUND_COSTS", "LAYER_DRIFT"]
 
 ENTRY_POINT_GROUP = "dflash_eval.measurements"
 
 #: The built-in measurements by name (each reached by reference where the suite asks for it: ``ev.measure(TAU, ...)``).
 BUILTIN: dict[str, Measurement[Any, Any]] = {m.name: m for m in (TAU, TAU_SAMPLED, DRIFT_BUDGET, ONLINE,
-                                                                 ONLINE_SAMPLED, ROUND_COSTS)}
+                                                                 ONLINE_SAMPLED, ROUND_COSTS, LAYER_DRIFT)}
 _loaded = False
 
 

@@ -22,11 +22,20 @@ from dflash_eval.errors import DrafterRefused
 from dflash_eval.features.feature_store import Features, FeatureStore
 from dflash_eval.inputs.prompt_view import PromptView
 from dflash_eval.inputs.run_inputs import Inputs
-from dflash_eval.measurements.builtin import DRIFT_BUDGET, ONLINE, ONLINE_SAMPLED, TAU, TAU_SAMPLED, registered, spec
+from dflash_eval.measurements.builtin import (
+    DRIFT_BUDGET,
+    LAYER_DRIFT,
+    ONLINE,
+    ONLINE_SAMPLED,
+    TAU,
+    TAU_SAMPLED,
+    registered,
+    spec,
+)
 from dflash_eval.measurements.online_greedy import OnlineTau
 from dflash_eval.measurements.registry import Measurement, Runner, SpecRef
 from dflash_eval.measurements.tau_greedy import PromptTau
-from dflash_eval.metrics.drift import Comparison, LayerDrift, Side, layer_drift
+from dflash_eval.metrics.drift import Comparison, LayerDrift, Side
 from dflash_eval.metrics.drift_budget import DriftBudget, gate_check
 from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.options.settings import EvalSettings
@@ -66,7 +75,6 @@ class DrafterEvaluation:
         self.sampled_references = sampled_references or SampledReferences(inputs, references)
         self.runner = Runner(self, lookup)
         self._drift: dict[str, Drift] = {}
-        self._layer_drifts: dict[tuple[Side, Side], dict[str, dict[int, LayerDrift]]] = {}
         self._checkpoint: Checkpoint | None = checkpoint
         self._live = live
         self._drafter: DFlashDrafter | None = None
@@ -264,13 +272,10 @@ class DrafterEvaluation:
 
     def layer_drifts(self, a: Side, b: Side) -> dict[str, dict[int, LayerDrift]]:
         """:func:`~dflash_eval.metrics.drift.layer_drift` of side ``a``'s features against side ``b``'s, by prompt
-        and target layer; computed once per pair of sides (a comparison's statistics and the drift budget's
-        direction read the same pair)."""
-        if (a, b) not in self._layer_drifts:
-            fa, fb = self.features(a), self.features(b)
-            self._layer_drifts[(a, b)] = {p.id: {i: layer_drift(fa[p.id][i], fb[p.id][i]) for i in self.layer_ids}
-                                          for p in self.inputs.prompts}
-        return self._layer_drifts[(a, b)]
+        and target layer (the ``layer_drift`` measurement: cached, keyed by both sides' feature entries); one value
+        per pair of sides (a comparison's statistics and the drift budget's direction read the same pair)."""
+        self._check_layers()
+        return self.measure(LAYER_DRIFT, a=a, b=b)
 
     @property
     def drifts(self) -> dict[str, Drift]:

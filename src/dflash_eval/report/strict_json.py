@@ -12,10 +12,15 @@ from typing import Any
 
 __all__ = ["strict", "dumps_strict"]
 
+#: The exact types :func:`strict` returns unchanged (their subclasses go through its checks).
+_AS_IS = frozenset({str, int, bool, type(None)})
+
 
 def strict(obj: object) -> Any:
     """``obj`` with every non-finite float replaced by None, tuples and sets as lists, paths as strings, and
     mapping keys as strings."""
+    if type(obj) in _AS_IS:  # most of a report: kept as it is, without the checks below
+        return obj
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
