@@ -101,10 +101,12 @@ def _levels(b: DriftBudgetBlock) -> list[BudgetLevel]:
     return sorted(levels, key=lambda lv: lv.injected_rel_err)
 
 
-def write_budget_plot(result: RunResult, path: Path, store: Path | None = None) -> Path | None:
+def write_budget_plot(result: RunResult, path: Path, store: Path | None = None, *,
+                      source: str | None = None) -> Path | None:
     """Write the plot (None when the result holds no drift budget), drawn once
-    (:func:`~dflash_eval.report.plot.draw_once`, ``store``: the cache folder's plots)."""
-    return draw_once(path, result, budget_figure, store)
+    (:func:`~dflash_eval.report.plot.draw_once`, ``store``: the cache folder's plots; ``source``: the result's
+    :func:`~dflash_eval.report.plot.plot_source`, made already)."""
+    return draw_once(path, result, budget_figure, store, source=source)
 
 
 def _series(ax: Axes, key: str, levels: Sequence[BudgetLevel], *, main: bool, marker: str, color: str,

@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["write_plot", "eval_figure", "save_png", "draw_once", "plot_stamp", "worst_rows",
+__all__ = ["write_plot", "eval_figure", "save_png", "draw_once", "plot_stamp", "plot_source", "worst_rows",
            "WORST_SHOWN", "STAMP_KEY"]
 
 #: The PNG text key of a plot's stamp (:func:`plot_stamp`).
@@ -172,26 +172,32 @@ def eval_figure(result: RunResult) -> Figure | None:
     return fig
 
 
-def write_plot(result: RunResult, path: Path, store: Path | None = None) -> Path | None:
+def write_plot(result: RunResult, path: Path, store: Path | None = None, *, source: str | None = None) -> Path | None:
     """Write eval.png for the run's ``result`` (None when it has no prompts), drawn once (:func:`draw_once`,
-    ``store``: the cache folder's plots)."""
-    return draw_once(path, result, eval_figure, store)
+    ``store``: the cache folder's plots; ``source``: the result's :func:`plot_source`, made already)."""
+    return draw_once(path, result, eval_figure, store, source=source)
 
 
-def plot_stamp(data: dict[str, Any], build: Callable[[Any], Figure | None]) -> str:
-    """What a plot is drawn from: the figure's builder, matplotlib's version and ``data`` without its volatile
-    fields (:data:`_VOLATILE`), the report folder it is written to and whether the speed-up's costs were read from
-    the cache (a warm run's numbers are a cold run's), as a sha256."""
-    try:
-        version = metadata.version("matplotlib")
-    except metadata.PackageNotFoundError:
-        version = "?"
+def plot_source(data: dict[str, Any]) -> str:
+    """What every plot of a run is drawn from, as text: eval.json's ``data`` without its volatile fields
+    (:data:`_VOLATILE`), the report folder it is written to and whether the speed-up's costs were read from the cache
+    (a warm run's numbers are a cold run's). Made once per run for all of its plots (:func:`draw_once`)."""
     drawn = {k: v for k, v in data.items() if k not in _VOLATILE}
     if isinstance(drawn.get("settings"), dict):  # the same numbers written to another folder: the same plot
         drawn["settings"] = {k: v for k, v in drawn["settings"].items() if k != "report_dir"}
     if isinstance(drawn.get("speedup"), dict):
         drawn["speedup"] = {k: v for k, v in drawn["speedup"].items() if k != "cached"}
-    body = json.dumps(drawn, sort_keys=True, default=str)
+    return json.dumps(drawn, sort_keys=True, default=str)
+
+
+def plot_stamp(data: dict[str, Any], build: Callable[[Any], Figure | None], *, source: str | None = None) -> str:
+    """What a plot is drawn from: the figure's builder, matplotlib's version and :func:`plot_source` of ``data``
+    (``source``: that text, made already), as a sha256."""
+    try:
+        version = metadata.version("matplotlib")
+    except metadata.PackageNotFoundError:
+        version = "?"
+    body = plot_source(data) if source is None else source
     return hashlib.sha256(f"{build.__module__}.{build.__qualname__}\n{version}\n{body}".encode()).hexdigest()
 
 
@@ -214,12 +220,12 @@ PLOT_STORE_KEEP = 48
 
 
 def draw_once(path: Path, result: RunResult, build: Callable[[RunResult], Figure | None],
-              store: Path | None = None) -> Path | None:
+              store: Path | None = None, *, source: str | None = None) -> Path | None:
     """The plot ``build(result)`` at ``path``: kept as it is when ``path`` holds the plot drawn from the same data
-    (:func:`plot_stamp` of the result's eval.json data), else copied from ``store`` (a folder of plots by stamp, in
-    the cache folder) when it holds that plot, else drawn and written with that stamp, and kept in ``store`` too
-    (None: nothing to plot)."""
-    stamp = plot_stamp(result.to_dict(), build)
+    (:func:`plot_stamp` of the result's eval.json data; ``source``: its :func:`plot_source`, made once for the run's
+    plots), else copied from ``store`` (a folder of plots by stamp, in the cache folder) when it holds that plot, else
+    drawn and written with that stamp, and kept in ``store`` too (None: nothing to plot)."""
+    stamp = plot_stamp({}, build, source=plot_source(result.to_dict()) if source is None else source)
     if _stamp_of(path) == stamp:
         return path
     kept = None if store is None else store / f"{stamp}.png"

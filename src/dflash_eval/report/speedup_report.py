@@ -247,7 +247,9 @@ def speedup_figure(result: RunResult) -> Figure | None:
     return fig
 
 
-def write_speedup_plot(result: RunResult, path: Path, store: Path | None = None) -> Path | None:
+def write_speedup_plot(result: RunResult, path: Path, store: Path | None = None, *,
+                       source: str | None = None) -> Path | None:
     """Write ``speedup.png`` (None when the result holds no prediction), drawn once
-    (:func:`~dflash_eval.report.plot.draw_once`, ``store``: the cache folder's plots)."""
-    return draw_once(path, result, speedup_figure, store)
+    (:func:`~dflash_eval.report.plot.draw_once`, ``store``: the cache folder's plots; ``source``: the result's
+    :func:`~dflash_eval.report.plot.plot_source`, made already)."""
+    return draw_once(path, result, speedup_figure, store, source=source)

@@ -22,7 +22,7 @@ from dflash_eval.metrics.floors import load_floors
 from dflash_eval.metrics.verdict import run_verdict
 from dflash_eval.report.budget_plot import write_budget_plot
 from dflash_eval.report.html_report import HTML_NAME, write_html
-from dflash_eval.report.plot import write_plot
+from dflash_eval.report.plot import plot_source, write_plot
 from dflash_eval.report.render import render_markdown
 from dflash_eval.report.samples import SAMPLES_NAME, write_samples
 from dflash_eval.report.speedup_report import SPEEDUP_PLOT, write_speedup_plot
@@ -68,13 +68,15 @@ def _write_reports(result: RunResult, report_dir: Path, recorded: bool,
                    plot_store: Path | None) -> tuple[dict[str, Path], str]:
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": report_dir / "eval.json", "md": report_dir / "eval.md"}
-    atomic_write_text(paths["json"], dumps_strict(result.to_dict()) + "\n")  # NaN -> null (schema: eval.schema.json)
+    data = result.to_dict()
+    atomic_write_text(paths["json"], dumps_strict(data) + "\n")  # NaN -> null (schema: eval.schema.json)
     md = render_markdown(result)
     atomic_write_text(paths["md"], md)
+    source = plot_source(data)  # what every plot is drawn from, made once
     plots: tuple[tuple[str, str, Callable[[Path], Path | None]], ...] = (
-        ("png", "eval.png", lambda out: write_plot(result, out, plot_store)),
-        ("budget_png", "drift_budget.png", lambda out: write_budget_plot(result, out, plot_store)),
-        ("speedup_png", SPEEDUP_PLOT, lambda out: write_speedup_plot(result, out, plot_store)))
+        ("png", "eval.png", lambda out: write_plot(result, out, plot_store, source=source)),
+        ("budget_png", "drift_budget.png", lambda out: write_budget_plot(result, out, plot_store, source=source)),
+        ("speedup_png", SPEEDUP_PLOT, lambda out: write_speedup_plot(result, out, plot_store, source=source)))
     for key, name, plot in plots:
         written = plot(report_dir / name)
         if written is not None:
