@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash_eval.errors import ResultKeyError
 from dflash_eval.measurements.round_costs import ROUND_COSTS
 from dflash_eval.metrics.speedup import (
     RoundCosts,
@@ -155,10 +156,21 @@ def test_block_names_the_best_strategy_and_judges_the_floor() -> None:
 
 
 def test_costs_round_trip_through_strict_json() -> None:
-    c = costs(spread={"step": math.nan, "verify": 0.1})
-    back = RoundCosts.from_dict(json.loads(dumps_strict(c.to_dict())))
+    """eval.json's ``speedup.costs`` is the costs' own dict (strict JSON: a part not timed written as null), read back
+    as the same costs (NaN, int budgets, pairs as tuples) and written again key for key; a key the costs do not know
+    or lack is one error naming it."""
+    c = costs(spread={"step": math.nan, "verify": 0.1}, draft_full=math.nan, project=(math.nan, math.nan))
+    held = json.loads(dumps_strict(c.to_dict()))
+    assert held["draft_full"] is None and held["project"] == [None, None] and held["tree_verify"]["8"] == 0.017
+    back = RoundCosts.from_dict(held)
     assert back.tree_verify == c.tree_verify and back.commit == c.commit and back.step == c.step
-    assert math.isnan(back.spread["step"]) and back.budgets == (4, 8)
+    assert math.isnan(back.spread["step"]) and back.budgets == (4, 8) and math.isnan(back.draft_full)
+    assert isinstance(back.project, tuple) and math.isnan(back.project[1])
+    assert json.loads(dumps_strict(back.to_dict())) == held and list(back.to_dict()) == list(held)
+    with pytest.raises(ResultKeyError, match="unknown key 'colour'"):
+        RoundCosts.from_dict({**held, "colour": 1})
+    with pytest.raises(ResultKeyError, match="missing key 'forward_2'"):
+        RoundCosts.from_dict({k: v for k, v in held.items() if k != "forward_2"})
 
 
 # ------------------------------------------------------------------------------------------------ on a model

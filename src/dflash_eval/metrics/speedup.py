@@ -161,6 +161,8 @@ class RoundCosts:
         return 1.0 / self.step if self.step > 0 else math.nan
 
     def to_dict(self) -> dict[str, Any]:
+        """eval.json's ``speedup.costs`` (and the cache entry's): every field, the budgets' keys as strings, the pairs
+        as lists, a part not timed as NaN (strict JSON writes it as null)."""
         d = asdict(self)
         for k in ("tree_verify", "tree_build", "tree_accept"):
             d[k] = {str(b): v for b, v in d[k].items()}
@@ -169,19 +171,24 @@ class RoundCosts:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RoundCosts:
-        """The costs of :meth:`to_dict` (or of eval.json, where strict JSON wrote a NaN as null)."""
-        kw: dict[str, Any] = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        """The costs of :meth:`to_dict`, as eval.json or the cache entry holds them (strict JSON: a NaN written as
+        null, read back as NaN; the budgets' keys as ints, the pairs as tuples); ResultKeyError naming a key it does
+        not know or lacks."""
+        ResultKeyError.check(d, _COSTS_KEYS)
+        kw: dict[str, Any] = dict(d)
         for k in ("tree_verify", "tree_build", "tree_accept"):
-            kw[k] = {int(b): _num(v) for b, v in (kw.get(k) or {}).items()}
+            kw[k] = {int(b): _num(v) for b, v in kw[k].items()}
         for k in ("commit", "project"):
-            if k in kw:
-                kw[k] = tuple(_num(x) for x in kw[k])
+            kw[k] = tuple(_num(x) for x in kw[k])
         for k in ("step", "draft", "build", "verify", "accept", "draft_full", "snapshot", "forward_2", "forward_b",
                   "seconds"):
-            if k in kw:
-                kw[k] = _num(kw[k])
-        kw["spread"] = {k: _num(v) for k, v in (kw.get("spread") or {}).items()}
+            kw[k] = _num(kw[k])
+        kw["spread"] = {k: _num(v) for k, v in kw["spread"].items()}
         return cls(**kw)
+
+
+#: The keys of eval.json's ``speedup.costs`` (:meth:`RoundCosts.to_dict`: every field).
+_COSTS_KEYS = tuple(f.name for f in fields(RoundCosts))
 
 
 def _num(v: object) -> float:
