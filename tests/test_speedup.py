@@ -26,6 +26,7 @@ from dflash_eval.metrics.speedup import (
     predict,
     round_parts,
     speedup_block,
+    speedup_digest,
 )
 from dflash_eval.metrics.verdict import (
     SPEEDUP_FLOOR,
@@ -174,8 +175,9 @@ def test_costs_round_trip_through_strict_json() -> None:
         RoundCosts.from_dict({k: v for k, v in held.items() if k != "forward_2"})
 
 
-def test_block_round_trips_typed() -> None:
-    """The typed block is eval.json's ``speedup`` (key for key through strict JSON, read back strictly)."""
+def test_block_round_trips_and_digests_typed() -> None:
+    """The typed block is eval.json's ``speedup`` (key for key through strict JSON, read back strictly); the digest
+    the history, the trackers and the gate keep reads it typed."""
     c = costs(draft_full=math.nan)
     block = speedup_block(c, (4.5, (4.0, 5.0)), {8: (5.6, (5.0, 6.2))}, floor=1.5, pooled={"chain": 4.25})
     held = json.loads(dumps_strict(block.to_dict()))
@@ -186,6 +188,13 @@ def test_block_round_trips_typed() -> None:
         Speedup.from_dict({**held, "pooled": {"chain": {**held["pooled"]["chain"], "colour": 1}}})
     with pytest.raises(ResultKeyError, match=r"missing key 'models\.server\.checked'"):
         Speedup.from_dict({**held, "models": {"server": {"name": "n", "module": "m", "what": "w"}}})
+    chain = block.strategies["chain"]
+    assert speedup_digest(block) == {
+        "device": "cpu (test)", "dtype": "float32", "context_len": 192, "chain": chain.speedup,
+        "chain_ci95": chain.speedup_ci, "tokens_per_s": chain.tokens_per_s, "plain_tokens_per_s": 100.0,
+        "ddtree": {"8": block.strategies["ddtree-8"].speedup}, "best": block.best, "best_budget": 8, "floor": 1.5,
+        "passed": None}
+    assert speedup_digest(back) == speedup_digest(block) and speedup_digest(None) is None
 
 
 # ------------------------------------------------------------------------------------------------ on a model

@@ -46,7 +46,8 @@ predictions and the measured costs themselves (no dict between): its ``costs`` a
 costs type: eval.json holds a NaN as null, the budgets' keys as strings, the pairs as lists), its ``strategies`` and
 ``loop`` the :class:`Prediction` records, its ``pooled`` and ``models`` :class:`PooledSpeed` and :class:`LoopModel`.
 Each record writes itself (``to_dict``: eval.json's layout, key for key) and reads itself back strictly
-(``from_dict``: a key it does not know or lacks is one ResultKeyError naming its path).
+(``from_dict``: a key it does not know or lacks is one ResultKeyError naming its path). :func:`speedup_digest` reads
+the typed block into the few numbers the history, the trackers and the gate keep.
 
 Example::
 
@@ -54,7 +55,7 @@ Example::
     p = predict(costs, "chain", 4.3, (4.1, 4.5))
     print(p.speedup, p.speedup_ci, p.tokens_per_s)
     block = speedup_block(costs, (4.3, (4.1, 4.5)), {8: (4.6, (4.3, 4.9))})
-    print(block.best, block.strategies["chain"].speedup)
+    print(block.best, block.strategies["chain"].speedup, speedup_digest(block))
 """
 
 from __future__ import annotations
@@ -466,17 +467,19 @@ def speedup_block(costs: RoundCosts, chain: tuple[float, TauCI], ddtree: Mapping
         passed=None)
 
 
-def speedup_digest(block: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def speedup_digest(block: Speedup | None) -> dict[str, Any] | None:
     """The prediction in a few numbers, as the training history, the trackers and the gate keep it: the device, the
     chain's speed-up with its CI and tokens/s, plain decoding's tokens/s, each DDTree budget's speed-up, the best
     strategy and budget, the floor and its verdict (None without a block)."""
-    if not block:
+    if block is None:
         return None
-    st = block.get("strategies") or {}
-    chain = st.get("chain") or {}
-    return {"device": block.get("device"), "dtype": block.get("dtype"), "context_len": block.get("context_len"),
-            "chain": chain.get("speedup"), "chain_ci95": list(chain.get("speedup_ci") or [None, None]),
-            "tokens_per_s": chain.get("tokens_per_s"), "plain_tokens_per_s": block.get("plain_tokens_per_s"),
-            "ddtree": {str(budget_of(k)): v.get("speedup") for k, v in st.items() if k != "chain"},
-            "best": block.get("best"), "best_budget": block.get("best_budget"), "floor": block.get("floor"),
-            "passed": block.get("passed")}
+    st = block.strategies
+    chain = st["chain"] if "chain" in st else None
+    ci: Sequence[float | None] = (None if chain is None else chain.speedup_ci) or [None, None]
+    return {"device": block.device, "dtype": block.dtype, "context_len": block.context_len,
+            "chain": None if chain is None else chain.speedup,
+            "chain_ci95": list(ci),
+            "tokens_per_s": None if chain is None else chain.tokens_per_s,
+            "plain_tokens_per_s": block.plain_tokens_per_s,
+            "ddtree": {str(budget_of(k)): p.speedup for k, p in st.items() if k != "chain"},
+            "best": block.best, "best_budget": block.best_budget, "floor": block.floor, "passed": block.passed}
