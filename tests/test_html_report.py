@@ -106,7 +106,7 @@ def _whole_run(files: tuple[str, ...]) -> tuple[dict[str, Any], str]:
     frag["drift_accept"] = [{"comparison": c, "prompt_id": "a", "tau_a": 2.0, "tau_b": 2.0, "diff": 0.0, "tol": 0.5,
                              "passed": True, "a": "x", "b": "y"} for c in ("bf16-vs-fp32", "torch-vs-torch-recurrent")]
     frag.update(budget("pass"))
-    frag["speedup"] = speedup_block(costs(), (2.0, (1.8, 2.2)), {8: (2.5, (2.2, 2.8))}, floor=1.0)
+    frag["speedup"] = speedup_block(costs(), (2.0, (1.8, 2.2)), {8: (2.5, (2.2, 2.8))}, floor=1.0).to_dict()
     data = merge([fragment(**frag)]).to_dict()  # eval.json's data, whole: the page's verdict reads it typed
     data["not_checked"] = [{"reason": f"reason number {k}", "tests": k, "first": f"t{k}"} for k in range(1, 7)]
     data["verdict"] = run_verdict(RunResult.from_dict(data)).to_dict()

@@ -16,12 +16,12 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from result_rows import kernel_change, prediction
+from result_rows import costs_block, kernel_change, prediction, speedup_block
 
 from dflash_eval.errors import EvalError
 from dflash_eval.metrics.drift_checks import Direction, DriftStat, GateCheck
 from dflash_eval.metrics.near_tie import Divergence
-from dflash_eval.metrics.speedup import Prediction
+from dflash_eval.metrics.speedup import MODELS, LoopModel, PooledSpeed, Prediction, RoundCosts, Speedup
 from dflash_eval.metrics.verdict import Part, Verdict
 from dflash_eval.report.strict_json import dumps_strict
 from dflash_eval.session.rows import ABSENT, CategoryRow, PromptRow, ResultKeyError, Stat
@@ -71,6 +71,11 @@ MUTATIONS = [
      "unknown key 'speedup.costs.colour'"),
     ("the round costs' missing key", lambda d: d["speedup"]["costs"].pop("forward_b"),
      "missing key 'speedup.costs.forward_b'"),
+    ("the speed-up's unknown key", lambda d: d["speedup"].__setitem__("colour", 1), "unknown key 'speedup.colour'"),
+    ("a pooled speed's unknown key", lambda d: d["speedup"]["pooled"]["chain"].__setitem__("colour", 1),
+     "unknown key 'speedup.pooled.chain.colour'"),
+    ("a loop model's missing key", lambda d: d["speedup"]["models"]["server"].pop("checked"),
+     "missing key 'speedup.models.server.checked'"),
     ("the target's unknown key", lambda d: d["target"].__setitem__("colour", 1), "unknown key 'target.colour'"),
     ("the target's missing identity", lambda d: d["target"].pop("identity"), "missing key 'target.identity'"),
     ("the target's loaded held as null", lambda d: d["target"].__setitem__("loaded", None),
@@ -159,6 +164,11 @@ def test_a_row_refuses_unknown_and_missing_keys():
         PromptRow.from_dict({})
 
 
+#: eval.json's ``speedup.costs`` with every part timed (a part not timed, null, is read back as NaN: test_speedup.py).
+COSTS = costs_block(draft_full=0.006, snapshot=0.001, project=[0.0001, 0.0003], forward_2=0.013, forward_b=0.015,
+                    tree_build={"8": 0.0005}, tree_verify={"8": 0.017}, tree_accept={"8": 0.0002},
+                    spread={"step": 0.02})
+
 #: One record of each kind that reads itself (not a Row): what eval.json holds of it.
 RECORDS = [
     (DriftStat, DriftStat("bf16-vs-fp32", "p", 3, 1e-3, 0.999, 0.5, 1e-2, 0.99).to_dict()),
@@ -168,6 +178,12 @@ RECORDS = [
     (Part, Part("floors", False, ("τ below its floors",)).to_dict()),
     (Verdict, Verdict((Part("floors", True),)).to_dict()),
     (Direction, Direction("bf16-vs-fp32", "torch/float32", "torch/bfloat16", 6e-3, {"bf16-vs-fp32": 6e-3}).to_dict()),
+    (RoundCosts, COSTS),
+    (LoopModel, dict(MODELS["server"])),
+    (PooledSpeed, {"tau": 2.0, "speedup": 2.0, "tokens_per_s": 200.0}),
+    (Speedup, speedup_block(costs=COSTS, strategies={"chain": prediction()}, best="chain", loop={"chain": prediction()},
+                            pooled={"chain": {"tau": 2.0, "speedup": 2.0, "tokens_per_s": 200.0}},
+                            models={k: dict(v) for k, v in MODELS.items()}, floor=1.0, passed=True)),
 ]
 
 

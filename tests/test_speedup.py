@@ -15,15 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash_eval.errors import ResultKeyError
 from dflash_eval.measurements.round_costs import ROUND_COSTS
 from dflash_eval.metrics.speedup import (
     RoundCosts,
+    Speedup,
     best_strategy,
     context_bucket,
     mean_context,
     predict,
     round_parts,
     speedup_block,
+    speedup_digest,
 )
 from dflash_eval.metrics.verdict import (
     SPEEDUP_FLOOR,
@@ -34,19 +37,18 @@ from dflash_eval.metrics.verdict import (
     speedup_floor_reason,
 )
 from dflash_eval.report.strict_json import dumps_strict
-from dflash_eval.session.run_result import Speedup
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def floor_reason(block: dict) -> str | None:
-    """The speed-up floor's reason for eval.json's ``speedup`` block, read as the result's typed block."""
-    return speedup_floor_reason(Speedup.from_dict(block))
+def floor_reason(block: Speedup) -> str | None:
+    """The speed-up floor's reason for the typed block."""
+    return speedup_floor_reason(block)
 
 
-def floor_part(block: dict) -> Part | None:
-    """The speed-up floor's part for eval.json's ``speedup`` block, read as the result's typed block."""
-    return speedup_floor_part(Speedup.from_dict(block))
+def floor_part(block: Speedup) -> Part | None:
+    """The speed-up floor's part for the typed block."""
+    return speedup_floor_part(block)
 
 
 @pytest.fixture(autouse=True)
@@ -130,17 +132,18 @@ def test_block_names_the_best_strategy_and_judges_the_floor() -> None:
     c = costs()
     block = speedup_block(c, (4.5, (4.0, 5.0)), {4: (3.9, (3.5, 4.3)), 8: (5.6, (5.0, 6.2)), 16: (6.0, (5, 7))},
                           floor=1.5, pooled={"chain": 4.0, "ddtree-8": 5.0, "ddtree-16": 5.5})
-    assert set(block["pooled"]) == {"chain", "ddtree-8"}  # the strategies predicted
-    assert block["pooled"]["chain"]["speedup"] == pytest.approx(predict(c, "chain", 4.0).speedup)
-    assert list(block["strategies"]) == ["chain", "ddtree-4", "ddtree-8"]  # 16: no costs measured for it
-    speeds = {k: v["speedup"] for k, v in block["strategies"].items()}
-    assert block["best"] == max(speeds, key=lambda k: speeds[k]) == "ddtree-8" and block["best_budget"] == 8
-    assert block["plain_tokens_per_s"] == pytest.approx(100.0)
-    assert block["near_best"] == []  # DDTree-8 beats the chain and DDTree-4 by more than 5 %
+    assert set(block.pooled) == {"chain", "ddtree-8"}  # the strategies predicted
+    assert block.pooled["chain"].speedup == pytest.approx(predict(c, "chain", 4.0).speedup)
+    assert list(block.strategies) == ["chain", "ddtree-4", "ddtree-8"]  # 16: no costs measured for it
+    speeds = {k: v.speedup for k, v in block.strategies.items()}
+    assert block.best == max(speeds, key=lambda k: speeds[k]) == "ddtree-8" and block.best_budget == 8
+    assert block.plain_tokens_per_s == pytest.approx(100.0)
+    assert block.near_best == []  # DDTree-8 beats the chain and DDTree-4 by more than 5 %
+    assert block.costs is c and block.strategies["chain"] == predict(c, "chain", 4.5, (4.0, 5.0))  # no dict between
     tie = speedup_block(costs(tree_verify={4: 0.017, 8: 0.017}, tree_build={4: 0.0005, 8: 0.0005}),
                         (4.5, None), {4: (5.5, None), 8: (5.6, None)})
-    assert tie["best"] == "ddtree-8" and tie["near_best"] == ["ddtree-4"]  # 5.5 / 5.6: within 5 %
-    assert block["passed"] is None  # the block predicts; the verdict judges its floor
+    assert tie.best == "ddtree-8" and tie.near_best == ["ddtree-4"]  # 5.5 / 5.6: within 5 %
+    assert block.passed is None  # the block predicts; the verdict judges its floor
     assert floor_part(block) == compose().with_parts(floor_part(block)).part(SPEEDUP_FLOOR)
     assert floor_part(block).passed is True and floor_reason(block) is None
     high = speedup_block(c, (4.5, (4.0, 5.0)), {}, floor=speeds["chain"] + 0.01)
@@ -155,10 +158,43 @@ def test_block_names_the_best_strategy_and_judges_the_floor() -> None:
 
 
 def test_costs_round_trip_through_strict_json() -> None:
-    c = costs(spread={"step": math.nan, "verify": 0.1})
-    back = RoundCosts.from_dict(json.loads(dumps_strict(c.to_dict())))
+    """eval.json's ``speedup.costs`` is the costs' own dict (strict JSON: a part not timed written as null), read back
+    as the same costs (NaN, int budgets, pairs as tuples) and written again key for key; a key the costs do not know
+    or lack is one error naming it."""
+    c = costs(spread={"step": math.nan, "verify": 0.1}, draft_full=math.nan, project=(math.nan, math.nan))
+    held = json.loads(dumps_strict(c.to_dict()))
+    assert held["draft_full"] is None and held["project"] == [None, None] and held["tree_verify"]["8"] == 0.017
+    back = RoundCosts.from_dict(held)
     assert back.tree_verify == c.tree_verify and back.commit == c.commit and back.step == c.step
-    assert math.isnan(back.spread["step"]) and back.budgets == (4, 8)
+    assert math.isnan(back.spread["step"]) and back.budgets == (4, 8) and math.isnan(back.draft_full)
+    assert isinstance(back.project, tuple) and math.isnan(back.project[1])
+    assert json.loads(dumps_strict(back.to_dict())) == held and list(back.to_dict()) == list(held)
+    with pytest.raises(ResultKeyError, match="unknown key 'colour'"):
+        RoundCosts.from_dict({**held, "colour": 1})
+    with pytest.raises(ResultKeyError, match="missing key 'forward_2'"):
+        RoundCosts.from_dict({k: v for k, v in held.items() if k != "forward_2"})
+
+
+def test_block_round_trips_and_digests_typed() -> None:
+    """The typed block is eval.json's ``speedup`` (key for key through strict JSON, read back strictly); the digest
+    the history, the trackers and the gate keep reads it typed."""
+    c = costs(draft_full=math.nan)
+    block = speedup_block(c, (4.5, (4.0, 5.0)), {8: (5.6, (5.0, 6.2))}, floor=1.5, pooled={"chain": 4.25})
+    held = json.loads(dumps_strict(block.to_dict()))
+    assert list(held) == [f for f in Speedup.__dataclass_fields__] and held["costs"]["draft_full"] is None
+    back = Speedup.from_dict(held)
+    assert json.loads(dumps_strict(back.to_dict())) == held
+    with pytest.raises(ResultKeyError, match=r"unknown key 'pooled\.chain\.colour'"):
+        Speedup.from_dict({**held, "pooled": {"chain": {**held["pooled"]["chain"], "colour": 1}}})
+    with pytest.raises(ResultKeyError, match=r"missing key 'models\.server\.checked'"):
+        Speedup.from_dict({**held, "models": {"server": {"name": "n", "module": "m", "what": "w"}}})
+    chain = block.strategies["chain"]
+    assert speedup_digest(block) == {
+        "device": "cpu (test)", "dtype": "float32", "context_len": 192, "chain": chain.speedup,
+        "chain_ci95": chain.speedup_ci, "tokens_per_s": chain.tokens_per_s, "plain_tokens_per_s": 100.0,
+        "ddtree": {"8": block.strategies["ddtree-8"].speedup}, "best": block.best, "best_budget": 8, "floor": 1.5,
+        "passed": None}
+    assert speedup_digest(back) == speedup_digest(block) and speedup_digest(None) is None
 
 
 # ------------------------------------------------------------------------------------------------ on a model
@@ -234,19 +270,19 @@ def test_reports_show_the_prediction(tmp_path: Path) -> None:
 
     block = speedup_block(costs(), (4.5, (4.0, 5.0)), {4: (3.9, (3.5, 4.3)), 8: (5.6, (5.0, 6.2))}, floor=9.0,
                           pooled={"chain": 4.25})
-    data = json.loads(dumps_strict(merge([fragment(speedup=block)]).to_dict()))  # as eval.json holds it
+    data = json.loads(dumps_strict(merge([fragment(speedup=block.to_dict())]).to_dict()))  # as eval.json holds it
     result = RunResult.from_dict(data)
     header, rows = speedup_rows(result.speedup)
     assert [r[:2] for r in rows] == [["chain", "server-style loop"], ["DDTree-4", "server-style loop"],
                                      ["DDTree-8 (best)", "server-style loop"], ["chain", "recompute loop"]]
-    chain = block["strategies"]["chain"]
-    assert rows[0][4] == f"{chain['speedup']:.2f}x [{chain['speedup_ci'][0]:.2f}x, {chain['speedup_ci'][1]:.2f}x]"
+    chain = block.strategies["chain"]
+    assert rows[0][4] == f"{chain.speedup:.2f}x [{chain.speedup_ci[0]:.2f}x, {chain.speedup_ci[1]:.2f}x]"
     line = verdict_line(result.speedup, stored_verdict(result))
     assert line is not None and "cpu (test)" in line and "floor 9 FAIL" in line and "best DDTree-8" in line
     md = render_markdown(result)
     assert "### Predicted speed-up" in md and "--speedup-floor 9 (the server-style loop's chain): FAIL" in md
     assert "speedup.png" in md and "the recompute loop" in md
-    assert f"chain {block['pooled']['chain']['speedup']:.2f}x (τ 4.250" in md  # the pooled τ's speed-up
+    assert f"chain {block.pooled['chain'].speedup:.2f}x (τ 4.250" in md  # the pooled τ's speed-up
     text = render_terminal(result)
     assert "DDTree-8 (best)" in text and "recompute loop" in text
     assert write_speedup_plot(result, tmp_path / SPEEDUP_PLOT) == tmp_path / SPEEDUP_PLOT
@@ -263,7 +299,7 @@ def test_block_validates_against_the_schema() -> None:
 
     schema = json.loads(resources.files("dflash_eval.report").joinpath("eval.schema.json").read_text())
     v = jsonschema.Draft202012Validator({"$defs": schema["$defs"], **schema["properties"]["speedup"]})
-    block = speedup_block(costs(), (4.5, (None, None)), {8: (5.6, (5.0, 6.2))}, floor=1.2)
+    block = speedup_block(costs(), (4.5, (None, None)), {8: (5.6, (5.0, 6.2))}, floor=1.2).to_dict()
     assert not list(v.iter_errors(json.loads(dumps_strict(block))))
     bad = json.loads(dumps_strict({**block, "strategies": {"tree8": block["strategies"]["chain"]}}))
     assert list(v.iter_errors(bad))  # a strategy's name is chain or ddtree-N
@@ -274,10 +310,9 @@ def test_floor_joins_a_checkpoint_verdict() -> None:
     from dflash_eval.metrics.floors import Floors
     from dflash_eval.metrics.verdict import Threshold
 
-    def verdict(block: dict | None, *, mean_floor: float | None = None, tau: float = 2.0):
+    def verdict(block: Speedup | None, *, mean_floor: float | None = None, tau: float = 2.0):
         floors = Floors(mean_override=mean_floor)
-        return checkpoint_verdict({}, [Threshold("chain", tau, mean_floor)], floors, None,
-                                  speedup=None if block is None else Speedup.from_dict(block),
+        return checkpoint_verdict({}, [Threshold("chain", tau, mean_floor)], floors, None, speedup=block,
                                   floors_required=False)
 
     block = speedup_block(costs(), (4.5, (4.0, 5.0)), {}, floor=1.5)

@@ -41,27 +41,38 @@ not include the timing noise, reported beside the costs (``spread``: the interqu
 What the prediction leaves out (batching and concurrency, a server's scheduler and HTTP overheads, CUDA graphs,
 sampling at temperature > 0): ``docs/speedup.md``.
 
+eval.json's ``speedup`` block is one typed value, :class:`Speedup`, made by :func:`speedup_block` of the
+predictions and the measured costs themselves (no dict between): its ``costs`` are the :class:`RoundCosts` (the one
+costs type: eval.json holds a NaN as null, the budgets' keys as strings, the pairs as lists), its ``strategies`` and
+``loop`` the :class:`Prediction` records, its ``pooled`` and ``models`` :class:`PooledSpeed` and :class:`LoopModel`.
+Each record writes itself (``to_dict``: eval.json's layout, key for key) and reads itself back strictly
+(``from_dict``: a key it does not know or lacks is one ResultKeyError naming its path). :func:`speedup_digest` reads
+the typed block into the few numbers the history, the trackers and the gate keep.
+
 Example::
 
     costs = RoundCosts.from_dict(data["speedup"]["costs"])
     p = predict(costs, "chain", 4.3, (4.1, 4.5))
     print(p.speedup, p.speedup_ci, p.tokens_per_s)
+    block = speedup_block(costs, (4.3, (4.1, 4.5)), {8: (4.6, (4.3, 4.9))})
+    print(block.best, block.strategies["chain"].speedup, speedup_digest(block))
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from dflash_eval.errors import ResultKeyError
 
 __all__ = ["LOOPS", "MODELS", "RoundCosts", "Prediction", "round_parts", "predict", "mean_context", "context_bucket",
            "strategy_name", "budget_of", "speedup_block", "best_strategy", "ASSUMPTIONS", "speedup_digest",
-           "NEAR_BEST"]
+           "NEAR_BEST", "LoopModel", "PooledSpeed", "Speedup"]
 
 Loop = Literal["server", "loop"]
+T = TypeVar("T")
 #: A CI of mean τ: [low, high] (a bound None or NaN: unknown), or None.
 TauCI = Sequence[float | None] | None
 #: The two ways of running the speculative loop a round's cost is predicted for (module docstring).
@@ -161,6 +172,8 @@ class RoundCosts:
         return 1.0 / self.step if self.step > 0 else math.nan
 
     def to_dict(self) -> dict[str, Any]:
+        """eval.json's ``speedup.costs`` (and the cache entry's): every field, the budgets' keys as strings, the pairs
+        as lists, a part not timed as NaN (strict JSON writes it as null)."""
         d = asdict(self)
         for k in ("tree_verify", "tree_build", "tree_accept"):
             d[k] = {str(b): v for b, v in d[k].items()}
@@ -169,19 +182,24 @@ class RoundCosts:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RoundCosts:
-        """The costs of :meth:`to_dict` (or of eval.json, where strict JSON wrote a NaN as null)."""
-        kw: dict[str, Any] = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        """The costs of :meth:`to_dict`, as eval.json or the cache entry holds them (strict JSON: a NaN written as
+        null, read back as NaN; the budgets' keys as ints, the pairs as tuples); ResultKeyError naming a key it does
+        not know or lacks."""
+        ResultKeyError.check(d, _COSTS_KEYS)
+        kw: dict[str, Any] = dict(d)
         for k in ("tree_verify", "tree_build", "tree_accept"):
-            kw[k] = {int(b): _num(v) for b, v in (kw.get(k) or {}).items()}
+            kw[k] = {int(b): _num(v) for b, v in kw[k].items()}
         for k in ("commit", "project"):
-            if k in kw:
-                kw[k] = tuple(_num(x) for x in kw[k])
+            kw[k] = tuple(_num(x) for x in kw[k])
         for k in ("step", "draft", "build", "verify", "accept", "draft_full", "snapshot", "forward_2", "forward_b",
                   "seconds"):
-            if k in kw:
-                kw[k] = _num(kw[k])
-        kw["spread"] = {k: _num(v) for k, v in (kw.get("spread") or {}).items()}
+            kw[k] = _num(kw[k])
+        kw["spread"] = {k: _num(v) for k, v in kw["spread"].items()}
         return cls(**kw)
+
+
+#: The keys of eval.json's ``speedup.costs`` (:meth:`RoundCosts.to_dict`: every field).
+_COSTS_KEYS = tuple(f.name for f in fields(RoundCosts))
 
 
 def _num(v: object) -> float:
@@ -305,14 +323,127 @@ def best_strategy(predictions: Mapping[str, Prediction]) -> str | None:
     return max(known, key=lambda k: known[k]) if known else None
 
 
+@dataclass(frozen=True)
+class LoopModel:
+    """What a predicted speed-up's loop is (eval.json's ``speedup.models``, :data:`MODELS`): its name, the module
+    that runs it, what it keeps and runs again, and how the model was checked."""
+
+    name: str
+    module: str
+    what: str
+    checked: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LoopModel:
+        """A model of :meth:`to_dict`; ResultKeyError naming a key it does not know or lacks."""
+        ResultKeyError.check(d, [f.name for f in fields(cls)])
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class PooledSpeed:
+    """A strategy's predicted speed at its pooled τ (no CI; eval.json's ``speedup.pooled`` entries)."""
+
+    tau: float | None
+    speedup: float | None
+    tokens_per_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PooledSpeed:
+        """A pooled speed of :meth:`to_dict`; ResultKeyError naming a key it does not know or lacks."""
+        ResultKeyError.check(d, [f.name for f in fields(cls)])
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """eval.json's ``speedup`` (made by :func:`speedup_block`): the device, the round's costs, every strategy's
+    prediction, the best, the recompute loop's chain, the pooled speeds, the models and assumptions, the floor and
+    its verdict (``passed``: :func:`dflash_eval.metrics.verdict.speedup_floor_part`'s, None until it is judged)."""
+
+    device: str
+    device_kind: str
+    dtype: str
+    backend: str
+    threads: int | None
+    context_len: int
+    block_size: int
+    plain_tokens_per_s: float | None
+    costs: RoundCosts
+    cached: bool
+    strategies: dict[str, Prediction]
+    best: str | None
+    near_best: list[str]
+    best_budget: int | None
+    loop: dict[str, Prediction]
+    pooled: dict[str, PooledSpeed]
+    models: dict[str, LoopModel]
+    assumptions: list[str]
+    floor: float | None
+    passed: bool | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The block as eval.json holds it, key for key in the fields' order (strict JSON writes a NaN as null)."""
+        return {"device": self.device, "device_kind": self.device_kind, "dtype": self.dtype, "backend": self.backend,
+                "threads": self.threads, "context_len": self.context_len, "block_size": self.block_size,
+                "plain_tokens_per_s": self.plain_tokens_per_s, "costs": self.costs.to_dict(), "cached": self.cached,
+                "strategies": {k: p.to_dict() for k, p in self.strategies.items()}, "best": self.best,
+                "near_best": list(self.near_best), "best_budget": self.best_budget,
+                "loop": {k: p.to_dict() for k, p in self.loop.items()},
+                "pooled": {k: p.to_dict() for k, p in self.pooled.items()},
+                "models": {k: m.to_dict() for k, m in self.models.items()}, "assumptions": list(self.assumptions),
+                "floor": self.floor, "passed": self.passed}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Speedup:
+        """The block of :meth:`to_dict` (eval.json's ``speedup``); ResultKeyError naming the path of the first key
+        it, or a record inside it, does not know or lacks (``strategies.chain.round_s``, ``costs.forward_b``)."""
+        ResultKeyError.check(d, _SPEEDUP_KEYS)
+        try:
+            costs = RoundCosts.from_dict(d["costs"])
+        except ResultKeyError as exc:
+            raise exc.under("costs") from None
+        return cls(device=d["device"], device_kind=d["device_kind"], dtype=d["dtype"], backend=d["backend"],
+                   threads=d["threads"], context_len=d["context_len"], block_size=d["block_size"],
+                   plain_tokens_per_s=d["plain_tokens_per_s"], costs=costs, cached=d["cached"],
+                   strategies=_each(Prediction.from_dict, d["strategies"], "strategies"), best=d["best"],
+                   near_best=list(d["near_best"]), best_budget=d["best_budget"],
+                   loop=_each(Prediction.from_dict, d["loop"], "loop"),
+                   pooled=_each(PooledSpeed.from_dict, d["pooled"], "pooled"),
+                   models=_each(LoopModel.from_dict, d["models"], "models"), assumptions=list(d["assumptions"]),
+                   floor=d["floor"], passed=d["passed"])
+
+
+#: The keys of eval.json's ``speedup`` (:meth:`Speedup.to_dict`: every field).
+_SPEEDUP_KEYS = tuple(f.name for f in fields(Speedup))
+
+
+def _each(read: Callable[[Mapping[str, Any]], T], items: Mapping[str, Any], key: str) -> dict[str, T]:
+    """``{name: read(item)}`` of a block's mapping of records under ``key``; ResultKeyError naming the record's path
+    (``strategies.chain.round_s``)."""
+    out = {}
+    for k, v in items.items():
+        try:
+            out[k] = read(v)
+        except ResultKeyError as exc:
+            raise exc.under(str(k)).under(key) from None
+    return out
+
+
 def speedup_block(costs: RoundCosts, chain: tuple[float, TauCI], ddtree: Mapping[int, tuple[float, TauCI]], *,
                   floor: float | None = None, cached: bool = False,
-                  pooled: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """eval.json's ``speedup``: the costs, every strategy's prediction (``strategies``: chain and each DDTree budget
-    of ``ddtree`` that the costs hold, the ``server`` model: the server-style loop), the chain under the recompute
-    loop (``loop``), what each model is (``models``), the best strategy and the best DDTree budget, the floor
-    (``passed``, the floor's verdict, is filled in by :func:`dflash_eval.metrics.verdict.speedup_floor_part`; None
-    until then). ``chain`` and ``ddtree``
+                  pooled: Mapping[str, float] | None = None) -> Speedup:
+    """eval.json's ``speedup`` as the typed block, made of the predictions and ``costs`` themselves: the costs, every
+    strategy's prediction (``strategies``: chain and each DDTree budget of ``ddtree`` that the costs hold, the
+    ``server`` model: the server-style loop), the chain under the recompute loop (``loop``), what each model is
+    (``models``), the best strategy and the best DDTree budget, the floor (``passed``, the floor's verdict, is filled
+    in by :func:`dflash_eval.metrics.verdict.speedup_floor_part`; None until then). ``chain`` and ``ddtree``
     give mean τ (the macro mean over prompts: the speed-up of a typical request) and its CI; ``pooled`` (by
     strategy): the pooled τ (accepted tokens / rounds over every round), whose speed-up is that of the prompt set's
     total throughput, every token weighted alike (``pooled``: τ, speed-up and tokens/s, without a CI)."""
@@ -324,31 +455,31 @@ def speedup_block(costs: RoundCosts, chain: tuple[float, TauCI], ddtree: Mapping
     best_tree, best = best_strategy(trees), best_strategy(preds)
     top = preds[best].speedup if best else math.nan
     near = [k for k, p in preds.items() if k != best and p.speedup >= (1 - NEAR_BEST) * top]
-    block: dict[str, Any] = {
-        "device": costs.device, "device_kind": costs.device_kind, "dtype": costs.dtype, "backend": costs.backend,
-        "threads": costs.threads, "context_len": costs.context_len, "block_size": costs.block_size,
-        "plain_tokens_per_s": costs.plain_tokens_per_s, "costs": costs.to_dict(), "cached": cached,
-        "strategies": {k: p.to_dict() for k, p in preds.items()}, "best": best, "near_best": near,
-        "best_budget": budget_of(best_tree) if best_tree else None,
-        "loop": {"chain": predict(costs, "chain", *chain, loop="loop").to_dict()},
-        "pooled": {k: {"tau": t, "speedup": (p := predict(costs, k, t)).speedup, "tokens_per_s": p.tokens_per_s}
-                   for k, t in (pooled or {}).items() if k in preds},
-        "models": {k: dict(v) for k, v in MODELS.items()}, "assumptions": list(ASSUMPTIONS), "floor": floor,
-        "passed": None}
-    return block
+    return Speedup(
+        device=costs.device, device_kind=costs.device_kind, dtype=costs.dtype, backend=costs.backend,
+        threads=costs.threads, context_len=costs.context_len, block_size=costs.block_size,
+        plain_tokens_per_s=costs.plain_tokens_per_s, costs=costs, cached=cached, strategies=preds, best=best,
+        near_best=near, best_budget=budget_of(best_tree) if best_tree else None,
+        loop={"chain": predict(costs, "chain", *chain, loop="loop")},
+        pooled={k: PooledSpeed(t, (p := predict(costs, k, t)).speedup, p.tokens_per_s)
+                for k, t in (pooled or {}).items() if k in preds},
+        models={k: LoopModel(**v) for k, v in MODELS.items()}, assumptions=list(ASSUMPTIONS), floor=floor,
+        passed=None)
 
 
-def speedup_digest(block: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def speedup_digest(block: Speedup | None) -> dict[str, Any] | None:
     """The prediction in a few numbers, as the training history, the trackers and the gate keep it: the device, the
     chain's speed-up with its CI and tokens/s, plain decoding's tokens/s, each DDTree budget's speed-up, the best
     strategy and budget, the floor and its verdict (None without a block)."""
-    if not block:
+    if block is None:
         return None
-    st = block.get("strategies") or {}
-    chain = st.get("chain") or {}
-    return {"device": block.get("device"), "dtype": block.get("dtype"), "context_len": block.get("context_len"),
-            "chain": chain.get("speedup"), "chain_ci95": list(chain.get("speedup_ci") or [None, None]),
-            "tokens_per_s": chain.get("tokens_per_s"), "plain_tokens_per_s": block.get("plain_tokens_per_s"),
-            "ddtree": {str(budget_of(k)): v.get("speedup") for k, v in st.items() if k != "chain"},
-            "best": block.get("best"), "best_budget": block.get("best_budget"), "floor": block.get("floor"),
-            "passed": block.get("passed")}
+    st = block.strategies
+    chain = st["chain"] if "chain" in st else None
+    ci: Sequence[float | None] = (None if chain is None else chain.speedup_ci) or [None, None]
+    return {"device": block.device, "dtype": block.dtype, "context_len": block.context_len,
+            "chain": None if chain is None else chain.speedup,
+            "chain_ci95": list(ci),
+            "tokens_per_s": None if chain is None else chain.tokens_per_s,
+            "plain_tokens_per_s": block.plain_tokens_per_s,
+            "ddtree": {str(budget_of(k)): p.speedup for k, p in st.items() if k != "chain"},
+            "best": block.best, "best_budget": block.best_budget, "floor": block.floor, "passed": block.passed}

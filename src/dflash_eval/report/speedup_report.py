@@ -2,7 +2,7 @@
 the intervals τ's CI maps to), the lines around it (device, plain decoding's speed, the round's parts, the best
 budget, the floor and its verdict, as the run's verdict holds it), the verdict block's line and ``speedup.png``
 (predicted speed-up against the DDTree budget, the chain beside it). From the typed result's speed-up
-(:class:`~dflash_eval.session.run_result.Speedup`, eval.json's ``speedup`` block:
+(:class:`~dflash_eval.metrics.speedup.Speedup`, eval.json's ``speedup`` block:
 :func:`dflash_eval.metrics.speedup.speedup_block`); the arithmetic and what it leaves out: docs/speedup.md.
 """
 
@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_eval.common.number_text import ci_text, ends, fmt, is_number
-from dflash_eval.metrics.speedup import MODELS, Loop, Prediction, budget_of
+from dflash_eval.metrics.speedup import MODELS, Loop, LoopModel, Prediction, Speedup, budget_of
 from dflash_eval.metrics.verdict import SPEEDUP_FLOOR, Verdict
 from dflash_eval.report.plot import draw_once
-from dflash_eval.session.blocks import LoopModel
-from dflash_eval.session.run_result import RunResult, Speedup
+from dflash_eval.session.run_result import RunResult
 
 if TYPE_CHECKING:  # matplotlib is imported when the plot is drawn
     from matplotlib.figure import Figure
@@ -106,8 +105,8 @@ _COSTS: tuple[tuple[str, int | None, str, str], ...] = (
 def cost_rows(block: Speedup | None) -> tuple[list[str], list[list[str]]]:
     """The measured costs a prediction is made of: every part of a round and the plain decoding step, each the median
     of its timings (ms) with their spread (the interquartile range over the median), in the order a round runs them,
-    then each DDTree budget's tree parts (no rows without a prediction). The costs are the block the measurement
-    wrote (:meth:`dflash_eval.metrics.speedup.RoundCosts.to_dict`)."""
+    then each DDTree budget's tree parts (no rows without a prediction). The costs are the measurement's own
+    (:class:`dflash_eval.metrics.speedup.RoundCosts`: a part not timed is NaN, which reads like a missing one)."""
     header = ["part", "median (ms)", "spread (IQR / median)", "what"]
     if block is None:
         return header, []
@@ -116,16 +115,16 @@ def cost_rows(block: Speedup | None) -> tuple[list[str], list[list[str]]]:
     rows = []
     for key, index, name, what in _COSTS:
         value = getattr(costs, key)
-        if isinstance(value, list):
+        if isinstance(value, tuple):  # a part of 1 and of B tokens
             value = value[index] if index is not None and index < len(value) else None
         rows.append([name, _ms(value), fmt(spread.get(name), 2), what])
-    for b in sorted(int(b) for b in costs.tree_verify):
+    for b in costs.budgets:
         for part, what in (("tree_build", f"DDTree-{b}: top-{b} and the best-first tree (the tokens to verify)"),
                            ("tree_verify", f"DDTree-{b}: the target's forward over {b + 1} tokens under the tree "
                                            "mask, every node's linear-attention state kept"),
                            ("tree_accept", f"DDTree-{b}: the target's tokens read, the walk down the tree")):
-            tree: dict[str, float | None] = getattr(costs, part)
-            rows.append([f"{part}_{b}", _ms(tree.get(str(b))), fmt(spread.get(f"{part}_{b}"), 2), what])
+            tree: dict[int, float] = getattr(costs, part)
+            rows.append([f"{part}_{b}", _ms(tree.get(b)), fmt(spread.get(f"{part}_{b}"), 2), what])
     return header, rows
 
 

@@ -1,12 +1,12 @@
 """The typed blocks of a result besides τ (:mod:`dflash_eval.session.rows` says how a row turns into eval.json's
 object and back): the drafter, the drift τ rows, the drift budget, the feature fingerprint, the ``--baseline``
-comparison, the mean over samples of a run at temperature > 0, the loops the speed-up is predicted for and the
-round's costs it is predicted from. The
+comparison, the mean over samples of a run at temperature > 0. The
 drift rows and the drift gate's rows are the checks themselves (:mod:`dflash_eval.metrics.drift_checks`), written
 and read back by their own class; so is the budget's measured drift direction
 (:class:`dflash_eval.metrics.drift_checks.Direction`). The drift budget's block is made from the measured
 :class:`~dflash_eval.metrics.drift_budget.DriftBudget` itself (:meth:`DriftBudgetBlock.of`), never through a
-dict."""
+dict. The predicted speed-up's records (its loops' :class:`LoopModel`, re-exported here, the round's costs, the
+block itself) are the metrics' own: :mod:`dflash_eval.metrics.speedup`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval.metrics.drift_checks import METHOD, RULE, Direction
+from dflash_eval.metrics.speedup import LoopModel  # re-exported: its home before the block was made typed
 from dflash_eval.session.rows import Row, _opt
 
 if TYPE_CHECKING:  # the measured objects the blocks are made of: drift_budget imports torch, the blocks do not
@@ -23,7 +24,7 @@ if TYPE_CHECKING:  # the measured objects the blocks are made of: drift_budget i
 
 __all__ = ["Refusal", "DrafterBlock", "DriftAcceptRow", "BudgetLevel", "FitPoint", "BudgetFitBlock",
            "SecondaryAxis", "DriftBudgetBlock", "LayerFingerprint", "FingerprintBlock", "BaselinePrompt",
-           "BaselineBlock", "SampledStat", "SampledBlock", "LoopModel", "CostsBlock"]
+           "BaselineBlock", "SampledStat", "SampledBlock", "LoopModel"]
 
 
 @dataclass
@@ -281,49 +282,3 @@ class SampledBlock(Row):
     chain: SampledStat
     ddtree: dict[str, SampledStat]
     online: SampledStat | None = _opt()
-
-
-@dataclass
-class LoopModel(Row):
-    """What a predicted speed-up's loop is (eval.json's ``speedup.models``, :data:`dflash_eval.metrics.speedup.MODELS`):
-    its name, the module that runs it, what it keeps and runs again, and how the model was checked."""
-
-    name: str
-    module: str
-    what: str
-    checked: str
-
-
-@dataclass
-class CostsBlock(Row):
-    """The round's costs a speed-up is predicted from (eval.json's ``speedup.costs``: the measurement's
-    :meth:`dflash_eval.metrics.speedup.RoundCosts.to_dict`, every key written): where they were timed, how often,
-    each part's median seconds (null: a NaN, a part not timed), the tree parts and ``commit``, ``project`` (1 and B
-    tokens) as eval.json holds them, each part's spread (interquartile range over the median) and the measurement's
-    own seconds."""
-
-    device: str
-    device_kind: str
-    dtype: str
-    backend: str
-    threads: int
-    context_len: int
-    block_size: int
-    repeats: int
-    warmup: int
-    step: float | None
-    draft: float | None
-    build: float | None
-    verify: float | None
-    accept: float | None
-    commit: list[float | None]
-    tree_build: dict[str, float | None]
-    tree_verify: dict[str, float | None]
-    tree_accept: dict[str, float | None]
-    draft_full: float | None
-    snapshot: float | None
-    project: list[float | None]
-    forward_2: float | None
-    forward_b: float | None
-    spread: dict[str, float | None]
-    seconds: float | None

@@ -27,7 +27,7 @@ from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.near_tie import Divergence
 from dflash_eval.metrics.sampled_tau import SampledTau, sample_row
-from dflash_eval.metrics.speedup import speedup_block
+from dflash_eval.metrics.speedup import Speedup, speedup_block
 from dflash_eval.metrics.stats import conversation_table, turn_table
 from dflash_eval.metrics.tau_result import TauResult, macro_tau
 from dflash_eval.metrics.verdict import (
@@ -52,7 +52,7 @@ from dflash_eval.session.blocks import (
 )
 from dflash_eval.session.rows import CategoryRow, ConversationRow, PromptRow, TurnRow, rows_from_dict, rows_to_dict
 from dflash_eval.session.run_blocks import ContextBlock, ProvenanceBlock, TargetBlock
-from dflash_eval.session.run_result import Speedup, category_rows
+from dflash_eval.session.run_result import category_rows
 from dflash_eval.target.kernel_cache import KernelCacheDir
 from dflash_eval.target.provenance import provenance
 
@@ -114,7 +114,7 @@ class TauSummary:
     def verdict(self, floors: Floors, *, floors_required: bool = True,
                 speedup: SpeedupCheck | None = None) -> Verdict:
         """The checkpoint's verdict: this τ against ``floors`` and the baseline, and the predicted speed-up
-        (``speedup``: the result's :class:`~dflash_eval.session.run_result.Speedup`) against ``--speedup-floor``
+        (``speedup``: the result's :class:`~dflash_eval.metrics.speedup.Speedup`) against ``--speedup-floor``
         (:func:`dflash_eval.metrics.verdict.checkpoint_verdict`; ``floors_required`` False: the floors unjudged, not
         failed, when there are none)."""
         means = mean_thresholds(self.mean_tau, self.mean_ddtree, floors)
@@ -360,16 +360,15 @@ def tau_summary(ev: DrafterEvaluation, floors: Floors, baseline: BaselineCompari
 def speedup_summary(ev: DrafterEvaluation, tau: TauSummary) -> Speedup:
     """eval.json's ``speedup``: the predicted speed of every strategy from the round costs timed on the run's device
     (the ``round_costs`` measurement, timed now unless cached) and the mean τ with its CI over prompts, judged against
-    ``--speedup-floor`` (:func:`dflash_eval.metrics.speedup.speedup_block`, read as the typed block)."""
+    ``--speedup-floor`` (:func:`dflash_eval.metrics.speedup.speedup_block`, the typed block itself)."""
     costs, cached = ev.measure(ROUND_COSTS)
     every = tau.categories.get("all")
     chain = (tau.mean_tau, every.chain.ci95 if every is not None else None)
     ddtree = {int(b): (v, every.ddtree[b].ci95 if every is not None and b in every.ddtree else None)
               for b, v in tau.mean_ddtree.items()}
     pooled, pooled_dd = pooled_means(tau.prompts)
-    block = speedup_block(costs, chain, ddtree, floor=ev.settings.speedup_floor, cached=cached,
-                          pooled={"chain": pooled, **{f"ddtree-{b}": v for b, v in pooled_dd.items()}})
-    speedup = Speedup.from_dict(block)
+    speedup = speedup_block(costs, chain, ddtree, floor=ev.settings.speedup_floor, cached=cached,
+                            pooled={"chain": pooled, **{f"ddtree-{b}": v for b, v in pooled_dd.items()}})
     part = speedup_floor_part(speedup)  # the floor's verdict, kept beside the prediction
     return dataclasses.replace(speedup, passed=None if part is None else part.passed)
 

@@ -6,12 +6,13 @@ judged prompts (:class:`~dflash_eval.session.rows.PromptRow`), the categories, c
 (:class:`~dflash_eval.metrics.drift_checks.DriftStat`, :class:`~dflash_eval.session.blocks.DriftAcceptRow`), the drift
 budget and the drift gate (:class:`~dflash_eval.session.blocks.DriftBudgetBlock`,
 :class:`~dflash_eval.metrics.drift_checks.GateCheck`), the τ means (:class:`TauMeans`), the predicted speed-up
-(:class:`Speedup`), the timings (:class:`Timings`), the tests (:class:`Tests`), the near ties, the ``--baseline``
-comparison (:class:`~dflash_eval.session.blocks.BaselineBlock`), the mean over samples
-(:class:`~dflash_eval.session.blocks.SampledBlock`), the verdict (:class:`~dflash_eval.metrics.verdict.Verdict`),
-the target, the τ-relevant settings and the provenance with its kernel changes
-(:class:`~dflash_eval.session.run_blocks.TargetBlock`, :class:`~dflash_eval.session.run_blocks.ContextBlock`,
-:class:`~dflash_eval.session.run_blocks.ProvenanceBlock`).
+(:class:`~dflash_eval.metrics.speedup.Speedup`: made from the predictions and read back by the metrics, re-exported
+here with :class:`~dflash_eval.metrics.speedup.PooledSpeed`), the timings (:class:`Timings`), the tests
+(:class:`Tests`), the near ties, the ``--baseline`` comparison (:class:`~dflash_eval.session.blocks.BaselineBlock`),
+the mean over samples (:class:`~dflash_eval.session.blocks.SampledBlock`), the verdict
+(:class:`~dflash_eval.metrics.verdict.Verdict`), the target, the τ-relevant settings and the provenance with its
+kernel changes (:class:`~dflash_eval.session.run_blocks.TargetBlock`,
+:class:`~dflash_eval.session.run_blocks.ContextBlock`, :class:`~dflash_eval.session.run_blocks.ProvenanceBlock`).
 The blocks whose layout belongs to another part of the suite (the settings, the cache's counters, the SGLang server,
 the registered measurements) are kept as eval.json holds them.
 
@@ -39,7 +40,7 @@ from dflash_eval.errors import EvalError, ResultKeyError
 from dflash_eval.metrics.drift_checks import DriftStat, GateCheck
 from dflash_eval.metrics.floors import Floors
 from dflash_eval.metrics.near_tie import Divergence
-from dflash_eval.metrics.speedup import Prediction
+from dflash_eval.metrics.speedup import PooledSpeed, Speedup  # re-exported: their home before they were typed
 from dflash_eval.metrics.stats import category_table, ddtree_budgets
 from dflash_eval.metrics.verdict import (
     Verdict,
@@ -51,12 +52,10 @@ from dflash_eval.metrics.verdict import (
 )
 from dflash_eval.session.blocks import (
     BaselineBlock,
-    CostsBlock,
     DrafterBlock,
     DriftAcceptRow,
     DriftBudgetBlock,
     FingerprintBlock,
-    LoopModel,
     SampledBlock,
 )
 from dflash_eval.session.rows import (
@@ -105,43 +104,6 @@ class TauMeans(Row):
     mean_tau_pooled: float | None
     mean_ddtree_pooled: dict[str, float | None]
     tau_definitions: dict[str, str]
-
-
-@dataclass(frozen=True)
-class PooledSpeed(Row):
-    """A strategy's predicted speed at its pooled τ (no CI)."""
-
-    tau: float | None
-    speedup: float | None
-    tokens_per_s: float | None
-
-
-@dataclass(frozen=True)
-class Speedup(Row):
-    """eval.json's ``speedup`` (:func:`dflash_eval.metrics.speedup.speedup_block`): the device, the round's costs,
-    every strategy's prediction, the best, the recompute loop's chain, the pooled speeds, the models and assumptions,
-    the floor and its verdict."""
-
-    device: str
-    device_kind: str
-    dtype: str
-    backend: str
-    threads: int | None
-    context_len: int
-    block_size: int
-    plain_tokens_per_s: float | None
-    costs: CostsBlock
-    cached: bool
-    strategies: dict[str, Prediction]
-    best: str | None
-    near_best: list[str]
-    best_budget: int | None
-    loop: dict[str, Prediction]
-    pooled: dict[str, PooledSpeed]
-    models: dict[str, LoopModel]
-    assumptions: list[str]
-    floor: float | None
-    passed: bool | None
 
 
 @dataclass(frozen=True)
@@ -343,7 +305,7 @@ def _mapping(cls: type[Row], key: str) -> Callable[[Any], Any]:
     return read
 
 
-def _one(cls: type[Row] | type[Verdict], key: str) -> Callable[[Any], Any]:
+def _one(cls: type[Row] | type[Verdict] | type[Speedup], key: str) -> Callable[[Any], Any]:
     def read(value: Any) -> Any:
         try:
             return cls.from_dict(value)

@@ -139,7 +139,7 @@ class CheckpointRecord:
                    passed=verdict.passed, reasons=verdict.reasons, parts=verdict.parts,
                    mean_tau_pooled=pooled, mean_ddtree_pooled=pooled_dd,
                    ci_method=all_row.chain.ci_method if all_row is not None else None,
-                   speedup=speedup_digest(None if result.speedup is None else result.speedup.to_dict()))
+                   speedup=speedup_digest(result.speedup))
 
     def judged(self, records: list[CheckpointRecord], window: int) -> CheckpointRecord:
         """This record with its trend verdicts against ``records`` (earlier records of the same settings digest)."""

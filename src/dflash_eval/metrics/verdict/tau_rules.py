@@ -293,14 +293,14 @@ def _x(v: object) -> str:
 
 
 class NamedLoop(Protocol):
-    """What a prediction's loop is called (:class:`~dflash_eval.session.blocks.LoopModel`)."""
+    """What a prediction's loop is called (:class:`~dflash_eval.metrics.speedup.LoopModel`)."""
 
     @property
     def name(self) -> str: ...
 
 
 class SpeedupCheck(Protocol):
-    """What the speed-up floor reads of the predicted speed-up (:class:`~dflash_eval.session.run_result.Speedup`,
+    """What the speed-up floor reads of the predicted speed-up (:class:`~dflash_eval.metrics.speedup.Speedup`,
     eval.json's ``speedup``): the floor, each strategy's prediction, the loops' names, where it was predicted."""
 
     @property
