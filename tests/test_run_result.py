@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from importlib import resources
@@ -30,6 +31,14 @@ from dflash_eval.session.run_result import TOP_LEVEL_KEYS, RunResult
 
 # (what is changed, the change, the error's words)
 MUTATIONS = [
+    ("the costs held as null", lambda d: d["speedup"].__setitem__("costs", None),
+     "key 'speedup.costs' holds null, where an object is expected"),
+    ("the target held as a number", lambda d: d.__setitem__("target", 5),
+     "key 'target' holds a number, where an object is expected"),
+    ("a drift row held as a string", lambda d: d["drift"].__setitem__(0, "row"),
+     "key 'drift[0]' holds a string, where an object is expected"),
+    ("a prompt held as a list", lambda d: d["prompts"].__setitem__(next(iter(d["prompts"])), []),
+     "key 'prompts.{p}' holds a list, where an object is expected"),
     ("a prompt's unknown key", lambda d: _first(d["prompts"]).__setitem__("colour", 1),
      "unknown key 'prompts.{p}.colour'"),
     ("a prompt's missing key", lambda d: _first(d["prompts"]).pop("rounds"), "missing key 'prompts.{p}.rounds'"),
@@ -141,6 +150,10 @@ def test_a_real_runs_result_round_trips_and_refuses_what_it_does_not_know(bundle
             RunResult.from_dict(bad, source=path)
         assert str(err.value).startswith(f"{path}: {words.format(p=pid)}"), (what, str(err.value))
         assert isinstance(err.value, EvalError)
+    wrong = copy.deepcopy(data)  # a number where the layout holds a list or a mapping, deeper in a block
+    _first(wrong["prompts"])["histogram"] = 5
+    with pytest.raises(EvalError, match=f"^{re.escape(str(path))}: key 'prompts' holds a value of another type"):
+        RunResult.from_dict(wrong, source=path)
 
 
 def test_top_level_keys_are_the_schemas():
@@ -197,6 +210,8 @@ def test_a_record_that_reads_itself_refuses_unknown_and_missing_keys(cls, d):
     last = list(d)[-1]
     with pytest.raises(ResultKeyError, match=f"missing key '{last}'"):
         cls.from_dict({k: v for k, v in d.items() if k != last})
+    with pytest.raises(ResultKeyError, match="null where an object is expected"):
+        cls.from_dict(None)
 
 
 def test_a_block_tells_a_missing_key_from_a_null_one():

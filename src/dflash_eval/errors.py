@@ -65,33 +65,40 @@ class EvalError(DFlashEvalError):
 
 class ResultKeyError(EvalError):
     """A result's mapping has a key its row does not know (``problem`` ``unknown``) or lacks one it needs
-    (``missing``); ``key``: the key's path (dots between the keys, ``[i]`` for a list's item), ``source``: the file it
-    was read from (None: not read from a file)."""
+    (``missing``), or a record's value is not a mapping at all (``not-object``; ``got``: what it is instead);
+    ``key``: the key's path (dots between the keys, ``[i]`` for a list's item; empty: the record itself), ``source``:
+    the file it was read from (None: not read from a file)."""
 
-    def __init__(self, problem: str, key: str, source: str | None = None) -> None:
-        self.problem, self.key, self.source = problem, key, source
+    def __init__(self, problem: str, key: str, source: str | None = None, got: str = "") -> None:
+        self.problem, self.key, self.source, self.got = problem, key, source, got
         where = f"{source}: " if source else ""
-        what = "unknown key" if problem == "unknown" else "missing key"
-        super().__init__(f"{where}{what} {key!r}"
-                         + (" (not a key of this result's schema)" if problem == "unknown" else " (it is required)"))
+        if problem == "not-object":
+            text = f"{where}key {key!r} holds {got}, where an object is expected" if key else \
+                f"{where}{got} where an object is expected"
+        elif problem == "unknown":
+            text = f"{where}unknown key {key!r} (not a key of this result's schema)"
+        else:
+            text = f"{where}missing key {key!r} (it is required)"
+        super().__init__(text)
 
     def under(self, parent: str | int) -> ResultKeyError:
         """The same problem with the key's path under ``parent`` (a key, or a list's index)."""
-        if isinstance(parent, int):
-            return ResultKeyError(self.problem, f"[{parent}]" + ("" if self.key.startswith("[") else ".") + self.key,
-                                  self.source)
-        sep = "" if self.key.startswith("[") else "."
-        return ResultKeyError(self.problem, f"{parent}{sep}{self.key}", self.source)
+        head = f"[{parent}]" if isinstance(parent, int) else str(parent)
+        sep = "" if not self.key or self.key.startswith("[") else "."
+        return ResultKeyError(self.problem, f"{head}{sep}{self.key}", self.source, self.got)
 
     def in_file(self, source: object) -> ResultKeyError:
         """The same problem, naming the file it was read from."""
-        return ResultKeyError(self.problem, self.key, str(source))
+        return ResultKeyError(self.problem, self.key, str(source), self.got)
 
     @classmethod
     def check(cls, data: Mapping[str, Any], keys: Collection[str], optional: Collection[str] = ()) -> None:
         """A record's mapping holds exactly ``keys``, less any of ``optional`` it leaves out: the first key it does not
         know (``unknown``), else the first one it lacks (``missing``), is the error. A record that reads itself from
-        eval.json (a drift row, a prediction, a verdict) checks its keys with it before it reads them."""
+        eval.json (a drift row, a prediction, a verdict) checks its keys with it before it reads them. A ``data``
+        that is not a mapping (null, a number, a list) is the ``not-object`` problem."""
+        if not isinstance(data, Mapping):
+            raise cls("not-object", "", got=_json_kind(data))
         unknown = next((k for k in data if k not in keys), None)
         if unknown is not None:
             raise cls("unknown", str(unknown))
@@ -99,8 +106,21 @@ class ResultKeyError(EvalError):
         if missing is not None:
             raise cls("missing", missing)
 
-    def __reduce__(self) -> tuple[type[ResultKeyError], tuple[str, str, str | None]]:
-        return (type(self), (self.problem, self.key, self.source))
+    def __reduce__(self) -> tuple[type[ResultKeyError], tuple[str, str, str | None, str]]:
+        return (type(self), (self.problem, self.key, self.source, self.got))
+
+
+def _json_kind(value: object) -> str:
+    """What a JSON value is, in words (an error's): null, a list, a string, a number, a boolean."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list | tuple) else f"a {type(value).__name__}"
 
 
 class PluginError(DFlashEvalError):

@@ -345,7 +345,11 @@ def _from_dict(data: Mapping[str, Any]) -> RunResult:
         if value is None:  # a key :meth:`RunResult.to_dict` leaves out while None: not eval.json's layout
             raise ResultKeyError("unknown", key)
         reader = _READERS.get(key)
-        kw[key] = value if reader is None else reader(value)
+        try:
+            kw[key] = value if reader is None else reader(value)
+        except (TypeError, AttributeError, ValueError) as exc:  # a list or a number where the layout holds another
+            raise EvalError(f"key {key!r} holds a value of another type than eval.json's layout "
+                            f"({type(exc).__name__}: {exc})") from None
     if "mean_tau" in data:
         kw["tau"] = TauMeans.from_dict({k: data[k] for k in _TAU_KEYS if k in data})
     else:
