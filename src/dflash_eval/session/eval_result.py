@@ -10,6 +10,7 @@ the typed results of every process into the run's (:func:`dflash_eval.session.me
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,7 +51,15 @@ from dflash_eval.session.blocks import (
     FingerprintBlock,
     Refusal,
 )
-from dflash_eval.session.rows import CategoryRow, ConversationRow, PromptRow, TurnRow, rows_from_dict, rows_to_dict
+from dflash_eval.session.rows import (
+    CategoryRow,
+    ConversationRow,
+    PromptRow,
+    TurnRow,
+    rows_from_dict,
+    rows_from_list,
+    rows_to_dict,
+)
 from dflash_eval.session.run_blocks import ContextBlock, ProvenanceBlock, TargetBlock
 from dflash_eval.session.run_result import category_rows
 from dflash_eval.target.kernel_cache import KernelCacheDir
@@ -132,16 +141,9 @@ _COMPILE_KEYS = ("seconds", "by_stage", "kernels_compiled", "kernels_loaded", "k
 
 
 def _list_of(read: Callable[[Any], Any]) -> Callable[[Any], list[Any]]:
-    """A reader of a list of rows (a key a row does not know or lacks is named under its index)."""
-    def read_all(items: Any) -> list[Any]:
-        out = []
-        for i, item in enumerate(items):
-            try:
-                out.append(read(item))
-            except ResultKeyError as exc:
-                raise exc.under(i) from None
-        return out
-    return read_all
+    """A reader of a list of records (:func:`~dflash_eval.session.rows.rows_from_list`: a bad key named under its
+    index)."""
+    return functools.partial(rows_from_list, read)
 
 
 def _compile(block: Mapping[str, Any]) -> tuple[Compilation, KernelCacheDir | None]:

@@ -24,7 +24,7 @@ import dataclasses
 import enum
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Final, TypeVar
@@ -33,7 +33,7 @@ from dflash_eval.errors import ResultKeyError  # re-exported: the rows' error
 
 __all__ = ["OPTIONAL", "MAY_BE_ABSENT", "Absent", "ABSENT", "ResultKeyError", "Row", "Acceptance", "Stat",
            "OnlineRow", "CompletionRow", "PromptRow", "CategoryRow", "ConversationRow", "TurnRow", "rows_to_dict",
-           "rows_from_dict"]
+           "rows_from_dict", "rows_from_list"]
 
 #: Field metadata of a key eval.json leaves out while the field is None.
 OPTIONAL = {"optional": True}
@@ -42,6 +42,7 @@ OPTIONAL = {"optional": True}
 MAY_BE_ABSENT = {"may_be_absent": True}
 
 R = TypeVar("R", bound="Row")
+T = TypeVar("T")
 
 
 class Absent(enum.Enum):
@@ -194,6 +195,18 @@ def rows_from_dict(cls: type[R], data: Mapping[str, Mapping[str, Any]]) -> dict[
             out[k] = cls.from_dict(v)
         except ResultKeyError as exc:
             raise exc.under(str(k)) from None
+    return out
+
+
+def rows_from_list(read: Callable[[Any], T], items: Iterable[Any]) -> list[T]:
+    """``[read(item)]`` of a list of records (a row's or a record's ``from_dict``) in order (ResultKeyError names the
+    item's index: ``[2].cos``)."""
+    out = []
+    for i, item in enumerate(items):
+        try:
+            out.append(read(item))
+        except ResultKeyError as exc:
+            raise exc.under(i) from None
     return out
 
 

@@ -30,6 +30,7 @@ No torch: the reports, the gate and the history read it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ from dflash_eval.session.rows import (
     _opt,
     plain,
     rows_from_dict,
+    rows_from_list,
 )
 from dflash_eval.session.run_blocks import ContextBlock, KernelChange, ProvenanceBlock, TargetBlock
 
@@ -280,38 +282,28 @@ def category_rows(prompts: Mapping[str, PromptRow], floors: Floors | None) -> di
     return cats
 
 
-def _rows(cls: Callable[[Any], Any], key: str) -> Callable[[Any], Any]:
-    """A reader of a list of ``cls`` rows under ``key`` (a key a row does not know or lacks is named under it)."""
-    def read(items: Any) -> list[Any]:
-        out = []
-        for i, item in enumerate(items):
-            try:
-                out.append(cls(item))
-            except ResultKeyError as exc:
-                raise exc.under(i).under(key) from None
-        return out
-    return read
+def _under(read: Callable[[Any], Any], key: str) -> Callable[[Any], Any]:
+    """``read`` of a top-level key's value, a key a record inside it does not know or lacks named under ``key``."""
+    def read_under(value: Any) -> Any:
+        try:
+            return read(value)
+        except ResultKeyError as exc:
+            raise exc.under(key) from None
+    return read_under
+
+
+def _rows(read: Callable[[Any], Any], key: str) -> Callable[[Any], Any]:
+    """A reader of a list of records under ``key`` (:func:`~dflash_eval.session.rows.rows_from_list`)."""
+    return _under(functools.partial(rows_from_list, read), key)
 
 
 def _mapping(cls: type[Row], key: str) -> Callable[[Any], Any]:
-    def read(items: Any) -> dict[str, Any]:
-        out = {}
-        for k, v in items.items():
-            try:
-                out[k] = cls.from_dict(v)
-            except ResultKeyError as exc:
-                raise exc.under(str(k)).under(key) from None
-        return out
-    return read
+    """A reader of a mapping of ``cls`` rows under ``key`` (:func:`~dflash_eval.session.rows.rows_from_dict`)."""
+    return _under(functools.partial(rows_from_dict, cls), key)
 
 
 def _one(cls: type[Row] | type[Verdict] | type[Speedup], key: str) -> Callable[[Any], Any]:
-    def read(value: Any) -> Any:
-        try:
-            return cls.from_dict(value)
-        except ResultKeyError as exc:
-            raise exc.under(key) from None
-    return read
+    return _under(cls.from_dict, key)
 
 
 #: How each typed top-level key is read (the others are kept as eval.json holds them).
