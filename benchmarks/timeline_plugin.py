@@ -12,6 +12,9 @@ stage of those names (``dflash_eval.common.progress.Meter.timed``, e.g. ``drift_
 ``<dir>/<stage>_<process>.txt`` at its end: the functions by own and by cumulative time. Time a process spends
 waiting for its GPU shows up as own time of the call that synchronises (``item``, ``tolist``, ``to``, ``cpu``).
 
+``unconfigure`` also adds ``gc``: the garbage collector's collections in the process from the plugin's import to
+that point, per generation (``{"0": [count, seconds], ...}``, CPU seconds, counted with :data:`gc.callbacks`).
+
 ``STARTUP_PROFILE_DIR=<dir>`` runs cProfile in every process from its ``pytest_configure`` to the end of its
 collection (for the controller of an xdist run: to the end of its session start) and writes
 ``<dir>/startup_<process>.txt``: the functions by cumulative time and which heavy libraries were imported by then.
@@ -20,6 +23,7 @@ collection (for the controller of an xdist run: to the end of its session start)
 from __future__ import annotations
 
 import cProfile
+import gc
 import io
 import json
 import os
@@ -39,6 +43,22 @@ _PROFILES: dict[str, cProfile.Profile] = {}
 _ACTIVE: set[str] = set()  # the stage being profiled now (one at a time: cProfile does not nest)
 _STARTUP: list[cProfile.Profile] = []  # the start-up profile while it runs
 HEAVY = ("torch", "transformers", "fla", "triton", "matplotlib", "safetensors", "tokenizers")
+
+
+_GC: dict[str, list[float]] = {}  # generation -> [collections, CPU seconds] since the plugin's import
+_GC_START: list[float] = [0.0]
+
+
+def _count_collections(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _GC_START[0] = time.process_time()
+        return
+    entry = _GC.setdefault(str(info["generation"]), [0, 0.0])
+    entry[0] += 1
+    entry[1] = round(entry[1] + time.process_time() - _GC_START[0], 4)
+
+
+gc.callbacks.append(_count_collections)
 
 
 def _heavy_imported() -> list[str]:
@@ -150,7 +170,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    _log(config, "unconfigure", heavy_modules=_heavy_imported())
+    _log(config, "unconfigure", heavy_modules=_heavy_imported(), gc=dict(_GC))
     if _PROFILES:
         _write_profiles(_proc(config))
 
