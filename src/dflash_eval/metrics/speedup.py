@@ -245,10 +245,29 @@ def _speedup(costs: RoundCosts, budget: int | None, tau: float, loop: Loop) -> t
     return tau * costs.step / r, r
 
 
+R = TypeVar("R", bound="_FlatRecord")
+
+
+class _FlatRecord:
+    """A dataclass eval.json holds as an object of all its fields, each written and each needed (:class:`Prediction`,
+    :class:`PooledSpeed`, :class:`LoopModel`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass
+
+    @classmethod
+    def from_dict(cls: type[R], d: Mapping[str, Any]) -> R:
+        """The record of :meth:`to_dict`; ResultKeyError naming a key it does not know or lacks."""
+        names = [f.name for f in fields(cls)]  # type: ignore[arg-type]  # every subclass is a dataclass
+        ResultKeyError.check(d, names)
+        return cls(**{n: d[n] for n in names})
+
+
 @dataclass(frozen=True)
-class Prediction:
-    """One strategy's predicted speed (module docstring): τ with its CI, the round's cost and parts, the speed-up
-    over plain decoding and the tokens per second, each with the interval τ's CI maps to."""
+class Prediction(_FlatRecord):
+    """One strategy's predicted speed (module docstring; eval.json's ``speedup.strategies`` and ``speedup.loop``
+    entries): τ with its CI, the round's cost and parts, the speed-up over plain decoding and the tokens per second,
+    each with the interval τ's CI maps to."""
 
     strategy: str
     loop: str
@@ -260,16 +279,6 @@ class Prediction:
     speedup_ci: list[float]
     tokens_per_s: float
     tokens_per_s_ci: list[float]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Prediction:
-        """A prediction of :meth:`to_dict` (eval.json's ``speedup.strategies`` and ``speedup.loop`` entries);
-        ResultKeyError naming a key it does not know or lacks."""
-        ResultKeyError.check(d, [f.name for f in fields(cls)])
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
 
 
 def _interval(values: Sequence[float | None]) -> list[float]:
@@ -324,7 +333,7 @@ def best_strategy(predictions: Mapping[str, Prediction]) -> str | None:
 
 
 @dataclass(frozen=True)
-class LoopModel:
+class LoopModel(_FlatRecord):
     """What a predicted speed-up's loop is (eval.json's ``speedup.models``, :data:`MODELS`): its name, the module
     that runs it, what it keeps and runs again, and how the model was checked."""
 
@@ -333,32 +342,14 @@ class LoopModel:
     what: str
     checked: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> LoopModel:
-        """A model of :meth:`to_dict`; ResultKeyError naming a key it does not know or lacks."""
-        ResultKeyError.check(d, [f.name for f in fields(cls)])
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
-
 
 @dataclass(frozen=True)
-class PooledSpeed:
+class PooledSpeed(_FlatRecord):
     """A strategy's predicted speed at its pooled τ (no CI; eval.json's ``speedup.pooled`` entries)."""
 
     tau: float | None
     speedup: float | None
     tokens_per_s: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> PooledSpeed:
-        """A pooled speed of :meth:`to_dict`; ResultKeyError naming a key it does not know or lacks."""
-        ResultKeyError.check(d, [f.name for f in fields(cls)])
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
 
 
 @dataclass(frozen=True)
