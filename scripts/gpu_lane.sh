@@ -188,6 +188,19 @@ if [ "$STAGE" = warmfloor ]; then
 step "warmfloor: bench_suite.py --before ${BEFORE_TREE:=.gl/before} --warm-repeat ${WARM_REPEAT:=3}, auto settings"
 timeout "${WARMFLOOR_TIMEOUT:-500}" python3 benchmarks/bench_suite.py --skip-xdist --before "$BEFORE_TREE" \
   --warm-repeat "$WARM_REPEAT" >> "$OUT/lane.log" 2>&1 || echo "warmfloor rc=$?" >> "$OUT/lane.log"
+# Where the warm run's time goes, on the cache the benchmark filled: two runs under benchmarks/timeline_plugin.py
+# (events per phase, the run's eval.json beside them), then one under cProfile (its stats file comes back).
+cache=$(ls -d /tmp/dflash-bench-*/cache 2>/dev/null | tail -n 1)
+for i in 1 2; do
+  T0=$(python3 -c "import time; print(time.time())")
+  PYTHONPATH="$PYTHONPATH:$PWD/benchmarks" TIMELINE_FILE="$OUT/warm_timeline_$i.jsonl" TIMELINE_T0=$T0 timeout 120 \
+    python3 -m pytest tests_eval -p no:cacheprovider -q -p timeline_plugin --cache-dir "$cache" \
+    --report-dir "/tmp/warmsplit_$i" > "/tmp/warmsplit_$i.log" 2>&1
+  echo "warm split run $i rc=$? s=$(python3 -c "import time; print(round(time.time() - $T0, 2))")" | tee -a "$OUT/lane.log"
+  cp "/tmp/warmsplit_$i/eval.json" "$OUT/warm_eval_$i.json" 2>/dev/null
+done
+timeout 180 python3 -m cProfile -o "$OUT/warm.prof" -m pytest tests_eval -p no:cacheprovider -q --cache-dir "$cache" \
+  --report-dir /tmp/warmprof > /tmp/warmprof.log 2>&1; echo "warm profile rc=$?" >> "$OUT/lane.log"
 fi
 if [ "$STAGE" = wide ]; then
 step "scaling: -n 0 vs -n 2 and --device-map on a random 27B-width target"
