@@ -48,11 +48,15 @@ target re-run on real data, can see them:
   bundled drafter reads (layer :data:`PAST_DRAFTER`, whose output no feature holds), on inputs of more than one
   chunk (so not the fingerprint text): only the logits (the teacher-forced argmax, the completions) show it.
 
+- ``deep_decode``: the recurrent delta rule's output on decode steps (single-token calls) only, in the layers from
+  :data:`DEEP` on, noise of :data:`DECODE_REL`: the probe decodes through one layer; the witness decodes the real
+  target's first steps after the shortest prompt and the last steps of the longest sequence again (the decode
+  entries).
+
 And one no warm check sees (:data:`UNSEEN`: docs/design.md says why), kept to show the limit:
 
-- ``deep_decode``: the recurrent delta rule's output on decode steps (single-token calls) only, in the layers from
-  :data:`DEEP` on, noise of :data:`DECODE_REL`: the probe decodes through one layer, the witness re-runs no decode
-  step.
+- ``deep_batched_decode``: the same, on decode steps of batches of more than one sequence only: the probe's batched
+  decode runs one layer of each type, the witness decodes one sequence at a time.
 
 ``install(name)`` patches and returns the undo; ``plugin_source(name)`` is a pytest plugin module that installs it
 in a suite subprocess (``-p <module>``).
@@ -223,13 +227,17 @@ def _faults(mod) -> dict[str, tuple[object, str, Callable]]:
             "past_drafter_layers": (mod, "torch_chunk_gated_delta_rule",
                                     deep(chunk, lambda layer, q: layer == PAST_DRAFTER and q.shape[1] > CHUNK)),
             "deep_decode": (mod, "torch_recurrent_gated_delta_rule",
-                            deep(recur, lambda layer, q: layer >= DEEP and q.shape[1] == 1, DECODE_REL))}
+                            deep(recur, lambda layer, q: layer >= DEEP and q.shape[1] == 1, DECODE_REL)),
+            "deep_batched_decode": (mod, "torch_recurrent_gated_delta_rule",
+                                    deep(recur, lambda layer, q: layer >= DEEP and q.shape[0] > 1 and q.shape[1] == 1,
+                                         DECODE_REL))}
 
 
 #: faults the kernel probe cannot see, which the witness must (module docstring)
-BLIND = ("deep_chunk", "deep_recurrent", "large_activations", "bf16_deep", "rotary_late", "past_drafter_layers")
+BLIND = ("deep_chunk", "deep_recurrent", "large_activations", "bf16_deep", "rotary_late", "past_drafter_layers",
+         "deep_decode")
 #: a fault no warm check sees (module docstring)
-UNSEEN = ("deep_decode",)
+UNSEEN = ("deep_batched_decode",)
 #: the faults the probe sees, each on the path of some probe
 FAULTS = tuple(f for f in _faults(importlib.import_module(MODELING)) if f not in BLIND + UNSEEN)
 #: the run's settings under which a fault shows in what the run's own dtype makes (bf16 only: a bf16 run)

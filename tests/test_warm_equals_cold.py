@@ -19,7 +19,7 @@ large activations of the real target's deeper layers, one dtype (bf16 only, in a
 length (the rotary tables), the layers past the deepest one the drafter reads (only the logits show it). The witness
 sees them on the real target, and the run's verdict on its kernels then keeps every entry those kernels made from
 being used: the warm run makes them again, as the cold run does. One class no warm check sees
-(:data:`kernel_faults.UNSEEN`: decode steps in the deeper layers) is checked to stay unseen, the limit
+(:data:`kernel_faults.UNSEEN`: batched decode steps in the deeper layers) is checked to stay unseen, the limit
 docs/design.md states.
 
 In-process (the session API, as the suite's fixtures use it) on the bundled target and drafter, 2 prompts x 64 new
@@ -139,8 +139,9 @@ def test_a_warm_run_reads_what_a_cold_run_makes(fault: str, warm_caches, tmp_pat
 
 @pytest.mark.parametrize("fault", UNSEEN)
 def test_a_fault_no_warm_check_sees_stays_unseen(fault: str, warm_caches, tmp_path) -> None:
-    """The limit docs/design.md states ("What the warm run re-checks and what it cannot see"): decode steps confined
-    to the deeper layers change the completions of a cold run, and nothing a warm run re-checks runs them."""
+    """The limit docs/design.md states ("What the warm run re-checks and what it cannot see"): decode steps of
+    batches confined to the deeper layers change the completions of a cold run (made in batches), and nothing a warm
+    run re-checks runs them (the witness decodes one sequence at a time)."""
     clean_cache, clean = warm_caches(fault)
     warm, warm_ev, cold_ev = _warm_and_cold(fault, clean_cache, tmp_path)
     assert any(k.startswith("completion/") for k in _same(clean, cold_ev)), "the fault moved no completion"

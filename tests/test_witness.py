@@ -10,6 +10,8 @@ live target and compares them with the cached features.
   ones goes back to the first entries (witnessed under the earlier token: nothing produced either);
 - under ``--cache-only`` the mismatch is an error naming what differs and what to do;
 - the τ impact of a mismatch is added to its message where the run's result is built;
+- the cold run caches the decode steps of its shortest and longest sequences beside their features; a warm run makes
+  them again, and a fault on the deeper layers' decode path alone is named as a decode mismatch;
 - ``--witness-prompts 0`` checks nothing; a CPU compares bit for bit (with the torch thread count the cached
   features were extracted with), a GPU within the measured bound.
 
@@ -25,7 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from kernel_faults import MODELING, noisy
+from kernel_faults import MODELING, install, noisy
 
 from dflash_eval.errors import CacheError
 from dflash_eval.features.witness import GPU_BOUND, reproducibility_bound
@@ -184,3 +186,51 @@ def test_the_witness_extracts_with_the_thread_count_of_the_cache(tmp_path, monke
 def test_a_cpu_compares_bit_for_bit_a_gpu_within_the_measured_bound():
     assert reproducibility_bound(RECURRENT, "cpu") == 0.0
     assert reproducibility_bound(Side("fla", torch.bfloat16), "cuda") == GPU_BOUND["torch.bfloat16"]
+
+
+def test_decode_steps_are_cached_for_the_next_witness_and_named_when_they_move(tmp_path):
+    """The cold run caches the decode steps the next witness makes again (:meth:`Witness.decode_plan`: batch 1, a
+    prefill with the model's cache, then single-token steps right after the prompt of the shortest sequence and at
+    the end of the longest), which equal the teacher-forced logits at those positions up to float rounding; a warm
+    run makes them again and compares them bit for bit, so a fault on the decode path alone (single-token calls of
+    the recurrent rule in the deeper layers, which no prefill, no feature and no probe runs) is named as a decode
+    mismatch of the evaluation side."""
+    from dflash_eval.references.teacher_forced import DECODE_STEPS, decode_request
+
+    off = _session(tmp_path / "off", witness_prompts=0, num_prompts=4)  # no witness: no decode entries
+    _features(off, off.inputs.eval_side)
+    assert off.store.witness.decode_plan() == {} and not list((tmp_path / "off").rglob("decode"))
+    cache = tmp_path / "cache"
+    cold = _session(cache, num_prompts=4)
+    _features(cold, cold.inputs.eval_side)
+    refs = cold.evaluation.references
+    comps = refs.completions()
+    seqs = {pid: comps[pid].sequence for pid in comps}
+    short, long = min(seqs, key=lambda p: (len(seqs[p]), p)), max(seqs, key=lambda p: (len(seqs[p]), p))
+    plan = cold.store.witness.decode_plan()
+    assert plan == {short: (len(refs.prompt_ids(short)),), long: (len(seqs[long]) - DECODE_STEPS,)}, plan
+    for pid, starts in plan.items():
+        entry = cold.inputs.cache.lookup(decode_request(cold.inputs, pid, seqs[pid], starts), count=False)
+        assert entry is not None, pid
+        positions = [p for s in starts for p in range(s, min(s + DECODE_STEPS, len(seqs[pid])))]
+        top = refs.argmax.top(pid)
+        assert torch.equal(entry.tensors["top_ids"][:, 0], top["top_ids"][positions, 0])
+        assert torch.allclose(entry.tensors["top_logits"], top["top_logits"][positions], atol=1e-4)
+
+    warm = _session(cache, num_prompts=4)
+    _features(warm, warm.inputs.eval_side)
+    check = warm.store.witness.checks[warm.inputs.eval_side.label]
+    assert set(check.decoded) == set(plan) and not check.mismatches  # the witness made the cached steps again
+
+    undo = install("deep_decode")  # the deeper layers' single-token calls only: no probe runs them
+    try:
+        faulty = _session(cache, num_prompts=4)
+        with pytest.warns(KernelOutputChanged, match=r"witness: the live target's decode steps of prompt '[^']+' "
+                                                     r"\(torch/float32\) differ from the cached ones bit for bit: "
+                                                     r"first at the step that reads position \d+ of \d+"):
+            _features(faulty, faulty.inputs.eval_side)
+    finally:
+        undo()
+    found = faulty.store.witness.checks[faulty.inputs.eval_side.label].mismatches
+    assert found and all(m.what == "decode" and m.prompt in plan and m.position >= plan[m.prompt][0]
+                         for m in found), found

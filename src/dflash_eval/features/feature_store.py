@@ -40,7 +40,12 @@ from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.drift import fingerprint as layer_fingerprint
 from dflash_eval.references.conversations import HistoryMissing
 from dflash_eval.references.greedy import CompletionRecord, References
-from dflash_eval.references.teacher_forced import teacher_forced_forward
+from dflash_eval.references.teacher_forced import (
+    decode_forward,
+    decode_produced,
+    decode_request,
+    teacher_forced_forward,
+)
 from dflash_eval.target.backends import check_backend_device, use_backend
 from dflash_eval.target.hidden_states import layer_features
 from dflash_eval.target.kernel_probe import ProbeResult, ProbeShape
@@ -66,9 +71,10 @@ class FeatureStore:
         self.inputs, self.references = inputs, references
         self._present: set[tuple[str, str, str, int]] = set()  # (prompt, backend, dtype, layer) ensured this session
         self._fingerprint: dict[str, Any] | None = None
+        self._plan: dict[str, tuple[int, ...]] | None = None
         self.probes = probes or inputs.kernel_probes
         if witness is None:
-            witness = Witness(inputs, self._known_sequence, self._cached_feature)
+            witness = Witness(inputs, self._known_sequence, self._cached_feature, self._prompt_length)
             if inputs.kernel_verdict.judge is None:  # the run's verdict on its kernels (inputs/kernel_verdict.py)
                 inputs.kernel_verdict.judge = witness.verdict
         self.witness = witness
@@ -106,6 +112,16 @@ class FeatureStore:
         except HistoryMissing:
             return None
         return None if rec is None else rec.sequence
+
+    def _prompt_length(self, pid: str) -> int | None:
+        """The length of ``pid``'s prompt ids (None for the fingerprint text, or a later turn whose earlier turns are
+        not known)."""
+        if pid == FINGERPRINT:
+            return None
+        try:
+            return len(self.references.prompt_ids(pid))
+        except HistoryMissing:
+            return None
 
     def _cached_feature(self, pid: str, seq: list[int], layer: int,
                         side: Side) -> tuple[torch.Tensor, int | None] | None:
@@ -150,8 +166,11 @@ class FeatureStore:
         """Every layer of ``layers`` of ``seq`` in one target forward; on the evaluation backend and dtype the
         forward gives the references stage's argmax entry of ``seq`` too, when it is not cached."""
         s = self.inputs.settings
-        also = [self.references.argmax_request(pid, seq)] if pid != "fingerprint" and (
-            side.backend == s.eval_backend and side.dtype == s.torch_dtype) else []
+        also = []
+        if pid != "fingerprint" and side.backend == s.eval_backend and side.dtype == s.torch_dtype:
+            also.append(self.references.argmax_request(pid, seq))
+            if (starts := self._decode_plan().get(pid)) is not None:  # what a later witness decodes again
+                also.append(decode_request(self.inputs, pid, seq, starts))
         return Batch([self.request(pid, seq, i, side) for i in layers], self._extractor(pid, seq, side), lock=lock,
                      also=also)
 
@@ -204,6 +223,13 @@ class FeatureStore:
         return FeatureMap(list(seqs), {pid: len(seq) for pid, seq in seqs.items()},
                           lambda pid: self.read_prompt(pid, seqs[pid], side, layers))
 
+    def _decode_plan(self) -> dict[str, tuple[int, ...]]:
+        """The prompts whose decode entries are made beside their features, and where their steps start
+        (:meth:`Witness.decode_plan`), found once per :meth:`ensure` call."""
+        if self._plan is None:
+            self._plan = self.witness.decode_plan()
+        return self._plan
+
     def ensure(self, seqs: dict[str, list[int]], side: Side, layers: tuple[int, ...]) -> None:
         """Make every feature entry of ``seqs`` x ``layers`` present (not read: each consumer reads and checks what it
         needs); the entries ensured once are not looked up again in this session."""
@@ -212,6 +238,7 @@ class FeatureStore:
         for n in sorted({len(seq) for seq in seqs.values()}):
             self.probe(side, n)  # the probes first: the witness's keys need them, and they are timed apart
         inp.kernel_verdict.token(side.dtype)  # the witness's verdict, before any key of the side (timed apart too)
+        self._plan = None  # the sequences known now decide it
         with inp.meter.timed("features"):
             batches = [self._batch(pid, seq, need, side, self._group_lock(seq, side)) for pid, seq in seqs.items()
                        if (need := tuple(i for i in layers if (pid, *tag, i) not in self._present))]
@@ -251,23 +278,31 @@ class FeatureStore:
         """The producer of a batch of :meth:`_batch`: one target forward for the layers asked (and the argmax).
 
         With the argmax the forward runs to the logits (the teacher-forced argmax's own forward, with the layers
-        captured on the way: the same features as a forward stopped after the deepest layer, bit for bit)."""
+        captured on the way: the same features as a forward stopped after the deepest layer, bit for bit); with the
+        decode entry the target's decode steps run too (:func:`~dflash_eval.references.teacher_forced.
+        decode_forward`)."""
         inp = self.inputs
 
         def produce(todo: list[Request]) -> list[Produced]:
             missing = tuple(int(r.fields["layer"]) for r in todo if r.kind == "features")
             with_argmax = any(r.kind == "argmax" for r in todo)
+            decode = next((r for r in todo if r.kind == "decode"), None)
             with inp.meter.timed("target_forward"), use_backend(side.backend, inp.settings.torch_device) as info:
                 if with_argmax:
                     feats, logits = teacher_forced_forward(inp.target.model, seq, inp.target.device, missing)
                 else:
                     feats = layer_features(inp.model_for(side.dtype), torch.tensor(seq, dtype=torch.long),
                                            list(missing))
+                if decode is not None:
+                    steps = decode_forward(inp.target.model, seq, decode.fields["decode_starts"], inp.target.device)
             inp.meter.counts["target_forwards"] += 1
             out = []
             for r in todo:
                 if r.kind == "argmax":
                     out.append(self.references.argmax_produced(pid, logits))
+                    continue
+                if r.kind == "decode":
+                    out.append(decode_produced(pid, steps))
                     continue
                 i = int(r.fields["layer"])
                 meta = {"prompt_id": pid, "provenance": provenance(

@@ -12,7 +12,11 @@ completion) of the selection in each length bucket (:func:`dflash_eval.target.ke
 ``--witness-prompts`` more prompts of the selection in a seeded order; it extracts their cached layers with the live
 kernels (one forward per sequence, stopped after the deepest cached layer), on the evaluation backend and dtype
 through the forward to the logits, which it also compares with the cached teacher-forced argmax entry (every layer
-and the head, at the real lengths); it compares exactly where the backend is deterministic (every backend on a CPU,
+and the head, at the real lengths), and there it makes again the cached decode steps of the sequence (the references
+stage's ``decode`` entry, made beside the features of two sequences every later witness takes: :meth:`Witness.
+decode_plan`): single-token steps with the model's cache right after the prompt of the shortest sequence and at the
+end of the longest, every layer's decode path at the shortest and the longest cache, which no prefill runs; it
+compares exactly where the backend is deterministic (every backend on a CPU,
 run with the torch thread count the cached entries were made with: the torch-recurrent rule's last bits depend on
 it), within :func:`reproducibility_bound` elsewhere (measured across clean re-runs: docs/gpu-drift.md). Nothing
 cached, nothing to compare: a cold run produces everything with the live kernels anyway.
@@ -54,7 +58,13 @@ from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.metrics.drift import Side
 from dflash_eval.metrics.verdict import within_bound
 from dflash_eval.references.server_check import teacher_forced_tensors
-from dflash_eval.references.teacher_forced import argmax_request, teacher_forced_forward
+from dflash_eval.references.teacher_forced import (
+    DECODE_STEPS,
+    argmax_request,
+    decode_forward,
+    decode_request,
+    teacher_forced_forward,
+)
 from dflash_eval.target.backends import use_backend
 from dflash_eval.target.hidden_states import layer_features
 from dflash_eval.target.kernel_probe import bucket, tensor_digest
@@ -99,6 +109,10 @@ class WitnessMismatch:
 
     def describe(self) -> str:
         how = "bit for bit" if self.bound == 0 else f"beyond the reproducibility bound {self.bound:.0e}"
+        if self.what == "decode":
+            return (f"witness: the live target's decode steps of prompt {self.prompt!r} ({self.side}) differ from the "
+                    f"cached ones {how}: first at the step that reads position {self.position} of {self.tokens} "
+                    f"(best logits rel_err {self.rel_err:.3e}, max |diff| {self.max_abs:.3e})")
         if self.what == "logits":
             return (f"witness: the live target's teacher-forced logits of prompt {self.prompt!r} ({self.side}) differ "
                     f"from the cached ones {how}: first at position {self.position} of {self.tokens} (best logits "
@@ -119,6 +133,7 @@ class WitnessCheck:
     token: str
     mismatches: list[WitnessMismatch] = field(default_factory=list)
     skipped: str | None = None
+    decoded: list[str] = field(default_factory=list)  # prompts whose cached decode steps were made again
     load_seconds: float = 0.0  # the target (in the side's dtype) loaded for the witness, when it was not yet
     total_seconds: float = 0.0  # the whole witness of the side: the cache reads, the registry and lock too
 
@@ -166,6 +181,20 @@ def _extract(model: torch.nn.Module, seq: list[int], layers: tuple[int, ...], si
         torch.set_num_threads(saved)
 
 
+def _decode(model: torch.nn.Module, seq: list[int], starts: tuple[int, ...], side: Side,
+            device: torch.device | str, threads: int | None) -> Tensor:
+    """The live logits of the decode steps of ``seq`` from ``starts`` (:func:`~dflash_eval.references.
+    teacher_forced.decode_forward`), on a CPU with the torch thread count the cached entry was made with."""
+    saved = torch.get_num_threads()
+    if threads and torch.device(device).type == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        with use_backend(side.backend, device):
+            return decode_forward(model, seq, starts, device)
+    finally:
+        torch.set_num_threads(saved)
+
+
 def _argmax_difference(live: dict[str, Tensor], cached: dict[str, Tensor],
                        bound: float) -> tuple[int, float, float] | None:
     """(first position, relative L2 error of the best logits, max |diff|) where the live teacher-forced entry differs
@@ -195,8 +224,9 @@ class Witness:
     sequence, layer, side) under the token in effect and the torch thread count it was extracted with, None when not
     cached."""
 
-    def __init__(self, inputs: Inputs, sequence: Callable[[str], list[int] | None], lookup: Lookup) -> None:
-        self.inputs, self.sequence, self.lookup = inputs, sequence, lookup
+    def __init__(self, inputs: Inputs, sequence: Callable[[str], list[int] | None], lookup: Lookup,
+                 prompt_length: Callable[[str], int | None] = lambda pid: None) -> None:
+        self.inputs, self.sequence, self.lookup, self.prompt_length = inputs, sequence, lookup, prompt_length
         self.checks: dict[str, WitnessCheck] = {}
         self._live: dict[str, str] = {}  # side/prompt -> digest of its live witnessed features (the last check)
 
@@ -251,7 +281,9 @@ class Witness:
         self._live = {}
         with self.inputs.kernel_verdict.trying(dtype, token):
             order = self._order()
-            return [self._check(side, layers, token, self.inputs.settings.witness_prompts, order) for side in sides]
+            plan = self.decode_plan(order)
+            return [self._check(side, layers, token, self.inputs.settings.witness_prompts, order, plan)
+                    for side in sides]
 
     def _earlier(self, dtype: torch.dtype, sides: list[Side], was: str) -> str | None:
         """The most recent earlier token whose cached entries the live kernels reproduce (something compared, nothing
@@ -285,11 +317,11 @@ class Witness:
 
     # ------------------------------------------------------------------------------------ one side
     def _check(self, side: Side, layers: tuple[int, ...], token: str, n: int,
-               order: list[tuple[str, list[int], bool]]) -> WitnessCheck:
+               order: list[tuple[str, list[int], bool]], plan: dict[str, tuple[int, ...]]) -> WitnessCheck:
         """Extract the sample's features (of the sequences in ``order``: :meth:`_order`) with the live kernels and
         compare them with the cached ones; on the evaluation backend and dtype through the forward to the logits,
         compared with the cached teacher-forced argmax entry too (every layer and the head, at the run's real
-        lengths)."""
+        lengths), and the cached decode steps of the prompts of ``plan`` (:meth:`decode_plan`) made again."""
         inp, s = self.inputs, self.inputs.settings
         check = WitnessCheck(side.label, [], [], 0.0, token)
         t_side, apart0 = time.perf_counter(), self._apart()
@@ -329,6 +361,16 @@ class Witness:
                 if diff is not None:
                     check.mismatches.append(WitnessMismatch(side.label, pid, inp.target_dir.num_layers, diff[0],
                                                             len(seq), diff[1], diff[2], bound, what="logits"))
+            starts = plan.get(pid) if with_argmax else None
+            decode = self._cached_decode(pid, seq, starts) if starts is not None else None
+            if starts is not None and decode is not None and not any(m.prompt == pid for m in check.mismatches):
+                live_steps = _decode(model, seq, starts, side, s.torch_device, decode[1])
+                diff = _argmax_difference(teacher_forced_tensors(live_steps), decode[0], bound)
+                check.decoded.append(pid)
+                if diff is not None:
+                    at = [p for st in starts for p in range(st, min(st + DECODE_STEPS, len(seq)))][diff[0]]
+                    check.mismatches.append(WitnessMismatch(side.label, pid, inp.target_dir.num_layers, at,
+                                                            len(seq), diff[1], diff[2], bound, what="decode"))
             check.seconds += time.perf_counter() - t1
         if not check.prompts:
             check.skipped = "no prompt of the selection has these features cached (a cold run: nothing to compare)"
@@ -350,6 +392,42 @@ class Witness:
             return None
         threads = e.meta.get("torch_threads")
         return dict(e.tensors), threads if isinstance(threads, int) else None
+
+    def _cached_decode(self, pid: str, seq: list[int],
+                       starts: tuple[int, ...]) -> tuple[dict[str, Tensor], int | None] | None:
+        """The cached decode entry of ``seq`` from ``starts`` under the token in effect (:func:`~dflash_eval.
+        references.teacher_forced.decode_request`) and the torch thread count it was made with; None when not
+        cached."""
+        req = decode_request(self.inputs, pid, seq, starts)
+        if not self.inputs.cache.exists(req.kind, req.key):
+            return None
+        e = self.inputs.cache.lookup(req, count=False)
+        if e is None:
+            return None
+        threads = e.meta.get("torch_threads")
+        return dict(e.tensors), threads if isinstance(threads, int) else None
+
+    def decode_plan(self, order: list[tuple[str, list[int], bool]] | None = None) -> dict[str, tuple[int, ...]]:
+        """Which prompts' decode entries a run makes beside their features on the evaluation side, and where their
+        single-token steps start: right after the prompt of the shortest known sequence (the first decode steps over
+        the shortest KV cache) and :data:`~dflash_eval.references.teacher_forced.DECODE_STEPS` before the end of the
+        longest (the last steps over the longest); two sequences a later witness always takes (the extremes of
+        ``order``, by default :meth:`_order`). None without a witness."""
+        if self.inputs.settings.witness_prompts <= 0:
+            return {}
+        known = [(len(seq), pid) for pid, seq, extreme in (self._order() if order is None else order)
+                 if extreme and pid != FINGERPRINT]
+        if not known:
+            return {}
+        (_, short), (n_long, long) = min(known), max(known)
+        first = self.prompt_length(short)
+        plan: dict[str, set[int]] = {}
+        if first is not None:
+            plan.setdefault(short, set()).add(first)
+        last = self.prompt_length(long)
+        if last is not None:
+            plan.setdefault(long, set()).add(max(last, n_long - DECODE_STEPS))
+        return {pid: tuple(sorted(starts)) for pid, starts in plan.items()}
 
     def _order(self) -> list[tuple[str, list[int], bool]]:
         """(name, sequence, is an extreme) of the sequences the witness may take, in order: the fingerprint text, the

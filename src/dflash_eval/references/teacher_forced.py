@@ -32,7 +32,11 @@ from dflash_eval.target.backends import use_backend
 from dflash_eval.target.hidden_states import LayerCapture
 from dflash_eval.target.kernel_probe import ProbeShape
 
-__all__ = ["TeacherForced", "argmax_fields", "argmax_produced", "argmax_request", "teacher_forced_forward"]
+__all__ = ["TeacherForced", "argmax_fields", "argmax_produced", "argmax_request", "teacher_forced_forward",
+           "DECODE_STEPS", "decode_request", "decode_forward", "decode_produced"]
+
+#: single-token steps a decode entry holds at each of its starts (:func:`decode_request`)
+DECODE_STEPS = 2
 
 
 def argmax_fields(inp: Inputs, seq: list[int]) -> dict[str, Any]:
@@ -52,6 +56,42 @@ def argmax_request(inp: Inputs, pid: str, seq: list[int]) -> Request:
     k = min(TOP_K, inp.vocab_size)
     return Request("argmax", argmax_fields(inp, seq), what=f"teacher-forced argmax of {pid!r}", item=pid,
                    expect=Expected(tensors={"top_ids": (torch.int64, (n, k)), "top_logits": (torch.float32, (n, k))}))
+
+
+def decode_request(inp: Inputs, pid: str, seq: list[int], starts: tuple[int, ...]) -> Request:
+    """The decode entry of prompt ``pid``'s sequence ``seq`` (prompt + completion): the target's :data:`TOP_K` best
+    token ids and logits of every single-token step :func:`decode_forward` runs from ``starts``, on the evaluation
+    backend and dtype. The witness makes these steps again: the kernels' decode path (the recurrent rule, the
+    convolution's update, attention over a KV cache) in every layer of the real target, which no teacher-forced
+    forward runs."""
+    k = min(TOP_K, inp.vocab_size)
+    n = sum(min(DECODE_STEPS, len(seq) - s) for s in starts)
+    return Request("decode", {**argmax_fields(inp, seq), "decode_starts": list(starts), "decode_steps": DECODE_STEPS},
+                   what=f"decode steps of {pid!r}", item=pid,
+                   expect=Expected(tensors={"top_ids": (torch.int64, (n, k)), "top_logits": (torch.float32, (n, k))}))
+
+
+def decode_forward(model: torch.nn.Module, seq: list[int], starts: tuple[int, ...] | list[int],
+                   device: torch.device | str) -> torch.Tensor:
+    """The target's float32 logits [S, V] of each single-token step of ``seq`` from each of ``starts``: a prefill of
+    the tokens before the start with the model's cache, then up to :data:`DECODE_STEPS` of the following tokens fed
+    one at a time, as greedy generation decodes (batch 1, unpadded)."""
+    rows = []
+    with torch.no_grad():
+        for start in starts:
+            out = model(input_ids=torch.tensor([seq[:start]], device=device), use_cache=True)
+            for tok in seq[start:start + DECODE_STEPS]:
+                # the model's cache under the name its transformers release returns it by (``cache`` from 5.24 on)
+                name = "cache" if "cache" in out else "past_key_values"
+                out = model(input_ids=torch.tensor([[tok]], device=device), use_cache=True, **{name: out[name]})
+                rows.append(out.logits[0, -1].float())
+    return torch.stack(rows)
+
+
+def decode_produced(pid: str, logits: torch.Tensor) -> Produced:
+    """The decode entry of prompt ``pid`` from :func:`decode_forward`'s logits (with the torch thread count)."""
+    return Produced(teacher_forced_tensors(logits), {"prompt_id": pid, "torch_threads": torch.get_num_threads(),
+                                                     "what": "decode steps"})
 
 
 def argmax_produced(pid: str, logits: torch.Tensor) -> Produced:
