@@ -46,8 +46,7 @@ target re-run on real data, can see them:
   attention layers from :data:`DEEP` on apply them;
 - ``past_drafter_layers``: the chunked delta rule's output in the Gated DeltaNet layers past the deepest one the
   bundled drafter reads (layer :data:`PAST_DRAFTER`, whose output no feature holds), on inputs of more than one
-  chunk (so not the fingerprint text): only the logits (the teacher-forced argmax, the completions) show it.
-
+  chunk (so not the fingerprint text): only the logits (the teacher-forced argmax, the completions) show it;
 - ``deep_decode``: the recurrent delta rule's output on decode steps (single-token calls) only, in the layers from
   :data:`DEEP` on, noise of :data:`DECODE_REL`: the probe decodes through one layer; the witness decodes the real
   target's first steps after the shortest prompt and the last steps of the longest sequence again (the decode

@@ -16,10 +16,10 @@ and the head, at the real lengths), and there it makes again the cached decode s
 stage's ``decode`` entry, made beside the features of two sequences every later witness takes: :meth:`Witness.
 decode_plan`): single-token steps with the model's cache right after the prompt of the shortest sequence and at the
 end of the longest, every layer's decode path at the shortest and the longest cache, which no prefill runs; it
-compares exactly where the backend is deterministic (every backend on a CPU,
-run with the torch thread count the cached entries were made with: the torch-recurrent rule's last bits depend on
-it), within :func:`reproducibility_bound` elsewhere (measured across clean re-runs: docs/gpu-drift.md). Nothing
-cached, nothing to compare: a cold run produces everything with the live kernels anyway.
+compares exactly where the backend is deterministic (every backend on a CPU, run with the torch thread count the
+cached entries were made with: the torch-recurrent rule's last bits depend on it), within
+:func:`reproducibility_bound` elsewhere (measured across clean re-runs: docs/gpu-drift.md). Nothing cached, nothing
+to compare: a cold run produces everything with the live kernels anyway.
 
 A mismatch names the side, the prompt, the layer (or the logits) and the first position where the live target
 differs (with the relative error); then nothing the kernels of that dtype made is used as cached: another *witness
@@ -412,7 +412,7 @@ class Witness:
         single-token steps start: right after the prompt of the shortest known sequence (the first decode steps over
         the shortest KV cache) and :data:`~dflash_eval.references.teacher_forced.DECODE_STEPS` before the end of the
         longest (the last steps over the longest); two sequences a later witness always takes (the extremes of
-        ``order``, by default :meth:`_order`). None without a witness."""
+        ``order``, by default :meth:`_order`). Empty without a witness."""
         if self.inputs.settings.witness_prompts <= 0:
             return {}
         known = [(len(seq), pid) for pid, seq, extreme in (self._order() if order is None else order)
