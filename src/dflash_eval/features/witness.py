@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dflash_eval.cache.requests import Request
 from dflash_eval.errors import CacheError
 from dflash_eval.inputs.run_inputs import Inputs
 from dflash_eval.metrics.drift import Side
@@ -332,7 +333,7 @@ class Witness:
             if not extreme and sample >= n:
                 break
             found = {i: t for i in layers if (t := self.lookup(pid, seq, i, side)) is not None}
-            argmax = self._cached_argmax(pid, seq) if with_argmax and pid != FINGERPRINT else None
+            argmax = self._cached(argmax_request(inp, pid, seq)) if with_argmax and pid != FINGERPRINT else None
             if not found and argmax is None:
                 continue  # not cached: produced with the live kernels
             cached = {i: t[0] for i, t in found.items()}
@@ -362,7 +363,7 @@ class Witness:
                     check.mismatches.append(WitnessMismatch(side.label, pid, inp.target_dir.num_layers, diff[0],
                                                             len(seq), diff[1], diff[2], bound, what="logits"))
             starts = plan.get(pid) if with_argmax else None
-            decode = self._cached_decode(pid, seq, starts) if starts is not None else None
+            decode = self._cached(decode_request(inp, pid, seq, starts)) if starts is not None else None
             if starts is not None and decode is not None and not any(m.prompt == pid for m in check.mismatches):
                 live_steps = _decode(model, seq, starts, side, s.torch_device, decode[1])
                 diff = _argmax_difference(teacher_forced_tensors(live_steps), decode[0], bound)
@@ -381,24 +382,9 @@ class Witness:
         """The seconds this process spent so far in the stages :data:`APART`."""
         return sum(self.inputs.meter.timings.get(k, 0.0) for k in APART)
 
-    def _cached_argmax(self, pid: str, seq: list[int]) -> tuple[dict[str, Tensor], int | None] | None:
-        """The cached teacher-forced argmax entry of ``seq`` under the token in effect and the torch thread count
-        it was made with (None when not recorded); None when not cached."""
-        req = argmax_request(self.inputs, pid, seq)
-        if not self.inputs.cache.exists(req.kind, req.key):
-            return None
-        e = self.inputs.cache.lookup(req, count=False)
-        if e is None:
-            return None
-        threads = e.meta.get("torch_threads")
-        return dict(e.tensors), threads if isinstance(threads, int) else None
-
-    def _cached_decode(self, pid: str, seq: list[int],
-                       starts: tuple[int, ...]) -> tuple[dict[str, Tensor], int | None] | None:
-        """The cached decode entry of ``seq`` from ``starts`` under the token in effect (:func:`~dflash_eval.
-        references.teacher_forced.decode_request`) and the torch thread count it was made with; None when not
-        cached."""
-        req = decode_request(self.inputs, pid, seq, starts)
+    def _cached(self, req: Request) -> tuple[dict[str, Tensor], int | None] | None:
+        """The tensors of the cached entry of ``req`` (a teacher-forced argmax or decode entry, under the token in
+        effect) and the torch thread count it was made with (None when not recorded); None when not cached."""
         if not self.inputs.cache.exists(req.kind, req.key):
             return None
         e = self.inputs.cache.lookup(req, count=False)
