@@ -70,6 +70,7 @@ requests per path (how tests check that a client asked for readiness or identity
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -150,9 +151,18 @@ class StandIn:
                 self._load()
 
     def _load(self) -> None:
-        import torch
-        import transformers
-        from transformers import AutoModelForCausalLM
+        # Importing torch and transformers makes a few hundred thousand objects that live as long as the server; the
+        # cyclic collector would walk them several times while they are made and at every full collection after.
+        # Paused while they load, then moved to the permanent generation: as SGLang, the stand-in lives until it is
+        # killed, and the tests start it dozens of times.
+        gc.disable()
+        try:
+            import torch
+            import transformers
+            from transformers import AutoModelForCausalLM
+        finally:
+            gc.enable()
+            gc.freeze()
 
         transformers.logging.set_verbosity_error()
         torch.set_num_threads(1)

@@ -28,18 +28,22 @@ Run: ``pytest tests/test_kernel_probe.py -p no:cacheprovider``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from kernel_faults import BLIND, FAULTS, LONG, UNSEEN, install
 
 from dflash_eval.errors import ConfigError
+from dflash_eval.target import kernel_probe as kp
 from dflash_eval.target.kernel_probe import (
     DECODE_STEPS,
     MIN_BUCKET,
@@ -233,6 +237,53 @@ def test_the_integer_fold_sees_one_bit():
     assert not torch.equal(fold(y), a) and torch.equal(fold(x.clone()), a)
     assert not torch.equal(fold(x.to(torch.bfloat16)), fold(x.to(torch.bfloat16) * (1 + 2 ** -7)))
     assert fold(torch.tensor([True, False])).shape == (4,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.bool])
+def test_the_integer_fold_is_its_definition(dtype):
+    """Four sums over the elements' 16-bit halves (lo, hi, lo, hi), each weighted by ``(i a + b) mod p + 1``, modulo
+    2**61 - 1, written out in Python: the fold's tensor operations compute exactly that, for elements of 4 bytes and
+    of 2 or 1 (no high half)."""
+    x = torch.randn(1500, generator=torch.Generator().manual_seed(1)) * 300
+    x = x > 0 if dtype == torch.bool else x.to(dtype)
+    size = max(1, x.element_size())
+    raw = x.to(torch.uint8) if dtype == torch.bool else x
+    ints = [v & ((1 << (8 * size)) - 1) for v in raw.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[size]).tolist()]
+    halves = ([v & 0xFFFF for v in ints], [v >> 16 for v in ints])
+    want = [sum(h * ((i * a + b) % kp._FOLD_P + 1) for i, h in enumerate(halves[k % 2])) % ((1 << 61) - 1)
+            for k, (a, b) in enumerate(kp._FOLD_AB)]
+    assert fold(x).tolist() == want
+
+
+def test_cpu_digests_are_the_bytes_as_recorded_hashed_in_order():
+    """The CPU probe hashes on a thread of its own: interleaved kernels, a backlog smaller than one output (every
+    update waits), a tensor changed in place right after it was recorded, all give sha256 of the bytes as recorded,
+    in call order; a failing update is raised (at the latest when the tape closes), and the thread is gone after it."""
+    gen = torch.Generator().manual_seed(3)
+    outs = [(f"k{i % 3}", torch.randn(4, 257, generator=gen)) for i in range(12)]
+    want: dict[str, Any] = {}
+    for name, t in outs:
+        h = want.setdefault(name, [hashlib.sha256(), 0])
+        h[1] += 1
+        h[0].update(f"call {h[1]}\0".encode() + f"{t.dtype}{tuple(t.shape)}\0".encode() + t.numpy().tobytes())
+    for backlog in (kp._Hasher.BACKLOG, 1):
+        tape = kp._Tape(on_device=False)
+        tape.hasher.BACKLOG = backlog  # type: ignore[union-attr]
+        for name, t in outs:
+            live = t.clone()
+            tape.add(name, "f", "matmul", live)
+            live.mul_(2)  # what is hashed is what was recorded
+        tape.close()
+        assert {k: v.digest() for k, v in tape.kernels.items()} == {k: h.hexdigest() for k, (h, _) in want.items()}
+    tape = kp._Tape(on_device=False)
+    tape.add("k", "f", "matmul", torch.ones(3))
+    tape.kernels["k"]._h = None  # type: ignore[assignment]  # the next update has no hash to go into
+    with pytest.raises(AttributeError):  # raised by the add that finds it done, else by the close
+        try:
+            tape.add("k", "f", "matmul", torch.ones(3))
+        finally:
+            tape.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("dflash-eval-probe-hash")]
 
 
 def _target_dir(tmp_path: Path, **over) -> TargetDir:

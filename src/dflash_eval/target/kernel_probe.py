@@ -70,7 +70,9 @@ import importlib
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -220,23 +222,40 @@ def fold(t: Tensor) -> Tensor:
     (nothing overflows). Changing one bit of one element changes the fold (the change of that half, below 2**16 in
     size, times its weight is non-zero and below the modulus); several changes cancel only by coincidence. One
     weighted reduction per 2**23 elements, the weights made once (:func:`_fold_weights`; a later chunk's are those
-    of its first position shifted: ``(i a + b) mod p`` is linear in ``i``)."""
+    of its first position shifted: ``(i a + b) mod p`` is linear in ``i``). The four sums of a chunk are one
+    product and one reduction over rows (lo, hi, lo, hi), and elements of two bytes or less have no high half (its
+    sums are zero): a probe folds every output of every call, and each tensor operation is a kernel launch."""
     x = t.detach().contiguous().reshape(-1)
     if x.dtype == torch.bool:
         x = x.to(torch.uint8)
     size = x.element_size()
     words = x.view(_INT_VIEW[size])
-    out = torch.zeros(4, dtype=torch.int64, device=x.device)
+    out: Tensor | None = None
     for start in range(0, words.numel(), _FOLD_CHUNK):
         ints = words[start:start + _FOLD_CHUNK].to(torch.int64) & _INT_MASK[size]
-        lo, hi = ints & 0xFFFF, ints >> 16
         w = _fold_weights(ints.numel(), x.device)
         if start:
             shift = torch.tensor([(start * a) % _FOLD_P for a, _ in _FOLD_AB], device=x.device)[:, None]
             w = (w - 1 + shift) % _FOLD_P + 1
-        sums = torch.stack([(lo * w[0]).sum(), (hi * w[1]).sum(), (lo * w[2]).sum(), (hi * w[3]).sum()])
-        out = (out + sums % _MERSENNE) % _MERSENNE
-    return out
+        if size <= 2:  # one 16-bit half: the hi rows' sums are zero
+            lo = (ints * w[0::2]).sum(dim=1)
+            sums = torch.stack((lo, torch.zeros_like(lo)), dim=1).reshape(4)
+        else:
+            halves = torch.stack((ints & 0xFFFF, ints >> 16))
+            sums = (halves[_lo_hi_rows(x.device)] * w).sum(dim=1)
+        sums = sums % _MERSENNE
+        out = sums if out is None else (out + sums) % _MERSENNE
+    return out if out is not None else torch.zeros(4, dtype=torch.int64, device=x.device)
+
+
+_LO_HI_ROWS: dict[torch.device, Tensor] = {}  # device -> the row index (0, 1, 0, 1): lo, hi, lo, hi
+
+
+def _lo_hi_rows(device: torch.device) -> Tensor:
+    rows = _LO_HI_ROWS.get(device)
+    if rows is None:
+        rows = _LO_HI_ROWS[device] = torch.tensor([0, 1, 0, 1], device=device)
+    return rows
 
 
 def _tensors(out: Any) -> Iterator[Tensor | None]:
@@ -253,29 +272,76 @@ def _tensors(out: Any) -> Iterator[Tensor | None]:
                 yield from _tensors(v)
 
 
-class _Kernel:
-    """One kernel's calls: their outputs hashed as they come (CPU) or folded on the device (GPU)."""
+class _Hasher:
+    """sha256 of a CPU probe's outputs on a thread of its own. A CPU probe runs torch with one thread, so on a machine
+    of two cores or more hashing its outputs' bytes (about a quarter of a CPU probe's time inline) runs beside the
+    next forward instead of after it; hashlib releases the GIL over large buffers. The bytes are copied as they are
+    recorded (a later in-place operation cannot change what is hashed) and absorbed in the order recorded, by one
+    thread: the digests are those inline hashing gives. At most :attr:`BACKLOG` bytes wait at a time."""
 
-    def __init__(self, function: str, kind: str, on_device: bool) -> None:
-        self.function, self.kind, self.on_device = function, kind, on_device
+    BACKLOG = 256 << 20
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dflash-eval-probe-hash")
+        self._pending: deque[tuple[Future[None], int]] = deque()
+        self._waiting = 0
+
+    def update(self, h: Any, parts: list[bytes]) -> None:
+        """Absorb ``parts`` into ``h`` after everything submitted before."""
+        size = sum(map(len, parts))
+        self._pending.append((self._pool.submit(_absorb, h, parts), size))
+        self._waiting += size
+        while self._pending and (self._waiting > self.BACKLOG or self._pending[0][0].done()):
+            self._settle()
+
+    def close(self) -> None:
+        """Wait for every update (raising the first one's error), then stop the thread."""
+        try:
+            while self._pending:
+                self._settle()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _settle(self) -> None:
+        done, size = self._pending.popleft()
+        self._waiting -= size
+        done.result()
+
+
+def _absorb(h: Any, parts: list[bytes]) -> None:
+    for part in parts:
+        h.update(part)
+
+
+class _Kernel:
+    """One kernel's calls: their outputs hashed as they come (CPU, by the tape's :class:`_Hasher`) or folded on the
+    device (GPU)."""
+
+    def __init__(self, function: str, kind: str, hasher: _Hasher | None) -> None:
+        self.function, self.kind, self.hasher = function, kind, hasher
         self.calls = 0
         self._h = hashlib.sha256()
         self._folds: list[Tensor] = []
 
     def add(self, out: Any) -> None:
         self.calls += 1
-        self._h.update(f"call {self.calls}\0".encode())
+        parts = [f"call {self.calls}\0".encode()]
         for t in _tensors(out):
             if t is None:
-                self._h.update(b"none\0")
+                parts.append(b"none\0")
                 continue
-            self._h.update(f"{t.dtype}{tuple(t.shape)}\0".encode())
-            if self.on_device:
+            parts.append(f"{t.dtype}{tuple(t.shape)}\0".encode())
+            if self.hasher is None:
                 self._folds.append(fold(t))
             else:
-                self._h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                parts.append(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        if self.hasher is None:
+            _absorb(self._h, parts)
+        else:
+            self.hasher.update(self._h, parts)
 
     def digest(self) -> str:
+        """The kernel's digest; on a CPU, once the tape's hasher is closed."""
         if self._folds:
             self._h.update(torch.stack(self._folds).cpu().numpy().astype("<i8").tobytes())
             self._folds = []
@@ -286,7 +352,7 @@ class _Tape:
     """What the probe's hooks and wrappers record, kernel by kernel in the order of their first call."""
 
     def __init__(self, on_device: bool) -> None:
-        self.on_device = on_device
+        self.hasher = None if on_device else _Hasher()
         self.kernels: dict[str, _Kernel] = {}
         self.regime = ""  # "short:" / "batch:" / "long-kv:" while such a run of the probe runs
         self.phase = ""  # "cached:" / "decode<step>:" while such calls run
@@ -296,8 +362,13 @@ class _Tape:
         key = self.regime + self.phase + name
         k = self.kernels.get(key)
         if k is None:
-            k = self.kernels[key] = _Kernel(function, kind, self.on_device)
+            k = self.kernels[key] = _Kernel(function, kind, self.hasher)
         k.add(out)
+
+    def close(self) -> None:
+        """Every recorded output hashed (CPU): the digests are final."""
+        if self.hasher is not None:
+            self.hasher.close()
 
 
 # ------------------------------------------------------------------------------------------------ shapes
@@ -665,11 +736,14 @@ def probe(target_dir: TargetDir, backend: str, dtype: torch.dtype, device: torch
         try:
             model = probe_model(target_dir, dtype, dev)
             gen = torch.Generator().manual_seed(PROBE_SEED + shape.length)
-            with torch.no_grad(), use_backend(base, dev), _recording(model, mod, target_dir, tape):
-                if shape.generation:
-                    _run_generation(model, shape, gen, dev, base, tape)
-                else:
-                    _run_extraction(model, shape, gen, dev, tape)
+            try:
+                with torch.no_grad(), use_backend(base, dev), _recording(model, mod, target_dir, tape):
+                    if shape.generation:
+                        _run_generation(model, shape, gen, dev, base, tape)
+                    else:
+                        _run_extraction(model, shape, gen, dev, tape)
+            finally:
+                tape.close()
             kernels = {k: KernelDigest(v.function, v.kind, v.calls, v.digest()) for k, v in tape.kernels.items()}
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
