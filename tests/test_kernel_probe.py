@@ -248,7 +248,8 @@ def test_the_integer_fold_is_its_definition(dtype):
     x = x > 0 if dtype == torch.bool else x.to(dtype)
     size = max(1, x.element_size())
     raw = x.to(torch.uint8) if dtype == torch.bool else x
-    ints = [v & ((1 << (8 * size)) - 1) for v in raw.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[size]).tolist()]
+    words = raw.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[size]).tolist()
+    ints = [v & ((1 << (8 * size)) - 1) for v in words]
     halves = ([v & 0xFFFF for v in ints], [v >> 16 for v in ints])
     want = [sum(h * ((i * a + b) % kp._FOLD_P + 1) for i, h in enumerate(halves[k % 2])) % ((1 << 61) - 1)
             for k, (a, b) in enumerate(kp._FOLD_AB)]

@@ -224,7 +224,7 @@ def fold(t: Tensor) -> Tensor:
     weighted reduction per 2**23 elements, the weights made once (:func:`_fold_weights`; a later chunk's are those
     of its first position shifted: ``(i a + b) mod p`` is linear in ``i``). The four sums of a chunk are one
     product and one reduction over rows (lo, hi, lo, hi), and elements of two bytes or less have no high half (its
-    sums are zero): a probe folds every output of every call, and each tensor operation is a kernel launch."""
+    two sums are zero): a probe folds every output of every call, and each tensor operation is a kernel launch."""
     x = t.detach().contiguous().reshape(-1)
     if x.dtype == torch.bool:
         x = x.to(torch.uint8)
