@@ -43,7 +43,8 @@ def own_times(path: str) -> dict[Key, tuple[float, int]]:
 
 
 def package(key: Key) -> str:
-    """The top-level package of a function (``~`` for built-ins, ``stdlib`` for an absolute path outside packages)."""
+    """The top-level package of a function: "built-ins" for cProfile's ``~``, "stdlib / frozen" for a path left
+    absolute by :func:`_key` (outside every package folder) or a frozen module's ``<frozen ...>``."""
     file = key[0]
     if file == "~":
         return "built-ins"
@@ -59,7 +60,10 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30, help="how many functions to list (default 30)")
     args = ap.parse_args()
     run, floor = own_times(args.run), own_times(args.floor)
-    excess = {k: (s - floor.get(k, (0.0, 0))[0], c, floor.get(k, (0.0, 0))[1]) for k, (s, c) in run.items()}
+    excess = {}  # key -> (own seconds above the floor's, calls in the run, calls in the floor)
+    for k, (s, c) in run.items():
+        floor_s, floor_c = floor.get(k, (0.0, 0))
+        excess[k] = (s - floor_s, c, floor_c)
     total_run, total_floor = sum(s for s, _ in run.values()), sum(s for s, _ in floor.values())
     print(f"own time under the profiler: run {total_run:.2f} s, floor {total_floor:.2f} s, "
           f"excess {total_run - total_floor:.2f} s")
