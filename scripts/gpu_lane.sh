@@ -211,13 +211,19 @@ timeout 60 python3 -m cProfile -o "$OUT/floor.prof" /tmp/floor_import.py > /dev/
 echo "floor profile rc=$?" >> "$OUT/lane.log"
 fi
 if [ "$STAGE" = warmspy ]; then
-# Where a warm run's wall time goes, every thread and native frame included: py-spy samples the process (the
+# Where a warm run's wall time goes, every thread and every wait included: py-spy samples the process (the
 # profiler of warmfloor sees only the main thread's Python calls, and slows them). The main job cold on an empty
 # cache folder, two warm runs timed, the import floor timed, then a warm run and the floor under py-spy (raw
 # collapsed stacks of Python frames, idle ones kept: --native slowed a warm run tenfold) and under -X importtime.
-step "warmspy: the main job cold (fills the cache)"
-timeout 300 python3 -m pytest tests_eval -p no:cacheprovider -q --cache-dir /tmp/spycache --report-dir /tmp/spycold \
-  > /tmp/spycold.log 2>&1; echo "cold rc=$? $(tail -n 1 /tmp/spycold.log)" | tee -a "$OUT/lane.log"
+# SPY_CACHE: a cache folder the main job already filled on this machine (the fresh stage's /tmp/fresh_work/restored0):
+# no cold run then.
+if [ -n "${SPY_CACHE:-}" ]; then cache=$SPY_CACHE; else
+  cache=/tmp/spycache
+  step "warmspy: the main job cold (fills the cache)"
+  timeout 300 python3 -m pytest tests_eval -p no:cacheprovider -q --cache-dir $cache --report-dir /tmp/spycold \
+    > /tmp/spycold.log 2>&1; echo "cold rc=$? $(tail -n 1 /tmp/spycold.log)" | tee -a "$OUT/lane.log"
+fi
+step "warmspy: warm runs and the import floor on $cache"
 python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_suite import FLOOR_IMPORT; print(FLOOR_IMPORT)" \
   > /tmp/floor_import.py
 for i in 1 2; do
