@@ -1,9 +1,13 @@
 """Where a run's wall time went, from py-spy's sampled stacks, beside its import floor sampled alike.
 
-``py-spy record --idle --threads --format raw`` writes one line per distinct stack: ``thread (TID): NAME;frame;...;frame
-COUNT`` with frames as ``function (file:line)``, outermost first. Unlike cProfile (``benchmarks/profile_excess.py``)
-the samples hold every thread, time spent waiting (on the card, a lock, the disk) and native calls alike, and the run
-is not slowed call by call, so the seconds read as the unprofiled run's. What this prints, per file:
+``py-spy record --nonblocking --idle --threads --format raw`` writes one line per distinct stack: ``thread (TID):
+NAME;frame;...;frame COUNT`` with frames as ``function (file:line)``, outermost first. Unlike cProfile
+(``benchmarks/profile_excess.py``) the samples hold every thread and the time spent waiting (on the card, a lock, the
+disk), and the run is not slowed call by call. Record both files alike and with ``--nonblocking``: by default py-spy
+pauses the process at each sample, which slows a process of many threads more than the floor's (a warm run on two
+cores sampled 1.5-2.3 s above the floor so, 0.8-1.0 s without pausing); and compare differences, not totals: samples
+start once py-spy has found the interpreter, so both totals miss the same first moments. What this prints, per
+file:
 
 - each thread's sampled seconds (the main thread first: the samples of its id taken before it was named count too);
 - the main thread split into imports, by the top-level package whose module was executing when the sample was
@@ -136,7 +140,7 @@ def report(run: Samples, floor: Samples | None, top: int, own: str = OWN) -> str
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("run", help="py-spy raw output of the run (record --idle --threads --format raw)")
+    ap.add_argument("run", help="py-spy raw output of the run (record --nonblocking --idle --threads --format raw)")
     ap.add_argument("--floor", help="py-spy raw output of the import floor, recorded alike")
     ap.add_argument("--rate", type=float, default=200.0, help="the --rate both were recorded at (default 200)")
     ap.add_argument("--top", type=int, default=25, help="how many groups to list (default 25)")

@@ -214,7 +214,8 @@ if [ "$STAGE" = warmspy ]; then
 # Where a warm run's wall time goes, every thread and every wait included: py-spy samples the process (the
 # profiler of warmfloor sees only the main thread's Python calls, and slows them). The main job cold on an empty
 # cache folder, two warm runs timed, the import floor timed, then a warm run and the floor under py-spy (raw
-# collapsed stacks of Python frames, idle ones kept: --native slowed a warm run tenfold) and under -X importtime.
+# collapsed stacks of Python frames, idle ones kept; --nonblocking: pausing the process at each sample slows one with
+# many threads, and --native slowed a warm run tenfold) and under -X importtime.
 # SPY_CACHE: a cache folder the main job already filled on this machine (the fresh stage's /tmp/fresh_work/restored0):
 # no cold run then.
 if [ -n "${SPY_CACHE:-}" ]; then cache=$SPY_CACHE; else
@@ -239,7 +240,7 @@ for what in warm floor; do
   cmd=(python3 -m pytest tests_eval -p no:cacheprovider -q --cache-dir /tmp/spycache --report-dir /tmp/spyrun)
   [ $what = floor ] && cmd=(python3 /tmp/floor_import.py)
   start=$(python3 -c "import time; print(time.time())")
-  timeout 120 "$spy" record --rate 200 --idle --threads --format raw -o "$OUT/${what}_spy.txt" -- "${cmd[@]}" \
+  timeout 120 "$spy" record --nonblocking --rate 200 --idle --threads --format raw -o "$OUT/${what}_spy.txt" -- "${cmd[@]}" \
     > "/tmp/spy_$what.log" 2>&1
   echo "py-spy $what rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 2))")" | tee -a "$OUT/lane.log"
   tail -n 3 "/tmp/spy_$what.log" >> "$OUT/lane.log"
