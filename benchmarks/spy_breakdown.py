@@ -5,9 +5,10 @@ NAME;frame;...;frame COUNT`` with frames as ``function (file:line)``, outermost 
 (``benchmarks/profile_excess.py``) the samples hold every thread and the time spent waiting (on the card, a lock, the
 disk), and the run is not slowed call by call. Record both files alike and with ``--nonblocking``: by default py-spy
 pauses the process at each sample, which slows a process of many threads more than the floor's (a warm run on two
-cores sampled 1.5-2.3 s above the floor so, 0.8-1.0 s without pausing); and compare differences, not totals: samples
-start once py-spy has found the interpreter, so both totals miss the same first moments. What this prints, per
-file:
+cores sampled 1.5-2.3 s above the floor so, 0.6-1.0 s without pausing); and compare differences, not totals: samples
+start once py-spy has found the interpreter, so both totals miss the same first moments, and without pausing py-spy
+drops the samples it read mid-change (its ``Errors`` count: 11-16 % in both files there), so every figure is short by
+about that share. What this prints, per file:
 
 - each thread's sampled seconds (the main thread first: the samples of its id taken before it was named count too);
 - the main thread split into imports, by the top-level package whose module was executing when the sample was

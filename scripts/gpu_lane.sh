@@ -229,7 +229,7 @@ python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_suite impor
   > /tmp/floor_import.py
 for i in 1 2; do
   start=$(python3 -c "import time; print(time.time())")
-  timeout 120 python3 -m pytest tests_eval -p no:cacheprovider -q --cache-dir /tmp/spycache --report-dir "/tmp/spywarm_$i" \
+  timeout 120 python3 -m pytest tests_eval -p no:cacheprovider -q --cache-dir "$cache" --report-dir "/tmp/spywarm_$i" \
     > /tmp/spywarm.log 2>&1; echo "warm $i rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 2))")" | tee -a "$OUT/lane.log"
   cp "/tmp/spywarm_$i/eval.json" "$OUT/spy_warm_eval_$i.json" 2>/dev/null
   start=$(python3 -c "import time; print(time.time())")
@@ -237,7 +237,7 @@ for i in 1 2; do
 done
 spy=/tmp/site/bin/py-spy
 for what in warm floor; do
-  cmd=(python3 -m pytest tests_eval -p no:cacheprovider -q --cache-dir /tmp/spycache --report-dir /tmp/spyrun)
+  cmd=(python3 -m pytest tests_eval -p no:cacheprovider -q --cache-dir "$cache" --report-dir /tmp/spyrun)
   [ $what = floor ] && cmd=(python3 /tmp/floor_import.py)
   start=$(python3 -c "import time; print(time.time())")
   timeout 120 "$spy" record --nonblocking --rate 200 --idle --threads --format raw -o "$OUT/${what}_spy.txt" -- "${cmd[@]}" \
