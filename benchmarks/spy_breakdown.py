@@ -10,7 +10,7 @@ start once py-spy has found the interpreter, so both totals miss the same first 
 drops the samples it read mid-change (its ``Errors`` count: 11-16 % in both files there), so every figure is short by
 about that share. What this prints, per file:
 
-- each thread's sampled seconds (the main thread first: the samples of its id taken before it was named count too);
+- each thread's sampled seconds, the most first (the main thread's include its samples from before it was named);
 - the main thread split into imports, by the top-level package whose module was executing when the sample was
   taken (the innermost module body in the stack: torch's own import work is torch's even when transformers asked
   for it), and the rest, by the innermost frame of the project's own code (``dflash_eval/...``), else by the package
