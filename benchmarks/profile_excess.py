@@ -42,13 +42,13 @@ def own_times(path: str) -> dict[Key, tuple[float, int]]:
     return out
 
 
-def package(key: Key) -> str:
-    """The top-level package of a function: "built-ins" for cProfile's ``~``, "stdlib / frozen" for a path left
-    absolute by :func:`_key` (outside every package folder) or a frozen module's ``<frozen ...>``."""
-    file = key[0]
+def package(file: str) -> str:
+    """The top-level package of a file given relative to its package folder (as :func:`_key` leaves it, and as
+    py-spy prints a frame's file): "built-ins" for cProfile's ``~``, "stdlib / frozen" for an absolute path (outside
+    every package folder), a frozen module's ``<frozen ...>`` or no file at all."""
     if file == "~":
         return "built-ins"
-    if file.startswith(("/", "<")):
+    if not file or file.startswith(("/", "<")):
         return "stdlib / frozen"
     return file.split("/", 1)[0].removesuffix(".py")
 
@@ -69,7 +69,7 @@ def main() -> None:
           f"excess {total_run - total_floor:.2f} s")
     by_package: dict[str, float] = defaultdict(float)
     for k, (s, _, _) in excess.items():
-        by_package[package(k)] += s
+        by_package[package(k[0])] += s
     print("\nexcess own time per package (s):")
     for name, s in sorted(by_package.items(), key=lambda kv: -kv[1])[:15]:
         print(f"  {s:7.3f}  {name}")

@@ -30,6 +30,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from profile_excess import package  # the same package names as the cProfile view
+
 _THREAD = re.compile(r"^thread \((\d+)\)(?::\s*(.*))?$")
 _FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$")
 OWN = "dflash_eval/"
@@ -82,14 +84,6 @@ def read(path: str, rate: float) -> Samples:
         if tid == main:
             out.main = stacks
     return out
-
-
-def package(file: str) -> str:
-    """Top-level package of a frame's file as py-spy prints it (relative to its sys.path entry); ``<frozen ...>``
-    and absolute paths (the standard library, a script) are "stdlib / other"."""
-    if not file or file.startswith(("<", "/")):
-        return "stdlib / other"
-    return file.split("/", 1)[0].removesuffix(".py")
 
 
 def group(frames: tuple[str, ...], own: str = OWN) -> str:

@@ -23,6 +23,11 @@ unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pycache
   python3 -c "import torch, transformers, fla; print('torch', torch.__version__, 'transformers', transformers.__version__, 'fla', fla.__version__, 'gpus', torch.cuda.device_count())"
 } 2>&1 | tee -a "$OUT/lane.log"
 step() { echo "=== $1 ($(date +%T))" | tee -a "$OUT/lane.log"; }
+# The import floor as a script of its own (/tmp/floor_import.py): the statement bench_suite.py times as the floor.
+floor_script() {
+  python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_suite import FLOOR_IMPORT; print(FLOOR_IMPORT)" \
+    > /tmp/floor_import.py
+}
 for STAGE in "${@:-all}"; do
 if [ "$STAGE" = record ]; then
 # The golden records of this machine's auto settings (bf16 and fla on a CUDA machine): floors, completion snapshots
@@ -204,9 +209,8 @@ done
 timeout 180 python3 -m cProfile -o "$OUT/warm.prof" -m pytest tests_eval -p no:cacheprovider -q --cache-dir "$cache" \
   --report-dir /tmp/warmprof > /tmp/warmprof.log 2>&1; echo "warm profile rc=$?" >> "$OUT/lane.log"
 # The import floor under the same profiler: what of the warm profile the floor holds too, and what is the run's own
-# (benchmarks/profile_excess.py). The statement is the one bench_suite.py times as the floor.
-python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_suite import FLOOR_IMPORT; print(FLOOR_IMPORT)" \
-  > /tmp/floor_import.py
+# (benchmarks/profile_excess.py).
+floor_script
 timeout 60 python3 -m cProfile -o "$OUT/floor.prof" /tmp/floor_import.py > /dev/null 2>&1
 echo "floor profile rc=$?" >> "$OUT/lane.log"
 fi
@@ -225,8 +229,7 @@ if [ -n "${SPY_CACHE:-}" ]; then cache=$SPY_CACHE; else
     > /tmp/spycold.log 2>&1; echo "cold rc=$? $(tail -n 1 /tmp/spycold.log)" | tee -a "$OUT/lane.log"
 fi
 step "warmspy: warm runs and the import floor on $cache"
-python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_suite import FLOOR_IMPORT; print(FLOOR_IMPORT)" \
-  > /tmp/floor_import.py
+floor_script
 for i in 1 2; do
   start=$(python3 -c "import time; print(time.time())")
   timeout 120 python3 -m pytest tests_eval -p no:cacheprovider -q --cache-dir "$cache" --report-dir "/tmp/spywarm_$i" \
