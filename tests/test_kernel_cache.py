@@ -3,15 +3,21 @@ under ``--cache-dir`` unless ``TRITON_CACHE_DIR`` is set, and the compilation ti
 
 The CPU tests drive Triton's compilation listener through a stand-in of its public knob (``triton.knobs.compilation.
 listener``, called with the compiled source and a ``CompileTimes`` whose ``total`` is in microseconds), since no
-Triton kernel compiles on a CPU; ``tests/test_gpu_kernels.py`` checks real compilations on a CUDA machine.
+Triton kernel compiles on a CPU; ``tests/test_gpu_kernels.py`` checks real compilations on a CUDA machine. Triton's
+installation key, hashed in a thread of its own, is a stand-in ``triton.runtime.cache.triton_key`` hashing a real file
+as Triton hashes its shared library.
 
 Run: ``pytest tests/test_kernel_cache.py -p no:cacheprovider -n 0``
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -37,8 +43,6 @@ def triton_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_unset_the_kernel_cache_lives_under_the_cache_dir(triton_env: None, tmp_path: Path) -> None:
-    import os
-
     got = use_kernel_cache(tmp_path / "cache")
     assert got.path == tmp_path / "cache" / "triton" and got.source == "--cache-dir"
     assert os.environ[ENV] == str(tmp_path / "cache" / "triton")
@@ -48,8 +52,6 @@ def test_unset_the_kernel_cache_lives_under_the_cache_dir(triton_env: None, tmp_
 
 def test_set_the_users_triton_cache_dir_is_kept(triton_env: None, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
     monkeypatch.setenv(ENV, str(tmp_path / "mine"))
     got = use_kernel_cache(tmp_path / "cache")
     assert got.path == tmp_path / "mine" and got.source == "TRITON_CACHE_DIR" and got.to_dict()["source"] == ENV
@@ -57,8 +59,6 @@ def test_set_the_users_triton_cache_dir_is_kept(triton_env: None, tmp_path: Path
 
 
 def test_an_unwritable_cache_leaves_tritons_default(triton_env: None, tmp_path: Path) -> None:
-    import os
-
     use_kernel_cache(tmp_path / "first")  # an earlier run of this process set it
     got = use_kernel_cache(tmp_path / "ro", lambda p: "cannot be written: read-only file system")
     assert got.path is None and got.source == "triton default" and "read-only" in got.why and str(tmp_path) in got.why
@@ -111,6 +111,72 @@ def test_no_triton_no_listener(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
     monkeypatch.setattr(kernel_cache, "_watching", False)
     assert watch_compilation() is False
+
+
+def _fake_key_module(monkeypatch: pytest.MonkeyPatch, key: Callable[[], str]) -> None:
+    """A stand-in ``triton.runtime.cache`` holding ``key`` as its ``triton_key``, and no key thread started yet."""
+    mod = ModuleType("triton.runtime.cache")
+    mod.triton_key = key  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "triton.runtime.cache", mod)
+    monkeypatch.setattr(kernel_cache, "_key_thread", None)
+
+
+def test_the_installation_key_is_hashed_once_in_a_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Triton's key (here a stand-in hashing a real file in 1 MiB chunks, as Triton hashes its shared library) is
+    computed in the ``triton-key`` thread, once per process, while the caller goes on; after joining it a lookup reads
+    the memo."""
+    lib = tmp_path / "libtriton.so"
+    lib.write_bytes(os.urandom(1 << 20) * 8)
+    release, calls = threading.Event(), []
+
+    @functools.lru_cache
+    def triton_key() -> str:
+        calls.append(threading.current_thread().name)
+        assert release.wait(60), "the test never released the key"
+        digest = hashlib.sha256()
+        with lib.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    _fake_key_module(monkeypatch, triton_key)
+    thread = kernel_cache.hash_installation()
+    assert thread is not None and thread.name == "triton-key" and thread.daemon
+    assert kernel_cache.hash_installation() is None  # once per process
+    assert thread.is_alive()  # the caller goes on while it hashes (it waits for the release here)
+    release.set()
+    thread.join(60)
+    assert not thread.is_alive() and calls == ["triton-key"] and triton_key.cache_info().currsize == 1
+    assert triton_key() == hashlib.sha256(lib.read_bytes()).hexdigest() and calls == ["triton-key"]
+
+
+def test_no_thread_without_an_imported_memoised_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is imported to start it, and a key Triton does not memoise would be computed twice: no thread."""
+    monkeypatch.delitem(sys.modules, "triton.runtime.cache", raising=False)
+    monkeypatch.setattr(kernel_cache, "_key_thread", None)
+    assert kernel_cache.hash_installation() is None and "triton.runtime.cache" not in sys.modules
+    _fake_key_module(monkeypatch, lambda: "not memoised")
+    assert kernel_cache.hash_installation() is None and kernel_cache._key_thread is None
+
+
+def test_a_failing_key_is_left_to_the_first_kernel_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error while hashing in the thread is not raised there (nor memoised): the lookup that needs the key
+    computes it and raises it where Triton would."""
+    attempts: list[str] = []
+
+    @functools.lru_cache
+    def triton_key() -> str:
+        attempts.append(threading.current_thread().name)
+        raise OSError("libtriton.so: Input/output error")
+
+    _fake_key_module(monkeypatch, triton_key)
+    thread = kernel_cache.hash_installation()
+    assert thread is not None
+    thread.join(60)
+    assert attempts == ["triton-key"]
+    with pytest.raises(OSError, match="Input/output error"):
+        triton_key()
+    assert attempts == ["triton-key", threading.current_thread().name]
 
 
 def test_merged_timings_sum_compilation_and_render_it() -> None:

@@ -18,11 +18,22 @@ and hands each one's seconds (and whether it came from the cache) to every regis
 :class:`~dflash_eval.common.progress.Meter` attributes them to the stage that was running, so eval.json's timings
 show compilation apart from the work. Autotuning's timing runs of each candidate are not compilation and stay in the
 stage's own time.
+
+Every kernel Triton looks up, in memory or in its cache folder, is keyed by a hash of Triton's own installation
+(``triton.runtime.cache.triton_key``: its compiler sources and its whole ``libtriton`` shared library, some hundred
+megabytes), computed once per process at the first lookup: on an H100 host about 0.4 s of a warm run, spent inside
+the kernel probe's first fla call. Reading and hashing a file release the interpreter lock, so the kernel probe, once
+the target's modeling code (and with it Triton) is imported, starts that same computation in a thread
+(:func:`hash_installation`) while it builds its model, and waits for it before its first kernel: the value is
+Triton's own, only when it is computed moves. The thread lives inside that one call (a test phase of the suite):
+Triton's key walks its own packages, importing those not imported yet, and no thread but the main one may import
+while pytest moves between test phases.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -31,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ENV", "SUBDIR", "KernelCacheDir", "use_kernel_cache", "watch_compilation", "add_sink",
-           "compilation_event"]
+           "compilation_event", "hash_installation", "KEY_WAIT_S"]
 
 #: The variable through which Triton (and every process started from this one) finds its cache folder.
 ENV = "TRITON_CACHE_DIR"
@@ -42,6 +53,10 @@ _lock = threading.Lock()
 _set_by_us: str | None = None  # the value this process gave ENV (another run in the process may move it)
 _sinks: list[weakref.WeakMethod[Callable[[float, bool], None]]] = []
 _watching = False
+_key_thread: threading.Thread | None = None
+#: The longest the kernel probe waits for :func:`hash_installation`'s thread (seconds); past it the first kernel
+#: lookup computes the key itself, as it would without the thread.
+KEY_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,30 @@ def compilation_event(seconds: float, cache_hit: bool) -> None:
         _sinks[:] = [weakref.WeakMethod(s) for s in live]
     for sink in live:
         sink(seconds, cache_hit)
+
+
+def hash_installation() -> threading.Thread | None:
+    """Start computing Triton's installation key in a thread (module docstring), once per process, and return the
+    thread for the caller to join (for at most :data:`KEY_WAIT_S`) before its first kernel. Only where Triton is
+    imported already (nothing is imported here) and its key is memoised (``functools.lru_cache``: the thread's result
+    is the one every later lookup reads); None where nothing was started."""
+    global _key_thread
+    key = getattr(sys.modules.get("triton.runtime.cache"), "triton_key", None)
+    if key is None or not hasattr(key, "cache_info"):
+        return None
+    with _lock:
+        if _key_thread is not None:
+            return None
+        _key_thread = threading.Thread(target=_compute_key, args=(key,), name="triton-key", daemon=True)
+        _key_thread.start()
+        return _key_thread
+
+
+def _compute_key(key: Callable[[], object]) -> None:
+    try:
+        key()
+    except Exception:  # noqa: BLE001 - not memoised then: the first kernel lookup computes it and raises it there
+        pass
 
 
 def watch_compilation() -> bool:

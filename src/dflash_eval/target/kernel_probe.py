@@ -90,6 +90,7 @@ from dflash_eval.target.backends import split_backend, use_backend
 # a name of its own: a test's stand-in for the references' generation (patched by name) is not what the probe runs
 from dflash_eval.target.generation import greedy_generate_batch as references_generation
 from dflash_eval.target.hidden_states import decoder_parts
+from dflash_eval.target.kernel_cache import KEY_WAIT_S, hash_installation
 from dflash_eval.target.loader import TargetDir, text_config
 
 if TYPE_CHECKING:
@@ -726,6 +727,8 @@ def probe(target_dir: TargetDir, backend: str, dtype: torch.dtype, device: torch
     shapes = ProbeShapes.from_target(target_dir)
     mod = modeling_module(target_dir)
     base = split_backend(backend)[0]
+    # Triton's installation key, hashed while the probe model is built (dflash_eval.target.kernel_cache)
+    keying = hash_installation() if base == "fla" else None
     dev = torch.device(device)
     t1 = time.perf_counter()
     tape = _Tape(on_device=dev.type != "cpu")
@@ -734,7 +737,11 @@ def probe(target_dir: TargetDir, backend: str, dtype: torch.dtype, device: torch
         if dev.type == "cpu":
             torch.set_num_threads(1)  # CPU reductions may split differently with another thread count
         try:
-            model = probe_model(target_dir, dtype, dev)
+            try:
+                model = probe_model(target_dir, dtype, dev)
+            finally:  # before any kernel, and before the call returns (the thread may import: module docstring)
+                if keying is not None:
+                    keying.join(KEY_WAIT_S)
             gen = torch.Generator().manual_seed(PROBE_SEED + shape.length)
             try:
                 with torch.no_grad(), use_backend(base, dev), _recording(model, mod, target_dir, tape):
