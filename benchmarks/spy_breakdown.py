@@ -26,6 +26,7 @@ Used on ``scripts/gpu_lane.sh warmspy``'s ``warm_spy.txt`` and ``floor_spy.txt``
 from __future__ import annotations
 
 import argparse
+import gzip
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -55,11 +56,13 @@ def _frame_file(frame: str) -> str:
 
 
 def read(path: str, rate: float) -> Samples:
-    """Parse a raw file; the main thread is the id named ``MainThread`` (its unnamed samples included), or in a
-    process that never imported ``threading`` its one unnamed thread."""
+    """Parse a raw file (gzip-compressed where its name ends in ``.gz``, as the GPU lane brings it back); the main
+    thread is the id named ``MainThread`` (its unnamed samples included), or in a process that never imported
+    ``threading`` its one unnamed thread."""
     per_thread: dict[str, Counter[tuple[str, ...]]] = {}
     names: dict[str, str] = {}
-    with open(path, encoding="utf-8") as fh:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
             line = line.rstrip("\n")
             if not line:

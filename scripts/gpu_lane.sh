@@ -219,7 +219,8 @@ if [ "$STAGE" = warmspy ]; then
 # profiler of warmfloor sees only the main thread's Python calls, and slows them). The main job cold on an empty
 # cache folder, two warm runs timed, the import floor timed, then a warm run and the floor under py-spy (raw
 # collapsed stacks of Python frames, idle ones kept; --nonblocking: pausing the process at each sample slows one with
-# many threads, and --native slowed a warm run tenfold) and under -X importtime.
+# many threads, and --native slowed a warm run tenfold; gzip-compressed) and under -X importtime, and what first
+# CUDA uses cost (benchmarks/first_cuda_use.py).
 # SPY_CACHE: a cache folder the main job already filled on this machine (the fresh stage's /tmp/fresh_work/restored0):
 # no cold run then.
 if [ -n "${SPY_CACHE:-}" ]; then cache=$SPY_CACHE; else
@@ -247,8 +248,11 @@ for what in warm floor; do
     > "/tmp/spy_$what.log" 2>&1
   echo "py-spy $what rc=$? s=$(python3 -c "import time; print(round(time.time() - $start, 2))")" | tee -a "$OUT/lane.log"
   tail -n 3 "/tmp/spy_$what.log" >> "$OUT/lane.log"
+  gzip -f "$OUT/${what}_spy.txt"  # several MB of stacks each: compressed, both come back
   PYTHONPROFILEIMPORTTIME=1 timeout 120 "${cmd[@]}" > /dev/null 2> "$OUT/${what}_importtime.txt"
 done
+# What first CUDA uses cost after the same imports (context, cuBLAS, attention per backend and per new shape), twice.
+for i in 1 2; do timeout 60 python3 benchmarks/first_cuda_use.py >> "$OUT/first_cuda_use.txt" 2>&1; done
 fi
 if [ "$STAGE" = wide ]; then
 step "scaling: -n 0 vs -n 2 and --device-map on a random 27B-width target"

@@ -6,6 +6,7 @@ Run: ``pytest tests/test_spy_breakdown.py``
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import subprocess
 import sys
@@ -84,6 +85,9 @@ def test_the_runs_own_work_leads_the_excess_and_a_thread_is_counted_apart(tmp_pa
     assert float(waiting.split()[2]) > 0.1, out  # time blocked on the helper thread (0.3 s) counts as wall time
     above = float(out.split("run above it")[1].split()[0])
     assert 0.4 < above < 3.0, out  # 0.9 s of wall time more than the floor
+    packed = floor.with_name("floor.txt.gz")  # as the GPU lane brings recordings back
+    packed.write_bytes(gzip.compress(floor.read_bytes()))
+    assert _breakdown(str(run), "--floor", str(packed), "--own", "prog.py", "--top", "4") == out
 
 
 def test_a_file_that_is_not_a_recording_is_named(tmp_path):
