@@ -131,7 +131,7 @@ def report(run: Samples, floor: Samples | None, top: int, own: str = OWN) -> str
     diff = {k: run.seconds(g_run[k]) - floor.seconds(g_floor[k]) for k in set(g_run) | set(g_floor)}
     lines.append(f"main thread by group, run - floor (s), top {top} by size:")
     lines.append(f"  {'run':>7} {'floor':>7} {'excess':>7}  group")
-    for k in sorted(diff, key=lambda k: -abs(diff[k]))[:top]:
+    for k in sorted(diff, key=lambda k: (-abs(diff[k]), k))[:top]:  # ties by name: the same list every time
         lines.append(f"  {run.seconds(g_run[k]):7.2f} {floor.seconds(g_floor[k]):7.2f} {diff[k]:+7.2f}  {k}")
     return "\n".join(lines)
 
