@@ -25,8 +25,8 @@ megabytes), computed once per process at the first lookup: on an H100 host about
 the kernel probe's first fla call. Reading and hashing a file release the interpreter lock, so the kernel probe, once
 the target's modeling code (and with it Triton) is imported, starts that same computation in a thread
 (:func:`hash_installation`) while it builds its model, and waits for it before its first kernel: the value is
-Triton's own, only when it is computed moves (the probe's model is built in less time than the key takes, so part of
-it is still waited for: docs/benchmarks.md, "The warm run on a GPU against its import floor"). The thread lives
+Triton's own, only when it is computed moves (the probe's model is small, so part of it is presumably still waited
+for: docs/benchmarks.md, "The warm run on a GPU against its import floor"). The thread lives
 inside that one call (a test phase of the suite): Triton's key walks its own packages, importing those not imported
 yet, and no thread but the main one may import while pytest moves between test phases.
 """
