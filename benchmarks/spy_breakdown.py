@@ -18,6 +18,10 @@ about that share. What this prints, per file:
 - with a floor file, each group's seconds in the run, in the floor and the difference, largest first: what the run
   does beyond importing torch and the target's modeling code.
 
+With ``--under TEXT``, where inside a frame the run's time sits: of the main thread's samples whose stack holds a
+frame containing ``TEXT`` (e.g. ``decode_forward``), the seconds per innermost frame (``function (file:line)``), the
+line the samples were taken at.
+
 Used on ``scripts/gpu_lane.sh warmspy``'s ``warm_spy.txt`` and ``floor_spy.txt``::
 
     python benchmarks/spy_breakdown.py warm_spy.txt --floor floor_spy.txt --rate 200 --top 25
@@ -136,6 +140,17 @@ def report(run: Samples, floor: Samples | None, top: int, own: str = OWN) -> str
     return "\n".join(lines)
 
 
+def under(s: Samples, text: str, top: int) -> str:
+    """The ``--under`` view (module docstring) of one file."""
+    leaves: Counter[str] = Counter()
+    for frames, n in s.main.items():
+        if any(text in f for f in frames):
+            leaves[frames[-1]] += n
+    lines = [f"main thread under {text!r}: {s.seconds(sum(leaves.values())):.2f} s, by innermost frame, top {top}:"]
+    lines += [f"  {s.seconds(n):7.2f}  {leaf}" for leaf, n in leaves.most_common(top)]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", help="py-spy raw output of the run (record --nonblocking --idle --threads --format raw)")
@@ -143,8 +158,14 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=200.0, help="the --rate both were recorded at (default 200)")
     ap.add_argument("--top", type=int, default=25, help="how many groups to list (default 25)")
     ap.add_argument("--own", default=OWN, help=f"how the project's own files start in a frame (default {OWN})")
+    ap.add_argument("--under", action="append", default=[], metavar="TEXT",
+                    help="also list where the run's samples inside a frame containing TEXT sit, by innermost frame "
+                         "(repeatable)")
     a = ap.parse_args()
-    print(report(read(a.run, a.rate), read(a.floor, a.rate) if a.floor else None, a.top, a.own))
+    run = read(a.run, a.rate)
+    print(report(run, read(a.floor, a.rate) if a.floor else None, a.top, a.own))
+    for text in a.under:
+        print(under(run, text, a.top))
 
 
 if __name__ == "__main__":

@@ -88,6 +88,11 @@ def test_the_runs_own_work_leads_the_excess_and_a_thread_is_counted_apart(tmp_pa
     packed = floor.with_name("floor.txt.gz")  # as the GPU lane brings recordings back
     packed.write_bytes(gzip.compress(floor.read_bytes()))
     assert _breakdown(str(run), "--floor", str(packed), "--own", "prog.py", "--top", "4") == out
+    # where the samples inside own() sit: busy()'s loop lines, every one of them below own()
+    inside = _breakdown(str(run), "--under", "own (prog.py", "--top", "3").split("main thread under 'own (prog.py'")[1]
+    leaves = [r.split(maxsplit=1) for r in inside.splitlines()[1:] if r.strip()]
+    assert leaves and all(leaf.startswith("busy (prog.py:") for _, leaf in leaves), inside
+    assert 0.3 < sum(float(sec) for sec, _ in leaves) < 1.2, inside  # own() busies 0.6 s
 
 
 def test_a_file_that_is_not_a_recording_is_named(tmp_path):
