@@ -7,7 +7,7 @@ import torch
 
 from dflash_eval.errors import BackendError
 from dflash_eval.target import backends
-from dflash_eval.target.backends import resolve_backend, use_backend
+from dflash_eval.target.backends import attention_backends, resolve_backend, use_backend
 from dflash_eval.target.hidden_states import layer_features
 from dflash_eval.target.loader import Target
 
@@ -128,3 +128,43 @@ def test_fla_not_installed_is_a_clear_error_when_chosen(monkeypatch: pytest.Monk
     assert resolve_backend("auto", "cuda") == "torch"
     with pytest.raises(BackendError, match="not installed"):
         resolve_backend("fla", "cuda")
+
+
+def _sdp_flags() -> tuple[bool, bool, bool, bool]:
+    cuda = torch.backends.cuda
+    return cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled()
+
+
+def test_cuda_attention_excludes_cudnn_only() -> None:
+    """On CUDA the target's attention may use flash, memory-efficient or math kernels but not cuDNN (a plan per new
+    shape); the flag is restored after, ``cudnn=True`` allows it again inside, and CPU runs are untouched."""
+    before = _sdp_flags()
+    assert before == (True, True, True, True), "test premise: every attention backend enabled by default"
+    with attention_backends("cuda"):
+        assert _sdp_flags() == (False, True, True, True)
+        with attention_backends("cuda", cudnn=True):
+            assert _sdp_flags() == before
+        assert _sdp_flags() == (False, True, True, True)
+    assert _sdp_flags() == before
+    with attention_backends("cpu"):
+        assert _sdp_flags() == before
+
+
+def test_every_target_forward_on_cuda_runs_without_cudnn_attention() -> None:
+    """use_backend (the block every target forward runs in: features, probe, teacher-forced checks, generation) turns
+    cuDNN attention off on CUDA for its whole block, a nested block of the same backend included, and restores it;
+    on a CPU device it leaves the switches alone."""
+    before = _sdp_flags()
+    with use_backend("torch", "cuda"):
+        assert _sdp_flags()[0] is False
+        with use_backend("torch", "cuda"):
+            assert _sdp_flags()[0] is False
+        with use_backend("torch-recurrent", "cuda"):
+            assert _sdp_flags()[0] is False
+        assert _sdp_flags()[0] is False
+    assert _sdp_flags() == before
+    with pytest.raises(RuntimeError), use_backend("torch", "cuda"):
+        raise RuntimeError("boom")
+    assert _sdp_flags() == before
+    with use_backend("torch", "cpu"):
+        assert _sdp_flags() == before

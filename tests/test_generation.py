@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dflash_eval.target.generation import attention_backends, generation_groups, greedy_generate, greedy_generate_batch
+from dflash_eval.target.generation import generation_groups, greedy_generate, greedy_generate_batch
 from dflash_eval.target.loader import Target
 
 # Lengths differ by up to 37 tokens: every batch below left-pads most rows, by more than the conv kernel.
@@ -52,21 +52,6 @@ def test_rows_stop_after_their_own_eos(tiny_target: Target) -> None:
     for row, full in zip(batched, free):
         if full[0] != eos:  # (EOS as the very first token is suppressed: min_new_tokens=1)
             assert row == (full[:full.index(eos) + 1] if eos in full else full)
-
-
-def test_cuda_generation_attention_excludes_cudnn_only() -> None:
-    """On CUDA, generation's attention may use flash, memory-efficient or math kernels but not cuDNN (its per-shape
-    plans cost a masked batch a plan per decode step); the flags are restored after, and CPU runs are untouched."""
-    cuda = torch.backends.cuda
-    before = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled())
-    assert before[0], "test premise: cuDNN attention enabled by default"
-    with attention_backends("cuda"):
-        assert (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
-                cuda.math_sdp_enabled()) == (False, True, True, True)
-    assert (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled()) == before
-    for args in (("cuda", True), ("cpu", False)):
-        with attention_backends(*args):
-            assert cuda.cudnn_sdp_enabled()
 
 
 def test_empty_input() -> None:

@@ -16,6 +16,14 @@ broken installation reported, where its kernels are first used (:func:`use_backe
 kernel probe of :mod:`dflash_eval.target.kernel_probe`, which runs them in every process that reads features, warm or
 not).
 
+Full attention: on CUDA every block of :func:`use_backend` (and so every forward of the target: features, the
+kernel probe, teacher-forced checks, generation) runs torch's scaled-dot-product attention without its cuDNN backend
+(:func:`attention_backends`). For bf16 torch may otherwise pick cuDNN, which builds an execution plan on the first
+call of every new shape (every prompt length, every decode step's key length, every padded batch), some 0.04-0.05 s
+each on an H100 (``benchmarks/first_cuda_use.py``), and a warm run's witness forwards meet dozens of new lengths.
+Flash and memory-efficient attention need no plan. One choice for every forward also means the kernel probe hashes
+the attention kernel the features are made with.
+
 Fault injection (a test and diagnostic hook, never a default): ``<backend>+<fault>`` runs ``<backend>`` with its
 delta-rule output perturbed, so a test can produce kernel drift of a chosen size on any machine:
 
@@ -37,6 +45,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import threading
@@ -68,6 +77,7 @@ __all__ = [
     "module_functions",
     "loaded_hybrid_modules",
     "check_backend_device",
+    "attention_backends",
 ]
 
 BACKENDS = ("auto", "fla", "torch", "torch-recurrent")
@@ -202,6 +212,25 @@ def check_backend_device(name: str, device: torch.device | str, *, imports: bool
             )
 
 
+@contextmanager
+def attention_backends(device: torch.device | str, cudnn: bool = False) -> Iterator[None]:
+    """The target's scaled-dot-product attention for the duration of the block: on CUDA without the cuDNN backend
+    unless ``cudnn`` (module docstring); flash, memory-efficient and math attention stay as they were. On other
+    devices nothing changes. Torch's backend switches are process-wide: the block restores the one it set."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    cuda = torch.backends.cuda
+    before = cuda.cudnn_sdp_enabled()
+    cuda.enable_cudnn_sdp(cudnn)
+    try:
+        yield
+    finally:
+        cuda.enable_cudnn_sdp(before)
+
+
 def _torch_impl(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The pure-torch function under transformers' hub/fla wrapper (``__wrapped__``)."""
     while hasattr(fn, "__wrapped__"):
@@ -303,17 +332,19 @@ def use_backend(name: str, device: torch.device | str = "cpu") -> Iterator[Backe
     ``fla`` on a CPU device raises :class:`BackendError` before any kernel is reached. A ``+<fault>`` suffix wraps
     the backend's functions (module docstring); its noise generator is seeded anew on every entry. Entered again,
     nested, for the backend already in force (no fault), it changes nothing: what the outer block set up (the kernel
-    probe's recorders around the functions it set) stays in force for the code it calls.
+    probe's recorders around the functions it set) stays in force for the code it calls. On CUDA the block's
+    attention runs without cuDNN (:func:`attention_backends`).
     """
     import torch
 
     concrete, fault = split_backend(resolve_backend(name, device))
     check_backend_device(concrete, device)  # planning only saw fla installed: it must import now
     gen = torch.Generator().manual_seed(fault.seed) if fault is not None else None
-    with _lock:
+    with _lock, contextlib.ExitStack() as stack:
         if fault is None and _active and _active[-1].name == concrete:
             yield _active[-1]
             return
+        stack.enter_context(attention_backends(device))
         mods = loaded_hybrid_modules()
         saved = [(m, getattr(m, _CHUNK), getattr(m, _RECUR)) for m in mods]
         depth = len(_active)

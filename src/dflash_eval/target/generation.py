@@ -10,8 +10,9 @@ attention layers mask pad keys, and position ids count real tokens only. The res
 up to floating-point summation order (the chunked delta rule's chunk boundaries move with the padding), which can
 only flip a near-tie: ``benchmarks/bench_generation.py`` checks the ids against one-at-a-time generation.
 
-On CUDA generation runs without cuDNN attention (:func:`attention_backends`): a left-padded batch is the case where
-torch would pick it, and its per-shape plans cost more than the whole batch.
+On CUDA generation runs without cuDNN attention, as every forward of the target does
+(:func:`dflash_eval.target.backends.attention_backends`): a left-padded batch is a case where torch would pick it,
+and its per-shape plans cost more than the whole batch.
 
 Example::
 
@@ -20,36 +21,19 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from dflash_eval.target.backends import use_backend
+from dflash_eval.target.backends import attention_backends, use_backend
 from dflash_eval.target.sampling import SamplingParams, SeededSampler
 
 if TYPE_CHECKING:
     from dflash_eval.target.loader import Target
 
-__all__ = ["greedy_generate", "greedy_generate_batch", "generation_groups", "attention_backends"]
-
-
-@contextlib.contextmanager
-def attention_backends(device: torch.device | str, cudnn: bool = False) -> Iterator[None]:
-    """Scaled-dot-product attention during generation: on CUDA without the cuDNN backend unless ``cudnn``.
-
-    A left-padded batch passes an attention mask to every full-attention layer, and for a masked bf16 call on an
-    H200 torch picks cuDNN, which builds an execution plan on the first call of every new shape, and a decode step
-    has a new shape each token (the key length grows). Flash / memory-efficient attention need no plan."""
-    if torch.device(device).type != "cuda" or cudnn:
-        yield
-        return
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-        yield
+__all__ = ["greedy_generate", "greedy_generate_batch", "generation_groups"]
 
 
 @torch.no_grad()
@@ -68,9 +52,10 @@ def greedy_generate_batch(
 
     Runs ``model.generate`` with the target's cache (chunked prefill, recurrent decode for hybrid layers) under
     the chosen linear-attention backend. A single prompt is not padded at all. ``cudnn_attention``: let torch pick
-    cuDNN attention (off by default, see :func:`attention_backends`). ``sampling``: (params, one stream seed per
-    prompt) to sample instead (:class:`~dflash_eval.target.sampling.SeededSampler`, position-indexed draws, so a
-    row's tokens do not depend on the batch it is in); greedy params leave generation greedy.
+    cuDNN attention (off by default, see :func:`dflash_eval.target.backends.attention_backends`). ``sampling``:
+    (params, one stream seed per prompt) to sample instead (:class:`~dflash_eval.target.sampling.SeededSampler`,
+    position-indexed draws, so a row's tokens do not depend on the batch it is in); greedy params leave generation
+    greedy.
     """
     if not prompts:
         return []
