@@ -150,57 +150,13 @@ def test_the_installation_key_is_hashed_once_in_a_thread(monkeypatch: pytest.Mon
     assert triton_key() == hashlib.sha256(lib.read_bytes()).hexdigest() and calls == ["triton-key"]
 
 
-@pytest.fixture
-def fresh_triton(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    """No Triton imported and no key thread started; ``tmp_path`` first on the import path (a test writes its
-    stand-in ``triton`` package there); every ``triton`` module imported in the test dropped after it."""
-    saved = {k: v for k, v in sys.modules.items() if k == "triton" or k.startswith("triton.")}
-    for k in saved:
-        monkeypatch.delitem(sys.modules, k)
-    monkeypatch.syspath_prepend(str(tmp_path))
+def test_no_thread_without_an_imported_memoised_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is imported to start it, and a key Triton does not memoise would be computed twice: no thread."""
+    monkeypatch.delitem(sys.modules, "triton.runtime.cache", raising=False)
     monkeypatch.setattr(kernel_cache, "_key_thread", None)
-    yield tmp_path
-    for k in [k for k in sys.modules if k == "triton" or k.startswith("triton.")]:
-        del sys.modules[k]
-    sys.modules.update(saved)
-
-
-def _triton_package(root: Path, key: str) -> None:
-    """A stand-in ``triton`` package whose ``triton.runtime.cache`` records the thread that imported it and defines
-    ``triton_key`` as ``key`` (source) records the threads that computed it."""
-    (root / "triton" / "runtime").mkdir(parents=True)
-    (root / "triton" / "__init__.py").write_text("")
-    (root / "triton" / "runtime" / "__init__.py").write_text("")
-    (root / "triton" / "runtime" / "cache.py").write_text(
-        "import functools, threading\nIMPORTED_BY = threading.current_thread().name\nCALLS = []\n" + key)
-
-
-def test_the_thread_imports_triton_itself(fresh_triton: Path) -> None:
-    """Started before anything imported Triton (the probe starts it before the modeling code's import), the thread
-    imports it and computes the memoised key there."""
-    _triton_package(fresh_triton, "@functools.lru_cache\ndef triton_key():\n"
-                                  "    CALLS.append(threading.current_thread().name)\n    return 'key'\n")
-    thread = kernel_cache.hash_installation()
-    assert thread is not None
-    thread.join(60)
-    cache = sys.modules["triton.runtime.cache"]
-    assert cache.IMPORTED_BY == "triton-key" and cache.CALLS == ["triton-key"]  # type: ignore[attr-defined]
-    assert cache.triton_key() == "key" and cache.CALLS == ["triton-key"]  # type: ignore[attr-defined]
-
-
-def test_an_unmemoised_key_or_a_missing_triton_is_left_alone(fresh_triton: Path) -> None:
-    """A key Triton does not memoise would be computed twice: the thread does not compute it; without Triton (or
-    with one that does not import) the thread ends quietly and the next import of Triton fails where it would."""
-    thread = kernel_cache.hash_installation()  # nothing named triton on the path
-    assert thread is not None
-    thread.join(60)
-    assert not thread.is_alive() and "triton.runtime.cache" not in sys.modules
-    kernel_cache._key_thread = None
-    _triton_package(fresh_triton, "def triton_key():\n    CALLS.append(threading.current_thread().name)\n")
-    thread = kernel_cache.hash_installation()
-    assert thread is not None
-    thread.join(60)
-    assert sys.modules["triton.runtime.cache"].CALLS == []  # type: ignore[attr-defined]
+    assert kernel_cache.hash_installation() is None and "triton.runtime.cache" not in sys.modules
+    _fake_key_module(monkeypatch, lambda: "not memoised")
+    assert kernel_cache.hash_installation() is None and kernel_cache._key_thread is None
 
 
 def test_a_failing_key_is_left_to_the_first_kernel_lookup(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,19 +22,24 @@ stage's own time.
 Every kernel Triton looks up, in memory or in its cache folder, is keyed by a hash of Triton's own installation
 (``triton.runtime.cache.triton_key``: its compiler sources and its whole ``libtriton`` shared library, some hundred
 megabytes), computed once per process at the first lookup: on an H100 host about 0.4 s of a warm run, spent inside
-the kernel probe's first fla call. Reading and hashing a file release the interpreter lock, so the kernel probe of
-an fla backend starts that same computation in a thread (:func:`hash_installation`) before it imports the target's
-modeling code, whose import (transformers, fla, Triton: seconds) the hashing then overlaps, and waits for it before
-its first kernel: the value is Triton's own, only when it is computed moves. The thread imports Triton itself
-(whichever thread gets there first imports it, the other waits for it), and Triton's key walks its own packages,
-importing those not imported yet; so the thread lives inside that one call of the probe (a test phase of the
-suite): no thread but the main one may import while pytest moves between test phases.
+the kernel probe's first fla call. Reading and hashing a file release the interpreter lock, so the kernel probe, once
+the target's modeling code (and with it Triton) is imported, starts that same computation in a thread
+(:func:`hash_installation`) while it builds its model, and waits for it before its first kernel: the value is
+Triton's own, only when it is computed moves (the probe's model is small, so part of it is presumably still waited
+for: docs/benchmarks.md, "The warm run on a GPU against its import floor"). Started before the modeling import
+instead (the thread importing Triton itself), the hashing was hardly waited for (0.09 s under the first fla call,
+against 0.53 s), but that import, sampled on an H100,
+took longer by more than the hashing had cost (transformers' module scan, ``fetch__all__``: 1.31 s against 0.55 s
+in the recording before; one recording each, so an inference: the thread's Python work competes with the import's for
+the interpreter lock), and it went back to starting after the import. The thread lives
+inside that one call (a test phase of the suite): Triton's key walks its own packages, importing those not imported
+yet, and no thread but the main one may import while pytest moves between test phases.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -118,24 +123,24 @@ def compilation_event(seconds: float, cache_hit: bool) -> None:
 
 def hash_installation() -> threading.Thread | None:
     """Start computing Triton's installation key in a thread (module docstring), once per process, and return the
-    thread for the caller to join (for at most :data:`KEY_WAIT_S`) before its first kernel; None where one was
-    started already. The thread imports ``triton.runtime.cache`` and computes the key only where Triton memoises it
-    (``functools.lru_cache``: the thread's result is the one every later lookup reads); an import that fails there
-    is left to the code that imports Triton next, which fails as it would have."""
+    thread for the caller to join (for at most :data:`KEY_WAIT_S`) before its first kernel. Only where Triton is
+    imported already (nothing is imported here) and its key is memoised (``functools.lru_cache``: the thread's result
+    is the one every later lookup reads); None where nothing was started."""
     global _key_thread
+    key = getattr(sys.modules.get("triton.runtime.cache"), "triton_key", None)
+    if key is None or not hasattr(key, "cache_info"):
+        return None
     with _lock:
         if _key_thread is not None:
             return None
-        _key_thread = threading.Thread(target=_compute_key, name="triton-key", daemon=True)
+        _key_thread = threading.Thread(target=_compute_key, args=(key,), name="triton-key", daemon=True)
         _key_thread.start()
         return _key_thread
 
 
-def _compute_key() -> None:
+def _compute_key(key: Callable[[], object]) -> None:
     try:
-        key = importlib.import_module("triton.runtime.cache").triton_key
-        if hasattr(key, "cache_info"):  # memoised: computed once here, read by every lookup after
-            key()
+        key()
     except Exception:  # noqa: BLE001 - not memoised then: the first kernel lookup computes it and raises it there
         pass
 

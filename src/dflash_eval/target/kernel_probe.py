@@ -724,17 +724,11 @@ def probe(target_dir: TargetDir, backend: str, dtype: torch.dtype, device: torch
     seeded inputs; see the module docstring."""
     shape = shape or ProbeShape(MIN_BUCKET)
     t0 = time.perf_counter()
+    shapes = ProbeShapes.from_target(target_dir)
+    mod = modeling_module(target_dir)
     base = split_backend(backend)[0]
-    # Triton's installation key, hashed while the modeling code imports and the probe model is built
-    # (dflash_eval.target.kernel_cache)
+    # Triton's installation key, hashed while the probe model is built (dflash_eval.target.kernel_cache)
     keying = hash_installation() if base == "fla" else None
-    try:
-        shapes = ProbeShapes.from_target(target_dir)
-        mod = modeling_module(target_dir)
-    except BaseException:
-        if keying is not None:  # the thread may import: it does not outlive the call
-            keying.join(KEY_WAIT_S)
-        raise
     dev = torch.device(device)
     t1 = time.perf_counter()
     tape = _Tape(on_device=dev.type != "cpu")
