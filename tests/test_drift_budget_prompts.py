@@ -33,11 +33,11 @@ def test_noisy_drafter_passes_the_gate_on_six_prompts(suite_checkout, pytester: 
     drafter = noisy_drafter(ROOT / "fixtures" / "drafter", tmp_path / "noisy", 0.05)
 
     def run(report: str, *args: str) -> tuple[pytest.RunResult, dict]:
-        res = pytester.runpytest_subprocess(  # the repository's default prompts (37), the first 6 selected
+        res = pytester.runpytest_inprocess(  # the repository's default prompts (37), the first 6 selected
             "tests_eval", "-k", "within_budget", f"--target-model={ROOT / 'fixtures' / 'target'}",
             f"--drafter={drafter}", f"--prompts=humaneval:16,{ROOT / 'fixtures' / 'prompts.jsonl'}",
             "--num-prompts=6", f"--cache-dir={tmp_path / 'cache'}",
-            f"--report-dir={tmp_path / report}", *args, timeout=1800)
+            f"--report-dir={tmp_path / report}", *args)
         return res, json.loads((tmp_path / report / "eval.json").read_text())
 
     res, data = run("default")

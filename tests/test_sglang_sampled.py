@@ -10,11 +10,19 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from test_sglang_suite import ROOT, free_port, run_suite, show, standin_cmd
+from test_sglang_suite import (
+    ROOT,
+    SuiteRun,
+    free_port,
+    run_suite,  # noqa: F401 - the suite's fixture
+    show,
+    standin_cmd,
+)
 
 from dflash_eval.references.server_sample_check import (
     FETCH_Z_FLAT,
@@ -202,7 +210,8 @@ def sampled_entries(cache: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.sglang
-def test_suite_at_temperature_takes_seeded_server_samples_reproducibly(tmp_path: Path) -> None:
+def test_suite_at_temperature_takes_seeded_server_samples_reproducibly(
+        tmp_path: Path, run_suite: Callable[..., SuiteRun]) -> None:  # noqa: F811
     results = []
     for run in ("first", "second"):  # each its own server start and a fresh cache
         port = free_port()
@@ -222,7 +231,8 @@ def test_suite_at_temperature_takes_seeded_server_samples_reproducibly(tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.sglang
-def test_suite_warns_of_an_unseeded_server_and_refuses_one_that_samples_other_weights(tmp_path: Path) -> None:
+def test_suite_warns_of_an_unseeded_server_and_refuses_one_that_samples_other_weights(
+        tmp_path: Path, run_suite: Callable[..., SuiteRun]) -> None:  # noqa: F811
     port = free_port()
     proc = run_suite(tmp_path / "unseeded", "--sglang-launch", standin_cmd(port), "--sglang-url",
                      f"http://127.0.0.1:{port}", "--num-prompts", "1", *SAMPLED)
@@ -258,7 +268,7 @@ POOLED = ("--temperature", "0.6", "--num-prompts", "2", "--samples-per-prompt", 
     ("ignore-top-k", ("--top-k", "20"), "outside the support"),
 ])
 def test_a_server_that_samples_otherwise_than_asked_is_refused_and_nothing_cached(
-        tmp_path: Path, fault: str, asked: tuple[str, ...], what: str) -> None:
+        tmp_path: Path, fault: str, asked: tuple[str, ...], what: str, run_suite: Callable[..., SuiteRun]) -> None:  # noqa: F811
     """A server that answers a sampled request greedily, at half or twice the temperature, with a top-k it was not
     asked or without the one it was asked (what a proxy that drops or rewrites sampling_params keys serves) is
     refused, naming the direction, the sample and the score; no sampled reference is cached."""
@@ -276,7 +286,8 @@ def test_a_server_that_samples_otherwise_than_asked_is_refused_and_nothing_cache
 
 @pytest.mark.slow
 @pytest.mark.sglang
-def test_a_warm_greedy_cache_still_starts_the_server_for_the_sampled_references(tmp_path: Path) -> None:
+def test_a_warm_greedy_cache_still_starts_the_server_for_the_sampled_references(
+        tmp_path: Path, run_suite: Callable[..., SuiteRun]) -> None:  # noqa: F811
     port = free_port()
     launch = ("--sglang-launch", standin_cmd(port, "--enable-deterministic-inference"), "--sglang-url",
               f"http://127.0.0.1:{port}", "--num-prompts", "1", "--max-new-tokens", "16", "-k", "tau")
@@ -290,6 +301,7 @@ def test_a_warm_greedy_cache_still_starts_the_server_for_the_sampled_references(
     again = run_suite(tmp_path, "--sglang-url", f"http://127.0.0.1:{free_port()}", *launch[4:], "--temperature",
                       "0.6", "--samples-per-prompt", "2")  # everything cached: no server is asked
     assert again.returncode == 0 and "SGLang" not in again.stderr, show(again)
+    assert "sglang" not in json.loads((tmp_path / "reports" / "eval.json").read_text())  # no server was started
     cached = run_suite(tmp_path, *launch[4:], "--completions", "cache", "--temperature", "0.6",
                        "--samples-per-prompt", "2")  # --completions cache takes the server's sampled entries
     assert cached.returncode == 0, show(cached)

@@ -2,8 +2,10 @@
 (``tests/sglang_standin.py``, NOT SGLang): launch mode, readiness, identity, caching, skip / ``--require-sglang``,
 teardown of the launched server's process group (also on SIGTERM and SIGINT).
 
-Each test runs the suite in a subprocess (``python -m pytest tests_eval ...``) on the bundled fixtures, on the
-first few prompts of ``fixtures/prompts.jsonl``.
+Each test runs the suite on the bundled fixtures, on the first few prompts of ``fixtures/prompts.jsonl``: in-process
+(the ``run_suite`` fixture: pytester, in a checkout of the suite beside this repository's fixtures and golden records)
+where the test looks at what the run did, in a subprocess (``python -m pytest tests_eval ...``) where it signals the
+run. The stand-in server is always a process of its own, launched by the suite (``--sglang-launch``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from sglang_standin import request_counts
 
 from dflash_eval.session.run_result import RunResult
@@ -28,7 +33,7 @@ from dflash_eval.sglang.launch import group_members
 pytestmark = pytest.mark.sglang
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = "tests/sglang_standin.py"
+STANDIN = str(ROOT / "tests" / "sglang_standin.py")
 NUM_PROMPTS = 3
 SELECT = "tau or reference_completion"
 
@@ -43,11 +48,16 @@ def standin_cmd(port: int, *extra: str) -> str:
     return shlex.join([sys.executable, STANDIN, "--model-path", "fixtures/target", "--port", str(port), *extra])
 
 
-def suite_argv(tmp: Path, *args: str, select: str = SELECT) -> list[str]:
-    return [sys.executable, "-m", "pytest", "tests_eval", "--completions", "sglang",
+def suite_args(tmp: Path, *args: str, select: str = SELECT) -> list[str]:
+    """The suite's command line after ``pytest``, run where ``fixtures/`` and ``golden/`` are this repository's."""
+    return ["tests_eval", "--target-model", "fixtures/target", "--drafter", "fixtures/drafter", "--completions", "sglang",
             "--prompts", "fixtures/prompts.jsonl", "--num-prompts", str(NUM_PROMPTS), "--tau-floor", "1.0",
             "--cache-dir", str(tmp / "cache"), "--report-dir", str(tmp / "reports"), "-k", select,
             "-p", "no:cacheprovider", "--torch-threads", "1", "-p", "no:xdist", *args]
+
+
+def suite_argv(tmp: Path, *args: str, select: str = SELECT) -> list[str]:
+    return [sys.executable, "-m", "pytest", *suite_args(tmp, *args, select=select)]
 
 
 def suite_env() -> dict[str, str]:
@@ -56,9 +66,33 @@ def suite_env() -> dict[str, str]:
     return env
 
 
-def run_suite(tmp: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(suite_argv(tmp, *args), cwd=ROOT, env=suite_env(), capture_output=True, text=True,
-                          timeout=timeout)
+@dataclass(frozen=True)
+class SuiteRun:
+    """What a run of the suite gave: its exit status and its output (``show`` prints it)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run_suite(pytester: pytest.Pytester, suite_checkout: Callable[..., Path]) -> Callable[..., SuiteRun]:
+    """``run_suite(tmp, *args)``: the suite of :func:`suite_args` in-process, in a checkout of the suite with this
+    repository's ini options, ``fixtures/`` and ``golden/`` (linked: no run here records), as ``pytest`` from the
+    repository's root runs it; the worker's torch thread count is restored after each run."""
+    root = suite_checkout("--snapshot-warn-unused")
+    for name in ("fixtures", "golden"):
+        (root / name).symlink_to(ROOT / name, target_is_directory=True)
+
+    def run(tmp: Path, *args: str) -> SuiteRun:
+        threads = torch.get_num_threads()
+        try:
+            res = pytester.runpytest_inprocess(*suite_args(tmp, *args))
+        finally:
+            torch.set_num_threads(threads)
+        return SuiteRun(int(res.ret), res.stdout.str(), res.stderr.str())
+
+    return run
 
 
 def group_gone(pgid: int) -> bool:
@@ -100,12 +134,13 @@ def outcomes(report_dir: Path) -> dict[str, str]:
     return json.loads((report_dir / "eval.json").read_text())["tests"]["outcomes"]
 
 
-def show(proc: subprocess.CompletedProcess) -> str:
+def show(proc: SuiteRun | subprocess.CompletedProcess) -> str:
     return f"rc={proc.returncode}\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
 
 
 @pytest.mark.slow
-def test_launched_standin_gives_local_completions_then_warm_cache_needs_no_server(tmp_path: Path) -> None:
+def test_launched_standin_gives_local_completions_then_warm_cache_needs_no_server(
+        tmp_path: Path, run_suite: Callable[..., SuiteRun]) -> None:
     port = free_port()
     launch = standin_cmd(port, "--warmup-refuse-s", "1", "--warmup-503-s", "1",
                          "--synthetic-spec-accept-length", "3.5", "--skip-tokenizer-init")  # no text: pinned locally
@@ -166,7 +201,7 @@ def test_launched_standin_gives_local_completions_then_warm_cache_needs_no_serve
 
 
 @pytest.mark.slow
-def test_cold_cache_without_server_skips_naming_the_url(tmp_path: Path) -> None:
+def test_cold_cache_without_server_skips_naming_the_url(tmp_path: Path, run_suite: Callable[..., SuiteRun]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
     proc = run_suite(tmp_path, "--sglang-url", url, "--sglang-timeout", "1", "-rs")
@@ -179,7 +214,8 @@ def test_cold_cache_without_server_skips_naming_the_url(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cold_cache_without_server_fails_under_require_sglang(tmp_path: Path) -> None:
+def test_cold_cache_without_server_fails_under_require_sglang(
+        tmp_path: Path, run_suite: Callable[..., SuiteRun]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     proc = run_suite(tmp_path, "--sglang-url", url, "--sglang-timeout", "1", "--require-sglang")
     assert proc.returncode == 1, show(proc)
@@ -188,7 +224,7 @@ def test_cold_cache_without_server_fails_under_require_sglang(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_wrong_model_fails_before_any_completion(tmp_path: Path) -> None:
+def test_wrong_model_fails_before_any_completion(tmp_path: Path, run_suite: Callable[..., SuiteRun]) -> None:
     port = free_port()
     proc = run_suite(tmp_path, "--sglang-launch", standin_cmd(port, "--mode", "wrong-model-info"),
                      "--sglang-url", f"http://127.0.0.1:{port}")
@@ -200,7 +236,8 @@ def test_wrong_model_fails_before_any_completion(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sglang_model_name_is_the_name_the_server_must_serve(tmp_path: Path) -> None:
+def test_sglang_model_name_is_the_name_the_server_must_serve(
+        tmp_path: Path, run_suite: Callable[..., SuiteRun]) -> None:
     """``--sglang-model-name`` replaces the target folder's name as what ``/model_info`` must match: the stand-in
     serving ``fixtures/target`` (accepted without the option) is refused for another name before any completion."""
     port = free_port()
@@ -214,7 +251,8 @@ def test_sglang_model_name_is_the_name_the_server_must_serve(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_a_server_wrong_on_a_later_prompt_fails_naming_it_and_caches_nothing(tmp_path: Path) -> None:
+def test_a_server_wrong_on_a_later_prompt_fails_naming_it_and_caches_nothing(
+        tmp_path: Path, run_suite: Callable[..., SuiteRun]) -> None:
     """The server answers the first prompt right and the second wrong (a replica behind a router serving other
     weights): every completion of the fetch is checked against the local target, the run fails naming the wrong
     prompt, and nothing of the fetch is cached (a later run must not find it as ``source: sglang``)."""
@@ -242,7 +280,8 @@ def test_a_server_wrong_on_a_later_prompt_fails_naming_it_and_caches_nothing(tmp
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "says"), [("malformed-json", "the body is not valid JSON"),
                                             ("generate-500", "HTTP 500")])
-def test_a_failed_fetch_fails_naming_the_url_and_caches_nothing(tmp_path: Path, mode: str, says: str) -> None:
+def test_a_failed_fetch_fails_naming_the_url_and_caches_nothing(
+        tmp_path: Path, mode: str, says: str, run_suite: Callable[..., SuiteRun]) -> None:
     """The suite's own fetch (the references stage through the SGLang client and the cache): a server whose
     ``POST /generate`` answer is cut off or an HTTP error fails the run naming the URL and what was wrong, and the
     cache holds no completion entry (a later run must not find a partial answer as ``source: sglang``)."""
