@@ -50,8 +50,9 @@ def standin_cmd(port: int, *extra: str) -> str:
 
 def suite_args(tmp: Path, *args: str, select: str = SELECT) -> list[str]:
     """The suite's command line after ``pytest``, run where ``fixtures/`` and ``golden/`` are this repository's."""
-    return ["tests_eval", "--target-model", "fixtures/target", "--drafter", "fixtures/drafter", "--completions", "sglang",
-            "--prompts", "fixtures/prompts.jsonl", "--num-prompts", str(NUM_PROMPTS), "--tau-floor", "1.0",
+    return ["tests_eval", "--target-model", "fixtures/target", "--drafter", "fixtures/drafter",
+            "--completions", "sglang", "--prompts", "fixtures/prompts.jsonl", "--num-prompts", str(NUM_PROMPTS),
+            "--tau-floor", "1.0",
             "--cache-dir", str(tmp / "cache"), "--report-dir", str(tmp / "reports"), "-k", select,
             "-p", "no:cacheprovider", "--torch-threads", "1", "-p", "no:xdist", *args]
 
