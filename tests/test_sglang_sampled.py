@@ -268,7 +268,8 @@ POOLED = ("--temperature", "0.6", "--num-prompts", "2", "--samples-per-prompt", 
     ("ignore-top-k", ("--top-k", "20"), "outside the support"),
 ])
 def test_a_server_that_samples_otherwise_than_asked_is_refused_and_nothing_cached(
-        tmp_path: Path, fault: str, asked: tuple[str, ...], what: str, run_suite: Callable[..., SuiteRun]) -> None:  # noqa: F811
+        tmp_path: Path, fault: str, asked: tuple[str, ...], what: str,
+        run_suite: Callable[..., SuiteRun]) -> None:  # noqa: F811
     """A server that answers a sampled request greedily, at half or twice the temperature, with a top-k it was not
     asked or without the one it was asked (what a proxy that drops or rewrites sampling_params keys serves) is
     refused, naming the direction, the sample and the score; no sampled reference is cached."""
