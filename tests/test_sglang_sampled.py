@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -176,9 +176,8 @@ def seeded_standin() -> str:
     import requests
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "tests/sglang_standin.py", "--model-path", "fixtures/target", "--port",
-                             str(port), "--enable-deterministic-inference"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(shlex.split(standin_cmd(port, "--enable-deterministic-inference")), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         from dflash_eval.sglang import wait_until_ready

@@ -52,8 +52,7 @@ def suite_args(tmp: Path, *args: str, select: str = SELECT) -> list[str]:
     """The suite's command line after ``pytest``, run where ``fixtures/`` and ``golden/`` are this repository's."""
     return ["tests_eval", "--target-model", "fixtures/target", "--drafter", "fixtures/drafter",
             "--completions", "sglang", "--prompts", "fixtures/prompts.jsonl", "--num-prompts", str(NUM_PROMPTS),
-            "--tau-floor", "1.0",
-            "--cache-dir", str(tmp / "cache"), "--report-dir", str(tmp / "reports"), "-k", select,
+            "--tau-floor", "1.0", "--cache-dir", str(tmp / "cache"), "--report-dir", str(tmp / "reports"), "-k", select,
             "-p", "no:cacheprovider", "--torch-threads", "1", "-p", "no:xdist", *args]
 
 
@@ -78,9 +77,10 @@ class SuiteRun:
 
 @pytest.fixture
 def run_suite(pytester: pytest.Pytester, suite_checkout: Callable[..., Path]) -> Callable[..., SuiteRun]:
-    """``run_suite(tmp, *args)``: the suite of :func:`suite_args` in-process, in a checkout of the suite with this
-    repository's ini options, ``fixtures/`` and ``golden/`` (linked: no run here records), as ``pytest`` from the
-    repository's root runs it; the worker's torch thread count is restored after each run."""
+    """``run_suite(tmp, *args)``: the suite of :func:`suite_args` in-process, in a checkout of the suite beside this
+    repository's ``fixtures/`` and ``golden/`` (linked: no run here records), with ``--snapshot-warn-unused`` as the
+    repository's ini gives it (the golden snapshots of prompts not selected are reported, not failed); the worker's
+    torch thread count is restored after each run."""
     root = suite_checkout("--snapshot-warn-unused")
     for name in ("fixtures", "golden"):
         (root / name).symlink_to(ROOT / name, target_is_directory=True)
@@ -135,7 +135,7 @@ def outcomes(report_dir: Path) -> dict[str, str]:
     return json.loads((report_dir / "eval.json").read_text())["tests"]["outcomes"]
 
 
-def show(proc: SuiteRun | subprocess.CompletedProcess) -> str:
+def show(proc: SuiteRun) -> str:
     return f"rc={proc.returncode}\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
 
 

@@ -21,16 +21,16 @@ stage's own time.
 
 Every kernel Triton looks up, in memory or in its cache folder, is keyed by a hash of Triton's own installation
 (``triton.runtime.cache.triton_key``: its compiler sources and its whole ``libtriton`` shared library, some hundred
-megabytes), computed once per process at the first lookup: on an H100 host about 0.4 s of a warm run, spent inside
-the kernel probe's first fla call. Reading and hashing a file release the interpreter lock, so the kernel probe, once
-the target's modeling code (and with it Triton) is imported, starts that same computation in a thread
-(:func:`hash_installation`) while it builds its model, and waits for it before its first kernel: the value is
-Triton's own, only when it is computed moves (the probe's model is small, so part of it is presumably still waited
-for: docs/benchmarks.md, "The warm run on a GPU against its import floor"). Started before the modeling import
-instead (the thread importing Triton itself), the hashing was hardly waited for (0.09 s under the first fla call,
-against 0.53 s with no thread), but that import, sampled on an H100, took longer by more than the hashing had cost
-(transformers' module scan, ``fetch__all__``: 1.31 s against 0.55 s in the recording before; one recording each, so
-an inference: the thread's Python work competes with the import's for the interpreter lock), and it went back to
+megabytes), computed once per process at the first lookup: on an H100 host about 0.4 s of a warm run, spent inside the
+kernel probe's first fla call. Reading and hashing a file release the interpreter lock, so the kernel probe, once the
+target's modeling code (and with it Triton) is imported, starts that same computation in a thread
+(:func:`hash_installation`) while it builds its model, and waits for it before its first kernel: the value is Triton's
+own, only when it is computed moves. The probe's model is small, so the probe still waits: 1.2 s for the thread in a
+warm run sampled on an H100 (docs/benchmarks.md, "The tree with both changes, timed"). Started before the modeling
+import instead (the thread importing Triton itself), the hashing was hardly waited for (0.09 s under the first fla
+call, against 0.53 s with no thread), but that import, sampled on an H100, took longer by more than the hashing had
+cost (transformers' module scan, ``fetch__all__``: 1.31 s against 0.55 s in the recording before; one recording each,
+so an inference: the thread's Python work competes with the import's for the interpreter lock), and it went back to
 starting after the import. The thread lives inside that one call (a test phase of the suite): Triton's key walks its
 own packages, importing those not imported yet, and no thread but the main one may import while pytest moves between
 test phases.
