@@ -26,14 +26,14 @@ kernel probe's first fla call. Reading and hashing a file release the interprete
 target's modeling code (and with it Triton) is imported, starts that same computation in a thread
 (:func:`hash_installation`) while it builds its model, and waits for it before its first kernel: the value is Triton's
 own, only when it is computed moves. The probe's model is small, so the probe still waits: 1.2 s for the thread in a
-warm run sampled on an H100 (docs/benchmarks.md, "The tree with both changes, timed"). Started before the modeling
-import instead (the thread importing Triton itself), the hashing was hardly waited for (0.09 s under the first fla
-call, against 0.53 s with no thread), but that import, sampled on an H100, took longer by more than the hashing had
-cost (transformers' module scan, ``fetch__all__``: 1.31 s against 0.55 s in the recording before; one recording each,
-so an inference: the thread's Python work competes with the import's for the interpreter lock), and it went back to
-starting after the import. The thread lives inside that one call (a test phase of the suite): Triton's key walks its
-own packages, importing those not imported yet, and no thread but the main one may import while pytest moves between
-test phases.
+warm run sampled on an H100 (docs/benchmarks.md, "The warm run on a GPU against its import floor"). Started before the
+modeling import instead (the thread importing Triton itself), the hashing was hardly waited for (0.09 s under the
+first fla call, against 0.53 s with no thread), but that import, sampled on an H100, took longer by more than the
+hashing had cost (transformers' module scan, ``fetch__all__``: 1.31 s against 0.55 s in the recording before; one
+recording each, so an inference: the thread's Python work competes with the import's for the interpreter lock), and it
+went back to starting after the import. The thread lives inside that one call (a test phase of the suite): Triton's
+key walks its own packages, importing those not imported yet, and no thread but the main one may import while pytest
+moves between test phases.
 """
 
 from __future__ import annotations
