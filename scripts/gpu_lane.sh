@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU lane (stages, one or more per call: main, record, fresh, drift, suite, fp32, goldens, faults, scaling, startup, warm,
-# warmfloor, warmspy, wide, gen, speed, serverloop, serverwide, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
+# warmfloor, warmspy, keythread, wide, gen, speed, serverloop, serverwide, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
 # Writes everything under $OUT (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention,
 # fla-core 0.6.0, transformers 5.24.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -253,6 +253,15 @@ for what in warm floor; do
 done
 # What first CUDA uses cost after the same imports (context, cuBLAS, attention per backend and per new shape), twice.
 for i in 1 2; do timeout 60 python3 benchmarks/first_cuda_use.py >> "$OUT/first_cuda_use.txt" 2>&1; done
+fi
+if [ "$STAGE" = keythread ]; then
+# Triton's own installation key hashed alone, in a thread at the default switch interval and in the kernel probe's
+# thread (shortened interval) while the main thread builds the probe's model on the card: benchmarks/bench_key_thread.py.
+step "keythread: bench_key_thread.py --repeat ${KEY_REPEAT:=3}"
+lib=$(python3 -c "import triton, os; print(os.path.join(os.path.dirname(triton.__file__), '_C'))")
+ls -l "$lib" | tee -a "$OUT/lane.log"
+timeout 300 python3 benchmarks/bench_key_thread.py --repeat "$KEY_REPEAT" --json "$OUT/key_thread.json" >> "$OUT/lane.log" 2>&1 \
+  || echo "keythread rc=$?" >> "$OUT/lane.log"
 fi
 if [ "$STAGE" = wide ]; then
 step "scaling: -n 0 vs -n 2 and --device-map on a random 27B-width target"

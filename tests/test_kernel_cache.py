@@ -140,14 +140,46 @@ def test_the_installation_key_is_hashed_once_in_a_thread(monkeypatch: pytest.Mon
         return digest.hexdigest()
 
     _fake_key_module(monkeypatch, triton_key)
+    default = sys.getswitchinterval()
     thread = kernel_cache.hash_installation()
     assert thread is not None and thread.name == "triton-key" and thread.daemon
     assert kernel_cache.hash_installation() is None  # once per process
     assert thread.is_alive()  # the caller goes on while it hashes (it waits for the release here)
+    assert sys.getswitchinterval() == pytest.approx(kernel_cache.SWITCH_INTERVAL_S, abs=1e-6)  # while it runs
+    assert kernel_cache.SWITCH_INTERVAL_S < default
     release.set()
     thread.join(60)
     assert not thread.is_alive() and calls == ["triton-key"] and triton_key.cache_info().currsize == 1
     assert triton_key() == hashlib.sha256(lib.read_bytes()).hexdigest() and calls == ["triton-key"]
+    assert sys.getswitchinterval() == default  # put back as the thread ended
+
+
+@pytest.mark.parametrize("meanwhile", [None, 1e-3], ids=["left-alone", "changed-meanwhile"])
+def test_the_key_thread_keeps_a_shorter_or_later_switch_interval(monkeypatch: pytest.MonkeyPatch,
+                                                                 meanwhile: float | None) -> None:
+    """An interval already shorter than the thread's is kept; one set by someone else while the thread ran is not
+    undone when it ends."""
+    default = sys.getswitchinterval()
+    release = threading.Event()
+
+    @functools.lru_cache
+    def triton_key() -> str:
+        assert release.wait(60), "the test never released the key"
+        return "key"
+
+    _fake_key_module(monkeypatch, triton_key)
+    sys.setswitchinterval(kernel_cache.SWITCH_INTERVAL_S / 2)
+    short = sys.getswitchinterval()  # as the interpreter keeps it (whole microseconds)
+    try:
+        thread = kernel_cache.hash_installation()
+        assert thread is not None and sys.getswitchinterval() == short
+        if meanwhile is not None:
+            sys.setswitchinterval(meanwhile)
+        release.set()
+        thread.join(60)
+        assert sys.getswitchinterval() == (short if meanwhile is None else pytest.approx(meanwhile, abs=1e-6))
+    finally:
+        sys.setswitchinterval(default)
 
 
 def test_no_thread_without_an_imported_memoised_key(monkeypatch: pytest.MonkeyPatch) -> None:

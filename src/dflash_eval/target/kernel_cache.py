@@ -25,15 +25,19 @@ megabytes), computed once per process at the first lookup: on an H100 host about
 kernel probe's first fla call. Reading and hashing a file release the interpreter lock, so the kernel probe, once the
 target's modeling code (and with it Triton) is imported, starts that same computation in a thread
 (:func:`hash_installation`) while it builds its model, and waits for it before its first kernel: the value is Triton's
-own, only when it is computed moves. The probe's model is small, so the probe still waits: 1.2 s for the thread in a
-warm run sampled on an H100 (docs/benchmarks.md, "The warm run on a GPU against its import floor"). Started before the
-modeling import instead (the thread importing Triton itself), the hashing was hardly waited for (0.09 s under the
-first fla call, against 0.53 s with no thread), but that import, sampled on an H100, took longer by more than the
-hashing had cost (transformers' module scan, ``fetch__all__``: 1.31 s against 0.55 s in the recording before; one
-recording each, so an inference: the thread's Python work competes with the import's for the interpreter lock), and it
-went back to starting after the import. The thread lives inside that one call (a test phase of the suite): Triton's
-key walks its own packages, importing those not imported yet, and no thread but the main one may import while pytest
-moves between test phases.
+own, only when it is computed moves. The thread gives the lock back at every chunk Triton reads and hashes (a
+megabyte each), and takes it again only when the main thread, busy in Python, lets go of it: at CPython's switch
+interval, 5 ms by default, a wait per chunk that made the thread several times slower than the same hashing alone
+(1.2 s waited for it in a warm run sampled on an H100: docs/benchmarks.md, "The warm run on a GPU against its import
+floor"; ``benchmarks/bench_key_thread.py`` measures the effect side by side). While the thread runs, the process's
+switch interval is therefore :data:`SWITCH_INTERVAL_S` (``sys.setswitchinterval``; the thread puts the previous one
+back as it ends). Started before the modeling import instead (the thread importing Triton itself), the hashing was
+hardly waited for (0.09 s under the first fla call, against 0.53 s with no thread), but that import, sampled on an
+H100, took longer by more than the hashing had cost (transformers' module scan, ``fetch__all__``: 1.31 s against
+0.55 s in the recording before; one recording each, so an inference: the thread's Python work competes with the
+import's for the interpreter lock), and it went back to starting after the import. The thread lives inside that one
+call (a test phase of the suite): Triton's key walks its own packages, importing those not imported yet, and no
+thread but the main one may import while pytest moves between test phases.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ENV", "SUBDIR", "KernelCacheDir", "use_kernel_cache", "watch_compilation", "add_sink",
-           "compilation_event", "hash_installation", "KEY_WAIT_S"]
+           "compilation_event", "hash_installation", "KEY_WAIT_S", "SWITCH_INTERVAL_S"]
 
 #: The variable through which Triton (and every process started from this one) finds its cache folder.
 ENV = "TRITON_CACHE_DIR"
@@ -63,6 +67,9 @@ _key_thread: threading.Thread | None = None
 #: The longest the kernel probe waits for :func:`hash_installation`'s thread (seconds); past it the first kernel
 #: lookup computes the key itself, as it would without the thread.
 KEY_WAIT_S = 60.0
+#: The interpreter's switch interval (seconds) while :func:`hash_installation`'s thread runs (module docstring): the
+#: longest the thread waits for the interpreter lock after each chunk it read or hashed.
+SWITCH_INTERVAL_S = 2e-4
 
 
 @dataclass(frozen=True)
@@ -125,7 +132,8 @@ def hash_installation() -> threading.Thread | None:
     """Start computing Triton's installation key in a thread (module docstring), once per process, and return the
     thread for the caller to join (for at most :data:`KEY_WAIT_S`) before its first kernel. Only where Triton is
     imported already (nothing is imported here) and its key is memoised (``functools.lru_cache``: the thread's result
-    is the one every later lookup reads); None where nothing was started."""
+    is the one every later lookup reads); None where nothing was started. Until the thread ends the switch interval
+    is at most :data:`SWITCH_INTERVAL_S`."""
     global _key_thread
     key = getattr(sys.modules.get("triton.runtime.cache"), "triton_key", None)
     if key is None or not hasattr(key, "cache_info"):
@@ -133,16 +141,28 @@ def hash_installation() -> threading.Thread | None:
     with _lock:
         if _key_thread is not None:
             return None
-        _key_thread = threading.Thread(target=_compute_key, args=(key,), name="triton-key", daemon=True)
-        _key_thread.start()
+        previous = sys.getswitchinterval()
+        if previous > SWITCH_INTERVAL_S:  # (setting a value back may round it: the interpreter keeps microseconds)
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        shortened = sys.getswitchinterval()
+        _key_thread = threading.Thread(target=_compute_key, args=(key, previous, shortened), name="triton-key",
+                                       daemon=True)
+        try:
+            _key_thread.start()
+        except BaseException:
+            sys.setswitchinterval(previous)
+            raise
         return _key_thread
 
 
-def _compute_key(key: Callable[[], object]) -> None:
+def _compute_key(key: Callable[[], object], previous: float, shortened: float) -> None:
     try:
         key()
     except Exception:  # noqa: BLE001 - not memoised then: the first kernel lookup computes it and raises it there
         pass
+    finally:
+        if shortened != previous and sys.getswitchinterval() == shortened:  # shortened here, and not set since
+            sys.setswitchinterval(previous)
 
 
 def watch_compilation() -> bool:
