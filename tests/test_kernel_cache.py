@@ -191,6 +191,43 @@ def test_no_thread_without_an_imported_memoised_key(monkeypatch: pytest.MonkeyPa
     assert kernel_cache.hash_installation() is None and kernel_cache._key_thread is None
 
 
+def test_triton_is_imported_first_by_the_caller(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``import_triton``: the calling thread imports Triton's cache module (here an installed stand-in package that
+    records who imported it) with the collector paused, then the thread only hashes; without Triton installed nothing
+    starts."""
+    pkg = tmp_path / "site" / "triton" / "runtime"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cache.py").write_text(
+        "import functools, gc, threading\n"
+        "IMPORTED_BY = threading.current_thread().name\n"
+        "COLLECTOR_ON = gc.isenabled()\n"
+        "@functools.lru_cache\n"
+        "def triton_key():\n"
+        "    return 'key of ' + threading.current_thread().name\n")
+    names = ("triton", "triton.runtime", "triton.runtime.cache")
+    saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr(kernel_cache, "_key_thread", None)
+    try:
+        assert kernel_cache.hash_installation() is None and "triton.runtime.cache" not in sys.modules  # not asked
+        thread = kernel_cache.hash_installation(import_triton=True)
+        assert thread is not None
+        thread.join(60)
+        cache = sys.modules["triton.runtime.cache"]
+        assert cache.IMPORTED_BY == threading.current_thread().name and cache.COLLECTOR_ON is False
+        assert cache.triton_key() == "key of triton-key"
+
+        monkeypatch.setattr(kernel_cache, "_key_thread", None)
+        sys.modules.update(dict.fromkeys(names))  # not installed: importing it raises ImportError
+        assert kernel_cache.hash_installation(import_triton=True) is None and kernel_cache._key_thread is None
+    finally:  # no stand-in left behind: transformers looks for Triton in sys.modules
+        for name in names:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
+
+
 def test_a_failing_key_is_left_to_the_first_kernel_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
     """An error while hashing in the thread is not raised there (nor memoised): the lookup that needs the key
     computes it and raises it where Triton would."""

@@ -20,24 +20,27 @@ show compilation apart from the work. Autotuning's timing runs of each candidate
 stage's own time.
 
 Every kernel Triton looks up, in memory or in its cache folder, is keyed by a hash of Triton's own installation
-(``triton.runtime.cache.triton_key``: its compiler sources and its whole ``libtriton`` shared library, some hundred
-megabytes), computed once per process at the first lookup: on an H100 host about 0.4 s of a warm run, spent inside the
-kernel probe's first fla call. Reading and hashing a file release the interpreter lock, so the kernel probe, once the
-target's modeling code (and with it Triton) is imported, starts that same computation in a thread
-(:func:`hash_installation`) while it builds its model, and waits for it before its first kernel: the value is Triton's
-own, only when it is computed moves. The thread gives the lock back at every chunk Triton reads and hashes (a
-megabyte each), and takes it again only when the main thread, busy in Python, lets go of it: at CPython's switch
-interval, 5 ms by default, a wait per chunk that made the thread several times slower than the same hashing alone
-(1.2 s waited for it in a warm run sampled on an H100: docs/benchmarks.md, "The warm run on a GPU against its import
-floor"; ``benchmarks/bench_key_thread.py`` measures the effect side by side). While the thread runs, the process's
-switch interval is therefore :data:`SWITCH_INTERVAL_S` (``sys.setswitchinterval``; the thread puts the previous one
-back as it ends). Started before the modeling import instead (the thread importing Triton itself), the hashing was
-hardly waited for (0.09 s under the first fla call, against 0.53 s with no thread), but that import, sampled on an
-H100, took longer by more than the hashing had cost (transformers' module scan, ``fetch__all__``: 1.31 s against
-0.55 s in the recording before; one recording each, so an inference: the thread's Python work competes with the
-import's for the interpreter lock), and it went back to starting after the import. The thread lives inside that one
-call (a test phase of the suite): Triton's key walks its own packages, importing those not imported yet, and no
-thread but the main one may import while pytest moves between test phases.
+(``triton.runtime.cache.triton_key``: its compiler sources and its whole ``libtriton`` shared library, 416 MB in
+Triton 3.6), computed once per process at the first lookup: on an H100 host about 0.5 s, which a warm run would
+spend inside the kernel probe's first fla call. Reading and hashing a file release the interpreter lock, so the
+kernel probe computes it in a thread (:func:`hash_installation`) while the main thread imports the target's
+modeling code and builds the probe's model, and waits for it before its first kernel: the value is Triton's own,
+only when it is computed moves. Two things keep the thread from slowing either side:
+
+- The main thread imports Triton itself, first (``import_triton``; the modeling code imports fla's kernels and with
+  them Triton, so nothing is imported that would not be): the thread only hashes. When the thread imported Triton
+  while the main thread imported the modeling code, that import took longer by more than the hashing had cost
+  (transformers' module scan, ``fetch__all__``, sampled on an H100: 1.31 s against 0.55 s in the recording before;
+  one recording each): two threads of Python work share one interpreter lock.
+- While the thread runs, the process's switch interval is :data:`SWITCH_INTERVAL_S` (``sys.setswitchinterval``; the
+  thread puts the previous one back as it ends). The thread gives the lock back at every megabyte it reads or
+  hashes, and takes it again only when the main thread, busy in Python, lets go of it: at CPython's default of 5 ms
+  a wait per megabyte, which on an H100 host made the thread take 0.95 s against 0.53 s alone, and 0.62 s at the
+  shorter interval (``benchmarks/bench_key_thread.py``, docs/benchmarks.md, "The warm run on a GPU against its
+  import floor").
+
+The thread lives inside that one call (a test phase of the suite): Triton's key walks its own packages, importing
+those not imported yet, and no thread but the main one may import while pytest moves between test phases.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dflash_eval.common.heap import importing
 
 __all__ = ["ENV", "SUBDIR", "KernelCacheDir", "use_kernel_cache", "watch_compilation", "add_sink",
            "compilation_event", "hash_installation", "KEY_WAIT_S", "SWITCH_INTERVAL_S"]
@@ -128,13 +133,20 @@ def compilation_event(seconds: float, cache_hit: bool) -> None:
         sink(seconds, cache_hit)
 
 
-def hash_installation() -> threading.Thread | None:
+def hash_installation(import_triton: bool = False) -> threading.Thread | None:
     """Start computing Triton's installation key in a thread (module docstring), once per process, and return the
-    thread for the caller to join (for at most :data:`KEY_WAIT_S`) before its first kernel. Only where Triton is
-    imported already (nothing is imported here) and its key is memoised (``functools.lru_cache``: the thread's result
-    is the one every later lookup reads); None where nothing was started. Until the thread ends the switch interval
-    is at most :data:`SWITCH_INTERVAL_S`."""
+    thread for the caller to join (for at most :data:`KEY_WAIT_S`) before its first kernel. ``import_triton``: import
+    Triton's cache module first, in the calling thread, where Triton is installed (the caller is about to import
+    code that imports Triton; else nothing is imported here). Only where Triton is imported and its key is memoised
+    (``functools.lru_cache``: the thread's result is the one every later lookup reads); None where nothing was
+    started. Until the thread ends the switch interval is at most :data:`SWITCH_INTERVAL_S`."""
     global _key_thread
+    if import_triton and "triton.runtime.cache" not in sys.modules:
+        try:
+            with importing():
+                import triton.runtime.cache  # noqa: F401 - read from sys.modules below
+        except ImportError:
+            return None
     key = getattr(sys.modules.get("triton.runtime.cache"), "triton_key", None)
     if key is None or not hasattr(key, "cache_info"):
         return None

@@ -725,36 +725,39 @@ def probe(target_dir: TargetDir, backend: str, dtype: torch.dtype, device: torch
     shape = shape or ProbeShape(MIN_BUCKET)
     t0 = time.perf_counter()
     shapes = ProbeShapes.from_target(target_dir)
-    mod = modeling_module(target_dir)
     base = split_backend(backend)[0]
-    # Triton's installation key, hashed while the probe model is built (dflash_eval.target.kernel_cache)
-    keying = hash_installation() if base == "fla" else None
-    dev = torch.device(device)
-    t1 = time.perf_counter()
-    tape = _Tape(on_device=dev.type != "cpu")
-    with _THREADS_LOCK:
-        threads = torch.get_num_threads()
-        if dev.type == "cpu":
-            torch.set_num_threads(1)  # CPU reductions may split differently with another thread count
-        try:
+    # Triton's installation key, hashed while the modeling code is imported and the probe model is built
+    # (dflash_eval.target.kernel_cache); joined before the first kernel, and before the call returns
+    keying = hash_installation(import_triton=True) if base == "fla" else None
+    try:
+        mod = modeling_module(target_dir)
+        dev = torch.device(device)
+        t1 = time.perf_counter()
+        tape = _Tape(on_device=dev.type != "cpu")
+        with _THREADS_LOCK:
+            threads = torch.get_num_threads()
+            if dev.type == "cpu":
+                torch.set_num_threads(1)  # CPU reductions may split differently with another thread count
             try:
                 model = probe_model(target_dir, dtype, dev)
-            finally:  # before any kernel, and before the call returns (the thread may import: module docstring)
                 if keying is not None:
                     keying.join(KEY_WAIT_S)
-            gen = torch.Generator().manual_seed(PROBE_SEED + shape.length)
-            try:
-                with torch.no_grad(), use_backend(base, dev), _recording(model, mod, target_dir, tape):
-                    if shape.generation:
-                        _run_generation(model, shape, gen, dev, base, tape)
-                    else:
-                        _run_extraction(model, shape, gen, dev, tape)
+                gen = torch.Generator().manual_seed(PROBE_SEED + shape.length)
+                try:
+                    with torch.no_grad(), use_backend(base, dev), _recording(model, mod, target_dir, tape):
+                        if shape.generation:
+                            _run_generation(model, shape, gen, dev, base, tape)
+                        else:
+                            _run_extraction(model, shape, gen, dev, tape)
+                finally:
+                    tape.close()
+                kernels = {k: KernelDigest(v.function, v.kind, v.calls, v.digest()) for k, v in tape.kernels.items()}
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
             finally:
-                tape.close()
-            kernels = {k: KernelDigest(v.function, v.kind, v.calls, v.digest()) for k, v in tape.kernels.items()}
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-        finally:
-            torch.set_num_threads(threads)
+                torch.set_num_threads(threads)
+    finally:  # the thread may import (kernel_cache): it ends within this call
+        if keying is not None:
+            keying.join(KEY_WAIT_S)
     return ProbeResult(base, str(dtype).removeprefix("torch."), str(dev), shapes, shape, kernels,
                        seconds=time.perf_counter() - t1, import_seconds=t1 - t0)
