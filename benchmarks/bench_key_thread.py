@@ -9,10 +9,10 @@ The thread reads and hashes Triton's shared library a megabyte at a time, giving
 step; while the main thread runs Python, each step's return waits for the main thread to let go of the lock, at most
 one switch interval. Here the main thread builds the probe's model (``kernel_probe.probe_model`` on the bundled target)
 over and over until the key's thread is done (alone: for ``--busy-s`` seconds, after the key). Printed per way,
-medians over ``--repeat`` processes: the key's own seconds (what the probe, whose build is shorter, waits for) and the
-main thread's builds per second (what the shorter interval costs it). Where Triton cannot be imported (a CPU machine)
-the key is a stand-in, named so in the output: an ``lru_cache``'d function hashing a file of ``--standin-mib`` MiB of
-random bytes in 1 MiB chunks, as Triton's key hashes its library.
+medians over ``--repeat`` processes: the key's own seconds (what a caller with less to do beside it waits for) and
+the main thread's builds per second (what the shorter interval costs it). Where Triton cannot be imported (a CPU
+machine) the key is a stand-in, named so in the output: an ``lru_cache``'d function hashing a file of
+``--standin-mib`` MiB of random bytes in 1 MiB chunks, as Triton's key hashes its library.
 """
 
 from __future__ import annotations
