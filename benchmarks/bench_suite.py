@@ -93,7 +93,7 @@ def split(data: dict, wall: float) -> str:
     return "\n".join(lines)
 
 
-def paired(warm: dict[str, list[tuple[float, float]]], floors: list[float], rounds: int) -> str:
+def paired(warm: dict[str, list[tuple[float, float]]], floors: list[float]) -> str:
     """The rounds so far, each side against the other and against the floor of its own round (medians of the
     per-round differences): a host whose speed drifts between rounds moves both sides of a pair alike, and a run cut
     short by a time limit still ends with a summary."""
@@ -101,8 +101,8 @@ def paired(warm: dict[str, list[tuple[float, float]]], floors: list[float], roun
     diff = statistics.median(n - b for n, b in zip(now, before, strict=True))
     above_now = statistics.median(n - f for n, f in zip(now, floors, strict=True))
     above_before = statistics.median(b - f for b, f in zip(before, floors, strict=True))
-    return (f"paired, {rounds} round(s): now - before wall, median {diff:+.2f} s; above the same round's plain floor, "
-            f"median: before {above_before:.2f} s, now {above_now:.2f} s")
+    return (f"paired, {len(floors)} round(s): now - before wall, median {diff:+.2f} s; above the same round's plain "
+            f"floor, median: before {above_before:.2f} s, now {above_now:.2f} s")
 
 
 def load() -> str:
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"import floor round {i + 1}: {floors[-1]:.2f} s (python -c {FLOOR_IMPORT!r})")
             paused.append(import_floor(FLOOR_IMPORT_PAUSED))
             print(f"import floor, collector paused, round {i + 1}: {paused[-1]:.2f} s")
-            print(paired(warm, floors, i + 1))
+            print(paired(warm, floors))
         med = {k: (statistics.median(w for w, _ in v), statistics.median(t for _, t in v)) for k, v in warm.items()}
         floor = statistics.median(floors)
         print(f"warm  median of {a.warm_repeat}: before wall {med['before'][0]:.2f} s, pytest {med['before'][1]:.2f} s"
