@@ -9,7 +9,8 @@ on the bundled fixtures (or the paths given after ``--``):
 
 Prints wall times and pytest's own test time, the warm/cold ratio (with ``--warm-repeat``, also the import
 floor: a fresh interpreter importing torch and the target's modeling code, measured between the warm runs, plainly
-and as the suite imports them, with the garbage collector paused, and each side's warm wall time above each), the
+and as the suite imports them, with the garbage collector paused, and each side's warm wall time above each; on a
+CUDA machine also the CUDA floor: the plain one, then CUDA started, one cuBLAS matmul and the exit with a context), the
 cold run's time split from its reports/eval.json (target load, tokenization, reference generation, feature forwards,
 drafting, the rest: pytest, imports, cache io), and whether -n 0 and -n 2 agree.
 
@@ -65,6 +66,10 @@ def run(args: list[str], cache: Path, report: Path, extra: list[str],
 FLOOR_IMPORT = "import torch, transformers.models.qwen3_5.modeling_qwen3_5"
 #: The same imports as the suite makes them (dflash_eval.common.heap): the garbage collector paused, the heap frozen.
 FLOOR_IMPORT_PAUSED = f"import gc; gc.disable(); {FLOOR_IMPORT}; gc.freeze(); gc.enable()"
+#: The plain floor, then what any process that computes on a card pays once: CUDA's start (driver, context), cuBLAS's
+#: first matmul (its handle and kernels), the result read back, and the process's exit with a CUDA context.
+FLOOR_CUDA = (f"{FLOOR_IMPORT}; x = torch.ones(256, 256, device='cuda', dtype=torch.bfloat16); "
+              "float((x @ x).sum())")
 
 
 def import_floor(code: str = FLOOR_IMPORT) -> float:
@@ -76,6 +81,13 @@ def import_floor(code: str = FLOOR_IMPORT) -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
     return time.perf_counter() - t0
+
+
+def has_cuda() -> bool:
+    """Whether torch sees a CUDA device here (asked in a fresh interpreter: this process does not import torch)."""
+    p = subprocess.run([sys.executable, "-c", "import torch; print(int(torch.cuda.is_available()))"],
+                       capture_output=True, text=True, timeout=600)
+    return p.returncode == 0 and p.stdout.strip() == "1"
 
 
 def outcomes(data: dict) -> dict[str, str]:
@@ -93,16 +105,22 @@ def split(data: dict, wall: float) -> str:
     return "\n".join(lines)
 
 
-def paired(warm: dict[str, list[tuple[float, float]]], floors: list[float]) -> str:
+def paired(warm: dict[str, list[tuple[float, float]]], floors: list[float], cuda: list[float] | None = None) -> str:
     """The rounds so far, each side against the other and against the floor of its own round (medians of the
     per-round differences): a host whose speed drifts between rounds moves both sides of a pair alike, and a run cut
-    short by a time limit still ends with a summary."""
+    short by a time limit still ends with a summary. ``cuda``: each round's :data:`FLOOR_CUDA` too (on a GPU)."""
     now, before = [w for w, _ in warm["now"]], [w for w, _ in warm["before"]]
     diff = statistics.median(n - b for n, b in zip(now, before, strict=True))
     above_now = statistics.median(n - f for n, f in zip(now, floors, strict=True))
     above_before = statistics.median(b - f for b, f in zip(before, floors, strict=True))
-    return (f"paired, {len(floors)} round(s): now - before wall, median {diff:+.2f} s; above the same round's plain "
+    line = (f"paired, {len(floors)} round(s): now - before wall, median {diff:+.2f} s; above the same round's plain "
             f"floor, median: before {above_before:.2f} s, now {above_now:.2f} s")
+    if cuda:
+        start = statistics.median(c - f for c, f in zip(cuda, floors, strict=True))
+        line += (f"; CUDA floor above the plain one, median {start:.2f} s; above the CUDA floor, median: before "
+                 f"{statistics.median(b - c for b, c in zip(before, cuda, strict=True)):.2f} s, now "
+                 f"{statistics.median(n - c for n, c in zip(now, cuda, strict=True)):.2f} s")
+    return line
 
 
 def load() -> str:
@@ -146,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = outcomes(data_c) == outcomes(data_w) and rc_c == rc_w
     if a.before and a.warm_repeat > 0:
         warm: dict[str, list[tuple[float, float]]] = {"before": [], "now": []}
-        floors, paused = [], []
+        floors, paused, cuda = [], [], []
+        on_card = has_cuda()
         for i in range(a.warm_repeat):  # alternating, each on the cache its own cold run filled
             for label, tree, cache in (("before", a.before.resolve(), tmp / "cache-before"),
                                        ("now", ROOT, tmp / "cache")):
@@ -157,7 +176,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"import floor round {i + 1}: {floors[-1]:.2f} s (python -c {FLOOR_IMPORT!r})")
             paused.append(import_floor(FLOOR_IMPORT_PAUSED))
             print(f"import floor, collector paused, round {i + 1}: {paused[-1]:.2f} s")
-            print(paired(warm, floors))
+            if on_card:
+                cuda.append(import_floor(FLOOR_CUDA))
+                print(f"CUDA floor round {i + 1}: {cuda[-1]:.2f} s (the plain floor, a bf16 matmul on the card, "
+                      "its result read back)")
+            print(paired(warm, floors, cuda))
         med = {k: (statistics.median(w for w, _ in v), statistics.median(t for _, t in v)) for k, v in warm.items()}
         floor = statistics.median(floors)
         print(f"warm  median of {a.warm_repeat}: before wall {med['before'][0]:.2f} s, pytest {med['before'][1]:.2f} s"
@@ -167,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         floor_p = statistics.median(paused)
         print(f"import floor with the collector paused median {floor_p:.2f} s (the suite's own imports); warm wall "
               f"above it: before {med['before'][0] - floor_p:.2f} s, now {med['now'][0] - floor_p:.2f} s")
+        if cuda:
+            floor_c = statistics.median(cuda)
+            print(f"CUDA floor median {floor_c:.2f} s; warm wall above it: before {med['before'][0] - floor_c:.2f} s, "
+                  f"now {med['now'][0] - floor_c:.2f} s")
     if not a.skip_xdist:
         w0, _, r0, d0, _ = run(["-n", "0", *sel], tmp / "cache-n0", tmp / "n0", a.extra)
         w2, _, r2, d2, _ = run(["-n", "2", *sel], tmp / "cache-n2", tmp / "n2", a.extra)

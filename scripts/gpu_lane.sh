@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU lane (stages, one or more per call: main, record, fresh, drift, suite, fp32, goldens, faults, scaling, startup, warm,
-# warmfloor, warmspy, keythread, wide, gen, speed, serverloop, serverwide, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
+# warmfloor, warmspy, keythread, folds, wide, gen, speed, serverloop, serverwide, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
 # Writes everything under $OUT (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention,
 # fla-core 0.6.0, transformers 5.24.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -262,6 +262,13 @@ lib=$(python3 -c "import triton, os; print(os.path.join(os.path.dirname(triton._
 ls -l "$lib" | tee -a "$OUT/lane.log"
 timeout 300 python3 benchmarks/bench_key_thread.py --repeat "$KEY_REPEAT" --json "$OUT/key_thread.json" >> "$OUT/lane.log" 2>&1 \
   || echo "keythread rc=$?" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = folds ]; then
+# The kernel probe's outputs folded on the card in batches against each folded alone, alternated in one process, the
+# digests compared: benchmarks/bench_probe_folds.py.
+step "folds: bench_probe_folds.py --repeats ${FOLD_REPEAT:=5}"
+timeout 300 python3 benchmarks/bench_probe_folds.py --repeats "$FOLD_REPEAT" >> "$OUT/lane.log" 2>&1 \
+  || echo "folds rc=$?" >> "$OUT/lane.log"
 fi
 if [ "$STAGE" = wide ]; then
 step "scaling: -n 0 vs -n 2 and --device-map on a random 27B-width target"

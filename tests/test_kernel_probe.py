@@ -20,7 +20,7 @@
   run their attention layer alone, a missing field is an error naming the file and the key;
 - the registry of digests names the first kernel whose output changed since an entry was cached; xdist workers'
   probes merge into one ``provenance.kernel_probe`` block that validates against eval.json's schema;
-- the exact integer fold used on a GPU sees a one-bit change;
+- the exact integer fold used on a GPU sees a one-bit change, and folded in batches it is each tensor's fold;
 - with fla on a GPU, fla's kernels are what the probe records (skipped on a CPU, naming what was not checked).
 
 Run: ``pytest tests/test_kernel_probe.py -p no:cacheprovider``
@@ -285,6 +285,53 @@ def test_cpu_digests_are_the_bytes_as_recorded_hashed_in_order():
         finally:
             tape.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("dflash-eval-probe-hash")]
+
+
+def test_device_folds_in_batches_are_each_tensors_fold(monkeypatch):
+    """The GPU tape folds small outputs in batches (:class:`kp._Folds`): each kernel's digest is the one folding
+    every recorded tensor alone (:func:`fold`) in call order gives, for every element width (1, 2, 4 and 8 bytes,
+    bool), empty, 0-d and non-contiguous tensors, absent outputs, tensors folded alone (larger than ``SMALL``),
+    batches filled and folded mid-way, and tensors changed in place right after they were recorded. Run on the CPU
+    here (the tape's device code is device-agnostic); tests/test_gpu_kernels.py runs probes on a card."""
+    monkeypatch.setattr(kp._Folds, "BATCH", 3000)
+    monkeypatch.setattr(kp._Folds, "SMALL", 1200)
+    gen = torch.Generator().manual_seed(11)
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int8,
+              torch.uint8, torch.bool]
+    outs: list[tuple[str, Any]] = []
+    for i in range(60):
+        dt = dtypes[i % len(dtypes)]
+        n = (7, 300, 1100, 1300, 0, 2500)[i % 6]
+        x = torch.randn(n, generator=gen) * 1000
+        t = x > 0 if dt == torch.bool else x.to(dt)
+        if i % 5 == 0 and n >= 300:
+            t = t[: n // 2 * 2].reshape(2, -1).T  # non-contiguous
+        out: Any = t
+        if i % 7 == 0:
+            out = (t, None, {"state": torch.tensor(float(i))})  # 0-d, absent, nested
+        outs.append((f"k{i % 4}", out))
+    want: dict[str, list[Any]] = {}
+    tape = kp._Tape(on_device=True)
+    for name, out in outs:
+        h = want.setdefault(name, [hashlib.sha256(), 0, []])
+        h[1] += 1
+        parts = [f"call {h[1]}\0".encode()]
+        for t in kp._tensors(out):
+            if t is None:
+                parts.append(b"none\0")
+                continue
+            parts.append(f"{t.dtype}{tuple(t.shape)}\0".encode())
+            h[2].append(fold(t.clone()))
+        for p in parts:
+            h[0].update(p)
+        tape.add(name, "f", "matmul", out)
+        for t in kp._tensors(out):  # what is folded is what was recorded
+            if t is not None and t.numel():
+                t.logical_not_() if t.dtype == torch.bool else t.add_(1)
+    tape.close()
+    for h, _, folds in want.values():
+        h.update(torch.stack(folds).numpy().astype("<i8").tobytes())
+    assert {k: v.digest() for k, v in tape.kernels.items()} == {k: h.hexdigest() for k, (h, _, _) in want.items()}
 
 
 def _target_dir(tmp_path: Path, **over) -> TargetDir:

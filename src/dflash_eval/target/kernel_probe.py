@@ -314,15 +314,119 @@ def _absorb(h: Any, parts: list[bytes]) -> None:
         h.update(part)
 
 
+class _Folds:
+    """The folds (:func:`fold`) of every tensor a GPU probe records, made in batches: a probe records hundreds of
+    small outputs, and folding each alone is about ten kernel launches and a copy to the host per kernel at the end.
+    A tensor of up to :attr:`SMALL` words (the 8-, 16- or 32-bit integers :func:`fold` reads its bytes as) is copied
+    as it is recorded into a staging buffer of its word type on the device (one copy: a later in-place operation
+    cannot change what is folded); once :attr:`BATCH` words of a type wait, and when the tape closes, every staged
+    tensor is folded at once: the same four weighted sums of 16-bit halves per tensor, each weight taken from the
+    element's position in its own tensor, summed per tensor by one indexed addition (exact integer sums: a tensor of
+    at most :attr:`SMALL` words stays far below 2**63), modulo 2**61 - 1: :func:`fold`'s value to the bit. A larger
+    tensor is folded alone as it comes. :meth:`close` copies every fold to the host at once; each kernel then reads
+    its rows in call order."""
+
+    BATCH = 1 << 19  # words of one type staged before they are folded (a batch's [4, words] int64 terms: 64 MiB)
+    SMALL = 1 << 16  # a tensor of more words is folded alone (fold) as it is recorded
+    _WORDS = (torch.int8, torch.int16, torch.int32)  # staging order of the word types
+    _MASK = {torch.int8: 0xFF, torch.int16: 0xFFFF, torch.int32: 0xFFFFFFFF}
+
+    def __init__(self) -> None:
+        self._device: torch.device | None = None
+        self._stage: dict[torch.dtype, Tensor] = {}
+        self._used: dict[torch.dtype, int] = {}
+        self._staged: dict[torch.dtype, list[tuple[int, int]]] = {}  # word type -> (slot, words) in staging order
+        self._parts: list[Tensor] = []  # folded rows ([k, 4] int64 on the device), in the order they were made
+        self._row: list[int] = []  # slot -> its row in the parts concatenated (-1 while staged)
+        self._made = 0
+        self._host: Any = None  # every row on the host (numpy), once closed
+
+    def add(self, t: Tensor) -> int:
+        """Record ``t`` (its bytes as they are now); returns its slot."""
+        slot = len(self._row)
+        self._row.append(-1)
+        x = t.detach().contiguous().reshape(-1)
+        if x.dtype == torch.bool:
+            x = x.to(torch.uint8)
+        words = x.view(_INT_VIEW[x.element_size()])
+        n = words.numel()
+        if self._device is None:
+            self._device = words.device
+        if n > self.SMALL or words.device != self._device:
+            self._parts.append(fold(t).reshape(1, 4))
+            self._row[slot] = self._made
+            self._made += 1
+            return slot
+        kind = words.dtype
+        if self._used.get(kind, 0) + n > self.BATCH:
+            self.flush()
+        if kind not in self._stage:
+            self._stage[kind] = torch.empty(self.BATCH, dtype=kind, device=self._device)
+        at = self._used.get(kind, 0)
+        self._stage[kind][at:at + n].copy_(words)
+        self._used[kind] = at + n
+        self._staged.setdefault(kind, []).append((slot, n))
+        return slot
+
+    def flush(self) -> None:
+        """Fold every staged tensor (see the class docstring)."""
+        entries = [e for kind in self._WORDS for e in self._staged.get(kind, [])]
+        dev = self._device
+        if not entries or dev is None:
+            return
+        ints = torch.cat([self._stage[kind][:self._used[kind]].to(torch.int64) & self._MASK[kind]
+                          for kind in self._WORDS if self._used.get(kind)])
+        lengths = [n for _, n in entries]
+        starts = [0]
+        for n in lengths[:-1]:
+            starts.append(starts[-1] + n)
+        meta = torch.tensor([lengths, starts], dtype=torch.int64, device=dev)
+        seg = torch.repeat_interleave(torch.arange(len(entries), device=dev), meta[0], output_size=ints.numel())
+        pos = torch.arange(ints.numel(), device=dev) - meta[1][seg]
+        ab = _fold_ab(dev)
+        w = (pos * ab[:, :1] + ab[:, 1:]) % _FOLD_P + 1
+        halves = torch.stack((ints & 0xFFFF, ints >> 16))[_lo_hi_rows(dev)]
+        sums = torch.zeros(len(entries), 4, dtype=torch.int64, device=dev).index_add_(0, seg, (halves * w).T)
+        self._parts.append(sums % _MERSENNE)
+        for i, (slot, _) in enumerate(entries):
+            self._row[slot] = self._made + i
+        self._made += len(entries)
+        self._staged.clear()
+        self._used.clear()
+
+    def close(self) -> None:
+        """Fold what is staged and copy every fold to the host (one copy)."""
+        self.flush()
+        self._stage.clear()
+        if self._host is None and self._parts:
+            self._host = torch.cat(self._parts).cpu().numpy().astype("<i8")
+            self._parts = []
+
+    def rows(self, slots: list[int]) -> bytes:
+        """The folds of ``slots`` in order, as :func:`fold` gives them stacked (little-endian int64), after
+        :meth:`close`."""
+        return self._host[[self._row[s] for s in slots]].tobytes()
+
+
+_AB: dict[torch.device, Tensor] = {}  # device -> _FOLD_AB as a [4, 2] int64 tensor
+
+
+def _fold_ab(device: torch.device) -> Tensor:
+    ab = _AB.get(device)
+    if ab is None:
+        ab = _AB[device] = torch.tensor(_FOLD_AB, dtype=torch.int64, device=device)
+    return ab
+
+
 class _Kernel:
     """One kernel's calls: their outputs hashed as they come (CPU, by the tape's :class:`_Hasher`) or folded on the
-    device (GPU)."""
+    device (GPU, by the tape's :class:`_Folds`)."""
 
-    def __init__(self, function: str, kind: str, hasher: _Hasher | None) -> None:
-        self.function, self.kind, self.hasher = function, kind, hasher
+    def __init__(self, function: str, kind: str, hasher: _Hasher | None, folds: _Folds | None) -> None:
+        self.function, self.kind, self.hasher, self.folds = function, kind, hasher, folds
         self.calls = 0
         self._h = hashlib.sha256()
-        self._folds: list[Tensor] = []
+        self._slots: list[int] = []
 
     def add(self, out: Any) -> None:
         self.calls += 1
@@ -332,8 +436,8 @@ class _Kernel:
                 parts.append(b"none\0")
                 continue
             parts.append(f"{t.dtype}{tuple(t.shape)}\0".encode())
-            if self.hasher is None:
-                self._folds.append(fold(t))
+            if self.folds is not None:
+                self._slots.append(self.folds.add(t))
             else:
                 parts.append(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         if self.hasher is None:
@@ -342,10 +446,11 @@ class _Kernel:
             self.hasher.update(self._h, parts)
 
     def digest(self) -> str:
-        """The kernel's digest; on a CPU, once the tape's hasher is closed."""
-        if self._folds:
-            self._h.update(torch.stack(self._folds).cpu().numpy().astype("<i8").tobytes())
-            self._folds = []
+        """The kernel's digest, once the tape is closed."""
+        if self._slots:
+            assert self.folds is not None
+            self._h.update(self.folds.rows(self._slots))
+            self._slots = []
         return self._h.hexdigest()
 
 
@@ -354,6 +459,7 @@ class _Tape:
 
     def __init__(self, on_device: bool) -> None:
         self.hasher = None if on_device else _Hasher()
+        self.folds = _Folds() if on_device else None
         self.kernels: dict[str, _Kernel] = {}
         self.regime = ""  # "short:" / "batch:" / "long-kv:" while such a run of the probe runs
         self.phase = ""  # "cached:" / "decode<step>:" while such calls run
@@ -363,13 +469,15 @@ class _Tape:
         key = self.regime + self.phase + name
         k = self.kernels.get(key)
         if k is None:
-            k = self.kernels[key] = _Kernel(function, kind, self.hasher)
+            k = self.kernels[key] = _Kernel(function, kind, self.hasher, self.folds)
         k.add(out)
 
     def close(self) -> None:
-        """Every recorded output hashed (CPU): the digests are final."""
+        """Every recorded output hashed (CPU) or folded and on the host (GPU): the digests are final."""
         if self.hasher is not None:
             self.hasher.close()
+        if self.folds is not None:
+            self.folds.close()
 
 
 # ------------------------------------------------------------------------------------------------ shapes

@@ -1,0 +1,93 @@
+"""Benchmark: the kernel probe on a device with its outputs folded in batches against each folded alone.
+
+On a GPU the probe folds every output of every call it records into an exact integer fingerprint on the device
+(:func:`dflash_eval.target.kernel_probe.fold`); the tape stages small outputs and folds them in batches
+(:class:`dflash_eval.target.kernel_probe._Folds`). This runs, in one process on the bundled target, the probes a run
+makes (the extraction probe of the first bucket, the generation probe of the run's batch), alternating two ways for
+``--repeats`` rounds after one warm-up each: ``batched`` (the tape as it is) and ``alone`` (every tensor folded by
+itself as it is recorded, as before batching: the tape's ``SMALL`` set below every size). It prints the median probe
+time of each way, how many tensors the tape folded, and checks that both ways give the same digests bit for bit.
+
+On a CPU the probe hashes bytes instead; ``--device cpu`` runs the device tape on the CPU anyway (the fold's code is
+the same), which shows the counts and the digests, not a GPU's launch costs.
+
+Run::
+
+    .venv/bin/python benchmarks/bench_probe_folds.py [--device cuda|cpu] [--dtype bf16] [--repeats 5] [--rows 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from dflash_eval.common.dtypes import parse_dtype
+from dflash_eval.target import kernel_probe as kp
+from dflash_eval.target.loader import TargetDir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where the probe runs")
+    ap.add_argument("--dtype", default="bf16", help="the probe's dtype (bf16, fp32, ...)")
+    ap.add_argument("--backend", default=None, help="the probe's backend (default: fla on CUDA, torch on a CPU)")
+    ap.add_argument("--repeats", type=int, default=5, help="rounds of both ways after the warm-up")
+    ap.add_argument("--rows", type=int, default=4, help="the generation probe's batch (the run's --generation-batch)")
+    ap.add_argument("--target", type=Path, default=ROOT / "fixtures" / "target", help="the target's folder")
+    a = ap.parse_args(argv)
+    dev, dt = torch.device(a.device), parse_dtype(a.dtype)
+    backend = a.backend or ("fla" if dev.type == "cuda" else "torch")
+    target = TargetDir(a.target)
+    shapes = [kp.ProbeShape.for_sequence(300), kp.ProbeShape.for_generation(300, a.rows, 32)]
+    tape_init = kp._Tape.__init__
+    small = kp._Folds.SMALL
+    added = [0]
+    folds_add = kp._Folds.add
+
+    def on_device(self: kp._Tape, on_device: bool) -> None:  # the device tape on a CPU too
+        tape_init(self, True)
+
+    def counted(self: kp._Folds, t: torch.Tensor) -> int:
+        added[0] += 1
+        return folds_add(self, t)
+
+    kp._Tape.__init__ = on_device  # type: ignore[method-assign]
+    kp._Folds.add = counted  # type: ignore[method-assign]
+    print(f"device {dev} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}), {a.dtype}, "
+          f"backend {backend}, torch {torch.__version__}")
+    try:
+        for shape in shapes:
+            times: dict[str, list[float]] = {"batched": [], "alone": []}
+            digests: dict[str, set[str]] = {"batched": set(), "alone": set()}
+            for r in range(a.repeats + 1):
+                for way in ("batched", "alone"):
+                    kp._Folds.SMALL = small if way == "batched" else -1
+                    added[0] = 0
+                    t0 = time.perf_counter()
+                    res = kp.probe(target, backend, dt, dev, shape)
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                    if r:  # round 0 warms up (the first probe imports and compiles)
+                        times[way].append(time.perf_counter() - t0)
+                    digests[way].add(res.digest)
+            same = len(digests["batched"] | digests["alone"]) == 1
+            print(f"{shape.label}: {added[0]} tensors folded per probe; median of {a.repeats}: batched "
+                  f"{statistics.median(times['batched']):.4f} s, alone {statistics.median(times['alone']):.4f} s; "
+                  f"same digest both ways: {same}")
+            if not same:
+                return 1
+    finally:
+        kp._Folds.SMALL = small
+        kp._Tape.__init__ = tape_init  # type: ignore[method-assign]
+        kp._Folds.add = folds_add  # type: ignore[method-assign]
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
