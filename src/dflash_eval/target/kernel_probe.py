@@ -48,8 +48,9 @@ bytes of everything they output:
   decode step's calls too (``decode1:...``, ``decode2:...``), and so are the extraction probe's calls with the cache
   (``cached:...``).
   On a CPU the digests are sha256 over the exact bytes; on a GPU over an exact integer fold of them made on the
-  device in one weighted reduction per output (:func:`fold`), so nothing large is copied to the host and no Python
-  loop runs over the data. The probe's digest is a sha256 over its kernels' digests.
+  device (:func:`fold`; small outputs staged as they are recorded and folded together, :class:`_Folds`), so nothing
+  large is copied to the host and no Python loop runs over the data. The probe's digest is a sha256 over its
+  kernels' digests.
 
 An unchanged kernel gives the same digest bit for bit in every process (CPU probes run with one thread, so the
 digest does not depend on ``--torch-threads`` or the xdist worker count). :class:`dflash_eval.target.kernel_registry.
