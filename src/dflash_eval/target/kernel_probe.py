@@ -327,7 +327,7 @@ class _Folds:
     tensor is folded alone as it comes. :meth:`close` copies every fold to the host at once; each kernel then reads
     its rows in call order."""
 
-    BATCH = 1 << 19  # words of one type staged before they are folded (a batch's [4, words] int64 terms: 64 MiB)
+    BATCH = 1 << 19  # words of one type staged before they are folded
     SMALL = 1 << 16  # a tensor of more words is folded alone (fold) as it is recorded
     _WORDS = (torch.int8, torch.int16, torch.int32)  # staging order of the word types
     _MASK = {torch.int8: 0xFF, torch.int16: 0xFFFF, torch.int32: 0xFFFFFFFF}
