@@ -15,9 +15,10 @@ cold run's time split from its reports/eval.json (target load, tokenization, ref
 drafting, the rest: pytest, imports, cache io), and whether -n 0 and -n 2 agree.
 
 ``--before DIR`` first runs the same cold suite from another checkout (its ``src`` and ``tests_eval``), for a
-before/after ratio measured side by side; ``--warm-repeat N`` then alternates N warm runs of both (medians), and
-after each round prints the rounds so far paired: the median of now minus before, and of each side minus its own
-round's floor (a host whose speed drifts between rounds moves both sides of a round alike).
+before/after ratio measured side by side; ``--warm-repeat N`` then alternates N warm runs of both (medians; without
+``--before``, N warm runs of this code), each round followed by its floors, and after each round prints the rounds so
+far paired: the median of now minus before, and of each side minus its own round's floor (a host whose speed drifts
+between rounds moves both sides of a round alike).
 
 Run::
 
@@ -106,20 +107,22 @@ def split(data: dict, wall: float) -> str:
 
 
 def paired(warm: dict[str, list[tuple[float, float]]], floors: list[float], cuda: list[float] | None = None) -> str:
-    """The rounds so far, each side against the other and against the floor of its own round (medians of the
-    per-round differences): a host whose speed drifts between rounds moves both sides of a pair alike, and a run cut
-    short by a time limit still ends with a summary. ``cuda``: each round's :data:`FLOOR_CUDA` too (on a GPU)."""
-    now, before = [w for w, _ in warm["now"]], [w for w, _ in warm["before"]]
-    diff = statistics.median(n - b for n, b in zip(now, before, strict=True))
-    above_now = statistics.median(n - f for n, f in zip(now, floors, strict=True))
-    above_before = statistics.median(b - f for b, f in zip(before, floors, strict=True))
-    line = (f"paired, {len(floors)} round(s): now - before wall, median {diff:+.2f} s; above the same round's plain "
-            f"floor, median: before {above_before:.2f} s, now {above_now:.2f} s")
+    """The rounds so far, each side against the other (with a ``before`` side) and against the floor of its own round
+    (medians of the per-round differences): a host whose speed drifts between rounds moves both sides of a pair
+    alike, and a run cut short by a time limit still ends with a summary. ``cuda``: each round's :data:`FLOOR_CUDA`
+    too (on a GPU)."""
+    walls = {k: [w for w, _ in v] for k, v in warm.items()}
+    sides = [k for k in ("before", "now") if k in walls]
+    line = f"paired, {len(floors)} round(s): "
+    if len(sides) == 2:
+        diff = statistics.median(n - b for n, b in zip(walls["now"], walls["before"], strict=True))
+        line += f"now - before wall, median {diff:+.2f} s; "
+    line += "above the same round's plain floor, median: " + ", ".join(
+        f"{k} {statistics.median(w - f for w, f in zip(walls[k], floors, strict=True)):.2f} s" for k in sides)
     if cuda:
         start = statistics.median(c - f for c, f in zip(cuda, floors, strict=True))
-        line += (f"; CUDA floor above the plain one, median {start:.2f} s; above the CUDA floor, median: before "
-                 f"{statistics.median(b - c for b, c in zip(before, cuda, strict=True)):.2f} s, now "
-                 f"{statistics.median(n - c for n, c in zip(now, cuda, strict=True)):.2f} s")
+        line += (f"; CUDA floor above the plain one, median {start:.2f} s; above the CUDA floor, median: " + ", ".join(
+            f"{k} {statistics.median(w - c for w, c in zip(walls[k], cuda, strict=True)):.2f} s" for k in sides))
     return line
 
 
@@ -136,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-xdist", action="store_true", help="only the cold/warm comparison")
     ap.add_argument("--before", type=Path, default=None, help="a checkout of earlier code (e.g. git archive of an "
                                                               "older commit): its cold run goes first, for a ratio")
-    ap.add_argument("--warm-repeat", type=int, default=0, help="with --before: this many alternating warm runs of "
-                                                                 "the earlier code and this one (medians printed)")
+    ap.add_argument("--warm-repeat", type=int, default=0, help="this many warm runs of this code (with --before: "
+                                                                 "alternating with the earlier code's), each round "
+                                                                 "with its floors (medians printed)")
     ap.add_argument("extra", nargs="*", help="extra pytest arguments (after --)")
     a = ap.parse_args(argv)
     sel = ["-k", a.k] if a.k else []
@@ -162,13 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cold / warm = {wall_c / wall_w:.1f}x; same verdicts: {outcomes(data_c) == outcomes(data_w)} "
           f"({len(outcomes(data_c))} tests, {sum(v == 'passed' for v in outcomes(data_c).values())} passed)")
     ok = outcomes(data_c) == outcomes(data_w) and rc_c == rc_w
-    if a.before and a.warm_repeat > 0:
-        warm: dict[str, list[tuple[float, float]]] = {"before": [], "now": []}
+    if a.warm_repeat > 0:
+        sides = ([("before", a.before.resolve(), tmp / "cache-before")] if a.before else []) + \
+            [("now", ROOT, tmp / "cache")]
+        warm: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in sides}
         floors, paused, cuda = [], [], []
         on_card = has_cuda()
         for i in range(a.warm_repeat):  # alternating, each on the cache its own cold run filled
-            for label, tree, cache in (("before", a.before.resolve(), tmp / "cache-before"),
-                                       ("now", ROOT, tmp / "cache")):
+            for label, tree, cache in sides:
                 w, t, rc, _, _ = run(sel, cache, tmp / f"warm-{label}-{i}", a.extra, tree)
                 warm[label].append((w, float("nan") if t is None else t))
                 print(f"warm  {label:6s} round {i + 1}: wall {w:7.2f} s, pytest {t} s, rc={rc}")
@@ -182,18 +187,15 @@ def main(argv: list[str] | None = None) -> int:
                       "its result read back)")
             print(paired(warm, floors, cuda))
         med = {k: (statistics.median(w for w, _ in v), statistics.median(t for _, t in v)) for k, v in warm.items()}
-        floor = statistics.median(floors)
-        print(f"warm  median of {a.warm_repeat}: before wall {med['before'][0]:.2f} s, pytest {med['before'][1]:.2f} s"
-              f" | now wall {med['now'][0]:.2f} s, pytest {med['now'][1]:.2f} s; {load()}")
-        print(f"import floor median {floor:.2f} s; warm wall above it: before {med['before'][0] - floor:.2f} s, "
-              f"now {med['now'][0] - floor:.2f} s")
-        floor_p = statistics.median(paused)
-        print(f"import floor with the collector paused median {floor_p:.2f} s (the suite's own imports); warm wall "
-              f"above it: before {med['before'][0] - floor_p:.2f} s, now {med['now'][0] - floor_p:.2f} s")
-        if cuda:
-            floor_c = statistics.median(cuda)
-            print(f"CUDA floor median {floor_c:.2f} s; warm wall above it: before {med['before'][0] - floor_c:.2f} s, "
-                  f"now {med['now'][0] - floor_c:.2f} s")
+        print(f"warm  median of {a.warm_repeat}: " + " | ".join(
+            f"{k} wall {m[0]:.2f} s, pytest {m[1]:.2f} s" for k, m in med.items()) + f"; {load()}")
+        for name, values in (("import floor", floors),
+                             ("import floor with the collector paused (the suite's own imports)", paused),
+                             ("CUDA floor", cuda)):
+            if values:
+                floor = statistics.median(values)
+                print(f"{name} median {floor:.2f} s; warm wall above it: " + ", ".join(
+                    f"{k} {m[0] - floor:.2f} s" for k, m in med.items()))
     if not a.skip_xdist:
         w0, _, r0, d0, _ = run(["-n", "0", *sel], tmp / "cache-n0", tmp / "n0", a.extra)
         w2, _, r2, d2, _ = run(["-n", "2", *sel], tmp / "cache-n2", tmp / "n2", a.extra)
