@@ -188,12 +188,14 @@ print(f'warm -k tau {sys.argv[2]:6s} -n {sys.argv[3]} pass {sys.argv[4]}: rc {sy
 done
 fi
 if [ "$STAGE" = warmfloor ]; then
-# The main job warm in the auto settings (bf16, fla; Triton's cache comes back with the cache folder), side by side
-# with BEFORE_TREE's (earlier code: `git archive OLD src tests_eval golden pyproject.toml conftest.py | tar -x -C DIR`
-# and `ln -s ../../fixtures DIR/fixtures`, DIR under .gl/ and carried), alternated, and the import floor (torch and
-# the target's modeling code, which imports fla's kernels) measured between the rounds: benchmarks/bench_suite.py.
-step "warmfloor: bench_suite.py --before ${BEFORE_TREE:=.gl/before} --warm-repeat ${WARM_REPEAT:=3}, auto settings"
-timeout "${WARMFLOOR_TIMEOUT:-500}" python3 benchmarks/bench_suite.py --skip-xdist --before "$BEFORE_TREE" \
+# The main job warm in the auto settings (bf16, fla; Triton's cache comes back with the cache folder), with
+# BEFORE_TREE set side by side with that tree's (earlier code: `git archive OLD src tests_eval golden pyproject.toml
+# conftest.py | tar -x -C DIR` and `ln -s ../../fixtures DIR/fixtures`, DIR under .gl/ and carried), alternated; each
+# round followed by the import floor (torch and the target's modeling code, which imports fla's kernels) and the CUDA
+# floor (the same, then CUDA started and one cuBLAS matmul): benchmarks/bench_suite.py. Without BEFORE_TREE, only this
+# code's warm rounds (one cold run: more rounds in the same time).
+step "warmfloor: bench_suite.py ${BEFORE_TREE:+--before $BEFORE_TREE }--warm-repeat ${WARM_REPEAT:=3}, auto settings"
+timeout "${WARMFLOOR_TIMEOUT:-500}" python3 benchmarks/bench_suite.py --skip-xdist ${BEFORE_TREE:+--before "$BEFORE_TREE"} \
   --warm-repeat "$WARM_REPEAT" >> "$OUT/lane.log" 2>&1 || echo "warmfloor rc=$?" >> "$OUT/lane.log"
 # Where the warm run's time goes, on the cache the benchmark filled: two runs under benchmarks/timeline_plugin.py
 # (events per phase, the run's eval.json beside them), then one under cProfile (its stats file comes back).
