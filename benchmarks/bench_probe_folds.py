@@ -6,10 +6,12 @@ On a GPU the probe folds every output of every call it records into an exact int
 makes (the extraction probe of the first bucket, the generation probe of the run's batch), alternating two ways for
 ``--repeats`` rounds after one warm-up each: ``batched`` (the tape as it is) and ``alone`` (every tensor folded by
 itself as it is recorded, as before batching: the tape's ``SMALL`` set below every size). It prints the median probe
-time of each way, how many tensors the tape folded, and checks that both ways give the same digests bit for bit.
+time of each way, how many tensors the tape folded and how many operations its folding ran per probe (ATen operators
+that are not views: on a GPU each one kernel launch or more; counted the same on any device), and checks that both
+ways give the same digests bit for bit.
 
 On a CPU the probe hashes bytes instead; ``--device cpu`` runs the device tape on the CPU anyway (the fold's code is
-the same), which shows the counts and the digests, not a GPU's launch costs.
+the same), which shows the counts and the digests, not a GPU's launch costs (its times are the CPU's arithmetic).
 
 Run::
 
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dflash_eval.common.dtypes import parse_dtype
 from dflash_eval.target import kernel_probe as kp
@@ -47,28 +50,41 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [kp.ProbeShape.for_sequence(300), kp.ProbeShape.for_generation(300, a.rows, 32)]
     tape_init = kp._Tape.__init__
     small = kp._Folds.SMALL
-    added = [0]
-    folds_add = kp._Folds.add
+    added, calls = [0], [0]
+    folds_add, folds_close = kp._Folds.add, kp._Folds.close
+
+    class Calls(TorchDispatchMode):
+        """Counts the ATen operators that are not views run while the tape folds."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            calls[0] += not func.is_view
+            return func(*args, **(kwargs or {}))
 
     def on_device(self: kp._Tape, on_device: bool) -> None:  # the device tape on a CPU too
         tape_init(self, True)
 
-    def counted(self: kp._Folds, t: torch.Tensor) -> int:
+    def counted_add(self: kp._Folds, t: torch.Tensor) -> int:
         added[0] += 1
-        return folds_add(self, t)
+        with Calls():
+            return folds_add(self, t)
+
+    def counted_close(self: kp._Folds) -> None:
+        with Calls():
+            folds_close(self)
 
     kp._Tape.__init__ = on_device  # type: ignore[method-assign]
-    kp._Folds.add = counted  # type: ignore[method-assign]
+    kp._Folds.add, kp._Folds.close = counted_add, counted_close  # type: ignore[method-assign]
     print(f"device {dev} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}), {a.dtype}, "
           f"backend {backend}, torch {torch.__version__}")
     try:
         for shape in shapes:
             times: dict[str, list[float]] = {"batched": [], "alone": []}
             digests: dict[str, set[str]] = {"batched": set(), "alone": set()}
+            per_probe: dict[str, int] = {}
             for r in range(a.repeats + 1):
                 for way in ("batched", "alone"):
                     kp._Folds.SMALL = small if way == "batched" else -1
-                    added[0] = 0
+                    added[0] = calls[0] = 0
                     t0 = time.perf_counter()
                     res = kp.probe(target, backend, dt, dev, shape)
                     if dev.type == "cuda":
@@ -76,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                     if r:  # round 0 warms up (the first probe imports and compiles)
                         times[way].append(time.perf_counter() - t0)
                     digests[way].add(res.digest)
+                    per_probe[way] = calls[0]
             same = len(digests["batched"] | digests["alone"]) == 1
-            print(f"{shape.label}: {added[0]} tensors folded per probe; median of {a.repeats}: batched "
+            print(f"{shape.label}: {added[0]} tensors folded per probe, by {per_probe['batched']} operations "
+                  f"batched and {per_probe['alone']} alone; median of {a.repeats}: batched "
                   f"{statistics.median(times['batched']):.4f} s, alone {statistics.median(times['alone']):.4f} s; "
                   f"same digest both ways: {same}")
             if not same:
@@ -85,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         kp._Folds.SMALL = small
         kp._Tape.__init__ = tape_init  # type: ignore[method-assign]
-        kp._Folds.add = folds_add  # type: ignore[method-assign]
+        kp._Folds.add, kp._Folds.close = folds_add, folds_close  # type: ignore[method-assign]
     return 0
 
 

@@ -322,13 +322,13 @@ class _Folds:
     as it is recorded into a staging buffer of its word type on the device (one copy: a later in-place operation
     cannot change what is folded); once :attr:`BATCH` words of a type wait, and when the tape closes, every staged
     tensor is folded at once: the same four weighted sums of 16-bit halves per tensor, each weight taken from the
-    element's position in its own tensor, summed per tensor by one indexed addition (exact integer sums: a tensor of
-    at most :attr:`SMALL` words stays far below 2**63), modulo 2**61 - 1: :func:`fold`'s value to the bit. A larger
+    element's position in its own tensor, summed per tensor by an indexed addition (exact integer sums: a tensor of
+    at most :attr:`SMALL` words sums below 2**56), modulo 2**61 - 1: :func:`fold`'s value to the bit. A larger
     tensor is folded alone as it comes. :meth:`close` copies every fold to the host at once; each kernel then reads
     its rows in call order."""
 
-    BATCH = 1 << 19  # words of one type staged before they are folded
-    SMALL = 1 << 16  # a tensor of more words is folded alone (fold) as it is recorded
+    BATCH = 1 << 21  # words of one type staged before they are folded
+    SMALL = 1 << 20  # a tensor of more words is folded alone (fold) as it is recorded
     _WORDS = (torch.int8, torch.int16, torch.int32)  # staging order of the word types
     _MASK = {torch.int8: 0xFF, torch.int16: 0xFFFF, torch.int32: 0xFFFFFFFF}
 
@@ -384,11 +384,11 @@ class _Folds:
         meta = torch.tensor([lengths, starts], dtype=torch.int64, device=dev)
         seg = torch.repeat_interleave(torch.arange(len(entries), device=dev), meta[0], output_size=ints.numel())
         pos = torch.arange(ints.numel(), device=dev) - meta[1][seg]
-        ab = _fold_ab(dev)
-        w = (pos * ab[:, :1] + ab[:, 1:]) % _FOLD_P + 1
-        halves = torch.stack((ints & 0xFFFF, ints >> 16))[_lo_hi_rows(dev)]
-        sums = torch.zeros(len(entries), 4, dtype=torch.int64, device=dev).index_add_(0, seg, (halves * w).T)
-        self._parts.append(sums % _MERSENNE)
+        halves = (ints & 0xFFFF, ints >> 16)
+        sums = torch.zeros(4, len(entries), dtype=torch.int64, device=dev)
+        for k, (a, b) in enumerate(_FOLD_AB):  # row by row: a few [words] temporaries at a time, not [4, words]
+            sums[k].index_add_(0, seg, halves[k % 2] * ((pos * a + b) % _FOLD_P + 1))
+        self._parts.append((sums % _MERSENNE).T)
         for i, (slot, _) in enumerate(entries):
             self._row[slot] = self._made + i
         self._made += len(entries)
@@ -407,16 +407,6 @@ class _Folds:
         """The folds of ``slots`` in order, as :func:`fold` gives them stacked (little-endian int64), after
         :meth:`close`."""
         return self._host[[self._row[s] for s in slots]].tobytes()
-
-
-_AB: dict[torch.device, Tensor] = {}  # device -> _FOLD_AB as a [4, 2] int64 tensor
-
-
-def _fold_ab(device: torch.device) -> Tensor:
-    ab = _AB.get(device)
-    if ab is None:
-        ab = _AB[device] = torch.tensor(_FOLD_AB, dtype=torch.int64, device=device)
-    return ab
 
 
 class _Kernel:
