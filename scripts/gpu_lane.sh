@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU lane (stages, one or more per call: main, record, fresh, drift, suite, fp32, goldens, faults, scaling, startup, warm,
-# warmfloor, warmspy, keythread, folds, wide, gen, speed, serverloop, serverwide, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
+# warmfloor, warmspy, keythread, unit, folds, wide, gen, speed, serverloop, serverwide, budget, profile; default all = drift + suite) for a CUDA machine with fla (see docs/gpu-lab.md).
 # Writes everything under $OUT (or ./gpu_out when OUT is unset). Needs the wheels in .whl/ (flash-linear-attention,
 # fla-core 0.6.0, transformers 5.24.0, syrupy), carried to the machine:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -264,6 +264,14 @@ lib=$(python3 -c "import triton, os; print(os.path.join(os.path.dirname(triton._
 ls -l "$lib" | tee -a "$OUT/lane.log"
 timeout 300 python3 benchmarks/bench_key_thread.py --repeat "$KEY_REPEAT" --json "$OUT/key_thread.json" >> "$OUT/lane.log" 2>&1 \
   || echo "keythread rc=$?" >> "$OUT/lane.log"
+fi
+if [ "$STAGE" = unit ]; then
+# The unit tests that need a card (marked gpu: fla against the torch fallback, the fla tree verify, fla's kernels in
+# the kernel probe, twice bit for bit); on a CPU machine they skip, naming what was not checked.
+step "unit: the gpu-marked tests of tests/test_gpu_kernels.py and tests/test_kernel_probe.py"
+timeout "${UNIT_TIMEOUT:-300}" python3 -m pytest tests/test_gpu_kernels.py tests/test_kernel_probe.py -m gpu -p no:cacheprovider \
+  -q -rA > "$OUT/unit_gpu.log" 2>&1; echo "unit rc=$?" | tee -a "$OUT/lane.log"
+tail -n 20 "$OUT/unit_gpu.log" >> "$OUT/lane.log"
 fi
 if [ "$STAGE" = folds ]; then
 # The kernel probe's outputs folded on the card in batches against each folded alone, alternated in one process, the
