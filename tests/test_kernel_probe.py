@@ -332,6 +332,10 @@ def test_device_folds_in_batches_are_each_tensors_fold(monkeypatch):
     for h, _, folds in want.values():
         h.update(torch.stack(folds).numpy().astype("<i8").tobytes())
     assert {k: v.digest() for k, v in tape.kernels.items()} == {k: h.hexdigest() for k, (h, _, _) in want.items()}
+    only_empty = kp._Folds()  # a batch of empty tensors alone: their folds are zeros, as fold's
+    slots = [only_empty.add(torch.zeros(0, dtype=dt)) for dt in (torch.bfloat16, torch.int64)]
+    only_empty.close()
+    assert only_empty.rows(slots) == torch.zeros(2, 4, dtype=torch.int64).numpy().astype("<i8").tobytes()
 
 
 def _target_dir(tmp_path: Path, **over) -> TargetDir:

@@ -375,8 +375,8 @@ class _Folds:
         dev = self._device
         if not entries or dev is None:
             return
-        ints = torch.cat([self._stage[kind][:self._used[kind]].to(torch.int64) & self._MASK[kind]
-                          for kind in self._WORDS if self._used.get(kind)])
+        ints = torch.cat([self._stage[kind][:self._used.get(kind, 0)].to(torch.int64) & self._MASK[kind]
+                          for kind in self._WORDS if kind in self._staged])
         lengths = [n for _, n in entries]
         starts = [0]
         for n in lengths[:-1]:
