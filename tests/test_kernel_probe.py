@@ -292,7 +292,7 @@ def test_device_folds_in_batches_are_each_tensors_fold(monkeypatch):
     every recorded tensor alone (:func:`fold`) in call order gives, for every element width (1, 2, 4 and 8 bytes,
     bool), empty, 0-d and non-contiguous tensors, absent outputs, tensors folded alone (larger than ``SMALL``),
     batches filled and folded mid-way, and tensors changed in place right after they were recorded. Run on the CPU
-    here (the tape's device code is device-agnostic); tests/test_gpu_kernels.py runs probes on a card."""
+    here (the tape's device code is device-agnostic); test_fla_kernels_are_probed_on_a_gpu runs probes on a card."""
     monkeypatch.setattr(kp._Folds, "BATCH", 3000)
     monkeypatch.setattr(kp._Folds, "SMALL", 1200)
     gen = torch.Generator().manual_seed(11)
