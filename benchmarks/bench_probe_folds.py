@@ -4,11 +4,12 @@ On a GPU the probe folds every output of every call it records into an exact int
 (:func:`dflash_eval.target.kernel_probe.fold`); the tape stages small outputs and folds them in batches
 (:class:`dflash_eval.target.kernel_probe._Folds`). This runs, in one process on the bundled target, the probes a run
 makes (the extraction probe of the first bucket, the generation probe of the run's batch), alternating two ways for
-``--repeats`` rounds after one warm-up each: ``batched`` (the tape as it is) and ``alone`` (every tensor folded by
-itself as it is recorded, as before batching: the tape's ``SMALL`` set below every size). It prints the median probe
-time of each way, how many tensors the tape folded and how many operations its folding ran per probe (ATen operators
-that are not views: on a GPU each one kernel launch or more; counted the same on any device), and checks that both
-ways give the same digests bit for bit.
+``--repeats`` timed rounds after a warm-up and a counted round: ``batched`` (the tape as it is) and ``alone`` (every
+tensor folded by itself as it is recorded, as before batching: the tape's ``SMALL`` set below every size). It prints
+the median probe time of each way, how many tensors the tape folded and how many operations its folding ran per probe
+(ATen operators that are not views: on a GPU each one kernel launch or more; counted the same on any device, in a
+round of their own after the warm-up, so the counting does not slow the timed rounds), and checks that both ways give
+the same digests bit for bit.
 
 On a CPU the probe hashes bytes instead; ``--device cpu`` runs the device tape on the CPU anyway (the fold's code is
 the same), which shows the counts and the digests, not a GPU's launch costs (its times are the CPU's arithmetic).
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [kp.ProbeShape.for_sequence(300), kp.ProbeShape.for_generation(300, a.rows, 32)]
     tape_init = kp._Tape.__init__
     small = kp._Folds.SMALL
-    added, calls = [0], [0]
+    added, calls, counting = [0], [0], [False]
     folds_add, folds_close = kp._Folds.add, kp._Folds.close
 
     class Calls(TorchDispatchMode):
@@ -64,11 +65,15 @@ def main(argv: list[str] | None = None) -> int:
         tape_init(self, True)
 
     def counted_add(self: kp._Folds, t: torch.Tensor) -> int:
+        if not counting[0]:
+            return folds_add(self, t)
         added[0] += 1
         with Calls():
             return folds_add(self, t)
 
     def counted_close(self: kp._Folds) -> None:
+        if not counting[0]:
+            return folds_close(self)
         with Calls():
             folds_close(self)
 
@@ -81,18 +86,21 @@ def main(argv: list[str] | None = None) -> int:
             times: dict[str, list[float]] = {"batched": [], "alone": []}
             digests: dict[str, set[str]] = {"batched": set(), "alone": set()}
             per_probe: dict[str, int] = {}
-            for r in range(a.repeats + 1):
+            for r in range(a.repeats + 2):
                 for way in ("batched", "alone"):
                     kp._Folds.SMALL = small if way == "batched" else -1
-                    added[0] = calls[0] = 0
+                    counting[0] = r == 1  # round 0 warms up, round 1 counts, the timed rounds run as a run does
+                    if counting[0]:
+                        added[0] = calls[0] = 0
                     t0 = time.perf_counter()
                     res = kp.probe(target, backend, dt, dev, shape)
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
-                    if r:  # round 0 warms up (the first probe imports and compiles)
+                    if r > 1:  # round 0 warms up (the first probe imports and compiles), round 1 counts
                         times[way].append(time.perf_counter() - t0)
                     digests[way].add(res.digest)
-                    per_probe[way] = calls[0]
+                    if counting[0]:
+                        per_probe[way] = calls[0]
             same = len(digests["batched"] | digests["alone"]) == 1
             print(f"{shape.label}: {added[0]} tensors folded per probe, by {per_probe['batched']} operations "
                   f"batched and {per_probe['alone']} alone; median of {a.repeats}: batched "
@@ -101,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             if not same:
                 return 1
     finally:
-        kp._Folds.SMALL = small
+        kp._Folds.SMALL, counting[0] = small, False
         kp._Tape.__init__ = tape_init  # type: ignore[method-assign]
         kp._Folds.add, kp._Folds.close = folds_add, folds_close  # type: ignore[method-assign]
     return 0

@@ -317,15 +317,16 @@ def _absorb(h: Any, parts: list[bytes]) -> None:
 
 class _Folds:
     """The folds (:func:`fold`) of every tensor a GPU probe records, made in batches: a probe records hundreds of
-    small outputs, and folding each alone is about ten kernel launches and a copy to the host per kernel at the end.
-    A tensor of up to :attr:`SMALL` words (the 8-, 16- or 32-bit integers :func:`fold` reads its bytes as) is copied
-    as it is recorded into a staging buffer of its word type on the device (one copy: a later in-place operation
-    cannot change what is folded); once :attr:`BATCH` words of a type wait, and when the tape closes, every staged
-    tensor is folded at once: the same four weighted sums of 16-bit halves per tensor, each weight taken from the
-    element's position in its own tensor, summed per tensor by an indexed addition (exact integer sums: a tensor of
-    at most :attr:`SMALL` words sums below 2**56), modulo 2**61 - 1: :func:`fold`'s value to the bit. A larger
-    tensor is folded alone as it comes. :meth:`close` copies every fold to the host at once; each kernel then reads
-    its rows in call order."""
+    small outputs, and folding each alone is about seven tensor operations (each a kernel launch) and a copy to the
+    host per kernel at the end. A tensor of up to :attr:`SMALL` words (the 8-, 16- or 32-bit integers :func:`fold`
+    reads its bytes as) is copied as it is recorded into a staging buffer of its word type on the device (one copy: a
+    later in-place operation cannot change what is folded); once :attr:`BATCH` words of a type wait, and when the
+    tape closes, every staged tensor is folded at once: the same four weighted sums of 16-bit halves per tensor, each
+    weight looked up by the element's position in its own tensor (:func:`_fold_weights`), each tensor's sum the
+    difference of a running sum over the batch at its two ends (a scan: exact integer sums below 2**63 for a batch of
+    up to 3 :attr:`BATCH` words, in no order that atomics could vary), modulo 2**61 - 1: :func:`fold`'s value to the
+    bit. A larger tensor is folded alone as it comes. :meth:`close` copies every fold to the host at once; each kernel
+    then reads its rows in call order."""
 
     BATCH = 1 << 21  # words of one type staged before they are folded
     SMALL = 1 << 20  # a tensor of more words is folded alone (fold) as it is recorded
@@ -378,16 +379,20 @@ class _Folds:
         ints = torch.cat([self._stage[kind][:self._used.get(kind, 0)].to(torch.int64) & self._MASK[kind]
                           for kind in self._WORDS if kind in self._staged])
         lengths = [n for _, n in entries]
-        starts = [0]
-        for n in lengths[:-1]:
-            starts.append(starts[-1] + n)
-        meta = torch.tensor([lengths, starts], dtype=torch.int64, device=dev)
+        bounds = [0]  # where each tensor starts in the batch, and where the last one ends
+        for n in lengths:
+            bounds.append(bounds[-1] + n)
+        meta = torch.tensor([lengths, bounds[:-1]], dtype=torch.int64, device=dev)
+        ends = torch.tensor(bounds, dtype=torch.int64, device=dev)
         seg = torch.repeat_interleave(torch.arange(len(entries), device=dev), meta[0], output_size=ints.numel())
         pos = torch.arange(ints.numel(), device=dev) - meta[1][seg]
+        weights = _fold_weights(max(lengths), dev)  # made once per size: looked up, not computed, per element
         halves = (ints & 0xFFFF, ints >> 16)
-        sums = torch.zeros(4, len(entries), dtype=torch.int64, device=dev)
-        for k, (a, b) in enumerate(_FOLD_AB):  # row by row: a few [words] temporaries at a time, not [4, words]
-            sums[k].index_add_(0, seg, halves[k % 2] * ((pos * a + b) % _FOLD_P + 1))
+        prefix = torch.zeros(ints.numel() + 1, dtype=torch.int64, device=dev)
+        sums = torch.empty(4, len(entries), dtype=torch.int64, device=dev)
+        for k in range(4):  # row by row: a few [words] temporaries at a time, not [4, words]
+            torch.cumsum(halves[k % 2] * weights[k][pos], 0, out=prefix[1:])  # a scan: no atomics, any order
+            sums[k] = prefix[ends[1:]] - prefix[ends[:-1]]
         self._parts.append((sums % _MERSENNE).T)
         for i, (slot, _) in enumerate(entries):
             self._row[slot] = self._made + i
