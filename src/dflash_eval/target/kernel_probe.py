@@ -378,21 +378,20 @@ class _Folds:
             return
         ints = torch.cat([self._stage[kind][:self._used.get(kind, 0)].to(torch.int64) & self._MASK[kind]
                           for kind in self._WORDS if kind in self._staged])
-        lengths = [n for _, n in entries]
-        bounds = [0]  # where each tensor starts in the batch, and where the last one ends
-        for n in lengths:
+        bounds = [0]  # where each tensor starts in the batch (concatenated in staging order), and the batch's end
+        for _, n in entries:
             bounds.append(bounds[-1] + n)
-        meta = torch.tensor([lengths, bounds[:-1]], dtype=torch.int64, device=dev)
-        ends = torch.tensor(bounds, dtype=torch.int64, device=dev)
-        seg = torch.repeat_interleave(torch.arange(len(entries), device=dev), meta[0], output_size=ints.numel())
-        pos = torch.arange(ints.numel(), device=dev) - meta[1][seg]
-        weights = _fold_weights(max(lengths), dev)  # made once per size: looked up, not computed, per element
+        edges = torch.tensor(bounds, dtype=torch.int64, device=dev)
+        starts, stops = edges[:-1], edges[1:]
+        seg = torch.repeat_interleave(torch.arange(len(entries), device=dev), stops - starts, output_size=ints.numel())
+        pos = torch.arange(ints.numel(), device=dev) - starts[seg]
+        weights = _fold_weights(max(n for _, n in entries), dev)  # made once per size: looked up per element
         halves = (ints & 0xFFFF, ints >> 16)
         prefix = torch.zeros(ints.numel() + 1, dtype=torch.int64, device=dev)
         sums = torch.empty(4, len(entries), dtype=torch.int64, device=dev)
         for k in range(4):  # row by row: a few [words] temporaries at a time, not [4, words]
-            torch.cumsum(halves[k % 2] * weights[k][pos], 0, out=prefix[1:])  # a scan: no atomics, any order
-            sums[k] = prefix[ends[1:]] - prefix[ends[:-1]]
+            torch.cumsum(halves[k % 2] * weights[k][pos], 0, out=prefix[1:])  # a scan: no atomics
+            sums[k] = prefix[stops] - prefix[starts]
         self._parts.append((sums % _MERSENNE).T)
         for i, (slot, _) in enumerate(entries):
             self._row[slot] = self._made + i
