@@ -217,6 +217,15 @@ def _fold_weights(n: int, device: torch.device) -> Tensor:
     return w[:, :n]
 
 
+def _words(t: Tensor) -> Tensor:
+    """``t``'s bytes as one flat run of integers of its element size (8-, 16- or 32-bit; 8-byte elements as two
+    32-bit words, bool as bytes): what :func:`fold` sums."""
+    x = t.detach().contiguous().reshape(-1)
+    if x.dtype == torch.bool:
+        x = x.to(torch.uint8)
+    return x.view(_INT_VIEW[x.element_size()])
+
+
 def fold(t: Tensor) -> Tensor:
     """An exact integer fingerprint of ``t``'s bytes, computed on ``t``'s device (integer sums: the same in any
     order, so the same on every run): four int64 sums of its elements' 16-bit halves, each weighted by fixed
@@ -227,27 +236,24 @@ def fold(t: Tensor) -> Tensor:
     of its first position shifted: ``(i a + b) mod p`` is linear in ``i``). The four sums of a chunk are one
     product and one reduction over rows (lo, hi, lo, hi), and elements of two bytes or less have no high half (its
     two sums are zero): a probe folds every output of every call, and each tensor operation is a kernel launch."""
-    x = t.detach().contiguous().reshape(-1)
-    if x.dtype == torch.bool:
-        x = x.to(torch.uint8)
-    size = x.element_size()
-    words = x.view(_INT_VIEW[size])
+    words = _words(t)
+    size = words.element_size()
     out: Tensor | None = None
     for start in range(0, words.numel(), _FOLD_CHUNK):
         ints = words[start:start + _FOLD_CHUNK].to(torch.int64) & _INT_MASK[size]
-        w = _fold_weights(ints.numel(), x.device)
+        w = _fold_weights(ints.numel(), words.device)
         if start:
-            shift = torch.tensor([(start * a) % _FOLD_P for a, _ in _FOLD_AB], device=x.device)[:, None]
+            shift = torch.tensor([(start * a) % _FOLD_P for a, _ in _FOLD_AB], device=words.device)[:, None]
             w = (w - 1 + shift) % _FOLD_P + 1
         if size <= 2:  # one 16-bit half: the hi rows' sums are zero
             lo = (ints * w[0::2]).sum(dim=1)
             sums = torch.stack((lo, torch.zeros_like(lo)), dim=1).reshape(4)
         else:
             halves = torch.stack((ints & 0xFFFF, ints >> 16))
-            sums = (halves[_lo_hi_rows(x.device)] * w).sum(dim=1)
+            sums = (halves[_lo_hi_rows(words.device)] * w).sum(dim=1)
         sums = sums % _MERSENNE
         out = sums if out is None else (out + sums) % _MERSENNE
-    return out if out is not None else torch.zeros(4, dtype=torch.int64, device=x.device)
+    return out if out is not None else torch.zeros(4, dtype=torch.int64, device=words.device)
 
 
 _LO_HI_ROWS: dict[torch.device, Tensor] = {}  # device -> the row index (0, 1, 0, 1): lo, hi, lo, hi
@@ -331,7 +337,6 @@ class _Folds:
     BATCH = 1 << 21  # words of one type staged before they are folded
     SMALL = 1 << 20  # a tensor of more words is folded alone (fold) as it is recorded
     _WORDS = (torch.int8, torch.int16, torch.int32)  # staging order of the word types
-    _MASK = {torch.int8: 0xFF, torch.int16: 0xFFFF, torch.int32: 0xFFFFFFFF}
 
     def __init__(self) -> None:
         self._device: torch.device | None = None
@@ -347,15 +352,12 @@ class _Folds:
         """Record ``t`` (its bytes as they are now); returns its slot."""
         slot = len(self._row)
         self._row.append(-1)
-        x = t.detach().contiguous().reshape(-1)
-        if x.dtype == torch.bool:
-            x = x.to(torch.uint8)
-        words = x.view(_INT_VIEW[x.element_size()])
+        words = _words(t)
         n = words.numel()
         if self._device is None:
             self._device = words.device
         if n > self.SMALL or words.device != self._device:
-            self._parts.append(fold(t).reshape(1, 4))
+            self._parts.append(fold(words).reshape(1, 4))
             self._row[slot] = self._made
             self._made += 1
             return slot
@@ -376,7 +378,7 @@ class _Folds:
         dev = self._device
         if not entries or dev is None:
             return
-        ints = torch.cat([self._stage[kind][:self._used.get(kind, 0)].to(torch.int64) & self._MASK[kind]
+        ints = torch.cat([self._stage[kind][:self._used.get(kind, 0)].to(torch.int64) & _INT_MASK[kind.itemsize]
                           for kind in self._WORDS if kind in self._staged])
         bounds = [0]  # where each tensor starts in the batch (concatenated in staging order), and the batch's end
         for _, n in entries:
